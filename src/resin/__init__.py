@@ -1,0 +1,58 @@
+"""Resin: building blocks for LLM inference.
+
+The core is a headless `Engine` that schedules requests, owns a paged KV cache with prefix
+reuse, and hands a frozen `BatchPlan` to a `Runner` you write. Importing `resin` imports
+neither torch nor any CUDA library.
+"""
+
+from resin.engine import Engine, Request
+from resin.errors import (
+    EngineDeadError,
+    InvalidRunnerOutputError,
+    ResinError,
+    RetryableRunnerError,
+    RunnerDeadError,
+)
+from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
+from resin.params import SamplingParams
+from resin.plan import BatchPlan, CacheGroupPlan, ForwardOutput, Phase, SamplingArrays
+from resin.protocols import (
+    AsyncRunner,
+    CacheGroupSpec,
+    CacheLayout,
+    History,
+    Runner,
+    RunnerConfig,
+    State,
+    Window,
+)
+
+__all__ = [
+    "AsyncRunner",
+    "BatchPlan",
+    "CacheGroupPlan",
+    "CacheGroupSpec",
+    "CacheLayout",
+    "Engine",
+    "EngineDeadError",
+    "ErrorEvent",
+    "Event",
+    "FinishReason",
+    "FinishedEvent",
+    "ForwardOutput",
+    "History",
+    "InvalidRunnerOutputError",
+    "Phase",
+    "Request",
+    "ResinError",
+    "RetryableRunnerError",
+    "Runner",
+    "RunnerConfig",
+    "RunnerDeadError",
+    "SamplingArrays",
+    "SamplingParams",
+    "State",
+    "TokensEvent",
+    "TopLogprob",
+    "Window",
+]

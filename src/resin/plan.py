@@ -1,0 +1,216 @@
+"""The frozen step contract between the Engine and a Runner.
+
+One `BatchPlan` describes one model step. The engine builds it with numpy (vectorized), makes
+every array read-only, and hands it to `Runner.forward`. The runner answers with a
+`ForwardOutput`. Neither side mutates what the other owns.
+
+Notation: B = `num_sequences` (rows), T = `num_tokens` (flat query tokens of all rows),
+P = page ids in one group's CSR rows, K = alternatives per logprob row.
+
+Token addressing inside a cache group (History or Window): position `p` of row `i` lives in page
+`page_ids[page_indptr[i] + p // page_size - page_start[i]]` at offset `p % page_size`.
+Rows are chronological: consecutive entries hold consecutive logical pages, so attention can
+walk a row from its first page. `append_slots[t] = page * page_size + offset` is the exact
+arena slot where the runner writes the K/V of query token `t` (History/Window groups); every
+query token has one, and the slot lies inside a page of its row.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+U32 = npt.NDArray[np.uint32]
+F32 = npt.NDArray[np.float32]
+BoolArray = npt.NDArray[np.bool_]
+
+_A = TypeVar("_A", bound=np.ndarray[Any, Any])
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+class Phase(enum.Enum):
+    """Batches are phase-homogeneous: every row of a plan is prefill or every row is decode."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+def _empty_i32() -> I32:
+    return _frozen(np.zeros(0, dtype=np.int32))
+
+
+def _frozen(array: _A) -> _A:
+    array.flags.writeable = False
+    return array
+
+
+def freeze_arrays(obj: DataclassInstance) -> None:
+    """Make every numpy array field of a dataclass instance read-only (idempotent)."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CacheGroupPlan:
+    """What one cache group (declared in `RunnerConfig.cache_groups`) does in this step.
+
+    History / Window groups use `page_indptr`, `page_ids`, `page_start` and `append_slots`.
+    - `page_indptr`: int32 [B+1]; `page_ids`: int32 [P], chronological per row.
+    - `page_start`: int32 [B], logical index of each row's first listed page (0 for History;
+      for Window, pages wholly older than the window are dropped from the row).
+    - `append_slots`: int64 [T], exact arena slot of every query token.
+
+    State groups use `state_in` / `state_out` (int32 [B]): the page holding the row's input
+    checkpoint (-1: start from the zero state) and the page to write the state after the row's
+    last query token. The input page is immutable for this step; when `state_in != state_out`
+    the runner reads one and writes the other (no copy needed when they are equal, in place).
+    `checkpoint_indptr` [B+1] / `checkpoint_token` [C] (flat query-token index) /
+    `checkpoint_page` [C] ask the runner to also store the state *after* those query tokens into
+    those pages; the engine asks for them at page-aligned prompt positions so prefix caching
+    can resume hybrid models there.
+
+    `copy_src` / `copy_dst` (int32 [X]): whole-page copies (copy-on-write) the runner performs
+    before anything else in this step, in order.
+    """
+
+    group: int
+    page_indptr: I32 = field(default_factory=_empty_i32)
+    page_ids: I32 = field(default_factory=_empty_i32)
+    page_start: I32 = field(default_factory=_empty_i32)
+    append_slots: I64 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.int64)))
+    state_in: I32 = field(default_factory=_empty_i32)
+    state_out: I32 = field(default_factory=_empty_i32)
+    checkpoint_indptr: I32 = field(default_factory=_empty_i32)
+    checkpoint_token: I32 = field(default_factory=_empty_i32)
+    checkpoint_page: I32 = field(default_factory=_empty_i32)
+    copy_src: I32 = field(default_factory=_empty_i32)
+    copy_dst: I32 = field(default_factory=_empty_i32)
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SamplingArrays:
+    """Per-row sampling policy, one entry per plan row (B).
+
+    - `temperature` f32 (0 = greedy), `top_p` f32, `top_k` i32 (0 = off), `min_p` f32;
+    - `seed` i64 (-1 = unseeded); `output_index` i32: how many tokens the row's request has
+      generated before this step. A seeded sampler derives its randomness from
+      (seed, output_index) only, so a request samples the same tokens whatever batch it is in;
+    - `logprobs` i32: -1 = none, 0 = chosen token only, k = chosen plus top-k alternatives.
+    """
+
+    temperature: F32
+    top_p: F32
+    top_k: I32
+    min_p: F32
+    seed: I64
+    output_index: I32
+    logprobs: I32
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self)
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool(np.all((self.temperature == 0) | (self.top_k == 1)))
+
+    @property
+    def max_logprobs(self) -> int:
+        return int(self.logprobs.max(initial=-1))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BatchPlan:
+    """One frozen model step. All arrays are read-only numpy arrays.
+
+    Invariants:
+    - rows are phase-homogeneous (`phase`); B >= 1, T >= B;
+    - `query_indptr` int32 [B+1], non-decreasing, `query_indptr[-1] == T`;
+    - `input_ids` int32 [T], `positions` int32 [T]: row i's query tokens sit at positions
+      `cached_lens[i] .. total_lens[i] - 1` in order;
+    - `cached_lens` / `total_lens` int32 [B]: context in the cache before / after this step;
+    - `sample_rows` bool [B]: rows whose last query token's logits produce a token (a partial
+      prefill chunk samples none and must get 0 tokens back);
+    - `sequence_ids` int64 [B]: the engine's stable request id of each row;
+    - `cache_groups`: one `CacheGroupPlan` per group of `RunnerConfig.cache_groups`, in order;
+    - `prompt_logprob_rows` bool [B] and `target_ids` int32 [T]: rows that want the logprob of
+      each next prompt token; `target_ids[t]` is the token that follows query token t
+      (-1 where it is not yet known);
+    - `draft_indptr` [B+1] / `draft_ids`: speculative draft tokens included at the end of each
+      row's query tokens (decode only; empty when not speculating).
+    """
+
+    step_id: int
+    phase: Phase
+    sequence_ids: I64
+    input_ids: I32
+    query_indptr: I32
+    positions: I32
+    cached_lens: I32
+    total_lens: I32
+    sample_rows: BoolArray
+    sampling: SamplingArrays
+    cache_groups: tuple[CacheGroupPlan, ...]
+    prompt_logprob_rows: BoolArray
+    target_ids: I32
+    draft_indptr: I32
+    draft_ids: I32
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.sequence_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def query_lens(self) -> I32:
+        return np.diff(self.query_indptr).astype(np.int32)
+
+    @property
+    def last_token_index(self) -> I32:
+        """Flat index of each row's last query token (where logits are sampled)."""
+        return (self.query_indptr[1:] - 1).astype(np.int32)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ForwardOutput:
+    """What a runner returns for one plan.
+
+    - `token_ids` uint32 [N] and `token_indptr` uint32 [B+1]: row i's tokens are
+      `token_ids[token_indptr[i]:token_indptr[i+1]]`: 0 tokens (a row that does not sample),
+      1 (ordinary), or accepted drafts + 1 (speculative).
+    - `logprobs` f32 [N]: logprob of each returned token (rows that asked; NaN elsewhere).
+    - `top_ids` i32 [N, K] / `top_logprobs` f32 [N, K]: alternatives, K = the plan's largest
+      `sampling.logprobs` (rows asking fewer read a prefix).
+    - `prompt_logprobs` f32 [T]: logprob of `plan.target_ids[t]` after query token t, for rows in
+      `prompt_logprob_rows` (NaN elsewhere); `prompt_top_ids` / `prompt_top_logprobs` [T, K].
+    - `observations`: (name, value) pairs the runner wants in the engine's metrics.
+    The engine validates shapes and ranges; an invalid output quarantines the plan's rows.
+    """
+
+    token_ids: U32
+    token_indptr: U32
+    logprobs: F32 | None = None
+    top_ids: I32 | None = None
+    top_logprobs: F32 | None = None
+    prompt_logprobs: F32 | None = None
+    prompt_top_ids: I32 | None = None
+    prompt_top_logprobs: F32 | None = None
+    observations: tuple[tuple[str, float], ...] = ()

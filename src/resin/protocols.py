@@ -1,0 +1,131 @@
+"""Runner contracts: the one required method, the optional parts, and cache-group specs.
+
+A runner needs only `forward(plan) -> ForwardOutput`. Optionally it exposes `runner_config`
+(vocabulary size, page size, cache groups, bytes available for the cache), `bind(layout)`
+(called exactly once, after the engine sized the one physical page arena and before the first
+`forward`), and `close()`. An asynchronous runner offers `submit(plan)` + `collect()` instead
+of (or beside) `forward`, so the engine can do CPU work for the next step while the device runs.
+
+Cache groups share **one** arena of `num_pages` pages. Page `k` of the arena is `page_bytes`
+bytes, the largest `bytes_per_page` any group declared; each group views the first
+`bytes_per_page` bytes of every page with its own shape. A History/Window page holds
+`page_size` tokens of that group's layers; a State page holds one recurrent-state checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from resin.plan import BatchPlan, ForwardOutput
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """Full-attention KV: grows on demand, page by page, for the whole context."""
+
+    bytes_per_page: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Sliding-window KV: query at position p attends to positions (p - size, p].
+
+    A row lists only the pages still inside the window (chronological, `page_start` gives the
+    first one's logical index); older pages are released (or kept by the prefix cache).
+    """
+
+    size: int
+    bytes_per_page: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError("Window size must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """Fixed-size recurrent / conv state per sequence, with a two-checkpoint ring."""
+
+    bytes_per_page: int = 0
+
+
+CacheGroupSpec = History | Window | State
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """What a runner tells the engine about itself. All fields optional with safe defaults.
+
+    - `vocab_size`: token ids must be in [0, vocab_size); None = unchecked.
+    - `page_size`: tokens per History/Window page.
+    - `cache_groups`: declared groups, in the order plans list them.
+    - `num_pages`: an exact arena size (tests, tiny pools); else `cache_bytes // page_bytes`;
+      else the engine picks a size that fits `max_sequences` full contexts (fake runners).
+    - `max_logprobs`: the most top-k logprob alternatives the runner can return.
+    """
+
+    vocab_size: int | None = None
+    page_size: int = 16
+    cache_groups: tuple[CacheGroupSpec, ...] = (History(),)
+    num_pages: int | None = None
+    cache_bytes: int | None = None
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if not self.cache_groups:
+            raise ValueError("a runner needs at least one cache group")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError("vocab_size must be >= 1")
+
+    @property
+    def page_bytes(self) -> int:
+        return max(g.bytes_per_page for g in self.cache_groups)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """The arena the engine sized, handed to `Runner.bind` once."""
+
+    num_pages: int
+    page_size: int
+    page_bytes: int
+    groups: tuple[CacheGroupSpec, ...]
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A synchronous model runner: one method."""
+
+    def forward(self, plan: BatchPlan) -> ForwardOutput: ...
+
+
+@runtime_checkable
+class ConfiguredRunner(Protocol):
+    @property
+    def runner_config(self) -> RunnerConfig: ...
+
+
+@runtime_checkable
+class BindableRunner(Protocol):
+    def bind(self, layout: CacheLayout) -> None: ...
+
+
+@runtime_checkable
+class ClosableRunner(Protocol):
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncRunner(Protocol):
+    """Submit a plan and collect its output later; at most one plan in flight.
+
+    `submit` returning means the runner accepted the plan (a later failure is post-accept);
+    raising `RetryableRunnerError` from `submit` means it did not.
+    """
+
+    def submit(self, plan: BatchPlan) -> None: ...
+
+    def collect(self) -> ForwardOutput: ...

@@ -1,0 +1,1 @@
+"""Optimized NVIDIA GPU runners: Triton kernels, CUDA graphs."""

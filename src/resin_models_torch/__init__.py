@@ -1,0 +1,1 @@
+"""Reference model runners in plain PyTorch (CPU or GPU): exact, short, readable."""
