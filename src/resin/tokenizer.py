@@ -50,7 +50,7 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
-        """Load `tokenizer.json` + `tokenizer_config.json` (+ `chat_template.jinja`) from a folder."""
+        """Load tokenizer.json, tokenizer_config.json and chat_template.jinja from a folder."""
         folder = Path(path)
         tok = cls.from_files(folder / "tokenizer.json", folder / "tokenizer_config.json")
         template_file = folder / "chat_template.jinja"
