@@ -64,7 +64,7 @@ def test_seeded_rows_do_not_depend_on_the_batch(device: str) -> None:
 
 
 def test_frequencies_follow_softmax(device: str) -> None:
-    rows = 4000
+    rows = 4000 if device == "cuda" else 600
     base = torch.tensor([2.0, 1.0, 0.0, -1.0], device=device)
     logits = base.repeat(rows, 1)
     seeds = torch.tensor(philox_seeds(
@@ -73,4 +73,4 @@ def test_frequencies_follow_softmax(device: str) -> None:
     out = sample_tokens(logits, **_arrays(rows, device, t=0.7), seeds=seeds, needs_filter=False)
     freq = torch.bincount(out, minlength=4).float() / rows
     expect = torch.softmax(base / 0.7, -1)
-    torch.testing.assert_close(freq, expect, atol=0.03, rtol=0)
+    torch.testing.assert_close(freq, expect, atol=0.03 if device == "cuda" else 0.06, rtol=0)
