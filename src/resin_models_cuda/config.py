@@ -143,6 +143,9 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
         }  # fmt: skip
+        if self.sliding_window:
+            out.update(sliding_window=self.sliding_window, use_sliding_window=True,
+                       max_window_layers=self.num_layers)  # fmt: skip
         if self.is_moe:
             out.update(
                 num_experts=self.num_experts, num_experts_per_tok=self.experts_per_token,

@@ -43,7 +43,8 @@ class RunnerOptions:
     - `max_context`: longest sequence (sizes the rope table and the page-id buffer);
     - `cache_bytes`: KV arena size to ask the engine for (None: free device memory times
       `memory_fraction`, measured when the runner is built);
-    - `num_pages`: exact arena size (tests); `prefill_block_m`: query rows per prefill program.
+    - `num_pages`: exact arena size (tests); `prefill_block_m`: query rows per prefill program;
+    - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks).
     """
 
     page_size: int = 16
@@ -55,6 +56,7 @@ class RunnerOptions:
     memory_fraction: float = 0.85
     prefill_block_m: int = 128
     seed: int = 0
+    keep_logits: bool = False
 
 
 class CudaRunner:
@@ -85,6 +87,7 @@ class CudaRunner:
         self._buffers: DecodeBuffers | None = None
         self._graphs: dict[int, CapturedStep] = {}
         self._buckets: tuple[int, ...] = ()
+        self.last_logits: torch.Tensor | None = None
 
     # ----- Runner protocol -------------------------------------------------------------------
 
@@ -118,6 +121,8 @@ class CudaRunner:
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         if self.kv is None or self._buffers is None:
             raise RuntimeError("forward() before bind()")
+        if int(plan.total_lens.max(initial=0)) > self._rope.cos.shape[0]:
+            raise ValueError(f"context beyond max_context={self.options.max_context}")
         group = plan.cache_groups[0]
         if group.copy_src.shape[0]:
             src = torch.from_numpy(group.copy_src.astype(np.int64)).to(self.device)
@@ -139,6 +144,8 @@ class CudaRunner:
                                     self._rope)  # fmt: skip
             last = torch.from_numpy(plan.last_token_index[rows].astype(np.int64)).to(self.device)
             logits = compute_logits(self.weights, hidden[last])
+        if self.options.keep_logits:
+            self.last_logits = logits.clone()
         return self._sample(plan, rows, logits)
 
     def close(self) -> None:
