@@ -125,6 +125,12 @@ class PagedPlanner:
             draft_ids=np.zeros(0, dtype=i32),
         )
 
+    def free(self, seq: Sequence, shared_pages: int = 0) -> None:
+        """Return a finished sequence's own pages (all but its first `shared_pages`)."""
+        self._free.extend(reversed(seq.pages[shared_pages:]))
+        seq.pages = []
+        seq.cached = 0
+
     @staticmethod
     def commit(rows: list[tuple[Sequence, int]]) -> None:
         """Mark the planned tokens as cached (after the runner ran the plan)."""

@@ -7,7 +7,9 @@ of each pair reuses the first's full pages). Each greedy continuation is checked
 forcing: transformers runs prompt + continuation in one forward, and the continuation agrees
 when every generated token is transformers' argmax at its position (then transformers' own
 greedy decode would produce the same tokens). The runner's logits at each prompt's last token
-are compared with transformers' there.
+are compared with transformers' there. For a bf16 runner the oracle is transformers in float32,
+and transformers in bf16 is judged against the same oracle, so the runner's error can be read
+against what bf16 itself costs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from resin_models_cuda.config import ModelConfig
 from resin_models_cuda.hf_baseline import build_hf_model
 from resin_models_cuda.plans import PagedPlanner, Sequence
 from resin_models_cuda.runner import CudaRunner, RunnerOptions
-from resin_models_cuda.weights import ModelWeights
+from resin_models_cuda.weights import ModelWeights, cast_weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,12 @@ class ScenarioResult:
     logit_max_abs_diff: float  # over every prompt's last-token logits
     logit_mean_abs_diff: float
     logit_ref_max_abs: float  # scale of transformers' logits
-    mismatch_margins: tuple[float, ...]  # transformers' top-1 minus our token's logit there
+    mismatch_margins: tuple[float, ...]  # oracle's top-1 minus our token's logit there
+    position_agreement: float  # fraction of generated positions equal to the oracle's argmax
+    oracle: str  # dtype of the transformers oracle
+    baseline_logit_max_abs_diff: float = float("nan")  # transformers in the runner's dtype
+    baseline_logit_mean_abs_diff: float = float("nan")
+    baseline_position_agreement: float = float("nan")
 
     @property
     def agree_fraction(self) -> float:
@@ -120,16 +127,25 @@ def _scenario_prefix(
 
 def _judge(
     name: str, model: object, seqs: list[Sequence], prompt_lens: list[int], new: int,
-    first_logits: dict[int, torch.Tensor], device: torch.device,
+    first_logits: dict[int, torch.Tensor], device: torch.device, baseline: object | None,
 ) -> ScenarioResult:  # fmt: skip
     agree, prefixes, margins, diffs, means, scale = 0, [], [], [], [], 0.0
+    same_all, base_same, base_max, base_mean = [], [], [], []
     for seq, plen in zip(seqs, prompt_lens, strict=True):
         ids = torch.tensor([seq.tokens[: plen + new - 1]], device=device)
         with torch.no_grad():
             ref = model(ids).logits[0].float()  # type: ignore[operator]
+            base = None if baseline is None else baseline(ids).logits[0].float()  # type: ignore[operator]
         ours = torch.tensor(seq.tokens[plen : plen + new], device=device)
         pred = ref[plen - 1 : plen - 1 + new].argmax(-1)
+        if base is not None:
+            base_pred = base[plen - 1 : plen - 1 + new].argmax(-1)
+            base_same.append(float((base_pred == pred).float().mean()))
+            d = (base[plen - 1] - ref[plen - 1]).abs()
+            base_max.append(float(d.max()))
+            base_mean.append(float(d.mean()))
         same = (pred == ours).cpu().numpy()
+        same_all.append(float(same.mean()))
         n = int(np.argmin(same)) if not same.all() else new
         prefixes.append(n)
         if n == new:
@@ -142,9 +158,13 @@ def _judge(
         diffs.append(float(diff.max()))
         means.append(float(diff.mean()))
         scale = max(scale, float(ref[plen - 1].abs().max()))
+    oracle = str(next(model.parameters()).dtype)  # type: ignore[attr-defined]
+    nan = float("nan")
     return ScenarioResult(
         name, len(seqs), new, agree, float(np.mean(prefixes)), max(diffs), float(np.mean(means)),
-        scale, tuple(sorted(margins)),
+        scale, tuple(sorted(margins)), float(np.mean(same_all)), oracle,
+        max(base_max) if base_max else nan, float(np.mean(base_mean)) if base_mean else nan,
+        float(np.mean(base_same)) if base_same else nan,
     )  # fmt: skip
 
 
@@ -162,14 +182,22 @@ def validate(
 ) -> list[ScenarioResult]:
     """Run the three scenarios; returns one result per scenario."""
     opts = RunnerOptions(**{**{f: getattr(options, f) for f in options.__slots__},
-                            "keep_logits": True, "num_pages": None})  # fmt: skip
+                            "keep_logits": True, "num_pages": None,
+                            "max_context": max(options.max_context, prompt_lens[1] + new_tokens + 1)})  # fmt: skip
     runner = CudaRunner(config, weights, opts)
     per_seq = -(-(prompt_lens[1] + new_tokens) // opts.page_size) + 1
     num_pages = 3 * num_prompts * per_seq + 8
     rc = runner.runner_config
     runner.bind(CacheLayout(num_pages, opts.page_size, rc.page_bytes, rc.cache_groups))
-    model = build_hf_model(config, weights)
+    # The oracle is transformers in float32 on a float32 copy of the weights; transformers in
+    # the runner's own dtype (same memory as the runner) is judged against it as a baseline.
     device = weights.embed.device
+    baseline = None
+    if weights.embed.dtype != torch.float32:
+        model = build_hf_model(config, cast_weights(weights, torch.float32))
+        baseline = build_hf_model(config, weights)
+    else:
+        model = build_hf_model(config, weights)
     rng = np.random.default_rng(seed)
     results = []
     plans: list[tuple[str, Callable[[_Driver, list[list[int]]], list[Sequence]]]] = [
@@ -184,6 +212,8 @@ def validate(
         seqs = run(driver, prompts)
         lens = [len(s.tokens) - new_tokens for s in seqs]
         progress(f"{name}: generated, judging with transformers")
-        results.append(_judge(name, model, seqs, lens, new_tokens, driver.first_logits, device))
+        results.append(
+            _judge(name, model, seqs, lens, new_tokens, driver.first_logits, device, baseline)
+        )
     runner.close()
     return results

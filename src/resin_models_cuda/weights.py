@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import math
+
 import torch
 
 from resin_models_cuda.config import ModelConfig
@@ -51,6 +53,22 @@ class ModelWeights:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
         return total
+
+
+def cast_weights(weights: ModelWeights, dtype: torch.dtype) -> ModelWeights:
+    """A copy in another dtype (the float32 oracle of a bf16 model); ties stay tied."""
+
+    def c(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(dtype)
+
+    layers = tuple(
+        LayerWeights(*(c(getattr(layer, n)) for n in LayerWeights.__slots__))  # type: ignore[arg-type]
+        for layer in weights.layers
+    )
+    embed = weights.embed.to(dtype)
+    tied = weights.lm_head.data_ptr() == weights.embed.data_ptr()
+    lm_head = embed if tied else weights.lm_head.to(dtype)
+    return ModelWeights(embed, layers, weights.final_norm.to(dtype), lm_head)
 
 
 def vars_of(layer: LayerWeights) -> list[torch.Tensor | None]:
@@ -139,8 +157,16 @@ def random_weights(
     seed: int = 0,
     std: float = 0.02,
     embed_std: float = 1.0,
+    residual_scale: bool = False,
 ) -> ModelWeights:
-    """Random weights of the model's real shapes (normal(0, std); norms at 1), on `device`."""
+    """Random weights of the model's real shapes (normal(0, std); norms at 1), on `device`.
+
+    `embed_std` multiplies `std` for the embeddings. `residual_scale` divides the std of the
+    matrices that write into the residual stream (o_proj, down) by sqrt(2 * layers), as GPT-2
+    initializes them: each layer then perturbs the stream instead of replacing it, which keeps
+    a deep random model well conditioned (bf16 rounding is not amplified layer after layer).
+    """
+    out_std = std / math.sqrt(2 * config.num_layers) if residual_scale else std
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape: int, scale: float = std) -> torch.Tensor:
@@ -156,16 +182,16 @@ def random_weights(
     for _ in range(config.num_layers):
         if config.is_moe:
             e, i = config.num_experts, config.moe_intermediate_size
-            gate_up, down, router = rnd(e, 2 * i, h), rnd(e, h, i), rnd(e, h)
+            gate_up, down, router = rnd(e, 2 * i, h), rnd(e, h, i, scale=out_std), rnd(e, h)
         else:
             i = config.intermediate_size
-            gate_up, down, router = rnd(2 * i, h), rnd(h, i), None
+            gate_up, down, router = rnd(2 * i, h), rnd(h, i, scale=out_std), None
         layers.append(
             LayerWeights(
                 input_norm=ones(h),
                 qkv=rnd(qkv_out, h),
                 qkv_bias=rnd(qkv_out) if config.attention_bias else None,
-                o_proj=rnd(h, config.q_size),
+                o_proj=rnd(h, config.q_size, scale=out_std),
                 q_norm=ones(config.head_dim) if config.qk_norm else None,
                 k_norm=ones(config.head_dim) if config.qk_norm else None,
                 post_norm=ones(h),
