@@ -49,6 +49,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="largest decode batch for the transformers baseline")  # fmt: skip
     p.add_argument("--validate", action="store_true",
                    help="first check greedy continuations and logits against transformers")  # fmt: skip
+    p.add_argument("--validate-only", action="store_true", help="stop after --validate")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="weights and KV dtype (fp32: for exact correctness checks)")  # fmt: skip
     p.add_argument("--output", type=Path, help="append JSONL records here")
     p.add_argument("--plot", action="store_true", help="PNG charts next to --output")
     p.add_argument("--trace-dir", type=Path, help="write torch-profiler Chrome traces here")
@@ -95,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("resin bench: no CUDA device (use --device cpu for an interpreter smoke test)")
         return 2
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
     if args.checkpoint:
         config = ModelConfig.from_hf(json.loads((Path(args.checkpoint) / "config.json").read_text()))
         name = Path(args.checkpoint).name
@@ -133,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             del w
         del checks
         torch.cuda.empty_cache() if device.type == "cuda" else None
+        if args.validate_only:
+            return 0
     runner = CudaRunner(config, weights, options)
     decode_pages = -(-(max(args.decode_contexts) + steps + 1) // args.page_size)
     prefill_pages = -(-max(args.context_lengths) // args.page_size)

@@ -24,6 +24,7 @@ from resin_models_cuda.config import ModelConfig
 from resin_models_cuda.graphs import CapturedStep, buckets_up_to, capture, pick_bucket
 from resin_models_cuda.kernels import decode_splits, prefill_blocks, rope_cache
 from resin_models_cuda.kernels.sampler import philox_seeds, sample_tokens
+from resin_models_cuda.moe import GEMV_MAX_PAIRS
 from resin_models_cuda.model import (
     DecodeMeta,
     PrefillMeta,
@@ -68,9 +69,13 @@ class CudaRunner:
         self.options = options or RunnerOptions()
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
-        self._graphs_enabled = (
-            self.options.cuda_graphs and self.device.type == "cuda" and not config.is_moe
-        )
+        self._graphs_enabled = self.options.cuda_graphs and self.device.type == "cuda"
+        # MoE decode is graph-safe only on the expert-GEMV path (small batches).
+        self._graph_max_batch = self.options.max_batch
+        if config.is_moe:
+            self._graph_max_batch = min(
+                self.options.max_batch, max(1, GEMV_MAX_PAIRS // config.experts_per_token)
+            )
         max_pos = min(self.options.max_context, config.max_positions) + 1
         cos, sin = rope_cache(
             config.head_dim, max_pos, config.rope_theta, config.rope_scaling, self.device
@@ -115,7 +120,7 @@ class CudaRunner:
             self.options.max_batch, self.options.max_batch * pages_per_seq, self.device
         )
         if self._graphs_enabled:
-            self._buckets = buckets_up_to(self.options.max_batch)
+            self._buckets = buckets_up_to(self._graph_max_batch)
             self._graphs = capture(self._buckets, self._decode_logits, self._buffers.stage_padding)
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
@@ -191,6 +196,8 @@ class CudaRunner:
     def _prefill_step(self, plan: BatchPlan) -> StepTensors:
         g = plan.cache_groups[0]
         block_m = self.options.prefill_block_m if self.device.type == "cuda" else 16
+        if self.dtype == torch.float32:
+            block_m = min(block_m, 64)  # float32 tiles need twice the shared memory
         block_row, block_off = prefill_blocks(plan.query_indptr, block_m)
 
         def dev(a: np.ndarray) -> torch.Tensor:

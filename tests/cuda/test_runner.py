@@ -43,7 +43,23 @@ def test_runner_matches_transformers_cpu(config: ModelConfig) -> None:
 
 
 @pytest.mark.gpu
-def test_runner_matches_transformers_gpu_bf16() -> None:
+def test_runner_matches_transformers_gpu_fp32() -> None:
+    """Float32 on both sides: greedy continuations agree on >= 95% of 64 prompts."""
+    from resin_models_cuda import RunnerOptions, random_weights
+    from resin_models_cuda.validate import validate
+
+    config = replace(preset("llama-8b"), num_layers=4)
+    weights = random_weights(config, "cuda", torch.float32, seed=0)
+    results = validate(config, weights, RunnerOptions(max_batch=48, max_context=1024),
+                       num_prompts=64, new_tokens=32)  # fmt: skip
+    for r in results:
+        assert r.agree_fraction >= 0.95, r
+        assert r.logit_max_abs_diff <= 1e-3 * r.logit_ref_max_abs, r
+
+
+@pytest.mark.gpu
+def test_runner_bf16_error_is_transformers_bf16_error() -> None:
+    """bf16: against a float32 oracle, the runner errs no more than transformers in bf16."""
     from resin_models_cuda import RunnerOptions, random_weights
     from resin_models_cuda.validate import validate
 
@@ -53,8 +69,8 @@ def test_runner_matches_transformers_gpu_bf16() -> None:
     results = validate(config, weights, RunnerOptions(max_batch=48, max_context=1024),
                        num_prompts=64, new_tokens=32)  # fmt: skip
     for r in results:
-        assert r.agree_fraction >= 0.95, r
-        assert r.logit_max_abs_diff <= 0.05 * r.logit_ref_max_abs, r
+        assert r.logit_mean_abs_diff <= 1.25 * r.baseline_logit_mean_abs_diff, r
+        assert r.position_agreement >= r.baseline_position_agreement - 0.02, r
 
 
 def test_decode_buffers_stage_plan_and_padding() -> None:

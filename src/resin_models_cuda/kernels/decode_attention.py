@@ -45,6 +45,7 @@ def _decode_partial_kernel(
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (no TF32 rounding)
     SPLITS: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -78,14 +79,16 @@ def _decode_partial_kernel(
         page = tl.load(page_ids_ptr + row_base + offs // PAGE - page_start, mask=nmask, other=0)
         tok = page.to(tl.int64) * stride_kp + (offs % PAGE) * stride_kt + kvh * stride_kh
         k = tl.load(k_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * qk_scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(v.dtype), v, input_precision=DOT_PRECISION
+        ).to(tl.float32)
         m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -172,7 +175,7 @@ def decode_attention(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         scale * LOG2E, window,
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim, PAGE=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits,
+        HEAD_DIM=head_dim, PAGE=k_cache.shape[1], BLOCK_N=block_n, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SPLITS=splits,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](

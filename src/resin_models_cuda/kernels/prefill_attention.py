@@ -47,6 +47,7 @@ def _prefill_kernel(
     PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (no TF32 rounding)
 ):
     blk = tl.program_id(0)
     h = tl.program_id(1)
@@ -84,7 +85,7 @@ def _prefill_kernel(
         page = tl.load(page_ids_ptr + row_base + offs // PAGE - page_start, mask=nmask, other=0)
         tok = page.to(tl.int64) * stride_kp + (offs % PAGE) * stride_kt + kvh * stride_kh
         k = tl.load(k_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * qk_scale
         keep = nmask[None, :] & (offs[None, :] <= q_pos[:, None])
         if window > 0:
             keep = keep & (offs[None, :] > q_pos[:, None] - window)
@@ -96,7 +97,9 @@ def _prefill_kernel(
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(v.dtype), v, input_precision=DOT_PRECISION
+        ).to(tl.float32)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
@@ -162,6 +165,6 @@ def prefill_attention(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), scale * LOG2E, window,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4 if block_m <= 64 else 8, num_stages=2,
+        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4 if block_m <= 64 else 8, num_stages=2,
     )  # fmt: skip
     return out
