@@ -108,7 +108,9 @@ def _record(
     extra: dict[str, Any] | None = None,
 ) -> BenchRecord:  # fmt: skip
     tokens = context * batch if kind == "prefill" else batch
-    read = weight_bytes + kv_tokens * config.kv_bytes_per_token()
+    # Weights a step must read (the embedding table is only gathered from; an MoE reads the
+    # experts its tokens route to), plus every row's KV.
+    read = config.weight_bytes_read(tokens) + kv_tokens * config.kv_bytes_per_token()
     flops = _flops(config, tokens, context, kind == "prefill")
     bw = read / seconds
     return BenchRecord(

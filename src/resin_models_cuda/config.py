@@ -81,6 +81,18 @@ class ModelConfig:
         head = self.vocab_size * self.hidden_size
         return self.num_layers * active + head, self.num_layers * total + head
 
+    def weight_bytes_read(self, batch: int, dtype_bytes: int = 2) -> int:
+        """Weight bytes one decode step of `batch` tokens must read: all of a dense model; for
+        an MoE the shared part plus the experts that uniform routing touches on average,
+        E * (1 - (1 - k/E) ** batch) per layer."""
+        active, total = self.param_counts()
+        if not self.is_moe:
+            return total * dtype_bytes
+        expert = 3 * self.hidden_size * self.moe_intermediate_size
+        shared = active - self.num_layers * self.experts_per_token * expert
+        touched = self.num_experts * (1 - (1 - self.experts_per_token / self.num_experts) ** batch)
+        return int((shared + self.num_layers * touched * expert) * dtype_bytes)
+
     @classmethod
     def from_hf(cls, raw: Mapping[str, Any]) -> ModelConfig:
         """Translate a Hugging Face `config.json` dict (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE)."""

@@ -80,8 +80,9 @@ def expert_gemv(
     else:
         assert out.shape == (pairs, n)
     if pairs:
-        _expert_gemv_kernel[(pairs, triton.cdiv(n, 64))](
+        # Narrow N tiles: a decode step has few pairs, so parallelism must come from N.
+        _expert_gemv_kernel[(pairs, triton.cdiv(n, 16))](
             x, w, rows, experts, scale if accumulate else out, out, x.stride(0), out.stride(0),
-            n, k, TOPK=topk, ACCUMULATE=accumulate, BLOCK_N=64, BLOCK_K=128, num_warps=4,
+            n, k, TOPK=topk, ACCUMULATE=accumulate, BLOCK_N=16, BLOCK_K=256, num_warps=4,
         )  # fmt: skip
     return out
