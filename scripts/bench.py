@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--hf-max-batch", type=int, default=64,
                    help="largest decode batch for the transformers baseline")  # fmt: skip
     p.add_argument("--validate", action="store_true",
-                   help="first check greedy continuations and logits against transformers")  # fmt: skip
+                   help="first check greedy continuations and logits vs transformers")  # fmt: skip
     p.add_argument("--validate-only", action="store_true", help="stop after --validate")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
                    help="weights and KV dtype (fp32: for exact correctness checks)")  # fmt: skip
@@ -79,7 +79,9 @@ def _trace(path: Path, fn) -> None:  # type: ignore[no-untyped-def]
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
     print(f"== {path.name}: top device kernels")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+    print(
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
     if args.checkpoint:
-        config = ModelConfig.from_hf(json.loads((Path(args.checkpoint) / "config.json").read_text()))
+        config = ModelConfig.from_hf(
+            json.loads((Path(args.checkpoint) / "config.json").read_text())
+        )
         name = Path(args.checkpoint).name
     else:
         config, name = preset(args.model_config), args.model_config
@@ -116,26 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = RunnerOptions(page_size=args.page_size, max_batch=max(args.batch_sizes),
                             max_context=max_ctx, cuda_graphs=not args.no_cuda_graphs)  # fmt: skip
     if args.validate:
-        from resin_models_cuda.validate import validate
-
-        from dataclasses import replace
-
-        # Twice: on weights initialized like GPT-2 (residual-scaled: a well-conditioned deep
-        # model, where greedy agreement is meaningful), and on the benchmark's plain weights.
-        checks = [("residual-scaled", random_weights(config, device, dtype, seed=1, residual_scale=True, embed_std=50)),
-                  ("plain", weights)]  # fmt: skip
-        for init, w in checks:
-            for r in validate(config, w, replace(options, max_batch=48), progress=print):
-                print(f"validate [{init}] {r.name}: {r.agree}/{r.prompts} agree for {r.new_tokens} tokens "
-                      f"(positions {r.position_agreement:.3f}, hf-bf16 {r.baseline_position_agreement:.3f}); "
-                      f"logits max|d|={r.logit_max_abs_diff:.4f} mean {r.logit_mean_abs_diff:.4f} "
-                      f"(hf-bf16 max {r.baseline_logit_max_abs_diff:.4f} mean {r.baseline_logit_mean_abs_diff:.4f}; "
-                      f"ref max {r.logit_ref_max_abs:.2f})")  # fmt: skip
-                if args.output:
-                    write_jsonl(args.output, [{"kind": "validate", "init": init, "model": name, **_asdict(r)}])
-            del w
-        del checks
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        _validate(args, config, weights, options, name)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         if args.validate_only:
             return 0
     runner = CudaRunner(config, weights, options)
@@ -170,16 +157,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ctx in _progress(args.context_lengths, "hf prefill"):
             records.append(hf.prefill(ctx, 1, max(3, args.iters // 2)))
         for ctx in args.decode_contexts:
-            for b in _progress([b for b in args.batch_sizes if b <= args.hf_max_batch], "hf decode"):
+            for b in _progress(
+                [b for b in args.batch_sizes if b <= args.hf_max_batch], "hf decode"
+            ):
                 records.append(hf.decode(b, ctx, 2, max(3, args.iters // 2)))
     print_table(records)
     env = {
         "kind": "env", "model": name, "argv": list(argv if argv is not None else sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine(),
         "torch": torch.__version__, "triton": _triton_version(), "load_s": load_s,
         "capture_s": capture_s, "ceiling_bandwidth_tb_s": ceilings.bandwidth / 1e12,
         "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": weights.nbytes(),
-        "cuda_graphs": not args.no_cuda_graphs, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cuda_graphs": not args.no_cuda_graphs,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     print(json.dumps(env))
     if args.output:
@@ -188,6 +178,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in plot(records, args.output.parent, name):
                 print(f"wrote {path}")
     return 0
+
+
+def _validate(args, config, weights, options, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Twice: on weights initialized like GPT-2 (residual-scaled, a well-conditioned deep
+    model where greedy agreement is meaningful), and on the benchmark's plain weights."""
+    from dataclasses import replace
+
+    from resin_models_cuda.bench_report import write_jsonl
+    from resin_models_cuda.validate import validate
+    from resin_models_cuda.weights import random_weights
+
+    device, dtype = weights.embed.device, weights.embed.dtype
+    scaled = random_weights(config, device, dtype, seed=1, residual_scale=True, embed_std=50)
+    for init, w in (("residual-scaled", scaled), ("plain", weights)):
+        for r in validate(config, w, replace(options, max_batch=48), progress=print):
+            print(
+                f"validate [{init}] {r.name}: {r.agree}/{r.prompts} agree for {r.new_tokens} "
+                f"tokens (positions {r.position_agreement:.3f}, transformers same dtype "
+                f"{r.baseline_position_agreement:.3f}); logits max|d| "
+                f"{r.logit_max_abs_diff:.4f} mean {r.logit_mean_abs_diff:.4f} (transformers "
+                f"{r.baseline_logit_max_abs_diff:.4f} / {r.baseline_logit_mean_abs_diff:.4f}; "
+                f"ref max {r.logit_ref_max_abs:.2f})"
+            )
+            if args.output:
+                row = {"kind": "validate", "init": init, "model": name, **_asdict(r)}
+                write_jsonl(args.output, [row])
 
 
 def _asdict(obj: object) -> dict[str, object]:

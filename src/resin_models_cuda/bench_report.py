@@ -9,7 +9,18 @@ from typing import Any
 
 from resin_models_cuda.benchmark import BenchRecord
 
-_HEAD = ("kind", "backend", "ctx", "batch", "median ms", "tok/s", "tok/s/user", "TB/s", "%BW", "MFU")
+_HEAD = (
+    "kind",
+    "backend",
+    "ctx",
+    "batch",
+    "median ms",
+    "tok/s",
+    "tok/s/user",
+    "TB/s",
+    "%BW",
+    "MFU",
+)
 
 
 def format_row(r: BenchRecord) -> str:
@@ -58,9 +69,9 @@ def plot(records: list[BenchRecord], out_dir: Path, title: str) -> list[Path]:
                     continue
                 pts.sort(key=lambda r: (r.batch, r.context))
                 name = backend if kind == "prefill" else f"{backend} ctx {ctx}"
-                ax.plot([x_of(r) for r in pts], [y_of(r) for r in pts], style, label=name)
+                ax.plot([x_of(r) for r in pts], [y_of(r) for r in pts], style, label=name)  # type: ignore[no-untyped-call]
                 for r in pts:
-                    ax.annotate(label_of(r), (x_of(r), y_of(r)), fontsize=7)
+                    ax.annotate(label_of(r), (x_of(r), y_of(r)), fontsize=7)  # type: ignore[no-untyped-call]
                 if kind == "prefill":
                     break
         ax.set_xlabel(xlabel)

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Paged decode attention: split-KV (flash-decoding) with GQA head grouping.
 
 One query token per row. Grid `(B, num_kv_heads, S)` is fixed for a given batch size and split
@@ -86,9 +87,9 @@ def _decode_partial_kernel(
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype), v, input_precision=DOT_PRECISION
-        ).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION).to(
+            tl.float32
+        )
         m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -120,7 +121,9 @@ def _decode_merge_kernel(
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)
     total = tl.sum(w, 0)
-    o = tl.load(o_part_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=(s < SPLITS)[:, None])
+    o = tl.load(
+        o_part_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=(s < SPLITS)[:, None]
+    )
     res = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty))
 
@@ -175,7 +178,8 @@ def decode_attention(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         scale * LOG2E, window,
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim, PAGE=k_cache.shape[1], BLOCK_N=block_n, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SPLITS=splits,
+        HEAD_DIM=head_dim, PAGE=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](
