@@ -1,9 +1,9 @@
 """`CacheManager`: one page arena shared by every cache group the runner declared.
 
-It sizes nothing itself (the engine passes the `CacheLayout`), owns the `PagePool`, one table
-per group and (with prefix caching) the `PrefixCache`. The engine talks to it in transactions:
-`reserve` pages for a step's new tokens, then `commit` (flip State rings, slide Windows) or
-`rollback` (return exactly the pages `reserve` took).
+It owns the `PagePool`, one table per group and (with prefix caching) the `PrefixCache`.
+The engine talks to it in transactions: `reserve` pages for a step's new tokens (and State
+checkpoints), then `commit` (flip State rings, publish full pages to the prefix cache, slide
+Windows) or `rollback` (return exactly what `reserve` took).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.groups import PagedGroup, StateGroup, ceil_div
+from resin.cache.groups import PagedGroup, StateGroup
+from resin.cache.matching import NO_MATCH, Match, best_hit, checkpoint_positions
 from resin.cache.pool import OutOfPagesError, PagePool
+from resin.cache.prefix import Node, PrefixCache
 from resin.plan import CacheGroupPlan
 from resin.protocols import CacheLayout, State
 
@@ -24,6 +26,18 @@ if TYPE_CHECKING:
     from resin.engine.request import Request
 
 I32 = npt.NDArray[np.int32]
+_NONE = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoints:
+    """State checkpoints of one step: rows' CSR over (flat token index, depth, page/group)."""
+
+    indptr: I32
+    token: I32
+    depth: I32
+    pages: tuple[I32, ...]
+    """One page array per State group (aligned with `token`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +46,8 @@ class Reservation:
 
     slots: I32
     old_npages: tuple[I32 | None, ...]
+    checkpoints: Checkpoints | None
+    prefill: bool
 
 
 class CacheManager:
@@ -57,73 +73,219 @@ class CacheManager:
                 )
         self.paged = [g for g in self.groups if isinstance(g, PagedGroup)]
         self.states = [g for g in self.groups if isinstance(g, StateGroup)]
+        self.prefix = PrefixCache(self.pool, len(self.groups)) if prefix_cache else None
+        self._paths: dict[int, list[Node]] = {}
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     # -- capacity -------------------------------------------------------------------------
     def available(self) -> int:
-        """Pages a live request can get now (free pages; the prefix cache adds evictable)."""
-        return self.pool.num_free
+        """Pages a live request can get now: free ones plus evictable prefix-cache ones."""
+        evictable = self.prefix.evictable_pages if self.prefix is not None else 0
+        return self.pool.num_free + evictable
 
     def make_free(self, n: int) -> bool:
-        """Ensure `n` pages are free (evicting prefix-cache entries if needed)."""
+        """Ensure `n` pages are free, evicting least recently used prefix entries if needed."""
+        short = n - self.pool.num_free
+        if short > 0 and self.prefix is not None:
+            self.prefix.evict(short)
         return self.pool.num_free >= n
 
     def pages_per_sequence(self, length: int, chunk: int) -> int:
         """Upper bound on pages a sequence of `length` tokens holds while it is computed."""
         total = 2 * len(self.states)
+        if self.prefix is not None:  # transient State checkpoints of one chunk
+            total += len(self.states) * (min(chunk, length) // self.page_size + 1)
         for g in self.paged:
             total += g.max_pages_for(length, chunk)
         return total
 
-    def pages_to_allocate(self, slots: I32, total_lens: I32) -> int:
-        return sum(int(g.pages_to_allocate(slots, total_lens).sum()) for g in self.paged)
+    def pages_to_allocate(self, slots: I32, cached: I32, totals: I32, prefill: bool) -> int:
+        """Pages `reserve` would take for this step (new pages and State checkpoints)."""
+        n = sum(int(g.pages_to_allocate(slots, totals).sum()) for g in self.paged)
+        if self.prefix is not None and self.states and prefill:
+            aligned = totals // self.page_size - cached // self.page_size
+            n += len(self.states) * int(aligned.sum())
+        return n
 
     def usage(self) -> float:
         return self.pool.num_used / self.pool.num_pages
 
-    # -- lifecycle ------------------------------------------------------------------------
-    def admit(self, slot: int) -> None:
-        """Give a fresh slot its fixed pages (State rings). Caller checked `available`."""
-        for g in self.states:
-            g.attach(slot, self._alloc(2), -1)
+    # -- prefix matching ------------------------------------------------------------------
+    def match(self, request: Request) -> Match:
+        """The longest prefix hit valid for every group (none for prompt-logprob requests)."""
+        if self.prefix is None or request.sampling_params.prompt_logprobs is not None:
+            return NO_MATCH
+        ps = self.page_size
+        kmax = (request._num_tokens - 1) // ps
+        if kmax <= 0:
+            return NO_MATCH
+        tokens = request._token_array(request._num_tokens)
+        keys = [tokens[j * ps : (j + 1) * ps].tobytes() for j in range(kmax)]
+        path = self.prefix.walk(keys)
+        k = best_hit(path, self.groups, ps)
+        return Match(tuple(path[:k]), k * ps)
 
-    def reserve(self, slots: I32, total_lens: I32) -> Reservation:
-        """Allocate the pages that positions < `total_lens` need. Caller checked capacity."""
+    def hit_pages(self, match: Match) -> int:
+        """Pages a hit attaches (they count towards `pages_per_sequence` but are not new)."""
+        k, total = len(match.nodes), 0
+        for g in self.paged:
+            total += (
+                k if g.window is None else k - max(0, match.tokens - g.window + 1) // g.page_size
+            )
+        return total
+
+    def lock_cost(self, match: Match) -> int:
+        """Evictable pages that admitting with `match` takes out of `available()`."""
+        return 0 if self.prefix is None else self.prefix.unlocked_pages(list(match.nodes))
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def admit(self, slot: int, request: Request, match: Match = NO_MATCH) -> None:
+        """Give a fresh slot its State rings and the pages of its prefix hit.
+
+        Sets `request._num_computed` and `request.cached_tokens` to the hit length."""
+        k = len(match.nodes)
+        if self.prefix is not None:
+            nodes = list(match.nodes)
+            self.prefix.lock(nodes)
+            self._paths[slot] = nodes
+            self.prefix_queries += request._num_tokens
+            self.prefix_hits += match.tokens
+        for gi, g in enumerate(self.groups):
+            if isinstance(g, StateGroup):
+                borrowed = match.nodes[-1].pages[gi] if k else -1
+                self._incref([borrowed])
+                g.attach(slot, self._alloc(2), borrowed)
+            elif k:
+                first = (
+                    0 if g.window is None else max(0, match.tokens - g.window + 1) // g.page_size
+                )
+                pages = np.asarray([n.pages[gi] for n in match.nodes], dtype=np.int32)
+                pages[:first] = -1
+                self._incref(pages[first:].tolist())
+                g.attach(slot, pages, first)
+        request._num_computed = match.tokens
+        request.cached_tokens = match.tokens
+
+    def reserve(self, slots: I32, cached: I32, totals: I32, prefill: bool = False) -> Reservation:
+        """Allocate pages for positions < `totals` (and, with prefix caching in a prefill step,
+        State checkpoint pages at page-aligned positions). Caller checked capacity."""
         olds: list[I32 | None] = []
         for g in self.groups:
             if isinstance(g, PagedGroup):
-                pages = self._alloc(int(g.pages_to_allocate(slots, total_lens).sum()))
-                olds.append(g.reserve(slots, total_lens, pages))
+                pages = self._alloc(int(g.pages_to_allocate(slots, totals).sum()))
+                olds.append(g.reserve(slots, totals, pages))
             else:
                 olds.append(None)
-        return Reservation(slots, tuple(olds))
+        checkpoints = None
+        if self.prefix is not None and self.states and prefill:
+            indptr, token, depth = checkpoint_positions(cached, totals, self.page_size)
+            cp_pages = tuple(self._alloc(token.size) for _ in self.states)
+            checkpoints = Checkpoints(indptr, token, depth, cp_pages)
+        return Reservation(slots, tuple(olds), checkpoints, prefill)
 
     def rollback(self, reservation: Reservation) -> None:
         for g, old in zip(self.groups, reservation.old_npages, strict=True):
             if isinstance(g, PagedGroup) and old is not None:
                 g.rollback(reservation.slots, old)
+        if reservation.checkpoints is not None:
+            for pages in reservation.checkpoints.pages:
+                self.pool.decref(pages)
 
-    def commit(self, slots: I32, total_lens: I32, requests: Sequence[Request] = ()) -> None:
-        """The step succeeded: State rings flip, Windows drop what the next query cannot see."""
-        for g in self.groups:
-            if isinstance(g, StateGroup):
-                g.commit(slots, g.state_out(slots))
-            else:
-                g.slide(slots, total_lens)
+    def commit(
+        self, reservation: Reservation, totals: I32, requests: Sequence[Request] = ()
+    ) -> None:
+        """The step succeeded: State rings flip, new full pages enter the prefix cache (before
+        Windows drop what the next query cannot see, so the cache keeps them)."""
+        slots = reservation.slots
+        for sg in self.states:
+            sg.commit(slots, sg.state_out(slots))
+        if self.prefix is not None and reservation.prefill and requests:
+            self._publish_step(slots, totals, requests, reservation.checkpoints)
+        for g in self.paged:
+            g.slide(slots, totals)
 
     def release(self, slot: int, request: Request | None = None, cacheable: bool = True) -> None:
+        """Free a slot. With prefix caching, a `cacheable` request's full pages are published
+        first (finished or retracted requests: chat turns and recomputes reuse them)."""
+        if self.prefix is not None:
+            if cacheable and request is not None:
+                self._publish(slot, request, request._num_computed // self.page_size, {})
+            self.prefix.unlock(self._paths.pop(slot, []))
         for g in self.groups:
             g.release(slot)
 
+    def drop_prefix_cache(self) -> int:
+        """Evict every unreferenced prefix-cache entry; returns the pages freed."""
+        return 0 if self.prefix is None else self.prefix.clear()
+
+    # -- prefix publishing ----------------------------------------------------------------
+    def _publish_step(
+        self, slots: I32, totals: I32, requests: Sequence[Request], cps: Checkpoints | None
+    ) -> None:
+        ps = self.page_size
+        state_ids = [i for i, g in enumerate(self.groups) if isinstance(g, StateGroup)]
+        for row, (slot, total, r) in enumerate(
+            zip(slots.tolist(), totals.tolist(), requests, strict=True)
+        ):
+            ckpt: dict[tuple[int, int], int] = {}
+            if cps is not None:
+                for c in range(int(cps.indptr[row]), int(cps.indptr[row + 1])):
+                    for gi, pages in zip(state_ids, cps.pages, strict=True):
+                        ckpt[(gi, int(cps.depth[c]))] = int(pages[c])
+            self._publish(slot, r, total // ps, ckpt)
+        if cps is not None:  # the trie took its own reference on what it kept
+            for pages in cps.pages:
+                self.pool.decref(pages)
+
+    def _publish(
+        self, slot: int, request: Request, upto: int, ckpt: dict[tuple[int, int], int]
+    ) -> None:
+        assert self.prefix is not None
+        path = self._paths.setdefault(slot, [])
+        if upto <= len(path):
+            return
+        ps = self.page_size
+        tokens = request._token_array(upto * ps)
+        parent = path[-1] if path else self.prefix.root
+        for j in range(len(path), upto):
+            pages = [
+                int(g.table[slot, j]) if isinstance(g, PagedGroup) else ckpt.get((gi, j + 1), -1)
+                for gi, g in enumerate(self.groups)
+            ]
+            parent = self.prefix.insert(parent, tokens[j * ps : (j + 1) * ps].tobytes(), pages)
+            path.append(parent)
+            self._dedupe(slot, j, parent, pages)
+
+    def _dedupe(self, slot: int, j: int, node: Node, own: list[int]) -> None:
+        """Another request cached the same page first: use the cached copy (same tokens at
+        the same positions, so the same contents) and free ours, so duplicates never pile up."""
+        for gi, g in enumerate(self.groups):
+            cached = node.pages[gi]
+            if isinstance(g, PagedGroup) and own[gi] >= 0 and cached != own[gi]:
+                self.pool.incref(np.asarray([cached], dtype=np.int32))
+                self.pool.decref(np.asarray([own[gi]], dtype=np.int32))
+                g.table[slot, j] = cached
+
     def _alloc(self, n: int) -> I32:
+        if n <= 0:
+            return _NONE
         if not self.make_free(n):
             raise OutOfPagesError(f"asked for {n} pages, {self.available()} available")
         return self.pool.alloc(n)
 
+    def _incref(self, pages: list[int]) -> None:
+        held = [p for p in pages if p >= 0]
+        if held:
+            self.pool.incref(np.asarray(held, dtype=np.int32))
+
     # -- planning -------------------------------------------------------------------------
     def group_plans(
-        self, slots: I32, cached: I32, total: I32, tok_rows: I32, positions: I32
+        self, reservation: Reservation, cached: I32, total: I32, tok_rows: I32, positions: I32
     ) -> tuple[CacheGroupPlan, ...]:
+        slots, cps = reservation.slots, reservation.checkpoints
         plans = []
+        si = 0
         for i, g in enumerate(self.groups):
             if isinstance(g, PagedGroup):
                 r = g.rows(slots, cached, total, tok_rows, positions)
@@ -136,25 +298,31 @@ class CacheManager:
                         append_slots=r.append_slots,
                     )
                 )
-            else:
-                plans.append(
-                    CacheGroupPlan(
-                        group=i,
-                        state_in=g.current[slots].copy(),
-                        state_out=g.state_out(slots),
-                        checkpoint_indptr=np.zeros(slots.size + 1, dtype=np.int32),
-                    )
+                continue
+            plans.append(
+                CacheGroupPlan(
+                    group=i,
+                    state_in=g.current[slots],
+                    state_out=g.state_out(slots),
+                    checkpoint_indptr=(
+                        cps.indptr if cps is not None else np.zeros(slots.size + 1, np.int32)
+                    ),
+                    checkpoint_token=cps.token if cps is not None else _NONE,
+                    checkpoint_page=cps.pages[si] if cps is not None else _NONE,
                 )
+            )
+            si += 1
         return tuple(plans)
 
     # -- checks ---------------------------------------------------------------------------
     def check_invariants(self, live_slots: list[int]) -> None:
-        """Every reference in the pool is held by exactly one live slot entry (or the trie)."""
+        """Every reference in the pool is held by a live slot entry or by the prefix trie."""
         self.pool.check_invariants()
         held = [g.held(s) for s in live_slots for g in self.groups]
-        flat = np.concatenate(held) if held else np.zeros(0, dtype=np.int32)
+        if self.prefix is not None:
+            self.prefix.check_invariants()
+            held.append(self.prefix.held_pages())
+            assert set(self._paths) <= set(live_slots), "a freed slot still locks trie nodes"
+        flat = np.concatenate(held) if held else _NONE
         expected = np.bincount(flat, minlength=self.pool.num_pages)
         assert np.array_equal(expected, self.pool.refcount), "refcounts disagree with holders"
-        for g in self.paged:
-            for s in live_slots:
-                assert g.npages[s] <= ceil_div(g.table.shape[1] * g.page_size, g.page_size)

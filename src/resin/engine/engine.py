@@ -32,6 +32,7 @@ from resin.errors import EngineDeadError
 from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
+from resin.plan import Phase
 from resin.protocols import BindableRunner, ClosableRunner, Runner, RunnerConfig
 
 
@@ -143,9 +144,11 @@ class Engine:
         events, self._pending = self._pending, []
         if self._dead is not None or not self.scheduler.has_work():
             return events
+        preemptions = self.scheduler.num_preemptions
         cohort = self.scheduler.schedule()
         if cohort is None:
-            self._fail_unfittable(events)
+            if self.scheduler.num_preemptions == preemptions:
+                self._fail_unfittable(events)
         else:
             self._step_id += 1
             self._run(cohort, events)
@@ -194,12 +197,13 @@ class Engine:
 
     # -- one step -------------------------------------------------------------------------
     def _run(self, cohort: Cohort, events: list[Event]) -> None:
-        reservation = self.cache.reserve(cohort.slots, cohort.totals)
+        prefill = cohort.phase is Phase.PREFILL
+        reservation = self.cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
         plan = build_plan(
             self._step_id,
             cohort.phase,
             cohort.requests,
-            cohort.slots,
+            reservation,
             cohort.cached,
             cohort.totals,
             self._slots,
@@ -276,6 +280,8 @@ class Engine:
             c.waiting = len(self.scheduler.waiting)
             c.cache_usage = self.cache.usage()
             c.preemptions = self.scheduler.num_preemptions
+            c.prefix_queries = self.cache.prefix_queries
+            c.prefix_hits = self.cache.prefix_hits
 
     def _record_finish(self, request: Request, reason: FinishReason) -> None:
         c = self._collector

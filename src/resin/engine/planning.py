@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager
+from resin.cache.manager import CacheManager, Reservation
 from resin.engine.request import Request
 from resin.plan import BatchPlan, Phase, SamplingArrays
 
@@ -71,7 +71,7 @@ def build_plan(
     step_id: int,
     phase: Phase,
     requests: tuple[Request, ...],
-    slots: I32,
+    reservation: Reservation,
     cached: I32,
     totals: I32,
     arrays: SlotArrays,
@@ -81,6 +81,7 @@ def build_plan(
 
     Pages for those positions must already be reserved in `cache`.
     """
+    slots = reservation.slots
     b = slots.size
     if phase is Phase.DECODE:
         input_ids = arrays.last_token[slots]
@@ -121,7 +122,7 @@ def build_plan(
                 dtype=np.int32,
                 count=b,
             )
-    groups = cache.group_plans(slots, cached, totals, tok_rows, positions)
+    groups = cache.group_plans(reservation, cached, totals, tok_rows, positions)
     return BatchPlan(
         step_id=step_id,
         phase=phase,

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.cache.manager import CacheManager
+from resin.cache.matching import NO_MATCH, Match
 from resin.engine.planning import SlotArrays
 from resin.engine.request import Request, Status
 from resin.plan import Phase
@@ -107,9 +108,12 @@ class Scheduler:
             chosen.append(request)
             chunks.append(n)
             budget -= n
-        while budget > 0 and self.waiting and self.free_slots and self._can_admit(self.waiting[0]):
+        while budget > 0 and self.waiting and self.free_slots:
+            match = self._admissible(self.waiting[0])
+            if match is None:
+                break
             request = self.waiting.popleft()
-            self._admit(request)
+            self._admit(request, match)
             n = min(self._remaining(request), self.config.prefill_chunk_tokens, budget)
             chosen.append(request)
             chunks.append(n)
@@ -132,19 +136,33 @@ class Scheduler:
             for r in self.prefilling
         )
 
-    def _can_admit(self, request: Request) -> bool:
+    def _admissible(self, request: Request) -> Match | None:
+        """The prefix match to admit the request with, if the cache can take it now with
+        headroom (a hit whose locked pages cost more than they save is dropped), else None."""
+        match = self.cache.match(request)
+        if self._fits(request, match):
+            return match
+        if match.nodes and self._fits(request, NO_MATCH):
+            return NO_MATCH
+        return None
+
+    def _fits(self, request: Request, match: Match) -> bool:
         cache = self.cache
         need = cache.pages_per_sequence(request._num_tokens, self.config.prefill_chunk_tokens)
-        spare = cache.available() - self._outstanding_prefill_pages() - need
+        spare = (
+            cache.available()
+            - cache.lock_cost(match)
+            - self._outstanding_prefill_pages()
+            - (need - cache.hit_pages(match))
+        )
         if self.num_admitted == 0:
             return spare >= 0  # alone it must be able to run, or nothing ever would
-        headroom = self._watermark + len(self.running) * len(cache.groups)
-        return spare >= headroom
+        return spare >= self._watermark + len(self.running) * len(cache.groups)
 
-    def _admit(self, request: Request) -> None:
+    def _admit(self, request: Request, match: Match) -> None:
         request._slot = self.free_slots.pop()
         request._status = Status.PREFILL
-        self.cache.admit(request._slot)
+        self.cache.admit(request._slot, request, match)
         self.arrays.admit(request)
         self.arrays.num_computed[request._slot] = request._num_computed
         if request._times.admitted == 0.0:
@@ -171,7 +189,7 @@ class Scheduler:
         slots = self._decode_slots
         cached = self.arrays.num_computed[slots]
         totals = cached + 1
-        if self.cache.pages_to_allocate(slots, totals) <= self.cache.available():
+        if self.cache.pages_to_allocate(slots, cached, totals, False) <= self.cache.available():
             return Cohort(Phase.DECODE, tuple(chosen), slots, cached, totals)
         return self._fit(Phase.DECODE, list(chosen), [1] * len(chosen))
 
@@ -182,7 +200,8 @@ class Scheduler:
             slots = np.fromiter((r._slot for r in chosen), dtype=np.int32, count=len(chosen))
             lens = np.fromiter((r._num_computed for r in chosen), dtype=np.int32, count=len(chosen))
             totals = lens + np.asarray(chunks, dtype=np.int32)
-            if self.cache.pages_to_allocate(slots, totals) <= self.cache.available():
+            need = self.cache.pages_to_allocate(slots, lens, totals, phase is Phase.PREFILL)
+            if need <= self.cache.available():
                 return Cohort(phase, tuple(chosen), slots, lens, totals)
             victim = self._youngest()
             if victim in chosen:

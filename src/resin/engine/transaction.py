@@ -119,7 +119,7 @@ class Transaction:
         e = self.engine
         arrays = e.slot_arrays
         slots, totals = reservation.slots, plan.total_lens
-        e.cache.commit(slots, totals, requests)
+        e.cache.commit(reservation, totals, requests)
         arrays.num_computed[slots] = totals
         decode = plan.phase is Phase.DECODE
         sample = plan.sample_rows
