@@ -149,7 +149,7 @@ class CacheSimRunner:
                 out.append(_combine(parts) % self.vocab)
         ids = np.asarray(out, dtype=np.uint32)
         indptr = np.concatenate([[0], np.cumsum(plan.sample_rows)]).astype(np.uint32)
-        return ForwardOutput(token_ids=ids, token_indptr=indptr)
+        return ForwardOutput(token_ids=ids, token_indptr=indptr, **fake_logprobs(plan, ids))
 
     # -- simulation -------------------------------------------------------------------------
     def _page_of(self, gp_ids: np.ndarray, lo: int, hi: int, start: int, pos: int) -> int:
@@ -229,6 +229,32 @@ class CacheSimRunner:
                 raise FakeRunnerBug("append slot offset differs from position")
 
 
+def fake_logprob(token: int) -> float:
+    """The fake model's logprob of `token` (deterministic, so tests can check alignment)."""
+    return -0.25 * (token % 9) - 0.125
+
+
+def fake_logprobs(plan: BatchPlan, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Logprob columns for a plan: chosen token, top-k alternatives (ids t+1, t+2, ...),
+    prompt-token logprobs of `target_ids` (NaN where there is no target)."""
+    out: dict[str, np.ndarray] = {}
+    if plan.sampling.max_logprobs >= 0:
+        out["logprobs"] = np.asarray([fake_logprob(int(t)) for t in ids], dtype=np.float32)
+        k = max(plan.sampling.max_logprobs, 1)
+        top = ids.astype(np.int32)[:, None] + np.arange(1, k + 1, dtype=np.int32)
+        out["top_ids"] = top
+        out["top_logprobs"] = np.vectorize(fake_logprob, otypes=[np.float32])(top)
+    if plan.prompt_logprob_rows.any():
+        t = plan.target_ids
+        lp = np.vectorize(fake_logprob, otypes=[np.float32])(np.maximum(t, 0))
+        out["prompt_logprobs"] = np.where(t >= 0, lp, np.nan).astype(np.float32)
+        k = max(int(plan.sampling.prompt_logprobs.max(initial=0)), 1)
+        top = np.maximum(t, 0)[:, None] + np.arange(1, k + 1, dtype=np.int32)
+        out["prompt_top_ids"] = top.astype(np.int32)
+        out["prompt_top_logprobs"] = np.vectorize(fake_logprob, otypes=[np.float32])(top)
+    return out
+
+
 class ZeroRunner:
     """The one-method runner from the README: always token 0."""
 
@@ -237,3 +263,12 @@ class ZeroRunner:
             token_ids=np.zeros(plan.num_sequences, dtype=np.uint32),
             token_indptr=np.arange(plan.num_sequences + 1, dtype=np.uint32),
         )
+
+
+class SampleZeroRunner:
+    """Token 0 for every sampling row, nothing for partial prefill chunks."""
+
+    def forward(self, plan: BatchPlan) -> ForwardOutput:
+        indptr = np.zeros(plan.num_sequences + 1, dtype=np.uint32)
+        np.cumsum(plan.sample_rows, out=indptr[1:])
+        return ForwardOutput(np.zeros(int(indptr[-1]), dtype=np.uint32), indptr)

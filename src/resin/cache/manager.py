@@ -184,6 +184,13 @@ class CacheManager:
             checkpoints = Checkpoints(indptr, token, depth, cp_pages)
         return Reservation(slots, tuple(olds), checkpoints, prefill)
 
+    def abandon(self, reservation: Reservation) -> None:
+        """A failed step's requests are being quarantined: free what only the step held
+        (State checkpoint pages; the rest goes with the requests' slots)."""
+        if reservation.checkpoints is not None:
+            for pages in reservation.checkpoints.pages:
+                self.pool.decref(pages)
+
     def rollback(self, reservation: Reservation) -> None:
         for g, old in zip(self.groups, reservation.old_npages, strict=True):
             if isinstance(g, PagedGroup) and old is not None:

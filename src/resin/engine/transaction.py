@@ -62,10 +62,12 @@ class Transaction:
             e.die(f"runner died: {exc}", events)
             return
         except Exception as exc:  # post-accept failure: only this plan's requests are affected
+            e.cache.abandon(reservation)
             self._quarantine(requests, f"runner failed at step {plan.step_id}: {exc!r}", events)
             return
         problem = validate_output(plan, out, e.runner_config.vocab_size)
         if problem is not None:
+            e.cache.abandon(reservation)
             self._quarantine(
                 requests, f"invalid runner output at step {plan.step_id}: {problem}", events
             )
