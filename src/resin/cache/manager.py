@@ -248,31 +248,44 @@ class CacheManager:
     def _publish(
         self, slot: int, request: Request, upto: int, ckpt: dict[tuple[int, int], int]
     ) -> None:
-        assert self.prefix is not None
+        """Insert the slot's full pages `len(path) .. upto-1` into the trie (locked by it)."""
+        prefix = self.prefix
+        assert prefix is not None
         path = self._paths.setdefault(slot, [])
         if upto <= len(path):
             return
         ps = self.page_size
-        tokens = request._token_array(upto * ps)
-        parent = path[-1] if path else self.prefix.root
+        data = request._token_array(upto * ps)[: upto * ps].tobytes()
+        step = 4 * ps  # int32 tokens
+        rows = [g.table[slot].tolist() if isinstance(g, PagedGroup) else None for g in self.groups]
+        taken: list[int] = []
+        swaps: list[tuple[int, int, int, int]] = []
+        parent = path[-1] if path else prefix.root
         for j in range(len(path), upto):
             pages = [
-                int(g.table[slot, j]) if isinstance(g, PagedGroup) else ckpt.get((gi, j + 1), -1)
-                for gi, g in enumerate(self.groups)
+                row[j] if row is not None else ckpt.get((gi, j + 1), -1)
+                for gi, row in enumerate(rows)
             ]
-            parent = self.prefix.insert(parent, tokens[j * ps : (j + 1) * ps].tobytes(), pages)
+            parent = prefix.insert(parent, data[j * step : (j + 1) * step], pages, taken)
             path.append(parent)
-            self._dedupe(slot, j, parent, pages)
+            for gi, row in enumerate(rows):
+                cached = parent.pages[gi]
+                if row is not None and pages[gi] >= 0 and cached != pages[gi]:
+                    swaps.append((gi, j, pages[gi], cached))
+        if taken:
+            self.pool.incref(np.asarray(taken, dtype=np.int32))
+        if swaps:
+            self._dedupe(slot, swaps)
 
-    def _dedupe(self, slot: int, j: int, node: Node, own: list[int]) -> None:
+    def _dedupe(self, slot: int, swaps: list[tuple[int, int, int, int]]) -> None:
         """Another request cached the same page first: use the cached copy (same tokens at
         the same positions, so the same contents) and free ours, so duplicates never pile up."""
-        for gi, g in enumerate(self.groups):
-            cached = node.pages[gi]
-            if isinstance(g, PagedGroup) and own[gi] >= 0 and cached != own[gi]:
-                self.pool.incref(np.asarray([cached], dtype=np.int32))
-                self.pool.decref(np.asarray([own[gi]], dtype=np.int32))
-                g.table[slot, j] = cached
+        for gi, j, _own, cached in swaps:
+            g = self.groups[gi]
+            assert isinstance(g, PagedGroup)
+            g.table[slot, j] = cached
+        self.pool.incref(np.asarray([s[3] for s in swaps], dtype=np.int32))
+        self.pool.decref(np.asarray([s[2] for s in swaps], dtype=np.int32))
 
     def _alloc(self, n: int) -> I32:
         if n <= 0:

@@ -89,11 +89,12 @@ class PrefixCache:
         return sum(n.num_pages for n in nodes if n.lock == 0)
 
     # -- insert ---------------------------------------------------------------------------
-    def insert(self, parent: Node, key: bytes, pages: list[int]) -> Node:
+    def insert(self, parent: Node, key: bytes, pages: list[int], taken: list[int]) -> Node:
         """The child of `parent` for `key`, created if needed, *locked by the caller*.
 
-        Pages the node lacks are taken from `pages` (the trie adds its own reference);
-        pages it already has win (the caller keeps and later frees its duplicates).
+        Pages the node lacks are taken from `pages` and appended to `taken`: the caller must
+        add the trie's reference on them (batched, one pool call per step). Pages the node
+        already has win (the caller swaps its duplicates for them).
         """
         node = parent.children.get(key)
         if node is None:
@@ -102,11 +103,15 @@ class PrefixCache:
             self.num_nodes += 1
             if parent.lock == 0:
                 self.lru.pop(parent, None)  # no longer a leaf
-        self.lock([node])
+        elif node.lock == 0:
+            self.evictable_pages -= node.num_pages
+            self.lru.pop(node, None)
+        node.lock += 1
+        node_pages = node.pages
         for g, page in enumerate(pages):
-            if page >= 0 and node.pages[g] < 0:
-                node.pages[g] = page
-                self.pool.incref(np.asarray([page], dtype=np.int32))
+            if page >= 0 and node_pages[g] < 0:
+                node_pages[g] = page
+                taken.append(page)
         return node
 
     # -- eviction -------------------------------------------------------------------------
