@@ -109,13 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for n in args.sequences:
+        # Off and on alternate within each repeat, so drift on a shared machine hits both.
+        runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
+        for seed in range(args.repeats):
+            for prefix in (False, True):
+                runs[prefix].append(bench(n, args.context, prefix, args.decode_steps, seed))
         for prefix in (False, True):
-            runs = [
-                bench(n, args.context, prefix, args.decode_steps, seed)
-                for seed in range(args.repeats)
-            ]
-            best = min(runs, key=lambda r: float(r["decode_ms_median"]))  # type: ignore[arg-type]
-            best["prefill_ms"] = min(float(r["prefill_ms"]) for r in runs)  # type: ignore[arg-type]
+            best = min(runs[prefix], key=lambda r: float(r["decode_ms_median"]))  # type: ignore[arg-type]
+            best["prefill_ms"] = min(float(r["prefill_ms"]) for r in runs[prefix])  # type: ignore[arg-type]
             rows.append(best)
     header = ("seqs", "prefix", "decode ms", "dec cpu ms", "us/seq", "prefill ms")
     print("{:>6} {:>6} {:>10} {:>10} {:>8} {:>11}".format(*header))
