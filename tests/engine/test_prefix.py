@@ -78,6 +78,6 @@ def test_unreferenced_entries_are_evicted_when_live_requests_need_pages() -> Non
                 runner.groups, list(range(start, start + 9)), r.sampling_params, 50, 64
             )[0]
         )
-    assert engine.cache.prefix is not None and engine.cache.prefix.num_nodes > 0
+    assert engine.cache.prefix is not None and engine.cache.prefix.trie.num_nodes > 0
     engine.cache.drop_prefix_cache()
     assert engine.cache.pool.num_free == 12

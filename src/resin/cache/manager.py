@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.cache.groups import PagedGroup, StateGroup
-from resin.cache.matching import NO_MATCH, Match, best_hit, checkpoint_positions
+from resin.cache.matching import NO_MATCH, Checkpoints, Match, checkpoint_positions
 from resin.cache.pool import OutOfPagesError, PagePool
-from resin.cache.prefix import Node, PrefixCache
+from resin.cache.reuse import PrefixIndex
 from resin.plan import CacheGroupPlan
 from resin.protocols import CacheLayout, State
 
@@ -27,17 +27,6 @@ if TYPE_CHECKING:
 
 I32 = npt.NDArray[np.int32]
 _NONE = np.zeros(0, dtype=np.int32)
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoints:
-    """State checkpoints of one step: rows' CSR over (flat token index, depth, page/group)."""
-
-    indptr: I32
-    token: I32
-    depth: I32
-    pages: tuple[I32, ...]
-    """One page array per State group (aligned with `token`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,22 +62,21 @@ class CacheManager:
                 )
         self.paged = [g for g in self.groups if isinstance(g, PagedGroup)]
         self.states = [g for g in self.groups if isinstance(g, StateGroup)]
-        self.prefix = PrefixCache(self.pool, len(self.groups)) if prefix_cache else None
-        self._paths: dict[int, list[Node]] = {}
-        self.prefix_queries = 0
-        self.prefix_hits = 0
+        self.prefix = (
+            PrefixIndex(self.pool, self.groups, layout.page_size) if prefix_cache else None
+        )
 
     # -- capacity -------------------------------------------------------------------------
     def available(self) -> int:
         """Pages a live request can get now: free ones plus evictable prefix-cache ones."""
-        evictable = self.prefix.evictable_pages if self.prefix is not None else 0
+        evictable = self.prefix.trie.evictable_pages if self.prefix is not None else 0
         return self.pool.num_free + evictable
 
     def make_free(self, n: int) -> bool:
         """Ensure `n` pages are free, evicting least recently used prefix entries if needed."""
         short = n - self.pool.num_free
         if short > 0 and self.prefix is not None:
-            self.prefix.evict(short)
+            self.prefix.trie.evict(short)
         return self.pool.num_free >= n
 
     def pages_per_sequence(self, length: int, chunk: int) -> int:
@@ -113,31 +101,28 @@ class CacheManager:
 
     # -- prefix matching ------------------------------------------------------------------
     def match(self, request: Request) -> Match:
-        """The longest prefix hit valid for every group (none for prompt-logprob requests)."""
-        if self.prefix is None or request.sampling_params.prompt_logprobs is not None:
-            return NO_MATCH
-        ps = self.page_size
-        kmax = (request._num_tokens - 1) // ps
-        if kmax <= 0:
-            return NO_MATCH
-        tokens = request._token_array(request._num_tokens)
-        keys = [tokens[j * ps : (j + 1) * ps].tobytes() for j in range(kmax)]
-        path = self.prefix.walk(keys)
-        k = best_hit(path, self.groups, ps)
-        return Match(tuple(path[:k]), k * ps)
+        """The longest prefix hit valid for every group (none without prefix caching)."""
+        return NO_MATCH if self.prefix is None else self.prefix.match(request)
 
     def hit_pages(self, match: Match) -> int:
         """Pages a hit attaches (they count towards `pages_per_sequence` but are not new)."""
         k, total = len(match.nodes), 0
         for g in self.paged:
-            total += (
-                k if g.window is None else k - max(0, match.tokens - g.window + 1) // g.page_size
-            )
+            first = 0 if g.window is None else max(0, match.tokens - g.window + 1) // g.page_size
+            total += k - first
         return total
 
     def lock_cost(self, match: Match) -> int:
         """Evictable pages that admitting with `match` takes out of `available()`."""
-        return 0 if self.prefix is None else self.prefix.unlocked_pages(list(match.nodes))
+        return 0 if self.prefix is None else self.prefix.trie.unlocked_pages(list(match.nodes))
+
+    @property
+    def prefix_queries(self) -> int:
+        return 0 if self.prefix is None else self.prefix.queries
+
+    @property
+    def prefix_hits(self) -> int:
+        return 0 if self.prefix is None else self.prefix.hits
 
     # -- lifecycle ------------------------------------------------------------------------
     def admit(self, slot: int, request: Request, match: Match = NO_MATCH) -> None:
@@ -146,11 +131,7 @@ class CacheManager:
         Sets `request._num_computed` and `request.cached_tokens` to the hit length."""
         k = len(match.nodes)
         if self.prefix is not None:
-            nodes = list(match.nodes)
-            self.prefix.lock(nodes)
-            self._paths[slot] = nodes
-            self.prefix_queries += request._num_tokens
-            self.prefix_hits += match.tokens
+            self.prefix.attach(slot, request, match)
         for gi, g in enumerate(self.groups):
             if isinstance(g, StateGroup):
                 borrowed = match.nodes[-1].pages[gi] if k else -1
@@ -208,7 +189,7 @@ class CacheManager:
         for sg in self.states:
             sg.commit(slots, sg.state_out(slots))
         if self.prefix is not None and reservation.prefill and requests:
-            self._publish_step(slots, totals, requests, reservation.checkpoints)
+            self.prefix.publish_step(slots, totals, requests, reservation.checkpoints)
         for g in self.paged:
             g.slide(slots, totals)
 
@@ -216,76 +197,13 @@ class CacheManager:
         """Free a slot. With prefix caching, a `cacheable` request's full pages are published
         first (finished or retracted requests: chat turns and recomputes reuse them)."""
         if self.prefix is not None:
-            if cacheable and request is not None:
-                self._publish(slot, request, request._num_computed // self.page_size, {})
-            self.prefix.unlock(self._paths.pop(slot, []))
+            self.prefix.release(slot, request if cacheable else None)
         for g in self.groups:
             g.release(slot)
 
     def drop_prefix_cache(self) -> int:
         """Evict every unreferenced prefix-cache entry; returns the pages freed."""
-        return 0 if self.prefix is None else self.prefix.clear()
-
-    # -- prefix publishing ----------------------------------------------------------------
-    def _publish_step(
-        self, slots: I32, totals: I32, requests: Sequence[Request], cps: Checkpoints | None
-    ) -> None:
-        ps = self.page_size
-        state_ids = [i for i, g in enumerate(self.groups) if isinstance(g, StateGroup)]
-        for row, (slot, total, r) in enumerate(
-            zip(slots.tolist(), totals.tolist(), requests, strict=True)
-        ):
-            ckpt: dict[tuple[int, int], int] = {}
-            if cps is not None:
-                for c in range(int(cps.indptr[row]), int(cps.indptr[row + 1])):
-                    for gi, pages in zip(state_ids, cps.pages, strict=True):
-                        ckpt[(gi, int(cps.depth[c]))] = int(pages[c])
-            self._publish(slot, r, total // ps, ckpt)
-        if cps is not None:  # the trie took its own reference on what it kept
-            for pages in cps.pages:
-                self.pool.decref(pages)
-
-    def _publish(
-        self, slot: int, request: Request, upto: int, ckpt: dict[tuple[int, int], int]
-    ) -> None:
-        """Insert the slot's full pages `len(path) .. upto-1` into the trie (locked by it)."""
-        prefix = self.prefix
-        assert prefix is not None
-        path = self._paths.setdefault(slot, [])
-        if upto <= len(path):
-            return
-        ps = self.page_size
-        data = request._token_array(upto * ps)[: upto * ps].tobytes()
-        step = 4 * ps  # int32 tokens
-        rows = [g.table[slot].tolist() if isinstance(g, PagedGroup) else None for g in self.groups]
-        taken: list[int] = []
-        swaps: list[tuple[int, int, int, int]] = []
-        parent = path[-1] if path else prefix.root
-        for j in range(len(path), upto):
-            pages = [
-                row[j] if row is not None else ckpt.get((gi, j + 1), -1)
-                for gi, row in enumerate(rows)
-            ]
-            parent = prefix.insert(parent, data[j * step : (j + 1) * step], pages, taken)
-            path.append(parent)
-            for gi, row in enumerate(rows):
-                cached = parent.pages[gi]
-                if row is not None and pages[gi] >= 0 and cached != pages[gi]:
-                    swaps.append((gi, j, pages[gi], cached))
-        if taken:
-            self.pool.incref(np.asarray(taken, dtype=np.int32))
-        if swaps:
-            self._dedupe(slot, swaps)
-
-    def _dedupe(self, slot: int, swaps: list[tuple[int, int, int, int]]) -> None:
-        """Another request cached the same page first: use the cached copy (same tokens at
-        the same positions, so the same contents) and free ours, so duplicates never pile up."""
-        for gi, j, _own, cached in swaps:
-            g = self.groups[gi]
-            assert isinstance(g, PagedGroup)
-            g.table[slot, j] = cached
-        self.pool.incref(np.asarray([s[3] for s in swaps], dtype=np.int32))
-        self.pool.decref(np.asarray([s[2] for s in swaps], dtype=np.int32))
+        return 0 if self.prefix is None else self.prefix.trie.clear()
 
     def _alloc(self, n: int) -> I32:
         if n <= 0:
@@ -340,9 +258,8 @@ class CacheManager:
         self.pool.check_invariants()
         held = [g.held(s) for s in live_slots for g in self.groups]
         if self.prefix is not None:
-            self.prefix.check_invariants()
-            held.append(self.prefix.held_pages())
-            assert set(self._paths) <= set(live_slots), "a freed slot still locks trie nodes"
+            self.prefix.check_invariants(live_slots)
+            held.append(self.prefix.trie.held_pages())
         flat = np.concatenate(held) if held else _NONE
         expected = np.bincount(flat, minlength=self.pool.num_pages)
         assert np.array_equal(expected, self.pool.refcount), "refcounts disagree with holders"

@@ -32,6 +32,17 @@ class Match:
 NO_MATCH = Match((), 0)
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoints:
+    """State checkpoints of one step: rows' CSR over (flat token index, depth, page/group)."""
+
+    indptr: I32
+    token: I32
+    depth: I32
+    pages: tuple[I32, ...]
+    """One page array per State group (aligned with `token`)."""
+
+
 def best_hit(path: list[Node], groups: list[PagedGroup | StateGroup], page_size: int) -> int:
     """The largest k <= len(path) at which every group can resume (0 if none)."""
     for k in range(len(path), 0, -1):

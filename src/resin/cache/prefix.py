@@ -55,12 +55,13 @@ class PrefixCache:
         self.num_nodes = 0
 
     # -- lookup ---------------------------------------------------------------------------
-    def walk(self, keys: list[bytes]) -> list[Node]:
-        """The longest path of existing nodes whose keys match `keys` (depth 1, 2, ...)."""
+    def walk(self, data: bytes, key_bytes: int) -> list[Node]:
+        """The longest path of existing nodes whose keys are consecutive `key_bytes`-long
+        slices of `data` (depth 1, 2, ...). Stops at the first miss: O(hit), not O(prompt)."""
         path: list[Node] = []
         node = self.root
-        for key in keys:
-            child = node.children.get(key)
+        for start in range(0, len(data) - key_bytes + 1, key_bytes):
+            child = node.children.get(data[start : start + key_bytes])
             if child is None:
                 break
             path.append(child)

@@ -2,8 +2,8 @@
 
 Policy (sticky continuous batching, phase-homogeneous steps):
 - Prefill has priority, but after `max_prefill_streak` consecutive prefill steps with decodes
-  waiting, one decode step runs (the queue-age rule: decode is never starved by a stream of new
-  prompts).
+  waiting, or when decodes waited `max_decode_wait_s` since the last decode step, one decode
+  step runs (the queue-age rule: decode is never starved by a stream of new prompts).
 - A prefill step first continues admitted requests' chunks (sticky), then admits waiting ones in
   arrival order while the token budget (`max_batch_tokens`), the sequence cap and the cache
   allow. Long prompts are split into chunks of at most `prefill_chunk_tokens`.
@@ -40,6 +40,9 @@ class SchedulerConfig:
     max_sequences: int
     prefill_chunk_tokens: int
     max_prefill_streak: int = 4
+    """Consecutive prefill steps allowed while decodes wait."""
+    max_decode_wait_s: float = 0.5
+    """...or seconds since the last decode step, whichever comes first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.free_slots = list(range(config.max_sequences - 1, -1, -1))
         self.prefill_streak = 0
+        self._last_decode = time.monotonic()
         self.num_preemptions = 0
         watermark = max(1, cache.pool.num_pages // 100)
         self._watermark = watermark
@@ -85,7 +89,10 @@ class Scheduler:
     # -- the step decision ----------------------------------------------------------------
     def schedule(self) -> Cohort | None:
         decode_waiting = bool(self.running)
-        starve = decode_waiting and self.prefill_streak >= self.config.max_prefill_streak
+        starve = decode_waiting and (
+            self.prefill_streak >= self.config.max_prefill_streak
+            or time.monotonic() - self._last_decode > self.config.max_decode_wait_s
+        )
         if not starve and (self.prefilling or self.waiting):
             cohort = self._prefill_cohort()
             if cohort is not None:
@@ -93,6 +100,7 @@ class Scheduler:
                 return cohort
         self.prefill_streak = 0
         if self.running:
+            self._last_decode = time.monotonic()
             return self._decode_cohort()
         return None
 
@@ -176,6 +184,8 @@ class Scheduler:
         """The request's last known token was computed: it decodes from now on."""
         self.prefilling.remove(request)
         request._status = Status.DECODE
+        if not self.running:
+            self._last_decode = time.monotonic()  # decode waits from now, not from idle time
         self.running.append(request)
         self._decode_slots = None
 
