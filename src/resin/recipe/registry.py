@@ -1,0 +1,27 @@
+"""Native recipes by name: `get_native_recipe("qwen3", tokenizer)`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from resin.recipe.chatml import ChatMLRecipe, Qwen3Recipe
+from resin.recipe.protocol import Recipe
+from resin.tokenizer import Tokenizer
+
+_NATIVE: dict[str, Callable[[Tokenizer], Recipe]] = {
+    "chatml": ChatMLRecipe,
+    "qwen3": Qwen3Recipe,
+}
+
+
+def native_recipe_names() -> tuple[str, ...]:
+    return tuple(_NATIVE)
+
+
+def get_native_recipe(name: str, tokenizer: Tokenizer) -> Recipe:
+    """The hand-written recipe `name` bound to `tokenizer`; ValueError for an unknown name or a
+    tokenizer that lacks the family's special tokens."""
+    factory = _NATIVE.get(name.lower().replace("-", "_"))
+    if factory is None:
+        raise ValueError(f"unknown recipe {name!r}; native recipes: {', '.join(_NATIVE)}")
+    return factory(tokenizer)
