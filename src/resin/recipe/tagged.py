@@ -117,6 +117,9 @@ class TaggedParser(StreamParser):
             return False
         index, marker = found
         self._emit_text(buf[:index], out)
+        if marker == self._spec.reasoning_start and self._seen_visible:
+            self._buffer = buf[index:]  # reasoning comes first or not at all: this is text
+            return True
         self._buffer = buf[index + len(marker) :]
         if marker == self._spec.reasoning_start:
             self._mode = _Mode.REASONING
