@@ -69,3 +69,49 @@ def smollm2_tokenizer() -> Tokenizer:
         eos_token=hf.eos_token,
     )
     return Tokenizer(hf.backend_tokenizer, info)
+
+
+DEEPSEEK_TOKENS = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+)
+LFM2_TOKENS = (
+    "<|startoftext|>",
+    "<|tool_list_start|>",
+    "<|tool_list_end|>",
+    "<|tool_call_start|>",
+    "<|tool_call_end|>",
+    "<|tool_response_start|>",
+    "<|tool_response_end|>",
+)
+
+
+@functools.cache
+def extended_qwen3(family: str) -> tuple[Tokenizer, Any]:
+    """Qwen3's tokenizer plus the special tokens of `family` (deepseek_v3 or lfm2), as a resin
+    Tokenizer and a transformers tokenizer sharing one backend: these families have no npm
+    tokenizer, and their templates only need the special tokens to exist."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = npm_dir("qwen3")
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip("npm tokenizer qwen3 not fetched (run scripts/fetch_test_assets.sh)")
+    backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if family == "deepseek_v3":
+        extra, bos, eos = DEEPSEEK_TOKENS, DEEPSEEK_TOKENS[0], DEEPSEEK_TOKENS[1]
+    else:
+        extra, bos, eos = LFM2_TOKENS, "<|startoftext|>", "<|im_end|>"
+    backend.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in extra])
+    info = TokenizerInfo(bos_token=bos, eos_token=eos)
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos)
+    return Tokenizer(backend, info), hf

@@ -5,12 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from resin.recipe.chatml import ChatMLRecipe, Qwen3Recipe
+from resin.recipe.deepseek import DeepSeekV3Recipe
+from resin.recipe.lfm2 import LFM2Recipe
+from resin.recipe.llama3 import Llama3Recipe
 from resin.recipe.protocol import Recipe
 from resin.tokenizer import Tokenizer
 
 _NATIVE: dict[str, Callable[[Tokenizer], Recipe]] = {
     "chatml": ChatMLRecipe,
     "qwen3": Qwen3Recipe,
+    "llama3": Llama3Recipe,
+    "deepseek_v3": DeepSeekV3Recipe,
+    "lfm2": LFM2Recipe,
 }
 
 
