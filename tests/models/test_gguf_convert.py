@@ -6,6 +6,8 @@ with `transformers`' own GGUF loader."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -226,3 +228,20 @@ def test_cache_key_follows_the_file(tmp_path: Path, synthetic: tuple) -> None:
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
         [first.name, second.name]
     )
+
+
+def test_conversion_imports_neither_torch_nor_transformers(
+    tmp_path: Path, synthetic: tuple
+) -> None:
+    _, file, _ = synthetic
+    code = (
+        "import sys\n"
+        "from resin_models_torch.gguf import convert_gguf\n"
+        f"convert_gguf({str(file)!r}, {str(tmp_path / 'out')!r})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "out" / "model.safetensors").is_file()
