@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from planner import TinyPlanner
+from ref_hf import checkpoint
+from ref_planner import TinyPlanner
 
 from resin.plan import SamplingArrays
 from resin_models_torch.registry import load_runner
@@ -78,8 +79,8 @@ def test_seeded_rows_are_reproducible_and_seed_dependent() -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "lfm2"])
-def test_seeded_request_alone_equals_inside_a_batch_of_16(checkpoints, arch: str) -> None:
-    folder, _ = checkpoints(arch)
+def test_seeded_request_alone_equals_inside_a_batch_of_16(arch: str) -> None:
+    folder, _ = checkpoint(arch)
     gen = torch.Generator().manual_seed(3)
     target = torch.randint(0, 300, (9,), generator=gen).tolist()
     params = {"temperature": 1.0, "top_p": 0.95, "seed": 1234}
@@ -89,9 +90,9 @@ def test_seeded_request_alone_equals_inside_a_batch_of_16(checkpoints, arch: str
         {"temperature": 1.0, "seed": i} if i % 2 else {"temperature": 0.8} for i in range(16)
     ]
     batch = TinyPlanner(load_runner(folder)).run(
-        others[:8] + [target] + others[8:],
+        [*others[:8], target, *others[8:]],
         max_new=24,
-        params=other_params[:8] + [params] + other_params[8:],
+        params=[*other_params[:8], params, *other_params[8:]],
     )
     assert batch[8].generated == alone[0].generated
     assert len(set(alone[0].generated)) > 3  # really sampled, not a degenerate constant

@@ -7,31 +7,32 @@ import math
 
 import pytest
 import torch
-from planner import Seq, TinyPlanner
-from reference import hf_logits, max_logit_error
+from ref_compare import hf_logits, max_logit_error
+from ref_hf import checkpoint
+from ref_planner import Seq, TinyPlanner
 
 from resin.plan import Phase
 from resin.protocols import CacheLayout, History, State, Window
 from resin_models_torch.registry import load_runner
 
 
-def test_runner_config_declares_honest_groups(checkpoints) -> None:
-    gemma = load_runner(checkpoints("gemma3")[0], page_size=8).runner_config
+def test_runner_config_declares_honest_groups() -> None:
+    gemma = load_runner(checkpoint("gemma3")[0], page_size=8).runner_config
     # 2 sliding + 1 global layer, 2 KV heads x 16 dims, K and V, 8 tokens, fp32.
     assert gemma.cache_groups == (
         History(1 * 2 * 8 * 2 * 16 * 4),
         Window(6, 2 * 2 * 8 * 2 * 16 * 4),
     )
-    lfm = load_runner(checkpoints("lfm2")[0], page_size=8).runner_config
+    lfm = load_runner(checkpoint("lfm2")[0], page_size=8).runner_config
     # 2 conv layers keep K-1 = 2 inputs of 64 channels per checkpoint.
     assert lfm.cache_groups == (History(1 * 2 * 8 * 2 * 16 * 4), State(2 * 64 * 2 * 4))
     assert lfm.vocab_size == 300 and lfm.page_bytes == 2 * 8 * 2 * 16 * 4
 
 
-def test_bind_allocates_one_arena_and_rejects_mismatches(checkpoints) -> None:
-    runner = load_runner(checkpoints("lfm2")[0])
+def test_bind_allocates_one_arena_and_rejects_mismatches() -> None:
+    runner = load_runner(checkpoint("lfm2")[0])
     cfg = runner.runner_config
-    plan = TinyPlanner(load_runner(checkpoints("lfm2")[0]))._plan(
+    plan = TinyPlanner(load_runner(checkpoint("lfm2")[0]))._plan(
         [(Seq(sid=1, tokens=[1, 2], prompt_len=2), 2)], Phase.PREFILL
     )
     with pytest.raises(RuntimeError, match="bind"):
@@ -47,10 +48,10 @@ def test_bind_allocates_one_arena_and_rejects_mismatches(checkpoints) -> None:
 @pytest.mark.parametrize(
     ("arch", "prefix"), [("llama3", 10), ("gemma3", 10), ("gemma3", 8), ("lfm2", 8), ("lfm2", 11)]
 )
-def test_forked_prefix_resumes_exactly(checkpoints, arch: str, prefix: int) -> None:
+def test_forked_prefix_resumes_exactly(arch: str, prefix: int) -> None:
     """A request that starts from another's cached pages (shared full pages, a copied partial
     page, a conv-state checkpoint) continues exactly like `transformers` on the full text."""
-    folder, hf = checkpoints(arch)
+    folder, hf = checkpoint(arch)
     runner = load_runner(folder, page_size=4)
     runner.record_logits = True
     planner = TinyPlanner(runner)
@@ -65,8 +66,8 @@ def test_forked_prefix_resumes_exactly(checkpoints, arch: str, prefix: int) -> N
     assert worst_src < 1e-4  # the source is unaffected by the fork's writes
 
 
-def test_prompt_logprobs_and_sampled_logprobs(checkpoints) -> None:
-    folder, hf = checkpoints("qwen3")
+def test_prompt_logprobs_and_sampled_logprobs() -> None:
+    folder, hf = checkpoint("qwen3")
     prompt = [5, 17, 33, 2, 250, 9, 41]
     params: dict[str, float | int] = {"prompt_logprobs": 1, "logprobs": 3}
     seq = TinyPlanner(load_runner(folder)).run([prompt], max_new=4, chunk=3, params=[params])[0]
@@ -81,8 +82,8 @@ def test_prompt_logprobs_and_sampled_logprobs(checkpoints) -> None:
         assert math.isclose(lp, float(ref[pos].max()), abs_tol=1e-6)  # greedy picks the max
 
 
-def test_bad_plans_fail_clearly(checkpoints) -> None:
-    runner = load_runner(checkpoints("llama3")[0])
+def test_bad_plans_fail_clearly() -> None:
+    runner = load_runner(checkpoint("llama3")[0])
     planner = TinyPlanner(runner)
     seq = Seq(sid=1, tokens=[1, 2, 300], prompt_len=3)
     with pytest.raises(ValueError, match="vocabulary"):

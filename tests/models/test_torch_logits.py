@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import ARCHS
-from planner import TinyPlanner
-from reference import hf_greedy, max_logit_error
+from ref_compare import hf_greedy, max_logit_error
+from ref_hf import ARCHS, checkpoint
+from ref_planner import TinyPlanner
 
 from resin_models_torch.registry import load_runner
 
@@ -22,10 +22,8 @@ def _prompts(seed: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize(("chunk", "page_size"), [(1 << 20, 16), (4, 4)])
-def test_logits_and_greedy_match_transformers(
-    checkpoints, arch: str, chunk: int, page_size: int
-) -> None:
-    folder, hf = checkpoints(arch)
+def test_logits_and_greedy_match_transformers(arch: str, chunk: int, page_size: int) -> None:
+    folder, hf = checkpoint(arch)
     runner = load_runner(folder, page_size=page_size)
     runner.record_logits = True
     prompts = _prompts(len(arch))

@@ -3,11 +3,17 @@ same weights can be loaded by Resin's loader and compared with `transformers` it
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+
+torch.set_num_threads(1)
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=300,
@@ -93,3 +99,14 @@ def save_tiny(arch: str, folder: Path, seed: int = 0) -> Any:
                 param.add_(torch.randn_like(param) * 0.1)
     model.save_pretrained(folder)
     return model
+
+
+_ROOT = Path(tempfile.mkdtemp(prefix="resin-tiny-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+
+
+@functools.cache
+def checkpoint(arch: str) -> tuple[Path, Any]:
+    """`(folder, hf_model)` of the tiny `arch` model, built once per test process."""
+    folder = _ROOT / arch
+    return folder, save_tiny(arch, folder)
