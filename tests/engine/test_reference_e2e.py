@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from resin import Engine, SamplingParams  # noqa: E402
-from resin_models_torch.registry import load_runner  # noqa: E402
-from tests.models.ref_compare import hf_greedy  # noqa: E402
-from tests.models.ref_hf import checkpoint  # noqa: E402
+from resin import Engine, SamplingParams
+from resin_models_torch.registry import load_runner
+from tests.models.ref_compare import hf_greedy
+from tests.models.ref_hf import checkpoint
 
 
 @pytest.mark.parametrize("prefix_cache", [False, True], ids=["plain", "prefix"])
