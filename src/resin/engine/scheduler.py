@@ -213,7 +213,7 @@ class Scheduler:
             need = self.cache.pages_to_allocate(slots, lens, totals, phase is Phase.PREFILL)
             if need <= self.cache.available():
                 return Cohort(phase, tuple(chosen), slots, lens, totals)
-            victim = self._youngest()
+            victim = self.youngest()
             if victim in chosen:
                 i = chosen.index(victim)
                 del chosen[i]
@@ -221,7 +221,7 @@ class Scheduler:
             self.retract(victim)
         return None
 
-    def _youngest(self) -> Request:
+    def youngest(self) -> Request:
         return max(self.prefilling + self.running, key=lambda r: r._arrival)
 
     def retract(self, request: Request) -> None:
