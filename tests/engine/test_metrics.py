@@ -101,3 +101,12 @@ def test_snapshots_are_consistent_from_another_thread() -> None:
         stop.set()
         thread.join()
     assert seen == sorted(seen) and np.size(seen) > 0
+
+
+def test_import_resin_does_not_import_prometheus_client() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, resin, resin.metrics; print('prometheus_client' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
