@@ -147,8 +147,9 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from resin_models_torch.registry import load_runner
     from transformers import AutoModelForCausalLM
+
+    from resin_models_torch.registry import load_runner
 
     folder = resolve_checkpoint(args.model)
     tokenizer = Tokenizer.from_dir(folder)
