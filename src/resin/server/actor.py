@@ -99,6 +99,9 @@ class EngineActor:
         self._pending: deque[_Submit] = deque()
         self._active: dict[int, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: list[tuple[RequestStream, StreamItem]] = []
+        self._outbox_lock = threading.Lock()
+        self._delivery_scheduled = False
         self._thread: threading.Thread | None = None
 
     # ---- event-loop side -------------------------------------------------------------
@@ -256,14 +259,32 @@ class EngineActor:
             self._loop.call_soon_threadsafe(self.on_death)
 
     def _post(self, batch: list[tuple[RequestStream, StreamItem]]) -> None:
+        """Queue items for the loop; one pending loop callback at most (coalescing), so a
+        busy loop gets several steps' events in one delivery instead of a backlog."""
         if self._loop is None or self._loop.is_closed():
             return
+        with self._outbox_lock:
+            self._outbox.extend(batch)
+            if self._delivery_scheduled:
+                return
+            self._delivery_scheduled = True
         try:
-            self._loop.call_soon_threadsafe(self._deliver, batch)
-        except RuntimeError:  # loop closed between the check and the call
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop closed between the check and the call
             pass
 
-    def _deliver(self, batch: list[tuple[RequestStream, StreamItem]]) -> None:
+    def _deliver(self) -> None:
+        with self._outbox_lock:
+            batch, self._outbox = self._outbox, []
+            self._delivery_scheduled = False
+        per_stream: dict[RequestStream, list[StreamItem]] = {}
         for stream, item in batch:
-            if not stream.push(item):
-                self._intake.put(_Abort(stream))
+            items = per_stream.setdefault(stream, [])
+            if items and isinstance(item, list) and isinstance(items[-1], list):
+                items[-1] = items[-1] + item  # one push per stream per delivery
+            else:
+                items.append(item)
+        for stream, items in per_stream.items():
+            for item in items:
+                if not stream.push(item):
+                    self._intake.put(_Abort(stream))

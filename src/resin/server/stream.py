@@ -59,10 +59,19 @@ class RequestStream:
         return True
 
     async def get(self) -> StreamItem:
-        """The next batch; raises ClientTooSlow once the buffer overflowed."""
+        """Everything buffered so far, as one batch (a StreamError comes alone, last).
+
+        Raises ClientTooSlow once the buffer overflowed."""
         while not self._items:
             if self.overflowed:
                 raise ClientTooSlow("client fell too far behind the engine")
             self._ready.clear()
             await self._ready.wait()
-        return self._items.popleft()
+        events: list[Event] = []
+        while self._items and not isinstance(self._items[0], StreamError):
+            head = self._items.popleft()
+            assert not isinstance(head, StreamError)
+            events.extend(head)
+        if not events:
+            return self._items.popleft()
+        return events

@@ -182,6 +182,27 @@ def echo_responder(tokenizer: ByteTokenizer) -> Callable[[Sequence[int]], list[i
     return respond
 
 
+def demo_responder(tokenizer: ByteTokenizer) -> Callable[[Sequence[int]], list[int]]:
+    """Echo, but show off the parser: a prompt with tools that mentions "weather" gets a tool
+    call; one that says "think" gets a reasoning block first; "math" gets Markdown + TeX."""
+    echo = echo_responder(tokenizer)
+
+    def respond(prompt: Sequence[int]) -> list[int]:
+        text = tokenizer.decode(prompt)
+        last = text.rsplit("<|im_start|>user", 1)[-1]
+        if "Tools:" in text and "weather" in last and "<|im_start|>tool" not in last:
+            call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+            return tokenizer.encode(f"<tool_call>{call}</tool_call><|im_end|>")
+        if "math" in last:
+            answer = "**Euler**: $e^{i\\pi} + 1 = 0$ and\n\n$$\\int_0^1 x\\,dx = \\tfrac12$$"
+            return tokenizer.encode(answer + "<|im_end|>")
+        if "think" in last and "<think></think>" not in text[-40:]:
+            return tokenizer.encode("<think>The user wants me to think.</think>") + echo(prompt)
+        return echo(prompt)
+
+    return respond
+
+
 @dataclass
 class _Seq:
     id: int
@@ -213,7 +234,7 @@ class FakeEngine:
         fail_at_step: int | None = None,
         prefix_block: int = 16,
     ) -> None:
-        self.responder = responder or echo_responder(ByteTokenizer())
+        self.responder = responder or demo_responder(ByteTokenizer())
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.max_sequences = max_sequences
