@@ -149,10 +149,14 @@ class EngineActor:
         with self._lock:
             self._accepting = False
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop intake, abort open requests, finish the current step, end the thread."""
+    def request_stop(self) -> None:
+        """Stop intake and tell the actor to abort open requests and end (non-blocking)."""
         self.close_intake()
         self._intake.put(_Stop())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """`request_stop()`, then wait for the actor thread to end."""
+        self.request_stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 

@@ -124,16 +124,30 @@ class HttpServer:
         kwargs.update(overrides)
         return uvicorn.Config(self.app, **kwargs)
 
-    def serve(self, **uvicorn_overrides: Any) -> None:
-        """Run until SIGTERM/SIGINT or `shutdown()` (blocks the calling thread)."""
+    def make_uvicorn(self, **uvicorn_overrides: Any) -> Any:
+        """A uvicorn server whose SIGTERM/SIGINT handling runs `shutdown()` first."""
         import uvicorn
 
-        self._uvicorn = uvicorn.Server(self.config(**uvicorn_overrides))
-        self._uvicorn.run()
+        owner = self
+
+        class _Server(uvicorn.Server):  # type: ignore[misc]
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                owner.actor.request_stop()
+                super().handle_exit(sig, frame)
+
+        self._uvicorn = _Server(self.config(**uvicorn_overrides))
+        return self._uvicorn
+
+    def serve(self, **uvicorn_overrides: Any) -> None:
+        """Run until SIGTERM/SIGINT or `shutdown()` (blocks the calling thread)."""
+        self.make_uvicorn(**uvicorn_overrides).run()
 
     def shutdown(self) -> None:
-        """Stop intake and ask uvicorn to finish (safe from any thread)."""
-        self.actor.close_intake()
+        """Stop intake, end open requests (their streams finish cleanly), stop listening.
+
+        Safe from any thread. The actor finishes its current step, aborts what is left and
+        delivers the final events; uvicorn then closes the drained connections."""
+        self.actor.request_stop()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
 

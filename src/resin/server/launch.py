@@ -20,11 +20,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 @contextmanager
 def running(server: HttpServer, timeout: float = 30.0) -> Iterator[str]:
     """Serve on a thread; yield the base URL once ready; shut down cleanly on exit."""
-    import uvicorn
-
-    config = server.config()
-    uv = uvicorn.Server(config)
-    server._uvicorn = uv
+    uv = server.make_uvicorn()
     thread = threading.Thread(target=uv.run, name="resin-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -67,11 +67,11 @@ class RequestStream:
                 raise ClientTooSlow("client fell too far behind the engine")
             self._ready.clear()
             await self._ready.wait()
+        if isinstance(self._items[0], StreamError):
+            return self._items.popleft()
         events: list[Event] = []
         while self._items and not isinstance(self._items[0], StreamError):
             head = self._items.popleft()
             assert not isinstance(head, StreamError)
             events.extend(head)
-        if not events:
-            return self._items.popleft()
         return events
