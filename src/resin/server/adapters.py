@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from resin.server.ports import ChatTurn, OutputParser, ToolSpec
+from resin.server.ports import ChatTurn, OutputParser, RenderedPrompt, ToolSpec
 from resin.server.text import PlainTextParser
 from resin.tokenizer import Tokenizer
 
@@ -47,7 +47,7 @@ class TemplateChatFormat:
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec] = (),
         enable_thinking: bool | None = None,
-    ) -> list[int]:
+    ) -> RenderedPrompt:
         messages: list[dict[str, Any]] = []
         for t in turns:
             m: dict[str, Any] = {"role": t.role, "content": t.content}
@@ -77,9 +77,11 @@ class TemplateChatFormat:
             eos_token=info.eos_token or "",
             **kwargs,
         )
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return RenderedPrompt(self.tokenizer.encode(text, add_special_tokens=False), text)
 
-    def create_parser(self, tools: Sequence[ToolSpec] = ()) -> OutputParser:
+    def create_parser(
+        self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()
+    ) -> OutputParser:
         return PlainTextParser(self.tokenizer, self._stops)
 
 

@@ -104,7 +104,8 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     try:
         tools = tools_of(body)
         thinking = None if body.thinking is None else body.thinking.type != "disabled"
-        prompt = svc.chat.render(to_turns(body), tools, thinking)
+        rendered = svc.chat.render(to_turns(body), tools, thinking)
+        prompt = rendered.token_ids
         params = svc.params(
             len(prompt),
             body.max_tokens,
@@ -117,7 +118,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
         release(reservations)
         raise
     (gen,) = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(tools), stops
+        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
     )
     builder = MessageBuilder(svc, len(prompt), gen)
     if body.stream:

@@ -125,7 +125,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     reservations = svc.reserve(body.n)
     try:
         tools = tools_of(body)
-        prompt = svc.chat.render(to_turns(body.messages), tools, enable_thinking(body))
+        rendered = svc.chat.render(to_turns(body.messages), tools, enable_thinking(body))
+        prompt = rendered.token_ids
         top = body.top_logprobs or 0
         params = svc.params(
             len(prompt),
@@ -144,7 +145,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         release(reservations)
         raise
     gens = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(tools), stops
+        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
     )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:

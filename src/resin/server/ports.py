@@ -2,8 +2,7 @@
 
 The server is written against these small contracts so it runs unchanged on the real
 `resin.Engine` + a recipe from `resin.recipe`, or on the zero-cost fakes in
-`resin.server.testing`. Parsers emit the delta types below (a recipe's own delta classes are
-mapped onto them in `resin.server.adapters`).
+`resin.server.testing`. Parsers emit `resin.recipe`'s delta types.
 """
 
 from __future__ import annotations
@@ -14,6 +13,33 @@ from typing import Any, Literal, Protocol
 
 from resin.events import Event
 from resin.params import SamplingParams
+from resin.recipe.deltas import (
+    Delta,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from resin.recipe.protocol import RenderedPrompt
+
+__all__ = [
+    "ChatFormat",
+    "ChatTurn",
+    "Delta",
+    "EngineLike",
+    "OutputParser",
+    "ReasoningDelta",
+    "RenderedPrompt",
+    "RequestHandle",
+    "TextDelta",
+    "TokenizerLike",
+    "ToolCallArgsDelta",
+    "ToolCallEnd",
+    "ToolCallItem",
+    "ToolCallStart",
+    "ToolSpec",
+]
 
 
 class RequestHandle(Protocol):
@@ -91,35 +117,6 @@ class ChatTurn:
     tool_call_id: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallArgsDelta:
-    index: int
-    fragment: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallEnd:
-    index: int
-
-
-Delta = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd
 
 
 class OutputParser(Protocol):
@@ -147,6 +144,8 @@ class ChatFormat(Protocol):
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec] = (),
         enable_thinking: bool | None = None,
-    ) -> list[int]: ...
+    ) -> RenderedPrompt: ...
 
-    def create_parser(self, tools: Sequence[ToolSpec] = ()) -> OutputParser: ...
+    def create_parser(
+        self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()
+    ) -> OutputParser: ...

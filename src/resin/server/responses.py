@@ -110,7 +110,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         tools = tools_of(body)
         effort = (body.reasoning or {}).get("effort")
         thinking = None if effort is None else effort not in ("none", "minimal")
-        prompt = svc.chat.render(to_turns(body), tools, thinking)
+        rendered = svc.chat.render(to_turns(body), tools, thinking)
+        prompt = rendered.token_ids
         params = svc.params(
             len(prompt),
             body.max_output_tokens,
@@ -121,7 +122,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     except BaseException:
         release(reservations)
         raise
-    (gen,) = await svc.launch(reservations, prompt, params, lambda: svc.chat.create_parser(tools))
+    (gen,) = await svc.launch(reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools))
     builder = ResponseBuilder(svc, body)
     if body.stream:
         return SSEResponse(builder.stream(gen))

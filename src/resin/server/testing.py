@@ -20,6 +20,7 @@ from resin.events import Event, FinishedEvent, FinishReason, TokensEvent, TopLog
 from resin.params import SamplingParams
 from resin.server.ports import (
     ChatTurn,
+    RenderedPrompt,
     Delta,
     ReasoningDelta,
     TextDelta,
@@ -95,7 +96,7 @@ class ChatMLFormat:
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec] = (),
         enable_thinking: bool | None = None,
-    ) -> list[int]:
+    ) -> RenderedPrompt:
         parts: list[str] = []
         if tools:
             specs = [{"name": t.name, "parameters": t.parameters} for t in tools]
@@ -109,9 +110,10 @@ class ChatMLFormat:
         parts.append("<|im_start|>assistant\n")
         if enable_thinking is False:
             parts.append("<think></think>")
-        return self.tokenizer.encode("".join(parts))
+        text = "".join(parts)
+        return RenderedPrompt(self.tokenizer.encode(text), text)
 
-    def create_parser(self, tools: Sequence[ToolSpec] = ()) -> ChatMLParser:
+    def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> ChatMLParser:
         return ChatMLParser()
 
 

@@ -1,48 +1,18 @@
-"""Text helpers of the serving layer: incremental detokenization and stop strings."""
+"""Text helpers of the serving layer: a plain-text output parser and stop strings."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from resin.detokenizer import IncrementalDetokenizer
 from resin.server.ports import Delta, TextDelta, TokenizerLike
-
-
-class Detokenizer:
-    """Token ids in, newly completed text out; never emits half of a multi-byte character.
-
-    Decodes a short window (`prefix` .. end) and emits what it adds beyond the window's
-    already-emitted part, so the cost per token stays constant and tokenizers that merge
-    spaces across tokens still produce the right text.
-    """
-
-    def __init__(self, tokenizer: TokenizerLike, skip_special_tokens: bool = True) -> None:
-        self._tok = tokenizer
-        self._skip = skip_special_tokens
-        self._ids: list[int] = []
-        self._prefix = 0
-        self._read = 0
-
-    def push(self, ids: Sequence[int]) -> str:
-        self._ids.extend(ids)
-        done = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
-        text = self._tok.decode(self._ids[self._prefix :], self._skip)
-        if text.endswith("\ufffd") or len(text) < len(done):
-            return ""  # an incomplete character: wait for the next token
-        self._prefix, self._read = self._read, len(self._ids)
-        return text[len(done) :]
-
-    def flush(self) -> str:
-        done = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
-        text = self._tok.decode(self._ids[self._prefix :], self._skip)
-        self._prefix = self._read = len(self._ids)
-        return text[len(done) :]
 
 
 class PlainTextParser:
     """An OutputParser for models without reasoning or tool syntax: everything is text."""
 
     def __init__(self, tokenizer: TokenizerLike, stop_token_ids: Sequence[int] = ()) -> None:
-        self._detok = Detokenizer(tokenizer)
+        self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = frozenset(stop_token_ids)
 
     def feed(self, token_ids: Sequence[int]) -> list[Delta]:
