@@ -118,9 +118,13 @@ def chat(args: argparse.Namespace) -> int:
     loaded = _load(args)
     assert isinstance(loaded, Loaded)
     server = HttpServer(
-        loaded.engine, chat=loaded.chat, tokenizer=loaded.tokenizer, model=loaded.name,
-        port=free_port(), stream_interval=1,
-    )  # fmt: skip
+        loaded.engine,
+        chat=loaded.chat,
+        tokenizer=loaded.tokenizer,
+        model=loaded.name,
+        port=free_port(),
+        stream_interval=1,
+    )
     with running(server) as url:
         return chat_loop(url, None, args.max_tokens, args.system)
 

@@ -83,9 +83,11 @@ def test_thinking_and_tool_use_blocks(client: anthropic.Anthropic) -> None:
 
 def test_stop_sequence_and_max_tokens(client: anthropic.Anthropic) -> None:
     msg = client.messages.create(
-        model=MODEL, max_tokens=64, stop_sequences=["said"],
+        model=MODEL,
+        max_tokens=64,
+        stop_sequences=["said"],
         messages=[{"role": "user", "content": "x"}],
-    )  # fmt: skip
+    )
     assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == "said"
     assert msg.content[0].text == "You "  # type: ignore[union-attr]
     short = client.messages.create(
@@ -96,7 +98,9 @@ def test_stop_sequence_and_max_tokens(client: anthropic.Anthropic) -> None:
 
 def test_anthropic_error_shape(url: str, client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.BadRequestError) as err:
-        client.messages.create(model=MODEL, max_tokens=0, messages=[{"role": "user", "content": "x"}])
+        client.messages.create(
+            model=MODEL, max_tokens=0, messages=[{"role": "user", "content": "x"}]
+        )
     assert err.value.status_code == 400
     body = httpx.post(url + "/v1/messages", json={"model": MODEL, "messages": []}).json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"

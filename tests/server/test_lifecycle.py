@@ -20,8 +20,12 @@ CHAT = "/v1/chat/completions"
 
 
 def body(text: str, max_tokens: int, stream: bool = False) -> dict[str, object]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": text}],
-            "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 def test_burst_gets_only_200_and_429_and_health_stays_up() -> None:

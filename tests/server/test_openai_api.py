@@ -213,6 +213,10 @@ def test_api_key(serve) -> None:  # type: ignore[no-untyped-def]
 def test_metrics_exposed(url: str, client: openai.OpenAI) -> None:
     client.chat.completions.create(model=MODEL, messages=user("m"), max_tokens=2)
     text = httpx.get(url + "/metrics").text
-    for name in ("resin:num_requests_running", "resin:time_to_first_token_seconds_bucket",
-                 "resin:generation_tokens_total", 'resin:request_success_total{finished_reason="length"}'):  # fmt: skip
+    for name in (
+        "resin:num_requests_running",
+        "resin:time_to_first_token_seconds_bucket",
+        "resin:generation_tokens_total",
+        'resin:request_success_total{finished_reason="length"}',
+    ):
         assert name in text

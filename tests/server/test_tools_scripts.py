@@ -34,10 +34,32 @@ def oracle_engine() -> FakeEngine:
 def test_check_server_report(tmp_path: Path) -> None:
     report = tmp_path / "report.md"
     with running(make_server(oracle_engine())) as url:
-        rc = check.main([url, "--output", str(report), "--burst", "60", "--ttft-sizes", "8,64,256",
-                         "--eval-file", str(DATA / "mini_mmlu.jsonl"), "--eval-concurrency", "4"])  # fmt: skip
-        csv_rc = check.main([url, "--output", str(tmp_path / "csv.md"), "--burst", "10",
-                             "--eval-file", str(DATA / "mini_mmlu.csv")])  # fmt: skip
+        rc = check.main(
+            [
+                url,
+                "--output",
+                str(report),
+                "--burst",
+                "60",
+                "--ttft-sizes",
+                "8,64,256",
+                "--eval-file",
+                str(DATA / "mini_mmlu.jsonl"),
+                "--eval-concurrency",
+                "4",
+            ]
+        )
+        csv_rc = check.main(
+            [
+                url,
+                "--output",
+                str(tmp_path / "csv.md"),
+                "--burst",
+                "10",
+                "--eval-file",
+                str(DATA / "mini_mmlu.csv"),
+            ]
+        )
     text = report.read_text()
     assert rc == 0, text
     assert "8/8 passed" in text and "6/6 = 100.0%" in text
@@ -48,11 +70,38 @@ def test_bench_serve_jsonl(tmp_path: Path) -> None:
     out = tmp_path / "bench.jsonl"
     with running(make_server(FakeEngine(step_delay=0.001))) as url:
         for conc in ("1", "16"):
-            argv = ["--url", url, "--num-prompts", "32", "--max-concurrency", conc,
-                    "--output-len", "16", "--output", str(out)]  # fmt: skip
+            argv = [
+                "--url",
+                url,
+                "--num-prompts",
+                "32",
+                "--max-concurrency",
+                conc,
+                "--output-len",
+                "16",
+                "--output",
+                str(out),
+            ]
             assert bench.main(argv) == 0
-        assert bench.main(["--url", url, "--num-prompts", "10", "--request-rate", "200",
-                           "--endpoint", "completions", "--output-len", "8", "--output", str(out)]) == 0  # fmt: skip
+        assert (
+            bench.main(
+                [
+                    "--url",
+                    url,
+                    "--num-prompts",
+                    "10",
+                    "--request-rate",
+                    "200",
+                    "--endpoint",
+                    "completions",
+                    "--output-len",
+                    "8",
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     runs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(runs) == 3
     for r in runs:

@@ -14,6 +14,7 @@ requests inside the engine. After each step it hands every touched request its e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -272,10 +273,8 @@ class EngineActor:
             if self._delivery_scheduled:
                 return
             self._delivery_scheduled = True
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed after the check
             self._loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:  # the loop closed between the check and the call
-            pass
 
     def _deliver(self) -> None:
         with self._outbox_lock:

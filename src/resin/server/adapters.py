@@ -53,20 +53,29 @@ class TemplateChatFormat:
             m: dict[str, Any] = {"role": t.role, "content": t.content}
             if t.tool_calls:
                 m["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": json.loads(c.arguments or "{}")}}
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.loads(c.arguments or "{}")},
+                    }
                     for c in t.tool_calls
-                ]  # fmt: skip
+                ]
             if t.tool_call_id:
                 m["tool_call_id"] = t.tool_call_id
             messages.append(m)
         kwargs: dict[str, Any] = {}
         if tools:
             kwargs["tools"] = [
-                {"type": "function", "function": {"name": s.name, "description": s.description,
-                                                  "parameters": s.parameters}}
+                {
+                    "type": "function",
+                    "function": {
+                        "name": s.name,
+                        "description": s.description,
+                        "parameters": s.parameters,
+                    },
+                }
                 for s in tools
-            ]  # fmt: skip
+            ]
         if enable_thinking is not None:
             kwargs["enable_thinking"] = enable_thinking
         info = self.tokenizer.info
@@ -79,9 +88,7 @@ class TemplateChatFormat:
         )
         return RenderedPrompt(self.tokenizer.encode(text, add_special_tokens=False), text)
 
-    def create_parser(
-        self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()
-    ) -> OutputParser:
+    def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> OutputParser:
         return PlainTextParser(self.tokenizer, self._stops)
 
 

@@ -143,11 +143,15 @@ class MessageBuilder:
         has_tools = any(b["type"] == "tool_use" for b in self.blocks)
         matched = self.gen.stops.matched
         return {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.svc.model,
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.svc.model,
             "content": self.blocks,
             "stop_reason": None if finish is None else stop_reason(finish, matched, has_tools),
-            "stop_sequence": matched, "usage": usage(finish, self.input_tokens),
-        }  # fmt: skip
+            "stop_sequence": matched,
+            "usage": usage(finish, self.input_tokens),
+        }
 
     def _open(self, block: dict[str, Any]) -> Iterator[str]:
         yield from self._close()
@@ -156,8 +160,10 @@ class MessageBuilder:
         start = dict(block)
         if block["type"] == "tool_use":
             start["input"] = {}
-        yield sse({"type": "content_block_start", "index": len(self.blocks) - 1,
-                   "content_block": start}, event="content_block_start")  # fmt: skip
+        yield sse(
+            {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": start},
+            event="content_block_start",
+        )
 
     def _close(self) -> Iterator[str]:
         if self.open_kind is None:
@@ -176,8 +182,10 @@ class MessageBuilder:
         yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
 
     def _delta(self, index: int, delta: dict[str, Any]) -> str:
-        return sse({"type": "content_block_delta", "index": index, "delta": delta},
-                   event="content_block_delta")  # fmt: skip
+        return sse(
+            {"type": "content_block_delta", "index": index, "delta": delta},
+            event="content_block_delta",
+        )
 
     def _apply(self, d: Delta) -> Iterator[str]:
         if isinstance(d, TextDelta) and d.text:
@@ -223,8 +231,10 @@ class MessageBuilder:
                 return
             final = self.message(up.finish)
             delta = {"stop_reason": final["stop_reason"], "stop_sequence": final["stop_sequence"]}
-            yield sse({"type": "message_delta", "delta": delta, "usage": final["usage"]},
-                      event="message_delta")  # fmt: skip
+            yield sse(
+                {"type": "message_delta", "delta": delta, "usage": final["usage"]},
+                event="message_delta",
+            )
             yield sse({"type": "message_stop"}, event="message_stop")
 
     async def collect(self) -> dict[str, Any]:

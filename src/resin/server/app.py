@@ -130,7 +130,7 @@ class HttpServer:
 
         owner = self
 
-        class _Server(uvicorn.Server):  # type: ignore[misc]
+        class _Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
                 owner.actor.request_stop()
                 super().handle_exit(sig, frame)

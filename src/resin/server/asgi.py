@@ -158,9 +158,10 @@ async def _wait_disconnect(receive: Receive) -> None:
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel it (aborting its generations)."""
     task: asyncio.Future[T] = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+    watch: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(request.receive))
+    pair: list[asyncio.Future[Any]] = [task, watch]
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(pair, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch.cancel()
     if not task.done():

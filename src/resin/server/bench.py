@@ -18,8 +18,28 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-WORDS = ("alpha beta gamma delta river stone cloud maple ember lattice quartz harbor violet "
-         "signal meadow copper lantern orbit willow canyon").split()  # fmt: skip
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "river",
+    "stone",
+    "cloud",
+    "maple",
+    "ember",
+    "lattice",
+    "quartz",
+    "harbor",
+    "violet",
+    "signal",
+    "meadow",
+    "copper",
+    "lantern",
+    "orbit",
+    "willow",
+    "canyon",
+]
 
 
 @dataclass
@@ -106,10 +126,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     async def fire(session: Any, prompt: str) -> None:
         body: dict[str, Any] = {
-            "model": args.model, "max_tokens": args.output_len, "stream": True,
-            "ignore_eos": args.ignore_eos, "temperature": 0,
+            "model": args.model,
+            "max_tokens": args.output_len,
+            "stream": True,
+            "ignore_eos": args.ignore_eos,
+            "temperature": 0,
             "stream_options": {"include_usage": True},
-        }  # fmt: skip
+        }
         if chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -135,11 +158,15 @@ def summarize(args: argparse.Namespace, outcomes: list[Outcome], duration: float
     in_tokens = sum(o.prompt_tokens for o in good)
     tpot = [(o.e2e - o.ttft) / (o.output_tokens - 1) for o in good if o.output_tokens > 1]
     meets = [
-        o for o in good
+        o
+        for o in good
         if (args.slo_ttft_ms is None or o.ttft * 1000 <= args.slo_ttft_ms)
-        and (args.slo_tpot_ms is None or o.output_tokens < 2
-             or (o.e2e - o.ttft) / (o.output_tokens - 1) * 1000 <= args.slo_tpot_ms)
-    ]  # fmt: skip
+        and (
+            args.slo_tpot_ms is None
+            or o.output_tokens < 2
+            or (o.e2e - o.ttft) / (o.output_tokens - 1) * 1000 <= args.slo_tpot_ms
+        )
+    ]
     cfg = {k: v for k, v in vars(args).items() if k not in ("api_key", "output")}
     cfg["request_rate"] = str(cfg["request_rate"])
     return {
@@ -162,12 +189,18 @@ def summarize(args: argparse.Namespace, outcomes: list[Outcome], duration: float
 
 def print_table(r: dict[str, Any]) -> None:
     c = r["config"]
-    print(f"\n== {c['endpoint']} | concurrency={c['max_concurrency']} rate={c['request_rate']} "
-          f"| {c['num_prompts']} prompts, ~{c['input_len']} words in, {c['output_len']} tokens out")  # fmt: skip
-    print(f"completed {r['completed']}  failed {r['failed']}  statuses {r['statuses']}  "
-          f"duration {r['duration_s']:.2f}s")  # fmt: skip
-    print(f"requests/s {r['request_throughput']:.1f}  output tok/s {r['output_tok_s']:.0f}  "
-          f"total tok/s {r['total_tok_s']:.0f}  goodput req/s {r['goodput_req_s']:.1f}")  # fmt: skip
+    print(
+        f"\n== {c['endpoint']} | concurrency={c['max_concurrency']} rate={c['request_rate']} "
+        f"| {c['num_prompts']} prompts, ~{c['input_len']} words in, {c['output_len']} tokens out"
+    )
+    print(
+        f"completed {r['completed']}  failed {r['failed']}  statuses {r['statuses']}  "
+        f"duration {r['duration_s']:.2f}s"
+    )
+    print(
+        f"requests/s {r['request_throughput']:.1f}  output tok/s {r['output_tok_s']:.0f}  "
+        f"total tok/s {r['total_tok_s']:.0f}  goodput req/s {r['goodput_req_s']:.1f}"
+    )
     print(f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         row = r[key]
@@ -203,4 +236,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if result["failed"] == 0 else 1
 
 
-__all__ = ["Outcome", "main", "percentiles", "run", "asdict"]
+__all__ = ["Outcome", "asdict", "main", "percentiles", "run"]

@@ -15,7 +15,7 @@ import csv
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,13 +43,22 @@ class Client:
         self.model = model or "default"
 
     def chat(self, messages: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
-        r = self.http.post("/v1/chat/completions", json={"model": self.model, "messages": messages, **kw})
+        r = self.http.post(
+            "/v1/chat/completions", json={"model": self.model, "messages": messages, **kw}
+        )
         r.raise_for_status()
         return dict(r.json())
 
-    def stream_chat(self, messages: list[dict[str, Any]], **kw: Any) -> tuple[str, float, dict[str, Any]]:
-        body = {"model": self.model, "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}, **kw}  # fmt: skip
+    def stream_chat(
+        self, messages: list[dict[str, Any]], **kw: Any
+    ) -> tuple[str, float, dict[str, Any]]:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **kw,
+        }
         start = time.perf_counter()
         ttft = -1.0
         parts: list[str] = []
@@ -75,16 +84,23 @@ def check_basics(c: Client) -> Check:
     ids = [m["id"] for m in models.get("data", [])]
     if ids and c.model == "default":
         c.model = ids[0]
-    return Check("health and models", health.status_code == 200 and bool(ids),
-                 f"/health {health.status_code}, models {ids}")  # fmt: skip
+    return Check(
+        "health and models",
+        health.status_code == 200 and bool(ids),
+        f"/health {health.status_code}, models {ids}",
+    )
 
 
 def check_stream_equality(c: Client) -> Check:
     msgs = [{"role": "user", "content": "Name three primary colors."}]
     full = c.chat(msgs, temperature=0, max_tokens=48)["choices"][0]["message"]["content"] or ""
     streamed, _, _ = c.stream_chat(msgs, temperature=0, max_tokens=48)
-    return Check("stream == non-stream (temperature 0)", full == streamed,
-                 f"{len(full)} chars; equal: {full == streamed}", {"text": full[:200]})  # fmt: skip
+    return Check(
+        "stream == non-stream (temperature 0)",
+        full == streamed,
+        f"{len(full)} chars; equal: {full == streamed}",
+        {"text": full[:200]},
+    )
 
 
 def check_prefix_cache(c: Client) -> Check:
@@ -93,14 +109,17 @@ def check_prefix_cache(c: Client) -> Check:
     first = c.chat(msgs, max_tokens=2, temperature=0)["usage"]
     second = c.chat(msgs, max_tokens=2, temperature=0)["usage"]
     cached = (second.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return Check("prefix cache reuse (cached_tokens)", cached > 0,
-                 f"prompt {second['prompt_tokens']} tokens, cached on repeat: {cached} "
-                 f"(first: {(first.get('prompt_tokens_details') or {}).get('cached_tokens', 0)})",
-                 {"cached_tokens": cached})  # fmt: skip
+    return Check(
+        "prefix cache reuse (cached_tokens)",
+        cached > 0,
+        f"prompt {second['prompt_tokens']} tokens, cached on repeat: {cached} "
+        f"(first: {(first.get('prompt_tokens_details') or {}).get('cached_tokens', 0)})",
+        {"cached_tokens": cached},
+    )
 
 
 def check_ttft(c: Client, sizes: Sequence[int]) -> Check:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for words in sizes:
         text = " ".join(f"w{i % 97}" for i in range(words))
         msgs = [{"role": "user", "content": f"{text}\nReply with OK."}]
@@ -109,32 +128,65 @@ def check_ttft(c: Client, sizes: Sequence[int]) -> Check:
         except httpx.HTTPStatusError as exc:
             rows.append({"words": words, "status": exc.response.status_code})
             continue
-        rows.append({"words": words, "prompt_tokens": usage.get("prompt_tokens"), "ttft_ms": round(ttft * 1000, 1)})
+        rows.append(
+            {
+                "words": words,
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "ttft_ms": round(ttft * 1000, 1),
+            }
+        )
     ok = any("ttft_ms" in r for r in rows)
-    detail = "; ".join(f"{r.get('prompt_tokens', '?')} tok -> {r.get('ttft_ms', r.get('status'))} ms" for r in rows)
+    detail = "; ".join(
+        f"{r.get('prompt_tokens', '?')} tok -> {r.get('ttft_ms', r.get('status'))} ms" for r in rows
+    )
     return Check("TTFT vs context size", ok, detail, {"rows": rows})
 
 
 def check_reasoning(c: Client) -> Check:
-    msg = c.chat([{"role": "user", "content": "Think step by step: what is 17 + 25?"}],
-                 max_tokens=128, temperature=0, chat_template_kwargs={"enable_thinking": True})["choices"][0]["message"]  # fmt: skip
+    msg = c.chat(
+        [{"role": "user", "content": "Think step by step: what is 17 + 25?"}],
+        max_tokens=128,
+        temperature=0,
+        chat_template_kwargs={"enable_thinking": True},
+    )["choices"][0]["message"]
     reasoning = msg.get("reasoning_content") or ""
-    return Check("reasoning case", True,
-                 f"reasoning_content: {len(reasoning)} chars; content: {len(msg.get('content') or '')} chars "
-                 "(a model without reasoning answers in content only)")  # fmt: skip
+    return Check(
+        "reasoning case",
+        True,
+        f"reasoning_content: {len(reasoning)} chars; "
+        f"content: {len(msg.get('content') or '')} chars "
+        "(a model without reasoning answers in content only)",
+    )
 
 
 def check_tools(c: Client) -> Check:
-    tool = {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
-    r = c.chat([{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
-               tools=[tool], max_tokens=96, temperature=0)  # fmt: skip
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    r = c.chat(
+        [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
+        tools=[tool],
+        max_tokens=96,
+        temperature=0,
+    )
     choice = r["choices"][0]
     calls = choice["message"].get("tool_calls") or []
     valid = all(_is_json(tc["function"]["arguments"]) for tc in calls)
     names = [tc["function"]["name"] for tc in calls]
-    return Check("tool-call case", valid,
-                 f"finish_reason {choice['finish_reason']}, calls {names} (well-formed: {valid})")  # fmt: skip
+    return Check(
+        "tool-call case",
+        valid,
+        f"finish_reason {choice['finish_reason']}, calls {names} (well-formed: {valid})",
+    )
 
 
 def _is_json(text: str) -> bool:
@@ -147,7 +199,9 @@ def _is_json(text: str) -> bool:
 
 async def _burst(c: Client, n: int) -> dict[int, int]:
     limits = httpx.Limits(max_connections=min(n, 256))
-    async with httpx.AsyncClient(base_url=c.url, headers=c.headers, timeout=c.timeout, limits=limits) as ac:
+    async with httpx.AsyncClient(
+        base_url=c.url, headers=c.headers, timeout=c.timeout, limits=limits
+    ) as ac:
         body = {"model": c.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
         async def one() -> int:
@@ -167,8 +221,11 @@ def check_burst(c: Client, n: int) -> Check:
     counts = asyncio.run(_burst(c, n))
     ok = all(code in (200, 429) for code in counts) and counts.get(200, 0) > 0
     health = c.http.get("/health").status_code
-    return Check(f"stress burst ({n} requests)", ok and health == 200,
-                 f"statuses {dict(sorted(counts.items()))}; /health after: {health}")  # fmt: skip
+    return Check(
+        f"stress burst ({n} requests)",
+        ok and health == 200,
+        f"statuses {dict(sorted(counts.items()))}; /health after: {health}",
+    )
 
 
 def load_eval(path: Path) -> list[tuple[str, list[str], int]]:
@@ -205,11 +262,17 @@ async def _eval(c: Client, rows: list[tuple[str, list[str], int]], concurrency: 
     async with httpx.AsyncClient(base_url=c.url, headers=c.headers, timeout=c.timeout) as ac:
 
         async def one(q: str, choices: list[str], gold: int) -> bool:
-            body = {"model": c.model, "temperature": 0, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": eval_prompt(q, choices)}]}  # fmt: skip
+            body = {
+                "model": c.model,
+                "temperature": 0,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": eval_prompt(q, choices)}],
+            }
             async with sem:
                 r = await ac.post("/v1/chat/completions", json=body)
-            text = (r.json()["choices"][0]["message"]["content"] or "") if r.status_code == 200 else ""
+            text = (
+                (r.json()["choices"][0]["message"]["content"] or "") if r.status_code == 200 else ""
+            )
             m = re.search(r"\b([ABCD])\b", text.upper())
             return m is not None and LETTERS.index(m.group(1)) == gold
 
@@ -221,14 +284,24 @@ def check_eval(c: Client, path: Path, limit: int, concurrency: int) -> Check:
     start = time.perf_counter()
     results = asyncio.run(_eval(c, rows, concurrency))
     acc = sum(results) / max(1, len(results))
-    return Check(f"accuracy on {path.name}", bool(rows),
-                 f"{sum(results)}/{len(results)} = {acc:.1%} in {time.perf_counter() - start:.1f}s "
-                 f"(chance 25%)", {"accuracy": acc, "n": len(results)})  # fmt: skip
+    return Check(
+        f"accuracy on {path.name}",
+        bool(rows),
+        f"{sum(results)}/{len(results)} = {acc:.1%} in {time.perf_counter() - start:.1f}s "
+        f"(chance 25%)",
+        {"accuracy": acc, "n": len(results)},
+    )
 
 
 def write_report(path: Path, url: str, checks: list[Check]) -> None:
-    lines = [f"# Server check: {url}", "", f"{sum(c.ok for c in checks)}/{len(checks)} passed", "",
-             "| check | result | detail |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Server check: {url}",
+        "",
+        f"{sum(c.ok for c in checks)}/{len(checks)} passed",
+        "",
+        "| check | result | detail |",
+        "|---|---|---|",
+    ]
     lines += [f"| {c.name} | {'PASS' if c.ok else 'FAIL'} | {c.detail} |" for c in checks]
     lines += ["", "```json", json.dumps([c.__dict__ for c in checks], indent=1), "```", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
@@ -252,7 +325,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     c = Client(args.url, args.api_key, args.model, args.timeout)
-    steps = [
+    steps: list[Callable[[], Check]] = [
         lambda: check_basics(c),
         lambda: check_stream_equality(c),
         lambda: check_prefix_cache(c),
@@ -262,13 +335,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda: check_burst(c, args.burst),
     ]
     if args.eval_file:
-        steps.append(lambda: check_eval(c, Path(args.eval_file), args.eval_limit, args.eval_concurrency))
+        steps.append(
+            lambda: check_eval(c, Path(args.eval_file), args.eval_limit, args.eval_concurrency)
+        )
     checks: list[Check] = []
     for step in steps:
         try:
             result = step()
         except Exception as exc:  # a failed check is reported, the others still run
-            result = Check(getattr(step, "__name__", "check"), False, f"{type(exc).__name__}: {exc}")
+            result = Check(
+                getattr(step, "__name__", "check"), False, f"{type(exc).__name__}: {exc}"
+            )
         checks.append(result)
         print(f"[{'PASS' if result.ok else 'FAIL'}] {result.name}: {result.detail}", flush=True)
     write_report(Path(args.output), args.url, checks)

@@ -37,9 +37,9 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
     steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine"]
     with tqdm(total=len(steps), desc="loading", disable=not progress, unit="step") as bar:
         bar.set_postfix_str(steps[0])
-        from resin_models_torch.default_model import resolve_checkpoint
+        from resin_models_torch.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
-        folder = resolve_checkpoint(options.checkpoint or options.model)
+        folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
         bar.update()
         bar.set_postfix_str(steps[1])
         from resin_models_torch.registry import load_runner
@@ -70,7 +70,7 @@ def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
     try:
         from resin.server.recipe_adapter import RecipeChatFormat
     except ImportError:
-        RecipeChatFormat = None  # type: ignore[assignment,misc]  # noqa: N806
+        RecipeChatFormat = None  # type: ignore[assignment,misc]
     if RecipeChatFormat is not None:
         try:
             return RecipeChatFormat.load(tokenizer, recipe)

@@ -48,7 +48,7 @@ def to_turns(messages: Sequence[ChatMessageIn]) -> list[ChatTurn]:
         )
         turns.append(
             ChatTurn(
-                role,  # type: ignore[arg-type]
+                role,
                 message_text(m.content, f"messages.{i}.content"),
                 m.reasoning_content or "",
                 calls,
@@ -169,8 +169,11 @@ async def _collect(
             elif isinstance(d, ReasoningDelta):
                 reasoning[i] += d.text
             elif isinstance(d, ToolCallStart):
-                calls[i][d.index] = {"id": d.id, "type": "function",
-                                     "function": {"name": d.name, "arguments": ""}}  # fmt: skip
+                calls[i][d.index] = {
+                    "id": d.id,
+                    "type": "function",
+                    "function": {"name": d.name, "arguments": ""},
+                }
             elif isinstance(d, ToolCallArgsDelta):
                 calls[i][d.index]["function"]["arguments"] += d.fragment
         lps[i].extend(up.logprobs)
@@ -188,12 +191,14 @@ async def _collect(
             message["reasoning_content"] = reasoning[i]
         if calls[i]:
             message["tool_calls"] = [calls[i][k] for k in sorted(calls[i])]
-        choices.append({
-            "index": i,
-            "message": message,
-            "logprobs": {"content": logprob_entries(svc, lps[i])} if want_logprobs else None,
-            "finish_reason": finish_name(f, bool(calls[i])),
-        })  # fmt: skip
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": {"content": logprob_entries(svc, lps[i])} if want_logprobs else None,
+                "finish_reason": finish_name(f, bool(calls[i])),
+            }
+        )
     return {
         "id": rid,
         "object": "chat.completion",
@@ -220,8 +225,15 @@ async def _stream(
             finishes.append(up.finish)
             finish = finish_name(up.finish, has_calls[i])
             if up.finish.reason == "error":
-                yield sse({"error": {"message": up.finish.error or "generation failed",
-                                     "type": "server_error", "code": 503}})  # fmt: skip
+                yield sse(
+                    {
+                        "error": {
+                            "message": up.finish.error or "generation failed",
+                            "type": "server_error",
+                            "code": 503,
+                        }
+                    }
+                )
         choice: dict[str, Any] = {
             "index": i,
             "delta": delta,
@@ -248,8 +260,14 @@ def _delta(up: Update, sent_role: bool, has_calls: list[bool], i: int) -> dict[s
     for d in up.deltas:
         if isinstance(d, ToolCallStart):
             has_calls[i] = True
-            calls.append({"index": d.index, "id": d.id, "type": "function",
-                          "function": {"name": d.name, "arguments": ""}})  # fmt: skip
+            calls.append(
+                {
+                    "index": d.index,
+                    "id": d.id,
+                    "type": "function",
+                    "function": {"name": d.name, "arguments": ""},
+                }
+            )
         elif isinstance(d, ToolCallArgsDelta):
             calls.append({"index": d.index, "function": {"arguments": d.fragment}})
     if calls:

@@ -165,12 +165,19 @@ async def _collect(
                 len(gen_ids) - len(gen_lps)
             )
             if body.echo:
-                prompt_items = [None, *(plps[i] or [None] * (len(prompts[i]) - 1))]
+                prompt_items: list[TokenLogprob | None] = [None]
+                prompt_items += plps[i] or [None] * (len(prompts[i]) - 1)
                 all_ids = prompts[i] + all_ids
                 items = prompt_items[: len(prompts[i])] + items
             logprobs = _logprobs(svc, all_ids, items, 0)
-        choices.append({"index": i, "text": text, "logprobs": logprobs,
-                        "finish_reason": "stop" if f.reason == "abort" else f.reason})  # fmt: skip
+        choices.append(
+            {
+                "index": i,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": "stop" if f.reason == "abort" else f.reason,
+            }
+        )
     done = [f for f in finishes if f is not None]
     use = usage(done)
     use["prompt_tokens"] = sum(len(p) for p in prompts[:: max(1, body.n)])

@@ -117,8 +117,6 @@ class ChatTurn:
     tool_call_id: str = ""
 
 
-
-
 class OutputParser(Protocol):
     """Turns generated token ids into typed deltas, incrementally. `finish` flushes."""
 

@@ -104,7 +104,10 @@ class RecipeChatFormat:
 def detect_native(tokenizer: Tokenizer) -> str:
     """A native recipe whose special tokens this tokenizer has and whose reasoning/tool
     syntax the checkpoint's template uses; plain ChatML models keep their own template."""
-    has = lambda token: tokenizer.token_to_id(token) is not None  # noqa: E731
+
+    def has(token: str) -> bool:
+        return tokenizer.token_to_id(token) is not None
+
     template = tokenizer.chat_template or ""
     if has("<|start_header_id|>") and has("<|eot_id|>"):
         return "llama3"

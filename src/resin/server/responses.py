@@ -75,14 +75,22 @@ def to_turns(body: ResponsesRequest) -> list[ChatTurn]:
         where = f"input.{i}"
         if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
             role = "system" if item["role"] == "developer" else item["role"]
-            turns.append(ChatTurn(role, _text(item.get("content", ""), where)))
+            turns.append(ChatTurn(role, _text(item.get("content", ""), where)))  # type: ignore[arg-type]
         elif kind == "function_call":
-            call = ToolCallItem(str(item.get("call_id", "")), str(item.get("name", "")),
-                                str(item.get("arguments", "{}")))  # fmt: skip
+            call = ToolCallItem(
+                str(item.get("call_id", "")),
+                str(item.get("name", "")),
+                str(item.get("arguments", "{}")),
+            )
             turns.append(ChatTurn("assistant", tool_calls=(call,)))
         elif kind == "function_call_output":
-            turns.append(ChatTurn("tool", _text(item.get("output", ""), where),
-                                  tool_call_id=str(item.get("call_id", ""))))  # fmt: skip
+            turns.append(
+                ChatTurn(
+                    "tool",
+                    _text(item.get("output", ""), where),
+                    tool_call_id=str(item.get("call_id", "")),
+                )
+            )
         elif kind != "reasoning":
             raise ApiError(400, f"input item type {kind!r} is not supported", where)
     return turns
@@ -122,7 +130,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     except BaseException:
         release(reservations)
         raise
-    (gen,) = await svc.launch(reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools))
+    (gen,) = await svc.launch(
+        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools)
+    )
     builder = ResponseBuilder(svc, body)
     if body.stream:
         return SSEResponse(builder.stream(gen))
@@ -157,15 +167,26 @@ class ResponseBuilder:
         if status == "failed":
             error = {"code": "server_error", "message": finish.error if finish else "failed"}
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at,
-            "status": status, "model": self.svc.model, "output": self.items,
-            "usage": usage, "error": error, "incomplete_details": incomplete,
-            "instructions": self.body.instructions, "metadata": self.body.metadata or {},
-            "parallel_tool_calls": True, "tool_choice": self.body.tool_choice or "auto",
-            "tools": self.body.tools or [], "temperature": self.body.temperature,
-            "top_p": self.body.top_p, "max_output_tokens": self.body.max_output_tokens,
-            "text": {"format": {"type": "text"}}, "reasoning": self.body.reasoning,
-        }  # fmt: skip
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "model": self.svc.model,
+            "output": self.items,
+            "usage": usage,
+            "error": error,
+            "incomplete_details": incomplete,
+            "instructions": self.body.instructions,
+            "metadata": self.body.metadata or {},
+            "parallel_tool_calls": True,
+            "tool_choice": self.body.tool_choice or "auto",
+            "tools": self.body.tools or [],
+            "temperature": self.body.temperature,
+            "top_p": self.body.top_p,
+            "max_output_tokens": self.body.max_output_tokens,
+            "text": {"format": {"type": "text"}},
+            "reasoning": self.body.reasoning,
+        }
 
     def event(self, kind: str, **fields: Any) -> str:
         self.seq += 1
@@ -177,9 +198,15 @@ class ResponseBuilder:
     ) -> Iterator[str]:
         yield from self._close()
         index = len(self.items)
+        item: dict[str, Any]
         if kind == "message":
-            item = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "in_progress",
-                    "role": "assistant", "content": []}  # fmt: skip
+            item = {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
         elif kind == "reasoning":
             item = {
                 "type": "reasoning",
@@ -188,8 +215,14 @@ class ResponseBuilder:
                 "content": [],
             }
         else:
-            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "status": "in_progress",
-                    "call_id": extra["call_id"], "name": extra["name"], "arguments": ""}  # fmt: skip
+            item = {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "status": "in_progress",
+                "call_id": extra["call_id"],
+                "name": extra["name"],
+                "arguments": "",
+            }
         self.items.append(item)
         self.kind = kind
         yield self.event(
@@ -198,10 +231,20 @@ class ResponseBuilder:
             item=dict(item, content=[]) if kind != "function_call" else dict(item),
         )
         if kind == "message":
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            part: dict[str, Any] = {
+                "type": "output_text",
+                "text": "",
+                "annotations": [],
+                "logprobs": [],
+            }
             item["content"] = [part]
-            yield self.event("response.content_part.added", item_id=item["id"], output_index=index,
-                             content_index=0, part=dict(part))  # fmt: skip
+            yield self.event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=dict(part),
+            )
         elif kind == "reasoning":
             item["content"] = [{"type": "reasoning_text", "text": ""}]
 
@@ -213,17 +256,38 @@ class ResponseBuilder:
         iid = item["id"]
         if self.kind == "message":
             part = item["content"][0]
-            yield self.event("response.output_text.done", item_id=iid, output_index=index,
-                             content_index=0, text=part["text"], logprobs=[])  # fmt: skip
-            yield self.event("response.content_part.done", item_id=iid, output_index=index,
-                             content_index=0, part=part)  # fmt: skip
+            yield self.event(
+                "response.output_text.done",
+                item_id=iid,
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                logprobs=[],
+            )
+            yield self.event(
+                "response.content_part.done",
+                item_id=iid,
+                output_index=index,
+                content_index=0,
+                part=part,
+            )
             item["status"] = "completed"
         elif self.kind == "reasoning":
-            yield self.event("response.reasoning_text.done", item_id=iid, output_index=index,
-                             content_index=0, text=item["content"][0]["text"])  # fmt: skip
+            yield self.event(
+                "response.reasoning_text.done",
+                item_id=iid,
+                output_index=index,
+                content_index=0,
+                text=item["content"][0]["text"],
+            )
         else:
-            yield self.event("response.function_call_arguments.done", item_id=iid,
-                             output_index=index, arguments=item["arguments"], name=item["name"])  # fmt: skip
+            yield self.event(
+                "response.function_call_arguments.done",
+                item_id=iid,
+                output_index=index,
+                arguments=item["arguments"],
+                name=item["name"],
+            )
             item["status"] = "completed"
         self.kind = None
         yield self.event("response.output_item.done", output_index=index, item=item)
@@ -239,8 +303,12 @@ class ResponseBuilder:
                 return
             item = self.items[index]
             item["arguments"] += d.fragment
-            yield self.event("response.function_call_arguments.delta", item_id=item["id"],
-                             output_index=index, delta=d.fragment)  # fmt: skip
+            yield self.event(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=d.fragment,
+            )
             return
         if isinstance(d, TextDelta | ReasoningDelta):
             kind: Literal["reasoning", "message"] = (
@@ -258,9 +326,10 @@ class ResponseBuilder:
                 if kind == "message"
                 else "response.reasoning_text.delta"
             )
-            extra = {"logprobs": []} if kind == "message" else {}
-            yield self.event(name, item_id=item["id"], output_index=index, content_index=0,
-                             delta=d.text, **extra)  # fmt: skip
+            extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+            yield self.event(
+                name, item_id=item["id"], output_index=index, content_index=0, delta=d.text, **extra
+            )
 
     def _end(self, finish: Finish) -> Iterator[str]:
         yield from self._close()

@@ -31,15 +31,20 @@ def chat_loop(url: str, api_key: str | None, max_tokens: int, system: str | None
 def _stream_reply(
     url: str, headers: dict[str, str], messages: list[dict[str, str]], max_tokens: int
 ) -> str:
-    body = {"messages": messages, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     parts: list[str] = []
     usage: dict[str, int] = {}
     start = time.perf_counter()
     first: float | None = None
     print("bot> ", end="", flush=True)
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers,
-                      timeout=None) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=None
+    ) as r:
         if r.status_code != 200:
             r.read()
             print(f"[error {r.status_code}] {r.text}")
@@ -59,6 +64,8 @@ def _stream_reply(
     elapsed = end - start
     out = usage.get("completion_tokens", 0)
     rate = out / (end - first) if first is not None and end > first else 0.0
-    print(f"\n  [{usage.get('prompt_tokens', 0)} prompt, {out} generated, {elapsed:.2f}s, "
-          f"{rate:.1f} tok/s]")  # fmt: skip
+    print(
+        f"\n  [{usage.get('prompt_tokens', 0)} prompt, {out} generated, {elapsed:.2f}s, "
+        f"{rate:.1f} tok/s]"
+    )
     return "".join(parts)

@@ -20,9 +20,9 @@ from resin.events import Event, FinishedEvent, FinishReason, TokensEvent, TopLog
 from resin.params import SamplingParams
 from resin.server.ports import (
     ChatTurn,
-    RenderedPrompt,
     Delta,
     ReasoningDelta,
+    RenderedPrompt,
     TextDelta,
     ToolCallArgsDelta,
     ToolCallEnd,
@@ -118,7 +118,7 @@ class ChatMLFormat:
 
 
 class ChatMLParser:
-    """Byte-level state machine: text, reasoning (inside <think>), tool call (inside <tool_call>)."""
+    """Byte-level state machine: text, reasoning (in <think>), tool call (in <tool_call>)."""
 
     def __init__(self) -> None:
         self._mode = "text"
@@ -344,7 +344,10 @@ class FakeEngine:
         stop = token in p.stop_token_ids and not p.ignore_stop_tokens
         if stop and len(seq.out) >= p.min_output_tokens:
             reason: FinishReason | None = FinishReason.STOP
-        elif len(seq.out) >= p.max_output_tokens or len(seq.prompt) + len(seq.out) >= self.context_length:
+        elif (
+            len(seq.out) >= p.max_output_tokens
+            or len(seq.prompt) + len(seq.out) >= self.context_length
+        ):
             reason = FinishReason.LENGTH
         else:
             reason = None
