@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
 from resin.params import SamplingParams
 from resin.server.ports import EngineLike
@@ -176,6 +177,9 @@ class EngineActor:
                 if self.engine.has_work():
                     self._dispatch(self.engine.step())
                     self.steps += 1
+                    if getattr(self.engine, "dead", False) and not stopping:
+                        self._die("the engine stopped (runner failure)")
+                        return
             except Exception as exc:
                 log.exception("engine actor failed")
                 self._die(f"engine failed: {exc}")
@@ -214,6 +218,9 @@ class EngineActor:
             sub = self._pending.popleft()
             try:
                 handle = self.engine.submit(sub.prompt, sub.params)
+            except EngineDeadError as exc:
+                self._pending.appendleft(sub)
+                raise RuntimeError(str(exc)) from exc
             except ValueError as exc:
                 self._reject(sub, StreamError(str(exc), 400))
                 continue

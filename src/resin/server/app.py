@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -77,6 +77,7 @@ class HttpServer:
             running=lambda: float(engine.num_running),
             waiting=lambda: float(engine.num_waiting + self.actor.queued),
             cache_usage=lambda: float(getattr(engine, "kv_cache_usage", 0.0)),
+            engine_render=_engine_exporter(engine, model),
         )
         self.service = Service(
             self.actor,
@@ -157,3 +158,16 @@ class HttpServer:
             loop = asyncio.get_running_loop()
             # Answer in-flight requests with 503 for a moment, then stop listening.
             loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
+
+
+def _engine_exporter(engine: EngineLike, model: str) -> Callable[[], bytes] | None:
+    """The engine's own Prometheus exporter when it keeps metrics (the real engine does)."""
+    if getattr(engine, "metrics", None) is None:
+        return None
+    try:
+        from resin.metrics.prometheus import PrometheusExporter
+    except ImportError:
+        return None
+    exporter = PrometheusExporter(engine, model_name=model)  # type: ignore[arg-type]
+    render: Callable[[], bytes] = exporter.render
+    return render

@@ -31,7 +31,7 @@ class Loaded:
 
 def load(options: LoadOptions, progress: bool = True) -> Loaded:
     if options.fake:
-        return load_fake(options.context_length or 32768)
+        return load_fake(options.context_length or 4096, options.prefix_cache)
     from tqdm import tqdm
 
     steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine"]
@@ -81,11 +81,24 @@ def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
     return TemplateChatFormat(tokenizer)
 
 
-def load_fake(context_length: int = 32768) -> Loaded:
-    from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine
+def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
+    """The real engine with a zero-cost runner when the engine is available, else the
+    scripted `FakeEngine` (which also answers in a more readable way)."""
+    from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine, ZeroCostRunner
 
     tok = ByteTokenizer()
-    engine = FakeEngine(context_length=context_length, max_sequences=1024)
+    engine: EngineLike
+    try:
+        from resin.engine import Engine
+
+        engine = Engine(
+            ZeroCostRunner(),
+            context_length=context_length,
+            prefix_cache=prefix_cache,
+            max_sequences=512,
+        )
+    except NotImplementedError:
+        engine = FakeEngine(context_length=context_length, max_sequences=512)
     return Loaded(engine, ChatMLFormat(tok), tok, "fake", context_length)
 
 

@@ -22,14 +22,28 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120
 
 
 class ServerMetrics:
+    """With `engine_render` (the engine's own exporter) the engine-side names come from the
+    engine and only HTTP-side metrics are kept here; without it (fake engines) every SERVING.md
+    name is measured at the HTTP layer."""
+
     def __init__(
         self,
         running: Callable[[], float],
         waiting: Callable[[], float],
         cache_usage: Callable[[], float],
+        engine_render: Callable[[], bytes] | None = None,
     ) -> None:
+        self.engine_render = engine_render
         self.registry = CollectorRegistry()
-        r = self.registry
+        self.rejected = Counter(
+            "resin:http_requests_rejected",
+            "Requests refused at intake",
+            ["status"],
+            registry=self.registry,
+        )
+        # The engine's exporter owns these names when present; a private registry keeps
+        # the HTTP-layer measurements out of the exposition then (no duplicate names).
+        r = self.registry if engine_render is None else CollectorRegistry()
         Gauge("resin:num_requests_running", "Requests in the engine", registry=r).set_function(
             running
         )
@@ -47,9 +61,6 @@ class ServerMetrics:
         )
         self.request_success = Counter(
             "resin:request_success", "Finished requests", ["finished_reason"], registry=r
-        )
-        self.rejected = Counter(
-            "resin:http_requests_rejected", "Requests refused", ["status"], registry=r
         )
         self.ttft = Histogram(
             "resin:time_to_first_token_seconds", "TTFT", buckets=TTFT_BUCKETS, registry=r
@@ -82,4 +93,5 @@ class ServerMetrics:
         self.e2e.observe(e2e)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        own = generate_latest(self.registry)
+        return own if self.engine_render is None else self.engine_render() + own
