@@ -62,7 +62,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         bar.update()
     context = int(getattr(engine, "context_length", options.context_length or 2048))
     name = options.model or _name_of(str(folder))
-    return Loaded(engine, chat, tokenizer, name, context)  # type: ignore[arg-type]
+    return Loaded(engine, chat, tokenizer, name, context)
 
 
 def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
