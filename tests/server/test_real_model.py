@@ -81,13 +81,18 @@ def test_completions_echo_logprobs(oai: openai.OpenAI) -> None:
 
 
 def test_responses_stream_final(oai: openai.OpenAI) -> None:
+    # The SDK's get_final_response needs `response.completed`, which a length-truncated
+    # answer does not get (it ends with `response.incomplete`): give the model room to stop.
     with oai.responses.stream(
-        model="default", input="Say hello.", max_output_tokens=8, temperature=0
+        model="default",
+        input="Reply with just the word: hello",
+        max_output_tokens=96,
+        temperature=0,
     ) as stream:
-        for _ in stream:
-            pass
+        kinds = [event.type for event in stream]
         final = stream.get_final_response()
-    assert final.output_text and final.usage is not None and final.usage.output_tokens <= 8
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert final.output_text and final.usage is not None and final.usage.output_tokens < 96
 
 
 def test_anthropic_messages_stream(url: str) -> None:
