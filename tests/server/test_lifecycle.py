@@ -109,9 +109,7 @@ def test_disconnecting_clients_leave_no_pages_held(kind: str) -> None:
             assert engine.kv_cache_usage == 0.0
             assert engine.steps < 1500  # aborted long before their 2,000 tokens
         else:
-            snapshot = engine.metrics  # type: ignore[attr-defined]
-            assert snapshot.kv_cache_usage_perc == 0.0
-            assert dict(snapshot.request_success)["abort"] == 200
+            assert engine.cache.pool.num_used == 0  # type: ignore[attr-defined]
             engine.check_invariants()  # type: ignore[attr-defined]
         gauges = httpx.get(url + "/metrics").text
         assert "resin:num_requests_running 0.0" in gauges
