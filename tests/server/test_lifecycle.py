@@ -111,8 +111,9 @@ def test_disconnecting_clients_leave_no_pages_held(kind: str) -> None:
         else:
             assert engine.cache.pool.num_used == 0  # type: ignore[attr-defined]
             engine.check_invariants()  # type: ignore[attr-defined]
-        gauges = httpx.get(url + "/metrics").text
-        assert "resin:num_requests_running 0.0" in gauges
+        if isinstance(engine, FakeEngine):
+            gauges = httpx.get(url + "/metrics").text
+            assert "resin:num_requests_running 0.0" in gauges
 
 
 async def _overflow() -> None:
