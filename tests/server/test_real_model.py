@@ -30,7 +30,7 @@ def url() -> Iterator[str]:
         pytest.skip(f"default model unavailable: {exc}")
     server = HttpServer(
         loaded.engine,
-        chat=loaded.chat,
+        loaded.chat,
         tokenizer=loaded.tokenizer,
         model=loaded.name,
         port=free_port(),

@@ -28,7 +28,6 @@ TOOL = {
 def url() -> Iterator[str]:
     default_model = pytest.importorskip("resin_models_torch.default_model")
     from resin.recipe import get_native_recipe
-    from resin.server.recipe_adapter import RecipeChatFormat
     from resin.tokenizer import Tokenizer
 
     try:
@@ -45,9 +44,7 @@ def url() -> Iterator[str]:
         return [*tok.encode("It is sunny in Paris."), end]
 
     engine = FakeEngine(respond, vocab_size=tok.vocab_size, context_length=2048)
-    server = HttpServer(
-        engine, chat=RecipeChatFormat(recipe), tokenizer=tok, model="smol", port=free_port()
-    )
+    server = HttpServer(engine, recipe, tokenizer=tok, model="smol", port=free_port())
     with running(server) as base:
         yield base
 

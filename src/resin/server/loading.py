@@ -4,7 +4,7 @@ the default model, with a tqdm progress bar; or the zero-cost fake for load test
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
 
@@ -91,12 +91,13 @@ def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
     try:
         from resin.engine import Engine
 
-        engine = Engine(
+        real: object = Engine(
             ZeroCostRunner(),
             context_length=context_length,
             prefix_cache=prefix_cache,
             max_sequences=512,
         )
+        engine = cast(EngineLike, real)
     except NotImplementedError:
         engine = FakeEngine(context_length=context_length, max_sequences=512)
     return Loaded(engine, ChatMLFormat(tok), tok, "fake", context_length)
