@@ -58,11 +58,11 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         kwargs: dict[str, Any] = {"prefix_cache": options.prefix_cache}
         if options.context_length:
             kwargs["context_length"] = options.context_length
-        engine = Engine(runner, **kwargs)
+        engine = cast(EngineLike, cast(object, Engine(runner, **kwargs)))
         bar.update()
     context = int(getattr(engine, "context_length", options.context_length or 2048))
     name = options.model or _name_of(str(folder))
-    return Loaded(engine, chat, tokenizer, name, context)  # type: ignore[arg-type]
+    return Loaded(engine, chat, tokenizer, name, context)
 
 
 def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
