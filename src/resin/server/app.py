@@ -25,10 +25,11 @@ from starlette.exceptions import HTTPException
 
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
-from resin.server.asgi import GuardMiddleware
+from resin.server.asgi import ClientDisconnected, GuardMiddleware
 from resin.server.errors import (
     ApiError,
     api_error_handler,
+    disconnected_handler,
     http_error_handler,
     unhandled_error_handler,
     validation_error_handler,
@@ -107,6 +108,7 @@ class HttpServer:
         app = FastAPI(title="Resin", version="0.1.0", lifespan=lifespan)
         app.state.service = self.service
         app.add_exception_handler(ApiError, api_error_handler)
+        app.add_exception_handler(ClientDisconnected, disconnected_handler)
         app.add_exception_handler(RequestValidationError, validation_error_handler)
         app.add_exception_handler(HTTPException, http_error_handler)
         app.add_exception_handler(Exception, unhandled_error_handler)
