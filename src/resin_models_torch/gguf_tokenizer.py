@@ -6,7 +6,8 @@ the chat template, and the *name* of its pre-tokenizer (`tokenizer.ggml.pre`), w
 llama.cpp's source. This module rebuilds the equivalent Hugging Face `tokenizers` pipeline.
 
 Supported: byte-level BPE (`tokenizer.ggml.model == "gpt2"`), as SmolLM2, Llama 3, Qwen 2 and
-GPT-2 use it. Invariants:
+GPT-2 use it, and Gemma's SentencePiece BPE with byte fallback (`"llama"` in a Gemma file).
+Invariants:
 - token ids equal the file's indices (the vocabulary is the file's list, in order);
 - control tokens (type 3) become special added tokens and user-defined ones (type 4) plain added
   tokens, so both are matched whole in text, as llama.cpp does;
@@ -47,6 +48,9 @@ _PRE_TOKENIZERS: dict[str, tuple[bool, str]] = {
 }
 
 
+_GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
+
+
 class GGUFTokenizerError(ValueError):
     """The file's tokenizer metadata is missing or describes an unsupported tokenizer."""
 
@@ -56,18 +60,21 @@ def build_tokenizer_files(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tokenizer.json, tokenizer_config.json) contents for a GGUF file's metadata."""
     model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    arch = metadata.get("general.architecture")
+    if model == "gpt2":
+        tokenizer = _byte_level_bpe(metadata, source)
+    elif model == "llama" and arch in _GEMMA_ARCHS:
+        tokenizer = _gemma_bpe(metadata, source)
+    else:
         raise GGUFTokenizerError(
-            f"{source}: GGUF tokenizer model {model!r} is not supported (supported: 'gpt2', "
-            "byte-level BPE)"
+            f"{source}: GGUF tokenizer model {model!r} (architecture {arch!r}) is not supported "
+            "(supported: 'gpt2' byte-level BPE; 'llama' SentencePiece BPE for Gemma)"
         )
-    tokenizer = _byte_level_bpe(metadata, source)
     return json.loads(tokenizer.to_str()), _tokenizer_config(metadata)
 
 
 def _byte_level_bpe(metadata: dict[str, Any], source: Path | str) -> Any:
     from tokenizers import (
-        AddedToken,
         Regex,
         Tokenizer,
         decoders,
@@ -110,20 +117,57 @@ def _byte_level_bpe(metadata: dict[str, Any], source: Path | str) -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = _post_processor(metadata, tokens, processors)
-    tokenizer.add_special_tokens(
-        [
-            AddedToken(t, special=True, normalized=False)
-            for t, kind in zip(tokens, types, strict=True)
-            if kind == CONTROL
-        ]
+    _add_special_tokens(tokenizer, tokens, types)
+    return tokenizer
+
+
+def _add_special_tokens(tokenizer: Any, tokens: list[str], types: list[int]) -> None:
+    """Control tokens match whole as special tokens, user-defined ones as plain added tokens."""
+    from tokenizers import AddedToken
+
+    pairs = list(zip(tokens, types, strict=True))
+    control = [AddedToken(t, special=True, normalized=False) for t, k in pairs if k == CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, k in pairs if k == USER_DEFINED]
+    tokenizer.add_special_tokens(control)
+    tokenizer.add_tokens(user)
+
+
+def _gemma_bpe(metadata: dict[str, Any], source: Path | str) -> Any:
+    """Gemma's SentencePiece BPE with byte fallback: spaces become "▁", no prefix space.
+
+    The file has no merges; they are recovered from the vocabulary. Gemma's scores do not follow
+    its merge order, the token order does: a token earlier in the file merges first, and of the
+    ways to split one token, the longest left piece ranks first.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    raw: list[str] = list(metadata.get("tokenizer.ggml.tokens") or [])
+    if not raw:
+        raise GGUFTokenizerError(f"{source}: no tokenizer.ggml.tokens in the metadata")
+    types: list[int] = list(metadata.get("tokenizer.ggml.token_type") or [1] * len(raw))
+    # llama.cpp stores Gemma's all-space tokens with real spaces; SentencePiece spells them "▁".
+    tokens = ["▁" * len(t) if t and not t.strip(" ") else t for t in raw]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise GGUFTokenizerError(f"{source}: the vocabulary has duplicate tokens")
+    merges = [
+        (token[:cut], token[cut:])
+        for token in tokens
+        for cut in range(len(token) - 1, 0, -1)
+        if token[:cut] in vocab and token[cut:] in vocab
+    ]
+    unk_id = int(metadata.get("tokenizer.ggml.unknown_token_id", 3))
+    bpe = models.BPE(
+        vocab=vocab, merges=merges, unk_token=tokens[unk_id], fuse_unk=True, byte_fallback=True
     )
-    tokenizer.add_tokens(
-        [
-            AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(tokens, types, strict=True)
-            if kind == USER_DEFINED
-        ]
+    tokenizer = Tokenizer(bpe)
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     )
+    tokenizer.post_processor = _post_processor(metadata, tokens, processors)
+    _add_special_tokens(tokenizer, tokens, types)
     return tokenizer
 
 

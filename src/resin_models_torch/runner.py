@@ -191,20 +191,31 @@ class TorchRunner:
 
     def _prompt_logprobs(
         self, plan: BatchPlan, logits: torch.Tensor, tokens: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Logprob of each next prompt token plus MAX_LOGPROBS alternatives (rows read a prefix)."""
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Logprob of each next prompt token, plus the top-k alternatives the rows ask for
+        (the plan's `prompt_logprobs` column when it has one, else MAX_LOGPROBS)."""
         t = plan.num_tokens
-        k = min(MAX_LOGPROBS, logits.shape[1])
+        k = _prompt_top_k(plan, MAX_LOGPROBS)
         index = torch.from_numpy(tokens.astype(np.int64)).to(self.device)
         targets = torch.from_numpy(plan.target_ids[tokens].astype(np.int64)).to(self.device)
         lp = torch.log_softmax(logits[index].float(), dim=-1)
-        chosen = lp.gather(1, targets[:, None])[:, 0]
-        top_lp, top_ids = lp.topk(k, dim=-1)
         logprobs = np.full(t, np.nan, dtype=np.float32)
-        ids = np.full((t, k), -1, dtype=np.int32)
-        lps = np.full((t, k), np.nan, dtype=np.float32)
-        logprobs[tokens], ids[tokens], lps[tokens] = _host(chosen), _host(top_ids), _host(top_lp)
+        logprobs[tokens] = _host(lp.gather(1, targets[:, None])[:, 0])
+        if k <= 0:
+            return logprobs, None, None
+        top_lp, top_ids = lp.topk(min(k, lp.shape[1]), dim=-1)
+        ids = np.full((t, top_ids.shape[1]), -1, dtype=np.int32)
+        lps = np.full((t, top_ids.shape[1]), np.nan, dtype=np.float32)
+        ids[tokens], lps[tokens] = _host(top_ids), _host(top_lp)
         return logprobs, ids, lps
+
+
+def _prompt_top_k(plan: BatchPlan, default: int) -> int:
+    # Older plans carry no per-row prompt_logprobs count; then return the most we support.
+    column = getattr(plan.sampling, "prompt_logprobs", None)
+    if column is None or not np.size(column):
+        return default
+    return int(np.max(np.where(plan.prompt_logprob_rows, column, -1), initial=-1))
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray:

@@ -12,8 +12,9 @@ from resin_models_torch.runner import RecordedStep
 
 def hf_logits(hf_model: Any, tokens: list[int]) -> torch.Tensor:
     """Full-sequence logits [len(tokens), V] in one causal forward."""
+    device = next(hf_model.parameters()).device
     with torch.no_grad():
-        return hf_model(torch.tensor([tokens])).logits[0].float()  # type: ignore[no-any-return]
+        return hf_model(torch.tensor([tokens], device=device)).logits[0].float().cpu()  # type: ignore[no-any-return]
 
 
 def hf_greedy(hf_model: Any, prompt: list[int], new_tokens: int) -> list[int]:

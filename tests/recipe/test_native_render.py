@@ -113,3 +113,32 @@ def test_lfm2_matches_official_template(case: Case) -> None:
     )
     assert prompt.text == hf.decode(expected)
     assert prompt.token_ids == expected
+
+
+def _harmony_messages(case: Case) -> list[dict[str, Any]]:
+    """The corpus in the form gpt-oss's template takes: reasoning under "thinking", and one
+    tool call per assistant message (the template renders only the first of a turn)."""
+    out: list[dict[str, Any]] = []
+    for m in copy.deepcopy(case.messages):
+        if "reasoning_content" in m:
+            m["thinking"] = m.pop("reasoning_content")
+        calls = m.get("tool_calls", [])
+        if len(calls) > 1:
+            out.append({**m, "tool_calls": calls[:1]})
+            out.extend({"role": "assistant", "content": "", "tool_calls": [c]} for c in calls[1:])
+            continue
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gpt_oss_matches_official_template(case: Case) -> None:
+    hf = hf_tokenizer("gptoss")
+    recipe = get_native_recipe("gpt_oss", npm_tokenizer("gptoss"))
+    hf_case = Case(case.name, _harmony_messages(case), case.tools, case.add_generation_prompt)
+    expected = _hf_ids(hf, hf_case, _template("gpt_oss"))
+    prompt = recipe.render(
+        to_resin(case.messages), tools=case.tools, add_generation_prompt=case.add_generation_prompt
+    )
+    assert prompt.text == hf.decode(expected)
+    assert prompt.token_ids == expected

@@ -16,6 +16,7 @@ from resin.recipe.deltas import (
     ToolCallEnd,
     ToolCallStart,
 )
+from resin.recipe.jinja_recipe import JinjaRecipe, load_recipe
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
 from resin.recipe.types import (
@@ -33,6 +34,7 @@ __all__ = [
     "Delta",
     "FinishReason",
     "Image",
+    "JinjaRecipe",
     "Message",
     "ParseResult",
     "Reasoning",
@@ -50,5 +52,6 @@ __all__ = [
     "ToolDef",
     "ToolResult",
     "get_native_recipe",
+    "load_recipe",
     "native_recipe_names",
 ]
