@@ -52,8 +52,8 @@ def ask(text: str) -> list[dict[str, str]]:
 
 def test_chat_stream_equals_non_stream_and_usage(oai: openai.OpenAI) -> None:
     model = oai.models.list().data[0].id
-    kwargs = {"model": model, "messages": ask("What is the capital of France?"),
-              "temperature": 0, "max_tokens": 12}  # fmt: skip
+    question = "You are a geography tutor. Answer in one sentence. What is the capital of France?"
+    kwargs = {"model": model, "messages": ask(question), "temperature": 0, "max_tokens": 12}
     full = oai.chat.completions.create(**kwargs)  # type: ignore[call-overload]
     text = full.choices[0].message.content
     assert text and full.usage.completion_tokens <= 12 and full.usage.prompt_tokens > 10
