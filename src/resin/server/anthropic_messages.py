@@ -122,7 +122,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     )
     builder = MessageBuilder(svc, len(prompt), gen)
     if body.stream:
-        return SSEResponse(builder.stream())
+        return SSEResponse(builder.stream(), on_close=gen.cancel)
     return JSONResponse(await until_disconnect(request, builder.collect()))
 
 

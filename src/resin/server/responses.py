@@ -135,7 +135,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     )
     builder = ResponseBuilder(svc, body)
     if body.stream:
-        return SSEResponse(builder.stream(gen))
+        return SSEResponse(builder.stream(gen), on_close=gen.cancel)
     return JSONResponse(await until_disconnect(request, builder.collect(gen)))
 
 
