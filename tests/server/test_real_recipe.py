@@ -92,3 +92,18 @@ def test_anthropic_tool_use(url: str) -> None:
     assert final.stop_reason == "tool_use"
     assert [b.type for b in final.content] == ["tool_use"]
     assert final.content[0].input == {"city": "Paris"}  # type: ignore[union-attr]
+
+
+def test_default_model_keeps_its_default_system_prompt() -> None:
+    default_model = pytest.importorskip("resin_models_torch.default_model")
+    from resin.server.loading import chat_format
+    from resin.server.ports import ChatTurn
+    from resin.tokenizer import Tokenizer
+
+    try:
+        tok = Tokenizer.from_dir(default_model.default_model_dir())
+    except (FileNotFoundError, ImportError) as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+    text = chat_format(tok, None).render([ChatTurn("user", "Hi")]).text
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
