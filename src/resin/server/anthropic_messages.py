@@ -104,7 +104,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     try:
         tools = tools_of(body)
         thinking = None if body.thinking is None else body.thinking.type != "disabled"
-        rendered = svc.chat.render(to_turns(body), tools, thinking)
+        rendered = svc.render(to_turns(body), tools, thinking)
         prompt = rendered.token_ids
         params = svc.params(
             len(prompt),

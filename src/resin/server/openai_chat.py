@@ -132,7 +132,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     reservations = svc.reserve(body.n)
     try:
         tools = tools_of(body)
-        rendered = svc.chat.render(to_turns(body.messages), tools, enable_thinking(body))
+        rendered = svc.render(to_turns(body.messages), tools, enable_thinking(body))
         prompt = rendered.token_ids
         top = body.top_logprobs or 0
         params = svc.params(
