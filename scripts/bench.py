@@ -79,7 +79,9 @@ def _trace(path: Path, fn) -> None:  # type: ignore[no-untyped-def]
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
     print(f"== {path.name}: top device kernels")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+    print(
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
     if args.checkpoint:
-        config = ModelConfig.from_hf(json.loads((Path(args.checkpoint) / "config.json").read_text()))
+        config = ModelConfig.from_hf(
+            json.loads((Path(args.checkpoint) / "config.json").read_text())
+        )
         name = Path(args.checkpoint).name
     else:
         config, name = preset(args.model_config), args.model_config
@@ -116,9 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = RunnerOptions(page_size=args.page_size, max_batch=max(args.batch_sizes),
                             max_context=max_ctx, cuda_graphs=not args.no_cuda_graphs)  # fmt: skip
     if args.validate:
-        from resin_models_cuda.validate import validate
-
         from dataclasses import replace
+
+        from resin_models_cuda.validate import validate
 
         # Twice: on weights initialized like GPT-2 (residual-scaled: a well-conditioned deep
         # model, where greedy agreement is meaningful), and on the benchmark's plain weights.
@@ -132,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"(hf-bf16 max {r.baseline_logit_max_abs_diff:.4f} mean {r.baseline_logit_mean_abs_diff:.4f}; "
                       f"ref max {r.logit_ref_max_abs:.2f})")  # fmt: skip
                 if args.output:
-                    write_jsonl(args.output, [{"kind": "validate", "init": init, "model": name, **_asdict(r)}])
+                    write_jsonl(
+                        args.output,
+                        [{"kind": "validate", "init": init, "model": name, **_asdict(r)}],
+                    )
             del w
         del checks
         torch.cuda.empty_cache() if device.type == "cuda" else None
@@ -170,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ctx in _progress(args.context_lengths, "hf prefill"):
             records.append(hf.prefill(ctx, 1, max(3, args.iters // 2)))
         for ctx in args.decode_contexts:
-            for b in _progress([b for b in args.batch_sizes if b <= args.hf_max_batch], "hf decode"):
+            for b in _progress(
+                [b for b in args.batch_sizes if b <= args.hf_max_batch], "hf decode"
+            ):
                 records.append(hf.decode(b, ctx, 2, max(3, args.iters // 2)))
     print_table(records)
     env = {

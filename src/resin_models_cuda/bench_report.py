@@ -9,7 +9,18 @@ from typing import Any
 
 from resin_models_cuda.benchmark import BenchRecord
 
-_HEAD = ("kind", "backend", "ctx", "batch", "median ms", "tok/s", "tok/s/user", "TB/s", "%BW", "MFU")
+_HEAD = (
+    "kind",
+    "backend",
+    "ctx",
+    "batch",
+    "median ms",
+    "tok/s",
+    "tok/s/user",
+    "TB/s",
+    "%BW",
+    "MFU",
+)
 
 
 def format_row(r: BenchRecord) -> str:

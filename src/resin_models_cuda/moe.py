@@ -21,7 +21,9 @@ from resin_models_cuda.weights import LayerWeights
 GEMV_MAX_PAIRS = 256
 
 
-def route(config: ModelConfig, layer: LayerWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    config: ModelConfig, layer: LayerWeights, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights fp32 [T, k], experts int64 [T, k]) of every token."""
     assert layer.router is not None
     probs = torch.softmax(F.linear(h, layer.router).float(), dim=-1)

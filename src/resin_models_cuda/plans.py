@@ -67,7 +67,17 @@ class PagedPlanner:
         output_index: list[int] | None = None,
     ) -> BatchPlan:
         """One step: row (seq, n) computes the sequence's next n uncached tokens."""
-        ids, pos, slots, qlens, cached, total, pages, counts, samples = [], [], [], [], [], [], [], [], []
+        ids, pos, slots, qlens, cached, total, pages, counts, samples = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
         for seq, n in rows:
             start, end = seq.cached, seq.cached + n
             if end > len(seq.tokens):

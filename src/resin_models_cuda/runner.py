@@ -24,7 +24,6 @@ from resin_models_cuda.config import ModelConfig
 from resin_models_cuda.graphs import CapturedStep, buckets_up_to, capture, pick_bucket
 from resin_models_cuda.kernels import decode_splits, prefill_blocks, rope_cache
 from resin_models_cuda.kernels.sampler import philox_seeds, sample_tokens
-from resin_models_cuda.moe import GEMV_MAX_PAIRS
 from resin_models_cuda.model import (
     DecodeMeta,
     PrefillMeta,
@@ -33,6 +32,7 @@ from resin_models_cuda.model import (
     compute_logits,
     forward_hidden,
 )
+from resin_models_cuda.moe import GEMV_MAX_PAIRS
 from resin_models_cuda.weights import ModelWeights
 
 

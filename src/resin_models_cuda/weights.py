@@ -8,10 +8,9 @@ transformers baseline runs on the very same memory), and `random_weights` draws 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-import math
 
 import torch
 

@@ -65,7 +65,12 @@ def make_paged(
 
 
 def ref_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float, window: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
+    window: int,
 ) -> torch.Tensor:
     """q [M, Hq, D] at positions q_pos; k, v [L, Hkv, D] at positions 0..L-1; float32 math."""
     group = q.shape[1] // k.shape[1]

@@ -110,7 +110,9 @@ def _prefill_case(
     )  # fmt: skip
     for b, (c, n) in enumerate(zip(cached, q_lens, strict=True)):
         pos = torch.arange(c, c + n, device=device)
-        ref = ref_attention(q[qi[b] : qi[b + 1]], case.dense_k[b], case.dense_v[b], pos, scale, window)
+        ref = ref_attention(
+            q[qi[b] : qi[b + 1]], case.dense_k[b], case.dense_v[b], pos, scale, window
+        )
         torch.testing.assert_close(out[qi[b] : qi[b + 1]].float(), ref, atol=atol, rtol=rtol)
 
 

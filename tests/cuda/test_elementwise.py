@@ -95,7 +95,9 @@ def test_rope_llama3_scaling_matches_transformers() -> None:
     torch.testing.assert_close(cos[3], torch.cos(3 * inv_freq.float()), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("tokens", "kv_heads", "head_dim", "page"), [(5, 1, 8, 4), (40, 3, 32, 16)])
+@pytest.mark.parametrize(
+    ("tokens", "kv_heads", "head_dim", "page"), [(5, 1, 8, 4), (40, 3, 32, 16)]
+)
 def test_kv_append_writes_exact_slots(
     device: str, tokens: int, kv_heads: int, head_dim: int, page: int
 ) -> None:

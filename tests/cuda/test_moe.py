@@ -33,5 +33,9 @@ def test_moe_paths_agree(device: str, tokens: int) -> None:
             y = F.linear(F.silu(gate) * up, layer.down[e].float())
             expect[t] += weight[t, j] * y
     tol = 1e-4 if device == "cpu" else 3e-2
-    torch.testing.assert_close(moe_forward_gemv(config, layer, h).float(), expect, atol=tol, rtol=tol)
-    torch.testing.assert_close(moe_forward_sorted(config, layer, h).float(), expect, atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        moe_forward_gemv(config, layer, h).float(), expect, atol=tol, rtol=tol
+    )
+    torch.testing.assert_close(
+        moe_forward_sorted(config, layer, h).float(), expect, atol=tol, rtol=tol
+    )

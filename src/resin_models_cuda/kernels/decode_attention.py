@@ -86,9 +86,9 @@ def _decode_partial_kernel(
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype), v, input_precision=DOT_PRECISION
-        ).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION).to(
+            tl.float32
+        )
         m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -120,7 +120,9 @@ def _decode_merge_kernel(
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)
     total = tl.sum(w, 0)
-    o = tl.load(o_part_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=(s < SPLITS)[:, None])
+    o = tl.load(
+        o_part_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=(s < SPLITS)[:, None]
+    )
     res = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty))
 

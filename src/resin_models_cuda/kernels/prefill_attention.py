@@ -97,9 +97,9 @@ def _prefill_kernel(
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype), v, input_precision=DOT_PRECISION
-        ).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION).to(
+            tl.float32
+        )
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
@@ -114,7 +114,7 @@ def prefill_blocks(
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """Map query blocks to rows on the host: (block_row, block_offset), vectorized."""
     q_lens = np.diff(query_indptr.astype(np.int64))
-    nblocks = (q_lens + block_m - 1) // block_m
+    nblocks = ((q_lens + block_m - 1) // block_m).astype(np.int64)
     block_row = np.repeat(np.arange(q_lens.shape[0], dtype=np.int32), nblocks)
     first = np.cumsum(nblocks) - nblocks
     block_off = (np.arange(block_row.shape[0]) - np.repeat(first, nblocks)) * block_m
