@@ -72,7 +72,7 @@ def serve(args: argparse.Namespace) -> int:
     assert isinstance(loaded, Loaded)
     server = HttpServer(
         loaded.engine,
-        chat=loaded.chat,
+        loaded.chat,
         tokenizer=loaded.tokenizer,
         model=args.served_model_name or loaded.name,
         host=args.host,
@@ -119,7 +119,7 @@ def chat(args: argparse.Namespace) -> int:
     assert isinstance(loaded, Loaded)
     server = HttpServer(
         loaded.engine,
-        chat=loaded.chat,
+        loaded.chat,
         tokenizer=loaded.tokenizer,
         model=loaded.name,
         port=free_port(),

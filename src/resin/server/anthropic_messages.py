@@ -104,7 +104,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     try:
         tools = tools_of(body)
         thinking = None if body.thinking is None else body.thinking.type != "disabled"
-        rendered = svc.chat.render(to_turns(body), tools, thinking)
+        rendered = svc.render(to_turns(body), tools, thinking)
         prompt = rendered.token_ids
         params = svc.params(
             len(prompt),
@@ -122,7 +122,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     )
     builder = MessageBuilder(svc, len(prompt), gen)
     if body.stream:
-        return SSEResponse(builder.stream())
+        return SSEResponse(builder.stream(), on_close=gen.cancel)
     return JSONResponse(await until_disconnect(request, builder.collect()))
 
 

@@ -8,7 +8,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -106,7 +106,9 @@ class SSEResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(
+        self, events: AsyncIterator[str], on_close: Callable[[], None] | None = None
+    ) -> None:
         self.status_code = 200
         self.background = None
         self.raw_headers = [
@@ -115,6 +117,7 @@ class SSEResponse(Response):
             (b"x-accel-buffering", b"no"),
         ]
         self.events = events
+        self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -126,6 +129,8 @@ class SSEResponse(Response):
                 task.cancel()
             await asyncio.gather(pump, watch, return_exceptions=True)
             await _close(self.events)
+            if self.on_close is not None:
+                self.on_close()  # abort what the generator did not finish
 
     async def _pump(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

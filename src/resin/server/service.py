@@ -16,7 +16,14 @@ from resin.server.actor import EngineActor, EngineUnavailable, QueueFull, Reserv
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
 from resin.server.metrics import ServerMetrics
-from resin.server.ports import ChatFormat, OutputParser, TokenizerLike
+from resin.server.ports import (
+    ChatFormat,
+    ChatTurn,
+    OutputParser,
+    RenderedPrompt,
+    TokenizerLike,
+    ToolSpec,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,16 @@ class Service:
             self.metrics.rejected.labels("503").inc()
             raise ApiError(503, f"engine unavailable: {exc}") from None
         return held
+
+    def render(
+        self, turns: Sequence[ChatTurn], tools: Sequence[ToolSpec], thinking: bool | None
+    ) -> RenderedPrompt:
+        """The prompt for a conversation; a conversation the recipe or template cannot render
+        (a template's `raise_exception`, malformed tool-call arguments) is the client's 400."""
+        try:
+            return self.chat.render(turns, tools, thinking)
+        except Exception as exc:
+            raise ApiError(400, f"cannot render this conversation: {exc}", "messages") from None
 
     def check_model(self, name: str | None) -> None:
         # Clients often send a placeholder; only a clearly different name is an error.
