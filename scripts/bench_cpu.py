@@ -6,9 +6,10 @@
 
 Both sides run the same converted checkpoint (SmolLM2-135M-Instruct by default), float32, greedy,
 exactly `--new-tokens` tokens per sequence (stop tokens ignored), the same prompts (distinct,
-equal length, so transformers needs no padding). One warm-up run each, then the median of
-`--runs` timed runs. Throughput = batch * new tokens / wall time of the whole generation
-(prefill included); the table also shows the time to the first token of the batch.
+equal length, so transformers needs no padding). One warm-up run each, then `--runs` timed runs
+alternating between the two (fair under a changing machine load); the table shows medians.
+Throughput = batch * new tokens / wall time of the whole generation (prefill included); the
+table also shows the time to the first token of the batch.
 """
 
 from __future__ import annotations
@@ -103,10 +104,22 @@ def time_transformers(model: object, prompts: list[list[int]], new: int) -> tupl
 
 
 def measure(
-    impl: str, run: Callable[[], tuple[float, float]], args: argparse.Namespace, batch: int
+    runs: dict[str, Callable[[], tuple[float, float]]], args: argparse.Namespace, batch: int
+) -> list[Result]:
+    """Warm every implementation up, then alternate them run by run, so a load change on a
+    shared machine hits both sides alike."""
+    for run in runs.values():
+        run()
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for _ in range(args.runs):
+        for name, run in runs.items():
+            times[name].append(run())
+    return [_result(name, t, args, batch) for name, t in times.items()]
+
+
+def _result(
+    impl: str, times: list[tuple[float, float]], args: argparse.Namespace, batch: int
 ) -> Result:
-    run()  # warm-up
-    times = [run() for _ in range(args.runs)]
     median = statistics.median(t for t, _ in times)
     return Result(
         impl=impl,
@@ -160,10 +173,11 @@ def main() -> None:
     with Engine(runner, context_length=context, prefix_cache=False) as engine:
         for batch in args.batch_sizes:
             prompts = make_prompts(tokenizer, batch, args.prompt_tokens)
-            resin_run = partial(time_resin, engine, prompts, args.new_tokens)
-            hf_run = partial(time_transformers, reference, prompts, args.new_tokens)
-            results.append(measure("resin", resin_run, args, batch))
-            results.append(measure("transformers", hf_run, args, batch))
+            runs = {
+                "resin": partial(time_resin, engine, prompts, args.new_tokens),
+                "transformers": partial(time_transformers, reference, prompts, args.new_tokens),
+            }
+            results.extend(measure(runs, args, batch))
     print(f"model {folder.name}, float32, CPU, {torch.get_num_threads()} threads")
     print_table(results)
     if args.output:

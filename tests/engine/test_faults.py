@@ -47,7 +47,13 @@ class FaultyRunner(CacheSimRunner):
         out = super().forward(plan)  # writes the cache, like a real step would
         if kind:
             self.faults.append(kind)
-        if kind == "crash":
+        if kind == "crash":  # leave garbage where the step wrote, as a real fault might
+            for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
+                if isinstance(spec, State):
+                    self.states[gp.state_out] = np.uint64(12345)
+                    self.states[gp.checkpoint_page] = np.uint64(12345)
+                else:
+                    self.arena[gp.append_slots] = 999_999
             raise RuntimeError("kernel fault after launch")
         if kind == "bad-count":
             return ForwardOutput(out.token_ids[:0], np.zeros(plan.num_sequences + 1, np.uint32))

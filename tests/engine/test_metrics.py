@@ -101,3 +101,20 @@ def test_snapshots_are_consistent_from_another_thread() -> None:
         stop.set()
         thread.join()
     assert seen == sorted(seen) and np.size(seen) > 0
+
+
+def test_import_resin_does_not_import_prometheus_client() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import resin
+
+    src = str(Path(resin.__file__).resolve().parents[1])  # this checkout's src/, not a wheel
+    env = {**os.environ, "PYTHONPATH": src}
+    code = "import sys, resin, resin.metrics; print('prometheus_client' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "False"

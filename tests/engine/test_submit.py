@@ -74,3 +74,8 @@ def test_no_vocab_declared_accepts_any_non_negative_id() -> None:
         engine.step()
     assert request.take_result() == [0, 0]
     assert engine.runner_config.vocab_size is None and engine.context_length == 32768
+
+
+def test_a_runner_without_forward_or_submit_collect_is_refused() -> None:
+    with pytest.raises(TypeError, match="forward"):
+        Engine(object())  # type: ignore[arg-type]
