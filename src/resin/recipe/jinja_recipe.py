@@ -1,0 +1,168 @@
+"""`JinjaRecipe`: render a checkpoint's own chat template; `load_recipe`: pick a recipe.
+
+The template runs in the sandbox of `resin.recipe.sandbox` with the variables transformers
+passes (`messages`, `tools`, `add_generation_prompt`, the special tokens, `enable_thinking`
+when given, plus `template_kwargs`). Parsing uses the conventions of the template's family
+(`resin.recipe.families`), detected from its markers unless `family` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from resin.recipe.families import FAMILIES, detect_family
+from resin.recipe.harmony_parser import HarmonyParser
+from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
+from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
+from resin.recipe.registry import get_native_recipe, native_recipe_names
+from resin.recipe.sandbox import compile_template, render_template
+from resin.recipe.tagged import TaggedParser
+from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
+from resin.tokenizer import Tokenizer
+
+
+class JinjaRecipe:
+    """A recipe backed by a Jinja chat template (see module docstring)."""
+
+    supports_images = False
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: str | None = None,
+        family: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        source = template if template is not None else tokenizer.chat_template
+        if not source:
+            raise ValueError("the tokenizer has no chat template; pass one or use a native recipe")
+        compile_template(source)  # syntax errors surface now, not at the first request
+        family_name = family or detect_family(source)
+        if family_name not in FAMILIES:
+            raise ValueError(f"unknown template family {family_name!r}: {', '.join(FAMILIES)}")
+        self.tokenizer = tokenizer
+        self.template = source
+        self.family = FAMILIES[family_name]
+        self.name = f"jinja:{family_name}"
+        self.template_kwargs = dict(template_kwargs or {})
+        self.supports_tools = "tools" in source
+        self.supports_reasoning = "think" in source or self.family.spec is None
+        self.stop_token_ids = self._stop_ids()
+
+    def _stop_ids(self) -> tuple[int, ...]:
+        ids: list[int] = []
+        for token in self.family.stop_tokens:
+            token_id = self.tokenizer.token_to_id(token)
+            if token_id is not None and token_id not in ids:
+                ids.append(token_id)
+        ids.extend(i for i in self.tokenizer.eos_token_ids if i not in ids)
+        return tuple(ids)
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolDef] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+    ) -> RenderedPrompt:
+        if any(m.images for m in messages) and not self.supports_images:
+            raise ValueError(f"recipe {self.name!r} does not take images")
+        info = self.tokenizer.info
+        variables: dict[str, Any] = {
+            "bos_token": info.bos_token or "",
+            "eos_token": info.eos_token or "",
+            "pad_token": info.pad_token or "",
+            **self.template_kwargs,
+            "messages": to_hf_messages(
+                messages,
+                string_arguments=self.family.string_arguments,
+                reasoning_key=self.family.reasoning_key,
+            ),
+            "add_generation_prompt": add_generation_prompt,
+        }
+        hf_tools = to_hf_tools(tools)
+        if hf_tools is not None:
+            variables["tools"] = hf_tools
+        if enable_thinking is not None:
+            variables["enable_thinking"] = enable_thinking
+        text = render_template(self.template, **variables)
+        return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+
+    def create_parser(
+        self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
+    ) -> ResponseParser:
+        spec = self.family.spec
+        if spec is None:
+            return HarmonyParser(self.tokenizer, self.stop_token_ids)
+        if spec.bare_json_tools and not tools:
+            spec = type(spec)(None, None, None, None)
+        start = spec.reasoning_start
+        in_reasoning = bool(start) and prompt.text.rstrip().endswith(start or "")
+        return TaggedParser(self.tokenizer, self.stop_token_ids, spec, in_reasoning=in_reasoning)
+
+
+_PROBE_TOOL = ToolDef("lookup", "Look a word up", {"type": "object", "properties": {}})
+_PROBES: tuple[tuple[tuple[Message, ...], bool], ...] = (
+    ((Message("system", "Be brief."), Message("user", "Hi there")), False),
+    (
+        (
+            Message("system", "Be brief."),
+            Message("user", "Hi"),
+            Message("assistant", "Hello! How can I help?"),
+            Message("user", "Define 'gleam'."),
+        ),
+        False,
+    ),
+    (
+        (
+            Message("system", "Be brief."),
+            Message("user", "Define 'gleam'."),
+            Message("assistant", [ToolCall("c1", "lookup", '{"word": "gleam"}')]),
+            Message("tool", [ToolResult("c1", "a flash of light")]),
+        ),
+        True,
+    ),
+)
+
+
+def _renders_alike(native: Recipe, jinja: JinjaRecipe) -> bool:
+    """True when the native recipe renders the probe conversations as the template does."""
+    for messages, with_tools in _PROBES:
+        if with_tools and not jinja.supports_tools:
+            continue
+        tools = [_PROBE_TOOL] if with_tools else None
+        try:
+            if (
+                native.render(messages, tools=tools).text
+                != jinja.render(messages, tools=tools).text
+            ):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def load_recipe(tokenizer: Tokenizer, name: str | None = None) -> Recipe:
+    """`name`: a native recipe, "jinja", or None to choose: the native recipe of the template's
+    family when it renders the template's way (checked on probe conversations), else the
+    template itself; a tokenizer without a template gets ChatML when it has ChatML's tokens."""
+    if name is not None and name != "jinja":
+        return get_native_recipe(name, tokenizer)
+    if name == "jinja" or tokenizer.chat_template:
+        jinja = JinjaRecipe(tokenizer)
+        if name == "jinja":
+            return jinja
+        family = jinja.family.name
+        if family in native_recipe_names():
+            try:
+                native = get_native_recipe(family, tokenizer)
+            except ValueError:
+                return jinja
+            if _renders_alike(native, jinja):
+                return native
+        return jinja
+    if tokenizer.token_to_id("<|im_start|>") is not None:
+        return get_native_recipe("chatml", tokenizer)
+    raise ValueError("the tokenizer has no chat template and no known chat tokens; name a recipe")

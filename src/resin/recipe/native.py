@@ -1,0 +1,98 @@
+"""`NativeRecipe`: the shared frame of the hand-written recipes.
+
+A subclass writes `render_text` (conversation -> prompt text, exactly as the family's official
+template renders it) and `parser_spec`; this base encodes the text, finds the stop ids, refuses
+images, and builds the parser with the right starting mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from resin.recipe.protocol import RenderedPrompt, ResponseParser
+from resin.recipe.tagged import TaggedParser, TagSpec
+from resin.recipe.types import Message, ToolDef
+from resin.tokenizer import Tokenizer
+
+
+class NativeRecipe:
+    """Base of the native recipes (see module docstring)."""
+
+    name = "native"
+    stop_tokens: tuple[str, ...] = ()
+    supports_tools = True
+    supports_reasoning = False
+    supports_images = False
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.stop_token_ids = self._find_stop_ids()
+
+    def _find_stop_ids(self) -> tuple[int, ...]:
+        ids: list[int] = []
+        for token in self.stop_tokens:
+            token_id = self.tokenizer.token_to_id(token)
+            if token_id is not None and token_id not in ids:
+                ids.append(token_id)
+        for token_id in self.tokenizer.eos_token_ids:
+            if token_id not in ids:
+                ids.append(token_id)
+        if not ids:
+            raise ValueError(f"recipe {self.name!r}: the tokenizer has none of {self.stop_tokens}")
+        return tuple(ids)
+
+    def token(self, text: str) -> str:
+        """A special token's text, checked to exist in the vocabulary."""
+        if self.tokenizer.token_to_id(text) is None:
+            raise ValueError(f"recipe {self.name!r} needs token {text!r}; the tokenizer lacks it")
+        return text
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolDef] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+    ) -> RenderedPrompt:
+        if not messages and not add_generation_prompt:
+            raise ValueError("nothing to render: no messages")
+        for message in messages:
+            if message.images:
+                raise ValueError(f"recipe {self.name!r} does not take images")
+        text = self.render_text(
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+        )
+        return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+
+    def render_text(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[ToolDef] | None,
+        add_generation_prompt: bool,
+        enable_thinking: bool | None,
+    ) -> str:
+        raise NotImplementedError
+
+    def parser_spec(self, tools: Sequence[ToolDef] | None) -> TagSpec:
+        raise NotImplementedError
+
+    def starts_in_reasoning(self, prompt: RenderedPrompt) -> bool:
+        """True when the prompt itself opened the reasoning block (the model continues it)."""
+        spec = self.parser_spec(None)
+        start = spec.reasoning_start
+        return bool(start) and prompt.text.rstrip().endswith(start or "")
+
+    def create_parser(
+        self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
+    ) -> ResponseParser:
+        return TaggedParser(
+            self.tokenizer,
+            self.stop_token_ids,
+            self.parser_spec(tools),
+            in_reasoning=self.starts_in_reasoning(prompt),
+        )

@@ -1,0 +1,67 @@
+"""The `Recipe` and `ResponseParser` protocols; application recipes implement the same two.
+
+A recipe turns a conversation into prompt token ids (`render`) and gives, per request, a parser
+that turns generated token ids back into typed deltas (`create_parser`). Invariants:
+- `render(...).token_ids` are exactly what the model sees; `.text` decodes to them.
+- A parser never raises on model output: malformed pieces become text plus `ParseResult.error`.
+- Feeding the same output whole, token by token or in any split gives the same `ParseResult`
+  totals (text, reasoning, tool calls, finish reason).
+- Stop tokens (`stop_token_ids`) are consumed by the parser and produce no text; ids after a
+  stop token are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from resin.recipe.deltas import Delta, ParseResult
+from resin.recipe.types import Message, ToolDef
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A rendered conversation. `multimodal` holds per-image arrays for vision recipes (in the
+    order of the image placeholders in `token_ids`); empty for text-only prompts."""
+
+    token_ids: list[int]
+    text: str
+    multimodal: tuple[Any, ...] = field(default=())
+
+
+@runtime_checkable
+class ResponseParser(Protocol):
+    def feed(self, token_ids: Sequence[int]) -> list[Delta]:
+        """Consume generated ids; return the deltas that are now complete."""
+        ...
+
+    def feed_text(self, text: str) -> list[Delta]:
+        """Consume generated text (no stop tokens in it); return the deltas now complete."""
+        ...
+
+    def finish(self, reason: Literal["stop", "length"] = "stop") -> ParseResult:
+        """Flush what is held back and report the totals; the parser is spent afterwards."""
+        ...
+
+
+@runtime_checkable
+class Recipe(Protocol):
+    name: str
+    stop_token_ids: tuple[int, ...]
+    supports_tools: bool
+    supports_reasoning: bool
+    supports_images: bool
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolDef] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+    ) -> RenderedPrompt: ...
+
+    def create_parser(
+        self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
+    ) -> ResponseParser: ...

@@ -1,0 +1,223 @@
+"""`TaggedParser`: responses whose reasoning and tool calls sit between marker strings.
+
+This covers `<think>...</think>` reasoning and `<tool_call>...</tool_call>`-style tool calls
+(Qwen/ChatML, DeepSeek, LFM2, the Jinja recipe's families) and Llama 3's bare-JSON tool call.
+The machine has three modes: TEXT, REASONING (inside the reasoning markers) and TOOL (inside
+the tool-call markers, buffered until the end marker, then parsed as a whole). Text that might
+be the start of a marker is held back, so any split of the output yields the same result.
+Reasoning is only recognised before any visible text; newlines right after a marker and before
+the reasoning end marker are dropped (templates add them around the blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta
+from resin.recipe.stream import StreamParser, partial_marker_len
+from resin.recipe.toolcall_formats import BodyParser, parse_json_calls, parse_llama3_calls
+from resin.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class TagSpec:
+    """Markers of one response format. A `None` marker disables that feature.
+
+    `ignored` markers are dropped wherever they appear in TEXT mode (wrappers such as
+    DeepSeek's `<｜tool▁calls▁begin｜>`). `bare_json_tools`: a response that starts with `{` or
+    `<|python_tag|>` is a Llama-3-style tool call (buffered to the end, text if it fails).
+    """
+
+    reasoning_start: str | None = "<think>"
+    reasoning_end: str | None = "</think>"
+    tool_start: str | None = "<tool_call>"
+    tool_end: str | None = "</tool_call>"
+    tool_body: BodyParser = parse_json_calls
+    ignored: tuple[str, ...] = ()
+    bare_json_tools: bool = False
+
+
+class _Mode(Enum):
+    TEXT = 0
+    REASONING = 1
+    TOOL = 2
+    BARE_TOOL = 3
+
+
+class TaggedParser(StreamParser):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop_token_ids: Sequence[int],
+        spec: TagSpec,
+        *,
+        in_reasoning: bool = False,
+        call_id_prefix: str | None = None,
+    ) -> None:
+        super().__init__(tokenizer, stop_token_ids, call_id_prefix=call_id_prefix)
+        self._spec = spec
+        self._mode = _Mode.REASONING if in_reasoning else _Mode.TEXT
+        self._buffer = ""
+        self._strip_newlines = in_reasoning  # drop "\n" at the start of the next section
+        self._seen_visible = False  # visible text emitted: reasoning can no longer start
+
+    # ---- markers -----------------------------------------------------------------------------
+    def _openers(self) -> list[str]:
+        spec = self._spec
+        markers = list(spec.ignored)
+        if spec.tool_start:
+            markers.append(spec.tool_start)
+        if spec.reasoning_start and spec.reasoning_end and not self._seen_visible:
+            markers.append(spec.reasoning_start)
+        return markers
+
+    # ---- the machine -------------------------------------------------------------------------
+    def _consume(self, text: str) -> list[Delta]:
+        self._buffer += text
+        out: list[Delta] = []
+        while self._step(out):
+            pass
+        return out
+
+    def _step(self, out: list[Delta]) -> bool:
+        """Advance once; False when the buffer needs more text."""
+        if self._mode is _Mode.TEXT:
+            return self._step_text(out)
+        if self._mode is _Mode.REASONING:
+            return self._step_reasoning(out)
+        if self._mode is _Mode.TOOL:
+            return self._step_tool(out)
+        return False  # BARE_TOOL buffers everything until finish
+
+    def _step_text(self, out: list[Delta]) -> bool:
+        buf = self._buffer
+        if self._strip_newlines:
+            buf = buf.lstrip("\n")
+            self._buffer = buf
+            if not buf:
+                return False
+            self._strip_newlines = False
+        if self._spec.bare_json_tools and not self._seen_visible:
+            head = buf.lstrip()
+            if not head:
+                return False
+            if head.startswith("{") or head.startswith("<|python_tag|>"):
+                self._mode = _Mode.BARE_TOOL
+                return False
+            if "<|python_tag|>".startswith(head):
+                return False  # may still become the tag
+        found = _earliest(buf, self._openers())
+        if found is None:
+            keep = partial_marker_len(buf, self._openers())
+            self._emit_text(buf[: len(buf) - keep], out)
+            self._buffer = buf[len(buf) - keep :]
+            return False
+        index, marker = found
+        self._emit_text(buf[:index], out)
+        if marker == self._spec.reasoning_start and self._seen_visible:
+            self._buffer = buf[index:]  # reasoning comes first or not at all: this is text
+            return True
+        self._buffer = buf[index + len(marker) :]
+        if marker == self._spec.reasoning_start:
+            self._mode = _Mode.REASONING
+            self._strip_newlines = True
+        elif marker == self._spec.tool_start:
+            self._mode = _Mode.TOOL
+        return True
+
+    def _emit_text(self, text: str, out: list[Delta]) -> None:
+        if text:
+            out.append(TextDelta(text))
+            if text.strip():
+                self._seen_visible = True
+
+    def _step_reasoning(self, out: list[Delta]) -> bool:
+        end = self._spec.reasoning_end or ""
+        buf = self._buffer
+        if self._strip_newlines:
+            buf = buf.lstrip("\n")
+            self._buffer = buf
+            if not buf:
+                return False
+            self._strip_newlines = False
+        index = buf.find(end)
+        if index < 0:
+            keep = partial_marker_len(buf, [end])
+            body = buf[: len(buf) - keep]
+            # Trailing newlines may precede the end marker (and be dropped): hold them back.
+            emit = body.rstrip("\n")
+            out.append(ReasoningDelta(emit))
+            self._buffer = buf[len(emit) :]
+            return False
+        out.append(ReasoningDelta(buf[:index].rstrip("\n")))
+        self._buffer = buf[index + len(end) :]
+        self._mode = _Mode.TEXT
+        self._strip_newlines = True
+        return True
+
+    def _step_tool(self, out: list[Delta]) -> bool:
+        end = self._spec.tool_end or ""
+        index = self._buffer.find(end)
+        if index < 0:
+            return False
+        body = self._buffer[:index]
+        self._buffer = self._buffer[index + len(end) :]
+        self._mode = _Mode.TEXT
+        self._strip_newlines = True
+        out.extend(self._parse_body(body, f"{self._spec.tool_start}{body}{end}"))
+        return True
+
+    def _parse_body(self, body: str, raw: str, parser: BodyParser | None = None) -> list[Delta]:
+        try:
+            calls = (parser or self._spec.tool_body)(body)
+        except ValueError as exc:
+            self._error(f"malformed tool call ({exc}); returned as text")
+            self._seen_visible = True
+            return [TextDelta(raw)]
+        deltas: list[Delta] = []
+        for name, arguments in calls:
+            deltas.extend(self._tool_call(name, arguments))
+        return deltas
+
+    def _flush(self, reason: Literal["stop", "length"]) -> list[Delta]:
+        out: list[Delta] = []
+        buf, self._buffer = self._buffer, ""
+        if self._mode is _Mode.TEXT:
+            if not self._strip_newlines:
+                self._emit_text(buf, out)
+            else:
+                self._emit_text(buf.lstrip("\n"), out)
+        elif self._mode is _Mode.REASONING:
+            body = buf.lstrip("\n") if self._strip_newlines else buf
+            out.append(ReasoningDelta(body.rstrip("\n")))
+        elif self._mode is _Mode.TOOL:
+            raw = f"{self._spec.tool_start}{buf}"
+            try:  # a model may stop right after the JSON without the end marker
+                calls = self._spec.tool_body(buf)
+            except ValueError as exc:
+                self._error(f"unterminated tool call ({exc}); returned as text")
+                out.append(TextDelta(raw))
+            else:
+                for name, arguments in calls:
+                    out.extend(self._tool_call(name, arguments))
+        else:  # BARE_TOOL: the whole response is one JSON tool call, or plain text after all
+            try:
+                calls = parse_llama3_calls(buf)
+            except ValueError:
+                out.append(TextDelta(buf))
+            else:
+                for name, arguments in calls:
+                    out.extend(self._tool_call(name, arguments))
+        return out
+
+
+def _earliest(text: str, markers: list[str]) -> tuple[int, str] | None:
+    best: tuple[int, str] | None = None
+    for marker in markers:
+        index = text.find(marker)
+        if index >= 0 and (best is None or index < best[0]):
+            best = (index, marker)
+    return best

@@ -1,0 +1,163 @@
+"""The Jinja recipe matches apply_chat_template (SmolLM2, Gemma 3, Qwen3) and keeps to its
+sandbox; load_recipe picks a native recipe only when it renders the template's way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from resin.recipe import JinjaRecipe, Message, get_native_recipe, load_recipe
+from resin.recipe.sandbox import TemplateRefusedError
+from resin.tokenizer import Tokenizer, TokenizerInfo
+from tests.recipe.assets import hf_tokenizer, npm_tokenizer, smollm2_hf, smollm2_tokenizer
+from tests.recipe.corpus import CASES, Case, hf_tools, to_resin
+
+
+def _expect(hf: Any, case: Case, **kwargs: Any) -> list[int] | type[Exception]:
+    try:
+        text = hf.apply_chat_template(
+            case.messages,
+            tools=hf_tools(case.tools),
+            add_generation_prompt=case.add_generation_prompt,
+            tokenize=False,
+            **kwargs,
+        )
+    except Exception as exc:  # the template itself refuses this conversation
+        return type(exc)
+    return list(hf.encode(text, add_special_tokens=False))
+
+
+def _compare(recipe: JinjaRecipe, hf: Any, case: Case, **kwargs: Any) -> None:
+    expected = _expect(hf, case, **kwargs)
+    messages = to_resin(case.messages)
+    render_kwargs = dict(tools=case.tools, add_generation_prompt=case.add_generation_prompt)
+    if isinstance(expected, type):
+        with pytest.raises(ValueError):
+            recipe.render(messages, **render_kwargs, **kwargs)
+        return
+    prompt = recipe.render(messages, **render_kwargs, **kwargs)
+    assert prompt.text == hf.decode(expected)
+    assert prompt.token_ids == expected
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_smollm2_template(case: Case) -> None:
+    recipe = JinjaRecipe(smollm2_tokenizer())
+    assert recipe.family.name == "chatml"
+    _compare(recipe, smollm2_hf(), case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gemma3_template(case: Case) -> None:
+    recipe = JinjaRecipe(npm_tokenizer("gemma3"))
+    assert recipe.family.name == "gemma"
+    _compare(recipe, hf_tokenizer("gemma3"), case)
+
+
+@pytest.mark.parametrize("thinking", [None, False])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_qwen3_template(case: Case, thinking: bool | None) -> None:
+    recipe = JinjaRecipe(npm_tokenizer("qwen3"))
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    _compare(recipe, hf_tokenizer("qwen3"), case, **kwargs)
+
+
+def test_gemma3_refuses_non_alternating_roles_with_value_error() -> None:
+    recipe = JinjaRecipe(npm_tokenizer("gemma3"))
+    with pytest.raises(ValueError, match="alternate"):
+        recipe.render([Message("user", "a"), Message("user", "b")])
+
+
+ESCAPES = [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ ''.__class__ }}",
+    "{{ cycler.__init__.__globals__.os }}",
+    "{{ messages.__class__.__base__ }}",
+    "{% set ns = namespace() %}{% set ns.__dict__ = 1 %}",
+    "{{ raise_exception.__globals__ }}",
+    "{{ (messages|first).items.__self__.__class__ }}",
+]
+
+
+@pytest.mark.parametrize("template", ESCAPES)
+def test_sandbox_refuses_escapes(template: str) -> None:
+    recipe = JinjaRecipe(npm_tokenizer("qwen3"), template=template)
+    with pytest.raises(ValueError, match=r"sandbox|not allowed|unsafe"):
+        recipe.render([Message("user", "hi")])
+    with pytest.raises(TemplateRefusedError):
+        recipe.render([Message("user", "hi")])
+
+
+def test_sandbox_is_immutable_and_helpers_match_transformers() -> None:
+    recipe = JinjaRecipe(npm_tokenizer("qwen3"), template="{% set x = messages.append(1) %}")
+    with pytest.raises(ValueError):
+        recipe.render([Message("user", "hi")])
+    template = (
+        "{{ messages[0] | tojson }}|{{ {'é': [1, 2]} | tojson(indent=2) }}|"
+        "{{ strftime_now('%Y') | length }}{% if add_generation_prompt %}!{% endif %}"
+    )
+    tok = npm_tokenizer("qwen3")
+    ours = JinjaRecipe(tok, template=template).render([Message("user", "héllo")]).text
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    theirs = hf.apply_chat_template(
+        [{"role": "user", "content": "héllo"}],
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert ours == theirs
+
+
+def test_bad_templates_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="compile"):
+        JinjaRecipe(npm_tokenizer("qwen3"), template="{% if %}")
+    info = TokenizerInfo()
+    with pytest.raises(ValueError, match="no chat template"):
+        JinjaRecipe(Tokenizer(npm_tokenizer("qwen3").backend, info))
+
+
+def test_load_recipe_picks_native_when_the_template_matches() -> None:
+    qwen = load_recipe(npm_tokenizer("qwen3"))
+    assert qwen.name == "qwen3"
+    # The npm Llama 3 template is Llama 3.0's (no tools, no date): not the native 3.1 format.
+    llama = load_recipe(npm_tokenizer("llama3"))
+    assert isinstance(llama, JinjaRecipe) and llama.family.name == "llama3"
+    gemma = load_recipe(npm_tokenizer("gemma3"))
+    assert isinstance(gemma, JinjaRecipe)
+    assert load_recipe(npm_tokenizer("qwen3"), "jinja").name == "jinja:qwen3"
+    assert load_recipe(npm_tokenizer("qwen3"), "chatml").name == "chatml"
+    with pytest.raises(ValueError, match="unknown recipe"):
+        load_recipe(npm_tokenizer("qwen3"), "nope")
+    bare = Tokenizer(npm_tokenizer("qwen3").backend, TokenizerInfo())
+    assert load_recipe(bare).name == "chatml"
+
+
+def test_jinja_parser_uses_family_conventions() -> None:
+    recipe = JinjaRecipe(npm_tokenizer("qwen3"))
+    prompt = recipe.render([Message("user", "hi")])
+    parser = recipe.create_parser(prompt)
+    tok = recipe.tokenizer
+    ids = tok.encode('<think>\nhm\n</think>\n\nYes.<tool_call>\n{"name": "f", "arguments": {}}\n')
+    parser.feed([*ids, *tok.encode("</tool_call>"), recipe.stop_token_ids[0]])
+    result = parser.finish()
+    assert (result.reasoning, result.text) == ("hm", "Yes.")
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("f", "{}")]
+    gemma = JinjaRecipe(npm_tokenizer("gemma3"))
+    end_of_turn = gemma.tokenizer.token_to_id("<end_of_turn>")
+    assert end_of_turn in gemma.stop_token_ids
+    parser = gemma.create_parser(gemma.render([Message("user", "hi")]))
+    parser.feed([*gemma.tokenizer.encode("Hello 😀"), end_of_turn])
+    assert parser.finish().text == "Hello 😀"
+
+
+def test_native_and_jinja_gpt_oss_agree() -> None:
+    tok = npm_tokenizer("gptoss")
+    template = (
+        __import__("pathlib").Path(__file__).parent / "templates" / "gpt_oss.jinja"
+    ).read_text(encoding="utf-8")
+    jinja = JinjaRecipe(tok, template=template)
+    native = get_native_recipe("gpt_oss", tok)
+    messages = [Message("system", "Be brief."), Message("user", "Hi")]
+    assert jinja.render(messages).token_ids == native.render(messages).token_ids
