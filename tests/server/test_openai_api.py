@@ -222,7 +222,6 @@ def test_metrics_exposed(url: str, client: openai.OpenAI) -> None:
         assert name in text
 
 
-
 def test_huge_top_k_is_no_top_k(serve) -> None:  # type: ignore[no-untyped-def]
     # Found by the fuzz run: a top_k beyond int32 reached the real engine's sampling arrays
     # and killed the engine. Run on the real engine (zero-cost runner) when present.
