@@ -15,7 +15,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="a model folder (safetensors or converted GGUF)")
     src.add_argument("--model", help="a model name known to the default-model resolver")
-    src.add_argument("--fake-runner", action="store_true", help="zero-cost scripted engine")
+    src.add_argument(
+        "--fake-runner",
+        action="store_true",
+        help="the real engine with a zero-cost runner (load tests)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
