@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--hf-max-batch", type=int, default=64,
                    help="largest decode batch for the transformers baseline")  # fmt: skip
     p.add_argument("--validate", action="store_true",
-                   help="first check greedy continuations and logits against transformers")  # fmt: skip
+                   help="first check greedy continuations and logits vs transformers")  # fmt: skip
     p.add_argument("--validate-only", action="store_true", help="stop after --validate")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
                    help="weights and KV dtype (fp32: for exact correctness checks)")  # fmt: skip
@@ -120,29 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = RunnerOptions(page_size=args.page_size, max_batch=max(args.batch_sizes),
                             max_context=max_ctx, cuda_graphs=not args.no_cuda_graphs)  # fmt: skip
     if args.validate:
-        from dataclasses import replace
-
-        from resin_models_cuda.validate import validate
-
-        # Twice: on weights initialized like GPT-2 (residual-scaled: a well-conditioned deep
-        # model, where greedy agreement is meaningful), and on the benchmark's plain weights.
-        checks = [("residual-scaled", random_weights(config, device, dtype, seed=1, residual_scale=True, embed_std=50)),
-                  ("plain", weights)]  # fmt: skip
-        for init, w in checks:
-            for r in validate(config, w, replace(options, max_batch=48), progress=print):
-                print(f"validate [{init}] {r.name}: {r.agree}/{r.prompts} agree for {r.new_tokens} tokens "
-                      f"(positions {r.position_agreement:.3f}, hf-bf16 {r.baseline_position_agreement:.3f}); "
-                      f"logits max|d|={r.logit_max_abs_diff:.4f} mean {r.logit_mean_abs_diff:.4f} "
-                      f"(hf-bf16 max {r.baseline_logit_max_abs_diff:.4f} mean {r.baseline_logit_mean_abs_diff:.4f}; "
-                      f"ref max {r.logit_ref_max_abs:.2f})")  # fmt: skip
-                if args.output:
-                    write_jsonl(
-                        args.output,
-                        [{"kind": "validate", "init": init, "model": name, **_asdict(r)}],
-                    )
-            del w
-        del checks
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        _validate(args, config, weights, options, name)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         if args.validate_only:
             return 0
     runner = CudaRunner(config, weights, options)
@@ -184,11 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(records)
     env = {
         "kind": "env", "model": name, "argv": list(argv if argv is not None else sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine(),
         "torch": torch.__version__, "triton": _triton_version(), "load_s": load_s,
         "capture_s": capture_s, "ceiling_bandwidth_tb_s": ceilings.bandwidth / 1e12,
         "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": weights.nbytes(),
-        "cuda_graphs": not args.no_cuda_graphs, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cuda_graphs": not args.no_cuda_graphs,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     print(json.dumps(env))
     if args.output:
@@ -197,6 +178,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in plot(records, args.output.parent, name):
                 print(f"wrote {path}")
     return 0
+
+
+def _validate(args, config, weights, options, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Twice: on weights initialized like GPT-2 (residual-scaled, a well-conditioned deep
+    model where greedy agreement is meaningful), and on the benchmark's plain weights."""
+    from dataclasses import replace
+
+    from resin_models_cuda.bench_report import write_jsonl
+    from resin_models_cuda.validate import validate
+    from resin_models_cuda.weights import random_weights
+
+    device, dtype = weights.embed.device, weights.embed.dtype
+    scaled = random_weights(config, device, dtype, seed=1, residual_scale=True, embed_std=50)
+    for init, w in (("residual-scaled", scaled), ("plain", weights)):
+        for r in validate(config, w, replace(options, max_batch=48), progress=print):
+            print(
+                f"validate [{init}] {r.name}: {r.agree}/{r.prompts} agree for {r.new_tokens} "
+                f"tokens (positions {r.position_agreement:.3f}, transformers same dtype "
+                f"{r.baseline_position_agreement:.3f}); logits max|d| "
+                f"{r.logit_max_abs_diff:.4f} mean {r.logit_mean_abs_diff:.4f} (transformers "
+                f"{r.baseline_logit_max_abs_diff:.4f} / {r.baseline_logit_mean_abs_diff:.4f}; "
+                f"ref max {r.logit_ref_max_abs:.2f})"
+            )
+            if args.output:
+                row = {"kind": "validate", "init": init, "model": name, **_asdict(r)}
+                write_jsonl(args.output, [row])
 
 
 def _asdict(obj: object) -> dict[str, object]:

@@ -69,9 +69,9 @@ def plot(records: list[BenchRecord], out_dir: Path, title: str) -> list[Path]:
                     continue
                 pts.sort(key=lambda r: (r.batch, r.context))
                 name = backend if kind == "prefill" else f"{backend} ctx {ctx}"
-                ax.plot([x_of(r) for r in pts], [y_of(r) for r in pts], style, label=name)
+                ax.plot([x_of(r) for r in pts], [y_of(r) for r in pts], style, label=name)  # type: ignore[no-untyped-call]
                 for r in pts:
-                    ax.annotate(label_of(r), (x_of(r), y_of(r)), fontsize=7)
+                    ax.annotate(label_of(r), (x_of(r), y_of(r)), fontsize=7)  # type: ignore[no-untyped-call]
                 if kind == "prefill":
                     break
         ax.set_xlabel(xlabel)

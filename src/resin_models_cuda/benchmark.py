@@ -70,11 +70,16 @@ def measure_ceilings(device: torch.device) -> Ceilings:
             times.append(time.perf_counter() - t)
         return statistics.median(times)
 
-    timed(lambda: dst.copy_(src), 2)
-    bw = 2 * src.numel() / timed(lambda: dst.copy_(src), 5)
-    timed(lambda: a @ a, 2)
-    flops = 2 * 8192**3 / timed(lambda: a @ a, 10)
-    del src, dst, a
+    def copy() -> object:
+        return dst.copy_(src)
+
+    def matmul() -> object:
+        return a @ a
+
+    timed(copy, 2)
+    bw = 2 * src.numel() / timed(copy, 5)
+    timed(matmul, 2)
+    flops = 2 * 8192**3 / timed(matmul, 10)
     return Ceilings(bw, flops)
 
 
@@ -104,11 +109,13 @@ def _median_time(run: Callable[[], object], warmup: int, iters: int) -> float:
 
 def _record(
     kind: str, backend: str, model: str, config: ModelConfig, context: int, batch: int,
-    seconds: float, iters: int, ceilings: Ceilings, weight_bytes: int, kv_tokens: int,
+    seconds: float, iters: int, ceilings: Ceilings, kv_tokens: int,
     extra: dict[str, Any] | None = None,
 ) -> BenchRecord:  # fmt: skip
     tokens = context * batch if kind == "prefill" else batch
-    read = weight_bytes + kv_tokens * config.kv_bytes_per_token()
+    # Weights a step must read (the embedding table is only gathered from; an MoE reads the
+    # experts its tokens route to), plus every row's KV.
+    read = config.weight_bytes_read(tokens) + kv_tokens * config.kv_bytes_per_token()
     flops = _flops(config, tokens, context, kind == "prefill")
     bw = read / seconds
     return BenchRecord(
@@ -129,7 +136,7 @@ class RunnerBench:
         self._rng = np.random.default_rng(0)
 
     def _tokens(self, n: int) -> list[int]:
-        return self._rng.integers(0, self.runner.config.vocab_size, size=n).tolist()
+        return [int(t) for t in self._rng.integers(0, self.runner.config.vocab_size, size=n)]
 
     def prefill(self, context: int, warmup: int, iters: int) -> BenchRecord:
         seq = self.planner.new_sequence(self._tokens(context))
@@ -137,7 +144,7 @@ class RunnerBench:
         seconds = _median_time(lambda: self.runner.forward(plan), warmup, iters)
         self.planner.free(seq)
         return _record("prefill", "resin", self.model, self.runner.config, context, 1, seconds,
-                       iters, self.ceilings, self.weight_bytes, context)  # fmt: skip
+                       iters, self.ceilings, context)  # fmt: skip
 
     def decode_plans(self, seqs: list[Sequence], steps: int) -> Iterator[BatchPlan]:
         for _ in range(steps):
@@ -157,7 +164,7 @@ class RunnerBench:
         for seq in seqs:
             self.planner.free(seq)
         return _record("decode", "resin", self.model, self.runner.config, context, batch,
-                       seconds, iters, self.ceilings, self.weight_bytes, batch * context)  # fmt: skip
+                       seconds, iters, self.ceilings, batch * context)  # fmt: skip
 
 
 class HfBench:
@@ -179,7 +186,7 @@ class HfBench:
         ids = self._ids(1, context)
         seconds = _median_time(lambda: self.hf(ids, logits_to_keep=1), warmup, iters)
         return _record("prefill", "hf", self.name, self.config, context, 1, seconds, iters,
-                       self.ceilings, self.weight_bytes, context)  # fmt: skip
+                       self.ceilings, context)  # fmt: skip
 
     @torch.no_grad()
     def decode(self, batch: int, context: int, warmup: int, iters: int) -> BenchRecord:
@@ -193,8 +200,8 @@ class HfBench:
             state["next"] = o.logits[:, -1].argmax(-1, keepdim=True)
 
         seconds = _median_time(step, warmup, iters)
-        del cache, out
+        state.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return _record("decode", "hf", self.name, self.config, context, batch, seconds, iters,
-                       self.ceilings, self.weight_bytes, batch * context)  # fmt: skip
+                       self.ceilings, batch * context)  # fmt: skip

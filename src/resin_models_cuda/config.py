@@ -81,6 +81,18 @@ class ModelConfig:
         head = self.vocab_size * self.hidden_size
         return self.num_layers * active + head, self.num_layers * total + head
 
+    def weight_bytes_read(self, batch: int, dtype_bytes: int = 2) -> int:
+        """Weight bytes one decode step of `batch` tokens must read: all of a dense model; for
+        an MoE the shared part plus the experts that uniform routing touches on average,
+        E * (1 - (1 - k/E) ** batch) per layer."""
+        active, total = self.param_counts()
+        if not self.is_moe:
+            return total * dtype_bytes
+        expert = 3 * self.hidden_size * self.moe_intermediate_size
+        shared = active - self.num_layers * self.experts_per_token * expert
+        touched = self.num_experts * (1 - (1 - self.experts_per_token / self.num_experts) ** batch)
+        return int((shared + self.num_layers * touched * expert) * dtype_bytes)
+
     @classmethod
     def from_hf(cls, raw: Mapping[str, Any]) -> ModelConfig:
         """Translate a Hugging Face `config.json` dict (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE)."""
@@ -174,7 +186,7 @@ PRESETS: dict[str, ModelConfig] = {
         rope_scaling=None,
         qk_norm=True,
         max_positions=40960,
-    ),  # fmt: skip
+    ),
     "qwen3-30b-a3b": ModelConfig(
         model_type="qwen3_moe",
         vocab_size=151936,
@@ -191,7 +203,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_experts=128,
         experts_per_token=8,
         moe_intermediate_size=768,
-    ),  # fmt: skip
+    ),
     "llama-1b": replace(
         _LLAMA_8B,
         hidden_size=2048,
@@ -201,7 +213,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=8,
         head_dim=64,
         tie_word_embeddings=True,
-    ),  # fmt: skip
+    ),
     "tiny": ModelConfig(
         model_type="llama",
         vocab_size=256,
@@ -213,7 +225,7 @@ PRESETS: dict[str, ModelConfig] = {
         head_dim=16,
         rope_theta=10000.0,
         max_positions=512,
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -48,7 +48,7 @@ def capture(
     """
     pool = torch.cuda.graph_pool_handle()
     graphs: dict[int, CapturedStep] = {}
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     for bucket in sorted(buckets, reverse=True):
         prepare(bucket)
         stream.wait_stream(torch.cuda.current_stream())

@@ -23,7 +23,8 @@ def build_hf_model(config: ModelConfig, weights: ModelWeights) -> Any:
     hf_config = transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
     device = weights.embed.device
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=weights.embed.dtype)
+        auto = transformers.AutoModelForCausalLM
+        model = auto.from_config(hf_config, dtype=weights.embed.dtype)  # type: ignore[no-untyped-call]
     result = model.load_state_dict(to_hf_state_dict(weights, config), strict=False, assign=True)
     missing = [k for k in result.missing_keys if not k.endswith("lm_head.weight")]
     if missing or result.unexpected_keys:

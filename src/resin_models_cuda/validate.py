@@ -15,7 +15,7 @@ against what bf16 itself costs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -181,9 +181,9 @@ def validate(
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[ScenarioResult]:
     """Run the three scenarios; returns one result per scenario."""
-    opts = RunnerOptions(**{**{f: getattr(options, f) for f in options.__slots__},
-                            "keep_logits": True, "num_pages": None,
-                            "max_context": max(options.max_context, prompt_lens[1] + new_tokens + 1)})  # fmt: skip
+    longest = prompt_lens[1] + new_tokens + 1
+    opts = replace(options, keep_logits=True, num_pages=None,
+                   max_context=max(options.max_context, longest))  # fmt: skip
     runner = CudaRunner(config, weights, opts)
     per_seq = -(-(prompt_lens[1] + new_tokens) // opts.page_size) + 1
     num_pages = 3 * num_prompts * per_seq + 8

@@ -223,7 +223,8 @@ def load_checkpoint(
         if name not in index:
             raise KeyError(f"checkpoint {path} has no tensor {name!r}")
         with safe_open(index[name], framework="pt") as f:
-            return f.get_tensor(name)
+            tensor: torch.Tensor = f.get_tensor(name)
+            return tensor
 
     return from_hf_state_dict(get, config, device, dtype)
 

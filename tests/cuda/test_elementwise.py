@@ -16,6 +16,11 @@ def _dtypes(device: str) -> list[tuple[torch.dtype, float, float]]:
     return GPU_DTYPES if device == "cuda" else DTYPES
 
 
+def _ref_norm(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    vf = v.float()
+    return w * (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(v.dtype)
+
+
 @pytest.mark.parametrize("shape", [(1, 8), (7, 100), (33, 4096)])
 def test_rmsnorm_and_fused_add(device: str, shape: tuple[int, int]) -> None:
     from resin_models_cuda.kernels import fused_add_rmsnorm, rmsnorm
@@ -25,14 +30,9 @@ def test_rmsnorm_and_fused_add(device: str, shape: tuple[int, int]) -> None:
         res = torch.randn(shape).to(dtype).to(device)
         w = torch.randn(shape[1]).to(dtype).to(device)
 
-        def ref(v: torch.Tensor) -> torch.Tensor:
-            vf = v.float()
-            normed = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
-            return w * normed
-
-        torch.testing.assert_close(rmsnorm(x, w, 1e-6), ref(x), atol=atol, rtol=rtol)
+        torch.testing.assert_close(rmsnorm(x, w, 1e-6), _ref_norm(x, w), atol=atol, rtol=rtol)
         summed = x + res
-        expect = ref(summed)
+        expect = _ref_norm(summed, w)
         fused_add_rmsnorm(x, res, w, 1e-6)
         torch.testing.assert_close(res, summed, atol=atol, rtol=rtol)
         torch.testing.assert_close(x, expect, atol=atol, rtol=rtol)

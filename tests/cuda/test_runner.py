@@ -33,7 +33,7 @@ def _validate(config: ModelConfig, device: str, dtype: torch.dtype, **kw: object
 def test_runner_matches_transformers_cpu(config: ModelConfig) -> None:
     pytest.importorskip("transformers")
     if torch.cuda.is_available():
-        pytest.skip("float32 through the interpreter: CPU only (the GPU test covers bf16)")
+        pytest.skip("float32 through the interpreter: CPU only (GPU tests cover fp32 and bf16)")
     results = _validate(
         config, "cpu", torch.float32, num_prompts=4, new_tokens=5, prompt_lens=(5, 26), chunk=7
     )

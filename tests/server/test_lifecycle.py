@@ -170,3 +170,33 @@ def test_shutdown_ends_open_streams_cleanly() -> None:
     assert '"finish_reason":"stop"' in data[-2]
     assert len(data) > 10  # tokens streamed before the shutdown
     assert engine.num_running == 0
+
+
+def test_client_that_stops_reading_is_cancelled_without_blocking_others() -> None:
+    import json
+    import socket
+
+    engine = FakeEngine(endless, context_length=400_000)
+    server = make_server(engine, client_buffer=4)
+    with running(server) as url:
+        host, port = url.removeprefix("http://").split(":")
+        payload = json.dumps(body("never read", 390_000, True)).encode()
+        stuck = socket.create_connection((host, int(port)))
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        try:
+            # Others are served while the stuck client's socket is full.
+            ok = httpx.post(url + CHAT, json=body("fine", 8), timeout=30)
+            assert ok.status_code == 200
+            deadline = time.monotonic() + 30
+            while engine.num_running and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert engine.num_running == 0
+            assert engine.steps < 20_000  # cut off after ~4 * 64 buffered events, not 390k
+            assert httpx.get(url + "/health", timeout=5).status_code == 200
+        finally:
+            stuck.close()

@@ -31,12 +31,14 @@ from resin.server.errors import (
     api_error_handler,
     disconnected_handler,
     http_error_handler,
+    too_slow_handler,
     unhandled_error_handler,
     validation_error_handler,
 )
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
 from resin.server.service import Service
+from resin.server.stream import ClientTooSlow
 
 log = logging.getLogger("resin.server")
 
@@ -109,6 +111,7 @@ class HttpServer:
         app.state.service = self.service
         app.add_exception_handler(ApiError, api_error_handler)
         app.add_exception_handler(ClientDisconnected, disconnected_handler)
+        app.add_exception_handler(ClientTooSlow, too_slow_handler)
         app.add_exception_handler(RequestValidationError, validation_error_handler)
         app.add_exception_handler(HTTPException, http_error_handler)
         app.add_exception_handler(Exception, unhandled_error_handler)

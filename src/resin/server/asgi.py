@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from resin.server.errors import ApiError, error_body
+from resin.server.stream import ClientTooSlow
 
 T = TypeVar("T")
 log = logging.getLogger("resin.server")
@@ -139,9 +140,15 @@ class SSEResponse(Response):
                 await send(
                     {"type": "http.response.body", "body": frame.encode(), "more_body": True}
                 )
+                # A send into a transport that is not full never suspends: yield, so a
+                # backlog of buffered frames cannot monopolize the event loop.
+                await asyncio.sleep(0)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             return  # the client went away while we wrote
+        except ClientTooSlow:
+            # The reader fell too far behind; its request is already aborted: end the body.
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:
             log.exception("stream failed")
             raise

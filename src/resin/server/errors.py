@@ -98,3 +98,8 @@ async def disconnected_handler(request: Request, exc: Exception) -> JSONResponse
     """The client left before its answer was ready (its generations were aborted); nobody
     reads this response, but answering keeps the failure out of the error log."""
     return error_response(request.url.path, 499, "client disconnected")
+
+
+async def too_slow_handler(request: Request, exc: Exception) -> JSONResponse:
+    """The answer fell too far behind the engine (an overloaded event loop)."""
+    return error_response(request.url.path, 503, "server overloaded; retry", None)

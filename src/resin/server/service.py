@@ -125,7 +125,9 @@ class Service:
                 stop_token_ids=tuple(stop_token_ids),
                 temperature=1.0 if temperature is None else temperature,
                 top_p=1.0 if top_p is None else top_p,
-                top_k=0 if top_k is None or top_k < 0 else top_k,
+                # top_k >= vocabulary is no top-k at all; mapping it to 0 also keeps huge
+                # values out of the engine's int32 sampling arrays.
+                top_k=0 if top_k is None or not 0 < top_k < self.tokenizer.vocab_size else top_k,
                 min_p=0.0 if min_p is None else min_p,
                 seed=seed,
                 logprobs=logprobs,

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """SiLU-and-mul: `out = silu(x[:, :I]) * x[:, I:]` for the gated MLP (gate and up fused)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Paged decode attention: split-KV (flash-decoding) with GQA head grouping.
 
 One query token per row. Grid `(B, num_kv_heads, S)` is fixed for a given batch size and split
@@ -177,7 +178,8 @@ def decode_attention(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         scale * LOG2E, window,
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim, PAGE=k_cache.shape[1], BLOCK_N=block_n, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SPLITS=splits,
+        HEAD_DIM=head_dim, PAGE=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """KV append: write each new token's K and V into its exact arena slot.
 
 `slots[t] = page * page_size + offset` (the plan's `append_slots`); a negative slot (CUDA-graph

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Paged prefill attention over a cached prefix: causal, chunked, varlen, optional window.
 
 Row i's `q_len` query tokens sit at positions `cached_len .. cached_len + q_len - 1`; their
@@ -113,8 +114,8 @@ def prefill_blocks(
     query_indptr: npt.NDArray[np.int32], block_m: int
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """Map query blocks to rows on the host: (block_row, block_offset), vectorized."""
-    q_lens = np.diff(query_indptr.astype(np.int64))
-    nblocks = ((q_lens + block_m - 1) // block_m).astype(np.int64)
+    q_lens = query_indptr[1:].astype(np.int64) - query_indptr[:-1]
+    nblocks = (q_lens + block_m - 1) // block_m
     block_row = np.repeat(np.arange(q_lens.shape[0], dtype=np.int32), nblocks)
     first = np.cumsum(nblocks) - nblocks
     block_off = (np.arange(block_row.shape[0]) - np.repeat(first, nblocks)) * block_m
@@ -165,6 +166,8 @@ def prefill_attention(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), scale * LOG2E, window,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4 if block_m <= 64 else 8, num_stages=2,
+        BLOCK_M=block_m, BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4 if block_m <= 64 else 8, num_stages=2,
     )  # fmt: skip
     return out

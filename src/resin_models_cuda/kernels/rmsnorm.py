@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """RMSNorm, alone or fused with the residual add that precedes it.
 
 `fused_add_rmsnorm(x, residual, w)`: `residual += x` then `x = rmsnorm(residual) * w`, both in

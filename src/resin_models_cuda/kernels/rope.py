@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Rotary position embedding (rotate-half / GPT-NeoX layout, as Llama and Qwen use), in place.
 
 `rope_cache` builds float32 `cos`/`sin` tables `[max_positions, head_dim // 2]` once on the

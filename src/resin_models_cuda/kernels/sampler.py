@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """GPU sampler: greedy, temperature, top-k, top-p and min-p, seeded, with no host sync.
 
 Per row, the kernel takes `argmax(logits * inv_temp + gumbel)` over the tokens whose scaled
