@@ -37,12 +37,14 @@ MAX_LOGPROBS = 20
 
 @dataclass(frozen=True, slots=True)
 class RecordedStep:
-    """Debug record of one step (`record_logits=True`): logits [T, V] of every query token."""
+    """Debug record of one step: logits [T, V] (`record_logits=True`) and/or final hidden
+    states [T, hidden] (`record_hidden=True`, cheap for large vocabularies) of every token."""
 
     step_id: int
     sequence_ids: np.ndarray  # [T] request id of each token
     positions: np.ndarray  # [T]
-    logits: torch.Tensor  # [T, V] float32, on the host
+    logits: torch.Tensor | None  # [T, V] float32, on the host
+    hidden: torch.Tensor | None = None  # [T, hidden] float32, on the host
 
 
 class TorchRunner:
@@ -65,6 +67,7 @@ class TorchRunner:
         self.num_pages = num_pages
         self.sampler = Sampler(self.device, seed)
         self.record_logits = False
+        self.record_hidden = False
         self.recorded: list[RecordedStep] = []
         self._arena: torch.Tensor | None = None
         self._views: tuple[torch.Tensor, ...] = ()
@@ -182,11 +185,15 @@ class TorchRunner:
             output = replace(
                 output, prompt_logprobs=lp, prompt_top_ids=ids, prompt_top_logprobs=top_lp
             )
-        if all_logits is not None and self.record_logits:
-            sequence_ids = plan.sequence_ids[token_rows].copy()
-            logits_host = all_logits.float().cpu()
+        if self.record_logits or self.record_hidden:
             self.recorded.append(
-                RecordedStep(plan.step_id, sequence_ids, plan.positions.copy(), logits_host)
+                RecordedStep(
+                    plan.step_id,
+                    plan.sequence_ids[token_rows].copy(),
+                    plan.positions.copy(),
+                    all_logits.float().cpu() if all_logits is not None else None,
+                    hidden.float().cpu() if self.record_hidden else None,
+                )
             )
         return output
 

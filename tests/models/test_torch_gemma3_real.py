@@ -29,17 +29,22 @@ ATOL = 2e-3
 
 
 def _check_new_records(runner: TorchRunner, hidden: dict[int, torch.Tensor], hf: Any) -> float:
-    """Compare and drop what the runner recorded since the last call (keeps memory small:
-    one step's [T, 262144] logits at a time)."""
+    """Largest logit difference over what the runner recorded since the last call.
+
+    The runner records final hidden states (cheap); both sides go through the same tied
+    LM head here, so this is the logit difference at every computed position, computed for a
+    few thousand vocabulary columns at a time to keep memory and time small."""
     worst = 0.0
+    weight = hf.lm_head.weight
     for step in runner.recorded:
+        assert step.hidden is not None
         for sid in np.unique(step.sequence_ids).tolist():
             mask = step.sequence_ids == sid
             positions = torch.from_numpy(step.positions[mask].astype(np.int64))
+            diff = step.hidden[torch.from_numpy(mask)] - hidden[sid][positions]
             with torch.no_grad():
-                ref = hf.lm_head(hidden[sid][positions]).float()
-            got = step.logits[torch.from_numpy(mask)]
-            worst = max(worst, float((got - ref).abs().max()))
+                for cols in torch.split(weight, 32768):
+                    worst = max(worst, float((diff @ cols.T).abs().max()))
     runner.recorded.clear()
     return worst
 
@@ -52,9 +57,9 @@ def test_gemma3_270m_through_the_engine_matches_transformers() -> None:
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     assert hf.config.sliding_window == 512 and hf.config.final_logit_softcapping is None
     gen = torch.Generator().manual_seed(0)
-    first = torch.randint(1000, 20000, (560,), generator=gen).tolist()
-    second = first[:300] + torch.randint(1000, 20000, (240,), generator=gen).tolist()
-    new_tokens = 6
+    first = torch.randint(1000, 20000, (530,), generator=gen).tolist()
+    second = first[:300] + torch.randint(1000, 20000, (40,), generator=gen).tolist()
+    new_tokens = 4
     expected = {0: hf_greedy(hf, first, new_tokens), 1: hf_greedy(hf, second, new_tokens)}
     hidden = {}
     for rid, prompt in enumerate((first, second)):
@@ -63,7 +68,7 @@ def test_gemma3_270m_through_the_engine_matches_transformers() -> None:
             hidden[rid] = hf.model(torch.tensor([tokens])).last_hidden_state[0]
 
     runner = load_runner(folder, page_size=16, cache_bytes=64 << 20)
-    runner.record_logits = True
+    runner.record_hidden = True
     params = SamplingParams(max_output_tokens=new_tokens, temperature=0.0)
     worst = 0.0
     with Engine(runner, prefix_cache=True, prefill_chunk_tokens=128) as engine:
