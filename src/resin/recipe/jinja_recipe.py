@@ -19,13 +19,13 @@ from resin.recipe.registry import get_native_recipe, native_recipe_names
 from resin.recipe.sandbox import compile_template, render_template
 from resin.recipe.tagged import TaggedParser
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
+from resin.recipe.vision import Gemma3Vision
 from resin.tokenizer import Tokenizer
 
 
 class JinjaRecipe:
-    """A recipe backed by a Jinja chat template (see module docstring)."""
-
-    supports_images = False
+    """A recipe backed by a Jinja chat template (see module docstring). Gemma 3 templates with
+    a tokenizer that has `<image_soft_token>` take images (`resin.recipe.vision`)."""
 
     def __init__(
         self,
@@ -49,6 +49,10 @@ class JinjaRecipe:
         self.supports_tools = "tools" in source
         self.supports_reasoning = "think" in source or self.family.spec is None
         self.stop_token_ids = self._stop_ids()
+        self.vision: Gemma3Vision | None = None
+        if family_name == "gemma" and tokenizer.token_to_id("<image_soft_token>") is not None:
+            self.vision = Gemma3Vision()
+        self.supports_images = self.vision is not None
 
     def _stop_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
@@ -88,7 +92,12 @@ class JinjaRecipe:
         if enable_thinking is not None:
             variables["enable_thinking"] = enable_thinking
         text = render_template(self.template, **variables)
-        return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+        images = [image for m in messages for image in m.images]
+        if self.vision is None or not images:
+            return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+        text = self.vision.expand_prompt(text, len(images))
+        arrays = tuple(self.vision.preprocess(image) for image in images)
+        return RenderedPrompt(self.tokenizer.encode(text), text, multimodal=arrays)
 
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
