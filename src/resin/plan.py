@@ -109,6 +109,8 @@ class SamplingArrays:
       generated before this step. A seeded sampler derives its randomness from
       (seed, output_index) only, so a request samples the same tokens whatever batch it is in;
     - `logprobs` i32: -1 = none, 0 = chosen token only, k = chosen plus top-k alternatives.
+    - `prompt_logprobs` i32 (-1 = none, k = top-k alternatives per prompt token) for rows in
+      `BatchPlan.prompt_logprob_rows`; empty when no row asks (older runners may ignore it).
     """
 
     temperature: F32
@@ -118,6 +120,7 @@ class SamplingArrays:
     seed: I64
     output_index: I32
     logprobs: I32
+    prompt_logprobs: I32 = field(default_factory=_empty_i32)
 
     def __post_init__(self) -> None:
         freeze_arrays(self)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,7 +51,11 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
-        """Load tokenizer.json, tokenizer_config.json and chat_template.jinja from a folder."""
+        """Load tokenizer.json, tokenizer_config.json and chat_template.jinja from a folder.
+
+        The stop tokens (`eos_token_ids`) are the config's EOS token plus every `eos_token_id`
+        of generation_config.json (end-of-turn tokens such as `<|im_end|>` or `<|eot_id|>`).
+        """
         folder = Path(path)
         tok = cls.from_files(folder / "tokenizer.json", folder / "tokenizer_config.json")
         template_file = folder / "chat_template.jinja"
@@ -59,6 +64,10 @@ class Tokenizer:
                 **{**tok.info.__dict__, "chat_template": template_file.read_text(encoding="utf-8")}
             )
             tok = cls(tok.backend, info)
+        extra = _generation_eos_ids(folder / "generation_config.json")
+        if extra:
+            ids = tuple(dict.fromkeys((*tok.info.extra_eos_token_ids, *extra)))
+            tok = cls(tok.backend, dataclasses.replace(tok.info, extra_eos_token_ids=ids))
         return tok
 
     @property
@@ -97,6 +106,15 @@ class Tokenizer:
                 ids.append(eos)
         ids.extend(i for i in self.info.extra_eos_token_ids if i not in ids)
         return tuple(ids)
+
+
+def _generation_eos_ids(path: Path) -> tuple[int, ...]:
+    """`eos_token_id` of generation_config.json (an int or a list): the model's stop tokens."""
+    if not path.is_file():
+        return ()
+    value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    values = value if isinstance(value, list) else [value]
+    return tuple(int(v) for v in values if isinstance(v, int) and not isinstance(v, bool))
 
 
 def _token_text(value: object) -> str | None:

@@ -1,0 +1,174 @@
+"""Prefix cache: a block trie of full pages keyed by their exact tokens, with an LRU.
+
+Node at depth k stands for the first k pages of some token sequence (the path's keys). For each
+cache group it may hold a page (-1: not available):
+- History / Window: the page with that group's K/V of tokens `(k-1)*page_size .. k*page_size-1`;
+- State: a checkpoint of the state after `k * page_size` tokens.
+Cached pages are immutable and shared: the trie holds one reference on each page it stores, and
+every request using a node's pages (matched or inserted them) holds a *lock* on the node.
+
+Invariants (`check_invariants`):
+- `evictable_pages` = pages stored in unlocked nodes; each such page has refcount 1 (only the
+  trie references it), so evicting an unlocked node frees exactly its pages;
+- `lru` holds exactly the unlocked leaves; eviction takes leaves only, oldest first, so a path
+  from the root is always contiguous.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import numpy.typing as npt
+
+from resin.cache.pool import PagePool
+
+I32 = npt.NDArray[np.int32]
+
+
+class Node:
+    __slots__ = ("children", "depth", "key", "lock", "pages", "parent")
+
+    def __init__(self, key: bytes, parent: Node | None, depth: int, num_groups: int) -> None:
+        self.key = key
+        self.parent = parent
+        self.depth = depth
+        self.children: dict[bytes, Node] = {}
+        self.pages = [-1] * num_groups
+        self.lock = 0
+
+    @property
+    def num_pages(self) -> int:
+        return sum(p >= 0 for p in self.pages)
+
+
+class PrefixCache:
+    """The trie, its lock counts and the LRU of evictable leaves."""
+
+    def __init__(self, pool: PagePool, num_groups: int) -> None:
+        self.pool = pool
+        self.num_groups = num_groups
+        self.root = Node(b"", None, 0, num_groups)
+        self.root.lock = 1  # never evicted
+        self.lru: OrderedDict[Node, None] = OrderedDict()
+        self.evictable_pages = 0
+        self.num_nodes = 0
+
+    # -- lookup ---------------------------------------------------------------------------
+    def walk(self, data: bytes, key_bytes: int) -> list[Node]:
+        """The longest path of existing nodes whose keys are consecutive `key_bytes`-long
+        slices of `data` (depth 1, 2, ...). Stops at the first miss: O(hit), not O(prompt)."""
+        path: list[Node] = []
+        node = self.root
+        for start in range(0, len(data) - key_bytes + 1, key_bytes):
+            child = node.children.get(data[start : start + key_bytes])
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        return path
+
+    # -- locks ----------------------------------------------------------------------------
+    def lock(self, nodes: list[Node]) -> None:
+        for node in nodes:
+            if node.lock == 0:
+                self.evictable_pages -= node.num_pages
+                self.lru.pop(node, None)
+            node.lock += 1
+
+    def unlock(self, nodes: list[Node]) -> None:
+        for node in reversed(nodes):
+            node.lock -= 1
+            assert node.lock >= 0, "prefix node unlocked more than locked"
+            if node.lock == 0:
+                self.evictable_pages += node.num_pages
+                if not node.children:
+                    self.lru[node] = None
+
+    def unlocked_pages(self, nodes: list[Node]) -> int:
+        """Pages that locking `nodes` would take out of the evictable pool."""
+        return sum(n.num_pages for n in nodes if n.lock == 0)
+
+    # -- insert ---------------------------------------------------------------------------
+    def insert(self, parent: Node, key: bytes, pages: list[int], taken: list[int]) -> Node:
+        """The child of `parent` for `key`, created if needed, *locked by the caller*.
+
+        Pages the node lacks are taken from `pages` and appended to `taken`: the caller must
+        add the trie's reference on them (batched, one pool call per step). Pages the node
+        already has win (the caller swaps its duplicates for them).
+        """
+        node = parent.children.get(key)
+        if node is None:
+            node = Node(key, parent, parent.depth + 1, self.num_groups)
+            parent.children[key] = node
+            self.num_nodes += 1
+            if parent.lock == 0:
+                self.lru.pop(parent, None)  # no longer a leaf
+        elif node.lock == 0:
+            self.evictable_pages -= node.num_pages
+            self.lru.pop(node, None)
+        node.lock += 1
+        node_pages = node.pages
+        for g, page in enumerate(pages):
+            if page >= 0 and node_pages[g] < 0:
+                node_pages[g] = page
+                taken.append(page)
+        return node
+
+    # -- eviction -------------------------------------------------------------------------
+    def evict(self, n: int) -> int:
+        """Free at least `n` pages if possible (unlocked leaves, oldest first); returns freed."""
+        freed = 0
+        while freed < n and self.lru:
+            node, _ = self.lru.popitem(last=False)
+            freed += self._remove(node)
+        return freed
+
+    def _remove(self, node: Node) -> int:
+        held = [p for p in node.pages if p >= 0]
+        self.evictable_pages -= len(held)
+        if held:
+            self.pool.decref(np.asarray(held, dtype=np.int32))
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.key]
+        self.num_nodes -= 1
+        if parent.lock == 0 and not parent.children:
+            self.lru[parent] = None
+        return len(held)
+
+    def clear(self) -> int:
+        """Evict every unlocked node (tests: prove that nothing else holds pages)."""
+        return self.evict(1 << 62)
+
+    # -- checks ---------------------------------------------------------------------------
+    def held_pages(self) -> I32:
+        out: list[int] = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            out.extend(p for p in node.pages if p >= 0)
+            stack.extend(node.children.values())
+        return np.asarray(out, dtype=np.int32)
+
+    def check_invariants(self) -> None:
+        evictable = 0
+        leaves: set[Node] = set()
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            assert node.lock >= 0
+            if node.lock == 0:
+                evictable += node.num_pages
+                held = [p for p in node.pages if p >= 0]
+                if held:
+                    assert np.all(self.pool.refcount[held] == 1), "unlocked page shared"
+                if not node.children:
+                    leaves.add(node)
+            else:
+                assert node.parent is not None
+                parent = node.parent
+                assert parent is self.root or parent.lock > 0, "a locked node's parent is unlocked"
+        assert evictable == self.evictable_pages, "evictable page count drifted"
+        assert leaves == set(self.lru), "LRU differs from the unlocked leaves"

@@ -1,0 +1,132 @@
+"""The prefix index: which trie nodes each slot uses, hits, and publishing full pages.
+
+`PrefixIndex` sits between the `CacheManager` (which owns the groups' page tables) and the
+`PrefixCache` trie. Per slot it keeps the *path* of trie nodes the request locks: those its
+hit matched plus those it published. Publishing inserts a slot's full pages (and State
+checkpoints) into the trie; a page another request published first replaces the slot's own
+copy (identical contents), so duplicates do not pile up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from resin.cache.groups import PagedGroup, StateGroup
+from resin.cache.matching import NO_MATCH, Checkpoints, Match, best_hit
+from resin.cache.pool import PagePool
+from resin.cache.prefix import Node, PrefixCache
+
+if TYPE_CHECKING:
+    from resin.engine.request import Request
+
+I32 = npt.NDArray[np.int32]
+
+
+class PrefixIndex:
+    """Trie + per-slot paths + hit counters (see module docstring)."""
+
+    def __init__(
+        self, pool: PagePool, groups: list[PagedGroup | StateGroup], page_size: int
+    ) -> None:
+        self.pool = pool
+        self.groups = groups
+        self.page_size = page_size
+        self.trie = PrefixCache(pool, len(groups))
+        self.paths: dict[int, list[Node]] = {}
+        self.queries = 0
+        self.hits = 0
+
+    def match(self, request: Request) -> Match:
+        """The longest hit valid for every group; none for prompt-logprob requests (their
+        prompt logits are needed) and always leaving the last known token to compute."""
+        if request.sampling_params.prompt_logprobs is not None:
+            return NO_MATCH
+        ps = self.page_size
+        kmax = (request._num_tokens - 1) // ps
+        if kmax <= 0:
+            return NO_MATCH
+        data = request._token_array(request._num_tokens)[: kmax * ps].tobytes()
+        path = self.trie.walk(data, 4 * ps)
+        k = best_hit(path, self.groups, ps)
+        return Match(tuple(path[:k]), k * ps)
+
+    def attach(self, slot: int, request: Request, match: Match) -> None:
+        """The slot starts with the hit's nodes locked (the manager attaches their pages)."""
+        nodes = list(match.nodes)
+        self.trie.lock(nodes)
+        self.paths[slot] = nodes
+        self.queries += request._num_tokens
+        self.hits += match.tokens
+
+    def release(self, slot: int, request: Request | None) -> None:
+        """Publish `request`'s full pages (None: a quarantined request, nothing), unlock."""
+        if request is not None:
+            self.publish(slot, request, request._num_computed // self.page_size, {})
+        self.trie.unlock(self.paths.pop(slot, []))
+
+    def publish_step(
+        self, slots: I32, totals: I32, requests: Sequence[Request], cps: Checkpoints | None
+    ) -> None:
+        ps = self.page_size
+        state_ids = [i for i, g in enumerate(self.groups) if isinstance(g, StateGroup)]
+        for row, (slot, total, r) in enumerate(
+            zip(slots.tolist(), totals.tolist(), requests, strict=True)
+        ):
+            ckpt: dict[tuple[int, int], int] = {}
+            if cps is not None:
+                for c in range(int(cps.indptr[row]), int(cps.indptr[row + 1])):
+                    for gi, pages in zip(state_ids, cps.pages, strict=True):
+                        ckpt[(gi, int(cps.depth[c]))] = int(pages[c])
+            self.publish(slot, r, total // ps, ckpt)
+        if cps is not None:  # the trie took its own reference on what it kept
+            for pages in cps.pages:
+                self.pool.decref(pages)
+
+    def publish(
+        self, slot: int, request: Request, upto: int, ckpt: dict[tuple[int, int], int]
+    ) -> None:
+        """Insert the slot's full pages `len(path) .. upto-1` into the trie (locked by it)."""
+        prefix = self.trie
+        path = self.paths.setdefault(slot, [])
+        if upto <= len(path):
+            return
+        ps = self.page_size
+        data = request._token_array(upto * ps)[: upto * ps].tobytes()
+        step = 4 * ps  # int32 tokens
+        rows = [g.table[slot].tolist() if isinstance(g, PagedGroup) else None for g in self.groups]
+        taken: list[int] = []
+        swaps: list[tuple[int, int, int, int]] = []
+        parent = path[-1] if path else prefix.root
+        for j in range(len(path), upto):
+            pages = [
+                row[j] if row is not None else ckpt.get((gi, j + 1), -1)
+                for gi, row in enumerate(rows)
+            ]
+            parent = prefix.insert(parent, data[j * step : (j + 1) * step], pages, taken)
+            path.append(parent)
+            for gi, row in enumerate(rows):
+                cached = parent.pages[gi]
+                if row is not None and pages[gi] >= 0 and cached != pages[gi]:
+                    swaps.append((gi, j, pages[gi], cached))
+        if taken:
+            self.pool.incref(np.asarray(taken, dtype=np.int32))
+        if swaps:
+            self._dedupe(slot, swaps)
+
+    def _dedupe(self, slot: int, swaps: list[tuple[int, int, int, int]]) -> None:
+        """Another request cached the same page first: use the cached copy (same tokens at
+        the same positions, so the same contents) and free ours, so duplicates never pile up."""
+        for gi, j, _own, cached in swaps:
+            g = self.groups[gi]
+            assert isinstance(g, PagedGroup)
+            g.table[slot, j] = cached
+        self.pool.incref(np.asarray([s[3] for s in swaps], dtype=np.int32))
+        self.pool.decref(np.asarray([s[2] for s in swaps], dtype=np.int32))
+
+    def check_invariants(self, live_slots: list[int]) -> None:
+        self.trie.check_invariants()
+        assert set(self.paths) <= set(live_slots), "a freed slot still locks trie nodes"

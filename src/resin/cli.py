@@ -1,0 +1,151 @@
+"""`resin serve | chat | bench | check`: the command line.
+
+`resin serve` with no arguments serves the default model (SmolLM2-135M-Instruct) with the
+prefix cache on at http://127.0.0.1:8000, showing a progress bar while it loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--checkpoint", help="a model folder (safetensors or converted GGUF)")
+    src.add_argument("--model", help="a model name known to the default-model resolver")
+    src.add_argument("--fake-runner", action="store_true", help="zero-cost scripted engine")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
+    p.add_argument("--served-model-name", default=None)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="resin", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
+    _serve_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    serve.add_argument("--queue-capacity", type=int, default=1024)
+    serve.add_argument("--max-active", type=int, default=128)
+    serve.add_argument("--stream-interval", type=int, default=4)
+    serve.add_argument("--max-body-mb", type=float, default=4.0)
+    chat = sub.add_parser("chat", help="chat in the terminal (with a server URL or in-process)")
+    _serve_args(chat)
+    chat.add_argument("--url", default=None, help="an existing server; else start one")
+    chat.add_argument("--api-key", default=None)
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--system", default=None)
+    bench = sub.add_parser("bench", help="load-test a server (see scripts/bench_serve.py)")
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    check = sub.add_parser("check", help="check a server (see scripts/check_server.py)")
+    check.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> object:
+    from resin.server.loading import LoadOptions, load
+
+    return load(
+        LoadOptions(
+            checkpoint=args.checkpoint,
+            model=args.model,
+            device=args.device,
+            context_length=args.context_length,
+            prefix_cache=args.prefix_cache,
+            recipe=args.recipe,
+            fake=args.fake_runner,
+        )
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    from resin.server import HttpServer
+    from resin.server.loading import Loaded
+
+    loaded = _load(args)
+    assert isinstance(loaded, Loaded)
+    server = HttpServer(
+        loaded.engine,
+        loaded.chat,
+        tokenizer=loaded.tokenizer,
+        model=args.served_model_name or loaded.name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        stream_interval=args.stream_interval,
+        request_queue_capacity=args.queue_capacity,
+        max_active=args.max_active,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        context_length=loaded.context_length,
+    )
+    uv = server.make_uvicorn()
+    url = f"http://{args.host}:{args.port}"
+    _announce_when_ready(uv, url, loaded.name)
+    uv.run()
+    loaded.engine.close()
+    return 0
+
+
+def _announce_when_ready(uv: object, url: str, name: str) -> None:
+    import threading
+    import time
+
+    def wait() -> None:
+        while not getattr(uv, "started", False):
+            if getattr(uv, "should_exit", False):
+                return
+            time.sleep(0.05)
+        print(f"resin: serving {name} at {url}  (chat page: {url}/ , API: {url}/v1)", flush=True)
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+def chat(args: argparse.Namespace) -> int:
+    from resin.server.terminal import chat_loop
+
+    if args.url:
+        return chat_loop(args.url, args.api_key, args.max_tokens, args.system)
+    from resin.server import HttpServer
+    from resin.server.launch import free_port, running
+    from resin.server.loading import Loaded
+
+    loaded = _load(args)
+    assert isinstance(loaded, Loaded)
+    server = HttpServer(
+        loaded.engine,
+        loaded.chat,
+        tokenizer=loaded.tokenizer,
+        model=loaded.name,
+        port=free_port(),
+        stream_interval=1,
+    )
+    with running(server) as url:
+        return chat_loop(url, None, args.max_tokens, args.system)
+
+
+def _run_tool(module: str, argv: list[str]) -> int:
+    import importlib
+
+    tool = importlib.import_module(module)
+    return int(tool.main(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    if args.command == "chat":
+        return chat(args)
+    if args.command == "bench":
+        return _run_tool("resin.server.bench", args.args)
+    return _run_tool("resin.server.check", args.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""The engine actor: the one thread that drives the engine.
+
+HTTP handlers never touch the engine. They `reserve()` an intake slot (before tokenizing, so
+an overloaded server refuses cheaply with 429), then `submit()` a typed message; the actor
+admits at most `admissions_per_step` requests per engine step and keeps at most `max_active`
+requests inside the engine. After each step it hands every touched request its events in one
+`call_soon_threadsafe` batch. Invariants:
+- a reservation is released exactly once: when the request enters the engine, or unused;
+- every submitted stream gets a final item (FinishedEvent or StreamError);
+- if `engine.step()` raises, the actor is dead: every open stream gets a StreamError, new
+  reservations raise `EngineUnavailable`, and `on_death` is called on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from resin.errors import EngineDeadError
+from resin.events import Event, FinishedEvent, TokensEvent
+from resin.params import SamplingParams
+from resin.server.ports import EngineLike
+from resin.server.stream import RequestStream, StreamError, StreamItem
+
+log = logging.getLogger("resin.server")
+
+
+class QueueFull(Exception):
+    """The intake queue has no free slot (HTTP 429)."""
+
+
+class EngineUnavailable(Exception):
+    """The engine died or the server is shutting down (HTTP 503)."""
+
+
+class Reservation:
+    """One intake slot; `release()` is idempotent."""
+
+    def __init__(self, actor: EngineActor) -> None:
+        self._actor = actor
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._actor._release_slot()
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    stream: RequestStream
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    reservation: Reservation
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    stream: RequestStream
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+_Message = _Submit | _Abort | _Stop
+
+
+class EngineActor:
+    """Owns the engine thread; the public methods are safe to call from the event loop."""
+
+    def __init__(
+        self,
+        engine: EngineLike,
+        *,
+        queue_capacity: int = 1024,
+        max_active: int = 128,
+        admissions_per_step: int = 4,
+        stream_capacity: int = 64,
+        on_death: Callable[[], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.queue_capacity = queue_capacity
+        self.max_active = max_active
+        self.admissions_per_step = admissions_per_step
+        self.stream_capacity = stream_capacity
+        self.on_death = on_death
+        self.error: str | None = None
+        self.steps = 0
+        self._intake: queue.SimpleQueue[_Message] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._reserved = 0
+        self._accepting = True
+        self._pending: deque[_Submit] = deque()
+        self._active: dict[int, RequestStream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: list[tuple[RequestStream, StreamItem]] = []
+        self._outbox_lock = threading.Lock()
+        self._delivery_scheduled = False
+        self._thread: threading.Thread | None = None
+
+    # ---- event-loop side -------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="resin-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    @property
+    def queued(self) -> int:
+        return self._reserved
+
+    def reserve(self) -> Reservation:
+        """Take an intake slot or raise QueueFull / EngineUnavailable (never blocks)."""
+        with self._lock:
+            if not self._accepting or self.error is not None:
+                raise EngineUnavailable(self.error or "server is shutting down")
+            if self._reserved >= self.queue_capacity:
+                raise QueueFull(f"{self._reserved} requests queued")
+            self._reserved += 1
+        return Reservation(self)
+
+    def _release_slot(self) -> None:
+        with self._lock:
+            self._reserved -= 1
+
+    def submit(
+        self, reservation: Reservation, prompt: tuple[int, ...], params: SamplingParams
+    ) -> RequestStream:
+        stream = RequestStream(self.stream_capacity)
+        self._intake.put(_Submit(stream, prompt, params, reservation))
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Cancel a request (client gone or too slow); its engine pages are freed."""
+        if not stream.closed or stream.overflowed:
+            self._intake.put(_Abort(stream))
+
+    def close_intake(self) -> None:
+        """Refuse new reservations (503) from now on."""
+        with self._lock:
+            self._accepting = False
+
+    def request_stop(self) -> None:
+        """Stop intake and tell the actor to abort open requests and end (non-blocking)."""
+        self.close_intake()
+        self._intake.put(_Stop())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """`request_stop()`, then wait for the actor thread to end."""
+        self.request_stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # ---- actor thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        stopping = False
+        while True:
+            try:
+                idle = not self._pending and not self.engine.has_work()
+                if stopping and idle:
+                    return
+                stopping = self._drain(block=idle) or stopping
+                if stopping:
+                    self._abort_all()
+                self._admit()
+                if self.engine.has_work():
+                    self._dispatch(self.engine.step())
+                    self.steps += 1
+                    if getattr(self.engine, "dead", False) and not stopping:
+                        self._die("the engine stopped (runner failure)")
+                        return
+            except Exception as exc:
+                log.exception("engine actor failed")
+                self._die(f"engine failed: {exc}")
+                return
+
+    def _drain(self, block: bool) -> bool:
+        """Move intake messages into actor state; True when a stop was requested."""
+        stop = False
+        try:
+            msg = self._intake.get(timeout=0.5) if block else self._intake.get_nowait()
+            while True:
+                stop = self._handle(msg) or stop
+                msg = self._intake.get_nowait()
+        except queue.Empty:
+            return stop
+
+    def _handle(self, msg: _Message) -> bool:
+        if isinstance(msg, _Stop):
+            return True
+        if isinstance(msg, _Submit):
+            self._pending.append(msg)
+        elif msg.stream.request_id is not None and msg.stream.request_id in self._active:
+            self.engine.abort(msg.stream.request_id)
+        else:
+            for sub in list(self._pending):
+                if sub.stream is msg.stream:
+                    self._pending.remove(sub)
+                    self._reject(sub, StreamError("aborted", 499))
+        return False
+
+    def _admit(self) -> None:
+        admitted = 0
+        while self._pending and admitted < self.admissions_per_step:
+            if len(self._active) >= self.max_active:
+                return
+            sub = self._pending.popleft()
+            try:
+                handle = self.engine.submit(sub.prompt, sub.params)
+            except EngineDeadError as exc:
+                self._pending.appendleft(sub)
+                raise RuntimeError(str(exc)) from exc
+            except ValueError as exc:
+                self._reject(sub, StreamError(str(exc), 400))
+                continue
+            sub.reservation.release()
+            sub.stream.request_id = handle.id
+            sub.stream.cached_tokens = int(getattr(handle, "cached_tokens", 0))
+            self._active[handle.id] = sub.stream
+            admitted += 1
+
+    def _reject(self, sub: _Submit, error: StreamError) -> None:
+        sub.reservation.release()
+        self._post([(sub.stream, error)])
+
+    def _dispatch(self, events: list[Event]) -> None:
+        batches: dict[int, list[Event]] = {}
+        for event in events:
+            if isinstance(event, TokensEvent | FinishedEvent):
+                batches.setdefault(event.request_id, []).append(event)
+            else:
+                log.warning("engine error event: %s", event.message)
+        out: list[tuple[RequestStream, StreamItem]] = []
+        for rid, batch in batches.items():
+            stream = self._active.get(rid)
+            if stream is None:
+                continue
+            if isinstance(batch[-1], FinishedEvent):
+                del self._active[rid]
+            out.append((stream, batch))
+        if out:
+            self._post(out)
+
+    def _abort_all(self) -> None:
+        while self._pending:
+            self._reject(self._pending.popleft(), StreamError("server is shutting down", 503))
+        for rid in list(self._active):
+            self.engine.abort(rid)
+
+    def _die(self, message: str) -> None:
+        with self._lock:
+            self.error = message
+        streams = [s.stream for s in self._pending] + list(self._active.values())
+        for sub in self._pending:
+            sub.reservation.release()
+        self._pending.clear()
+        self._active.clear()
+        self._post([(s, StreamError(message, 503)) for s in streams])
+        if self.on_death is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.on_death)
+
+    def _post(self, batch: list[tuple[RequestStream, StreamItem]]) -> None:
+        """Queue items for the loop; one pending loop callback at most (coalescing), so a
+        busy loop gets several steps' events in one delivery instead of a backlog."""
+        if self._loop is None or self._loop.is_closed():
+            return
+        with self._outbox_lock:
+            self._outbox.extend(batch)
+            if self._delivery_scheduled:
+                return
+            self._delivery_scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop closed after the check
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._outbox_lock:
+            batch, self._outbox = self._outbox, []
+            self._delivery_scheduled = False
+        per_stream: dict[RequestStream, list[StreamItem]] = {}
+        for stream, item in batch:
+            items = per_stream.setdefault(stream, [])
+            if items and isinstance(item, list) and isinstance(items[-1], list):
+                items[-1] = items[-1] + item  # one push per stream per delivery
+            else:
+                items.append(item)
+        for stream, items in per_stream.items():
+            for item in items:
+                if not stream.push(item):
+                    self._intake.put(_Abort(stream))

@@ -1,0 +1,249 @@
+"""POST /v1/messages (Anthropic Messages API), stream and not, with thinking and tool_use.
+
+Stream order (SERVING.md): message_start (real input token count) -> per content block i =
+0, 1, ...: content_block_start -> content_block_delta* -> content_block_stop ->
+message_delta (stop_reason, output_tokens) -> message_stop. Errors use Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from resin.server.asgi import SSEResponse, sse, until_disconnect
+from resin.server.errors import ApiError
+from resin.server.generation import Finish, Generation, Update
+from resin.server.ports import (
+    ChatTurn,
+    Delta,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallItem,
+    ToolCallStart,
+    ToolSpec,
+)
+from resin.server.schemas_anthropic import Block, MessagesRequest
+from resin.server.service import Service, release
+
+router = APIRouter()
+
+
+def _block_text(content: str | list[Block] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    out = []
+    for b in content:
+        if b.type != "text" or b.text is None:
+            raise ApiError(400, f"block type {b.type!r} is not supported here", where)
+        out.append(b.text)
+    return "".join(out)
+
+
+def to_turns(body: MessagesRequest) -> list[ChatTurn]:
+    turns = [ChatTurn("system", _block_text(body.system, "system"))] if body.system else []
+    for i, m in enumerate(body.messages):
+        where = f"messages.{i}.content"
+        if isinstance(m.content, str):
+            turns.append(ChatTurn(m.role, m.content))
+            continue
+        text, thinking, calls = [], [], []
+        for b in m.content:
+            if b.type == "text" and b.text is not None:
+                text.append(b.text)
+            elif b.type == "thinking" and m.role == "assistant":
+                thinking.append(b.thinking or "")
+            elif b.type == "tool_use" and m.role == "assistant" and b.name:
+                calls.append(ToolCallItem(b.id or "", b.name, json.dumps(b.input or {})))
+            elif b.type == "tool_result" and m.role == "user":
+                content = b.content if isinstance(b.content, str | list) else ""
+                turns.append(
+                    ChatTurn("tool", _block_text(content, where), tool_call_id=b.tool_use_id or "")
+                )
+            else:
+                raise ApiError(400, f"content block {b.type!r} is not supported", where)
+        if text or thinking or calls:
+            turns.append(ChatTurn(m.role, "".join(text), "".join(thinking), tuple(calls)))
+    return turns
+
+
+def tools_of(body: MessagesRequest) -> list[ToolSpec]:
+    if not body.tools or (body.tool_choice and body.tool_choice.type == "none"):
+        return []
+    return [ToolSpec(t.name, t.description, t.input_schema) for t in body.tools]
+
+
+def stop_reason(finish: Finish, stop_hit: str | None, has_tools: bool) -> str:
+    if stop_hit is not None:
+        return "stop_sequence"
+    if finish.reason == "length":
+        return "max_tokens"
+    return "tool_use" if has_tools else "end_turn"
+
+
+def usage(finish: Finish | None, input_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": finish.completion_tokens if finish else 0,
+        "cache_read_input_tokens": finish.cached_tokens if finish else 0,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+@router.post("/v1/messages", response_model=None)
+async def messages(body: MessagesRequest, request: Request) -> Response:
+    svc: Service = request.app.state.service
+    stops = body.stop_sequences or []
+    svc.check_stops(stops)
+    reservations = svc.reserve(1)
+    try:
+        tools = tools_of(body)
+        thinking = None if body.thinking is None else body.thinking.type != "disabled"
+        rendered = svc.render(to_turns(body), tools, thinking)
+        prompt = rendered.token_ids
+        params = svc.params(
+            len(prompt),
+            body.max_tokens,
+            stop_token_ids=svc.chat.stop_token_ids,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+        )
+    except BaseException:
+        release(reservations)
+        raise
+    (gen,) = await svc.launch(
+        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
+    )
+    builder = MessageBuilder(svc, len(prompt), gen)
+    if body.stream:
+        return SSEResponse(builder.stream(), on_close=gen.cancel)
+    return JSONResponse(await until_disconnect(request, builder.collect()))
+
+
+class MessageBuilder:
+    """Turns deltas into content blocks; renders SSE events or the final message."""
+
+    def __init__(self, svc: Service, input_tokens: int, gen: Generation) -> None:
+        self.svc = svc
+        self.gen = gen
+        self.input_tokens = input_tokens
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.blocks: list[dict[str, Any]] = []
+        self.open_kind: str | None = None
+        self.tool_json: dict[int, str] = {}
+        self.call_blocks: dict[int, int] = {}
+
+    def message(self, finish: Finish | None) -> dict[str, Any]:
+        has_tools = any(b["type"] == "tool_use" for b in self.blocks)
+        matched = self.gen.stops.matched
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.svc.model,
+            "content": self.blocks,
+            "stop_reason": None if finish is None else stop_reason(finish, matched, has_tools),
+            "stop_sequence": matched,
+            "usage": usage(finish, self.input_tokens),
+        }
+
+    def _open(self, block: dict[str, Any]) -> Iterator[str]:
+        yield from self._close()
+        self.blocks.append(block)
+        self.open_kind = block["type"]
+        start = dict(block)
+        if block["type"] == "tool_use":
+            start["input"] = {}
+        yield sse(
+            {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": start},
+            event="content_block_start",
+        )
+
+    def _close(self) -> Iterator[str]:
+        if self.open_kind is None:
+            return
+        index = len(self.blocks) - 1
+        block = self.blocks[index]
+        if block["type"] == "tool_use":
+            raw = self.tool_json.get(index, "") or "{}"
+            try:
+                block["input"] = json.loads(raw)
+            except ValueError:
+                block["input"] = {"_raw": raw}
+        if block["type"] == "thinking":
+            yield self._delta(index, {"type": "signature_delta", "signature": ""})
+        self.open_kind = None
+        yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> str:
+        return sse(
+            {"type": "content_block_delta", "index": index, "delta": delta},
+            event="content_block_delta",
+        )
+
+    def _apply(self, d: Delta) -> Iterator[str]:
+        if isinstance(d, TextDelta) and d.text:
+            if self.open_kind != "text":
+                yield from self._open({"type": "text", "text": ""})
+            self.blocks[-1]["text"] += d.text
+            yield self._delta(len(self.blocks) - 1, {"type": "text_delta", "text": d.text})
+        elif isinstance(d, ReasoningDelta) and d.text:
+            if self.open_kind != "thinking":
+                yield from self._open({"type": "thinking", "thinking": "", "signature": ""})
+            self.blocks[-1]["thinking"] += d.text
+            yield self._delta(len(self.blocks) - 1, {"type": "thinking_delta", "thinking": d.text})
+        elif isinstance(d, ToolCallStart):
+            yield from self._open({"type": "tool_use", "id": d.id, "name": d.name, "input": {}})
+            self.call_blocks[d.index] = len(self.blocks) - 1
+        elif (
+            isinstance(d, ToolCallArgsDelta)
+            and self.call_blocks.get(d.index) == len(self.blocks) - 1
+        ):
+            index = len(self.blocks) - 1
+            self.tool_json[index] = self.tool_json.get(index, "") + d.fragment
+            yield self._delta(index, {"type": "input_json_delta", "partial_json": d.fragment})
+
+    def _frames(self, up: Update) -> Iterator[str]:
+        for d in up.deltas:
+            yield from self._apply(d)
+        if up.finish is not None:
+            yield from self._close()
+
+    async def stream(self) -> AsyncIterator[str]:
+        start = self.message(None)
+        start["content"] = []
+        yield sse({"type": "message_start", "message": start}, event="message_start")
+        yield sse({"type": "ping"}, event="ping")
+        async for up in self.gen.updates():
+            for frame in self._frames(up):
+                yield frame
+            if up.finish is None:
+                continue
+            if up.finish.reason == "error":
+                err = {"type": "api_error", "message": up.finish.error or "generation failed"}
+                yield sse({"type": "error", "error": err}, event="error")
+                return
+            final = self.message(up.finish)
+            delta = {"stop_reason": final["stop_reason"], "stop_sequence": final["stop_sequence"]}
+            yield sse(
+                {"type": "message_delta", "delta": delta, "usage": final["usage"]},
+                event="message_delta",
+            )
+            yield sse({"type": "message_stop"}, event="message_stop")
+
+    async def collect(self) -> dict[str, Any]:
+        final: dict[str, Any] = {}
+        async for up in self.gen.updates():
+            for _ in self._frames(up):
+                pass
+            if up.finish is not None:
+                if up.finish.reason == "error":
+                    raise ApiError(503, up.finish.error or "generation failed")
+                final = self.message(up.finish)
+        return final

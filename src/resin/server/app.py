@@ -1,0 +1,191 @@
+"""`HttpServer`: the FastAPI app, the engine actor and uvicorn, wired together.
+
+```python
+server = HttpServer(engine, recipe, tokenizer=tok, model="smollm2")
+server.serve()          # blocks; SIGTERM or server.shutdown() stops it cleanly
+```
+Shutdown order: stop intake (new requests get 503), abort open requests, let the actor finish
+its current step and drain, end open streams with their final events, then stop listening.
+If the actor dies, requests get 503 and the listener stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
+from resin.server.actor import EngineActor
+from resin.server.asgi import ClientDisconnected, GuardMiddleware
+from resin.server.errors import (
+    ApiError,
+    api_error_handler,
+    disconnected_handler,
+    http_error_handler,
+    unhandled_error_handler,
+    validation_error_handler,
+)
+from resin.server.metrics import ServerMetrics
+from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
+from resin.server.service import Service
+
+log = logging.getLogger("resin.server")
+
+
+class HttpServer:
+    """An OpenAI/Anthropic-compatible HTTP server around one engine."""
+
+    def __init__(
+        self,
+        engine: EngineLike,
+        recipe: Any,
+        *,
+        tokenizer: TokenizerLike | None = None,
+        model: str = "resin",
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        stream_interval: int = 4,
+        request_queue_capacity: int = 1024,
+        max_active: int = 128,
+        admissions_per_step: int = 4,
+        client_buffer: int = 64,
+        max_body_bytes: int = 4 * 1024 * 1024,
+        context_length: int | None = None,
+    ) -> None:
+        chat = as_chat_format(recipe)
+        tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
+        self.host = host
+        self.port = port
+        self.engine = engine
+        self._uvicorn: Any = None
+        self.actor = EngineActor(
+            engine,
+            queue_capacity=request_queue_capacity,
+            max_active=max_active,
+            admissions_per_step=admissions_per_step,
+            stream_capacity=client_buffer,
+            on_death=self._on_death,
+        )
+        self.metrics = ServerMetrics(
+            running=lambda: float(engine.num_running),
+            waiting=lambda: float(engine.num_waiting + self.actor.queued),
+            cache_usage=lambda: float(getattr(engine, "kv_cache_usage", 0.0)),
+            engine_render=_engine_exporter(engine, model),
+        )
+        self.service = Service(
+            self.actor,
+            chat,
+            tokenizer,
+            model,
+            context_length or engine.context_length,
+            stream_interval,
+            self.metrics,
+        )
+        self.app = GuardMiddleware(self._build_app(), api_key, max_body_bytes)
+        self.ready = threading.Event()
+
+    def _build_app(self) -> FastAPI:
+        @asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            self.actor.start(asyncio.get_running_loop())
+            self.ready.set()
+            yield
+            await asyncio.to_thread(self.actor.stop)
+            await asyncio.sleep(0)  # let the actor's last deliveries reach their streams
+
+        app = FastAPI(title="Resin", version="0.1.0", lifespan=lifespan)
+        app.state.service = self.service
+        app.add_exception_handler(ApiError, api_error_handler)
+        app.add_exception_handler(ClientDisconnected, disconnected_handler)
+        app.add_exception_handler(RequestValidationError, validation_error_handler)
+        app.add_exception_handler(HTTPException, http_error_handler)
+        app.add_exception_handler(Exception, unhandled_error_handler)
+        for module in (openai_chat, openai_completions, responses, anthropic_messages, misc):
+            app.include_router(module.router)
+        app.mount("/static", StaticFiles(directory=misc.STATIC), name="static")
+        return app
+
+    def config(self, **overrides: Any) -> Any:
+        import uvicorn
+
+        kwargs: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "log_level": "warning",
+            "timeout_graceful_shutdown": 10,
+            "backlog": 4096,
+            "limit_concurrency": None,
+        }
+        kwargs.update(overrides)
+        return uvicorn.Config(self.app, **kwargs)
+
+    def make_uvicorn(self, **uvicorn_overrides: Any) -> Any:
+        """A uvicorn server whose SIGTERM/SIGINT handling runs `shutdown()` first."""
+        import uvicorn
+
+        owner = self
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                owner.actor.request_stop()
+                super().handle_exit(sig, frame)
+
+        self._uvicorn = _Server(self.config(**uvicorn_overrides))
+        return self._uvicorn
+
+    def serve(self, **uvicorn_overrides: Any) -> None:
+        """Run until SIGTERM/SIGINT or `shutdown()` (blocks the calling thread)."""
+        self.make_uvicorn(**uvicorn_overrides).run()
+
+    def shutdown(self) -> None:
+        """Stop intake, end open requests (their streams finish cleanly), stop listening.
+
+        Safe from any thread. The actor finishes its current step, aborts what is left and
+        delivers the final events; uvicorn then closes the drained connections."""
+        self.actor.request_stop()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+
+    def _on_death(self) -> None:
+        log.error("engine actor died (%s); stopping the listener", self.actor.error)
+        if self._uvicorn is not None:
+            loop = asyncio.get_running_loop()
+            # Answer in-flight requests with 503 for a moment, then stop listening.
+            loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
+
+
+def _engine_exporter(engine: EngineLike, model: str) -> Callable[[], bytes] | None:
+    """The engine's own Prometheus exporter when it keeps metrics (the real engine does)."""
+    if getattr(engine, "metrics", None) is None:
+        return None
+    try:
+        from resin.metrics.prometheus import PrometheusExporter
+    except ImportError:
+        return None
+    exporter = PrometheusExporter(engine, model_name=model)  # type: ignore[arg-type]
+    render: Callable[[], bytes] = exporter.render
+    return render
+
+
+def as_chat_format(recipe: Any) -> ChatFormat:
+    """A `resin.recipe` Recipe is adapted; anything else must already be a ChatFormat."""
+    from resin.recipe import Recipe
+
+    if isinstance(recipe, Recipe):
+        from resin.server.recipe_adapter import RecipeChatFormat
+
+        return RecipeChatFormat(recipe)
+    chat: ChatFormat = recipe
+    return chat

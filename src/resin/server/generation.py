@@ -1,0 +1,245 @@
+"""One engine request seen from an HTTP handler: events in, typed updates out.
+
+`Generation.updates()` turns the actor's event batches into `Update`s: parser deltas with stop
+strings applied to the visible text (a partial match is held back), token ids with their
+logprobs, and at the end one `Finish`. Leaving the iterator early (client gone, stop string
+hit, handler error) aborts the engine request, so its pages are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from resin.events import FinishedEvent, FinishReason, TokensEvent, TopLogprob
+from resin.server.actor import EngineActor
+from resin.server.errors import ApiError
+from resin.server.ports import Delta, OutputParser, TextDelta
+from resin.server.stream import RequestStream, StreamError
+from resin.server.text import StopMatcher
+
+FinishName = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: FinishName
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Update:
+    deltas: list[Delta] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None
+    finish: Finish | None = None
+
+
+class Generation:
+    """Consumes one RequestStream. Use `async for update in gen.updates()` exactly once."""
+
+    def __init__(
+        self,
+        actor: EngineActor,
+        stream: RequestStream,
+        prompt_len: int,
+        parser: OutputParser,
+        stops: Sequence[str] = (),
+        stream_interval: int = 1,
+        on_finish: Callable[[Finish, float | None, float], None] | None = None,
+    ) -> None:
+        self.actor = actor
+        self.stream = stream
+        self.prompt_len = prompt_len
+        self.parser = parser
+        self.stops = StopMatcher(stops)
+        self.stream_interval = max(1, stream_interval)
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.done = False
+        self.on_finish = on_finish
+        self.started_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self._first: list[TokensEvent | FinishedEvent] | None = None
+
+    async def start(self) -> None:
+        """Wait for the first batch so an engine refusal becomes an HTTP error, not a stream."""
+        item = await self.stream.get()
+        if isinstance(item, StreamError):
+            self.done = True
+            raise ApiError(item.status if item.status != 499 else 503, item.message)
+        self._first = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
+
+    def cancel(self) -> None:
+        """Abort the engine request unless it already finished (idempotent)."""
+        if not self.done:
+            self.done = True
+            self.actor.abort(self.stream)
+
+    async def updates(self) -> AsyncIterator[Update]:
+        try:
+            async for update in self._coalesced():
+                yield update
+        finally:
+            self.cancel()
+
+    async def _coalesced(self) -> AsyncIterator[Update]:
+        pending = Update()
+        sent_first = False
+        async for update in self._raw():
+            _merge(pending, update)
+            ready = len(pending.token_ids) >= self.stream_interval or not sent_first
+            if ready or pending.finish is not None:
+                sent_first = True
+                yield pending
+                pending = Update()
+
+    async def _raw(self) -> AsyncIterator[Update]:
+        batch = self._first
+        self._first = None
+        while True:
+            if batch is None:
+                item = await self.stream.get()
+                if isinstance(item, StreamError):
+                    yield self._finish_update([], "error", item.message)
+                    return
+                batch = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
+            for event in batch:
+                if isinstance(event, FinishedEvent):
+                    yield self._finish_update([], _reason(event.reason), event.error)
+                    return
+                update = self._on_tokens(event)
+                if self.stops.hit:
+                    yield self._finish_update(update.deltas, "stop", None, update)
+                    return
+                yield update
+            batch = None
+
+    def _on_tokens(self, event: TokensEvent) -> Update:
+        self.completion_tokens += len(event.token_ids)
+        if self.first_token_at is None and event.token_ids:
+            self.first_token_at = time.perf_counter()
+        self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
+        update = Update(token_ids=list(event.token_ids))
+        update.deltas = self._visible(self.parser.feed(event.token_ids))
+        if event.logprobs is not None:
+            tops = event.top_logprobs or tuple(() for _ in event.token_ids)
+            update.logprobs = [
+                TokenLogprob(t, lp, top)
+                for t, lp, top in zip(event.token_ids, event.logprobs, tops, strict=False)
+            ]
+        if event.prompt_logprobs is not None:
+            ptops = event.prompt_top_logprobs or tuple(() for _ in event.prompt_logprobs)
+            update.prompt_logprobs = [
+                TokenLogprob(-1, lp, top)
+                for lp, top in zip(event.prompt_logprobs, ptops, strict=False)
+            ]
+        return update
+
+    def _visible(self, deltas: list[Delta]) -> list[Delta]:
+        out: list[Delta] = []
+        for d in deltas:
+            if self.stops.hit:
+                break
+            if isinstance(d, TextDelta):
+                text, _ = self.stops.push(d.text)
+                if text:
+                    out.append(TextDelta(text))
+            else:
+                out.append(d)
+        return out
+
+    def _finish_update(
+        self,
+        deltas: list[Delta],
+        reason: FinishName,
+        error: str | None,
+        base: Update | None = None,
+    ) -> Update:
+        update = base or Update()
+        if not self.stops.hit:
+            deltas = deltas + self._visible(self.parser.finish())
+            tail = self.stops.flush()
+            if tail:
+                deltas.append(TextDelta(tail))
+        update.deltas = deltas
+        if self.stops.hit:
+            reason = "stop"
+            self.actor.abort(self.stream)
+        self.done = True
+        update.finish = Finish(
+            reason, self.prompt_len, self.completion_tokens, self.cached_tokens, error
+        )
+        if self.on_finish is not None:
+            now = time.perf_counter()
+            ttft = None if self.first_token_at is None else self.first_token_at - self.started_at
+            self.on_finish(update.finish, ttft, now - self.started_at)
+        return update
+
+
+def _merge(into: Update, new: Update) -> None:
+    into.deltas.extend(new.deltas)
+    into.token_ids.extend(new.token_ids)
+    into.logprobs.extend(new.logprobs)
+    if new.prompt_logprobs is not None:
+        into.prompt_logprobs = new.prompt_logprobs
+    into.finish = new.finish or into.finish
+
+
+def _reason(reason: FinishReason) -> FinishName:
+    return reason.value
+
+
+def merge_text(deltas: Sequence[Delta]) -> str:
+    return "".join(d.text for d in deltas if isinstance(d, TextDelta))
+
+
+async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, Update]]:
+    """Interleave the updates of several generations (n > 1) as they arrive."""
+    if len(gens) == 1:
+        async for update in gens[0].updates():
+            yield 0, update
+        return
+    queue: asyncio.Queue[tuple[int, Update | None]] = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        try:
+            async for update in gen.updates():
+                await queue.put((i, update))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        open_count = len(gens)
+        while open_count:
+            i, item = await queue.get()
+            if item is None:
+                open_count -= 1
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for g in gens:
+            g.cancel()
+
+
+def cancel_all(gens: Sequence[Generation]) -> None:
+    for g in gens:
+        g.cancel()

@@ -1,0 +1,119 @@
+"""Build what `resin serve` serves: engine + chat format + tokenizer, from a checkpoint or
+the default model, with a tqdm progress bar; or the zero-cost fake for load testing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    checkpoint: str | None = None
+    model: str | None = None
+    device: str = "cpu"
+    context_length: int | None = None
+    prefix_cache: bool = True
+    recipe: str | None = None
+    fake: bool = False
+
+
+@dataclass(frozen=True)
+class Loaded:
+    engine: EngineLike
+    chat: ChatFormat
+    tokenizer: TokenizerLike
+    name: str
+    context_length: int
+
+
+def load(options: LoadOptions, progress: bool = True) -> Loaded:
+    if options.fake:
+        return load_fake(options.context_length or 4096, options.prefix_cache)
+    from tqdm import tqdm
+
+    steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine"]
+    with tqdm(total=len(steps), desc="loading", disable=not progress, unit="step") as bar:
+        bar.set_postfix_str(steps[0])
+        from resin_models_torch.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+
+        folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
+        bar.update()
+        bar.set_postfix_str(steps[1])
+        from resin_models_torch.registry import load_runner
+
+        runner = load_runner(folder, device=options.device)
+        bar.update()
+        bar.set_postfix_str(steps[2])
+        from resin.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_dir(folder)
+        chat = chat_format(tokenizer, options.recipe)
+        bar.update()
+        bar.set_postfix_str(steps[3])
+        from resin.engine import Engine
+
+        context = context_length_of(folder, options.context_length)
+        real = Engine(runner, prefix_cache=options.prefix_cache, context_length=context)
+        engine = cast(EngineLike, cast(object, real))
+        bar.update()
+    name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
+    name = name or DEFAULT_MODEL_NAME
+    return Loaded(engine, chat, tokenizer, name, context)
+
+
+def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
+    """A native recipe when `resin.recipe` has one for this tokenizer, else the template."""
+    try:
+        from resin.server.recipe_adapter import RecipeChatFormat
+    except ImportError:
+        RecipeChatFormat = None  # type: ignore[assignment,misc]
+    if RecipeChatFormat is not None:
+        try:
+            return RecipeChatFormat.load(tokenizer, recipe)
+        except (LookupError, ValueError):
+            pass
+    from resin.server.adapters import TemplateChatFormat
+
+    return TemplateChatFormat(tokenizer)
+
+
+def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
+    """The real engine with a zero-cost runner when the engine is available, else the
+    scripted `FakeEngine` (which also answers in a more readable way)."""
+    from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine, ZeroCostRunner
+
+    tok = ByteTokenizer()
+    engine: EngineLike
+    try:
+        from resin.engine import Engine
+
+        real: object = Engine(
+            ZeroCostRunner(),
+            context_length=context_length,
+            prefix_cache=prefix_cache,
+            max_sequences=512,
+        )
+        engine = cast(EngineLike, real)
+    except NotImplementedError:
+        engine = FakeEngine(context_length=context_length, max_sequences=512)
+    return Loaded(engine, ChatMLFormat(tok), tok, "fake", context_length)
+
+
+def _name_of(folder: str) -> str:
+    return folder.rstrip("/").rsplit("/", 1)[-1] or "resin"
+
+
+def context_length_of(folder: Any, requested: int | None) -> int:
+    """The checkpoint's trained context (config.json), or less when asked."""
+    import json
+    from pathlib import Path
+
+    config = Path(folder) / "config.json"
+    trained = None
+    if config.is_file():
+        trained = json.loads(config.read_text(encoding="utf-8")).get("max_position_embeddings")
+    limit = int(trained) if isinstance(trained, int) and trained > 0 else 32768
+    return min(requested, limit) if requested else limit

@@ -1,0 +1,68 @@
+"""GET /v1/models, /health, /metrics and the chat page at `/`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from starlette.responses import FileResponse, JSONResponse, Response
+
+from resin.server.service import Service
+
+router = APIRouter()
+STATIC = Path(__file__).parent / "static"
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    svc: Service = request.app.state.service
+    card = {
+        "id": svc.model,
+        "object": "model",
+        "created": svc.started,
+        "owned_by": "resin",
+        "max_model_len": svc.context_length,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request) -> JSONResponse:
+    svc: Service = request.app.state.service
+    svc.check_model(model_id)
+    card = {"id": svc.model, "object": "model", "created": svc.started, "owned_by": "resin"}
+    return JSONResponse(card)
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while the engine actor lives; 503 once it died or the server is stopping."""
+    svc: Service = request.app.state.service
+    ok = svc.actor.alive
+    body = {"status": "ok" if ok else "unavailable", "queued": svc.actor.queued}
+    if svc.actor.error:
+        body["error"] = svc.actor.error
+    return JSONResponse(body, 200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    svc: Service = request.app.state.service
+    return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers=_PAGE_HEADERS)
+
+
+# The page only loads its own scripts: a reply that smuggles in a <script> or an inline
+# event handler cannot run even if the renderer missed it.
+_PAGE_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; object-src 'none'; "
+        "base-uri 'none'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+}

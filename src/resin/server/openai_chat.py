@@ -1,0 +1,283 @@
+"""POST /v1/chat/completions: stream and not, n, stop strings, logprobs, tools, reasoning."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from resin.server.asgi import SSEResponse, sse, until_disconnect
+from resin.server.errors import ApiError
+from resin.server.generation import (
+    Finish,
+    Generation,
+    TokenLogprob,
+    Update,
+    cancel_all,
+    merged,
+)
+from resin.server.ports import (
+    ChatTurn,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallItem,
+    ToolCallStart,
+    ToolSpec,
+)
+from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
+from resin.server.service import Service, release
+
+router = APIRouter()
+
+
+def message_text(content: str | list[ContentPart] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.type not in ("text", "input_text", "output_text") or part.text is None:
+            raise ApiError(400, f"content part type {part.type!r} is not supported", where)
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def to_turns(messages: Sequence[ChatMessageIn]) -> list[ChatTurn]:
+    turns = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        calls = tuple(
+            ToolCallItem(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()
+        )
+        turns.append(
+            ChatTurn(
+                role,
+                message_text(m.content, f"messages.{i}.content"),
+                m.reasoning_content or "",
+                calls,
+                m.tool_call_id or "",
+            )
+        )
+    return turns
+
+
+def tools_of(body: ChatCompletionRequest) -> list[ToolSpec]:
+    if not body.tools or body.tool_choice == "none":
+        return []
+    return [
+        ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in body.tools
+    ]
+
+
+def enable_thinking(body: ChatCompletionRequest) -> bool | None:
+    kwargs = body.chat_template_kwargs or {}
+    if "enable_thinking" in kwargs:
+        return bool(kwargs["enable_thinking"])
+    if body.reasoning_effort is not None:
+        return body.reasoning_effort not in ("none", "minimal")
+    return None
+
+
+def usage(finishes: Sequence[Finish]) -> dict[str, Any]:
+    prompt = finishes[0].prompt_tokens if finishes else 0
+    completion = sum(f.completion_tokens for f in finishes)
+    cached = max((f.cached_tokens for f in finishes), default=0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def logprob_entries(svc: Service, items: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    out = []
+    for item in items:
+        text = svc.token_text(item.token_id)
+        tops = [
+            {
+                "token": (t := svc.token_text(top.token_id)),
+                "logprob": top.logprob,
+                "bytes": list(t.encode()),
+            }
+            for top in item.top
+        ]
+        out.append(
+            {
+                "token": text,
+                "logprob": item.logprob,
+                "bytes": list(text.encode()),
+                "top_logprobs": tops,
+            }
+        )
+    return out
+
+
+def finish_name(finish: Finish, has_tools: bool) -> str:
+    if finish.reason == "stop" and has_tools:
+        return "tool_calls"
+    return "stop" if finish.reason in ("abort", "error") else finish.reason
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    svc: Service = request.app.state.service
+    svc.check_model(body.model)
+    stops = body.stop_strings()
+    svc.check_stops(stops)
+    reservations = svc.reserve(body.n)
+    try:
+        tools = tools_of(body)
+        rendered = svc.render(to_turns(body.messages), tools, enable_thinking(body))
+        prompt = rendered.token_ids
+        top = body.top_logprobs or 0
+        params = svc.params(
+            len(prompt),
+            body.max_completion_tokens or body.max_tokens,
+            stop_token_ids=svc.chat.stop_token_ids,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            min_p=body.min_p,
+            seed=body.seed,
+            logprobs=top if body.logprobs else None,
+            min_tokens=body.min_tokens,
+            ignore_eos=body.ignore_eos,
+        )
+    except BaseException:
+        release(reservations)
+        raise
+    gens = await svc.launch(
+        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
+    )
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        stream = _stream(svc, gens, rid, body.logprobs, include_usage)
+        return SSEResponse(stream, on_close=lambda: cancel_all(gens))
+    return JSONResponse(await until_disconnect(request, _collect(svc, gens, rid, body.logprobs)))
+
+
+async def _collect(
+    svc: Service, gens: list[Generation], rid: str, want_logprobs: bool
+) -> dict[str, Any]:
+    texts = [""] * len(gens)
+    reasoning = [""] * len(gens)
+    calls: list[dict[int, dict[str, Any]]] = [{} for _ in gens]
+    lps: list[list[TokenLogprob]] = [[] for _ in gens]
+    finishes: list[Finish | None] = [None] * len(gens)
+    async for i, up in merged(gens):
+        for d in up.deltas:
+            if isinstance(d, TextDelta):
+                texts[i] += d.text
+            elif isinstance(d, ReasoningDelta):
+                reasoning[i] += d.text
+            elif isinstance(d, ToolCallStart):
+                calls[i][d.index] = {
+                    "id": d.id,
+                    "type": "function",
+                    "function": {"name": d.name, "arguments": ""},
+                }
+            elif isinstance(d, ToolCallArgsDelta):
+                calls[i][d.index]["function"]["arguments"] += d.fragment
+        lps[i].extend(up.logprobs)
+        finishes[i] = up.finish or finishes[i]
+    done = [f for f in finishes if f is not None]
+    if any(f.reason == "error" for f in done):
+        raise ApiError(
+            503, next(f.error or "generation failed" for f in done if f.reason == "error")
+        )
+    choices = []
+    for i, f in enumerate(finishes):
+        assert f is not None
+        message: dict[str, Any] = {"role": "assistant", "content": texts[i] or None}
+        if reasoning[i]:
+            message["reasoning_content"] = reasoning[i]
+        if calls[i]:
+            message["tool_calls"] = [calls[i][k] for k in sorted(calls[i])]
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": {"content": logprob_entries(svc, lps[i])} if want_logprobs else None,
+                "finish_reason": finish_name(f, bool(calls[i])),
+            }
+        )
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": svc.model,
+        "choices": choices,
+        "usage": usage(done),
+    }
+
+
+async def _stream(
+    svc: Service, gens: list[Generation], rid: str, want_logprobs: bool, include_usage: bool
+) -> AsyncIterator[str]:
+    created = int(time.time())
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": svc.model}
+    sent_role = [False] * len(gens)
+    has_calls = [False] * len(gens)
+    finishes: list[Finish] = []
+    async for i, up in merged(gens):
+        delta = _delta(up, sent_role[i], has_calls, i)
+        sent_role[i] = True
+        finish = None
+        if up.finish is not None:
+            finishes.append(up.finish)
+            finish = finish_name(up.finish, has_calls[i])
+            if up.finish.reason == "error":
+                yield sse(
+                    {
+                        "error": {
+                            "message": up.finish.error or "generation failed",
+                            "type": "server_error",
+                            "code": 503,
+                        }
+                    }
+                )
+        choice: dict[str, Any] = {
+            "index": i,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        if want_logprobs and up.logprobs:
+            choice["logprobs"] = {"content": logprob_entries(svc, up.logprobs)}
+        yield sse({**base, "choices": [choice]})
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": usage(finishes)})
+    yield sse("[DONE]")
+
+
+def _delta(up: Update, sent_role: bool, has_calls: list[bool], i: int) -> dict[str, Any]:
+    delta: dict[str, Any] = {} if sent_role else {"role": "assistant"}
+    text = "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
+    thought = "".join(d.text for d in up.deltas if isinstance(d, ReasoningDelta))
+    if text or not sent_role:
+        delta["content"] = text
+    if thought:
+        delta["reasoning_content"] = thought
+    calls: list[dict[str, Any]] = []
+    for d in up.deltas:
+        if isinstance(d, ToolCallStart):
+            has_calls[i] = True
+            calls.append(
+                {
+                    "index": d.index,
+                    "id": d.id,
+                    "type": "function",
+                    "function": {"name": d.name, "arguments": ""},
+                }
+            )
+        elif isinstance(d, ToolCallArgsDelta):
+            calls.append({"index": d.index, "function": {"arguments": d.fragment}})
+    if calls:
+        delta["tool_calls"] = calls
+    return delta

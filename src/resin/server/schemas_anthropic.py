@@ -1,0 +1,60 @@
+"""Typed request bodies of the Anthropic Messages route (unknown fields tolerated)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Block(Loose):
+    """A content block: text | tool_use | tool_result | thinking (others are refused)."""
+
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[Block] | None = None
+    thinking: str | None = None
+
+
+class MessageIn(Loose):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class ToolDefIn(Loose):
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolChoiceIn(Loose):
+    type: Literal["auto", "any", "tool", "none"] = "auto"
+    name: str | None = None
+
+
+class ThinkingIn(Loose):
+    type: Literal["enabled", "disabled", "adaptive"] = "disabled"
+    budget_tokens: int | None = None
+
+
+class MessagesRequest(Loose):
+    model: str
+    messages: list[MessageIn] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: str | list[Block] | None = None
+    stop_sequences: list[str] | None = Field(None, max_length=16)
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    tools: list[ToolDefIn] | None = None
+    tool_choice: ToolChoiceIn | None = None
+    thinking: ThinkingIn | None = None

@@ -1,0 +1,105 @@
+"""Typed request bodies of the OpenAI routes. Unknown fields are tolerated (load generators
+send `repetition_penalty` and friends); bounds keep one request from asking for too much."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 16
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(Loose):
+    type: str
+    text: str | None = None
+
+
+class FunctionCallIn(Loose):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(Loose):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessageIn(Loose):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(Loose):
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolIn(Loose):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(Loose):
+    name: str
+
+
+class NamedToolChoice(Loose):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class StreamOptions(Loose):
+    include_usage: bool = False
+
+
+class SamplingFields(Loose):
+    """Fields shared by chat and completions."""
+
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    n: int = Field(1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return stops
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    suffix: str | None = None

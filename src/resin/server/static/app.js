@@ -1,0 +1,145 @@
+// The chat page: streams /v1/chat/completions, renders Markdown + TeX safely, and shows
+// prompt / generated token counts, elapsed time and tokens per second under each reply.
+"use strict";
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const messagesEl = $("messages"), promptEl = $("prompt"), keyEl = $("api-key");
+  let history = [];
+  let controller = null;
+
+  keyEl.value = localStorage.getItem("resin-api-key") || "";
+  keyEl.addEventListener("change", () => { localStorage.setItem("resin-api-key", keyEl.value); loadModel(); });
+
+  function headers() {
+    const h = { "Content-Type": "application/json" };
+    if (keyEl.value) h["Authorization"] = `Bearer ${keyEl.value}`;
+    return h;
+  }
+
+  async function loadModel() {
+    try {
+      const r = await fetch("/v1/models", { headers: headers() });
+      const body = await r.json();
+      $("model").textContent = r.ok ? body.data[0].id : `(${body.error ? body.error.message : r.status})`;
+    } catch (e) { $("model").textContent = "(offline)"; }
+  }
+
+  function addMessage(role) {
+    const div = document.createElement("div");
+    div.className = `msg ${role}`;
+    const label = document.createElement("div");
+    label.className = "role";
+    label.textContent = role;
+    div.appendChild(label);
+    const body = document.createElement("div");
+    body.className = role === "user" ? "text" : "content";
+    div.appendChild(body);
+    messagesEl.appendChild(div);
+    messagesEl.scrollTop = messagesEl.scrollHeight;
+    return div;
+  }
+
+  function renderReply(div, state) {
+    let thought = div.querySelector("details");
+    if (state.reasoning && !thought) {
+      thought = document.createElement("details");
+      thought.innerHTML = "<summary>reasoning</summary><div class='reasoning'></div>";
+      div.insertBefore(thought, div.querySelector(".content"));
+    }
+    if (thought) thought.querySelector(".reasoning").textContent = state.reasoning;
+    div.querySelector(".content").innerHTML = window.renderMarkdown(state.text);
+  }
+
+  function showStats(div, state) {
+    let stats = div.querySelector(".stats");
+    if (!stats) { stats = document.createElement("div"); stats.className = "stats"; div.appendChild(stats); }
+    const now = performance.now();
+    const elapsed = (now - state.start) / 1000;
+    const decode = state.first ? (now - state.first) / 1000 : 0;
+    const rate = decode > 0 && state.generated > 1 ? (state.generated - 1) / decode : 0;
+    stats.textContent = `${state.prompt} prompt tokens · ${state.generated} generated · ` +
+      `${elapsed.toFixed(2)} s · ${rate.toFixed(1)} tok/s`;
+    stats.dataset.tokensPerSecond = rate.toFixed(3);
+  }
+
+  async function send(text) {
+    history.push({ role: "user", content: text });
+    addMessage("user").querySelector(".text").textContent = text;
+    const div = addMessage("assistant");
+    const state = { text: "", reasoning: "", prompt: 0, generated: 0, start: performance.now(), first: null };
+    controller = new AbortController();
+    $("send").hidden = true; $("stop").hidden = false;
+    let pending = false;
+    const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(() => { pending = false; renderReply(div, state); }); } };
+    try {
+      const r = await fetch("/v1/chat/completions", {
+        method: "POST", headers: headers(), signal: controller.signal,
+        body: JSON.stringify({
+          messages: history, stream: true, stream_options: { include_usage: true },
+          max_tokens: Number($("max-tokens").value) || 512,
+          temperature: Number($("temperature").value),
+        }),
+      });
+      if (!r.ok) {
+        const body = await r.json().catch(() => ({}));
+        throw new Error(body.error ? body.error.message : `HTTP ${r.status}`);
+      }
+      const reader = r.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const frame = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+          for (const line of frame.split("\n")) {
+            if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+            const chunk = JSON.parse(line.slice(6));
+            if (chunk.error) throw new Error(chunk.error.message);
+            if (chunk.usage) { state.prompt = chunk.usage.prompt_tokens; state.generated = chunk.usage.completion_tokens; }
+            for (const choice of chunk.choices || []) {
+              const d = choice.delta || {};
+              if (d.content || d.reasoning_content) {
+                if (state.first === null) state.first = performance.now();
+                state.text += d.content || "";
+                state.reasoning += d.reasoning_content || "";
+                if (!chunk.usage) state.generated += 1;
+              }
+            }
+            redraw();
+            showStats(div, state);
+          }
+        }
+      }
+      renderReply(div, state);
+      showStats(div, state);
+      history.push({ role: "assistant", content: state.text });
+    } catch (e) {
+      const err = document.createElement("div");
+      err.className = "error";
+      err.textContent = e.name === "AbortError" ? "(stopped)" : `Error: ${e.message}`;
+      div.appendChild(err);
+      if (state.text) history.push({ role: "assistant", content: state.text });
+    } finally {
+      controller = null;
+      $("send").hidden = false; $("stop").hidden = true;
+      messagesEl.scrollTop = messagesEl.scrollHeight;
+    }
+  }
+
+  $("composer").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const text = promptEl.value.trim();
+    if (!text || controller) return;
+    promptEl.value = "";
+    send(text);
+  });
+  promptEl.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
+  });
+  $("stop").addEventListener("click", () => controller && controller.abort());
+  $("new-chat").addEventListener("click", () => { history = []; messagesEl.textContent = ""; });
+  loadModel();
+})();

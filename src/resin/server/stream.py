@@ -1,0 +1,77 @@
+"""Per-request event buffer between the engine actor (producer) and one HTTP handler.
+
+Lives on the event loop: the actor hands over events with `loop.call_soon_threadsafe`, one
+batch per engine step. The buffer holds at most `capacity` batches; a client that falls that
+far behind is cut off (`overflowed`) and its request aborted, so a slow reader never makes the
+actor or other clients wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+from resin.events import Event, FinishedEvent
+
+
+@dataclass(frozen=True, slots=True)
+class StreamError:
+    """The request ended without a FinishedEvent: the engine died, refused it, or shut down."""
+
+    message: str
+    status: int = 503
+    """HTTP status to answer with if nothing was sent yet (400 = the engine refused the input)."""
+
+
+StreamItem = list[Event] | StreamError
+
+
+class ClientTooSlow(Exception):
+    """The handler fell more than `capacity` steps behind the engine."""
+
+
+class RequestStream:
+    """A bounded FIFO of event batches for one engine request; closes after its last item."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self.request_id: int | None = None  # written by the actor thread once submitted
+        self.cached_tokens = 0
+        self._items: deque[StreamItem] = deque()
+        self._ready = asyncio.Event()
+        self.overflowed = False
+        self.closed = False
+
+    def push(self, item: StreamItem) -> bool:
+        """Append one batch (event loop thread only). False when the reader is too slow."""
+        if self.closed:
+            return True
+        if isinstance(item, StreamError) or any(isinstance(e, FinishedEvent) for e in item):
+            self.closed = True
+        elif len(self._items) >= self.capacity:
+            self.overflowed = True
+            self.closed = True
+            self._ready.set()
+            return False
+        self._items.append(item)
+        self._ready.set()
+        return True
+
+    async def get(self) -> StreamItem:
+        """Everything buffered so far, as one batch (a StreamError comes alone, last).
+
+        Raises ClientTooSlow once the buffer overflowed."""
+        while not self._items:
+            if self.overflowed:
+                raise ClientTooSlow("client fell too far behind the engine")
+            self._ready.clear()
+            await self._ready.wait()
+        if isinstance(self._items[0], StreamError):
+            return self._items.popleft()
+        events: list[Event] = []
+        while self._items and not isinstance(self._items[0], StreamError):
+            head = self._items.popleft()
+            assert not isinstance(head, StreamError)
+            events.extend(head)
+        return events

@@ -1,0 +1,424 @@
+"""Zero-cost stand-ins for tests and load generation: a byte tokenizer, a ChatML-style chat
+format with `<think>` reasoning and `<tool_call>` JSON tool calls, and a scripted engine.
+
+`FakeEngine` honours the engine contract the server relies on (validation in `submit`, one
+`FinishedEvent` per request as its last event, abort, logprobs when asked, a block-aligned
+prefix cache so `cached_tokens` is visible) but computes nothing: each step appends the next
+token of a script chosen by `responder(prompt_ids)`, cycling when the script runs out.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from resin.events import Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
+from resin.params import SamplingParams
+from resin.server.ports import (
+    ChatTurn,
+    Delta,
+    ReasoningDelta,
+    RenderedPrompt,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolSpec,
+)
+
+SPECIAL_TOKENS = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|endoftext|>",
+)
+IM_START, IM_END, THINK, END_THINK, TOOL_CALL, END_TOOL_CALL, EOT = range(256, 263)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; the ChatML special tokens follow."""
+
+    vocab_size = 256 + len(SPECIAL_TOKENS)
+    eos_token_ids = (IM_END, EOT)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids: list[int] = []
+        i = 0
+        while i < len(text):
+            special = next((s for s in SPECIAL_TOKENS if text.startswith(s, i)), None)
+            if special is not None:
+                ids.append(256 + SPECIAL_TOKENS.index(special))
+                i += len(special)
+                continue
+            j = text.find("<", i + 1)
+            chunk = text[i:] if j < 0 else text[i:j]
+            ids.extend(chunk.encode("utf-8"))
+            i += len(chunk)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        out: list[str] = []
+        buf = bytearray()
+        for t in ids:
+            if t < 256:
+                buf.append(t)
+                continue
+            out.append(buf.decode("utf-8", errors="replace"))
+            buf.clear()
+            if not skip_special_tokens:
+                out.append(SPECIAL_TOKENS[t - 256])
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class ChatMLFormat:
+    """ChatML rendering; the answer may hold `<think>...</think>` and `<tool_call>{json}`."""
+
+    supports_tools = True
+    supports_reasoning = True
+
+    def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
+        self.tokenizer = tokenizer or ByteTokenizer()
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return (IM_END, EOT)
+
+    def render(
+        self,
+        turns: Sequence[ChatTurn],
+        tools: Sequence[ToolSpec] = (),
+        enable_thinking: bool | None = None,
+    ) -> RenderedPrompt:
+        parts: list[str] = []
+        if tools:
+            specs = [{"name": t.name, "parameters": t.parameters} for t in tools]
+            parts.append(f"<|im_start|>system\nTools: {json.dumps(specs)}<|im_end|>\n")
+        for turn in turns:
+            body = turn.content
+            for call in turn.tool_calls:
+                body += f'<tool_call>{{"name": "{call.name}", "arguments": {call.arguments}}}'
+                body += "</tool_call>"
+            parts.append(f"<|im_start|>{turn.role}\n{body}<|im_end|>\n")
+        parts.append("<|im_start|>assistant\n")
+        if enable_thinking is False:
+            parts.append("<think></think>")
+        text = "".join(parts)
+        return RenderedPrompt(self.tokenizer.encode(text), text)
+
+    def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> ChatMLParser:
+        return ChatMLParser()
+
+
+class ChatMLParser:
+    """Byte-level state machine: text, reasoning (in <think>), tool call (in <tool_call>)."""
+
+    def __init__(self) -> None:
+        self._mode = "text"
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._call = bytearray()
+        self._calls = 0
+
+    def feed(self, token_ids: Sequence[int]) -> list[Delta]:
+        deltas: list[Delta] = []
+        for t in token_ids:
+            if t < 256 and self._mode == "call":
+                self._call.append(t)
+            elif t < 256:
+                text = self._decoder.decode(bytes([t]))
+                if text:
+                    deltas.append(
+                        ReasoningDelta(text) if self._mode == "think" else TextDelta(text)
+                    )
+            elif t == THINK:
+                self._mode = "think"
+            elif t in (END_THINK, TOOL_CALL):
+                self._mode = "call" if t == TOOL_CALL else "text"
+            elif t == END_TOOL_CALL:
+                deltas.extend(self._end_call())
+        return deltas
+
+    def _end_call(self) -> list[Delta]:
+        self._mode = "text"
+        raw = self._call.decode("utf-8", errors="replace")
+        self._call.clear()
+        try:
+            obj = json.loads(raw)
+            name, args = str(obj["name"]), json.dumps(obj.get("arguments", {}))
+        except (ValueError, KeyError, TypeError):
+            return [TextDelta(raw)]  # not a valid call: show it as text, lose nothing
+        index = self._calls
+        self._calls += 1
+        return [
+            ToolCallStart(index, f"call_{index}_{abs(hash(raw)) % 10**8}", name),
+            ToolCallArgsDelta(index, args),
+            ToolCallEnd(index),
+        ]
+
+    def finish(self) -> list[Delta]:
+        tail = self._decoder.decode(b"", final=True)
+        out: list[Delta] = [TextDelta(tail)] if tail else []
+        if self._mode == "call" and self._call:
+            out.append(TextDelta(self._call.decode("utf-8", errors="replace")))
+        return out
+
+
+def echo_responder(tokenizer: ByteTokenizer) -> Callable[[Sequence[int]], list[int]]:
+    """Answer "You said: <last user message>" then end the turn."""
+
+    def respond(prompt: Sequence[int]) -> list[int]:
+        starts = [i for i, t in enumerate(prompt) if t == IM_START]
+        turn = list(prompt[starts[-2] :]) if len(starts) >= 2 else []
+        turn = turn[: turn.index(IM_END)] if IM_END in turn else turn
+        user = [t for t in turn if t < 256]
+        said = bytes(user).decode("utf-8", errors="replace").removeprefix("user\n")
+        return [*tokenizer.encode("You said: " + said.strip()), IM_END]
+
+    return respond
+
+
+def demo_responder(tokenizer: ByteTokenizer) -> Callable[[Sequence[int]], list[int]]:
+    """Echo, but show off the parser: a prompt with tools that mentions "weather" gets a tool
+    call; one that says "think" gets a reasoning block first; "math" gets Markdown + TeX."""
+    echo = echo_responder(tokenizer)
+
+    def respond(prompt: Sequence[int]) -> list[int]:
+        text = tokenizer.decode(prompt)
+        last = text.rsplit("<|im_start|>user", 1)[-1]
+        if "Tools:" in text and "weather" in last and "<|im_start|>tool" not in last:
+            call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+            return tokenizer.encode(f"<tool_call>{call}</tool_call><|im_end|>")
+        if "math" in last:
+            answer = "**Euler**: $e^{i\\pi} + 1 = 0$ and\n\n$$\\int_0^1 x\\,dx = \\tfrac12$$"
+            return tokenizer.encode(answer + "<|im_end|>")
+        if "think" in last and "<think></think>" not in text[-40:]:
+            return tokenizer.encode("<think>The user wants me to think.</think>") + echo(prompt)
+        return echo(prompt)
+
+    return respond
+
+
+class ZeroCostRunner:
+    """A runner for the real `resin.Engine` that computes nothing: every sampling row gets the
+    byte token for "a" (logprob 0 when asked). For serving benchmarks: all time measured is
+    engine + server overhead."""
+
+    def __init__(self, page_size: int = 16, num_pages: int | None = None) -> None:
+        import numpy as np
+
+        from resin.protocols import RunnerConfig
+
+        self.runner_config = RunnerConfig(
+            vocab_size=ByteTokenizer.vocab_size, page_size=page_size, num_pages=num_pages
+        )
+        self._np = np
+        self._tokens = np.full(1 << 16, ord("a"), dtype=np.uint32)
+
+    def forward(self, plan: Any) -> Any:
+        from resin.plan import ForwardOutput
+
+        np = self._np
+        rows = np.asarray(plan.sample_rows, dtype=bool)
+        indptr = np.zeros(rows.size + 1, dtype=np.uint32)
+        np.cumsum(rows, out=indptr[1:])
+        n = int(indptr[-1])
+        k = max(0, plan.sampling.max_logprobs)
+        pk = max(0, int(plan.sampling.prompt_logprobs.max(initial=-1)))
+        t = len(plan.input_ids)
+        return ForwardOutput(
+            self._tokens[:n],
+            indptr,
+            logprobs=np.zeros(n, dtype=np.float32),
+            top_ids=np.full((n, k), ord("a"), dtype=np.int32) if k else None,
+            top_logprobs=np.zeros((n, k), dtype=np.float32) if k else None,
+            prompt_logprobs=np.zeros(t, dtype=np.float32),
+            prompt_top_ids=np.full((t, pk), ord("a"), dtype=np.int32) if pk else None,
+            prompt_top_logprobs=np.zeros((t, pk), dtype=np.float32) if pk else None,
+        )
+
+
+@dataclass
+class _Seq:
+    id: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    script: list[int]
+    cached: int
+    out: list[int] = field(default_factory=list)
+    sent_first: bool = False
+
+
+@dataclass
+class FakeRequest:
+    id: int
+    cached_tokens: int = 0
+
+
+class FakeEngine:
+    """A scripted engine with the real engine's contract and no compute."""
+
+    def __init__(
+        self,
+        responder: Callable[[Sequence[int]], list[int]] | None = None,
+        *,
+        context_length: int = 4096,
+        vocab_size: int = ByteTokenizer.vocab_size,
+        max_sequences: int = 256,
+        step_delay: float = 0.0,
+        fail_at_step: int | None = None,
+        prefix_block: int = 16,
+    ) -> None:
+        self.responder = responder or demo_responder(ByteTokenizer())
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        self.max_sequences = max_sequences
+        self.step_delay = step_delay
+        self.fail_at_step = fail_at_step
+        self.prefix_block = prefix_block
+        self.steps = 0
+        self._next_id = 0
+        self._waiting: list[_Seq] = []
+        self._running: dict[int, _Seq] = {}
+        self._finished: list[Event] = []
+        self._prefixes: set[tuple[int, ...]] = set()
+        self._owner: threading.Thread | None = None
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        held = sum(len(s.prompt) + len(s.out) for s in self._running.values())
+        return held / (self.context_length * self.max_sequences)
+
+    def submit(
+        self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None = None
+    ) -> FakeRequest:
+        self._check_thread()
+        prompt = tuple(int(t) for t in prompt_token_ids)
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if len(prompt) >= self.context_length:
+            raise ValueError(f"prompt has {len(prompt)} tokens; context is {self.context_length}")
+        if any(t < 0 or t >= self.vocab_size for t in prompt):
+            raise ValueError("token id out of the vocabulary")
+        params = sampling_params or SamplingParams()
+        script = self.responder(prompt) or [0]
+        seq = _Seq(self._next_id, prompt, params, script, self._cached_length(prompt))
+        self._next_id += 1
+        self._waiting.append(seq)
+        return FakeRequest(seq.id, seq.cached)
+
+    def _cached_length(self, prompt: tuple[int, ...]) -> int:
+        b = self.prefix_block
+        hit = 0
+        for end in range(b, len(prompt), b):
+            if prompt[:end] not in self._prefixes:
+                break
+            hit = end
+        for end in range(b, len(prompt) + 1, b):
+            self._prefixes.add(prompt[:end])
+        return hit
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self._finished)
+
+    def abort(self, request: FakeRequest | int) -> None:
+        self._check_thread()
+        rid = request if isinstance(request, int) else request.id
+        seq = self._running.pop(rid, None)
+        if seq is None:
+            seq = next((s for s in self._waiting if s.id == rid), None)
+            if seq is None:
+                return
+            self._waiting.remove(seq)
+        self._finish(seq, FinishReason.ABORT)
+
+    def _finish(self, seq: _Seq, reason: FinishReason) -> None:
+        self._finished.append(
+            FinishedEvent(seq.id, reason, len(seq.prompt), len(seq.out), seq.cached)
+        )
+
+    def step(self) -> list[Event]:
+        self._check_thread()
+        self.steps += 1
+        if self.fail_at_step is not None and self.steps >= self.fail_at_step:
+            raise RuntimeError("injected engine failure")
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        events, self._finished = self._finished, []
+        while self._waiting and len(self._running) < self.max_sequences:
+            seq = self._waiting.pop(0)
+            self._running[seq.id] = seq
+        for seq in list(self._running.values()):
+            events.extend(self._advance(seq))
+        return events
+
+    def _advance(self, seq: _Seq) -> list[Event]:
+        p = seq.params
+        token = seq.script[len(seq.out) % len(seq.script)]
+        seq.out.append(token)
+        event = TokensEvent(
+            seq.id,
+            (token,),
+            logprobs=(-0.5,) if p.logprobs is not None else None,
+            top_logprobs=(self._tops(token, p.logprobs),) if p.logprobs else None,
+            prompt_logprobs=self._prompt_logprobs(seq) if p.prompt_logprobs is not None else None,
+            prompt_top_logprobs=self._prompt_tops(seq) if p.prompt_logprobs else None,
+            cached_tokens=seq.cached,
+        )
+        seq.sent_first = True
+        stop = token in p.stop_token_ids and not p.ignore_stop_tokens
+        if stop and len(seq.out) >= p.min_output_tokens:
+            reason: FinishReason | None = FinishReason.STOP
+        elif (
+            len(seq.out) >= p.max_output_tokens
+            or len(seq.prompt) + len(seq.out) >= self.context_length
+        ):
+            reason = FinishReason.LENGTH
+        else:
+            reason = None
+        if reason is None:
+            return [event]
+        del self._running[seq.id]
+        done = FinishedEvent(seq.id, reason, len(seq.prompt), len(seq.out), seq.cached)
+        return [event, done]
+
+    def _tops(self, token: int, k: int | None) -> tuple[TopLogprob, ...]:
+        alts = [TopLogprob(token, -0.5)]
+        alts += [TopLogprob((token + i) % self.vocab_size, -1.0 - i) for i in range(1, k or 0)]
+        return tuple(alts)
+
+    def _prompt_logprobs(self, seq: _Seq) -> tuple[float, ...] | None:
+        return None if seq.sent_first else tuple(-1.0 for _ in seq.prompt[1:])
+
+    def _prompt_tops(self, seq: _Seq) -> tuple[tuple[TopLogprob, ...], ...] | None:
+        if seq.sent_first:
+            return None
+        return tuple(self._tops(t, seq.params.prompt_logprobs) for t in seq.prompt[1:])
+
+    def _check_thread(self) -> None:
+        # The real engine is not thread-safe; the fake enforces single-thread use so the
+        # server's tests catch a handler that touches the engine directly.
+        current = threading.current_thread()
+        if self._owner is None:
+            self._owner = current
+        elif self._owner is not current:
+            raise RuntimeError("FakeEngine used from two threads")
+
+    def close(self) -> None:
+        self._waiting.clear()
+        self._running.clear()

@@ -1,0 +1,82 @@
+"""What every reference model shares: cache-group assignment from layer kinds, the embedding /
+final norm / LM head frame, tied embeddings and final-logit softcapping."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from resin_models_torch.batch import CacheSpec, ConvSpec, KvSpec, LayerSlot, StepContext
+from resin_models_torch.config import ModelConfig
+
+
+def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[LayerSlot, ...]]:
+    """One cache group per layer kind present, in the order full, sliding, conv.
+
+    Every layer of a kind shares its group's pages (a page holds that group's layers).
+    """
+    specs: list[CacheSpec] = []
+    group_of: dict[str, int] = {}
+    for kind in ("full", "sliding", "conv"):
+        count = config.layer_types.count(kind)  # type: ignore[arg-type,unused-ignore]
+        if not count:
+            continue
+        group_of[kind] = len(specs)
+        if kind == "conv":
+            specs.append(ConvSpec(count, config.hidden_size, config.conv_kernel - 1))
+        else:
+            window = config.sliding_window if kind == "sliding" else None
+            specs.append(KvSpec(count, config.num_kv_heads, config.head_dim, window))
+    seen: dict[str, int] = {}
+    slots = []
+    for kind in config.layer_types:
+        slots.append(LayerSlot(group_of[kind], seen.get(kind, 0)))
+        seen[kind] = seen.get(kind, 0) + 1
+    return tuple(specs), tuple(slots)
+
+
+class Backbone(nn.Module):
+    """`model.*` in Hugging Face names: embeddings, a layer list and a final norm."""
+
+    def __init__(self, config: ModelConfig, layers: nn.ModuleList, norm: nn.Module) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = layers
+        self.norm = norm
+
+
+class CausalLM(nn.Module):
+    """Base of the reference models. Subclasses build `self.model` and implement `forward`.
+
+    `forward(input_ids [T], ctx) -> hidden [T, hidden]` (after the final norm);
+    `logits(hidden [N, hidden]) -> [N, vocab]` in float32.
+    """
+
+    model: Backbone
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.cache_specs, self.slots = assign_groups(config)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x: torch.Tensor = self.model.embed_tokens(input_ids)
+        if self.config.embed_scale != 1.0:
+            # Gemma scales in the weight dtype (sqrt(hidden) rounded to it), as HF does.
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        return x
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.lm_head if self.lm_head is not None else self.model.embed_tokens
+        weight: torch.Tensor = head.weight
+        logits = (hidden @ weight.T).float()
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

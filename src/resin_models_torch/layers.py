@@ -1,0 +1,201 @@
+"""Shared building blocks of the reference models: norms, rotary embeddings, MLPs, MoE, and the
+paged attention / short-conv operators that read and write the engine's cache through a step's
+`StepContext` (see `batch.py`).
+
+Shapes: T = flat query tokens of the step, H = heads, D = head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from resin_models_torch.batch import AttentionBatch, StateBatch
+from resin_models_torch.config import RopeConfig
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu": F.gelu,
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unsupported activation {name!r}")
+    return ACTIVATIONS[name]
+
+
+class RMSNorm(nn.Module):
+    """RMS norm in float32. `unit_offset` is Gemma's (1 + w) form (weights stored as w)."""
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies [D/2] of one rope config (default, linear or llama3 scaling)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.kind == "linear":
+        return inv_freq / rope.factor
+    if rope.kind == "llama3":
+        low_wavelen = rope.original_max_position / rope.low_freq_factor
+        high_wavelen = rope.original_max_position / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+class Rotary(nn.Module):
+    """Rotate-half rotary embedding; cos/sin are computed in float32 from absolute positions."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int) -> None:
+        super().__init__()
+        self.inv_freq: torch.Tensor
+        self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :].float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [T, D] (float32)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    return x * cos + rotated * sin
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), Hugging Face parameter names."""
+
+    def __init__(self, hidden: int, inner: int, act: str, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.act = activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class SparseMoe(nn.Module):
+    """Top-k routed experts: softmax over all experts in float32, keep the top k (optionally
+    renormalised), sum the chosen experts' outputs weighted by their routing probabilities."""
+
+    def __init__(
+        self, hidden: int, inner: int, num_experts: int, top_k: int, norm_topk: bool, act: str
+    ) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk = norm_topk
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = nn.ModuleList(GatedMLP(hidden, inner, act) for _ in range(num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        # One pass per expert that received tokens; the routing decides the work, not the batch.
+        for expert_id in torch.unique(chosen).tolist():
+            token_idx, slot = torch.where(chosen == expert_id)
+            y = self.experts[expert_id](x[token_idx]) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y)
+        return out
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Causal (or windowed) attention of this step's queries over cached + new keys.
+
+    q [T, Hq, D], k/v [T, Hkv, D] (after rope); `cache` is this layer's [pages, 2, page_size,
+    Hkv, D] view. Cached keys are gathered through the plan's page rows *before* the new K/V are
+    written to their append slots, so a slot reused within the step cannot corrupt a read.
+    Returns [T, Hq * D].
+    """
+    k_cached = cache[batch.cached_pages, 0, batch.cached_offsets]  # [B, C, Hkv, D]
+    v_cached = cache[batch.cached_pages, 1, batch.cached_offsets]
+    cache[batch.append_pages, 0, batch.append_offsets] = k.to(cache.dtype)
+    cache[batch.append_pages, 1, batch.append_offsets] = v.to(cache.dtype)
+    keys = torch.cat((k_cached.to(k.dtype), k[batch.query_index]), dim=1)  # [B, C+Q, Hkv, D]
+    values = torch.cat((v_cached.to(v.dtype), v[batch.query_index]), dim=1)
+    queries = q[batch.query_index]  # [B, Q, Hq, D]
+    groups = q.shape[1] // k.shape[1]
+    keys = keys.repeat_interleave(groups, dim=2)
+    values = values.repeat_interleave(groups, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~batch.mask[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = torch.nan_to_num(probs)  # padded query slots see no key at all
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, values)
+    return out[batch.token_rows, batch.token_cols].reshape(q.shape[0], -1)
+
+
+def short_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cache: torch.Tensor,
+    batch: StateBatch,
+) -> torch.Tensor:
+    """Depthwise causal conv over each row's tokens, continuing from its stored state.
+
+    x [T, C] (the conv input); weight [C, 1, K]; `cache` is this layer's [pages, C, K-1] view.
+    A row's state is its last K-1 conv inputs: read from `state_in` (zeros when -1), written to
+    `state_out` and to the requested checkpoint pages after everything was read.
+    """
+    padded = (x[batch.query_index] * batch.query_valid[..., None]).transpose(1, 2)  # [B, C, Q]
+    start = cache[batch.state_in.clamp(min=0)].to(x.dtype)
+    start = start * batch.has_state.to(x.dtype)[:, None, None]
+    full = torch.cat((start, padded), dim=-1)  # [B, C, K-1+Q]
+    out = F.conv1d(full, weight.to(x.dtype), bias, groups=x.shape[1])  # [B, C, Q]
+    channels = x.shape[1]
+    final = full.gather(-1, batch.final_window[:, None, :].expand(-1, channels, -1))
+    if batch.checkpoint_pages.numel():
+        windows = batch.checkpoint_window[:, None, :].expand(-1, channels, -1)
+        checkpoints = full[batch.checkpoint_rows].gather(-1, windows)
+        cache[batch.checkpoint_pages] = checkpoints.to(cache.dtype)
+    cache[batch.state_out] = final[batch.state_rows].to(cache.dtype)
+    return out.transpose(1, 2)[batch.token_rows, batch.token_cols]

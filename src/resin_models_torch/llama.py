@@ -1,0 +1,87 @@
+"""Llama-family decoder, driven by config fields: Llama 2/3 (llama3 rope scaling), Mistral
+(sliding window -> a Window group), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMS norm),
+SmolLM2 (tied embeddings). Parameter names are Hugging Face's, so checkpoints load unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from resin_models_torch.base import Backbone, CausalLM
+from resin_models_torch.batch import LayerSlot, StepContext
+from resin_models_torch.config import ModelConfig
+from resin_models_torch.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, paged_attention
+
+MlpFactory = Callable[[ModelConfig, int], nn.Module]
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, slot: LayerSlot) -> None:
+        super().__init__()
+        self.config = config
+        self.slot = slot
+        hidden, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(hidden, config.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * d, hidden, bias=config.o_bias)
+        self.q_norm = RMSNorm(d, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.norm_eps) if config.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, ctx: StepContext, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        t, d = x.shape[0], self.config.head_dim
+        q = self.q_proj(x).view(t, -1, d)
+        k = self.k_proj(x).view(t, -1, d)
+        v = self.v_proj(x).view(t, -1, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache, batch = ctx.attention(self.slot)
+        attn = paged_attention(q, k, v, cache, batch, self.config.scale)
+        out: torch.Tensor = self.o_proj(attn)
+        return out
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int, slot: LayerSlot, mlp: nn.Module) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.self_attn = LlamaAttention(config, slot)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = mlp
+
+    def forward(
+        self, x: torch.Tensor, ctx: StepContext, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cos, sin)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
+
+
+def dense_mlp(config: ModelConfig, index: int) -> nn.Module:
+    return GatedMLP(
+        config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias
+    )
+
+
+class LlamaForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig, mlp: MlpFactory = dense_mlp) -> None:
+        super().__init__(config)
+        layers = nn.ModuleList(
+            LlamaLayer(config, i, self.slots[i], mlp(config, i)) for i in range(config.num_layers)
+        )
+        self.model = Backbone(config, layers, RMSNorm(config.hidden_size, config.norm_eps))
+        self.rotary = Rotary(config.rope, config.head_dim)
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = self.embed(input_ids)
+        cos, sin = self.rotary.cos_sin(ctx.positions)
+        for layer in self.model.layers:
+            x = layer(x, ctx, cos, sin)
+        out: torch.Tensor = self.model.norm(x)
+        return out

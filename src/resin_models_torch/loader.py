@@ -1,0 +1,73 @@
+"""Load safetensors checkpoints (single file or sharded through model.safetensors.index.json)
+into a reference model whose parameters carry Hugging Face names.
+
+The name mapping is one function: a checkpoint name -> the model's name, or None to skip it
+(e.g. rotary buffers some exporters save). Loading is strict otherwise: a missing or unexpected
+tensor, or a shape mismatch, raises with the offending names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+NameMap = Callable[[str], str | None]
+
+
+def default_names(name: str) -> str | None:
+    """Skip non-parameter buffers; keep everything else unchanged."""
+    if name.endswith(("rotary_emb.inv_freq", ".embed_scale")):
+        return None
+    # Some multimodal exports nest the text model; accept the plain text layout only.
+    return name
+
+
+def checkpoint_files(folder: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder (sharded via its index when present)."""
+    root = Path(folder)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [root / name for name in sorted(set(weight_map.values()))]
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {root}")
+    return files
+
+
+def iter_tensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
+def load_weights(model: nn.Module, folder: str | Path, names: NameMap = default_names) -> None:
+    """Copy every checkpoint tensor into `model` (cast to each parameter's dtype/device)."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for raw_name, tensor in iter_tensors(folder):
+            name = names(raw_name)
+            if name is None:
+                continue
+            param = params.get(name)
+            if param is None:
+                unexpected.append(raw_name)
+                continue
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(f"{raw_name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+            param.copy_(tensor.to(dtype=param.dtype))
+            loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {folder} does not match the model: missing {missing[:8]}"
+            f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+        )

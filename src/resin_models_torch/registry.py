@@ -1,0 +1,90 @@
+"""Pick the reference model for a checkpoint's `model_type` and build a ready `TorchRunner`.
+
+`load_runner(folder)` reads a Hugging Face style folder (config.json + *.safetensors; the GGUF
+converter writes such folders too); `random_runner(config)` builds one with random weights for
+tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resin_models_torch.base import CausalLM
+from resin_models_torch.config import ModelConfig, load_config, parse_config
+from resin_models_torch.gemma3 import Gemma3ForCausalLM
+from resin_models_torch.layers import RMSNorm
+from resin_models_torch.lfm2 import Lfm2ForCausalLM
+from resin_models_torch.llama import LlamaForCausalLM
+from resin_models_torch.loader import load_weights
+from resin_models_torch.qwen3_moe import Qwen3MoeForCausalLM
+from resin_models_torch.runner import TorchRunner
+
+ARCHITECTURES: dict[str, Callable[[ModelConfig], CausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
+    "lfm2": Lfm2ForCausalLM,
+}
+
+
+def build_model(
+    config: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> CausalLM:
+    """An uninitialised-weights model of the right architecture on `device` in `dtype`."""
+    if config.model_type not in ARCHITECTURES:
+        raise ValueError(f"no reference model for model_type {config.model_type!r}")
+    with torch.device(device):
+        model = ARCHITECTURES[config.model_type](config)
+    return model.to(dtype=dtype)
+
+
+def load_model(
+    folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> CausalLM:
+    """Build the model for `folder` and load its weights (dtype defaults to float32 on CPU,
+    bfloat16 elsewhere)."""
+    config = load_config(folder)
+    if dtype is None:
+        dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    model = build_model(config, device, dtype)
+    load_weights(model, folder)
+    return model
+
+
+def load_runner(
+    folder: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    **runner_kwargs: Any,
+) -> TorchRunner:
+    """A `TorchRunner` for a checkpoint folder; `runner_kwargs` go to `TorchRunner`
+    (page_size, cache_bytes, num_pages, seed)."""
+    return TorchRunner(load_model(folder, device, dtype), **runner_kwargs)
+
+
+def random_runner(
+    config: ModelConfig | dict[str, Any],
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    **runner_kwargs: Any,
+) -> TorchRunner:
+    """A runner with random weights (normal, std 0.02; norms at identity) for tests."""
+    if isinstance(config, dict):
+        config = parse_config(config)
+    torch.manual_seed(seed)
+    model = build_model(config, device, dtype)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.02)
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.fill_(0.0 if module.unit_offset else 1.0)
+    return TorchRunner(model, **runner_kwargs)

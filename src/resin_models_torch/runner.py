@@ -1,0 +1,229 @@
+"""`TorchRunner`: runs any reference model (`CausalLM`) against the Engine's frozen plans.
+
+Life cycle: the engine reads `runner_config` (vocabulary, page size, cache groups with honest
+per-page byte counts, cache budget), sizes the one physical arena and calls `bind(layout)`
+once; the runner allocates ONE uint8 tensor of `num_pages * page_bytes` bytes and views it per
+group (KV: [pages, layers, 2, page_size, kv_heads, head_dim]; conv state: [pages, layers,
+channels, K-1]). Each `forward(plan)` does the plan's page copies first, runs the model on the
+step's flat tokens, samples the sampling rows and returns a `ForwardOutput`; device results
+reach the host in one transfer at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from resin.plan import BatchPlan, ForwardOutput
+from resin.protocols import CacheGroupSpec, CacheLayout, History, RunnerConfig, State, Window
+from resin_models_torch.base import CausalLM
+from resin_models_torch.batch import (
+    AttentionBatch,
+    CacheSpec,
+    KvSpec,
+    StateBatch,
+    StepContext,
+    attention_batch,
+    make_grid,
+    state_batch,
+)
+from resin_models_torch.sampler import Sampler
+
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStep:
+    """Debug record of one step (`record_logits=True`): logits [T, V] of every query token."""
+
+    step_id: int
+    sequence_ids: np.ndarray  # [T] request id of each token
+    positions: np.ndarray  # [T]
+    logits: torch.Tensor  # [T, V] float32, on the host
+
+
+class TorchRunner:
+    """A synchronous runner around a reference model. Not thread-safe (one engine drives it)."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        page_size: int = 16,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        num_pages: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        weight = model.model.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.page_size = page_size
+        self.cache_bytes = cache_bytes
+        self.num_pages = num_pages
+        self.sampler = Sampler(self.device, seed)
+        self.record_logits = False
+        self.recorded: list[RecordedStep] = []
+        self._arena: torch.Tensor | None = None
+        self._views: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def _group_bytes(self, spec: CacheSpec) -> int:
+        size = torch.tensor([], dtype=self.dtype).element_size()
+        if isinstance(spec, KvSpec):
+            return spec.num_layers * 2 * self.page_size * spec.num_kv_heads * spec.head_dim * size
+        return spec.num_layers * spec.channels * spec.width * size
+
+    def _group_spec(self, spec: CacheSpec) -> CacheGroupSpec:
+        nbytes = self._group_bytes(spec)
+        if not isinstance(spec, KvSpec):
+            return State(bytes_per_page=nbytes)
+        if spec.window is None:
+            return History(bytes_per_page=nbytes)
+        return Window(size=spec.window, bytes_per_page=nbytes)
+
+    @property
+    def runner_config(self) -> RunnerConfig:
+        return RunnerConfig(
+            vocab_size=self.vocab_size,
+            page_size=self.page_size,
+            cache_groups=tuple(self._group_spec(s) for s in self.model.cache_specs),
+            num_pages=self.num_pages,
+            cache_bytes=self.cache_bytes,
+            max_logprobs=MAX_LOGPROBS,
+        )
+
+    def bind(self, layout: CacheLayout) -> None:
+        """Allocate the arena the engine sized (once) and carve the per-group views."""
+        expected = self.runner_config
+        if layout.page_size != self.page_size or layout.groups != expected.cache_groups:
+            raise ValueError(f"layout {layout} does not match this runner's {expected}")
+        if layout.page_bytes < expected.page_bytes:
+            raise ValueError("layout pages are smaller than the cache groups need")
+        pages = torch.zeros(
+            layout.num_pages, layout.page_bytes, dtype=torch.uint8, device=self.device
+        )
+        views = []
+        for spec in self.model.cache_specs:
+            flat = pages[:, : self._group_bytes(spec)].view(self.dtype)
+            shape: tuple[int, ...]
+            if isinstance(spec, KvSpec):
+                shape = (spec.num_layers, 2, self.page_size, spec.num_kv_heads, spec.head_dim)
+            else:
+                shape = (spec.num_layers, spec.channels, spec.width)
+            views.append(flat.view(layout.num_pages, *shape))
+        self._arena, self._views = pages, tuple(views)
+
+    def close(self) -> None:
+        self._arena, self._views = None, ()
+
+    def forward(self, plan: BatchPlan) -> ForwardOutput:
+        if self._arena is None:
+            raise RuntimeError("TorchRunner.bind(layout) must be called before forward")
+        if plan.draft_ids.size:
+            raise ValueError("the reference runner does not verify speculative drafts")
+        if plan.num_tokens and int(plan.input_ids.max()) >= self.vocab_size:
+            raise ValueError("token id out of the model's vocabulary")
+        with torch.inference_mode():
+            self._copy_pages(plan)
+            ctx = self._context(plan)
+            ids = torch.from_numpy(plan.input_ids.astype(np.int64)).to(self.device)
+            hidden = self.model(ids, ctx)
+            return self._outputs(plan, hidden)
+
+    def _copy_pages(self, plan: BatchPlan) -> None:
+        assert self._arena is not None
+        for group in plan.cache_groups:
+            for src, dst in zip(group.copy_src.tolist(), group.copy_dst.tolist(), strict=True):
+                self._arena[dst] = self._arena[src]
+
+    def _context(self, plan: BatchPlan) -> StepContext:
+        grid = make_grid(plan, self.device)
+        batches: list[AttentionBatch | StateBatch] = []
+        for spec, group in zip(self.model.cache_specs, plan.cache_groups, strict=True):
+            if isinstance(spec, KvSpec):
+                batches.append(
+                    attention_batch(plan, group, grid, self.page_size, spec.window, self.device)
+                )
+            else:
+                batches.append(state_batch(plan, group, grid, spec.width, self.device))
+        positions = torch.from_numpy(plan.positions.astype(np.int64)).to(self.device)
+        return StepContext(positions, tuple(batches), self._views)
+
+    def _outputs(self, plan: BatchPlan, hidden: torch.Tensor) -> ForwardOutput:
+        rows = np.nonzero(plan.sample_rows)[0]
+        last = torch.from_numpy(plan.last_token_index[rows].astype(np.int64)).to(self.device)
+        indptr = np.concatenate(([0], np.cumsum(plan.sample_rows))).astype(np.uint32)
+        token_rows = np.repeat(np.arange(plan.num_sequences), plan.query_lens)
+        prompt_tokens = np.nonzero(plan.prompt_logprob_rows[token_rows] & (plan.target_ids >= 0))[0]
+        wants_prompt = bool(plan.prompt_logprob_rows.any())
+        all_logits = None
+        if self.record_logits or wants_prompt:
+            all_logits = self.model.logits(hidden)
+            logits = all_logits[last]
+        else:
+            logits = self.model.logits(hidden[last])
+        result = self.sampler.sample(logits, plan.sampling, rows)
+        wants = int(plan.sampling.logprobs[rows].max(initial=-1))
+        output = ForwardOutput(
+            token_ids=_host(result.token_ids).astype(np.uint32),
+            token_indptr=indptr,
+            logprobs=_host(result.logprobs).astype(np.float32) if wants >= 0 else None,
+            top_ids=_host_or_none(result.top_ids, np.int32),
+            top_logprobs=_host_or_none(result.top_logprobs, np.float32),
+        )
+        if all_logits is not None and wants_prompt:  # arrays even when no target is known yet
+            lp, ids, top_lp = self._prompt_logprobs(plan, all_logits, prompt_tokens)
+            output = replace(
+                output, prompt_logprobs=lp, prompt_top_ids=ids, prompt_top_logprobs=top_lp
+            )
+        if all_logits is not None and self.record_logits:
+            sequence_ids = plan.sequence_ids[token_rows].copy()
+            logits_host = all_logits.float().cpu()
+            self.recorded.append(
+                RecordedStep(plan.step_id, sequence_ids, plan.positions.copy(), logits_host)
+            )
+        return output
+
+    def _prompt_logprobs(
+        self, plan: BatchPlan, logits: torch.Tensor, tokens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Logprob of each next prompt token, plus the top-k alternatives the rows ask for
+        (the plan's `prompt_logprobs` column when it has one, else MAX_LOGPROBS)."""
+        t = plan.num_tokens
+        k = _prompt_top_k(plan, MAX_LOGPROBS)
+        index = torch.from_numpy(tokens.astype(np.int64)).to(self.device)
+        targets = torch.from_numpy(plan.target_ids[tokens].astype(np.int64)).to(self.device)
+        lp = torch.log_softmax(logits[index].float(), dim=-1)
+        logprobs = np.full(t, np.nan, dtype=np.float32)
+        logprobs[tokens] = _host(lp.gather(1, targets[:, None])[:, 0])
+        if k <= 0:
+            return logprobs, None, None
+        top_lp, top_ids = lp.topk(min(k, lp.shape[1]), dim=-1)
+        ids = np.full((t, top_ids.shape[1]), -1, dtype=np.int32)
+        lps = np.full((t, top_ids.shape[1]), np.nan, dtype=np.float32)
+        ids[tokens], lps[tokens] = _host(top_ids), _host(top_lp)
+        return logprobs, ids, lps
+
+
+def _prompt_top_k(plan: BatchPlan, default: int) -> int:
+    # A plan without the per-row prompt_logprobs column gets the most we support.
+    column = plan.sampling.prompt_logprobs
+    if not column.size:
+        return default
+    return int(np.max(np.where(plan.prompt_logprob_rows, column, -1), initial=-1))
+
+
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """Device -> host numpy; results cross once, at the end of the step."""
+    array: np.ndarray = tensor.detach().cpu().numpy()
+    return array
+
+
+def _host_or_none(tensor: torch.Tensor | None, dtype: type) -> np.ndarray | None:
+    return None if tensor is None else _host(tensor).astype(dtype)

@@ -1,0 +1,128 @@
+"""Prefix caching: hit rates on shared prefixes (hybrid and History-only), reuse rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from resin import CacheGroupSpec, Engine, History, SamplingParams, State, TokensEvent, Window
+from tests.engine.fakes import CacheSimRunner, naive_generate
+
+HYBRID: tuple[CacheGroupSpec, ...] = (History(), Window(128), State())
+
+
+def _shared_prefix_run(groups: tuple[CacheGroupSpec, ...]) -> tuple[list[int], Engine]:
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(0, 1000, size=1024).tolist()
+    runner = CacheSimRunner(groups=groups, page_size=16, num_pages=4096, vocab=1000)
+    engine = Engine(runner, context_length=4096, prefix_cache=True, max_batch_tokens=8192)
+    params = SamplingParams(max_output_tokens=2, temperature=0.0)
+    prompts = [prefix + rng.integers(0, 1000, size=32).tolist() for _ in range(64)]
+    first = engine.submit(prompts[0], params)
+    while not first.output_token_ids:
+        engine.step()
+    rest = [engine.submit(p, params) for p in prompts[1:]]
+    cached: dict[int, int] = {}
+    while engine.has_work():
+        for event in engine.step():
+            if isinstance(event, TokensEvent):
+                cached.setdefault(event.request_id, event.cached_tokens)
+        engine.check_invariants()
+    for request, prompt in zip([first, *rest], prompts, strict=True):
+        want, _ = naive_generate(groups, prompt, params, 1000, 4096)
+        assert request.take_result() == want
+    assert [r.cached_tokens for r in rest] == [cached[r.id] for r in rest]
+    return [r.cached_tokens for r in rest], engine
+
+
+@pytest.mark.parametrize("groups", [HYBRID, (History(),)], ids=["hybrid", "history"])
+def test_shared_prefix_is_reused_at_least_90_percent(groups: tuple[CacheGroupSpec, ...]) -> None:
+    hits, engine = _shared_prefix_run(groups)
+    assert sum(hits) >= 0.9 * 63 * 1024
+    snap = engine.metrics
+    assert snap is not None and snap.prefix_cache_hits == sum(hits)
+
+
+def test_hybrid_hits_equal_history_hits() -> None:
+    assert _shared_prefix_run(HYBRID)[0] == _shared_prefix_run((History(),))[0]
+
+
+def test_last_prompt_token_is_always_computed_and_prompt_logprobs_skip_the_cache() -> None:
+    runner = CacheSimRunner(groups=(History(),), page_size=4, num_pages=64, vocab=50)
+    engine = Engine(runner, context_length=64, prefix_cache=True)
+    prompt = list(range(1, 13))  # exactly 3 pages
+    a = engine.submit(prompt, SamplingParams(max_output_tokens=1))
+    while engine.has_work():
+        engine.step()
+    b = engine.submit(prompt, SamplingParams(max_output_tokens=1))
+    c = engine.submit(prompt, SamplingParams(max_output_tokens=1, prompt_logprobs=0))
+    runner.keep_plans = True
+    while engine.has_work():
+        engine.step()
+    assert b.cached_tokens == 8  # 3 full pages cached, but the last token must be computed
+    assert c.cached_tokens == 0
+    assert a.take_result() == b.take_result()
+
+
+def test_unreferenced_entries_are_evicted_when_live_requests_need_pages() -> None:
+    runner = CacheSimRunner(groups=(History(),), page_size=2, num_pages=12, vocab=50)
+    engine = Engine(runner, context_length=64, prefix_cache=True)
+    for start in range(0, 40, 10):
+        r = engine.submit(list(range(start, start + 9)), SamplingParams(max_output_tokens=3))
+        while engine.has_work():
+            engine.step()
+            engine.check_invariants()
+        assert (
+            r.take_result()
+            == naive_generate(
+                runner.groups, list(range(start, start + 9)), r.sampling_params, 50, 64
+            )[0]
+        )
+    assert engine.cache.prefix is not None and engine.cache.prefix.trie.num_nodes > 0
+    engine.cache.drop_prefix_cache()
+    assert engine.cache.pool.num_free == 12
+
+
+@pytest.mark.parametrize(
+    ("groups", "hit"),
+    [(HYBRID, 20), ((History(), State()), 20), ((Window(6), History()), 20), ((History(),), 32)],
+    ids=["hybrid", "state", "window", "history"],
+)
+def test_chat_turns_hit_only_where_every_group_can_resume(
+    groups: tuple[CacheGroupSpec, ...], hit: int
+) -> None:
+    """Turn 2's prompt = turn 1's prompt + answer + more: the trie path runs into turn 1's
+    decode pages, where no State checkpoint (and maybe no Window page) exists."""
+    runner = CacheSimRunner(groups=groups, page_size=4, num_pages=256, vocab=1000)
+    engine = Engine(runner, context_length=256, prefix_cache=True)
+    params = SamplingParams(max_output_tokens=13, temperature=0.0)
+    prompt = list(range(100, 122))  # 5.5 pages
+    turn1 = engine.submit(prompt, params)
+    while engine.has_work():
+        engine.step()
+    history = prompt + turn1.take_result() + [7, 8, 9, 10, 11]
+    turn2 = engine.submit(history, params)
+    while engine.has_work():
+        engine.step()
+        engine.check_invariants()
+    assert turn2.take_result() == naive_generate(groups, history, params, 1000, 256)[0]
+    # Turn 1 published 8 full pages (34 tokens computed). State checkpoints exist only at its
+    # prompt pages (20 tokens); Window(6) pages of its decode region had slid out before they
+    # were published (a hit at h needs the pages of (h - 6, h)); History has all 8.
+    assert turn2.cached_tokens == hit
+
+
+def test_identical_prompts_in_one_step_share_pages() -> None:
+    runner = CacheSimRunner(groups=(History(),), page_size=4, num_pages=64, vocab=50)
+    engine = Engine(runner, context_length=64, prefix_cache=True)
+    prompt = list(range(1, 18))  # 4 full pages + 1 token
+    a = engine.submit(prompt, SamplingParams(max_output_tokens=3))
+    b = engine.submit(prompt, SamplingParams(max_output_tokens=3))
+    engine.step()  # both prefill together: neither could hit the other
+    assert a.cached_tokens == b.cached_tokens == 0
+    # b's 4 full pages were swapped for a's: 4 shared + one partial page each.
+    assert engine.cache.pool.num_used == 4 + 2
+    while engine.has_work():
+        engine.step()
+        engine.check_invariants()
+    assert a.take_result() == b.take_result()

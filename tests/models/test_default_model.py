@@ -1,0 +1,70 @@
+"""default_model_dir / resolve_checkpoint: cache location, convert-once, atomicity, errors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from resin_models_torch import default_model
+from resin_models_torch.default_model import (
+    INSTALL_HINT,
+    cache_dir,
+    default_model_dir,
+    resolve_checkpoint,
+)
+from resin_models_torch.gguf import GGUFError
+
+
+def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("RESIN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "resin"
+    monkeypatch.setenv("RESIN_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("RESIN_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path.home() / ".cache" / "resin"
+
+
+def test_converts_once_then_reuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RESIN_CACHE_DIR", str(tmp_path))
+    first = default_model_dir()
+    assert first.is_relative_to(tmp_path)
+    names = {p.name for p in first.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+    assert {"tokenizer_config.json", "generation_config.json"} <= names
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    started = time.perf_counter()
+    again = default_model_dir()
+    assert again == first
+    assert time.perf_counter() - started < 1.0
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not rewritten
+    # Only the finished folder is left: no temporary directory survives the rename.
+    assert [p.name for p in first.parent.iterdir()] == [first.name]
+    assert resolve_checkpoint("SmolLM2-135M-Instruct") == first
+    assert resolve_checkpoint("smollm2-135m-instruct") == first
+    assert resolve_checkpoint(first) == first
+
+
+def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(default_model, "DEFAULT_PACKAGE", "resin_no_such_package")
+    with pytest.raises(FileNotFoundError) as info:
+        default_model_dir()
+    assert INSTALL_HINT in str(info.value)
+
+
+def test_resolve_checkpoint_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RESIN_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        resolve_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"neither config\.json nor a \.gguf"):
+        resolve_checkpoint(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(GGUFError, match=r"neither a folder nor a \.gguf"):
+        resolve_checkpoint(tmp_path / "weights.bin")
+    (tmp_path / "bad.gguf").write_bytes(b"nope")
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        resolve_checkpoint(tmp_path / "bad.gguf")
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == []  # the failed scratch is gone

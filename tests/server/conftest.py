@@ -1,0 +1,45 @@
+"""Live servers on a free port with the zero-cost fake engine and the byte ChatML format."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+
+from resin.server import HttpServer
+from resin.server.launch import free_port, running
+from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine
+
+MODEL = "fake-chatml"
+
+
+def make_server(engine: FakeEngine | None = None, **kwargs: Any) -> HttpServer:
+    tok = ByteTokenizer()
+    return HttpServer(
+        engine or FakeEngine(),
+        ChatMLFormat(tok),
+        tokenizer=tok,
+        model=MODEL,
+        port=free_port(),
+        stream_interval=kwargs.pop("stream_interval", 1),
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def serve() -> Callable[..., AbstractContextManager[str]]:
+    """`with serve(engine, **server_kwargs) as url:` runs a server for the block."""
+
+    def start(engine: FakeEngine | None = None, **kwargs: Any) -> AbstractContextManager[str]:
+        return running(make_server(engine, **kwargs))
+
+    return start
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """One shared server (echo responder) for tests that do not care about its state."""
+    with running(make_server()) as base:
+        yield base
