@@ -113,7 +113,10 @@ class JinjaRecipe:
 
 
 _PROBE_TOOL = ToolDef("lookup", "Look a word up", {"type": "object", "properties": {}})
+# Without and with a system message (templates that add a default system prompt differ), a
+# multi-turn chat, and a tool round trip.
 _PROBES: tuple[tuple[tuple[Message, ...], bool], ...] = (
+    ((Message("user", "Hi there"),), False),
     ((Message("system", "Be brief."), Message("user", "Hi there")), False),
     (
         (
