@@ -16,7 +16,6 @@ from resin.recipe.harmony_parser import HarmonyParser
 from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
-from resin.recipe.sandbox import compile_template, render_template
 from resin.recipe.tagged import TaggedParser
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.recipe.vision import Gemma3Vision
@@ -37,6 +36,8 @@ class JinjaRecipe:
         source = template if template is not None else tokenizer.chat_template
         if not source:
             raise ValueError("the tokenizer has no chat template; pass one or use a native recipe")
+        from resin.recipe.sandbox import compile_template  # jinja2 is only needed here
+
         compile_template(source)  # syntax errors surface now, not at the first request
         family_name = family or detect_family(source)
         if family_name not in FAMILIES:
@@ -91,6 +92,8 @@ class JinjaRecipe:
             variables["tools"] = hf_tools
         if enable_thinking is not None:
             variables["enable_thinking"] = enable_thinking
+        from resin.recipe.sandbox import render_template
+
         text = render_template(self.template, **variables)
         images = [image for m in messages for image in m.images]
         if self.vision is None or not images:
