@@ -41,6 +41,9 @@ def test_bad_prompts_raise_and_queue_nothing(prompt: object, message: str) -> No
         {"logprobs": 21},
         {"seed": -1},
         {"temperature": float("nan")},
+        {"top_k": 26134419042},  # found by the server's fuzz run: overflowed the int32 plan
+        {"max_output_tokens": 2**40},
+        {"stop_token_ids": [2**32]},
     ],
 )
 def test_bad_sampling_params_raise(kwargs: dict[str, object]) -> None:

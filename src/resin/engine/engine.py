@@ -146,6 +146,8 @@ class Engine:
         """Run one transaction; return its events (and any from aborts since the last step)."""
         events, self._pending = self._pending, []
         if self._dead is not None or not self.scheduler.has_work():
+            if self._dead is None:
+                self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self.scheduler.num_preemptions
         cohort = self.scheduler.schedule()
