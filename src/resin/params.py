@@ -52,7 +52,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", stops)
         _check(_is_int(self.max_output_tokens), "max_output_tokens must be an int")
         _check(
-            1 <= self.max_output_tokens <= INT32_MAX, f"max_output_tokens must be in [1, {INT32_MAX}]"
+            1 <= self.max_output_tokens <= INT32_MAX,
+            f"max_output_tokens must be in [1, {INT32_MAX}]",
         )
         _check(_is_int(self.min_output_tokens), "min_output_tokens must be an int")
         _check(
