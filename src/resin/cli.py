@@ -45,7 +45,11 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--api-key", default=None)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--system", default=None)
-    bench = sub.add_parser("bench", help="load-test a server (see scripts/bench_serve.py)")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark a GPU runner (scripts/bench.py), or load-test a server with --url "
+        "(scripts/bench_serve.py)",
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER)
     check = sub.add_parser("check", help="check a server (see scripts/check_server.py)")
     check.add_argument("args", nargs=argparse.REMAINDER)
@@ -141,13 +145,19 @@ def _run_tool(module: str, argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # One verb, two tools: a URL means "load-test that server", anything else benchmarks a
+        # runner in this process. Their options go through untouched (each has its own --help).
+        serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
+        return _run_tool(
+            "resin.server.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
+        )
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
     if args.command == "chat":
         return chat(args)
-    if args.command == "bench":
-        return _run_tool("resin.server.bench", args.args)
     return _run_tool("resin.server.check", args.args)
 
 
