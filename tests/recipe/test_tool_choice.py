@@ -17,7 +17,7 @@ from resin.recipe import (
     UnsupportedToolChoice,
     get_native_recipe,
 )
-from tests.recipe.assets import extended_qwen3, npm_tokenizer, smollm2_tokenizer
+from tests.recipe.assets import extended_qwen3, npm_tokenizer
 from tests.recipe.corpus import TOOLS
 from tests.recipe.harness import check_all_splits
 
@@ -106,6 +106,6 @@ def test_bad_choices_are_clear_errors() -> None:
     gpt_oss = get_native_recipe("gpt_oss", npm_tokenizer("gptoss"))
     with pytest.raises(UnsupportedToolChoice, match="'required' is not supported"):
         gpt_oss.render(USER, tools=TOOLS, tool_choice=ToolChoice())
-    generic = JinjaRecipe(smollm2_tokenizer())  # SmolLM2's template: no known call format
+    generic = JinjaRecipe(npm_tokenizer("gemma3"))  # Gemma 3: no known tool-call format
     with pytest.raises(UnsupportedToolChoice, match="not supported by this model's chat format"):
         generic.render(USER, tools=TOOLS, tool_choice=ToolChoice("get_weather"))
