@@ -71,7 +71,7 @@ def test_unterminated_reasoning_at_length(data: st.DataObject) -> None:
 @given(data=st.data())
 def test_malformed_tool_json_is_text_with_error(data: st.DataObject) -> None:
     recipe = _recipe()
-    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    bad = '<tool_call>\n{"name": "get_weather" "arguments": {"city": "Paris"}}\n</tool_call>'
     out = "Sure.\n" + bad + "\nDone."
     result = check_all_splits(recipe, _prompt(recipe), out, data)
     assert result.calls == ()
@@ -81,12 +81,26 @@ def test_malformed_tool_json_is_text_with_error(data: st.DataObject) -> None:
 
 @SETTINGS
 @given(data=st.data())
+def test_streamed_call_with_malformed_arguments_keeps_raw_arguments(data: st.DataObject) -> None:
+    # Once `"name": ..., "arguments": ` is seen the arguments stream, so a call whose JSON then
+    # breaks stays a call: its raw arguments and the error flag (docs/recipes.md).
+    recipe = _recipe()
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    result = check_all_splits(recipe, _prompt(recipe), "Sure.\n" + bad + "\nDone.", data)
+    assert result.calls == (("get_weather", '{"city":'),)
+    assert result.text == "Sure.\nDone."
+    assert result.has_error and result.finish_reason == "tool_calls"
+
+
+@SETTINGS
+@given(data=st.data())
 def test_unterminated_tool_call_at_length(data: st.DataObject) -> None:
     recipe = _recipe()
     out = 'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
     result = check_all_splits(recipe, _prompt(recipe), out, data, stop=False, reason="length")
-    assert result.calls == () and result.has_error
-    assert result.text == out and result.finish_reason == "length"
+    # The arguments were streaming: the cut call keeps its raw arguments, flagged as an error.
+    assert result.calls == (("get_weather", '{"city": "Par'),) and result.has_error
+    assert result.text == "Checking." and result.finish_reason == "length"
 
 
 @SETTINGS

@@ -87,14 +87,15 @@ def test_prefix_text_never_reaches_the_client() -> None:
     assert [c.name for c in parser.finish().tool_calls] == ["get_weather"]
 
 
-def test_malformed_forced_call_is_text_and_error() -> None:
+def test_malformed_forced_call_is_a_call_with_an_error() -> None:
     recipe = _recipe("qwen3")
     prompt = recipe.render(USER, tools=TOOLS, tool_choice=ToolChoice("get_weather"))
     parser = recipe.create_parser(prompt, tools=TOOLS)
     parser.feed(recipe.tokenizer.encode("oops</tool_call>"))
     result = parser.finish()
-    assert result.tool_calls == () and result.error is not None
-    assert "get_weather" in result.text  # the forced prefix is part of the raw call text
+    # The arguments streamed once the forced header was seen: a call with raw arguments + error
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("get_weather", "oops")]
+    assert result.error is not None and result.text == ""
 
 
 def test_bad_choices_are_clear_errors() -> None:

@@ -108,6 +108,12 @@ class StreamParser:
     def _error(self, message: str) -> None:
         self._errors.append(message)
 
+    def _open_call(self, name: str) -> tuple[int, ToolCallStart]:
+        """Start a tool call whose arguments will stream as `ToolCallArgsDelta` fragments."""
+        index = self._pending_calls
+        self._pending_calls += 1
+        return index, ToolCallStart(index, f"{self._call_prefix}_{index}", name)
+
     def _tool_call(self, name: str, arguments: str) -> list[Delta]:
         """Deltas for one complete tool call (index and id assigned here)."""
         index = self._pending_calls

@@ -11,12 +11,14 @@ the reasoning end marker are dropped (templates add them around the blocks).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta
+from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd
 from resin.recipe.stream import StreamParser, partial_marker_len
 from resin.recipe.toolcall_formats import BodyParser, parse_json_calls, parse_llama3_calls
 from resin.tokenizer import Tokenizer
@@ -63,6 +65,8 @@ class TaggedParser(StreamParser):
         self._buffer = ""
         self._strip_newlines = in_reasoning  # drop "\n" at the start of the next section
         self._seen_visible = False  # visible text emitted: reasoning can no longer start
+        # The tool call whose arguments are streaming: (index, name, header length, emitted).
+        self._streaming: tuple[int, str, int, int] | None = None
 
     # ---- markers -----------------------------------------------------------------------------
     def _openers(self) -> list[str]:
@@ -160,15 +164,79 @@ class TaggedParser(StreamParser):
 
     def _step_tool(self, out: list[Delta]) -> bool:
         end = self._spec.tool_end or ""
+        if self._spec.tool_body is parse_json_calls:
+            self._stream_arguments(out)
         index = self._buffer.find(end)
         if index < 0:
             return False
+        if self._streaming is not None:
+            body = self._buffer[:index]
+            self._buffer = self._buffer[index + len(end) :]
+            self._mode = _Mode.TEXT
+            self._strip_newlines = True
+            out.extend(self._close_streamed(body))
+            return True
         body = self._buffer[:index]
         self._buffer = self._buffer[index + len(end) :]
         self._mode = _Mode.TEXT
         self._strip_newlines = True
         out.extend(self._parse_body(body, f"{self._spec.tool_start}{body}{end}"))
         return True
+
+    def _stream_arguments(self, out: list[Delta]) -> None:
+        """Emit the arguments of a JSON tool call as they arrive (see docs/recipes.md).
+
+        The call opens once `{"name": "N", "arguments": ` and the first non-space character
+        after it are in the buffer (so the header is the same for every split). What might
+        still be the wrapper's closing `}`, trailing spaces or the start of the end marker is
+        held back; everything emitted is a prefix of the arguments `_close_streamed` reports."""
+        buf = self._buffer
+        if self._streaming is None:
+            end = self._spec.tool_end or ""
+            cut = buf.find(end) if end else -1
+            head = _HEADER.match(buf if cut < 0 else buf[:cut])
+            # The arguments must start with something other than the end marker's first
+            # character, or a split could stream a call that the whole text would not.
+            if head is None or (end and buf[head.end()] == end[0]):
+                return
+            index, start = self._open_call(head.group(1))
+            out.append(start)
+            self._streaming = (index, head.group(1), head.end(), 0)
+        index, name, header, emitted = self._streaming
+        end = self._spec.tool_end or ""
+        cut = buf.find(end)
+        if cut >= 0:
+            return  # `_step_tool` closes the call with the rest
+        args = buf[header:]
+        args = args[: len(args) - partial_marker_len(args, [end])].rstrip()
+        if args.endswith("}"):
+            args = args[:-1].rstrip()
+        if len(args) > emitted:
+            out.append(ToolCallArgsDelta(index, args[emitted:]))
+            self._streaming = (index, name, header, len(args))
+
+    def _close_streamed(self, body: str) -> list[Delta]:
+        """Finish the streaming call: the rest of its arguments, then its end. A body that
+        turns out malformed stays a call (its fragments are out) with the raw arguments, and
+        the error flag is set."""
+        assert self._streaming is not None
+        index, name, header, emitted = self._streaming
+        self._streaming = None
+        args = body[header:].rstrip()
+        if args.endswith("}"):
+            args = args[:-1].rstrip()
+        out: list[Delta] = []
+        if len(args) > emitted:
+            out.append(ToolCallArgsDelta(index, args[emitted:]))
+        try:
+            calls = parse_json_calls(body)
+            json.loads(args)
+            if len(calls) != 1 or calls[0][0] != name:
+                raise ValueError("not a single call")
+        except ValueError as exc:
+            self._error(f"malformed tool call {name!r} ({exc}); raw arguments kept")
+        out.append(ToolCallEnd(index))
+        return out
 
     def _parse_body(self, body: str, raw: str, parser: BodyParser | None = None) -> list[Delta]:
         try:
@@ -193,6 +261,8 @@ class TaggedParser(StreamParser):
         elif self._mode is _Mode.REASONING:
             body = buf.lstrip("\n") if self._strip_newlines else buf
             out.append(ReasoningDelta(body.rstrip("\n")))
+        elif self._mode is _Mode.TOOL and self._streaming is not None:
+            out.extend(self._close_streamed(buf))
         elif self._mode is _Mode.TOOL:
             raw = f"{self._spec.tool_start}{buf}"
             try:  # a model may stop right after the JSON without the end marker
@@ -212,6 +282,11 @@ class TaggedParser(StreamParser):
                 for name, arguments in calls:
                     out.extend(self._tool_call(name, arguments))
         return out
+
+
+# The head of a JSON tool call whose arguments can stream: a plain name (no escapes), then
+# "arguments", then at least one non-space character (kept out of the match).
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\S)')
 
 
 def _earliest(text: str, markers: list[str]) -> tuple[int, str] | None:

@@ -1,0 +1,60 @@
+"""Tool-call arguments stream in fragments (JSON tool-call formats): fed token by token, a call
+starts as soon as its name is known, its arguments arrive in several pieces, none of them holds
+the wrapper's `}` or the end marker, and they add up to the final arguments in every split."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from resin.recipe import Message, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, get_native_recipe
+from tests.recipe.assets import npm_tokenizer
+from tests.recipe.corpus import TOOLS
+from tests.recipe.harness import check_all_splits
+
+USER = [Message("user", "Weather in Paris?")]
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _recipe() -> Any:
+    return get_native_recipe("qwen3", npm_tokenizer("qwen3"))
+
+
+def test_fragments_arrive_before_the_call_ends() -> None:
+    recipe = _recipe()
+    prompt = recipe.render(USER, tools=TOOLS, enable_thinking=False)
+    args = '{"city": "Paris", "unit": "celsius", "note": "a } and </tool"}'
+    out = f'<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>'
+    parser = recipe.create_parser(prompt, tools=TOOLS)
+    steps = [parser.feed([i]) for i in recipe.tokenizer.encode(out)]
+    result = parser.finish()
+    flat = [(n, d) for n, ds in enumerate(steps) for d in ds]
+    start = next(n for n, d in flat if isinstance(d, ToolCallStart))
+    fragments = [(n, d.fragment) for n, d in flat if isinstance(d, ToolCallArgsDelta)]
+    assert len(fragments) > 5 and fragments[0][0] == start  # the first piece comes at once
+    ends = [n for n, d in flat if isinstance(d, ToolCallEnd)]
+    assert ends == [len(steps) - 1]  # the call ends with the end marker's last token
+    tail = "".join(d.fragment for d in result.deltas if isinstance(d, ToolCallArgsDelta))
+    assert "".join(f for _, f in fragments) + tail == args == result.tool_calls[0].arguments
+    assert result.error is None
+
+
+@settings(max_examples=15, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=6), VALUES, max_size=4), data=st.data())
+def test_streamed_arguments_equal_the_json_in_every_split(value: Any, data: st.DataObject) -> None:
+    recipe = _recipe()
+    prompt = recipe.render(USER, tools=TOOLS, enable_thinking=False)
+    args = json.dumps(value, ensure_ascii=False)
+    out = f'Ok.<tool_call>\n{{"name": "search", "arguments": {args}}}\n</tool_call>'
+    result = check_all_splits(recipe, prompt, out, data, tools=TOOLS)
+    assert result.calls == (("search", args),) and not result.has_error
+    assert json.loads(result.calls[0][1]) == value
