@@ -90,6 +90,8 @@ def test_chat_auto_required_and_named(url: str) -> None:
             names = [d.function.name for d in deltas if d.function and d.function.name]
             args = "".join(d.function.arguments or "" for d in deltas if d.function)
             assert names == ["get_weather"] and json.loads(args) == {"city": "Paris"}
+            pieces = [d.function.arguments for d in deltas if d.function and d.function.arguments]
+            assert len(pieces) > 1  # the arguments stream in fragments
         else:
             (call,) = r.choices[0].message.tool_calls or []  # type: ignore[union-attr]
             assert call.function.name == "get_weather"  # type: ignore[union-attr]
@@ -116,6 +118,15 @@ def test_responses_named_and_required(url: str) -> None:
     )
     calls = [o for o in named.output if o.type == "function_call"]
     assert [c.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
+    events = client.responses.create(
+        model="smol",
+        input="Weather in Paris?",
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "name": "get_weather"},
+        stream=True,
+    )
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == {"city": "Paris"}
     required = client.responses.create(
         model="smol",
         input="Weather in Paris?",
@@ -141,7 +152,9 @@ def test_anthropic_any_and_tool(url: str) -> None:
             tool_choice=choice,  # type: ignore[arg-type]
             messages=ASK,  # type: ignore[arg-type]
         ) as stream:
+            kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
             final = stream.get_final_message()
+        assert kinds.count("input_json_delta") > 1  # the input streams in fragments
         assert final.stop_reason == "tool_use"
         assert [(b.type, getattr(b, "name", None)) for b in final.content] == [("tool_use", name)]
         assert final.content[0].input == {"city": "Paris"}  # type: ignore[union-attr]
