@@ -16,11 +16,11 @@ from tests.recipe.corpus import TOOLS
 from tests.recipe.harness import check_all_splits
 
 USER = [Message("user", "Weather in Paris?")]
+# Characters the tokenizer round-trips (it NFC-normalizes, so e.g. U+F900 would change).
+TEXT = st.text(alphabet='ab Z09{}[]":,<>/\\\néü😀', max_size=8)
 VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
+    st.none() | st.booleans() | st.integers() | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
     max_leaves=6,
 )
 
@@ -49,7 +49,7 @@ def test_fragments_arrive_before_the_call_ends() -> None:
 
 
 @settings(max_examples=15, deadline=None)
-@given(value=st.dictionaries(st.text(max_size=6), VALUES, max_size=4), data=st.data())
+@given(value=st.dictionaries(TEXT, VALUES, max_size=4), data=st.data())
 def test_streamed_arguments_equal_the_json_in_every_split(value: Any, data: st.DataObject) -> None:
     recipe = _recipe()
     prompt = recipe.render(USER, tools=TOOLS, enable_thinking=False)
@@ -58,3 +58,14 @@ def test_streamed_arguments_equal_the_json_in_every_split(value: Any, data: st.D
     result = check_all_splits(recipe, prompt, out, data, tools=TOOLS)
     assert result.calls == (("search", args),) and not result.has_error
     assert json.loads(result.calls[0][1]) == value
+
+
+def test_string_arguments_are_buffered_and_parsed_whole() -> None:
+    recipe = _recipe()
+    prompt = recipe.render(USER, tools=TOOLS, enable_thinking=False)
+    out = '<tool_call>\n{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}\n</tool_call>'
+    parser = recipe.create_parser(prompt, tools=TOOLS)
+    parser.feed(recipe.tokenizer.encode(out))
+    result = parser.finish()
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("search", '{"query": "x"}')]
+    assert result.error is None

@@ -91,11 +91,16 @@ def test_malformed_forced_call_is_a_call_with_an_error() -> None:
     recipe = _recipe("qwen3")
     prompt = recipe.render(USER, tools=TOOLS, tool_choice=ToolChoice("get_weather"))
     parser = recipe.create_parser(prompt, tools=TOOLS)
-    parser.feed(recipe.tokenizer.encode("oops</tool_call>"))
+    parser.feed(recipe.tokenizer.encode('{"city": oops}}</tool_call>'))
     result = parser.finish()
-    # The arguments streamed once the forced header was seen: a call with raw arguments + error
-    assert [(c.name, c.arguments) for c in result.tool_calls] == [("get_weather", "oops")]
+    # The arguments streamed once they opened: a call with raw arguments and the error flag.
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("get_weather", '{"city": oops}')]
     assert result.error is not None and result.text == ""
+    parser = recipe.create_parser(prompt, tools=TOOLS)
+    parser.feed(recipe.tokenizer.encode("oops</tool_call>"))
+    result = parser.finish()  # never opened: the raw call comes back as text, with the error
+    assert result.tool_calls == () and result.error is not None
+    assert '"name": "get_weather"' in result.text
 
 
 def test_bad_choices_are_clear_errors() -> None:

@@ -285,8 +285,9 @@ class TaggedParser(StreamParser):
 
 
 # The head of a JSON tool call whose arguments can stream: a plain name (no escapes), then
-# "arguments", then at least one non-space character (kept out of the match).
-_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+# "arguments" and the `{` that opens them (kept out of the match). Arguments given as a JSON
+# string (or "parameters") are buffered and parsed whole, as before.
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\{)')
 
 
 def _earliest(text: str, markers: list[str]) -> tuple[int, str] | None:
