@@ -15,7 +15,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="a model folder (safetensors or converted GGUF)")
     src.add_argument("--model", help="a model name known to the default-model resolver")
-    src.add_argument("--fake-runner", action="store_true", help="zero-cost scripted engine")
+    src.add_argument(
+        "--fake-runner",
+        action="store_true",
+        help="the real engine with a zero-cost runner (load tests)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
@@ -41,7 +45,11 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--api-key", default=None)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--system", default=None)
-    bench = sub.add_parser("bench", help="load-test a server (see scripts/bench_serve.py)")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark a GPU runner (scripts/bench.py), or load-test a server with --url "
+        "(scripts/bench_serve.py)",
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER)
     check = sub.add_parser("check", help="check a server (see scripts/check_server.py)")
     check.add_argument("args", nargs=argparse.REMAINDER)
@@ -72,7 +80,7 @@ def serve(args: argparse.Namespace) -> int:
     assert isinstance(loaded, Loaded)
     server = HttpServer(
         loaded.engine,
-        chat=loaded.chat,
+        loaded.chat,
         tokenizer=loaded.tokenizer,
         model=args.served_model_name or loaded.name,
         host=args.host,
@@ -119,7 +127,7 @@ def chat(args: argparse.Namespace) -> int:
     assert isinstance(loaded, Loaded)
     server = HttpServer(
         loaded.engine,
-        chat=loaded.chat,
+        loaded.chat,
         tokenizer=loaded.tokenizer,
         model=loaded.name,
         port=free_port(),
@@ -137,13 +145,19 @@ def _run_tool(module: str, argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # One verb, two tools: a URL means "load-test that server", anything else benchmarks a
+        # runner in this process. Their options go through untouched (each has its own --help).
+        serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
+        return _run_tool(
+            "resin.server.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
+        )
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
     if args.command == "chat":
         return chat(args)
-    if args.command == "bench":
-        return _run_tool("resin.server.bench", args.args)
     return _run_tool("resin.server.check", args.args)
 
 

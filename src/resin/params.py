@@ -15,6 +15,9 @@ from dataclasses import dataclass
 MAX_LOGPROBS = 20
 """Upper bound on `logprobs` / `prompt_logprobs` alternatives (OpenAI's own cap)."""
 
+INT32_MAX = 2**31 - 1
+"""Counts and token ids travel to runners in int32 plan arrays; larger values are refused."""
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -48,16 +51,22 @@ class SamplingParams:
         stops = tuple(int(t) for t in self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stops)
         _check(_is_int(self.max_output_tokens), "max_output_tokens must be an int")
-        _check(self.max_output_tokens >= 1, "max_output_tokens must be >= 1")
+        _check(
+            1 <= self.max_output_tokens <= INT32_MAX,
+            f"max_output_tokens must be in [1, {INT32_MAX}]",
+        )
         _check(_is_int(self.min_output_tokens), "min_output_tokens must be an int")
         _check(
             0 <= self.min_output_tokens <= self.max_output_tokens,
             "min_output_tokens must be in [0, max_output_tokens]",
         )
-        _check(all(t >= 0 for t in stops), "stop_token_ids must be non-negative")
+        _check(all(0 <= t <= INT32_MAX for t in stops), "stop_token_ids must be in [0, 2**31)")
         _check(_finite(self.temperature) and self.temperature >= 0, "temperature must be >= 0")
         _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]")
-        _check(_is_int(self.top_k) and self.top_k >= 0, "top_k must be an int >= 0 (0 = off)")
+        _check(
+            _is_int(self.top_k) and 0 <= self.top_k <= INT32_MAX,
+            f"top_k must be an int in [0, {INT32_MAX}] (0 = off)",
+        )
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]")
         if self.seed is not None:
             _check(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed must be in [0, 2**63)")

@@ -37,12 +37,14 @@ MAX_LOGPROBS = 20
 
 @dataclass(frozen=True, slots=True)
 class RecordedStep:
-    """Debug record of one step (`record_logits=True`): logits [T, V] of every query token."""
+    """Debug record of one step: logits [T, V] (`record_logits=True`) and/or final hidden
+    states [T, hidden] (`record_hidden=True`, cheap for large vocabularies) of every token."""
 
     step_id: int
     sequence_ids: np.ndarray  # [T] request id of each token
     positions: np.ndarray  # [T]
-    logits: torch.Tensor  # [T, V] float32, on the host
+    logits: torch.Tensor | None  # [T, V] float32, on the host
+    hidden: torch.Tensor | None = None  # [T, hidden] float32, on the host
 
 
 class TorchRunner:
@@ -65,6 +67,7 @@ class TorchRunner:
         self.num_pages = num_pages
         self.sampler = Sampler(self.device, seed)
         self.record_logits = False
+        self.record_hidden = False
         self.recorded: list[RecordedStep] = []
         self._arena: torch.Tensor | None = None
         self._views: tuple[torch.Tensor, ...] = ()
@@ -161,8 +164,9 @@ class TorchRunner:
         indptr = np.concatenate(([0], np.cumsum(plan.sample_rows))).astype(np.uint32)
         token_rows = np.repeat(np.arange(plan.num_sequences), plan.query_lens)
         prompt_tokens = np.nonzero(plan.prompt_logprob_rows[token_rows] & (plan.target_ids >= 0))[0]
+        wants_prompt = bool(plan.prompt_logprob_rows.any())
         all_logits = None
-        if self.record_logits or prompt_tokens.size:
+        if self.record_logits or wants_prompt:
             all_logits = self.model.logits(hidden)
             logits = all_logits[last]
         else:
@@ -176,16 +180,20 @@ class TorchRunner:
             top_ids=_host_or_none(result.top_ids, np.int32),
             top_logprobs=_host_or_none(result.top_logprobs, np.float32),
         )
-        if all_logits is not None and prompt_tokens.size:
+        if all_logits is not None and wants_prompt:  # arrays even when no target is known yet
             lp, ids, top_lp = self._prompt_logprobs(plan, all_logits, prompt_tokens)
             output = replace(
                 output, prompt_logprobs=lp, prompt_top_ids=ids, prompt_top_logprobs=top_lp
             )
-        if all_logits is not None and self.record_logits:
-            sequence_ids = plan.sequence_ids[token_rows].copy()
-            logits_host = all_logits.float().cpu()
+        if self.record_logits or self.record_hidden:
             self.recorded.append(
-                RecordedStep(plan.step_id, sequence_ids, plan.positions.copy(), logits_host)
+                RecordedStep(
+                    plan.step_id,
+                    plan.sequence_ids[token_rows].copy(),
+                    plan.positions.copy(),
+                    all_logits.float().cpu() if all_logits is not None else None,
+                    hidden.float().cpu() if self.record_hidden else None,
+                )
             )
         return output
 
@@ -211,9 +219,9 @@ class TorchRunner:
 
 
 def _prompt_top_k(plan: BatchPlan, default: int) -> int:
-    # Older plans carry no per-row prompt_logprobs count; then return the most we support.
-    column = getattr(plan.sampling, "prompt_logprobs", None)
-    if column is None or not np.size(column):
+    # A plan without the per-row prompt_logprobs column gets the most we support.
+    column = plan.sampling.prompt_logprobs
+    if not column.size:
         return default
     return int(np.max(np.where(plan.prompt_logprob_rows, column, -1), initial=-1))
 

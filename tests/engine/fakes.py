@@ -227,6 +227,12 @@ class CacheSimRunner:
                 gp.append_slots % self.page_size, plan.positions % self.page_size
             ):
                 raise FakeRunnerBug("append slot offset differs from position")
+            if np.unique(gp.append_slots).size != plan.num_tokens:
+                raise FakeRunnerBug("two query tokens share an append slot")
+            if isinstance(spec, Window):  # the first query token must see its whole window
+                oldest = np.maximum(plan.cached_lens - spec.size + 1, 0) // self.page_size
+                if (gp.page_start > oldest).any():
+                    raise FakeRunnerBug("a Window row starts after the first query's window")
 
 
 def fake_logprob(token: int) -> float:

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resin import CacheGroupSpec, Engine, History, State, Window
-from tests.engine.fakes import CacheSimRunner, naive_generate
+from tests.engine.fakes import CacheSimRunner, fake_logprob, naive_generate
 from tests.engine.workload import (
     Job,
     check_lifecycle,
+    check_logprobs,
     expect_abort_or_equal,
     jobs_strategy,
     run_jobs,
@@ -67,6 +68,7 @@ def check_equal(runner: CacheSimRunner, knobs: dict[str, object], jobs: list[Job
     engine = Engine(runner, **knobs)  # type: ignore[arg-type]
     outcome = run_jobs(engine, jobs)
     check_lifecycle(outcome, jobs)
+    check_logprobs(outcome, jobs, fake_logprob)
     for i, job in enumerate(jobs):
         want, want_reason = naive_generate(
             runner.groups, job.prompt, job.params, VOCAB, engine.context_length

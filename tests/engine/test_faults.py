@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from resin import (
     BatchPlan,
@@ -47,7 +49,13 @@ class FaultyRunner(CacheSimRunner):
         out = super().forward(plan)  # writes the cache, like a real step would
         if kind:
             self.faults.append(kind)
-        if kind == "crash":
+        if kind == "crash":  # leave garbage where the step wrote, as a real fault might
+            for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
+                if isinstance(spec, State):
+                    self.states[gp.state_out] = np.uint64(12345)
+                    self.states[gp.checkpoint_page] = np.uint64(12345)
+                else:
+                    self.arena[gp.append_slots] = 999_999
             raise RuntimeError("kernel fault after launch")
         if kind == "bad-count":
             return ForwardOutput(out.token_ids[:0], np.zeros(plan.num_sequences + 1, np.uint32))
@@ -199,3 +207,34 @@ def test_wrong_shape_is_an_error_event_not_a_crash() -> None:
     assert "token_indptr" in events[0].message
     assert request.finish_reason is FinishReason.ERROR
     assert not engine.has_work() and not engine.dead
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(0, 4),
+    st.integers(0, 4),
+    st.sampled_from([np.uint32, np.int64, np.float32]),
+    st.integers(-3, 2 * VOCAB),
+    st.booleans(),
+)
+def test_garbage_outputs_never_crash_the_engine(
+    n_ids: int, n_indptr: int, dtype: type, value: int, with_logprobs: bool
+) -> None:
+    class Garbage(SampleZeroRunner):
+        def forward(self, plan: BatchPlan) -> ForwardOutput:
+            lps = np.zeros(n_ids, np.float32) if with_logprobs else None
+            return ForwardOutput(
+                np.full(n_ids, value).astype(dtype),  # type: ignore[arg-type]
+                np.arange(n_indptr).astype(dtype),  # type: ignore[arg-type]
+                logprobs=lps,
+            )
+
+    runner = Garbage()
+    engine = Engine(runner, context_length=64)
+    params = SamplingParams(max_output_tokens=3, logprobs=0, prompt_logprobs=1)
+    requests = [engine.submit([1, 2, 3], params), engine.submit([4, 5], SamplingParams())]
+    while engine.has_work():
+        engine.step()
+        engine.check_invariants()
+    assert all(r.finished for r in requests)
+    assert engine.cache.pool.num_free == engine.layout.num_pages

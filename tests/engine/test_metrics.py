@@ -101,3 +101,35 @@ def test_snapshots_are_consistent_from_another_thread() -> None:
         stop.set()
         thread.join()
     assert seen == sorted(seen) and np.size(seen) > 0
+
+
+def test_import_resin_does_not_import_prometheus_client() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import resin
+
+    src = str(Path(resin.__file__).resolve().parents[1])  # this checkout's src/, not a wheel
+    env = {**os.environ, "PYTHONPATH": src}
+    code = "import sys, resin, resin.metrics; print('prometheus_client' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_gauges_follow_aborts_even_when_no_step_runs() -> None:
+    # Found by the server tests: after aborting everything, `step()` had no work and returned
+    # before refreshing the gauges, so /metrics kept reporting the aborted requests as running.
+    engine = Engine(CacheSimRunner(), context_length=64)
+    requests = [engine.submit([1, 2, 3], SamplingParams(max_output_tokens=50)) for _ in range(3)]
+    engine.step()
+    snap = engine.metrics
+    assert snap is not None and snap.num_requests_running == 3
+    for request in requests:
+        engine.abort(request)
+    engine.step()
+    snap = engine.metrics
+    assert snap is not None and snap.num_requests_running == 0 and snap.num_requests_waiting == 0

@@ -81,3 +81,48 @@ def test_unreferenced_entries_are_evicted_when_live_requests_need_pages() -> Non
     assert engine.cache.prefix is not None and engine.cache.prefix.trie.num_nodes > 0
     engine.cache.drop_prefix_cache()
     assert engine.cache.pool.num_free == 12
+
+
+@pytest.mark.parametrize(
+    ("groups", "hit"),
+    [(HYBRID, 20), ((History(), State()), 20), ((Window(6), History()), 20), ((History(),), 32)],
+    ids=["hybrid", "state", "window", "history"],
+)
+def test_chat_turns_hit_only_where_every_group_can_resume(
+    groups: tuple[CacheGroupSpec, ...], hit: int
+) -> None:
+    """Turn 2's prompt = turn 1's prompt + answer + more: the trie path runs into turn 1's
+    decode pages, where no State checkpoint (and maybe no Window page) exists."""
+    runner = CacheSimRunner(groups=groups, page_size=4, num_pages=256, vocab=1000)
+    engine = Engine(runner, context_length=256, prefix_cache=True)
+    params = SamplingParams(max_output_tokens=13, temperature=0.0)
+    prompt = list(range(100, 122))  # 5.5 pages
+    turn1 = engine.submit(prompt, params)
+    while engine.has_work():
+        engine.step()
+    history = prompt + turn1.take_result() + [7, 8, 9, 10, 11]
+    turn2 = engine.submit(history, params)
+    while engine.has_work():
+        engine.step()
+        engine.check_invariants()
+    assert turn2.take_result() == naive_generate(groups, history, params, 1000, 256)[0]
+    # Turn 1 published 8 full pages (34 tokens computed). State checkpoints exist only at its
+    # prompt pages (20 tokens); Window(6) pages of its decode region had slid out before they
+    # were published (a hit at h needs the pages of (h - 6, h)); History has all 8.
+    assert turn2.cached_tokens == hit
+
+
+def test_identical_prompts_in_one_step_share_pages() -> None:
+    runner = CacheSimRunner(groups=(History(),), page_size=4, num_pages=64, vocab=50)
+    engine = Engine(runner, context_length=64, prefix_cache=True)
+    prompt = list(range(1, 18))  # 4 full pages + 1 token
+    a = engine.submit(prompt, SamplingParams(max_output_tokens=3))
+    b = engine.submit(prompt, SamplingParams(max_output_tokens=3))
+    engine.step()  # both prefill together: neither could hit the other
+    assert a.cached_tokens == b.cached_tokens == 0
+    # b's 4 full pages were swapped for a's: 4 shared + one partial page each.
+    assert engine.cache.pool.num_used == 4 + 2
+    while engine.has_work():
+        engine.step()
+        engine.check_invariants()
+    assert a.take_result() == b.take_result()

@@ -41,6 +41,9 @@ def test_bad_prompts_raise_and_queue_nothing(prompt: object, message: str) -> No
         {"logprobs": 21},
         {"seed": -1},
         {"temperature": float("nan")},
+        {"top_k": 26134419042},  # found by the server's fuzz run: overflowed the int32 plan
+        {"max_output_tokens": 2**40},
+        {"stop_token_ids": [2**32]},
     ],
 )
 def test_bad_sampling_params_raise(kwargs: dict[str, object]) -> None:
@@ -74,3 +77,8 @@ def test_no_vocab_declared_accepts_any_non_negative_id() -> None:
         engine.step()
     assert request.take_result() == [0, 0]
     assert engine.runner_config.vocab_size is None and engine.context_length == 32768
+
+
+def test_a_runner_without_forward_or_submit_collect_is_refused() -> None:
+    with pytest.raises(TypeError, match="forward"):
+        Engine(object())  # type: ignore[arg-type]

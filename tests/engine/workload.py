@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import strategies as st
 
 from resin import Engine, FinishedEvent, FinishReason, SamplingParams, TokensEvent
@@ -38,6 +40,8 @@ def jobs_strategy(
         min_output_tokens=st.just(0),
         ignore_stop_tokens=st.booleans(),
         temperature=st.just(0.0),
+        logprobs=st.sampled_from([None, None, 0, 2]),
+        prompt_logprobs=st.sampled_from([None, None, None, 0, 1]),
     )
     job = st.builds(
         Job,
@@ -101,3 +105,20 @@ def expect_abort_or_equal(
         assert got == want[: len(got)], "an aborted request's tokens must be a prefix of the truth"
         return
     assert (got, reason) == (want, want_reason)
+
+
+def check_logprobs(outcome: Outcome, jobs: list[Job], logprob: Callable[[int], float]) -> None:
+    """Logprob fields sit on the right tokens (the fake runner's logprobs are a function of
+    the token), and prompt logprobs arrive once, complete, on the first TokensEvent."""
+    for i, job in enumerate(jobs):
+        events = [e for e in outcome.events[i] if isinstance(e, TokensEvent)]
+        for n, e in enumerate(events):
+            if job.params.logprobs is None:
+                assert e.logprobs is None
+            else:
+                assert e.logprobs == tuple(pytest.approx(logprob(t)) for t in e.token_ids)
+            if n > 0 or job.params.prompt_logprobs is None:
+                assert e.prompt_logprobs is None
+            else:
+                want = [logprob(t) for t in job.prompt[1:]]
+                assert e.prompt_logprobs == pytest.approx(want)

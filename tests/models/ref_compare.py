@@ -44,6 +44,7 @@ def max_logit_error(
         if not mask.any():
             continue
         positions = step.positions[mask].astype(np.int64)
+        assert step.logits is not None
         diff = (step.logits[torch.from_numpy(mask)] - ref[torch.from_numpy(positions)]).abs()
         worst, count = max(worst, float(diff.max())), count + int(mask.sum())
     return worst, count

@@ -161,3 +161,22 @@ def test_native_and_jinja_gpt_oss_agree() -> None:
     native = get_native_recipe("gpt_oss", tok)
     messages = [Message("system", "Be brief."), Message("user", "Hi")]
     assert jinja.render(messages).token_ids == native.render(messages).token_ids
+
+
+def test_gguf_metadata_template_through_resin_conversion(tmp_path: Any) -> None:
+    """The template stored in the SmolLM2 GGUF, via resin's own GGUF tokenizer conversion."""
+    import json
+
+    from resin_models_torch.gguf import read_gguf
+    from resin_models_torch.gguf_tokenizer import build_tokenizer_files
+    from tests.recipe.assets import smollm2_gguf
+
+    tokenizer_json, config = build_tokenizer_files(read_gguf(smollm2_gguf()).metadata)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer_json), encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    tokenizer = Tokenizer.from_dir(tmp_path)
+    recipe = load_recipe(tokenizer)
+    # SmolLM2's template adds a default system prompt the native ChatML recipe would not.
+    assert isinstance(recipe, JinjaRecipe)
+    for case in CASES[:4]:
+        _compare(recipe, smollm2_hf(), case)

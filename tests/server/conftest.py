@@ -19,7 +19,7 @@ def make_server(engine: FakeEngine | None = None, **kwargs: Any) -> HttpServer:
     tok = ByteTokenizer()
     return HttpServer(
         engine or FakeEngine(),
-        chat=ChatMLFormat(tok),
+        ChatMLFormat(tok),
         tokenizer=tok,
         model=MODEL,
         port=free_port(),

@@ -72,7 +72,7 @@ def test_admission_bounds_and_reservations() -> None:
 
 
 def test_abort_before_admission_and_engine_refusal() -> None:
-    engine = FakeEngine(lambda prompt: [97], context_length=8)
+    engine = FakeEngine(lambda prompt: [97], context_length=64, step_delay=0.01)
 
     async def main() -> None:
         actor = EngineActor(engine, max_active=1, admissions_per_step=1)
@@ -83,9 +83,10 @@ def test_abort_before_admission_and_engine_refusal() -> None:
         actor.abort(second)  # still waiting for a slot inside the engine
         item = await second.get()
         assert isinstance(item, StreamError) and item.status == 499
+        assert await first.get()  # admitted and generating
         actor.abort(first)
         assert isinstance((await drain(first))[-1], FinishedEvent)
-        too_long = actor.submit(actor.reserve(), tuple(range(20)), params)
+        too_long = actor.submit(actor.reserve(), tuple(range(100)), params)
         refused = await too_long.get()
         assert isinstance(refused, StreamError) and refused.status == 400
         assert actor.queued == 0

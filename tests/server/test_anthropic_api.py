@@ -104,3 +104,10 @@ def test_anthropic_error_shape(url: str, client: anthropic.Anthropic) -> None:
     assert err.value.status_code == 400
     body = httpx.post(url + "/v1/messages", json={"model": MODEL, "messages": []}).json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+def test_count_tokens(client: anthropic.Anthropic) -> None:
+    messages = [{"role": "user", "content": "hey"}]
+    counted = client.messages.count_tokens(model=MODEL, messages=messages)  # type: ignore[arg-type]
+    sent = client.messages.create(model=MODEL, max_tokens=4, messages=messages)  # type: ignore[arg-type]
+    assert counted.input_tokens == sent.usage.input_tokens > 0

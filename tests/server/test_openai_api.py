@@ -220,3 +220,17 @@ def test_metrics_exposed(url: str, client: openai.OpenAI) -> None:
         'resin:request_success_total{finished_reason="length"}',
     ):
         assert name in text
+
+
+def test_huge_top_k_is_no_top_k(serve) -> None:  # type: ignore[no-untyped-def]
+    # Found by the fuzz run: a top_k beyond int32 reached the real engine's sampling arrays
+    # and killed the engine. Run on the real engine (zero-cost runner) when present.
+    from tests.server.test_lifecycle import real_engine
+
+    with serve(real_engine()) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(
+            model=MODEL, messages=user("k"), max_tokens=2, extra_body={"top_k": 26134419042}
+        )
+        assert r.choices[0].finish_reason == "length"
+        assert httpx.get(base + "/health").status_code == 200

@@ -28,7 +28,6 @@ TOOL = {
 def url() -> Iterator[str]:
     default_model = pytest.importorskip("resin_models_torch.default_model")
     from resin.recipe import get_native_recipe
-    from resin.server.recipe_adapter import RecipeChatFormat
     from resin.tokenizer import Tokenizer
 
     try:
@@ -45,9 +44,7 @@ def url() -> Iterator[str]:
         return [*tok.encode("It is sunny in Paris."), end]
 
     engine = FakeEngine(respond, vocab_size=tok.vocab_size, context_length=2048)
-    server = HttpServer(
-        engine, chat=RecipeChatFormat(recipe), tokenizer=tok, model="smol", port=free_port()
-    )
+    server = HttpServer(engine, recipe, tokenizer=tok, model="smol", port=free_port())
     with running(server) as base:
         yield base
 
@@ -95,3 +92,18 @@ def test_anthropic_tool_use(url: str) -> None:
     assert final.stop_reason == "tool_use"
     assert [b.type for b in final.content] == ["tool_use"]
     assert final.content[0].input == {"city": "Paris"}  # type: ignore[union-attr]
+
+
+def test_default_model_keeps_its_default_system_prompt() -> None:
+    default_model = pytest.importorskip("resin_models_torch.default_model")
+    from resin.server.loading import chat_format
+    from resin.server.ports import ChatTurn
+    from resin.tokenizer import Tokenizer
+
+    try:
+        tok = Tokenizer.from_dir(default_model.default_model_dir())
+    except (FileNotFoundError, ImportError) as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+    text = chat_format(tok, None).render([ChatTurn("user", "Hi")]).text
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")

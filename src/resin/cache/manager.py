@@ -150,7 +150,11 @@ class CacheManager:
 
     def reserve(self, slots: I32, cached: I32, totals: I32, prefill: bool = False) -> Reservation:
         """Allocate pages for positions < `totals` (and, with prefix caching in a prefill step,
-        State checkpoint pages at page-aligned positions). Caller checked capacity."""
+        State checkpoint pages at page-aligned positions). All or nothing: raises
+        `OutOfPagesError` before taking anything when the pages are not there."""
+        need = self.pages_to_allocate(slots, cached, totals, prefill)
+        if not self.make_free(need):
+            raise OutOfPagesError(f"a step needs {need} pages, {self.available()} available")
         olds: list[I32 | None] = []
         for g in self.groups:
             if isinstance(g, PagedGroup):

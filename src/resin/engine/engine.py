@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from resin.cache.manager import CacheManager
+from resin.cache.pool import OutOfPagesError
 from resin.engine.config import EngineConfig, resolve_layout, validate_prompt
 from resin.engine.planning import SlotArrays, build_plan
 from resin.engine.request import Request, Status
@@ -33,7 +34,7 @@ from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
 from resin.plan import Phase
-from resin.protocols import BindableRunner, ClosableRunner, Runner, RunnerConfig
+from resin.protocols import AsyncRunner, BindableRunner, ClosableRunner, Runner, RunnerConfig
 
 
 class Engine:
@@ -60,6 +61,8 @@ class Engine:
             enable_metrics=enable_metrics,
             max_retries=max_retries,
         )
+        if not callable(getattr(runner, "forward", None)) and not isinstance(runner, AsyncRunner):
+            raise TypeError("a runner needs forward(plan), or submit(plan) and collect()")
         self.runner = runner
         rc = getattr(runner, "runner_config", None)
         self.runner_config: RunnerConfig = rc if isinstance(rc, RunnerConfig) else RunnerConfig()
@@ -143,6 +146,8 @@ class Engine:
         """Run one transaction; return its events (and any from aborts since the last step)."""
         events, self._pending = self._pending, []
         if self._dead is not None or not self.scheduler.has_work():
+            if self._dead is None:
+                self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self.scheduler.num_preemptions
         cohort = self.scheduler.schedule()
@@ -198,7 +203,13 @@ class Engine:
     # -- one step -------------------------------------------------------------------------
     def _run(self, cohort: Cohort, events: list[Event]) -> None:
         prefill = cohort.phase is Phase.PREFILL
-        reservation = self.cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
+        try:
+            reservation = self.cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
+        except OutOfPagesError:
+            # The scheduler's estimate was short (a bug, but not worth a crash): make room
+            # the usual way and try again next step.
+            self.scheduler.retract(self.scheduler.youngest())
+            return
         plan = build_plan(
             self._step_id,
             cohort.phase,

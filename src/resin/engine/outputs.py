@@ -35,8 +35,12 @@ def collect_prompt_logprobs(
     if k <= 0:
         return
     ids, lps = out.prompt_top_ids, out.prompt_top_logprobs
-    if ids is None or lps is None or np.asarray(ids).ndim != 2 or np.asarray(ids).shape[1] < k:
+    if ids is None or lps is None:
         return
+    ids, lps = np.asarray(ids), np.asarray(lps)
+    want = (plan.num_tokens, k)
+    if ids.ndim != 2 or ids.shape != lps.shape or ids.shape[0] != want[0] or ids.shape[1] < k:
+        return  # prompt alternatives are optional: a runner without them gives none
     for t in known.tolist():
         request._prompt_top.append(
             tuple(

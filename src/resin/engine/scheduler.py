@@ -116,12 +116,14 @@ class Scheduler:
             chosen.append(request)
             chunks.append(n)
             budget -= n
+        outstanding = sum(self._outstanding(r) for r in self.prefilling)
         while budget > 0 and self.waiting and self.free_slots:
-            match = self._admissible(self.waiting[0])
+            match = self._admissible(self.waiting[0], outstanding)
             if match is None:
                 break
             request = self.waiting.popleft()
             self._admit(request, match)
+            outstanding += self._outstanding(request)
             n = min(self._remaining(request), self.config.prefill_chunk_tokens, budget)
             chosen.append(request)
             chunks.append(n)
@@ -133,34 +135,33 @@ class Scheduler:
     def _remaining(self, request: Request) -> int:
         return request._num_tokens - request._num_computed
 
-    def _outstanding_prefill_pages(self) -> int:
+    def _outstanding(self, request: Request) -> int:
+        """Pages an admitted prefill may still take before its known tokens are computed."""
         cache, chunk = self.cache, self.config.prefill_chunk_tokens
-        return sum(
-            max(
-                0,
-                cache.pages_per_sequence(r._num_tokens, chunk)
-                - cache.pages_per_sequence(r._num_computed, chunk),
-            )
-            for r in self.prefilling
+        return max(
+            0,
+            cache.pages_per_sequence(request._num_tokens, chunk)
+            - cache.pages_per_sequence(request._num_computed, chunk),
         )
 
-    def _admissible(self, request: Request) -> Match | None:
+    def _admissible(self, request: Request, outstanding: int) -> Match | None:
         """The prefix match to admit the request with, if the cache can take it now with
-        headroom (a hit whose locked pages cost more than they save is dropped), else None."""
+        headroom (a hit whose locked pages cost more than they save is dropped), else None.
+        `outstanding`: pages admitted prefills may still take."""
         match = self.cache.match(request)
-        if self._fits(request, match):
+        if self._fits(request, match, outstanding):
             return match
-        if match.nodes and self._fits(request, NO_MATCH):
+        if match.nodes and self._fits(request, NO_MATCH, outstanding):
             return NO_MATCH
         return None
 
-    def _fits(self, request: Request, match: Match) -> bool:
+    def _fits(self, request: Request, match: Match, outstanding: int) -> bool:
         cache = self.cache
         need = cache.pages_per_sequence(request._num_tokens, self.config.prefill_chunk_tokens)
         spare = (
             cache.available()
             - cache.lock_cost(match)
-            - self._outstanding_prefill_pages()
+            - outstanding
             - (need - cache.hit_pages(match))
         )
         if self.num_admitted == 0:
@@ -213,7 +214,7 @@ class Scheduler:
             need = self.cache.pages_to_allocate(slots, lens, totals, phase is Phase.PREFILL)
             if need <= self.cache.available():
                 return Cohort(phase, tuple(chosen), slots, lens, totals)
-            victim = self._youngest()
+            victim = self.youngest()
             if victim in chosen:
                 i = chosen.index(victim)
                 del chosen[i]
@@ -221,7 +222,7 @@ class Scheduler:
             self.retract(victim)
         return None
 
-    def _youngest(self) -> Request:
+    def youngest(self) -> Request:
         return max(self.prefilling + self.running, key=lambda r: r._arrival)
 
     def retract(self, request: Request) -> None:

@@ -16,16 +16,15 @@ from resin.recipe.harmony_parser import HarmonyParser
 from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
-from resin.recipe.sandbox import compile_template, render_template
 from resin.recipe.tagged import TaggedParser
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
+from resin.recipe.vision import Gemma3Vision
 from resin.tokenizer import Tokenizer
 
 
 class JinjaRecipe:
-    """A recipe backed by a Jinja chat template (see module docstring)."""
-
-    supports_images = False
+    """A recipe backed by a Jinja chat template (see module docstring). Gemma 3 templates with
+    a tokenizer that has `<image_soft_token>` take images (`resin.recipe.vision`)."""
 
     def __init__(
         self,
@@ -37,6 +36,8 @@ class JinjaRecipe:
         source = template if template is not None else tokenizer.chat_template
         if not source:
             raise ValueError("the tokenizer has no chat template; pass one or use a native recipe")
+        from resin.recipe.sandbox import compile_template  # jinja2 is only needed here
+
         compile_template(source)  # syntax errors surface now, not at the first request
         family_name = family or detect_family(source)
         if family_name not in FAMILIES:
@@ -49,6 +50,10 @@ class JinjaRecipe:
         self.supports_tools = "tools" in source
         self.supports_reasoning = "think" in source or self.family.spec is None
         self.stop_token_ids = self._stop_ids()
+        self.vision: Gemma3Vision | None = None
+        if family_name == "gemma" and tokenizer.token_to_id("<image_soft_token>") is not None:
+            self.vision = Gemma3Vision()
+        self.supports_images = self.vision is not None
 
     def _stop_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
@@ -87,8 +92,15 @@ class JinjaRecipe:
             variables["tools"] = hf_tools
         if enable_thinking is not None:
             variables["enable_thinking"] = enable_thinking
+        from resin.recipe.sandbox import render_template
+
         text = render_template(self.template, **variables)
-        return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+        images = [image for m in messages for image in m.images]
+        if self.vision is None or not images:
+            return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+        text = self.vision.expand_prompt(text, len(images))
+        arrays = tuple(self.vision.preprocess(image) for image in images)
+        return RenderedPrompt(self.tokenizer.encode(text), text, multimodal=arrays)
 
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
@@ -104,7 +116,10 @@ class JinjaRecipe:
 
 
 _PROBE_TOOL = ToolDef("lookup", "Look a word up", {"type": "object", "properties": {}})
+# Without and with a system message (templates that add a default system prompt differ), a
+# multi-turn chat, and a tool round trip.
 _PROBES: tuple[tuple[tuple[Message, ...], bool], ...] = (
+    ((Message("user", "Hi there"),), False),
     ((Message("system", "Be brief."), Message("user", "Hi there")), False),
     (
         (

@@ -113,11 +113,6 @@ class StreamParser:
             ToolCallEnd(index),
         ]
 
-    def _start_call(self, name: str) -> tuple[int, ToolCallStart]:
-        index = self._pending_calls
-        self._pending_calls += 1
-        return index, ToolCallStart(index, f"{self._call_prefix}_{index}", name)
-
     def _record(self, deltas: list[Delta]) -> list[Delta]:
         merged = merge_deltas(deltas)
         for delta in merged:

@@ -1,6 +1,6 @@
 """The HTTP server: OpenAI- and Anthropic-compatible APIs, Prometheus metrics, a chat page.
 
-`HttpServer(engine, chat=..., tokenizer=..., model=...)` runs the engine on one actor thread
+`HttpServer(engine, recipe, tokenizer=..., model=...)` runs the engine on one actor thread
 and serves it with FastAPI + uvicorn. FastAPI is imported only when this package is.
 """
 

@@ -28,7 +28,7 @@ from resin.server.ports import (
     ToolCallStart,
     ToolSpec,
 )
-from resin.server.schemas_anthropic import Block, MessagesRequest
+from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service, release
 
 router = APIRouter()
@@ -45,7 +45,7 @@ def _block_text(content: str | list[Block] | None, where: str) -> str:
     return "".join(out)
 
 
-def to_turns(body: MessagesRequest) -> list[ChatTurn]:
+def to_turns(body: MessagesRequest | CountTokensRequest) -> list[ChatTurn]:
     turns = [ChatTurn("system", _block_text(body.system, "system"))] if body.system else []
     for i, m in enumerate(body.messages):
         where = f"messages.{i}.content"
@@ -72,7 +72,7 @@ def to_turns(body: MessagesRequest) -> list[ChatTurn]:
     return turns
 
 
-def tools_of(body: MessagesRequest) -> list[ToolSpec]:
+def tools_of(body: MessagesRequest | CountTokensRequest) -> list[ToolSpec]:
     if not body.tools or (body.tool_choice and body.tool_choice.type == "none"):
         return []
     return [ToolSpec(t.name, t.description, t.input_schema) for t in body.tools]
@@ -104,7 +104,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     try:
         tools = tools_of(body)
         thinking = None if body.thinking is None else body.thinking.type != "disabled"
-        rendered = svc.chat.render(to_turns(body), tools, thinking)
+        rendered = svc.render(to_turns(body), tools, thinking)
         prompt = rendered.token_ids
         params = svc.params(
             len(prompt),
@@ -122,8 +122,17 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     )
     builder = MessageBuilder(svc, len(prompt), gen)
     if body.stream:
-        return SSEResponse(builder.stream())
+        return SSEResponse(builder.stream(), on_close=gen.cancel)
     return JSONResponse(await until_disconnect(request, builder.collect()))
+
+
+@router.post("/v1/messages/count_tokens", response_model=None)
+async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+    """The prompt size of a Messages request (Anthropic clients call this before sending)."""
+    svc: Service = request.app.state.service
+    thinking = None if body.thinking is None else body.thinking.type != "disabled"
+    rendered = svc.render(to_turns(body), tools_of(body), thinking)
+    return JSONResponse({"input_tokens": len(rendered.token_ids)})
 
 
 class MessageBuilder:

@@ -1,7 +1,7 @@
 """`HttpServer`: the FastAPI app, the engine actor and uvicorn, wired together.
 
 ```python
-server = HttpServer(engine, chat=recipe_format, tokenizer=tok, model="smollm2")
+server = HttpServer(engine, recipe, tokenizer=tok, model="smollm2")
 server.serve()          # blocks; SIGTERM or server.shutdown() stops it cleanly
 ```
 Shutdown order: stop intake (new requests get 503), abort open requests, let the actor finish
@@ -25,17 +25,20 @@ from starlette.exceptions import HTTPException
 
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
-from resin.server.asgi import GuardMiddleware
+from resin.server.asgi import ClientDisconnected, GuardMiddleware
 from resin.server.errors import (
     ApiError,
     api_error_handler,
+    disconnected_handler,
     http_error_handler,
+    too_slow_handler,
     unhandled_error_handler,
     validation_error_handler,
 )
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
 from resin.server.service import Service
+from resin.server.stream import ClientTooSlow
 
 log = logging.getLogger("resin.server")
 
@@ -46,9 +49,9 @@ class HttpServer:
     def __init__(
         self,
         engine: EngineLike,
+        recipe: Any,
         *,
-        chat: ChatFormat,
-        tokenizer: TokenizerLike,
+        tokenizer: TokenizerLike | None = None,
         model: str = "resin",
         host: str = "127.0.0.1",
         port: int = 8000,
@@ -61,6 +64,10 @@ class HttpServer:
         max_body_bytes: int = 4 * 1024 * 1024,
         context_length: int | None = None,
     ) -> None:
+        chat = as_chat_format(recipe)
+        tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
         self.host = host
         self.port = port
         self.engine = engine
@@ -103,6 +110,8 @@ class HttpServer:
         app = FastAPI(title="Resin", version="0.1.0", lifespan=lifespan)
         app.state.service = self.service
         app.add_exception_handler(ApiError, api_error_handler)
+        app.add_exception_handler(ClientDisconnected, disconnected_handler)
+        app.add_exception_handler(ClientTooSlow, too_slow_handler)
         app.add_exception_handler(RequestValidationError, validation_error_handler)
         app.add_exception_handler(HTTPException, http_error_handler)
         app.add_exception_handler(Exception, unhandled_error_handler)
@@ -171,3 +180,15 @@ def _engine_exporter(engine: EngineLike, model: str) -> Callable[[], bytes] | No
     exporter = PrometheusExporter(engine, model_name=model)  # type: ignore[arg-type]
     render: Callable[[], bytes] = exporter.render
     return render
+
+
+def as_chat_format(recipe: Any) -> ChatFormat:
+    """A `resin.recipe` Recipe is adapted; anything else must already be a ChatFormat."""
+    from resin.recipe import Recipe
+
+    if isinstance(recipe, Recipe):
+        from resin.server.recipe_adapter import RecipeChatFormat
+
+        return RecipeChatFormat(recipe)
+    chat: ChatFormat = recipe
+    return chat

@@ -8,7 +8,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from resin.server.errors import ApiError, error_body
+from resin.server.stream import ClientTooSlow
 
 T = TypeVar("T")
 log = logging.getLogger("resin.server")
@@ -106,7 +107,9 @@ class SSEResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(
+        self, events: AsyncIterator[str], on_close: Callable[[], None] | None = None
+    ) -> None:
         self.status_code = 200
         self.background = None
         self.raw_headers = [
@@ -115,6 +118,7 @@ class SSEResponse(Response):
             (b"x-accel-buffering", b"no"),
         ]
         self.events = events
+        self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -126,6 +130,8 @@ class SSEResponse(Response):
                 task.cancel()
             await asyncio.gather(pump, watch, return_exceptions=True)
             await _close(self.events)
+            if self.on_close is not None:
+                self.on_close()  # abort what the generator did not finish
 
     async def _pump(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -134,9 +140,15 @@ class SSEResponse(Response):
                 await send(
                     {"type": "http.response.body", "body": frame.encode(), "more_body": True}
                 )
+                # A send into a transport that is not full never suspends: yield, so a
+                # backlog of buffered frames cannot monopolize the event loop.
+                await asyncio.sleep(0)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             return  # the client went away while we wrote
+        except ClientTooSlow:
+            # The reader fell too far behind; its request is already aborted: end the body.
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:
             log.exception("stream failed")
             raise

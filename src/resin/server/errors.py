@@ -92,3 +92,14 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
 
 async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request.url.path, 500, f"internal error: {type(exc).__name__}")
+
+
+async def disconnected_handler(request: Request, exc: Exception) -> JSONResponse:
+    """The client left before its answer was ready (its generations were aborted); nobody
+    reads this response, but answering keeps the failure out of the error log."""
+    return error_response(request.url.path, 499, "client disconnected")
+
+
+async def too_slow_handler(request: Request, exc: Exception) -> JSONResponse:
+    """The answer fell too far behind the engine (an overloaded event loop)."""
+    return error_response(request.url.path, 503, "server overloaded; retry", None)

@@ -238,3 +238,8 @@ async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, Update]
         await asyncio.gather(*tasks, return_exceptions=True)
         for g in gens:
             g.cancel()
+
+
+def cancel_all(gens: Sequence[Generation]) -> None:
+    for g in gens:
+        g.cancel()

@@ -4,7 +4,7 @@ the default model, with a tqdm progress bar; or the zero-cost fake for load test
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
 
@@ -55,13 +55,12 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         bar.set_postfix_str(steps[3])
         from resin.engine import Engine
 
-        kwargs: dict[str, Any] = {"prefix_cache": options.prefix_cache}
-        if options.context_length:
-            kwargs["context_length"] = options.context_length
-        engine = Engine(runner, **kwargs)
+        context = context_length_of(folder, options.context_length)
+        real = Engine(runner, prefix_cache=options.prefix_cache, context_length=context)
+        engine = cast(EngineLike, cast(object, real))
         bar.update()
-    context = int(getattr(engine, "context_length", options.context_length or 2048))
-    name = options.model or _name_of(str(folder))
+    name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
+    name = name or DEFAULT_MODEL_NAME
     return Loaded(engine, chat, tokenizer, name, context)
 
 
@@ -91,12 +90,13 @@ def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
     try:
         from resin.engine import Engine
 
-        engine = Engine(
+        real: object = Engine(
             ZeroCostRunner(),
             context_length=context_length,
             prefix_cache=prefix_cache,
             max_sequences=512,
         )
+        engine = cast(EngineLike, real)
     except NotImplementedError:
         engine = FakeEngine(context_length=context_length, max_sequences=512)
     return Loaded(engine, ChatMLFormat(tok), tok, "fake", context_length)
@@ -104,3 +104,16 @@ def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
 
 def _name_of(folder: str) -> str:
     return folder.rstrip("/").rsplit("/", 1)[-1] or "resin"
+
+
+def context_length_of(folder: Any, requested: int | None) -> int:
+    """The checkpoint's trained context (config.json), or less when asked."""
+    import json
+    from pathlib import Path
+
+    config = Path(folder) / "config.json"
+    trained = None
+    if config.is_file():
+        trained = json.loads(config.read_text(encoding="utf-8")).get("max_position_embeddings")
+    limit = int(trained) if isinstance(trained, int) and trained > 0 else 32768
+    return min(requested, limit) if requested else limit

@@ -12,7 +12,14 @@ from starlette.responses import JSONResponse, Response
 
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
-from resin.server.generation import Finish, Generation, TokenLogprob, Update, merged
+from resin.server.generation import (
+    Finish,
+    Generation,
+    TokenLogprob,
+    Update,
+    cancel_all,
+    merged,
+)
 from resin.server.ports import (
     ChatTurn,
     ReasoningDelta,
@@ -125,7 +132,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     reservations = svc.reserve(body.n)
     try:
         tools = tools_of(body)
-        rendered = svc.chat.render(to_turns(body.messages), tools, enable_thinking(body))
+        rendered = svc.render(to_turns(body.messages), tools, enable_thinking(body))
         prompt = rendered.token_ids
         top = body.top_logprobs or 0
         params = svc.params(
@@ -150,7 +157,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_stream(svc, gens, rid, body.logprobs, include_usage))
+        stream = _stream(svc, gens, rid, body.logprobs, include_usage)
+        return SSEResponse(stream, on_close=lambda: cancel_all(gens))
     return JSONResponse(await until_disconnect(request, _collect(svc, gens, rid, body.logprobs)))
 
 

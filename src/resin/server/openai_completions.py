@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
-from resin.server.generation import Finish, Generation, TokenLogprob, merged
+from resin.server.generation import Finish, Generation, TokenLogprob, cancel_all, merged
 from resin.server.openai_chat import usage
 from resin.server.ports import TextDelta
 from resin.server.schemas_openai import CompletionRequest as _Base
@@ -101,7 +101,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     drop = body.max_tokens == 0
     if body.stream:
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_stream(svc, gens, rid, body, prompt_ids, include))
+        stream = _stream(svc, gens, rid, body, prompt_ids, include)
+        return SSEResponse(stream, on_close=lambda: cancel_all(gens))
     result = await until_disconnect(request, _collect(svc, gens, rid, body, prompt_ids, drop))
     return JSONResponse(result)
 

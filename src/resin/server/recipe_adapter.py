@@ -7,7 +7,6 @@ and wraps the recipe's parser so `finish()` returns the flushed deltas.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from resin.recipe import (
     Message,
@@ -18,7 +17,6 @@ from resin.recipe import (
     ToolCall,
     ToolDef,
     ToolResult,
-    get_native_recipe,
 )
 from resin.recipe.types import Block
 from resin.server.ports import ChatTurn, Delta, RenderedPrompt, ToolSpec
@@ -62,16 +60,18 @@ class RecipeChatFormat:
 
     @classmethod
     def load(cls, tokenizer: Tokenizer, name: str | None = None) -> RecipeChatFormat:
-        """The named native recipe, or one detected from the vocabulary; LookupError if none
-        fits (the caller then falls back to the checkpoint's own template)."""
-        import resin.recipe as recipes
+        """The named recipe, or `resin.recipe.load_recipe`'s choice; a detected native recipe
+        that renders a system-less conversation differently from the checkpoint's template
+        (SmolLM2's template adds a default system prompt) gives way to the template."""
+        from resin.recipe.jinja_recipe import JinjaRecipe, load_recipe
 
-        finder: Any = getattr(recipes, "load_recipe", None)
-        if finder is not None:
-            return cls(finder(tokenizer, name))
-        if name is None:
-            name = detect_native(tokenizer)
-        return cls(get_native_recipe(name, tokenizer))
+        recipe = load_recipe(tokenizer, name)
+        if name is None and tokenizer.chat_template and not isinstance(recipe, JinjaRecipe):
+            template = JinjaRecipe(tokenizer)
+            probe = [Message("user", "Hi")]
+            if recipe.render(probe).text != template.render(probe).text:
+                recipe = template
+        return cls(recipe)
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -99,20 +99,3 @@ class RecipeChatFormat:
 
     def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> _Parser:
         return _Parser(self.recipe.create_parser(prompt, tools=to_tool_defs(tools) or None))
-
-
-def detect_native(tokenizer: Tokenizer) -> str:
-    """A native recipe whose special tokens this tokenizer has and whose reasoning/tool
-    syntax the checkpoint's template uses; plain ChatML models keep their own template."""
-
-    def has(token: str) -> bool:
-        return tokenizer.token_to_id(token) is not None
-
-    template = tokenizer.chat_template or ""
-    if has("<|start_header_id|>") and has("<|eot_id|>"):
-        return "llama3"
-    if has("<|im_start|>") and has("<think>") and "<think>" in template:
-        return "qwen3"
-    if has("<|im_start|>") and "<tool_call>" in template:
-        return "chatml"
-    raise LookupError("no native recipe detected")

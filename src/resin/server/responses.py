@@ -118,7 +118,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         tools = tools_of(body)
         effort = (body.reasoning or {}).get("effort")
         thinking = None if effort is None else effort not in ("none", "minimal")
-        rendered = svc.chat.render(to_turns(body), tools, thinking)
+        rendered = svc.render(to_turns(body), tools, thinking)
         prompt = rendered.token_ids
         params = svc.params(
             len(prompt),
@@ -135,7 +135,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     )
     builder = ResponseBuilder(svc, body)
     if body.stream:
-        return SSEResponse(builder.stream(gen))
+        return SSEResponse(builder.stream(gen), on_close=gen.cancel)
     return JSONResponse(await until_disconnect(request, builder.collect(gen)))
 
 

@@ -58,3 +58,12 @@ class MessagesRequest(Loose):
     tools: list[ToolDefIn] | None = None
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
+
+
+class CountTokensRequest(Loose):
+    model: str
+    messages: list[MessageIn] = Field(min_length=1)
+    system: str | list[Block] | None = None
+    tools: list[ToolDefIn] | None = None
+    tool_choice: ToolChoiceIn | None = None
+    thinking: ThinkingIn | None = None

@@ -16,7 +16,14 @@ from resin.server.actor import EngineActor, EngineUnavailable, QueueFull, Reserv
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
 from resin.server.metrics import ServerMetrics
-from resin.server.ports import ChatFormat, OutputParser, TokenizerLike
+from resin.server.ports import (
+    ChatFormat,
+    ChatTurn,
+    OutputParser,
+    RenderedPrompt,
+    TokenizerLike,
+    ToolSpec,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,16 @@ class Service:
             raise ApiError(503, f"engine unavailable: {exc}") from None
         return held
 
+    def render(
+        self, turns: Sequence[ChatTurn], tools: Sequence[ToolSpec], thinking: bool | None
+    ) -> RenderedPrompt:
+        """The prompt for a conversation; a conversation the recipe or template cannot render
+        (a template's `raise_exception`, malformed tool-call arguments) is the client's 400."""
+        try:
+            return self.chat.render(turns, tools, thinking)
+        except Exception as exc:
+            raise ApiError(400, f"cannot render this conversation: {exc}", "messages") from None
+
     def check_model(self, name: str | None) -> None:
         # Clients often send a placeholder; only a clearly different name is an error.
         if name and name != self.model and name not in ("default", "resin"):
@@ -108,7 +125,9 @@ class Service:
                 stop_token_ids=tuple(stop_token_ids),
                 temperature=1.0 if temperature is None else temperature,
                 top_p=1.0 if top_p is None else top_p,
-                top_k=0 if top_k is None or top_k < 0 else top_k,
+                # top_k >= vocabulary is no top-k at all; mapping it to 0 also keeps huge
+                # values out of the engine's int32 sampling arrays.
+                top_k=0 if top_k is None or not 0 < top_k < self.tokenizer.vocab_size else top_k,
                 min_p=0.0 if min_p is None else min_p,
                 seed=seed,
                 logprobs=logprobs,

@@ -1,9 +1,11 @@
 """Per-request event buffer between the engine actor (producer) and one HTTP handler.
 
-Lives on the event loop: the actor hands over events with `loop.call_soon_threadsafe`, one
-batch per engine step. The buffer holds at most `capacity` batches; a client that falls that
-far behind is cut off (`overflowed`) and its request aborted, so a slow reader never makes the
-actor or other clients wait.
+Lives on the event loop: the actor hands over events with `loop.call_soon_threadsafe`
+(coalesced: one delivery per loop turn holds every step since the last one). The buffer holds
+at most `capacity` deliveries and at most `capacity * 64` events; a client that falls that far
+behind (it stopped reading, its socket is full) is cut off (`overflowed`) and its request
+aborted, so a slow reader never makes the actor or other clients wait and never holds more
+than a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ StreamItem = list[Event] | StreamError
 
 
 class ClientTooSlow(Exception):
-    """The handler fell more than `capacity` steps behind the engine."""
+    """The handler fell more than `capacity` deliveries (or `capacity * 64` events) behind."""
 
 
 class RequestStream:
@@ -38,7 +40,9 @@ class RequestStream:
         self.capacity = capacity
         self.request_id: int | None = None  # written by the actor thread once submitted
         self.cached_tokens = 0
+        self.max_events = capacity * 64
         self._items: deque[StreamItem] = deque()
+        self._events = 0
         self._ready = asyncio.Event()
         self.overflowed = False
         self.closed = False
@@ -49,12 +53,14 @@ class RequestStream:
             return True
         if isinstance(item, StreamError) or any(isinstance(e, FinishedEvent) for e in item):
             self.closed = True
-        elif len(self._items) >= self.capacity:
+        elif len(self._items) >= self.capacity or self._events + len(item) > self.max_events:
             self.overflowed = True
             self.closed = True
             self._ready.set()
             return False
         self._items.append(item)
+        if not isinstance(item, StreamError):
+            self._events += len(item)
         self._ready.set()
         return True
 
@@ -74,4 +80,5 @@ class RequestStream:
             head = self._items.popleft()
             assert not isinstance(head, StreamError)
             events.extend(head)
+        self._events = 0
         return events

@@ -1,0 +1,148 @@
+"""A minimal paged-sequence planner that builds `BatchPlan`s without the Engine.
+
+The benchmark and the correctness checks drive a runner directly with it: sequences own page
+lists (a prefix of full pages may be shared with another sequence, like the prefix cache
+does), and `plan()` turns (sequence, new tokens) rows into a frozen plan with exact append
+slots. It does no scheduling and no eviction: it is a test and benchmark harness, not an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from resin.plan import BatchPlan, CacheGroupPlan, Phase, SamplingArrays
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    tokens: list[int]
+    pages: list[int] = field(default_factory=list)
+    cached: int = 0  # tokens whose K/V are in the cache
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = -1
+    logprobs: int = -1
+
+
+class PagedPlanner:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        self.page_size = page_size
+        self._free = list(range(num_pages - 1, -1, -1))
+        self._next_id = 0
+        self._step = 0
+
+    def new_sequence(
+        self, tokens: list[int], share: Sequence | None = None, shared_tokens: int = 0
+    ) -> Sequence:
+        """A sequence; with `share`, it reuses `share`'s first full pages covering
+        `shared_tokens` (rounded down to whole pages) as its cached prefix."""
+        seq = Sequence(self._next_id, list(tokens))
+        self._next_id += 1
+        if share is not None:
+            full = min(shared_tokens, share.cached) // self.page_size
+            seq.pages = share.pages[:full]
+            seq.cached = full * self.page_size
+        return seq
+
+    def _ensure_pages(self, seq: Sequence, total: int) -> None:
+        while len(seq.pages) * self.page_size < total:
+            if not self._free:
+                raise MemoryError("planner ran out of pages")
+            seq.pages.append(self._free.pop())
+
+    def plan(
+        self,
+        rows: list[tuple[Sequence, int]],
+        phase: Phase,
+        sampling: list[Sampling] | None = None,
+        output_index: list[int] | None = None,
+    ) -> BatchPlan:
+        """One step: row (seq, n) computes the sequence's next n uncached tokens."""
+        ids, pos, slots, qlens, cached, total, pages, counts, samples = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
+        for seq, n in rows:
+            start, end = seq.cached, seq.cached + n
+            if end > len(seq.tokens):
+                raise ValueError("row asks for more tokens than the sequence has")
+            self._ensure_pages(seq, end)
+            p = np.arange(start, end)
+            page_arr = np.asarray(seq.pages, dtype=np.int64)
+            slots.append(page_arr[p // self.page_size] * self.page_size + p % self.page_size)
+            ids.append(np.asarray(seq.tokens[start:end], dtype=np.int32))
+            pos.append(p.astype(np.int32))
+            qlens.append(n)
+            cached.append(start)
+            total.append(end)
+            used = -(-end // self.page_size)
+            pages.append(page_arr[:used].astype(np.int32))
+            counts.append(used)
+            samples.append(end == len(seq.tokens))
+        b = len(rows)
+        sampling = sampling or [Sampling()] * b
+        out_idx = np.asarray(output_index or [0] * b, dtype=np.int32)
+        i32 = np.int32
+        group = CacheGroupPlan(
+            group=0,
+            page_indptr=np.concatenate([[0], np.cumsum(counts)]).astype(i32),
+            page_ids=np.concatenate(pages).astype(i32),
+            page_start=np.zeros(b, dtype=i32),
+            append_slots=np.concatenate(slots).astype(np.int64),
+        )
+        arrays = SamplingArrays(
+            temperature=np.array([s.temperature for s in sampling], dtype=np.float32),
+            top_p=np.array([s.top_p for s in sampling], dtype=np.float32),
+            top_k=np.array([s.top_k for s in sampling], dtype=i32),
+            min_p=np.array([s.min_p for s in sampling], dtype=np.float32),
+            seed=np.array([s.seed for s in sampling], dtype=np.int64),
+            output_index=out_idx,
+            logprobs=np.array([s.logprobs for s in sampling], dtype=i32),
+        )
+        t = int(sum(qlens))
+        self._step += 1
+        return BatchPlan(
+            step_id=self._step,
+            phase=phase,
+            sequence_ids=np.array([s.seq_id for s, _ in rows], dtype=np.int64),
+            input_ids=np.concatenate(ids),
+            query_indptr=np.concatenate([[0], np.cumsum(qlens)]).astype(i32),
+            positions=np.concatenate(pos),
+            cached_lens=np.asarray(cached, dtype=i32),
+            total_lens=np.asarray(total, dtype=i32),
+            sample_rows=np.asarray(samples, dtype=bool),
+            sampling=arrays,
+            cache_groups=(group,),
+            prompt_logprob_rows=np.zeros(b, dtype=bool),
+            target_ids=np.full(t, -1, dtype=i32),
+            draft_indptr=np.zeros(b + 1, dtype=i32),
+            draft_ids=np.zeros(0, dtype=i32),
+        )
+
+    def free(self, seq: Sequence, shared_pages: int = 0) -> None:
+        """Return a finished sequence's own pages (all but its first `shared_pages`)."""
+        self._free.extend(reversed(seq.pages[shared_pages:]))
+        seq.pages = []
+        seq.cached = 0
+
+    @staticmethod
+    def commit(rows: list[tuple[Sequence, int]]) -> None:
+        """Mark the planned tokens as cached (after the runner ran the plan)."""
+        for seq, n in rows:
+            seq.cached += n

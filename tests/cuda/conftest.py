@@ -1,0 +1,66 @@
+"""Run the Triton kernels through the interpreter on machines without CUDA.
+
+`TRITON_INTERPRET` is read when a `@triton.jit` function is defined, so it must be set before
+any kernel module is imported: this conftest is imported first by pytest.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+try:
+    import torch
+
+    HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a dev dependency
+    HAS_CUDA = False
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+
+def _fix_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter turns a loaded scalar into a Python int with `int(array)`,
+    which NumPy >= 2.4 refuses for 1-element arrays (a loop bound read from memory fails).
+    Re-patch `__index__` to take the single element explicitly."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor: object, scope: object) -> None:
+        original(tensor, scope)
+        scope.set_attr(  # type: ignore[attr-defined]
+            tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0])
+        )
+
+    interpreter._patch_lang_tensor = patched
+
+
+if HAS_TRITON and not HAS_CUDA:
+    _fix_interpreter_scalar_index()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    skip_triton = pytest.mark.skip(reason="needs triton")
+    for item in items:
+        if "tests/cuda" not in str(item.fspath):
+            continue
+        if item.get_closest_marker("gpu") is not None and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        elif not HAS_TRITON:
+            item.add_marker(skip_triton)
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"

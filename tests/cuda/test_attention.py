@@ -1,0 +1,157 @@
+"""Paged decode and prefill attention vs plain PyTorch over odd shapes, windows and dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.cuda.paged_ref import make_paged, ref_attention
+
+DTYPES = [(torch.float32, 2e-3, 2e-3), (torch.float16, 2e-2, 2e-2)]
+GPU_DTYPES = [(torch.bfloat16, 3e-2, 3e-2), (torch.float16, 1e-2, 1e-2)]
+
+
+def _decode_case(
+    device: str,
+    dtype: torch.dtype,
+    atol: float,
+    rtol: float,
+    lens: list[int],
+    heads: tuple[int, int],
+    window: int,
+    splits: int,
+    page: int = 16,
+) -> None:
+    from resin_models_cuda.kernels import decode_attention
+
+    hq, hkv = heads
+    head_dim = 32 if device == "cpu" else 128
+    first = [max(0, n - window) // page if window else 0 for n in lens]
+    case = make_paged(lens, hkv, head_dim, page, dtype, device, first_page=first)
+    q = torch.randn((len(lens), hq, head_dim)).to(dtype).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    scale = head_dim**-0.5
+    out = decode_attention(
+        q, case.k_cache, case.v_cache, case.page_indptr, case.page_ids, case.page_start,
+        seq_lens, scale=scale, splits=splits, window=window, block_n=16 if device == "cpu" else 64,
+    )  # fmt: skip
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.all(out[b] == 0)
+            continue
+        pos = torch.tensor([n - 1], device=device)
+        ref = ref_attention(q[b : b + 1], case.dense_k[b], case.dense_v[b], pos, scale, window)
+        torch.testing.assert_close(out[b].float(), ref[0], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), DTYPES)
+@pytest.mark.parametrize(
+    ("lens", "heads", "window", "splits"),
+    [
+        ([1, 37, 5], (4, 2), 0, 4),
+        ([50, 0, 17], (6, 1), 0, 2),
+        ([70, 9], (4, 4), 20, 4),
+        ([33], (8, 2), 0, 1),
+    ],
+)
+def test_decode_attention_matches_torch(
+    device: str,
+    dtype: torch.dtype,
+    atol: float,
+    rtol: float,
+    lens: list[int],
+    heads: tuple[int, int],
+    window: int,
+    splits: int,
+) -> None:
+    _decode_case(device, dtype, atol, rtol, lens, heads, window, splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), GPU_DTYPES)
+@pytest.mark.parametrize("splits", [1, 8, 32])
+def test_decode_attention_gpu_shapes(
+    dtype: torch.dtype, atol: float, rtol: float, splits: int
+) -> None:
+    _decode_case("cuda", dtype, atol, rtol, [1, 1000, 4097, 333, 0], (32, 8), 0, splits)
+    _decode_case("cuda", dtype, atol, rtol, [1, 1000, 4097], (28, 4), 512, splits)
+
+
+def _prefill_case(
+    device: str,
+    dtype: torch.dtype,
+    atol: float,
+    rtol: float,
+    cached: list[int],
+    q_lens: list[int],
+    heads: tuple[int, int],
+    window: int,
+    block_m: int,
+    page: int = 16,
+) -> None:
+    from resin_models_cuda.kernels import prefill_attention, prefill_blocks
+
+    hq, hkv = heads
+    head_dim = 32 if device == "cpu" else 128
+    totals = [c + n for c, n in zip(cached, q_lens, strict=True)]
+    first = [max(0, c - window) // page if window else 0 for c in cached]
+    case = make_paged(totals, hkv, head_dim, page, dtype, device, first_page=first)
+    qi = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = torch.randn((int(qi[-1]), hq, head_dim)).to(dtype).to(device)
+    rows, offs = prefill_blocks(qi, block_m)
+    scale = head_dim**-0.5
+    i32 = dict(dtype=torch.int32, device=device)
+    out = prefill_attention(
+        q, case.k_cache, case.v_cache, torch.tensor(qi, **i32), torch.tensor(cached, **i32),
+        case.page_indptr, case.page_ids, case.page_start, torch.tensor(rows, **i32),
+        torch.tensor(offs, **i32), scale=scale, window=window, block_m=block_m,
+        block_n=16 if device == "cpu" else 64,
+    )  # fmt: skip
+    for b, (c, n) in enumerate(zip(cached, q_lens, strict=True)):
+        pos = torch.arange(c, c + n, device=device)
+        ref = ref_attention(
+            q[qi[b] : qi[b + 1]], case.dense_k[b], case.dense_v[b], pos, scale, window
+        )
+        torch.testing.assert_close(out[qi[b] : qi[b + 1]].float(), ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), DTYPES)
+@pytest.mark.parametrize(
+    ("cached", "q_lens", "heads", "window"),
+    [
+        ([0, 0], [19, 3], (4, 2), 0),
+        ([21, 0, 5], [7, 33, 1], (3, 1), 0),
+        ([40, 3], [25, 30], (4, 4), 24),
+    ],
+)
+def test_prefill_attention_matches_torch(
+    device: str,
+    dtype: torch.dtype,
+    atol: float,
+    rtol: float,
+    cached: list[int],
+    q_lens: list[int],
+    heads: tuple[int, int],
+    window: int,
+) -> None:
+    _prefill_case(device, dtype, atol, rtol, cached, q_lens, heads, window, block_m=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), GPU_DTYPES)
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_prefill_attention_gpu_shapes(
+    dtype: torch.dtype, atol: float, rtol: float, block_m: int
+) -> None:
+    _prefill_case("cuda", dtype, atol, rtol, [0, 700, 3], [1000, 301, 1], (32, 8), 0, block_m)
+    _prefill_case("cuda", dtype, atol, rtol, [900, 0], [300, 777], (28, 4), 256, block_m)
+
+
+def test_prefill_blocks_maps_every_query_once() -> None:
+    from resin_models_cuda.kernels import prefill_blocks
+
+    qi = np.array([0, 5, 5, 40, 41], dtype=np.int32)
+    rows, offs = prefill_blocks(qi, 16)
+    assert rows.tolist() == [0, 2, 2, 2, 3]
+    assert offs.tolist() == [0, 0, 16, 32, 0]

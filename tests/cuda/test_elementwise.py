@@ -1,0 +1,120 @@
+"""KV append, RMSNorm (alone and fused with the residual add), RoPE and SiLU-and-mul vs
+plain PyTorch over odd shapes and (dtype, atol, rtol) pairs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resin_models_cuda.kernels.rope import RopeScaling
+
+DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 2e-3)]
+GPU_DTYPES = [(torch.bfloat16, 2e-2, 2e-2), (torch.float16, 2e-3, 2e-3)]
+
+
+def _dtypes(device: str) -> list[tuple[torch.dtype, float, float]]:
+    return GPU_DTYPES if device == "cuda" else DTYPES
+
+
+def _ref_norm(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    vf = v.float()
+    return w * (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(v.dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (7, 100), (33, 4096)])
+def test_rmsnorm_and_fused_add(device: str, shape: tuple[int, int]) -> None:
+    from resin_models_cuda.kernels import fused_add_rmsnorm, rmsnorm
+
+    for dtype, atol, rtol in _dtypes(device):
+        x = torch.randn(shape).to(dtype).to(device)
+        res = torch.randn(shape).to(dtype).to(device)
+        w = torch.randn(shape[1]).to(dtype).to(device)
+
+        torch.testing.assert_close(rmsnorm(x, w, 1e-6), _ref_norm(x, w), atol=atol, rtol=rtol)
+        summed = x + res
+        expect = _ref_norm(summed, w)
+        fused_add_rmsnorm(x, res, w, 1e-6)
+        torch.testing.assert_close(res, summed, atol=atol, rtol=rtol)
+        torch.testing.assert_close(x, expect, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(("tokens", "inter"), [(1, 5), (9, 1500), (3, 14336)])
+def test_silu_and_mul(device: str, tokens: int, inter: int) -> None:
+    from resin_models_cuda.kernels import silu_and_mul
+
+    for dtype, atol, rtol in _dtypes(device):
+        x = torch.randn((tokens, 2 * inter)).to(dtype).to(device)
+        gate, up = x.chunk(2, dim=-1)
+        expect = torch.nn.functional.silu(gate) * up
+        torch.testing.assert_close(silu_and_mul(x), expect, atol=atol, rtol=rtol)
+
+
+def _ref_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+@pytest.mark.parametrize("scaling", [None, RopeScaling(8.0, 1.0, 4.0, 64)])
+@pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, (1, 1), 8), (13, (6, 2), 64)])
+def test_rope_in_place(
+    device: str, scaling: RopeScaling | None, tokens: int, heads: tuple[int, int], head_dim: int
+) -> None:
+    from resin_models_cuda.kernels import apply_rope, rope_cache
+
+    cos, sin = rope_cache(head_dim, 512, 10000.0, scaling, device)
+    for dtype, atol, rtol in _dtypes(device):
+        # q and k as views of one fused qkv projection, like the runner's.
+        qkv = torch.randn((tokens, (heads[0] + 2 * heads[1]) * head_dim)).to(dtype).to(device)
+        q = qkv[:, : heads[0] * head_dim].view(tokens, heads[0], head_dim)
+        k = qkv[:, heads[0] * head_dim : (heads[0] + heads[1]) * head_dim]
+        k = k.view(tokens, heads[1], head_dim)
+        pos = torch.randint(0, 512, (tokens,), dtype=torch.int32).to(device)
+        expect_q = _ref_rope(q, cos[pos.long()], sin[pos.long()]).to(dtype)
+        expect_k = _ref_rope(k, cos[pos.long()], sin[pos.long()]).to(dtype)
+        apply_rope(q, k, pos, cos, sin)
+        torch.testing.assert_close(q, expect_q, atol=atol, rtol=rtol)
+        torch.testing.assert_close(k, expect_k, atol=atol, rtol=rtol)
+
+
+def test_rope_llama3_scaling_matches_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from resin_models_cuda.kernels import rope_cache
+
+    config = transformers.LlamaConfig(
+        head_dim=64, hidden_size=256, num_attention_heads=4, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+    )  # fmt: skip
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    cos, _ = rope_cache(64, 4, 500000.0, RopeScaling(8.0, 1.0, 4.0, 8192))
+    torch.testing.assert_close(cos[3], torch.cos(3 * inv_freq.float()), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "kv_heads", "head_dim", "page"), [(5, 1, 8, 4), (40, 3, 32, 16)]
+)
+def test_kv_append_writes_exact_slots(
+    device: str, tokens: int, kv_heads: int, head_dim: int, page: int
+) -> None:
+    from resin_models_cuda.kernels import kv_append
+
+    pages = tokens // page + 4
+    arena = torch.zeros((pages, 2, 2, page, kv_heads, head_dim), device=device)
+    k_cache, v_cache = arena[:, 1, 0], arena[:, 1, 1]
+    slots = torch.randperm(pages * page)[:tokens].to(device)
+    slots[0] = -1  # a padding row writes nothing
+    k = torch.randn((tokens, kv_heads, head_dim), device=device)
+    v = torch.randn((tokens, kv_heads, head_dim), device=device)
+    kv_append(k, v, k_cache, v_cache, slots)
+    flat_k = k_cache.reshape(pages * page, kv_heads, head_dim)
+    flat_v = v_cache.reshape(pages * page, kv_heads, head_dim)
+    torch.testing.assert_close(flat_k[slots[1:]], k[1:])
+    torch.testing.assert_close(flat_v[slots[1:]], v[1:])
+    written = torch.zeros(pages * page, dtype=torch.bool, device=device)
+    written[slots[1:]] = True
+    assert torch.all(flat_k[~written] == 0) and torch.all(arena[:, 0] == 0)

@@ -1,0 +1,56 @@
+"""`resin serve` as a subprocess: prints its URL when ready, serves, and on SIGTERM ends an
+open stream cleanly and exits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from resin.server.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serve_sigterm_ends_streams_cleanly() -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "resin.cli", "serve", "--fake-runner", "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in banner, banner
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(url + "/health").status_code == 200
+        lines: list[str] = []
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 20000, "stream": True,
+                "ignore_eos": True}  # fmt: skip
+
+        def read() -> None:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+                lines.extend(r.iter_lines())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        reader.join(30)
+        # uvicorn re-raises the captured signal after its clean shutdown.
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+        data = [ln for ln in lines if ln.startswith("data: ")]
+        assert data and data[-1] == "data: [DONE]"
+        assert '"finish_reason":"stop"' in data[-2]  # cut by the shutdown, not by max_tokens
+    finally:
+        if proc.poll() is None:
+            proc.kill()

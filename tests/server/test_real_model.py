@@ -1,0 +1,105 @@
+"""Acceptance on the real default model (SmolLM2-135M-Instruct on CPU, real Engine): the
+official SDKs pass chat (stream / non-stream), completions with echo + logprobs, responses
+(`responses.stream` + `get_final_response`), messages (`messages.stream`), usage counts and
+prefix-cache hits. Small max_tokens: 2 CPU cores."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anthropic
+import openai
+import pytest
+
+from resin.server import HttpServer
+from resin.server.launch import free_port, running
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    pytest.importorskip("torch")
+    from resin.server.loading import LoadOptions, load
+
+    try:
+        loaded = load(LoadOptions(context_length=2048), progress=False)
+    except NotImplementedError:
+        pytest.skip("the engine is not implemented on this branch")
+    except (FileNotFoundError, ImportError) as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+    server = HttpServer(
+        loaded.engine,
+        loaded.chat,
+        tokenizer=loaded.tokenizer,
+        model=loaded.name,
+        port=free_port(),
+        context_length=loaded.context_length,
+    )
+    with running(server) as base:
+        yield base
+    loaded.engine.close()
+
+
+@pytest.fixture(scope="module")
+def oai(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def ask(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_chat_stream_equals_non_stream_and_usage(oai: openai.OpenAI) -> None:
+    model = oai.models.list().data[0].id
+    question = "You are a geography tutor. Answer in one sentence. What is the capital of France?"
+    kwargs = {"model": model, "messages": ask(question), "temperature": 0, "max_tokens": 12}
+    full = oai.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    text = full.choices[0].message.content
+    assert text and full.usage.completion_tokens <= 12 and full.usage.prompt_tokens > 10
+    chunks = list(
+        oai.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)  # type: ignore[call-overload]
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+    # The same prompt again: its full pages come from the prefix cache.
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_completions_echo_logprobs(oai: openai.OpenAI) -> None:
+    r = oai.completions.create(
+        model="default", prompt="The sky is", max_tokens=2, echo=True, logprobs=2, temperature=0
+    )
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith("The sky is")
+    assert lp is not None and lp.token_logprobs is not None and lp.token_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    assert lp.top_logprobs is not None and len(lp.top_logprobs[-1] or {}) >= 1
+    assert r.usage is not None and r.usage.completion_tokens == 2
+
+
+def test_responses_stream_final(oai: openai.OpenAI) -> None:
+    # The SDK's get_final_response needs `response.completed`, which a length-truncated
+    # answer does not get (it ends with `response.incomplete`): give the model room to stop.
+    with oai.responses.stream(
+        model="default",
+        input="Reply with just the word: hello",
+        max_output_tokens=96,
+        temperature=0,
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert final.output_text and final.usage is not None and final.usage.output_tokens < 96
+
+
+def test_anthropic_messages_stream(url: str) -> None:
+    client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=120)
+    with client.messages.stream(
+        model="default", max_tokens=8, messages=[{"role": "user", "content": "Hi!"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.content and final.content[0].type == "text"
+    assert final.usage.input_tokens > 0 and 0 < final.usage.output_tokens <= 8
