@@ -19,6 +19,7 @@ from resin.recipe.deltas import (
 from resin.recipe.jinja_recipe import JinjaRecipe, load_recipe
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
+from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.recipe.types import (
     Image,
     Message,
@@ -49,8 +50,10 @@ __all__ = [
     "ToolCallArgsDelta",
     "ToolCallEnd",
     "ToolCallStart",
+    "ToolChoice",
     "ToolDef",
     "ToolResult",
+    "UnsupportedToolChoice",
     "get_native_recipe",
     "load_recipe",
     "native_recipe_names",

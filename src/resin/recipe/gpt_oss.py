@@ -18,6 +18,7 @@ from resin.recipe.harmony_tools import tool_namespace
 from resin.recipe.native import NativeRecipe
 from resin.recipe.protocol import RenderedPrompt, ResponseParser
 from resin.recipe.tagged import TagSpec
+from resin.recipe.tool_choice import ToolChoice, unsupported
 from resin.recipe.types import Message, Role, ToolDef
 from resin.tokenizer import Tokenizer
 
@@ -127,6 +128,11 @@ class GptOssRecipe(NativeRecipe):
 
     def parser_spec(self, tools: Sequence[ToolDef] | None) -> TagSpec:
         raise NotImplementedError("gpt_oss uses the harmony parser")
+
+    def tool_choice_prefix(self, choice: ToolChoice, tools: list[ToolDef]) -> str:
+        # The model may first reason on the analysis channel; forcing the commentary channel
+        # needs a harmony-aware parser priming that is not written yet.
+        raise unsupported(choice)
 
     def starts_in_reasoning(self, prompt: RenderedPrompt) -> bool:
         return False

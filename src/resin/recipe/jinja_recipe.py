@@ -17,9 +17,13 @@ from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
 from resin.recipe.tagged import TaggedParser
+from resin.recipe.tool_choice import ToolChoice, check_tool_choice, forced_prefix, unsupported
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.recipe.vision import Gemma3Vision
 from resin.tokenizer import Tokenizer
+
+# Families whose tool-call format is known well enough to force a call by a prompt prefix.
+FORCEABLE_FAMILIES = frozenset({"qwen3", "chatml", "llama3", "deepseek_v3", "lfm2"})
 
 
 class JinjaRecipe:
@@ -71,6 +75,7 @@ class JinjaRecipe:
         tools: Sequence[ToolDef] | None = None,
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
         if any(m.images for m in messages) and not self.supports_images:
             raise ValueError(f"recipe {self.name!r} does not take images")
@@ -95,6 +100,13 @@ class JinjaRecipe:
         from resin.recipe.sandbox import render_template
 
         text = render_template(self.template, **variables)
+        if tool_choice is not None:
+            check_tool_choice(tool_choice, tools)
+            spec = self.family.spec
+            if spec is None or self.family.name not in FORCEABLE_FAMILIES:
+                raise unsupported(tool_choice)
+            prefix = forced_prefix(spec, tool_choice)
+            return RenderedPrompt(self.tokenizer.encode(text + prefix), text + prefix, (), prefix)
         images = [image for m in messages for image in m.images]
         if self.vision is None or not images:
             return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
@@ -112,7 +124,14 @@ class JinjaRecipe:
             spec = type(spec)(None, None, None, None)
         start = spec.reasoning_start
         in_reasoning = bool(start) and prompt.text.rstrip().endswith(start or "")
-        return TaggedParser(self.tokenizer, self.stop_token_ids, spec, in_reasoning=in_reasoning)
+        parser = TaggedParser(
+            self.tokenizer,
+            self.stop_token_ids,
+            spec,
+            in_reasoning=in_reasoning and not prompt.forced_prefix,
+        )
+        parser.prime(prompt.forced_prefix)
+        return parser
 
 
 _PROBE_TOOL = ToolDef("lookup", "Look a word up", {"type": "object", "properties": {}})

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from resin.recipe.protocol import RenderedPrompt, ResponseParser
 from resin.recipe.tagged import TaggedParser, TagSpec
+from resin.recipe.tool_choice import ToolChoice, check_tool_choice, forced_prefix
 from resin.recipe.types import Message, ToolDef
 from resin.tokenizer import Tokenizer
 
@@ -54,6 +55,7 @@ class NativeRecipe:
         tools: Sequence[ToolDef] | None = None,
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
         if not messages and not add_generation_prompt:
             raise ValueError("nothing to render: no messages")
@@ -66,7 +68,18 @@ class NativeRecipe:
             add_generation_prompt=add_generation_prompt,
             enable_thinking=enable_thinking,
         )
-        return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+        prefix = ""
+        if tool_choice is not None:
+            check_tool_choice(tool_choice, tools)
+            prefix = self.tool_choice_prefix(tool_choice, list(tools or ()))
+            text += prefix
+        return RenderedPrompt(
+            token_ids=self.tokenizer.encode(text), text=text, forced_prefix=prefix
+        )
+
+    def tool_choice_prefix(self, choice: ToolChoice, tools: list[ToolDef]) -> str:
+        """The forced start of the assistant turn for `choice` (`resin.recipe.tool_choice`)."""
+        return forced_prefix(self.parser_spec(tools), choice)
 
     def render_text(
         self,
@@ -90,9 +103,11 @@ class NativeRecipe:
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
     ) -> ResponseParser:
-        return TaggedParser(
+        parser = TaggedParser(
             self.tokenizer,
             self.stop_token_ids,
             self.parser_spec(tools),
-            in_reasoning=self.starts_in_reasoning(prompt),
+            in_reasoning=not prompt.forced_prefix and self.starts_in_reasoning(prompt),
         )
+        parser.prime(prompt.forced_prefix)
+        return parser

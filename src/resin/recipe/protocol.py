@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from resin.recipe.deltas import Delta, ParseResult
+from resin.recipe.tool_choice import ToolChoice
 from resin.recipe.types import Message, ToolDef
 
 
@@ -28,6 +29,8 @@ class RenderedPrompt:
     token_ids: list[int]
     text: str
     multimodal: tuple[Any, ...] = field(default=())
+    # The forced start of the assistant turn (`resin.recipe.tool_choice`); `text` ends with it.
+    forced_prefix: str = ""
 
 
 @runtime_checkable
@@ -60,7 +63,11 @@ class Recipe(Protocol):
         tools: Sequence[ToolDef] | None = None,
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
-    ) -> RenderedPrompt: ...
+        tool_choice: ToolChoice | None = None,
+    ) -> RenderedPrompt:
+        """`tool_choice` forces a tool call (see `resin.recipe.tool_choice`); a recipe that
+        cannot force it raises `UnsupportedToolChoice`."""
+        ...
 
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None

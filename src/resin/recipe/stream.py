@@ -92,6 +92,12 @@ class StreamParser:
             error="; ".join(self._errors) if self._errors else None,
         )
 
+    def prime(self, text: str) -> None:
+        """Consume `text` the prompt already holds (a forced prefix): it moves the state machine
+        but its deltas are recorded silently, not returned (the client never sees the prefix)."""
+        if text:
+            self._record(self._consume(text))
+
     # ---- for subclasses --------------------------------------------------------------------
     def _consume(self, text: str) -> list[Delta]:
         raise NotImplementedError

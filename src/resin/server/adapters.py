@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from resin.recipe.tool_choice import ToolChoice, unsupported
 from resin.server.ports import ChatTurn, OutputParser, RenderedPrompt, ToolSpec
 from resin.server.text import PlainTextParser
 from resin.tokenizer import Tokenizer
@@ -47,7 +48,10 @@ class TemplateChatFormat:
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec] = (),
         enable_thinking: bool | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
+        if tool_choice is not None:
+            raise unsupported(tool_choice)
         messages: list[dict[str, Any]] = []
         for t in turns:
             m: dict[str, Any] = {"role": t.role, "content": t.content}

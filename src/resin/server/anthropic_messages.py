@@ -30,6 +30,7 @@ from resin.server.ports import (
 )
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service, release
+from resin.server.tool_choice import anthropic_choice
 
 router = APIRouter()
 
@@ -104,7 +105,9 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     try:
         tools = tools_of(body)
         thinking = None if body.thinking is None else body.thinking.type != "disabled"
-        rendered = svc.render(to_turns(body), tools, thinking)
+        tc = body.tool_choice
+        choice = anthropic_choice(tc.type, tc.name, tools) if tc else None
+        rendered = svc.render(to_turns(body), tools, thinking, choice)
         prompt = rendered.token_ids
         params = svc.params(
             len(prompt),

@@ -31,6 +31,7 @@ from resin.server.ports import (
 )
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
 from resin.server.service import Service, release
+from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
 
@@ -132,7 +133,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     reservations = svc.reserve(body.n)
     try:
         tools = tools_of(body)
-        rendered = svc.render(to_turns(body.messages), tools, enable_thinking(body))
+        choice = openai_choice(body.tool_choice, tools)
+        rendered = svc.render(to_turns(body.messages), tools, enable_thinking(body), choice)
         prompt = rendered.token_ids
         top = body.top_logprobs or 0
         params = svc.params(

@@ -22,6 +22,7 @@ from resin.recipe.deltas import (
     ToolCallStart,
 )
 from resin.recipe.protocol import RenderedPrompt
+from resin.recipe.tool_choice import ToolChoice
 
 __all__ = [
     "ChatFormat",
@@ -142,7 +143,11 @@ class ChatFormat(Protocol):
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec] = (),
         enable_thinking: bool | None = None,
-    ) -> RenderedPrompt: ...
+        tool_choice: ToolChoice | None = None,
+    ) -> RenderedPrompt:
+        """`tool_choice` forces a tool call; a format that cannot force it raises
+        `resin.recipe.UnsupportedToolChoice`."""
+        ...
 
     def create_parser(
         self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()

@@ -18,6 +18,7 @@ from resin.recipe import (
     ToolDef,
     ToolResult,
 )
+from resin.recipe.tool_choice import ToolChoice
 from resin.recipe.types import Block
 from resin.server.ports import ChatTurn, Delta, RenderedPrompt, ToolSpec
 from resin.tokenizer import Tokenizer
@@ -90,11 +91,19 @@ class RecipeChatFormat:
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec] = (),
         enable_thinking: bool | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
+        if tool_choice is None:  # recipes written before tool_choice existed keep working
+            return self.recipe.render(
+                to_messages(turns),
+                tools=to_tool_defs(tools) or None,
+                enable_thinking=enable_thinking,
+            )
         return self.recipe.render(
             to_messages(turns),
             tools=to_tool_defs(tools) or None,
             enable_thinking=enable_thinking,
+            tool_choice=tool_choice,
         )
 
     def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> _Parser:

@@ -31,6 +31,7 @@ from resin.server.ports import (
     ToolSpec,
 )
 from resin.server.service import Service, release
+from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
 
@@ -118,7 +119,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         tools = tools_of(body)
         effort = (body.reasoning or {}).get("effort")
         thinking = None if effort is None else effort not in ("none", "minimal")
-        rendered = svc.render(to_turns(body), tools, thinking)
+        choice = openai_choice(body.tool_choice, tools)
+        rendered = svc.render(to_turns(body), tools, thinking, choice)
         prompt = rendered.token_ids
         params = svc.params(
             len(prompt),

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from resin.params import SamplingParams
+from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull, Reservation
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
@@ -73,12 +74,21 @@ class Service:
         return held
 
     def render(
-        self, turns: Sequence[ChatTurn], tools: Sequence[ToolSpec], thinking: bool | None
+        self,
+        turns: Sequence[ChatTurn],
+        tools: Sequence[ToolSpec],
+        thinking: bool | None,
+        tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
         """The prompt for a conversation; a conversation the recipe or template cannot render
-        (a template's `raise_exception`, malformed tool-call arguments) is the client's 400."""
+        (a template's `raise_exception`, malformed tool-call arguments) is the client's 400, and
+        so is a forced `tool_choice` the chat format cannot force."""
         try:
-            return self.chat.render(turns, tools, thinking)
+            if tool_choice is None:
+                return self.chat.render(turns, tools, thinking)
+            return self.chat.render(turns, tools, thinking, tool_choice=tool_choice)
+        except UnsupportedToolChoice as exc:
+            raise ApiError(400, str(exc), "tool_choice") from None
         except Exception as exc:
             raise ApiError(400, f"cannot render this conversation: {exc}", "messages") from None
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from resin.events import Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
 from resin.params import SamplingParams
+from resin.recipe.tool_choice import ToolChoice, unsupported
 from resin.server.ports import (
     ChatTurn,
     Delta,
@@ -97,7 +98,10 @@ class ChatMLFormat:
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec] = (),
         enable_thinking: bool | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
+        if tool_choice is not None:
+            raise unsupported(tool_choice)
         parts: list[str] = []
         if tools:
             specs = [{"name": t.name, "parameters": t.parameters} for t in tools]

@@ -1,0 +1,88 @@
+"""Forcing a tool call (`tool_choice` "required" / a named tool) without a grammar engine.
+
+As vLLM and SGLang do for marker-based formats, the recipe appends the start of the assistant
+turn to the prompt (the *forced prefix*): the tool-call opening marker for "required", the
+marker plus `{"name": "X", "arguments": ` (or the format's equivalent) for a named tool. The
+model can then only continue inside a tool call, and the parser is primed with the same prefix
+so it starts in the state it would be in had the model written the prefix itself.
+
+Invariant: `RenderedPrompt.text` ends with `RenderedPrompt.forced_prefix`; a parser built from
+that prompt has consumed the prefix (it yields no delta for it). A format that cannot force a
+choice raises `UnsupportedToolChoice` (a `ValueError`), never a silent `auto`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from resin.recipe.tagged import TagSpec
+from resin.recipe.toolcall_formats import (
+    DEEPSEEK_SEP,
+    parse_deepseek_call,
+    parse_json_calls,
+    parse_pythonic_calls,
+)
+from resin.recipe.types import ToolDef
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """A forced tool choice: `name` None means "some tool" (OpenAI "required", Anthropic
+    "any"); a name means exactly that tool (it must be one of the request's tools)."""
+
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return "required" if self.name is None else f"function {self.name!r}"
+
+
+class UnsupportedToolChoice(ValueError):
+    """The recipe's chat format cannot force this tool choice."""
+
+
+def check_tool_choice(choice: ToolChoice, tools: Sequence[ToolDef] | None) -> None:
+    """Raise `ValueError` when a forced choice has no tools or names an unknown tool."""
+    names = [t.name for t in tools or ()]
+    if not names:
+        raise ValueError(f"tool_choice {choice.label} needs at least one tool")
+    if choice.name is not None and choice.name not in names:
+        raise ValueError(f"tool_choice names {choice.name!r}, which is not in tools")
+
+
+def unsupported(choice: ToolChoice) -> UnsupportedToolChoice:
+    what = "'required'" if choice.name is None else "naming a function"
+    return UnsupportedToolChoice(f"tool_choice {what} is not supported by this model's chat format")
+
+
+def forced_prefix(spec: TagSpec, choice: ToolChoice, *, newline: bool = True) -> str:
+    """The text that opens a tool call in the format `spec` describes (see module docstring).
+
+    JSON marker formats (`<tool_call>` ...): the marker (plus "\\n", as Hermes templates
+    write it) and for a named tool `{"name": "X", "arguments": `. Llama 3's bare JSON:
+    `{"name": "` / `{"name": "X", "parameters": `. LFM2's pythonic calls: the marker and
+    `[X(`. DeepSeek: the call-list and call markers and `X<｜tool▁sep｜>`."""
+    name = choice.name
+    if spec.bare_json_tools:
+        if name is None:
+            return '{"name": "'
+        return f'{{"name": {json.dumps(name, ensure_ascii=False)}, "parameters": '
+    if not spec.tool_start or not spec.tool_end:
+        raise unsupported(choice)
+    start = "".join(spec.ignored[:1]) + spec.tool_start
+    if spec.tool_body is parse_json_calls:
+        head = start + ("\n" if newline else "")
+        if name is None:
+            return head
+        return f'{head}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+    if spec.tool_body is parse_pythonic_calls:
+        if name is None:
+            return start
+        if not name.replace(".", "_").isidentifier():
+            raise unsupported(choice)
+        return f"{start}[{name}("
+    if spec.tool_body is parse_deepseek_call:
+        return start if name is None else f"{start}{name}{DEEPSEEK_SEP}"
+    raise unsupported(choice)
