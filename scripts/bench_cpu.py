@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -47,6 +48,8 @@ class Result:
     median_s: float
     median_first_token_s: float
     tokens_per_s: float
+    load_average: float
+    """1-minute load average when the result was taken: on a shared machine, read it first."""
 
 
 def make_prompts(tokenizer: Tokenizer, batch: int, length: int) -> list[list[int]]:
@@ -131,6 +134,7 @@ def _result(
         median_s=round(median, 4),
         median_first_token_s=round(statistics.median(f for _, f in times), 4),
         tokens_per_s=round(batch * args.new_tokens / median, 2),
+        load_average=round(os.getloadavg()[0], 2),
     )
 
 
@@ -178,7 +182,8 @@ def main() -> None:
                 "transformers": partial(time_transformers, reference, prompts, args.new_tokens),
             }
             results.extend(measure(runs, args, batch))
-    print(f"model {folder.name}, float32, CPU, {torch.get_num_threads()} threads")
+    print(f"model {folder.name}, float32, CPU, {torch.get_num_threads()} threads, ", end="")
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
     print_table(results)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from typing import Literal
 from resin.events import FinishedEvent, FinishReason, TokensEvent, TopLogprob
 from resin.server.actor import EngineActor
 from resin.server.errors import ApiError
-from resin.server.ports import Delta, OutputParser, TextDelta
+from resin.server.ports import Delta, OutputParser, ReasoningDelta, TextDelta
 from resin.server.stream import RequestStream, StreamError
 from resin.server.text import StopMatcher
 
@@ -192,7 +192,16 @@ class Generation:
 
 
 def _merge(into: Update, new: Update) -> None:
-    into.deltas.extend(new.deltas)
+    for delta in new.deltas:
+        # Adjacent text (or reasoning) pieces become one delta, so a stream interval of k tokens
+        # sends one SSE event per k tokens, not one per token.
+        last = into.deltas[-1] if into.deltas else None
+        if isinstance(delta, TextDelta) and isinstance(last, TextDelta):
+            into.deltas[-1] = TextDelta(last.text + delta.text)
+        elif isinstance(delta, ReasoningDelta) and isinstance(last, ReasoningDelta):
+            into.deltas[-1] = ReasoningDelta(last.text + delta.text)
+        else:
+            into.deltas.append(delta)
     into.token_ids.extend(new.token_ids)
     into.logprobs.extend(new.logprobs)
     if new.prompt_logprobs is not None:
