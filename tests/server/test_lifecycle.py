@@ -70,22 +70,17 @@ def endless(prompt: object) -> list[int]:
     return [ord("a")]  # never a stop token: only max_tokens, an abort or shutdown ends it
 
 
-def real_engine() -> object | None:
-    """The real Engine with a zero-cost runner (None while the engine is a stub)."""
+def real_engine() -> object:
+    """The real Engine with a zero-cost runner."""
     from resin.engine import Engine
     from resin.server.testing import ZeroCostRunner
 
-    try:
-        return Engine(ZeroCostRunner(), context_length=4096, max_sequences=256)
-    except NotImplementedError:
-        return None
+    return Engine(ZeroCostRunner(), context_length=4096, max_sequences=256)
 
 
 @pytest.mark.parametrize("kind", ["fake", "real"])
 def test_disconnecting_clients_leave_no_pages_held(kind: str) -> None:
     engine = FakeEngine(endless, step_delay=0.002) if kind == "fake" else real_engine()
-    if engine is None:
-        pytest.skip("the engine is not implemented on this branch")
     server = make_server(engine)  # type: ignore[arg-type]
 
     async def clients(url: str) -> None:

@@ -30,20 +30,14 @@ from resin.server.ports import (
 )
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service, release
+from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
 
 router = APIRouter()
 
 
 def _block_text(content: str | list[Block] | None, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    out = []
-    for b in content:
-        if b.type != "text" or b.text is None:
-            raise ApiError(400, f"block type {b.type!r} is not supported here", where)
-        out.append(b.text)
-    return "".join(out)
+    return parts_text(content, where, ("text",))
 
 
 def to_turns(body: MessagesRequest | CountTokensRequest) -> list[ChatTurn]:

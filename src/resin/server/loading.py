@@ -81,25 +81,19 @@ def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
 
 
 def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
-    """The real engine with a zero-cost runner when the engine is available, else the
-    scripted `FakeEngine` (which also answers in a more readable way)."""
-    from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine, ZeroCostRunner
+    """The real engine with a zero-cost runner (`resin serve --fake-runner`): everything a
+    load test measures is HTTP, actor and engine overhead."""
+    from resin.engine import Engine
+    from resin.server.testing import ByteTokenizer, ChatMLFormat, ZeroCostRunner
 
     tok = ByteTokenizer()
-    engine: EngineLike
-    try:
-        from resin.engine import Engine
-
-        real: object = Engine(
-            ZeroCostRunner(),
-            context_length=context_length,
-            prefix_cache=prefix_cache,
-            max_sequences=512,
-        )
-        engine = cast(EngineLike, real)
-    except NotImplementedError:
-        engine = FakeEngine(context_length=context_length, max_sequences=512)
-    return Loaded(engine, ChatMLFormat(tok), tok, "fake", context_length)
+    engine = Engine(
+        ZeroCostRunner(),
+        context_length=context_length,
+        prefix_cache=prefix_cache,
+        max_sequences=512,
+    )
+    return Loaded(cast(EngineLike, engine), ChatMLFormat(tok), tok, "fake", context_length)
 
 
 def _name_of(folder: str) -> str:

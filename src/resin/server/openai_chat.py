@@ -31,20 +31,14 @@ from resin.server.ports import (
 )
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
 from resin.server.service import Service, release
+from resin.server.text import parts_text
 from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
 
 
 def message_text(content: str | list[ContentPart] | None, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for part in content:
-        if part.type not in ("text", "input_text", "output_text") or part.text is None:
-            raise ApiError(400, f"content part type {part.type!r} is not supported", where)
-        texts.append(part.text)
-    return "".join(texts)
+    return parts_text(content, where, ("text", "input_text", "output_text"))
 
 
 def to_turns(messages: Sequence[ChatMessageIn]) -> list[ChatTurn]:

@@ -1,11 +1,39 @@
-"""Text helpers of the serving layer: a plain-text output parser and stop strings."""
+"""Text helpers of the serving layer: message text from content parts, a plain-text output
+parser, and stop strings."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Protocol
 
 from resin.detokenizer import IncrementalDetokenizer
+from resin.server.errors import ApiError
 from resin.server.ports import Delta, TextDelta, TokenizerLike
+
+
+class TextPart(Protocol):
+    """A typed content part / block of a request body (OpenAI or Anthropic)."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def text(self) -> str | None: ...
+
+
+def parts_text(
+    content: str | Sequence[TextPart] | None, where: str, text_types: Collection[str]
+) -> str:
+    """The text of a message's content: a string, or text parts joined; any other part is a
+    400 naming where it was (`where`)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.type not in text_types or part.text is None:
+            raise ApiError(400, f"content part type {part.type!r} is not supported here", where)
+        texts.append(part.text)
+    return "".join(texts)
 
 
 class PlainTextParser:
