@@ -114,9 +114,10 @@ def build_plan(
             dtype=np.bool_,
             count=b,
         )
-        target_ids = _targets(requests, cached, totals, prompt_rows, t)
+        target_ids = np.full(t, -1, dtype=np.int32)
         prompt_k = None
         if prompt_rows.any():
+            target_ids = _targets(requests, cached, totals, prompt_rows, t)
             prompt_k = np.fromiter(
                 (_prompt_k(r, w) for r, w in zip(requests, prompt_rows.tolist(), strict=True)),
                 dtype=np.int32,
