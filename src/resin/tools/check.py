@@ -112,7 +112,7 @@ def check_basics(c: Client) -> Check:
     ids = [m["id"] for m in cards]
     if ids and c.model == "default":
         c.model = ids[0]
-    card = next((m for m in cards if m["id"] == c.model), {})
+    card: dict[str, Any] = next((m for m in cards if m["id"] == c.model), {})
     caps = card.get("capabilities") or {}
     c.capabilities = Capabilities(caps.get("tools"), caps.get("reasoning"))
     return verdict(
