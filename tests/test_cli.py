@@ -36,3 +36,15 @@ def test_check_refuses_an_argument_that_is_no_url(capsys: pytest.CaptureFixture[
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "expected a server URL" in err and "'--help'" in err
+
+
+def test_serve_refuses_an_unknown_recipe_listing_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--recipe qwen-three-typo` used to serve silently with a plain template."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--recipe", "qwen-three-typo", "--port", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown recipe 'qwen-three-typo'" in err
+    assert "qwen3" in err and "chatml" in err and "jinja" in err

@@ -59,17 +59,20 @@ def _build_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace) -> object:
     from resin.server.loading import LoadOptions, load
 
-    return load(
-        LoadOptions(
-            checkpoint=args.checkpoint,
-            model=args.model,
-            device=args.device,
-            context_length=args.context_length,
-            prefix_cache=args.prefix_cache,
-            recipe=args.recipe,
-            fake=args.fake_runner,
-        )
+    options = LoadOptions(
+        checkpoint=args.checkpoint,
+        model=args.model,
+        device=args.device,
+        context_length=args.context_length,
+        prefix_cache=args.prefix_cache,
+        recipe=args.recipe,
+        fake=args.fake_runner,
     )
+    try:
+        return load(options)
+    except ValueError as exc:  # a bad option (say, an unknown --recipe): exit as argparse does
+        print(f"resin {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def serve(args: argparse.Namespace) -> int:
