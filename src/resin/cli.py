@@ -95,9 +95,14 @@ def serve(args: argparse.Namespace) -> int:
     uv = server.make_uvicorn()
     url = f"http://{args.host}:{args.port}"
     _announce_when_ready(uv, url, loaded.name)
-    uv.run()
-    loaded.engine.close()
-    return 0
+    code = 0
+    try:
+        uv.run()
+    except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its clean shutdown
+        code = 130
+    finally:
+        loaded.engine.close()
+    return code
 
 
 def _announce_when_ready(uv: object, url: str, name: str) -> None:

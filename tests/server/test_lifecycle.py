@@ -144,7 +144,7 @@ def test_engine_failure_answers_503_and_stops_listener() -> None:
             pytest.fail("listener still up after the engine died")
 
 
-def test_shutdown_ends_open_streams_cleanly() -> None:
+def test_shutdown_ends_open_streams_with_an_error() -> None:
     engine = FakeEngine(endless, step_delay=0.005)
     server = make_server(engine)
     lines: list[str] = []
@@ -161,8 +161,7 @@ def test_shutdown_ends_open_streams_cleanly() -> None:
         t.join(20)
         assert not t.is_alive()
     data = [ln for ln in lines if ln.startswith("data: ")]
-    assert data[-1] == "data: [DONE]"
-    assert '"finish_reason":"stop"' in data[-2]
+    assert "shutting down" in data[-1]  # an error event: the answer was cut, not complete
     assert len(data) > 10  # tokens streamed before the shutdown
     assert engine.num_running == 0
 

@@ -74,6 +74,12 @@ class GuardMiddleware:
         except _BodyTooLarge:
             if not started:
                 await _send_error(send, path, 413, f"body larger than {self.max_body_bytes} bytes")
+        except Exception:
+            # Starlette re-raises after its 500 answer; uvicorn would then drop the socket
+            # under a client that may reuse it. The answer went out: log and end here.
+            if not started:
+                raise
+            log.exception("request failed after its answer started")
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         assert self.api_key is not None
@@ -108,7 +114,10 @@ class SSEResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(
-        self, events: AsyncIterator[str], on_close: Callable[[], None] | None = None
+        self,
+        events: AsyncIterator[str],
+        on_close: Callable[[], None] | None = None,
+        error_frame: Callable[[str], str] | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -119,6 +128,7 @@ class SSEResponse(Response):
         ]
         self.events = events
         self.on_close = on_close
+        self.error_frame = error_frame or openai_error_frame
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -147,11 +157,18 @@ class SSEResponse(Response):
         except OSError:
             return  # the client went away while we wrote
         except ClientTooSlow:
-            # The reader fell too far behind; its request is already aborted: end the body.
+            # The reader fell too far behind; its request is already aborted. Say so (an error
+            # event in the API's shape), so the cut answer is never taken for a complete one.
+            frame = self.error_frame("client fell too far behind; the answer was cut off")
+            await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:
             log.exception("stream failed")
             raise
+
+
+def openai_error_frame(message: str) -> str:
+    return sse({"error": {"message": message, "type": "server_error", "code": 503}})
 
 
 async def _close(events: AsyncIterator[str]) -> None:

@@ -30,7 +30,7 @@ from resin.server.ports import (
     ToolCallStart,
     ToolSpec,
 )
-from resin.server.service import Service, release
+from resin.server.service import Service
 from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
@@ -114,30 +114,25 @@ def tools_of(body: ResponsesRequest) -> list[ToolSpec]:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
-    reservations = svc.reserve(1)
-    try:
+    with svc.reserve(1, request) as ticket:
         tools = tools_of(body)
         effort = (body.reasoning or {}).get("effort")
         thinking = None if effort is None else effort not in ("none", "minimal")
         choice = openai_choice(body.tool_choice, tools)
-        rendered = svc.render(to_turns(body), tools, thinking, choice)
-        prompt = rendered.token_ids
+        rendered = await svc.render(to_turns(body), tools, thinking, choice)
         params = svc.params(
-            len(prompt),
+            len(rendered.token_ids),
             body.max_output_tokens,
             stop_token_ids=svc.chat.stop_token_ids,
             temperature=body.temperature,
             top_p=body.top_p,
         )
-    except BaseException:
-        release(reservations)
-        raise
-    (gen,) = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools)
-    )
+        (gen,) = await svc.launch(
+            ticket, rendered.token_ids, params, lambda: svc.chat.create_parser(rendered, tools)
+        )
     builder = ResponseBuilder(svc, body)
     if body.stream:
-        return SSEResponse(builder.stream(gen), on_close=gen.cancel)
+        return SSEResponse(builder.stream(gen), on_close=gen.cancel, error_frame=builder.failed)
     return JSONResponse(await until_disconnect(request, builder.collect(gen)))
 
 
@@ -335,8 +330,15 @@ class ResponseBuilder:
 
     def _end(self, finish: Finish) -> Iterator[str]:
         yield from self._close()
-        status = {"length": "incomplete", "error": "failed"}.get(finish.reason, "completed")
+        status = {"length": "incomplete", "error": "failed", "abort": "failed"}.get(
+            finish.reason, "completed"
+        )
         yield self.event(f"response.{status}", response=self.response(status, finish))
+
+    def failed(self, message: str) -> str:
+        """`response.failed` for an answer cut off outside the engine (a too-slow reader)."""
+        finish = Finish("error", 0, 0, 0, message)
+        return self.event("response.failed", response=self.response("failed", finish))
 
     # ---- the two answers -------------------------------------------------------------
     async def stream(self, gen: Generation) -> AsyncIterator[str]:
@@ -358,7 +360,7 @@ class ResponseBuilder:
             for _ in self._frames(up):
                 pass
             if up.finish is not None:
-                if up.finish.reason == "error":
+                if up.finish.reason in ("abort", "error"):
                     raise ApiError(503, up.finish.error or "generation failed")
                 status = "incomplete" if up.finish.reason == "length" else "completed"
                 final = self.response(status, up.finish)
