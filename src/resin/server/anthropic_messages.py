@@ -60,6 +60,8 @@ def to_turns(body: MessagesRequest | CountTokensRequest) -> list[ChatTurn]:
                 turns.append(
                     ChatTurn("tool", _block_text(content, where), tool_call_id=b.tool_use_id or "")
                 )
+            elif b.type == "text":
+                raise ApiError(400, "a 'text' content block needs a string 'text'", where)
             else:
                 raise ApiError(400, f"content block {b.type!r} is not supported", where)
         if text or thinking or calls:

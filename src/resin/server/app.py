@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
-from resin.server.asgi import ClientDisconnected, GuardMiddleware
+from resin.server.asgi import ClientDisconnected, GuardMiddleware, default_allowed_hosts
 from resin.server.errors import (
     ApiError,
     api_error_handler,
@@ -37,7 +37,8 @@ from resin.server.errors import (
 )
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
-from resin.server.service import Service
+from resin.server.protocol import ConnectionLimits, protocol_class
+from resin.server.service import Limits, Service
 from resin.server.stream import ClientTooSlow
 
 log = logging.getLogger("resin.server")
@@ -63,6 +64,10 @@ class HttpServer:
         client_buffer: int = 64,
         max_body_bytes: int = 4 * 1024 * 1024,
         context_length: int | None = None,
+        limits: Limits | None = None,
+        connection_limits: ConnectionLimits | None = None,
+        allowed_hosts: Sequence[str] | Literal["loopback-default"] | None = "loopback-default",
+        special_tokens_in_text: bool = False,
     ) -> None:
         chat = as_chat_format(recipe)
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
@@ -94,8 +99,12 @@ class HttpServer:
             context_length or engine.context_length,
             stream_interval,
             self.metrics,
+            limits or Limits(),
         )
-        self.app = GuardMiddleware(self._build_app(), api_key, max_body_bytes)
+        self.connection_limits = connection_limits or ConnectionLimits()
+        if allowed_hosts == "loopback-default":
+            allowed_hosts = default_allowed_hosts(host)
+        self.app = GuardMiddleware(self._build_app(), api_key, max_body_bytes, allowed_hosts)
         self.ready = threading.Event()
 
     def _build_app(self) -> FastAPI:
@@ -130,6 +139,8 @@ class HttpServer:
             "timeout_graceful_shutdown": 10,
             "backlog": 4096,
             "limit_concurrency": None,
+            "http": protocol_class(self.connection_limits),
+            "timeout_keep_alive": self.connection_limits.timeout_keep_alive,
         }
         kwargs.update(overrides)
         return uvicorn.Config(self.app, **kwargs)
