@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -89,7 +90,7 @@ class HttpServer:
             running=lambda: float(engine.num_running),
             waiting=lambda: float(engine.num_waiting + self.actor.queued),
             cache_usage=lambda: float(getattr(engine, "kv_cache_usage", 0.0)),
-            engine_render=_engine_exporter(engine, model),
+            engine_render=_engine_exporter(engine, model, lambda: self.actor.queued),
         )
         self.service = Service(
             self.actor,
@@ -180,15 +181,26 @@ class HttpServer:
             loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
 
 
-def _engine_exporter(engine: EngineLike, model: str) -> Callable[[], bytes] | None:
-    """The engine's own Prometheus exporter when it keeps metrics (the real engine does)."""
+def _engine_exporter(
+    engine: EngineLike, model: str, intake: Callable[[], int]
+) -> Callable[[], bytes] | None:
+    """The engine's own Prometheus exporter when it keeps metrics (the real engine does);
+    `num_requests_waiting` adds the server's intake queue (`intake()`) to the engine's."""
     if getattr(engine, "metrics", None) is None:
         return None
     try:
+        from resin.metrics.collector import MetricsSnapshot
         from resin.metrics.prometheus import PrometheusExporter
     except ImportError:
         return None
-    exporter = PrometheusExporter(engine, model_name=model)  # type: ignore[arg-type]
+
+    def snapshot() -> MetricsSnapshot | None:
+        snap: MetricsSnapshot | None = getattr(engine, "metrics", None)
+        if snap is None:
+            return None
+        return replace(snap, num_requests_waiting=snap.num_requests_waiting + intake())
+
+    exporter = PrometheusExporter(snapshot, model_name=model)
     render: Callable[[], bytes] = exporter.render
     return render
 
