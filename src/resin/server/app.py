@@ -101,6 +101,7 @@ class HttpServer:
             stream_interval,
             self.metrics,
             limits or Limits(),
+            special_tokens_in_text,
         )
         self.connection_limits = connection_limits or ConnectionLimits()
         if allowed_hosts == "loopback-default":

@@ -31,6 +31,7 @@ from resin.server.ports import (
     TokenizerLike,
     ToolSpec,
 )
+from resin.server.special_text import LiteralSpecials
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class Service:
         stream_interval: int,
         metrics: ServerMetrics,
         limits: Limits = Limits(),
+        special_tokens_in_text: bool = False,
     ) -> None:
         self.actor = actor
         self.chat = chat
@@ -66,6 +68,7 @@ class Service:
         self.stream_interval = stream_interval
         self.metrics = metrics
         self.limits = limits
+        self.literal = None if special_tokens_in_text else LiteralSpecials(tokenizer)
         self.started = int(time.time())
 
     def reserve(self, n: int = 1, request: Request | None = None) -> Ticket:
@@ -139,10 +142,13 @@ class Service:
         thinking: bool | None,
         tool_choice: ToolChoice | None,
     ) -> RenderedPrompt:
-        try:
+        def render(ts: Sequence[ChatTurn]) -> RenderedPrompt:
             if tool_choice is None:
-                return self.chat.render(turns, tools, thinking)
-            return self.chat.render(turns, tools, thinking, tool_choice=tool_choice)
+                return self.chat.render(ts, tools, thinking)
+            return self.chat.render(ts, tools, thinking, tool_choice=tool_choice)
+
+        try:
+            return render(turns) if self.literal is None else self.literal.render(turns, render)
         except UnsupportedToolChoice as exc:
             raise ApiError(400, str(exc), "tool_choice") from None
         except Exception as exc:

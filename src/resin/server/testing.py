@@ -48,6 +48,7 @@ class ByteTokenizer:
     """UTF-8 bytes are ids 0..255; the ChatML special tokens follow."""
 
     vocab_size = 256 + len(SPECIAL_TOKENS)
+    special_token_strings = SPECIAL_TOKENS
     eos_token_ids = (IM_END, EOT)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -64,6 +65,10 @@ class ByteTokenizer:
             ids.extend(chunk.encode("utf-8"))
             i += len(chunk)
         return ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` as bytes, special-token strings included (they stay text)."""
+        return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         out: list[str] = []
