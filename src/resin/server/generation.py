@@ -218,8 +218,3 @@ def _reason(reason: FinishReason) -> FinishName:
 
 def merge_text(deltas: Sequence[Delta]) -> str:
     return "".join(d.text for d in deltas if isinstance(d, TextDelta))
-
-
-def cancel_all(gens: Sequence[Generation]) -> None:
-    for g in gens:
-        g.cancel()
