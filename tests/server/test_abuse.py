@@ -155,11 +155,14 @@ def _stream_then_shutdown(path: str, payload: dict[str, Any]) -> list[str]:
 
         def reader() -> None:
             with httpx.stream("POST", url + path, json=payload, timeout=30) as r:
-                lines.extend(r.iter_lines())
+                for line in r.iter_lines():
+                    lines.append(line)
 
         t = threading.Thread(target=reader)
         t.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 20
+        while len(lines) < 40 and time.monotonic() < deadline:
+            time.sleep(0.02)  # streaming for a while (a loaded machine starts slowly)
         server.shutdown()
         t.join(20)
         assert not t.is_alive()

@@ -152,11 +152,14 @@ def test_shutdown_ends_open_streams_with_an_error() -> None:
 
         def reader() -> None:
             with httpx.stream("POST", url + CHAT, json=body("s", 100000, True), timeout=30) as r:
-                lines.extend(r.iter_lines())
+                for line in r.iter_lines():
+                    lines.append(line)
 
         t = threading.Thread(target=reader)
         t.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 20
+        while len(lines) < 40 and time.monotonic() < deadline:
+            time.sleep(0.02)
         server.shutdown()
         t.join(20)
         assert not t.is_alive()
