@@ -41,12 +41,13 @@ def test_serve_signal_ends_streams_with_an_error_not_a_stop(sig: int) -> None:
 
         def read() -> None:
             with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
-                lines.extend(r.iter_lines())
+                for line in r.iter_lines():
+                    lines.append(line)
 
         reader = threading.Thread(target=read)
         reader.start()
         deadline = time.monotonic() + 10
-        while not lines and time.monotonic() < deadline:
+        while len(lines) < 20 and time.monotonic() < deadline:
             time.sleep(0.01)
         proc.send_signal(sig)
         reader.join(30)
