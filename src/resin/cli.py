@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Literal
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -39,6 +40,52 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-active", type=int, default=128)
     serve.add_argument("--stream-interval", type=int, default=4)
     serve.add_argument("--max-body-mb", type=float, default=4.0)
+    limits = serve.add_argument_group("limits (docs/server.md)")
+    limits.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=5,
+        metavar="S",
+        help="close an idle kept-alive connection after S seconds (5)",
+    )
+    limits.add_argument(
+        "--timeout-headers",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a client must send its request headers within S seconds (10)",
+    )
+    limits.add_argument(
+        "--max-header-kb",
+        type=int,
+        default=64,
+        help="request line + headers above this get 431 (64)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="open connections at once; more get 503 (1024, below the fd limit)",
+    )
+    limits.add_argument(
+        "--max-generations",
+        type=int,
+        default=64,
+        help="engine requests one HTTP request may start, n x prompts (64)",
+    )
+    limits.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="H1,H2",
+        help="accepted Host header names, '*' for any (default: loopback "
+        "names when bound to loopback, else any)",
+    )
+    limits.add_argument(
+        "--special-tokens-in-text",
+        action="store_true",
+        help="old behaviour: special-token strings in user or tool text "
+        "become special tokens (default: they stay text)",
+    )
     chat = sub.add_parser("chat", help="chat in the terminal (with a server URL or in-process)")
     _serve_args(chat)
     chat.add_argument("--url", default=None, help="an existing server; else start one")
@@ -78,6 +125,8 @@ def _load(args: argparse.Namespace) -> object:
 def serve(args: argparse.Namespace) -> int:
     from resin.server import HttpServer
     from resin.server.loading import Loaded
+    from resin.server.protocol import ConnectionLimits
+    from resin.server.service import Limits
 
     loaded = _load(args)
     assert isinstance(loaded, Loaded)
@@ -94,13 +143,33 @@ def serve(args: argparse.Namespace) -> int:
         max_active=args.max_active,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         context_length=loaded.context_length,
+        limits=Limits(max_generations=args.max_generations),
+        connection_limits=ConnectionLimits(
+            timeout_keep_alive=args.timeout_keep_alive,
+            timeout_headers=args.timeout_headers,
+            max_header_bytes=args.max_header_kb * 1024,
+            max_connections=args.max_connections,
+        ),
+        allowed_hosts=_hosts(args.allowed_hosts),
+        special_tokens_in_text=args.special_tokens_in_text,
     )
     uv = server.make_uvicorn()
     url = f"http://{args.host}:{args.port}"
     _announce_when_ready(uv, url, loaded.name)
-    uv.run()
-    loaded.engine.close()
-    return 0
+    code = 0
+    try:
+        uv.run()
+    except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its clean shutdown
+        code = 130
+    finally:
+        loaded.engine.close()
+    return code
+
+
+def _hosts(value: str | None) -> list[str] | Literal["loopback-default"] | None:
+    if value is None:
+        return "loopback-default"
+    return [h.strip() for h in value.split(",") if h.strip()]
 
 
 def _announce_when_ready(uv: object, url: str, name: str) -> None:

@@ -12,13 +12,17 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from resin.server.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_serve_sigterm_ends_streams_cleanly() -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_signal_ends_streams_with_an_error_not_a_stop(sig: int) -> None:
+    """Issue 10 item 6: a stream cut by SIGTERM/SIGINT ends with an error event (no
+    finish_reason "stop", no [DONE]) and SIGINT prints no traceback."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "resin.cli", "serve", "--fake-runner", "--port", str(port)]
@@ -37,20 +41,24 @@ def test_serve_sigterm_ends_streams_cleanly() -> None:
 
         def read() -> None:
             with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
-                lines.extend(r.iter_lines())
+                for line in r.iter_lines():
+                    lines.append(line)
 
         reader = threading.Thread(target=read)
         reader.start()
         deadline = time.monotonic() + 10
-        while not lines and time.monotonic() < deadline:
+        while len(lines) < 20 and time.monotonic() < deadline:
             time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         reader.join(30)
         # uvicorn re-raises the captured signal after its clean shutdown.
-        assert proc.wait(30) in (0, -signal.SIGTERM)
+        assert proc.wait(30) in (0, -sig, 130)
         data = [ln for ln in lines if ln.startswith("data: ")]
-        assert data and data[-1] == "data: [DONE]"
-        assert '"finish_reason":"stop"' in data[-2]  # cut by the shutdown, not by max_tokens
+        assert data and "data: [DONE]" not in data
+        assert not any('"finish_reason":"stop"' in d for d in data)
+        assert "shutting down" in data[-1] and '"error"' in data[-1]
+        rest = proc.stdout.read()
+        assert "Traceback" not in rest, rest
     finally:
         if proc.poll() is None:
             proc.kill()

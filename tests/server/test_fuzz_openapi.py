@@ -5,6 +5,9 @@ pytest version.)"""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
@@ -41,3 +44,8 @@ def test_no_server_errors_on_any_route() -> None:
         # Valid requests got through to the engine too, not only validation errors.
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
             assert 200 in statuses.get(path, set()), (path, statuses.get(path))
+        # Issue 10: every error class above released its intake slots.
+        deadline = time.monotonic() + 5
+        while httpx.get(base + "/health").json()["queued"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(base + "/health").json()["queued"] == 0

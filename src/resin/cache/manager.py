@@ -97,7 +97,16 @@ class CacheManager:
         return n
 
     def usage(self) -> float:
-        return self.pool.num_used / self.pool.num_pages
+        """Pages held by live requests (0-1): evictable prefix-cache pages are not counted,
+        so an idle engine reads 0 and a page leak shows."""
+        return (self.pool.num_used - self.evictable()) / self.pool.num_pages
+
+    def prefix_usage(self) -> float:
+        """Pages held only by the prefix cache (evictable on demand), 0-1."""
+        return self.evictable() / self.pool.num_pages
+
+    def evictable(self) -> int:
+        return self.prefix.trie.evictable_pages if self.prefix is not None else 0
 
     # -- prefix matching ------------------------------------------------------------------
     def match(self, request: Request) -> Match:

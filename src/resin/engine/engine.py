@@ -289,7 +289,8 @@ class Engine:
         with c.lock:
             c.running = self.scheduler.num_admitted
             c.waiting = len(self.scheduler.waiting)
-            c.cache_usage = self.cache.usage()
+            c.cache_usage = self.cache.usage()  # live requests' pages only
+            c.prefix_cache_usage = self.cache.prefix_usage()  # evictable cached pages
             c.preemptions = self.scheduler.num_preemptions
             c.prefix_queries = self.cache.prefix_queries
             c.prefix_hits = self.cache.prefix_hits

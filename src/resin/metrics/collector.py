@@ -91,6 +91,8 @@ class MetricsSnapshot:
     num_steps: int
     observations: tuple[tuple[str, int, float, float], ...]
     """Runner observations: (name, count, sum, last value)."""
+    prefix_cache_usage_perc: float = 0.0
+    """Pages held only by the prefix cache (evictable), 0-1; not in kv_cache_usage_perc."""
 
 
 class MetricsCollector:
@@ -101,6 +103,7 @@ class MetricsCollector:
         self.running = 0
         self.waiting = 0
         self.cache_usage = 0.0
+        self.prefix_cache_usage = 0.0
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.preemptions = 0
@@ -130,6 +133,7 @@ class MetricsCollector:
                 num_requests_running=self.running,
                 num_requests_waiting=self.waiting,
                 kv_cache_usage_perc=self.cache_usage,
+                prefix_cache_usage_perc=self.prefix_cache_usage,
                 prefix_cache_queries=self.prefix_queries,
                 prefix_cache_hits=self.prefix_hits,
                 num_preemptions=self.preemptions,

@@ -86,8 +86,12 @@ class _Collector:
         yield gauge("num_requests_running", "Requests admitted (prefill or decode).",
                     snap.num_requests_running)  # fmt: skip
         yield gauge("num_requests_waiting", "Requests queued.", snap.num_requests_waiting)
-        yield gauge("kv_cache_usage_perc", "Fraction of cache pages in use (0-1).",
-                    snap.kv_cache_usage_perc)  # fmt: skip
+        yield gauge("kv_cache_usage_perc",
+                    "Fraction of cache pages held by live requests (0-1; evictable "
+                    "prefix-cache pages excluded).", snap.kv_cache_usage_perc)  # fmt: skip
+        yield gauge("prefix_cache_usage_perc",
+                    "Fraction of cache pages held only by the prefix cache (evictable, 0-1).",
+                    snap.prefix_cache_usage_perc)  # fmt: skip
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                       snap.prefix_cache_queries)  # fmt: skip
         yield counter("prefix_cache_hits", "Prompt tokens served by the prefix cache.",

@@ -40,16 +40,18 @@ class EngineUnavailable(Exception):
 
 
 class Reservation:
-    """One intake slot; `release()` is idempotent."""
+    """One intake slot, counted against its `owner` (a client connection) too; `release()` is
+    idempotent and safe from any thread."""
 
-    def __init__(self, actor: EngineActor) -> None:
+    def __init__(self, actor: EngineActor, owner: object = None) -> None:
         self._actor = actor
+        self._owner = owner
         self._held = True
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._actor._release_slot()
+            self._actor._release_slot(self._owner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ class EngineActor:
         self._intake: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._reserved = 0
+        self._by_owner: dict[object, int] = {}
         self._accepting = True
         self._pending: deque[_Submit] = deque()
         self._active: dict[int, RequestStream] = {}
@@ -121,18 +124,34 @@ class EngineActor:
         return self._reserved
 
     def reserve(self) -> Reservation:
-        """Take an intake slot or raise QueueFull / EngineUnavailable (never blocks)."""
+        """Take one intake slot or raise QueueFull / EngineUnavailable (never blocks)."""
+        return self.reserve_many(1)[0]
+
+    def reserve_many(
+        self, count: int, owner: object = None, owner_limit: int | None = None
+    ) -> list[Reservation]:
+        """Take `count` intake slots at once, or none: QueueFull when the queue (or `owner`'s
+        share of it, `owner_limit`) has no room, EngineUnavailable when stopping (never blocks)."""
         with self._lock:
             if not self._accepting or self.error is not None:
                 raise EngineUnavailable(self.error or "server is shutting down")
-            if self._reserved >= self.queue_capacity:
+            if self._reserved + count > self.queue_capacity:
                 raise QueueFull(f"{self._reserved} requests queued")
-            self._reserved += 1
-        return Reservation(self)
+            mine = self._by_owner.get(owner, 0)
+            if owner is not None and owner_limit is not None and mine + count > owner_limit:
+                raise QueueFull(f"this connection already has {mine} requests queued")
+            self._reserved += count
+            if owner is not None:
+                self._by_owner[owner] = mine + count
+        return [Reservation(self, owner) for _ in range(count)]
 
-    def _release_slot(self) -> None:
+    def _release_slot(self, owner: object = None) -> None:
         with self._lock:
             self._reserved -= 1
+            if owner is not None:
+                left = self._by_owner.pop(owner, 1) - 1
+                if left:
+                    self._by_owner[owner] = left
 
     def submit(
         self, reservation: Reservation, prompt: tuple[int, ...], params: SamplingParams
@@ -255,7 +274,8 @@ class EngineActor:
     def _abort_all(self) -> None:
         while self._pending:
             self._reject(self._pending.popleft(), StreamError("server is shutting down", 503))
-        for rid in list(self._active):
+        for rid, stream in list(self._active.items()):
+            stream.abort_reason = "server is shutting down; the answer was cut off"
             self.engine.abort(rid)
 
     def _die(self, message: str) -> None:

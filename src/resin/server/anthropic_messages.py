@@ -29,7 +29,7 @@ from resin.server.ports import (
     ToolSpec,
 )
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
-from resin.server.service import Service, release
+from resin.server.service import Service
 from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
 
@@ -60,6 +60,8 @@ def to_turns(body: MessagesRequest | CountTokensRequest) -> list[ChatTurn]:
                 turns.append(
                     ChatTurn("tool", _block_text(content, where), tool_call_id=b.tool_use_id or "")
                 )
+            elif b.type == "text":
+                raise ApiError(400, "a 'text' content block needs a string 'text'", where)
             else:
                 raise ApiError(400, f"content block {b.type!r} is not supported", where)
         if text or thinking or calls:
@@ -95,13 +97,12 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     stops = body.stop_sequences or []
     svc.check_stops(stops)
-    reservations = svc.reserve(1)
-    try:
+    with svc.reserve(1, request) as ticket:
         tools = tools_of(body)
         thinking = None if body.thinking is None else body.thinking.type != "disabled"
         tc = body.tool_choice
         choice = anthropic_choice(tc.type, tc.name, tools) if tc else None
-        rendered = svc.render(to_turns(body), tools, thinking, choice)
+        rendered = await svc.render(to_turns(body), tools, thinking, choice)
         prompt = rendered.token_ids
         params = svc.params(
             len(prompt),
@@ -111,16 +112,17 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
             top_p=body.top_p,
             top_k=body.top_k,
         )
-    except BaseException:
-        release(reservations)
-        raise
-    (gen,) = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
-    )
+        (gen,) = await svc.launch(
+            ticket, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
+        )
     builder = MessageBuilder(svc, len(prompt), gen)
     if body.stream:
-        return SSEResponse(builder.stream(), on_close=gen.cancel)
+        return SSEResponse(builder.stream(), on_close=gen.cancel, error_frame=anthropic_error)
     return JSONResponse(await until_disconnect(request, builder.collect()))
+
+
+def anthropic_error(message: str) -> str:
+    return sse({"type": "error", "error": {"type": "api_error", "message": message}}, "error")
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)
@@ -128,7 +130,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     """The prompt size of a Messages request (Anthropic clients call this before sending)."""
     svc: Service = request.app.state.service
     thinking = None if body.thinking is None else body.thinking.type != "disabled"
-    rendered = svc.render(to_turns(body), tools_of(body), thinking)
+    rendered = await svc.render(to_turns(body), tools_of(body), thinking)
     return JSONResponse({"input_tokens": len(rendered.token_ids)})
 
 
@@ -231,9 +233,9 @@ class MessageBuilder:
                 yield frame
             if up.finish is None:
                 continue
-            if up.finish.reason == "error":
-                err = {"type": "api_error", "message": up.finish.error or "generation failed"}
-                yield sse({"type": "error", "error": err}, event="error")
+            if up.finish.reason in ("abort", "error"):
+                # Truncated: an error event, never a message_delta with a stop_reason.
+                yield anthropic_error(up.finish.error or "generation failed")
                 return
             final = self.message(up.finish)
             delta = {"stop_reason": final["stop_reason"], "stop_sequence": final["stop_sequence"]}
@@ -249,7 +251,7 @@ class MessageBuilder:
             for _ in self._frames(up):
                 pass
             if up.finish is not None:
-                if up.finish.reason == "error":
+                if up.finish.reason in ("abort", "error"):
                     raise ApiError(503, up.finish.error or "generation failed")
                 final = self.message(up.finish)
         return final

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
-from resin.server.asgi import ClientDisconnected, GuardMiddleware
+from resin.server.asgi import ClientDisconnected, GuardMiddleware, default_allowed_hosts
 from resin.server.errors import (
     ApiError,
     api_error_handler,
@@ -37,7 +38,8 @@ from resin.server.errors import (
 )
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
-from resin.server.service import Service
+from resin.server.protocol import ConnectionLimits, protocol_class
+from resin.server.service import Limits, Service
 from resin.server.stream import ClientTooSlow
 
 log = logging.getLogger("resin.server")
@@ -63,6 +65,10 @@ class HttpServer:
         client_buffer: int = 64,
         max_body_bytes: int = 4 * 1024 * 1024,
         context_length: int | None = None,
+        limits: Limits | None = None,
+        connection_limits: ConnectionLimits | None = None,
+        allowed_hosts: Sequence[str] | Literal["loopback-default"] | None = "loopback-default",
+        special_tokens_in_text: bool = False,
     ) -> None:
         chat = as_chat_format(recipe)
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
@@ -84,7 +90,7 @@ class HttpServer:
             running=lambda: float(engine.num_running),
             waiting=lambda: float(engine.num_waiting + self.actor.queued),
             cache_usage=lambda: float(getattr(engine, "kv_cache_usage", 0.0)),
-            engine_render=_engine_exporter(engine, model),
+            engine_render=_engine_exporter(engine, model, lambda: self.actor.queued),
         )
         self.service = Service(
             self.actor,
@@ -94,8 +100,13 @@ class HttpServer:
             context_length or engine.context_length,
             stream_interval,
             self.metrics,
+            limits or Limits(),
+            special_tokens_in_text,
         )
-        self.app = GuardMiddleware(self._build_app(), api_key, max_body_bytes)
+        self.connection_limits = connection_limits or ConnectionLimits()
+        if allowed_hosts == "loopback-default":
+            allowed_hosts = default_allowed_hosts(host)
+        self.app = GuardMiddleware(self._build_app(), api_key, max_body_bytes, allowed_hosts)
         self.ready = threading.Event()
 
     def _build_app(self) -> FastAPI:
@@ -130,6 +141,8 @@ class HttpServer:
             "timeout_graceful_shutdown": 10,
             "backlog": 4096,
             "limit_concurrency": None,
+            "http": protocol_class(self.connection_limits),
+            "timeout_keep_alive": self.connection_limits.timeout_keep_alive,
         }
         kwargs.update(overrides)
         return uvicorn.Config(self.app, **kwargs)
@@ -169,15 +182,26 @@ class HttpServer:
             loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
 
 
-def _engine_exporter(engine: EngineLike, model: str) -> Callable[[], bytes] | None:
-    """The engine's own Prometheus exporter when it keeps metrics (the real engine does)."""
+def _engine_exporter(
+    engine: EngineLike, model: str, intake: Callable[[], int]
+) -> Callable[[], bytes] | None:
+    """The engine's own Prometheus exporter when it keeps metrics (the real engine does);
+    `num_requests_waiting` adds the server's intake queue (`intake()`) to the engine's."""
     if getattr(engine, "metrics", None) is None:
         return None
     try:
+        from resin.metrics.collector import MetricsSnapshot
         from resin.metrics.prometheus import PrometheusExporter
     except ImportError:
         return None
-    exporter = PrometheusExporter(engine, model_name=model)  # type: ignore[arg-type]
+
+    def snapshot() -> MetricsSnapshot | None:
+        snap: MetricsSnapshot | None = getattr(engine, "metrics", None)
+        if snap is None:
+            return None
+        return replace(snap, num_requests_waiting=snap.num_requests_waiting + intake())
+
+    exporter = PrometheusExporter(snapshot, model_name=model)
     render: Callable[[], bytes] = exporter.render
     return render
 

@@ -8,7 +8,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -27,17 +27,22 @@ class ClientDisconnected(Exception):
     """The client went away before the answer was ready."""
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class GuardMiddleware:
-    """Checks the API key (Bearer or x-api-key, constant time) and caps the body size."""
+    """Checks the Host header against `allowed_hosts` (None: any), the API key (Bearer or
+    x-api-key, constant time) and the body size: the body is read here, up to the cap, so an
+    oversize body is a 413 however it is framed (Content-Length or chunked)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        max_body_bytes: int,
+        allowed_hosts: Collection[str] | None = None,
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,24 +50,42 @@ class GuardMiddleware:
             return
         path = str(scope.get("path", ""))
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key and not _open(path) and not self._authorized(headers):
-            await _send_error(send, path, 401, "invalid or missing API key")
+        if not self._host_allowed(headers.get("host")):
+            await _send_error(send, path, 400, "host not allowed (see --allowed-hosts)")
             return
+        if self.api_key and not _open(path) and not self._authorized(headers):
+            auth = {"www-authenticate": 'Bearer realm="resin"'}
+            await _send_error(send, path, 401, "invalid or missing API key", auth)
+            return
+        too_large = f"body larger than {self.max_body_bytes} bytes"
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            await _send_error(send, path, 413, f"body larger than {self.max_body_bytes} bytes")
+            await _send_error(send, path, 413, too_large)
             return
-        started = False
+        body: list[bytes] = []
         seen = 0
-
-        async def counted_receive() -> Message:
-            nonlocal seen
+        more = scope.get("method") not in ("GET", "HEAD")
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client left before its body arrived
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_body_bytes:
+                await _send_error(send, path, 413, too_large)
+                return
+            body.append(chunk)
+            more = bool(message.get("more_body", False))
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(body), "more_body": False}
+            return await receive()
+
+        started = False
 
         async def tracked_send(message: Message) -> None:
             nonlocal started
@@ -70,10 +93,23 @@ class GuardMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, counted_receive, tracked_send)
-        except _BodyTooLarge:
+            await self.app(scope, replay, tracked_send)
+        except Exception:
+            # Starlette re-raises after its 500 answer; uvicorn would then drop the socket
+            # under a client that may reuse it. The answer went out: log and end here.
             if not started:
-                await _send_error(send, path, 413, f"body larger than {self.max_body_bytes} bytes")
+                raise
+            log.exception("request failed after its answer started")
+
+    def _host_allowed(self, host: str | None) -> bool:
+        if self.allowed_hosts is None or "*" in self.allowed_hosts or host is None:
+            return True
+        name = host.strip().lower()
+        if name.startswith("["):
+            name = name[: name.find("]") + 1]
+        elif name.count(":") == 1:
+            name = name.rsplit(":", 1)[0]
+        return name in self.allowed_hosts or name.strip("[]") in self.allowed_hosts
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         assert self.api_key is not None
@@ -82,19 +118,28 @@ class GuardMiddleware:
         return hmac.compare_digest(given.encode(), self.api_key.encode())
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def default_allowed_hosts(bound: str) -> list[str] | None:
+    """Loopback names when the server listens on a loopback address (DNS rebinding cannot
+    reach it through another name); any host otherwise."""
+    if bound in LOOPBACK_HOSTS or bound.startswith("127.") or bound == "[::1]":
+        return list(LOOPBACK_HOSTS)
+    return None
+
+
 def _open(path: str) -> bool:
     return path in OPEN_PATHS or path.startswith("/static/")
 
 
-async def _send_error(send: Send, path: str, status: int, message: str) -> None:
+async def _send_error(
+    send: Send, path: str, status: int, message: str, extra: dict[str, str] | None = None
+) -> None:
     body = json.dumps(error_body(path, status, message)).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
+    headers = [(b"content-type", b"application/json")]
+    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -108,7 +153,10 @@ class SSEResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(
-        self, events: AsyncIterator[str], on_close: Callable[[], None] | None = None
+        self,
+        events: AsyncIterator[str],
+        on_close: Callable[[], None] | None = None,
+        error_frame: Callable[[str], str] | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -119,6 +167,7 @@ class SSEResponse(Response):
         ]
         self.events = events
         self.on_close = on_close
+        self.error_frame = error_frame or openai_error_frame
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -147,11 +196,18 @@ class SSEResponse(Response):
         except OSError:
             return  # the client went away while we wrote
         except ClientTooSlow:
-            # The reader fell too far behind; its request is already aborted: end the body.
+            # The reader fell too far behind; its request is already aborted. Say so (an error
+            # event in the API's shape), so the cut answer is never taken for a complete one.
+            frame = self.error_frame("client fell too far behind; the answer was cut off")
+            await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:
             log.exception("stream failed")
             raise
+
+
+def openai_error_frame(message: str) -> str:
+    return sse({"error": {"message": message, "type": "server_error", "code": 503}})
 
 
 async def _close(events: AsyncIterator[str]) -> None:

@@ -91,7 +91,10 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    return error_response(request.url.path, 500, f"internal error: {type(exc).__name__}")
+    """A bug answers 500 and closes the connection *announced* (`Connection: close`), so a
+    client reusing it does not run into a reset."""
+    message = f"internal error: {type(exc).__name__}"
+    return error_response(request.url.path, 500, message, headers={"connection": "close"})
 
 
 async def disconnected_handler(request: Request, exc: Exception) -> JSONResponse:

@@ -8,7 +8,6 @@ hit, handler error) aborts the engine request, so its pages are freed.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -120,7 +119,11 @@ class Generation:
                 batch = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
             for event in batch:
                 if isinstance(event, FinishedEvent):
-                    yield self._finish_update([], _reason(event.reason), event.error)
+                    reason = _reason(event.reason)
+                    error = event.error
+                    if reason == "abort":
+                        error = error or self.stream.abort_reason or "the request was aborted"
+                    yield self._finish_update([], reason, error)
                     return
                 update = self._on_tokens(event)
                 if self.stops.hit:
@@ -215,40 +218,3 @@ def _reason(reason: FinishReason) -> FinishName:
 
 def merge_text(deltas: Sequence[Delta]) -> str:
     return "".join(d.text for d in deltas if isinstance(d, TextDelta))
-
-
-async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, Update]]:
-    """Interleave the updates of several generations (n > 1) as they arrive."""
-    if len(gens) == 1:
-        async for update in gens[0].updates():
-            yield 0, update
-        return
-    queue: asyncio.Queue[tuple[int, Update | None]] = asyncio.Queue()
-
-    async def pump(i: int, gen: Generation) -> None:
-        try:
-            async for update in gen.updates():
-                await queue.put((i, update))
-        finally:
-            await queue.put((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
-    try:
-        open_count = len(gens)
-        while open_count:
-            i, item = await queue.get()
-            if item is None:
-                open_count -= 1
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for g in gens:
-            g.cancel()
-
-
-def cancel_all(gens: Sequence[Generation]) -> None:
-    for g in gens:
-        g.cancel()

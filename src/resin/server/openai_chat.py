@@ -14,12 +14,10 @@ from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
 from resin.server.generation import (
     Finish,
-    Generation,
     TokenLogprob,
     Update,
-    cancel_all,
-    merged,
 )
+from resin.server.intake import Batch
 from resin.server.ports import (
     ChatTurn,
     ReasoningDelta,
@@ -30,7 +28,7 @@ from resin.server.ports import (
     ToolSpec,
 )
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
-from resin.server.service import Service, release
+from resin.server.service import Service
 from resin.server.text import parts_text
 from resin.server.tool_choice import openai_choice
 
@@ -115,7 +113,19 @@ def logprob_entries(svc: Service, items: Sequence[TokenLogprob]) -> list[dict[st
 def finish_name(finish: Finish, has_tools: bool) -> str:
     if finish.reason == "stop" and has_tools:
         return "tool_calls"
-    return "stop" if finish.reason in ("abort", "error") else finish.reason
+    return finish.reason
+
+
+def truncated(finishes: Sequence[Finish]) -> None:
+    """A non-streamed answer with a cut-off choice is a 503, never a `stop`."""
+    for f in finishes:
+        if f.reason in ("abort", "error"):
+            raise ApiError(503, f.error or "generation failed; retry")
+
+
+def openai_stream_error(finish: Finish) -> str:
+    message = finish.error or "generation failed; retry"
+    return sse({"error": {"message": message, "type": "server_error", "code": 503}})
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -124,11 +134,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     svc.check_model(body.model)
     stops = body.stop_strings()
     svc.check_stops(stops)
-    reservations = svc.reserve(body.n)
-    try:
+    with svc.reserve(body.n, request) as ticket:
         tools = tools_of(body)
         choice = openai_choice(body.tool_choice, tools)
-        rendered = svc.render(to_turns(body.messages), tools, enable_thinking(body), choice)
+        rendered = await svc.render(to_turns(body.messages), tools, enable_thinking(body), choice)
         prompt = rendered.token_ids
         top = body.top_logprobs or 0
         params = svc.params(
@@ -144,29 +153,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             min_tokens=body.min_tokens,
             ignore_eos=body.ignore_eos,
         )
-    except BaseException:
-        release(reservations)
-        raise
-    gens = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
-    )
+        gens = await svc.launch(
+            ticket, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
+        )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(svc, gens, rid, body.logprobs, include_usage)
-        return SSEResponse(stream, on_close=lambda: cancel_all(gens))
+        return SSEResponse(stream, on_close=gens.cancel)
     return JSONResponse(await until_disconnect(request, _collect(svc, gens, rid, body.logprobs)))
 
 
-async def _collect(
-    svc: Service, gens: list[Generation], rid: str, want_logprobs: bool
-) -> dict[str, Any]:
+async def _collect(svc: Service, gens: Batch, rid: str, want_logprobs: bool) -> dict[str, Any]:
     texts = [""] * len(gens)
     reasoning = [""] * len(gens)
     calls: list[dict[int, dict[str, Any]]] = [{} for _ in gens]
     lps: list[list[TokenLogprob]] = [[] for _ in gens]
     finishes: list[Finish | None] = [None] * len(gens)
-    async for i, up in merged(gens):
+    async for i, up in gens.updates():
         for d in up.deltas:
             if isinstance(d, TextDelta):
                 texts[i] += d.text
@@ -183,10 +187,7 @@ async def _collect(
         lps[i].extend(up.logprobs)
         finishes[i] = up.finish or finishes[i]
     done = [f for f in finishes if f is not None]
-    if any(f.reason == "error" for f in done):
-        raise ApiError(
-            503, next(f.error or "generation failed" for f in done if f.reason == "error")
-        )
+    truncated(done)
     choices = []
     for i, f in enumerate(finishes):
         assert f is not None
@@ -214,30 +215,24 @@ async def _collect(
 
 
 async def _stream(
-    svc: Service, gens: list[Generation], rid: str, want_logprobs: bool, include_usage: bool
+    svc: Service, gens: Batch, rid: str, want_logprobs: bool, include_usage: bool
 ) -> AsyncIterator[str]:
     created = int(time.time())
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": svc.model}
     sent_role = [False] * len(gens)
     has_calls = [False] * len(gens)
     finishes: list[Finish] = []
-    async for i, up in merged(gens):
+    async for i, up in gens.updates():
         delta = _delta(up, sent_role[i], has_calls, i)
         sent_role[i] = True
         finish = None
         if up.finish is not None:
             finishes.append(up.finish)
             finish = finish_name(up.finish, has_calls[i])
-            if up.finish.reason == "error":
-                yield sse(
-                    {
-                        "error": {
-                            "message": up.finish.error or "generation failed",
-                            "type": "server_error",
-                            "code": 503,
-                        }
-                    }
-                )
+            if up.finish.reason in ("abort", "error"):
+                # Truncated: an error event and no [DONE]; never a finish_reason of "stop".
+                yield openai_stream_error(up.finish)
+                return
         choice: dict[str, Any] = {
             "index": i,
             "delta": delta,

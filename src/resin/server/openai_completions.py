@@ -18,11 +18,12 @@ from starlette.responses import JSONResponse, Response
 
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
-from resin.server.generation import Finish, Generation, TokenLogprob, cancel_all, merged
-from resin.server.openai_chat import usage
+from resin.server.generation import Finish, Generation, TokenLogprob
+from resin.server.intake import Batch
+from resin.server.openai_chat import openai_stream_error, truncated, usage
 from resin.server.ports import TextDelta
 from resin.server.schemas_openai import CompletionRequest as _Base
-from resin.server.service import Service, release
+from resin.server.service import Service
 from resin.server.text import PlainTextParser
 
 router = APIRouter()
@@ -33,16 +34,28 @@ class CompletionRequest(_Base):
     max_tokens: int | None = Field(16, ge=0)
 
 
-def prompts_of(svc: Service, body: CompletionRequest) -> list[list[int]]:
+def prompt_count(body: CompletionRequest) -> int:
+    """How many prompts `body.prompt` holds (known before tokenizing)."""
     p = body.prompt
+    if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)):
+        return 1
+    return len(p)
+
+
+async def prompts_of(svc: Service, body: CompletionRequest) -> list[list[int]]:
+    p = body.prompt
+    texts: list[str] = []
     if isinstance(p, str):
-        batch: list[list[int]] = [svc.tokenizer.encode(p, True)]
+        texts = [p]
     elif p and all(isinstance(x, int) for x in p):
-        batch = [list(p)]  # type: ignore[arg-type]
+        batch: list[list[int]] = [list(p)]  # type: ignore[arg-type]
     elif p and all(isinstance(x, str) for x in p):
-        batch = [svc.tokenizer.encode(x, True) for x in p]  # type: ignore[arg-type]
+        texts = list(p)  # type: ignore[arg-type]
     else:
         batch = [list(x) for x in p]  # type: ignore[arg-type]
+    if texts:
+        svc.check_length(sum(len(t) for t in texts), "prompt")
+        batch = [await svc.encode(t, "prompt") for t in texts]
     if not batch or len(batch) > MAX_PROMPTS:
         raise ApiError(400, f"between 1 and {MAX_PROMPTS} prompts", "prompt")
     vocab = svc.tokenizer.vocab_size
@@ -64,45 +77,46 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise ApiError(400, "max_tokens=0 needs stream=false", "max_tokens")
     if body.suffix:
         raise ApiError(400, "suffix is not supported", "suffix")
-    reservations = svc.reserve(body.n)  # the first prompt's slots; the rest reserve below
-    try:
-        prompts = prompts_of(svc, body)
-    except BaseException:
-        release(reservations)
-        raise
-    gens: list[Generation] = []
-    try:
-        for k, ids in enumerate(prompts):
-            held = reservations if k == 0 else svc.reserve(body.n)
-            params = svc.params(
-                len(ids),
-                max(1, body.max_tokens or 0) if body.max_tokens is not None else None,
-                stop_token_ids=() if body.ignore_eos else svc.tokenizer.eos_token_ids,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                min_p=body.min_p,
-                seed=body.seed,
-                logprobs=body.logprobs,
-                prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
-                min_tokens=body.min_tokens,
-                ignore_eos=body.ignore_eos,
+    count = prompt_count(body)
+    if not 1 <= count <= MAX_PROMPTS:
+        raise ApiError(400, f"between 1 and {MAX_PROMPTS} prompts", "prompt")
+    with svc.reserve(body.n * count, request) as ticket:
+        prompts = await prompts_of(svc, body)
+        # Every prompt is checked before the first generation is submitted.
+        per_prompt = [
+            svc.choices(
+                svc.params(
+                    len(ids),
+                    max(1, body.max_tokens or 0) if body.max_tokens is not None else None,
+                    stop_token_ids=() if body.ignore_eos else svc.tokenizer.eos_token_ids,
+                    temperature=body.temperature,
+                    top_p=body.top_p,
+                    top_k=body.top_k,
+                    min_p=body.min_p,
+                    seed=body.seed,
+                    logprobs=body.logprobs,
+                    prompt_logprobs=body.logprobs
+                    if body.echo and body.logprobs is not None
+                    else None,
+                    min_tokens=body.min_tokens,
+                    ignore_eos=body.ignore_eos,
+                ),
+                body.n,
             )
-            parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
-            gens += await svc.launch(held, ids, params, parser, stops)
-    except BaseException:
-        if not gens:
-            release(reservations)
-        for g in gens:
-            g.cancel()
-        raise
+            for ids in prompts
+        ]
+        parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
+        submitted: list[Generation] = []
+        for ids, choices in zip(prompts, per_prompt, strict=True):
+            submitted += svc.submit(ticket, ids, choices, parser, stops)
+        gens = await svc.start(submitted)
     rid = f"cmpl-{uuid.uuid4().hex}"
     prompt_ids = [ids for ids in prompts for _ in range(body.n)]
     drop = body.max_tokens == 0
     if body.stream:
         include = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(svc, gens, rid, body, prompt_ids, include)
-        return SSEResponse(stream, on_close=lambda: cancel_all(gens))
+        return SSEResponse(stream, on_close=gens.cancel)
     result = await until_disconnect(request, _collect(svc, gens, rid, body, prompt_ids, drop))
     return JSONResponse(result)
 
@@ -131,7 +145,7 @@ def _logprobs(
 
 async def _collect(
     svc: Service,
-    gens: list[Generation],
+    gens: Batch,
     rid: str,
     body: CompletionRequest,
     prompts: list[list[int]],
@@ -142,17 +156,18 @@ async def _collect(
     lps: list[list[TokenLogprob]] = [[] for _ in gens]
     plps: list[list[TokenLogprob] | None] = [None] * len(gens)
     finishes: list[Finish | None] = [None] * len(gens)
-    async for i, up in merged(gens):
+    async for i, up in gens.updates():
         texts[i] += "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
         ids[i] += up.token_ids
         lps[i] += up.logprobs
         plps[i] = up.prompt_logprobs or plps[i]
         finishes[i] = up.finish or finishes[i]
+    done = [f for f in finishes if f is not None]
+    if len(done) != len(gens):
+        raise ApiError(503, "generation ended without a finish; retry")
+    truncated(done)
     choices = []
-    for i, f in enumerate(finishes):
-        assert f is not None
-        if f.reason == "error":
-            raise ApiError(503, f.error or "generation failed")
+    for i, f in enumerate(done):
         gen_ids, gen_lps, text = ids[i], list(lps[i]), texts[i]
         if drop_generated:
             gen_ids, gen_lps, text = [], [], ""
@@ -176,10 +191,9 @@ async def _collect(
                 "index": i,
                 "text": text,
                 "logprobs": logprobs,
-                "finish_reason": "stop" if f.reason == "abort" else f.reason,
+                "finish_reason": f.reason,
             }
         )
-    done = [f for f in finishes if f is not None]
     use = usage(done)
     use["prompt_tokens"] = sum(len(p) for p in prompts[:: max(1, body.n)])
     use["total_tokens"] = use["prompt_tokens"] + use["completion_tokens"]
@@ -198,7 +212,7 @@ async def _collect(
 
 async def _stream(
     svc: Service,
-    gens: list[Generation],
+    gens: Batch,
     rid: str,
     body: CompletionRequest,
     prompts: list[list[int]],
@@ -208,7 +222,7 @@ async def _stream(
     finishes: list[Finish] = []
     echoed = [not body.echo] * len(gens)
     offsets = [0] * len(gens)
-    async for i, up in merged(gens):
+    async for i, up in gens.updates():
         text = "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
         if not echoed[i]:
             text = svc.tokenizer.decode(prompts[i], False) + text
@@ -220,7 +234,10 @@ async def _stream(
         finish = None
         if up.finish is not None:
             finishes.append(up.finish)
-            finish = "stop" if up.finish.reason in ("abort", "error") else up.finish.reason
+            finish = up.finish.reason
+            if finish in ("abort", "error"):
+                yield openai_stream_error(up.finish)  # truncated: no [DONE]
+                return
         choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
         yield sse({**base, "choices": [choice]})
     if include_usage:

@@ -14,130 +14,48 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse, Response
 
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
 from resin.server.ports import (
-    ChatTurn,
     Delta,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
-    ToolCallItem,
     ToolCallStart,
-    ToolSpec,
 )
-from resin.server.service import Service, release
+from resin.server.responses_input import ResponsesRequest, to_turns, tools_of
+from resin.server.service import Service
 from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
-
-
-class Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ResponsesRequest(Loose):
-    model: str | None = None
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    stream: bool = False
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
-
-
-def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
-                raise ApiError(400, "only text content parts are supported", where)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ApiError(400, "content must be a string or a list of text parts", where)
-
-
-def to_turns(body: ResponsesRequest) -> list[ChatTurn]:
-    turns = [ChatTurn("system", body.instructions)] if body.instructions else []
-    if isinstance(body.input, str):
-        return [*turns, ChatTurn("user", body.input)]
-    for i, item in enumerate(body.input):
-        kind = item.get("type", "message")
-        where = f"input.{i}"
-        if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
-            role = "system" if item["role"] == "developer" else item["role"]
-            turns.append(ChatTurn(role, _text(item.get("content", ""), where)))  # type: ignore[arg-type]
-        elif kind == "function_call":
-            call = ToolCallItem(
-                str(item.get("call_id", "")),
-                str(item.get("name", "")),
-                str(item.get("arguments", "{}")),
-            )
-            turns.append(ChatTurn("assistant", tool_calls=(call,)))
-        elif kind == "function_call_output":
-            turns.append(
-                ChatTurn(
-                    "tool",
-                    _text(item.get("output", ""), where),
-                    tool_call_id=str(item.get("call_id", "")),
-                )
-            )
-        elif kind != "reasoning":
-            raise ApiError(400, f"input item type {kind!r} is not supported", where)
-    return turns
-
-
-def tools_of(body: ResponsesRequest) -> list[ToolSpec]:
-    if not body.tools or body.tool_choice == "none":
-        return []
-    specs = []
-    for i, t in enumerate(body.tools):
-        if t.get("type") != "function" or not isinstance(t.get("name"), str):
-            raise ApiError(400, "only function tools are supported", f"tools.{i}")
-        specs.append(
-            ToolSpec(t["name"], str(t.get("description") or ""), t.get("parameters") or {})
-        )
-    return specs
 
 
 @router.post("/v1/responses", response_model=None)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
-    reservations = svc.reserve(1)
-    try:
+    with svc.reserve(1, request) as ticket:
         tools = tools_of(body)
         effort = (body.reasoning or {}).get("effort")
         thinking = None if effort is None else effort not in ("none", "minimal")
         choice = openai_choice(body.tool_choice, tools)
-        rendered = svc.render(to_turns(body), tools, thinking, choice)
-        prompt = rendered.token_ids
+        rendered = await svc.render(to_turns(body), tools, thinking, choice)
         params = svc.params(
-            len(prompt),
+            len(rendered.token_ids),
             body.max_output_tokens,
             stop_token_ids=svc.chat.stop_token_ids,
             temperature=body.temperature,
             top_p=body.top_p,
         )
-    except BaseException:
-        release(reservations)
-        raise
-    (gen,) = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools)
-    )
+        (gen,) = await svc.launch(
+            ticket, rendered.token_ids, params, lambda: svc.chat.create_parser(rendered, tools)
+        )
     builder = ResponseBuilder(svc, body)
     if body.stream:
-        return SSEResponse(builder.stream(gen), on_close=gen.cancel)
+        return SSEResponse(builder.stream(gen), on_close=gen.cancel, error_frame=builder.failed)
     return JSONResponse(await until_disconnect(request, builder.collect(gen)))
 
 
@@ -335,8 +253,15 @@ class ResponseBuilder:
 
     def _end(self, finish: Finish) -> Iterator[str]:
         yield from self._close()
-        status = {"length": "incomplete", "error": "failed"}.get(finish.reason, "completed")
+        status = {"length": "incomplete", "error": "failed", "abort": "failed"}.get(
+            finish.reason, "completed"
+        )
         yield self.event(f"response.{status}", response=self.response(status, finish))
+
+    def failed(self, message: str) -> str:
+        """`response.failed` for an answer cut off outside the engine (a too-slow reader)."""
+        finish = Finish("error", 0, 0, 0, message)
+        return self.event("response.failed", response=self.response("failed", finish))
 
     # ---- the two answers -------------------------------------------------------------
     async def stream(self, gen: Generation) -> AsyncIterator[str]:
@@ -358,7 +283,7 @@ class ResponseBuilder:
             for _ in self._frames(up):
                 pass
             if up.finish is not None:
-                if up.finish.reason == "error":
+                if up.finish.reason in ("abort", "error"):
                     raise ApiError(503, up.finish.error or "generation failed")
                 status = "incomplete" if up.finish.reason == "length" else "completed"
                 final = self.response(status, up.finish)

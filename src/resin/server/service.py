@@ -1,21 +1,27 @@
 """What every route needs: the actor, the chat format, the tokenizer, limits and metrics.
 
-`Service.launch` is the one way a route starts generations: it takes the reservations made
-before tokenizing, clamps `max_tokens` to the context, submits `n` engine requests and waits
-for their first batch (so an engine refusal becomes an HTTP error before any stream starts).
+A route reserves its intake slots first (`with svc.reserve(count, request) as ticket:`, before
+any tokenizing, so an overloaded server refuses cheaply), renders or tokenizes off the event
+loop (`await svc.render(...)`, `await svc.encode(...)`), then `submit`s every generation and
+`start`s them together (`launch` does both for one prompt). Every slot the route does not hand
+to the actor is released when the `with` block ends, whatever happened inside it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from starlette.requests import Request
+
 from resin.params import SamplingParams
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
-from resin.server.actor import EngineActor, EngineUnavailable, QueueFull, Reservation
+from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
+from resin.server.intake import Batch, Ticket
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import (
     ChatFormat,
@@ -25,6 +31,7 @@ from resin.server.ports import (
     TokenizerLike,
     ToolSpec,
 )
+from resin.server.special_text import LiteralSpecials
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +39,12 @@ class Limits:
     max_stop_strings: int = 16
     max_stop_chars: int = 256
     retry_after_s: int = 1
+    max_generations: int = 64
+    """Engine requests one HTTP request may start (n x prompts)."""
+    connection_share: float = 0.25
+    """Fraction of the intake queue one client connection may hold at once."""
+    max_chars_per_token: int = 64
+    """Text longer than context_length * this is refused before it is tokenized."""
 
 
 class Service:
@@ -45,6 +58,7 @@ class Service:
         stream_interval: int,
         metrics: ServerMetrics,
         limits: Limits = Limits(),
+        special_tokens_in_text: bool = False,
     ) -> None:
         self.actor = actor
         self.chat = chat
@@ -54,39 +68,87 @@ class Service:
         self.stream_interval = stream_interval
         self.metrics = metrics
         self.limits = limits
+        self.literal = None if special_tokens_in_text else LiteralSpecials(tokenizer)
         self.started = int(time.time())
 
-    def reserve(self, n: int = 1) -> list[Reservation]:
-        """Intake slots for `n` requests, taken before any tokenizing (429 / 503 otherwise)."""
-        held: list[Reservation] = []
+    def reserve(self, n: int = 1, request: Request | None = None) -> Ticket:
+        """Intake slots for `n` generations, taken before any tokenizing: 400 above the
+        per-request cap, 429 when the queue (or this connection's share of it) is full, 503
+        when the engine is gone. All or none are taken."""
+        if n > self.limits.max_generations:
+            raise ApiError(
+                400,
+                f"this request asks for {n} generations (n x prompts); "
+                f"at most {self.limits.max_generations}",
+                "n",
+            )
+        owner = _connection(request)
+        share = max(1, int(self.actor.queue_capacity * self.limits.connection_share))
+        if n > share:
+            raise ApiError(400, f"at most {share} generations per connection at a time", "n")
         try:
-            for _ in range(n):
-                held.append(self.actor.reserve())
+            return Ticket(self.actor.reserve_many(n, owner, share))
         except QueueFull as exc:
-            release(held)
             self.metrics.rejected.labels("429").inc()
             headers = {"Retry-After": str(self.limits.retry_after_s)}
             raise ApiError(429, f"server busy: {exc}", headers=headers) from None
         except EngineUnavailable as exc:
-            release(held)
             self.metrics.rejected.labels("503").inc()
             raise ApiError(503, f"engine unavailable: {exc}") from None
-        return held
 
-    def render(
+    def check_length(self, chars: int, param: str = "messages") -> None:
+        """Refuse text that cannot fit the context before paying for its tokenization."""
+        if chars > self.context_length * self.limits.max_chars_per_token:
+            raise ApiError(
+                400,
+                f"prompt of {chars} characters cannot fit the context of "
+                f"{self.context_length} tokens",
+                param,
+            )
+
+    async def encode(self, text: str, param: str = "prompt") -> list[int]:
+        """Tokenize user text off the event loop (a length check first); 400 for text that is
+        not valid Unicode (a lone surrogate) or cannot fit."""
+        self.check_length(len(text), param)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "text is not valid Unicode (lone surrogate)", param) from None
+        return await asyncio.to_thread(self.tokenizer.encode, text, True)
+
+    async def render(
         self,
         turns: Sequence[ChatTurn],
         tools: Sequence[ToolSpec],
         thinking: bool | None,
         tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
-        """The prompt for a conversation; a conversation the recipe or template cannot render
-        (a template's `raise_exception`, malformed tool-call arguments) is the client's 400, and
-        so is a forced `tool_choice` the chat format cannot force."""
-        try:
+        """The prompt for a conversation, rendered and tokenized off the event loop after a
+        length check; a conversation the recipe or template cannot render (a template's
+        `raise_exception`, malformed tool-call arguments) is the client's 400, and so is a
+        forced `tool_choice` the chat format cannot force."""
+        self.check_length(sum(len(t.content) + len(t.reasoning) for t in turns))
+        for t in turns:
+            try:
+                t.content.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, "text is not valid Unicode (lone surrogate)") from None
+        return await asyncio.to_thread(self._render, turns, tools, thinking, tool_choice)
+
+    def _render(
+        self,
+        turns: Sequence[ChatTurn],
+        tools: Sequence[ToolSpec],
+        thinking: bool | None,
+        tool_choice: ToolChoice | None,
+    ) -> RenderedPrompt:
+        def render(ts: Sequence[ChatTurn]) -> RenderedPrompt:
             if tool_choice is None:
-                return self.chat.render(turns, tools, thinking)
-            return self.chat.render(turns, tools, thinking, tool_choice=tool_choice)
+                return self.chat.render(ts, tools, thinking)
+            return self.chat.render(ts, tools, thinking, tool_choice=tool_choice)
+
+        try:
+            return render(turns) if self.literal is None else self.literal.render(turns, render)
         except UnsupportedToolChoice as exc:
             raise ApiError(400, str(exc), "tool_choice") from None
         except Exception as exc:
@@ -148,39 +210,58 @@ class Service:
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
 
+    def choices(self, params: SamplingParams, n: int) -> list[SamplingParams]:
+        """Per-choice params (seed + i for choice i); a seed range overflow is a 400."""
+        if params.seed is None or n == 1:
+            return [params] * n
+        try:
+            return [params if i == 0 else replace(params, seed=params.seed + i) for i in range(n)]
+        except ValueError:
+            raise ApiError(400, f"seed + n - 1 must be below 2**63 (n = {n})", "seed") from None
+
+    def submit(
+        self,
+        ticket: Ticket,
+        prompt: Sequence[int],
+        choices: Sequence[SamplingParams],
+        parser: Callable[[], OutputParser],
+        stops: Sequence[str] = (),
+    ) -> list[Generation]:
+        """One engine request per choice, each taking one of `ticket`'s slots. Everything that
+        can fail (the parsers) runs before the first request is handed over."""
+        parsers = [parser() for _ in choices]
+        ids = tuple(prompt)
+        return [
+            Generation(
+                self.actor,
+                self.actor.submit(res, ids, p),
+                len(ids),
+                par,
+                stops,
+                self.stream_interval,
+                on_finish=self._observe,
+            )
+            for res, p, par in zip(ticket.take(len(choices)), choices, parsers, strict=True)
+        ]
+
+    async def start(self, gens: list[Generation]) -> Batch:
+        """Start reading every generation, then wait for each one's first events (an engine
+        refusal becomes an HTTP error before any stream starts)."""
+        batch = Batch(gens, self.actor.stream_capacity)
+        await batch.start()
+        return batch
+
     async def launch(
         self,
-        reservations: list[Reservation],
+        ticket: Ticket,
         prompt: Sequence[int],
         params: SamplingParams,
         parser: Callable[[], OutputParser],
         stops: Sequence[str] = (),
-    ) -> list[Generation]:
-        """Submit one engine request per reservation (seed + i for choice i)."""
-        gens: list[Generation] = []
-        ids = tuple(prompt)
-        for i, res in enumerate(reservations):
-            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
-            stream = self.actor.submit(res, ids, p)
-            gens.append(
-                Generation(
-                    self.actor,
-                    stream,
-                    len(ids),
-                    parser(),
-                    stops,
-                    self.stream_interval,
-                    on_finish=self._observe,
-                )
-            )
-        try:
-            for gen in gens:
-                await gen.start()
-        except BaseException:
-            for gen in gens:
-                gen.cancel()
-            raise
-        return gens
+    ) -> Batch:
+        """`submit` one generation per slot left in `ticket`, then `start` them."""
+        choices = self.choices(params, len(ticket))
+        return await self.start(self.submit(ticket, prompt, choices, parser, stops))
 
     def _observe(self, finish: Finish, ttft: float | None, e2e: float) -> None:
         self.metrics.observe(
@@ -196,6 +277,10 @@ class Service:
         return self.tokenizer.decode([token_id], False)
 
 
-def release(reservations: list[Reservation]) -> None:
-    for r in reservations:
-        r.release()
+def _connection(request: Request | None) -> object:
+    """The client connection a request came on (its share of the queue is counted per
+    connection); None when unknown."""
+    if request is None:
+        return None
+    client = request.scope.get("client")
+    return None if client is None else (client[0], client[1])

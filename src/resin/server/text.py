@@ -30,6 +30,8 @@ def parts_text(
         return content or ""
     texts = []
     for part in content:
+        if part.type in text_types and not isinstance(part.text, str):
+            raise ApiError(400, f"a {part.type!r} content part needs a string 'text'", where)
         if part.type not in text_types or part.text is None:
             raise ApiError(400, f"content part type {part.type!r} is not supported here", where)
         texts.append(part.text)

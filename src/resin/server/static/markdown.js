@@ -23,7 +23,9 @@
       .replace(/__([^_]+)__/g, "<strong>$1</strong>")
       .replace(/(^|[^*])\*([^*\s][^*]*)\*/g, "$1<em>$2</em>")
       .replace(/~~([^~]+)~~/g, "<del>$1</del>")
-      .replace(/\[([^\]]+)\]\(((?:https?:\/\/|mailto:)[^\s)]+)\)/g,
+      // The label holds no "[" (one scan per "[": linear, not quadratic on "[[[[..."); the
+      // URL holds no slot (\u0000): rendered TeX or code never lands inside an href.
+      .replace(/\[([^\[\]]+)\]\(((?:https?:\/\/|mailto:)[^\s)\u0000]+)\)/g,
         '<a href="$2" target="_blank" rel="noopener noreferrer">$1</a>');
   }
 
@@ -52,15 +54,30 @@
     return out.join("\n");
   }
 
+  // Replace each open...close pair (non-empty body) in one left-to-right pass: linear, where a
+  // lazy regex rescans to the end for every unclosed opener.
+  function delimited(s, open, close, fn) {
+    let out = "", pos = 0;
+    for (;;) {
+      const a = s.indexOf(open, pos);
+      if (a < 0) break;
+      const b = s.indexOf(close, a + open.length + 1);
+      if (b < 0) break;  // no closer after a: none after any later opener either
+      out += s.slice(pos, a) + fn(s.slice(a + open.length, b));
+      pos = b + close.length;
+    }
+    return out + s.slice(pos);
+  }
+
   function renderMarkdown(src) {
     const slots = [];
     const hold = (html) => `\u0000${slots.push(html) - 1}\u0000`;
     let s = String(src).replace(/\u0000/g, "");
     s = s.replace(/```([\w+-]*)\n?([\s\S]*?)(```|$)/g, (_, lang, code) =>
       hold(`<pre><code class="lang-${escapeHtml(lang)}">${escapeHtml(code)}</code></pre>`));
-    s = s.replace(/\$\$([\s\S]+?)\$\$/g, (_, tex) => hold(renderMath(tex, true)));
-    s = s.replace(/\\\[([\s\S]+?)\\\]/g, (_, tex) => hold(renderMath(tex, true)));
-    s = s.replace(/\\\(([\s\S]+?)\\\)/g, (_, tex) => hold(renderMath(tex, false)));
+    s = delimited(s, "$$", "$$", (tex) => hold(renderMath(tex, true)));
+    s = delimited(s, "\\[", "\\]", (tex) => hold(renderMath(tex, true)));
+    s = delimited(s, "\\(", "\\)", (tex) => hold(renderMath(tex, false)));
     s = s.replace(/\$([^\s$](?:[^$\n]*[^\s$])?)\$/g, (_, tex) => hold(renderMath(tex, false)));
     s = s.replace(/`([^`\n]+)`/g, (_, code) => hold(`<code>${escapeHtml(code)}</code>`));
     let html = blocks(escapeHtml(s));

@@ -1,0 +1,93 @@
+"""The request side of POST /v1/responses: the body schema, its input items as chat turns,
+and its function tools."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from resin.server.errors import ApiError
+from resin.server.ports import ChatTurn, ToolCallItem, ToolSpec
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ResponsesRequest(Loose):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise ApiError(400, "content parts must be objects", where)
+            kind = part.get("type", "input_text")
+            if kind not in ("input_text", "output_text", "text"):
+                raise ApiError(400, f"content part type {kind!r} is not supported here", where)
+            if not isinstance(part.get("text"), str):
+                raise ApiError(400, f"a {kind!r} content part needs a string 'text'", where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError(400, "content must be a string or a list of text parts", where)
+
+
+def to_turns(body: ResponsesRequest) -> list[ChatTurn]:
+    turns = [ChatTurn("system", body.instructions)] if body.instructions else []
+    if isinstance(body.input, str):
+        return [*turns, ChatTurn("user", body.input)]
+    for i, item in enumerate(body.input):
+        kind = item.get("type", "message")
+        where = f"input.{i}"
+        if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
+            role = "system" if item["role"] == "developer" else item["role"]
+            turns.append(ChatTurn(role, _text(item.get("content", ""), where)))  # type: ignore[arg-type]
+        elif kind == "function_call":
+            call = ToolCallItem(
+                str(item.get("call_id", "")),
+                str(item.get("name", "")),
+                str(item.get("arguments", "{}")),
+            )
+            turns.append(ChatTurn("assistant", tool_calls=(call,)))
+        elif kind == "function_call_output":
+            turns.append(
+                ChatTurn(
+                    "tool",
+                    _text(item.get("output", ""), where),
+                    tool_call_id=str(item.get("call_id", "")),
+                )
+            )
+        elif kind == "message":
+            roles = "user, assistant, system, developer"
+            raise ApiError(400, f"role {item.get('role')!r} is not supported ({roles})", where)
+        elif kind != "reasoning":
+            raise ApiError(400, f"input item type {kind!r} is not supported", where)
+    return turns
+
+
+def tools_of(body: ResponsesRequest) -> list[ToolSpec]:
+    if not body.tools or body.tool_choice == "none":
+        return []
+    specs = []
+    for i, t in enumerate(body.tools):
+        if t.get("type") != "function" or not isinstance(t.get("name"), str):
+            raise ApiError(400, "only function tools are supported", f"tools.{i}")
+        specs.append(
+            ToolSpec(t["name"], str(t.get("description") or ""), t.get("parameters") or {})
+        )
+    return specs

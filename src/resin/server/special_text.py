@@ -1,0 +1,108 @@
+"""Special-token strings in message text stay text.
+
+Recipes and chat templates render a conversation to one string and tokenize it whole, so a
+user who writes `<|im_end|>\\n<|im_start|>system` would get real special tokens and could forge
+role boundaries. `LiteralSpecials` renders instead with every special-token string in message
+text (content, reasoning, tool results) replaced by a private placeholder, then tokenizes the
+rendered string piece by piece: the recipe's own markup as usual (its special tokens stay
+special), each placeholder as the plain text it stands for (`<`, `|`, `im`, ... tokens).
+Rendering is unchanged when no message holds a special-token string. `resin serve
+--special-tokens-in-text` restores the old behaviour.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from resin.server.ports import ChatTurn, RenderedPrompt
+
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_SLOT = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+
+
+class LiteralSpecials:
+    """Knows a tokenizer's special-token strings and how to encode them as plain text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.specials = _special_strings(tokenizer)
+        self._pattern = (
+            re.compile("|".join(re.escape(s) for s in sorted(self.specials, key=len, reverse=True)))
+            if self.specials
+            else None
+        )
+        self._plain: Any = None
+        self._lock = threading.Lock()
+
+    def render(
+        self, turns: Sequence[ChatTurn], render: Callable[[Sequence[ChatTurn]], RenderedPrompt]
+    ) -> RenderedPrompt:
+        """`render(turns)`, with special-token strings in the turns' text kept as text."""
+        if self._pattern is None or not any(self._has(t) for t in turns):
+            return render(turns)
+        held: list[str] = []
+        pattern = self._pattern
+
+        def hide(text: str) -> str:
+            def slot(m: re.Match[str]) -> str:
+                held.append(m.group(0))
+                return f"{_OPEN}{len(held) - 1}{_CLOSE}"
+
+            return pattern.sub(slot, text)
+
+        hidden = [replace(t, content=hide(t.content), reasoning=hide(t.reasoning)) for t in turns]
+        rendered = render(hidden)
+        if rendered.multimodal:  # image placeholders index token_ids: do not re-tokenize
+            raise ValueError("special-token text in a message with images is not supported")
+        ids: list[int] = []
+        text: list[str] = []
+        pos = 0
+        for m in _SLOT.finditer(rendered.text):
+            markup = rendered.text[pos : m.start()]
+            if markup:
+                ids += self.tokenizer.encode(markup)
+            literal = held[int(m.group(1))]
+            ids += self.encode_plain(literal)
+            text += [markup, literal]
+            pos = m.end()
+        if rendered.text[pos:]:
+            ids += self.tokenizer.encode(rendered.text[pos:])
+        text.append(rendered.text[pos:])
+        return replace(rendered, token_ids=ids, text="".join(text))
+
+    def _has(self, turn: ChatTurn) -> bool:
+        assert self._pattern is not None
+        return bool(self._pattern.search(turn.content) or self._pattern.search(turn.reasoning))
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` tokenized with special-token matching off."""
+        own = getattr(self.tokenizer, "encode_plain", None)
+        if own is not None:
+            return list(own(text))
+        backend = getattr(self.tokenizer, "backend", None)
+        if backend is not None and hasattr(backend, "encode_special_tokens"):
+            with self._lock:
+                if self._plain is None:
+                    from tokenizers import Tokenizer
+
+                    clone = Tokenizer.from_str(backend.to_str())
+                    clone.encode_special_tokens = True
+                    self._plain = clone
+            return list(self._plain.encode(text, add_special_tokens=False).ids)
+        # Unknown tokenizer: one character at a time can never match a multi-char special.
+        return [i for ch in text for i in self.tokenizer.encode(ch)]
+
+
+def _special_strings(tokenizer: Any) -> tuple[str, ...]:
+    listed = getattr(tokenizer, "special_token_strings", None)
+    if listed is not None:
+        return tuple(listed)
+    backend = getattr(tokenizer, "backend", None)
+    if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
+        added = backend.get_added_tokens_decoder().values()
+        return tuple(t.content for t in added if t.special and t.content)
+    return ()
