@@ -74,6 +74,6 @@ def test_runs_of_brackets_and_openers_render_in_linear_time() -> None:
     small, big = render("[" * 16_000 + "](", "[" * 64_000 + "](")
     assert time.perf_counter() - t0 < 30
     assert int(str(big["ms"])) < 16 * max(50, int(str(small["ms"]))), (small["ms"], big["ms"])
-    assert int(str(big["ms"])) < 1000, big["ms"]
+    assert int(str(big["ms"])) < 3000, big["ms"]
     (opened,) = render("\\(" * 32_000)
-    assert int(str(opened["ms"])) < 1000, opened["ms"]
+    assert int(str(opened["ms"])) < 3000, opened["ms"]
