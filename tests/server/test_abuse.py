@@ -17,8 +17,8 @@ from resin.server.asgi import SSEResponse
 from resin.server.launch import running
 from resin.server.ports import RenderedPrompt, ToolSpec
 from resin.server.stream import ClientTooSlow
-from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine
 from tests.server.conftest import MODEL, make_server
+from tests.server.doubles import ByteTokenizer, ChatMLFormat, FakeEngine
 
 CHAT = "/v1/chat/completions"
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from resin.server.launch import running
-from resin.server.testing import ByteTokenizer, FakeEngine, demo_responder, echo_responder
 from resin.tools import bench, check
 from tests.server.conftest import make_server
+from tests.server.doubles import ByteTokenizer, FakeEngine, demo_responder, echo_responder
 
 DATA = Path(__file__).parent / "data"
 
