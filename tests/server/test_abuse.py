@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
+from resin.recipe import RenderedPrompt, ToolDef
 from resin.server.asgi import SSEResponse
 from resin.server.launch import running
-from resin.server.ports import RenderedPrompt, ToolSpec
 from resin.server.stream import ClientTooSlow
 from tests.server.conftest import MODEL, make_server
 from tests.server.doubles import ByteTokenizer, ChatMLFormat, FakeEngine
@@ -98,13 +98,15 @@ def test_lone_surrogate_prompt_is_400(url: str) -> None:
 
 # ---- item 4: a 500 says Connection: close, and the next request still works ----------------
 class BrokenParserFormat(ChatMLFormat):
-    def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> Any:
+    def create_parser(
+        self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
+    ) -> Any:
         raise RuntimeError("parser bug")
 
 
 def test_internal_error_closes_the_connection_cleanly() -> None:
     server = make_server()
-    server.service.chat = BrokenParserFormat(ByteTokenizer())
+    server.service.recipe = BrokenParserFormat(ByteTokenizer())
     with running(server) as url, httpx.Client(base_url=url) as client:
         r = client.post(CHAT, json=chat(max_tokens=2))
         assert r.status_code == 500

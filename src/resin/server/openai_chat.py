@@ -10,6 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.recipe.deltas import ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
+from resin.recipe.types import Block, Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
 from resin.server.generation import (
@@ -18,15 +20,6 @@ from resin.server.generation import (
     Update,
 )
 from resin.server.intake import Batch
-from resin.server.ports import (
-    ChatTurn,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallItem,
-    ToolCallStart,
-    ToolSpec,
-)
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
 from resin.server.service import Service
 from resin.server.text import parts_text
@@ -39,30 +32,30 @@ def message_text(content: str | list[ContentPart] | None, where: str) -> str:
     return parts_text(content, where, ("text", "input_text", "output_text"))
 
 
-def to_turns(messages: Sequence[ChatMessageIn]) -> list[ChatTurn]:
-    turns = []
+def to_messages(messages: Sequence[ChatMessageIn]) -> list[Message]:
+    out = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
-        calls = tuple(
-            ToolCallItem(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()
-        )
-        turns.append(
-            ChatTurn(
-                role,
-                message_text(m.content, f"messages.{i}.content"),
-                m.reasoning_content or "",
-                calls,
-                m.tool_call_id or "",
-            )
-        )
-    return turns
+        text = message_text(m.content, f"messages.{i}.content")
+        blocks: list[Block] = []
+        if role == "tool":
+            blocks.append(ToolResult(m.tool_call_id or "", text))
+        else:
+            blocks += [Reasoning(m.reasoning_content)] if m.reasoning_content else []
+            blocks += [Text(text)] if text else []
+            blocks += [
+                ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()
+            ]
+        out.append(Message(role, blocks))
+    return out
 
 
-def tools_of(body: ChatCompletionRequest) -> list[ToolSpec]:
+def tools_of(body: ChatCompletionRequest) -> list[ToolDef]:
     if not body.tools or body.tool_choice == "none":
         return []
     return [
-        ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in body.tools
+        ToolDef(t.function.name, t.function.description or None, t.function.parameters)
+        for t in body.tools
     ]
 
 
@@ -137,13 +130,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     with svc.reserve(body.n, request) as ticket:
         tools = tools_of(body)
         choice = openai_choice(body.tool_choice, tools)
-        rendered = await svc.render(to_turns(body.messages), tools, enable_thinking(body), choice)
+        rendered = await svc.render(
+            to_messages(body.messages), tools, enable_thinking(body), choice
+        )
         prompt = rendered.token_ids
         top = body.top_logprobs or 0
         params = svc.params(
             len(prompt),
             body.max_completion_tokens or body.max_tokens,
-            stop_token_ids=svc.chat.stop_token_ids,
+            stop_token_ids=svc.recipe.stop_token_ids,
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,
@@ -154,7 +149,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             ignore_eos=body.ignore_eos,
         )
         gens = await svc.launch(
-            ticket, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
+            ticket,
+            prompt,
+            params,
+            lambda: svc.recipe.create_parser(rendered, tools=tools or None),
+            stops,
         )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:

@@ -16,17 +16,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
-from resin.server.ports import (
-    Delta,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallStart,
-)
-from resin.server.responses_input import ResponsesRequest, to_turns, tools_of
+from resin.server.responses_input import ResponsesRequest, to_messages, tools_of
 from resin.server.service import Service
 from resin.server.tool_choice import openai_choice
 
@@ -42,16 +36,19 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         effort = (body.reasoning or {}).get("effort")
         thinking = None if effort is None else effort not in ("none", "minimal")
         choice = openai_choice(body.tool_choice, tools)
-        rendered = await svc.render(to_turns(body), tools, thinking, choice)
+        rendered = await svc.render(to_messages(body), tools, thinking, choice)
         params = svc.params(
             len(rendered.token_ids),
             body.max_output_tokens,
-            stop_token_ids=svc.chat.stop_token_ids,
+            stop_token_ids=svc.recipe.stop_token_ids,
             temperature=body.temperature,
             top_p=body.top_p,
         )
         (gen,) = await svc.launch(
-            ticket, rendered.token_ids, params, lambda: svc.chat.create_parser(rendered, tools)
+            ticket,
+            rendered.token_ids,
+            params,
+            lambda: svc.recipe.create_parser(rendered, tools=tools or None),
         )
     builder = ResponseBuilder(svc, body)
     if body.stream:

@@ -1,4 +1,4 @@
-"""What every route needs: the actor, the chat format, the tokenizer, limits and metrics.
+"""What every route needs: the actor, the recipe, the tokenizer, limits and metrics.
 
 A route reserves its intake slots first (`with svc.reserve(count, request) as ticket:`, before
 any tokenizing, so an overloaded server refuses cheaply), renders or tokenizes off the event
@@ -17,21 +17,15 @@ from dataclasses import dataclass, replace
 from starlette.requests import Request
 
 from resin.params import SamplingParams
+from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
 from resin.server.intake import Batch, Ticket
 from resin.server.metrics import ServerMetrics
-from resin.server.ports import (
-    ChatFormat,
-    ChatTurn,
-    OutputParser,
-    RenderedPrompt,
-    TokenizerLike,
-    ToolSpec,
-)
-from resin.server.special_text import LiteralSpecials
+from resin.server.ports import OutputParser, TokenizerLike
+from resin.server.special_text import LiteralSpecials, texts
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +45,7 @@ class Service:
     def __init__(
         self,
         actor: EngineActor,
-        chat: ChatFormat,
+        recipe: Recipe,
         tokenizer: TokenizerLike,
         model: str,
         context_length: int,
@@ -61,7 +55,7 @@ class Service:
         special_tokens_in_text: bool = False,
     ) -> None:
         self.actor = actor
-        self.chat = chat
+        self.recipe = recipe
         self.tokenizer = tokenizer
         self.model = model
         self.context_length = context_length
@@ -118,8 +112,8 @@ class Service:
 
     async def render(
         self,
-        turns: Sequence[ChatTurn],
-        tools: Sequence[ToolSpec],
+        messages: Sequence[Message],
+        tools: Sequence[ToolDef],
         thinking: bool | None,
         tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
@@ -127,28 +121,31 @@ class Service:
         length check; a conversation the recipe or template cannot render (a template's
         `raise_exception`, malformed tool-call arguments) is the client's 400, and so is a
         forced `tool_choice` the chat format cannot force."""
-        self.check_length(sum(len(t.content) + len(t.reasoning) for t in turns))
-        for t in turns:
+        written = texts(messages)
+        self.check_length(sum(len(t) for t in written))
+        for t in written:
             try:
-                t.content.encode("utf-8")
+                t.encode("utf-8")
             except UnicodeEncodeError:
                 raise ApiError(400, "text is not valid Unicode (lone surrogate)") from None
-        return await asyncio.to_thread(self._render, turns, tools, thinking, tool_choice)
+        return await asyncio.to_thread(self._render, messages, tools, thinking, tool_choice)
 
     def _render(
         self,
-        turns: Sequence[ChatTurn],
-        tools: Sequence[ToolSpec],
+        messages: Sequence[Message],
+        tools: Sequence[ToolDef],
         thinking: bool | None,
         tool_choice: ToolChoice | None,
     ) -> RenderedPrompt:
-        def render(ts: Sequence[ChatTurn]) -> RenderedPrompt:
-            if tool_choice is None:
-                return self.chat.render(ts, tools, thinking)
-            return self.chat.render(ts, tools, thinking, tool_choice=tool_choice)
+        def render(ms: Sequence[Message]) -> RenderedPrompt:
+            return self.recipe.render(
+                ms, tools=tools or None, enable_thinking=thinking, tool_choice=tool_choice
+            )
 
         try:
-            return render(turns) if self.literal is None else self.literal.render(turns, render)
+            if self.literal is None:
+                return render(messages)
+            return self.literal.render(messages, render)
         except UnsupportedToolChoice as exc:
             raise ApiError(400, str(exc), "tool_choice") from None
         except Exception as exc:
