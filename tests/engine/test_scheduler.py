@@ -60,8 +60,8 @@ def test_queue_age_rule_keeps_decode_going_under_a_stream_of_prompts() -> None:
     for phase in phases:
         streak = streak + 1 if phase is Phase.PREFILL else 0
         longest = max(longest, streak)
-    assert longest <= engine.scheduler.config.max_prefill_streak
-    assert len(first.output_token_ids) >= 60 // (engine.scheduler.config.max_prefill_streak + 1)
+    assert longest <= engine._scheduler.config.max_prefill_streak
+    assert len(first.output_token_ids) >= 60 // (engine._scheduler.config.max_prefill_streak + 1)
 
 
 def test_retraction_takes_the_youngest_and_keeps_generated_tokens() -> None:
@@ -80,8 +80,8 @@ def test_retraction_takes_the_youngest_and_keeps_generated_tokens() -> None:
         for r in requests:  # generated tokens are never lost
             assert r.output_token_ids[: len(outputs[r.id])] == outputs[r.id]
             outputs[r.id] = list(r.output_token_ids)
-    assert engine.scheduler.num_preemptions > 0
-    assert engine.scheduler.num_preemptions <= 6, "retraction thrashed"
+    assert engine._scheduler.num_preemptions > 0
+    assert engine._scheduler.num_preemptions <= 6, "retraction thrashed"
     for r in requests:
         want, _ = naive_generate((History(),), r.prompt_token_ids, params, VOCAB, 64)
         assert r.take_result() == want
@@ -111,7 +111,7 @@ def test_abort_in_every_state() -> None:
     assert reasons[prefilling.id] is FinishReason.ABORT and reasons[99] is FinishReason.ABORT
     engine.abort(decoding)  # finished: no-op
     assert engine.step() == [] and decoding.finish_reason is FinishReason.LENGTH
-    assert engine.cache.pool.num_free == 14
+    assert engine._cache.pool.num_free == 14
 
     # Retracted (waiting with generated tokens), then aborted.
     longer = SamplingParams(max_output_tokens=16, ignore_stop_tokens=True)
@@ -125,7 +125,7 @@ def test_abort_in_every_state() -> None:
     assert [e.reason for e in events if isinstance(e, FinishedEvent) and e.request_id == b.id] == [
         FinishReason.ABORT
     ]
-    assert a.finish_reason is FinishReason.LENGTH and engine.cache.pool.num_free == 14
+    assert a.finish_reason is FinishReason.LENGTH and engine._cache.pool.num_free == 14
 
 
 def test_window_storage_per_sequence_is_bounded() -> None:
@@ -136,6 +136,6 @@ def test_window_storage_per_sequence_is_bounded() -> None:
     while engine.has_work():
         engine.step()
         if request._slot >= 0:
-            assert engine.cache.groups[0].held(request._slot).size <= 6 // 2 + 1
+            assert engine._cache.groups[0].held(request._slot).size <= 6 // 2 + 1
     want, _ = naive_generate((Window(6),), list(range(30)), params, VOCAB, 400)
     assert request.take_result() == want

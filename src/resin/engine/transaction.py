@@ -11,21 +11,36 @@ reserve (done by the engine) -> runner -> validate -> commit. Outcomes:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from resin.cache.manager import Reservation
+from resin.cache.manager import CacheManager, Reservation
 from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
+from resin.engine.planning import SlotArrays
 from resin.engine.request import Request
+from resin.engine.scheduler import Scheduler
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
-from resin.events import ErrorEvent, Event, FinishReason, TokensEvent
+from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent
+from resin.metrics.collector import MetricsCollector
 from resin.plan import BatchPlan, ForwardOutput, Phase
-from resin.protocols import AsyncRunner
+from resin.protocols import AsyncRunner, Runner
 
-if TYPE_CHECKING:
-    from resin.engine.engine import Engine
+
+class OutcomeSink(Protocol):
+    """Where a transaction reports requests that end (`engine.lifecycle.Lifecycle`)."""
+
+    def finish(
+        self,
+        request: Request,
+        reason: FinishReason,
+        error: str | None = None,
+        *,
+        cacheable: bool = True,
+    ) -> FinishedEvent: ...
+
+    def die(self, message: str, events: list[Event]) -> None: ...
 
 
 class _Retry(Exception):
@@ -34,11 +49,31 @@ class _Retry(Exception):
 
 
 class Transaction:
-    """Executes plans for one `Engine` (it holds no per-step state between calls)."""
+    """Executes plans against one runner, cache, scheduler and slot store; reports requests
+    that end to `sink`. It holds no per-step state between calls."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        runner = engine.runner
+    def __init__(
+        self,
+        runner: Runner,
+        cache: CacheManager,
+        scheduler: Scheduler,
+        slots: SlotArrays,
+        sink: OutcomeSink,
+        *,
+        context_length: int,
+        max_retries: int,
+        vocab_size: int | None,
+        collector: MetricsCollector | None,
+    ) -> None:
+        self._runner = runner
+        self._cache = cache
+        self._scheduler = scheduler
+        self._slots = slots
+        self._sink = sink
+        self._context_length = context_length
+        self._max_retries = max_retries
+        self._vocab_size = vocab_size
+        self._collector = collector
         self._async = not callable(getattr(runner, "forward", None)) and isinstance(
             runner, AsyncRunner
         )
@@ -50,24 +85,23 @@ class Transaction:
         reservation: Reservation,
         events: list[Event],
     ) -> None:
-        e = self.engine
         try:
             out = self._call(plan)
         except _Retry as exc:
-            e.cache.rollback(reservation)
+            self._cache.rollback(reservation)
             self._retry(requests, f"runner refused step {plan.step_id}: {exc.cause}", events)
             return
         except RunnerDeadError as exc:
-            e.cache.rollback(reservation)
-            e.die(f"runner died: {exc}", events)
+            self._cache.rollback(reservation)
+            self._sink.die(f"runner died: {exc}", events)
             return
         except Exception as exc:  # post-accept failure: only this plan's requests are affected
-            e.cache.abandon(reservation)
+            self._cache.abandon(reservation)
             self._quarantine(requests, f"runner failed at step {plan.step_id}: {exc!r}", events)
             return
-        problem = validate_output(plan, out, e.runner_config.vocab_size)
+        problem = validate_output(plan, out, self._vocab_size)
         if problem is not None:
-            e.cache.abandon(reservation)
+            self._cache.abandon(reservation)
             self._quarantine(
                 requests, f"invalid runner output at step {plan.step_id}: {problem}", events
             )
@@ -75,7 +109,7 @@ class Transaction:
         self._commit(plan, out, requests, reservation, events)
 
     def _call(self, plan: BatchPlan) -> ForwardOutput:
-        runner = self.engine.runner
+        runner = self._runner
         if self._async:
             assert isinstance(runner, AsyncRunner)
             try:
@@ -90,25 +124,23 @@ class Transaction:
 
     # -- outcomes ---------------------------------------------------------------------------
     def _retry(self, requests: tuple[Request, ...], message: str, events: list[Event]) -> None:
-        e = self.engine
         again: list[Request] = []
         failed: list[Request] = []
         for r in requests:
             r._retries += 1
-            (failed if r._retries > e.config.max_retries else again).append(r)
+            (failed if r._retries > self._max_retries else again).append(r)
         if again:
             events.append(ErrorEvent(message, tuple(r.id for r in again), retryable=True))
         if failed:
-            final = f"{message} (gave up after {e.config.max_retries} retries)"
+            final = f"{message} (gave up after {self._max_retries} retries)"
             events.append(ErrorEvent(final, tuple(r.id for r in failed), retryable=False))
             for r in failed:
-                events.append(e.finish(r, FinishReason.ERROR, final, cacheable=False))
+                events.append(self._sink.finish(r, FinishReason.ERROR, final, cacheable=False))
 
     def _quarantine(self, requests: tuple[Request, ...], message: str, events: list[Event]) -> None:
-        e = self.engine
         events.append(ErrorEvent(message, tuple(r.id for r in requests), retryable=False))
         for r in requests:
-            events.append(e.finish(r, FinishReason.ERROR, message, cacheable=False))
+            events.append(self._sink.finish(r, FinishReason.ERROR, message, cacheable=False))
 
     def _commit(
         self,
@@ -118,10 +150,9 @@ class Transaction:
         reservation: Reservation,
         events: list[Event],
     ) -> None:
-        e = self.engine
-        arrays = e.slot_arrays
+        arrays = self._slots
         slots, totals = reservation.slots, plan.total_lens
-        e.cache.commit(reservation, totals, requests)
+        self._cache.commit(reservation, totals, requests)
         arrays.num_computed[slots] = totals
         decode = plan.phase is Phase.DECODE
         sample = plan.sample_rows
@@ -133,13 +164,13 @@ class Transaction:
         # a stop token ends it only from `stop_ok_from` outputs on.
         n_out = arrays.num_output[sampled]
         ends = (n_out >= arrays.max_output[sampled]) | (
-            (totals if decode else totals[sample]) + 1 >= e.config.context_length
+            (totals if decode else totals[sample]) + 1 >= self._context_length
         )
         stop_ok = (n_out >= arrays.stop_ok_from[sampled]).tolist()
         ends_list = ends.tolist()
         toks = ids.tolist()
         now = time.monotonic()
-        collector = e.collector
+        collector = self._collector
         itl: list[float] = []
         ttft: list[float] = []
         first_prompt = 0
@@ -170,11 +201,11 @@ class Transaction:
                 events.append(self._tokens_event(r, tok, out, k))
             times.last_token = now
             if stop_ok[k] and tok in r._stops:
-                events.append(e.finish(r, FinishReason.STOP))
+                events.append(self._sink.finish(r, FinishReason.STOP))
             elif ends_list[k]:
-                events.append(e.finish(r, FinishReason.LENGTH))
+                events.append(self._sink.finish(r, FinishReason.LENGTH))
             elif not decode:
-                e.scheduler.prefill_done(r)
+                self._scheduler.prefill_done(r)
             k += 1
         if collector is not None:
             with collector.lock:
