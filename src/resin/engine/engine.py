@@ -26,9 +26,10 @@ from resin.cache.manager import CacheManager
 from resin.cache.pool import OutOfPagesError
 from resin.engine.config import EngineConfig, resolve_layout, validate_prompt
 from resin.engine.lifecycle import Lifecycle
-from resin.engine.planning import SlotArrays, build_plan
+from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
+from resin.engine.slots import SlotStore
 from resin.engine.transaction import Transaction
 from resin.errors import EngineDeadError
 from resin.events import Event, FinishReason
@@ -72,7 +73,7 @@ class Engine:
         """The one arena the runner was bound to."""
         max_pages = -(-(context_length + 1) // self.layout.page_size)
         self._cache = CacheManager(self.layout, max_sequences, max_pages, prefix_cache=prefix_cache)
-        self._slots = SlotArrays(max_sequences)
+        self._slots = SlotStore(max_sequences, context_length)
         self._scheduler = Scheduler(
             SchedulerConfig(max_batch_tokens, max_sequences, prefill_chunk_tokens),
             self._cache,
@@ -86,7 +87,6 @@ class Engine:
             self._scheduler,
             self._slots,
             self._life,
-            context_length=context_length,
             max_retries=max_retries,
             vocab_size=self.runner_config.vocab_size,
             collector=self._collector,
@@ -223,16 +223,7 @@ class Engine:
             # the usual way and try again next step.
             self._scheduler.retract(self._scheduler.youngest())
             return
-        plan = build_plan(
-            self._step_id,
-            cohort.phase,
-            cohort.requests,
-            reservation,
-            cohort.cached,
-            cohort.totals,
-            self._slots,
-            self._cache,
-        )
+        plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
         self._txn.execute(plan, cohort.requests, reservation, events)
 
     def _fail_unfittable(self, events: list[Event]) -> None:

@@ -50,7 +50,6 @@ class Request:
         self._num_tokens = len(prompt)
         self._num_computed = 0
         self._retries = 0
-        self._stops = frozenset(params.stop_token_ids)
         self._want_prompt_logprobs = params.prompt_logprobs is not None
         self._prompt_logprobs: list[float] = []
         self._prompt_top: list[tuple[TopLogprob, ...]] = []

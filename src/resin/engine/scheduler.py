@@ -27,8 +27,8 @@ import numpy.typing as npt
 
 from resin.cache.manager import CacheManager
 from resin.cache.matching import NO_MATCH, Match
-from resin.engine.planning import SlotArrays
 from resin.engine.request import Request, Status
+from resin.engine.slots import SlotStore
 from resin.plan import Phase
 
 I32 = npt.NDArray[np.int32]
@@ -60,7 +60,7 @@ class Cohort:
 class Scheduler:
     """Owns the queues and slots; asks the `CacheManager` for capacity."""
 
-    def __init__(self, config: SchedulerConfig, cache: CacheManager, arrays: SlotArrays) -> None:
+    def __init__(self, config: SchedulerConfig, cache: CacheManager, arrays: SlotStore) -> None:
         self.config = config
         self.cache = cache
         self.arrays = arrays
@@ -172,8 +172,16 @@ class Scheduler:
         request._slot = self.free_slots.pop()
         request._status = Status.PREFILL
         self.cache.admit(request._slot, request, match)
-        self.arrays.admit(request)
-        self.arrays.num_computed[request._slot] = request._num_computed
+        n = request._num_tokens
+        self.arrays.admit(
+            request._slot,
+            request.id,
+            request.sampling_params,
+            request.num_prompt_tokens,
+            request.output_token_ids,
+            int(request._token_array(n)[n - 1]),
+            request._num_computed,
+        )
         if request._times.admitted == 0.0:
             request._times.admitted = time.monotonic()
         if not request._first_event_sent:

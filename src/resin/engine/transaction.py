@@ -11,21 +11,25 @@ reserve (done by the engine) -> runner -> validate -> commit. Outcomes:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from resin.cache.manager import CacheManager, Reservation
 from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
-from resin.engine.planning import SlotArrays
 from resin.engine.request import Request
 from resin.engine.scheduler import Scheduler
+from resin.engine.slots import SlotStore
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
 from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent
 from resin.metrics.collector import MetricsCollector
 from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import AsyncRunner, Runner
+
+I32 = npt.NDArray[np.int32]
 
 
 class OutcomeSink(Protocol):
@@ -43,6 +47,16 @@ class OutcomeSink(Protocol):
     def die(self, message: str, events: list[Event]) -> None: ...
 
 
+@dataclass(slots=True)
+class _StepStats:
+    """What one commit adds to the metrics."""
+
+    generated: int = 0
+    first_prompt: int = 0
+    itl: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+
+
 class _Retry(Exception):
     def __init__(self, cause: BaseException) -> None:
         self.cause = cause
@@ -57,10 +71,9 @@ class Transaction:
         runner: Runner,
         cache: CacheManager,
         scheduler: Scheduler,
-        slots: SlotArrays,
+        slots: SlotStore,
         sink: OutcomeSink,
         *,
-        context_length: int,
         max_retries: int,
         vocab_size: int | None,
         collector: MetricsCollector | None,
@@ -70,7 +83,6 @@ class Transaction:
         self._scheduler = scheduler
         self._slots = slots
         self._sink = sink
-        self._context_length = context_length
         self._max_retries = max_retries
         self._vocab_size = vocab_size
         self._collector = collector
@@ -150,33 +162,35 @@ class Transaction:
         reservation: Reservation,
         events: list[Event],
     ) -> None:
-        arrays = self._slots
+        """The step is valid: the cache and slot store take it, then tokens, events, metrics."""
         slots, totals = reservation.slots, plan.total_lens
+        prefill = plan.phase is Phase.PREFILL
         self._cache.commit(reservation, totals, requests)
-        arrays.num_computed[slots] = totals
+        self._slots.computed(slots, totals)
+        ids = np.asarray(out.token_ids).astype(np.int32)
+        ends = self._slots.append(slots[plan.sample_rows] if prefill else slots, ids)
+        stats = self._append(plan, out, requests, ids, ends, events)
+        if self._collector is not None:
+            self._record(plan, out, stats)
+
+    def _append(
+        self,
+        plan: BatchPlan,
+        out: ForwardOutput,
+        requests: tuple[Request, ...],
+        ids: I32,
+        ends: dict[int, FinishReason],
+        events: list[Event],
+    ) -> _StepStats:
+        """Append each sampled token to its request, emit its event, end or advance it."""
         decode = plan.phase is Phase.DECODE
         sample = plan.sample_rows
-        ids = np.asarray(out.token_ids).astype(np.int32)
-        sampled = slots if decode else slots[sample]
-        arrays.last_token[sampled] = ids
-        arrays.num_output[sampled] += 1
-        # Stop rules, vectorized over sampled rows: `length` ends it whatever the token,
-        # a stop token ends it only from `stop_ok_from` outputs on.
-        n_out = arrays.num_output[sampled]
-        ends = (n_out >= arrays.max_output[sampled]) | (
-            (totals if decode else totals[sample]) + 1 >= self._context_length
-        )
-        stop_ok = (n_out >= arrays.stop_ok_from[sampled]).tolist()
-        ends_list = ends.tolist()
         toks = ids.tolist()
         now = time.monotonic()
-        collector = self._collector
-        itl: list[float] = []
-        ttft: list[float] = []
-        first_prompt = 0
+        stats = _StepStats()
         plain = out.logprobs is None and not plan.prompt_logprob_rows.any()
         k = 0
-        for i, (r, total) in enumerate(zip(requests, totals.tolist(), strict=True)):
+        for i, (r, total) in enumerate(zip(requests, plan.total_lens.tolist(), strict=True)):
             r._num_computed = total
             r._retries = 0
             if not decode:
@@ -190,35 +204,39 @@ class Transaction:
             times = r._times
             if plain and r._first_event_sent:
                 events.append(TokensEvent(r.id, (tok,), None, None, None, None, r.cached_tokens))
-                itl.append(now - times.last_token)
+                stats.itl.append(now - times.last_token)
             else:
                 if times.first_token == 0.0:
                     times.first_token = now
-                    first_prompt += r.num_prompt_tokens
-                    ttft.append(now - times.arrival)
+                    stats.first_prompt += r.num_prompt_tokens
+                    stats.ttft.append(now - times.arrival)
                 else:
-                    itl.append(now - times.last_token)
+                    stats.itl.append(now - times.last_token)
                 events.append(self._tokens_event(r, tok, out, k))
             times.last_token = now
-            if stop_ok[k] and tok in r._stops:
-                events.append(self._sink.finish(r, FinishReason.STOP))
-            elif ends_list[k]:
-                events.append(self._sink.finish(r, FinishReason.LENGTH))
+            reason = ends.get(k)
+            if reason is not None:
+                events.append(self._sink.finish(r, reason))
             elif not decode:
                 self._scheduler.prefill_done(r)
             k += 1
-        if collector is not None:
-            with collector.lock:
-                collector.num_steps += 1
-                collector.generation_tokens += k
-                collector.prompt_tokens += first_prompt
-                collector.iteration_tokens.observe(float(plan.num_tokens))
-                if itl:
-                    collector.itl.observe_many(np.asarray(itl))
-                if ttft:
-                    collector.ttft.observe_many(np.asarray(ttft))
-                if out.observations:
-                    collector.observe_runner(out.observations)
+        stats.generated = k
+        return stats
+
+    def _record(self, plan: BatchPlan, out: ForwardOutput, stats: _StepStats) -> None:
+        c = self._collector
+        assert c is not None
+        with c.lock:
+            c.num_steps += 1
+            c.generation_tokens += stats.generated
+            c.prompt_tokens += stats.first_prompt
+            c.iteration_tokens.observe(float(plan.num_tokens))
+            if stats.itl:
+                c.itl.observe_many(np.asarray(stats.itl))
+            if stats.ttft:
+                c.ttft.observe_many(np.asarray(stats.ttft))
+            if out.observations:
+                c.observe_runner(out.observations)
 
     def _tokens_event(self, r: Request, tok: int, out: ForwardOutput, k: int) -> TokensEvent:
         lps = tops = None
