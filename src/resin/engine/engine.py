@@ -24,7 +24,7 @@ from types import TracebackType
 
 from resin.cache.manager import CacheManager
 from resin.cache.pool import OutOfPagesError
-from resin.engine.config import EngineConfig, resolve_layout, validate_prompt
+from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, Reservation
+from resin.cache.manager import CacheManager, PageReservation
 from resin.engine.request import Request
 from resin.engine.scheduler import Cohort
 from resin.engine.slots import SlotStore
@@ -25,7 +25,7 @@ _EMPTY_I32.flags.writeable = False
 def build_plan(
     step_id: int,
     cohort: Cohort,
-    reservation: Reservation,
+    reservation: PageReservation,
     arrays: SlotStore,
     cache: CacheManager,
 ) -> BatchPlan:

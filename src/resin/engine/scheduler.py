@@ -148,7 +148,11 @@ class Scheduler:
         """The prefix match to admit the request with, if the cache can take it now with
         headroom (a hit whose locked pages cost more than they save is dropped), else None.
         `outstanding`: pages admitted prefills may still take."""
-        match = self.cache.match(request)
+        match = (
+            NO_MATCH  # its prompt logits are needed: compute every prompt token
+            if request.sampling_params.prompt_logprobs is not None
+            else self.cache.match(request._token_array(request._num_tokens)[: request._num_tokens])
+        )
         if self._fits(request, match, outstanding):
             return match
         if match.nodes and self._fits(request, NO_MATCH, outstanding):
@@ -171,7 +175,8 @@ class Scheduler:
     def _admit(self, request: Request, match: Match) -> None:
         request._slot = self.free_slots.pop()
         request._status = Status.PREFILL
-        self.cache.admit(request._slot, request, match)
+        hit = self.cache.admit(request._slot, request._num_tokens, match)
+        request._num_computed = request.cached_tokens = hit
         n = request._num_tokens
         self.arrays.admit(
             request._slot,
@@ -250,7 +255,8 @@ class Scheduler:
         elif request._status is Status.WAITING:
             self.waiting.remove(request)
         if request._slot >= 0:
-            self.cache.release(request._slot, request, cacheable)
+            n = request._num_computed
+            self.cache.release(request._slot, request._token_array(n)[:n] if cacheable else None)
             self.free_slots.append(request._slot)
             request._slot = -1
 

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, Reservation
+from resin.cache.manager import CacheManager, PageReservation
 from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
 from resin.engine.request import Request
 from resin.engine.scheduler import Scheduler
@@ -94,7 +94,7 @@ class Transaction:
         self,
         plan: BatchPlan,
         requests: tuple[Request, ...],
-        reservation: Reservation,
+        reservation: PageReservation,
         events: list[Event],
     ) -> None:
         try:
@@ -159,13 +159,18 @@ class Transaction:
         plan: BatchPlan,
         out: ForwardOutput,
         requests: tuple[Request, ...],
-        reservation: Reservation,
+        reservation: PageReservation,
         events: list[Event],
     ) -> None:
         """The step is valid: the cache and slot store take it, then tokens, events, metrics."""
         slots, totals = reservation.slots, plan.total_lens
         prefill = plan.phase is Phase.PREFILL
-        self._cache.commit(reservation, totals, requests)
+        tokens = (
+            [r._token_array(t) for r, t in zip(requests, totals.tolist(), strict=True)]
+            if prefill
+            else []
+        )
+        self._cache.commit(reservation, totals, tokens)
         self._slots.computed(slots, totals)
         ids = np.asarray(out.token_ids).astype(np.int32)
         ends = self._slots.append(slots[plan.sample_rows] if prefill else slots, ids)
