@@ -144,9 +144,9 @@ class Engine:
             )
         rid = self._take_id(request_id)
         request = Request(rid, prompt, params)
-        request._arrival = self._arrivals
+        request.arrival = self._arrivals
         self._arrivals += 1
-        request._times.arrival = time.monotonic()
+        request.times.arrival = time.monotonic()
         self._life.add(request)
         self._scheduler.add(request)
         return request
@@ -194,10 +194,10 @@ class Engine:
 
     def check_invariants(self) -> None:
         """Cache refcounts match what live requests (and the prefix trie) hold."""
-        self._cache.check_invariants([r._slot for r in self._scheduler.admitted()])
+        self._cache.check_invariants([r.slot for r in self._scheduler.admitted()])
         live = self._life.live
         for r in live.values():
-            assert r._status is not Status.FINISHED
+            assert r.status is not Status.FINISHED
         assert len(live) == (len(self._scheduler.waiting) + self._scheduler.num_admitted), (
             "a live request is in no queue"
         )

@@ -64,7 +64,7 @@ class Lifecycle:
     def _record(self, request: Request, reason: FinishReason) -> None:
         c = self._collector
         assert c is not None
-        t = request._times
+        t = request.times
         now = time.monotonic()
         with c.lock:
             c.success[reason.value] += 1

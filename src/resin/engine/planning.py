@@ -52,7 +52,7 @@ def build_plan(
         t = int(query_indptr[-1])
         input_ids = np.concatenate(
             [
-                r._token_array(e)[c:e]
+                r.token_array(e)[c:e]
                 for r, c, e in zip(requests, cached.tolist(), totals.tolist(), strict=True)
             ]
         )
@@ -60,10 +60,10 @@ def build_plan(
             np.arange(t, dtype=np.int32) - np.repeat(query_indptr[:-1] - cached, lens)
         ).astype(np.int32)
         tok_rows = np.repeat(slots, lens)
-        known = np.fromiter((r._num_tokens for r in requests), dtype=np.int32, count=b)
+        known = np.fromiter((r.num_tokens for r in requests), dtype=np.int32, count=b)
         sample_rows = totals == known
         prompt_rows = np.fromiter(
-            (r._want_prompt_logprobs and not r._first_event_sent for r in requests),
+            (r.prompt_lp is not None and not r.started for r in requests),
             dtype=np.bool_,
             count=b,
         )
@@ -107,7 +107,7 @@ def _targets(
         if not want:
             parts.append(np.full(e - c, -1, dtype=np.int32))
             continue
-        nxt = r._token_array(r._num_tokens)[c + 1 : min(e + 1, r._num_tokens)]
+        nxt = r.token_array(r.num_tokens)[c + 1 : min(e + 1, r.num_tokens)]
         parts.append(np.concatenate([nxt, np.full(e - c - nxt.size, -1, dtype=np.int32)]))
     out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
     assert out.size == t

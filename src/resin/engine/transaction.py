@@ -139,8 +139,8 @@ class Transaction:
         again: list[Request] = []
         failed: list[Request] = []
         for r in requests:
-            r._retries += 1
-            (failed if r._retries > self._max_retries else again).append(r)
+            r.retries += 1
+            (failed if r.retries > self._max_retries else again).append(r)
         if again:
             events.append(ErrorEvent(message, tuple(r.id for r in again), retryable=True))
         if failed:
@@ -166,7 +166,7 @@ class Transaction:
         slots, totals = reservation.slots, plan.total_lens
         prefill = plan.phase is Phase.PREFILL
         tokens = (
-            [r._token_array(t) for r, t in zip(requests, totals.tolist(), strict=True)]
+            [r.token_array(t) for r, t in zip(requests, totals.tolist(), strict=True)]
             if prefill
             else []
         )
@@ -195,19 +195,18 @@ class Transaction:
         stats = _StepStats()
         plain = out.logprobs is None and not plan.prompt_logprob_rows.any()
         k = 0
-        for i, (r, total) in enumerate(zip(requests, plan.total_lens.tolist(), strict=True)):
-            r._num_computed = total
-            r._retries = 0
+        for i, r in enumerate(requests):
+            r.retries = 0
             if not decode:
-                if plan.prompt_logprob_rows[i]:
-                    collect_prompt_logprobs(r, plan, out, i)
+                if plan.prompt_logprob_rows[i] and r.prompt_lp is not None:
+                    k_top = r.sampling_params.prompt_logprobs or 0
+                    collect_prompt_logprobs(r.prompt_lp, k_top, plan, out, i)
                 if not sample[i]:
                     continue
             tok = toks[k]
-            r._num_tokens += 1
-            r.output_token_ids.append(tok)
-            times = r._times
-            if plain and r._first_event_sent:
+            r.append_output(tok)
+            times = r.times
+            if plain and r.started:
                 events.append(TokensEvent(r.id, (tok,), None, None, None, None, r.cached_tokens))
                 stats.itl.append(now - times.last_token)
             else:
@@ -248,11 +247,11 @@ class Transaction:
         want = r.sampling_params.logprobs
         if want is not None and out.logprobs is not None:
             lps, tops = token_logprobs(out, k, want)
-        if r._first_event_sent:
+        if r.started:
             return TokensEvent(r.id, (tok,), lps, tops, cached_tokens=r.cached_tokens)
-        r._first_event_sent = True
+        r.started = True
         plp = ptop = None
-        if r._want_prompt_logprobs:
-            plp = tuple(r._prompt_logprobs)
-            ptop = tuple(r._prompt_top) if r._prompt_top else None
+        if r.prompt_lp is not None:
+            plp = tuple(r.prompt_lp.values)
+            ptop = tuple(r.prompt_lp.top) if r.prompt_lp.top else None
         return TokensEvent(r.id, (tok,), lps, tops, plp, ptop, r.cached_tokens)
