@@ -105,9 +105,9 @@ def _edges(module: str, path: Path, modules: dict[str, Path]) -> list[Edge]:
         for target in targets:
             resolved = _resolve(target, modules)
             if resolved is not None and resolved != module:
-                edges.append(Edge(module, resolved, type_checking, node.lineno))
-        for child in ast.iter_child_nodes(node):
-            visit(child, type_checking)
+                edges.append(Edge(module, resolved, type_checking, getattr(node, "lineno", 0)))
+        for sub in ast.iter_child_nodes(node):
+            visit(sub, type_checking)
 
     visit(tree, False)
     return edges
