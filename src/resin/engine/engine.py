@@ -71,7 +71,7 @@ class Engine:
         """What the runner declared (a default `RunnerConfig()` when it declares nothing)."""
         self.layout = resolve_layout(self.runner_config, self._config)
         """The one arena the runner was bound to."""
-        max_pages = -(-(context_length + 1) // self.layout.page_size)
+        max_pages = self._config.pages_per_sequence(self.layout.page_size)
         self._cache = CacheManager(self.layout, max_sequences, max_pages, prefix_cache=prefix_cache)
         self._slots = SlotStore(max_sequences, context_length)
         self._scheduler = Scheduler(
@@ -93,7 +93,6 @@ class Engine:
         )
         self._pending: list[Event] = []
         self._next_id = 0
-        self._arrivals = 0
         self._step_id = 0
         self._closed = False
         if isinstance(runner, BindableRunner):
@@ -144,8 +143,6 @@ class Engine:
             )
         rid = self._take_id(request_id)
         request = Request(rid, prompt, params)
-        request.arrival = self._arrivals
-        self._arrivals += 1
         request.times.arrival = time.monotonic()
         self._life.add(request)
         self._scheduler.add(request)

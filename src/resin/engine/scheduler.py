@@ -73,6 +73,7 @@ class Scheduler:
         self.prefill_streak = 0
         self._last_decode = time.monotonic()
         self.num_preemptions = 0
+        self._arrivals = 0
         watermark = max(1, cache.pool.num_pages // 100)
         self._watermark = watermark
 
@@ -81,6 +82,9 @@ class Scheduler:
         return len(self.prefilling) + len(self.running)
 
     def add(self, request: Request) -> None:
+        """Queue a new request; its arrival order is what retraction ranks by."""
+        request.arrival = self._arrivals
+        self._arrivals += 1
         self.waiting.append(request)
 
     def has_work(self) -> bool:
