@@ -36,7 +36,14 @@ from resin.events import Event, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
 from resin.plan import Phase
-from resin.protocols import AsyncRunner, BindableRunner, ClosableRunner, Runner, RunnerConfig
+from resin.protocols import (
+    AsyncRunner,
+    BindableRunner,
+    CacheLayout,
+    ClosableRunner,
+    Runner,
+    RunnerConfig,
+)
 
 
 class Engine:
@@ -67,12 +74,12 @@ class Engine:
             raise TypeError("a runner needs forward(plan), or submit(plan) and collect()")
         self._runner = runner
         rc = getattr(runner, "runner_config", None)
-        self.runner_config: RunnerConfig = rc if isinstance(rc, RunnerConfig) else RunnerConfig()
-        """What the runner declared (a default `RunnerConfig()` when it declares nothing)."""
-        self.layout = resolve_layout(self.runner_config, self._config)
-        """The one arena the runner was bound to."""
-        max_pages = self._config.pages_per_sequence(self.layout.page_size)
-        self._cache = CacheManager(self.layout, max_sequences, max_pages, prefix_cache=prefix_cache)
+        self._runner_config = rc if isinstance(rc, RunnerConfig) else RunnerConfig()
+        self._layout = resolve_layout(self._runner_config, self._config)
+        max_pages = self._config.pages_per_sequence(self._layout.page_size)
+        self._cache = CacheManager(
+            self._layout, max_sequences, max_pages, prefix_cache=prefix_cache
+        )
         self._slots = SlotStore(max_sequences, context_length)
         self._scheduler = Scheduler(
             SchedulerConfig(max_batch_tokens, max_sequences, prefill_chunk_tokens),
@@ -88,7 +95,7 @@ class Engine:
             self._slots,
             self._life,
             max_retries=max_retries,
-            vocab_size=self.runner_config.vocab_size,
+            vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
         )
         self._pending: list[Event] = []
@@ -96,9 +103,19 @@ class Engine:
         self._step_id = 0
         self._closed = False
         if isinstance(runner, BindableRunner):
-            runner.bind(self.layout)
+            runner.bind(self._layout)
 
     # -- public API -----------------------------------------------------------------------
+    @property
+    def runner_config(self) -> RunnerConfig:
+        """What the runner declared (a default `RunnerConfig()` when it declares nothing)."""
+        return self._runner_config
+
+    @property
+    def layout(self) -> CacheLayout:
+        """The one arena the runner was bound to."""
+        return self._layout
+
     @property
     def context_length(self) -> int:
         return self._config.context_length
@@ -132,14 +149,14 @@ class Engine:
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
-        prompt = validate_prompt(prompt_token_ids, self.runner_config, self._config)
-        if params.logprobs is not None and params.logprobs > self.runner_config.max_logprobs:
-            raise ValueError(f"logprobs must be <= {self.runner_config.max_logprobs}")
+        prompt = validate_prompt(prompt_token_ids, self._runner_config, self._config)
+        if params.logprobs is not None and params.logprobs > self._runner_config.max_logprobs:
+            raise ValueError(f"logprobs must be <= {self._runner_config.max_logprobs}")
         need = self._cache.pages_per_sequence(len(prompt) + 1, self._config.prefill_chunk_tokens)
-        if need > self.layout.num_pages:
+        if need > self._layout.num_pages:
             raise ValueError(
                 f"a prompt of {len(prompt)} tokens needs {need} cache pages, "
-                f"the cache has {self.layout.num_pages}"
+                f"the cache has {self._layout.num_pages}"
             )
         rid = self._take_id(request_id)
         request = Request(rid, prompt, params)
@@ -231,7 +248,7 @@ class Engine:
         head = self._scheduler.waiting[0]
         message = (
             f"request {head.id} needs more cache pages than the engine has "
-            f"({self.layout.num_pages}); it cannot continue"
+            f"({self._layout.num_pages}); it cannot continue"
         )
         events.append(self._life.finish(head, FinishReason.ERROR, message))
 
