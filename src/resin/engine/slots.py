@@ -97,11 +97,16 @@ class SlotStore:
 
         A stop token (when allowed) wins over `length`; a row in neither goes on."""
         self.last_token[slots] = ids
-        self.num_output[slots] += 1
-        n_out = self.num_output[slots]
-        ends = {int(k): FinishReason.LENGTH for k in np.flatnonzero(n_out >= self.limit[slots])}
-        maybe = np.flatnonzero((n_out >= self.stop_ok_from[slots]) & self.has_stops[slots])
-        for k in maybe.tolist():
-            if int(ids[k]) in self.stops[int(slots[k])]:
-                ends[k] = FinishReason.STOP
+        n_out = self.num_output[slots] + 1
+        self.num_output[slots] = n_out
+        ends: dict[int, FinishReason] = {}
+        length = n_out >= self.limit[slots]
+        if length.any():
+            ends = dict.fromkeys(np.flatnonzero(length).tolist(), FinishReason.LENGTH)
+        stoppable = self.has_stops[slots]
+        if stoppable.any():  # most steps: no row has stop tokens, or none is past its minimum
+            maybe = np.flatnonzero(stoppable & (n_out >= self.stop_ok_from[slots]))
+            for k in maybe.tolist():
+                if int(ids[k]) in self.stops[int(slots[k])]:
+                    ends[k] = FinishReason.STOP
         return ends
