@@ -79,8 +79,9 @@ class CacheGroupPlan:
     those pages; the engine asks for them at page-aligned prompt positions so prefix caching
     can resume hybrid models there.
 
-    `copy_src` / `copy_dst` (int32 [X]): whole-page copies (copy-on-write) the runner performs
-    before anything else in this step, in order.
+    `copy_src` / `copy_dst` (int32 [X]): whole-page copies the runner performs before anything
+    else in this step, in order. Runners honour them; today's engine never asks for any (hits
+    are whole immutable pages and new pages are always fresh, see docs/engine.md).
     """
 
     group: int
@@ -124,10 +125,6 @@ class SamplingArrays:
 
     def __post_init__(self) -> None:
         freeze_arrays(self)
-
-    @property
-    def all_greedy(self) -> bool:
-        return bool(np.all((self.temperature == 0) | (self.top_k == 1)))
 
     @property
     def max_logprobs(self) -> int:

@@ -103,12 +103,6 @@ class Runner(Protocol):
 
 
 @runtime_checkable
-class ConfiguredRunner(Protocol):
-    @property
-    def runner_config(self) -> RunnerConfig: ...
-
-
-@runtime_checkable
 class BindableRunner(Protocol):
     def bind(self, layout: CacheLayout) -> None: ...
 
