@@ -25,6 +25,8 @@ from types import TracebackType
 from resin.cache.manager import CacheManager
 from resin.cache.pool import OutOfPagesError
 from resin.engine.config import EngineConfig, resolve_layout, validate_prompt
+from resin.engine.constraints import ConstraintSet
+from resin.engine.grammar import GrammarBackend
 from resin.engine.planning import SlotArrays, build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
@@ -51,6 +53,7 @@ class Engine:
         prefill_chunk_tokens: int = 2048,
         enable_metrics: bool = True,
         max_retries: int = 3,
+        grammar: GrammarBackend | None = None,
     ) -> None:
         self.config = EngineConfig(
             context_length=context_length,
@@ -76,6 +79,7 @@ class Engine:
             self._slots,
         )
         self._collector = MetricsCollector() if enable_metrics else None
+        self._constraints = ConstraintSet(grammar, self.runner_config.vocab_size)
         self._txn = Transaction(self)
         self._live: dict[int, Request] = {}
         self._pending: list[Event] = []
@@ -130,8 +134,10 @@ class Engine:
                 f"a prompt of {len(prompt)} tokens needs {need} cache pages, "
                 f"the cache has {self.layout.num_pages}"
             )
+        grammar = self._constraints.check(params)
         rid = self._take_id(request_id)
         request = Request(rid, prompt, params)
+        self._constraints.admit(request, grammar)
         request._arrival = self._arrivals
         self._arrivals += 1
         request._times.arrival = time.monotonic()
@@ -220,7 +226,11 @@ class Engine:
             self._slots,
             self.cache,
         )
+        if self._constraints.active:
+            plan = self._constraints.attach(plan, cohort.requests)
         self._txn.execute(plan, cohort.requests, reservation, events)
+        if self._constraints.active:
+            self._constraints.advance(cohort.requests, events, self._finish_constrained)
 
     def finish(
         self,
@@ -234,6 +244,7 @@ class Engine:
 
         `cacheable=False` (quarantine) keeps its pages out of the prefix cache."""
         self.scheduler.finish(request, cacheable=cacheable)
+        self._constraints.release(request)
         self._live.pop(request.id, None)
         request.finish_reason = reason
         request.error = error
@@ -247,6 +258,11 @@ class Engine:
             request.cached_tokens,
             error,
         )
+
+    def _finish_constrained(
+        self, request: Request, reason: FinishReason, error: str | None
+    ) -> FinishedEvent:
+        return self.finish(request, reason, error, cacheable=reason is not FinishReason.ERROR)
 
     def die(self, message: str, events: list[Event]) -> None:
         """The runner is gone: every live request ends with an error; `submit` raises."""

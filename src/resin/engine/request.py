@@ -7,6 +7,7 @@ import enum
 import numpy as np
 import numpy.typing as npt
 
+from resin.engine.grammar import GrammarState
 from resin.events import FinishReason, TopLogprob
 from resin.params import SamplingParams
 
@@ -56,6 +57,9 @@ class Request:
         self._prompt_top: list[tuple[TopLogprob, ...]] = []
         self._first_event_sent = False
         self._times = _Times()
+        self._grammar: GrammarState | None = None
+        self._constrained = False
+        """Has a grammar or a logit bias (counted in the engine's `ConstraintSet.active`)."""
 
     @property
     def finished(self) -> bool:
