@@ -58,12 +58,12 @@ class ConstraintSet:
             return None
         if self.backend is None:
             raise ValueError(
-                f"{params.constraint.kind} needs an engine built with a grammar backend "
+                f"constraint {params.constraint.kind} needs an engine with a grammar backend "
                 "(Engine(..., grammar=GrammarBackend.from_tokenizer(tokenizer)))"
             )
         state = self.backend.state(params.constraint)
         if state.stopped:
-            raise ValueError(f"{params.constraint.kind} allows no output at all")
+            raise ValueError(f"constraint {params.constraint.kind} allows no output at all")
         return state
 
     def admit(self, request: Request, state: GrammarState | None) -> None:

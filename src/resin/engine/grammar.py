@@ -148,10 +148,15 @@ class GrammarBackend:
 
     # -- compilation ------------------------------------------------------------------------
     def _compile(self, c: Constraint) -> llguidance.LLMatcher:
-        grammar = self._grammar_text(c)
+        """Errors start with "constraint <kind>" (the server maps them to the request field)."""
+        try:
+            grammar = self._grammar_text(c)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"constraint {c.kind} is invalid: {_first_line(str(exc))}") from None
         matcher = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"{_label(c)} cannot be enforced: {_first_line(matcher.get_error())}")
+            problem = _first_line(matcher.get_error())
+            raise ValueError(f"constraint {c.kind} cannot be enforced: {problem}")
         return matcher
 
     def _grammar_text(self, c: Constraint) -> str:
@@ -165,10 +170,7 @@ class GrammarBackend:
         if c.kind == "regex":
             return m.grammar_from_regex(c.spec)
         if c.kind == "grammar":
-            try:
-                return self._llg.grammar_from("grammar", c.spec)
-            except ValueError as exc:
-                raise ValueError(f"grammar cannot be enforced: {_first_line(str(exc))}") from None
+            return self._llg.grammar_from("grammar", c.spec)
         return structural_tag_grammar(json.loads(c.spec))
 
 
@@ -191,6 +193,7 @@ def structural_tag_grammar(spec: dict[str, Any]) -> str:
         schema = item.get("schema", {"type": "object"})
         if not isinstance(schema, dict):
             raise ValueError(f"structural_tag structures[{i}].schema must be an object")
+        schema = {"x-guidance": JSON_DEFAULTS, **schema}  # compact, like json_schema
         bodies.append((item["begin"], json.dumps(schema), str(item.get("end", ""))))
     if spec.get("at_start"):
         rules = [f"s{i}: {_lit(b)} %json {s} {_lit(e)}" for i, (b, s, e) in enumerate(bodies)]
@@ -210,10 +213,6 @@ def structural_tag_grammar(spec: dict[str, Any]) -> str:
 
 def _lit(text: str) -> str:
     return json.dumps(text) if text else ""
-
-
-def _label(c: Constraint) -> str:
-    return {"json_object": "response_format json_object"}.get(c.kind, c.kind)
 
 
 def _first_line(message: str) -> str:

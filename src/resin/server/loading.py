@@ -56,7 +56,12 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         from resin.engine import Engine
 
         context = context_length_of(folder, options.context_length)
-        real = Engine(runner, prefix_cache=options.prefix_cache, context_length=context)
+        real = Engine(
+            runner,
+            prefix_cache=options.prefix_cache,
+            context_length=context,
+            grammar=grammar_backend(tokenizer),
+        )
         engine = cast(EngineLike, cast(object, real))
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
@@ -94,6 +99,17 @@ def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
         max_sequences=512,
     )
     return Loaded(cast(EngineLike, engine), ChatMLFormat(tok), tok, "fake", context_length)
+
+
+def grammar_backend(tokenizer: Any) -> Any:
+    """The constrained-decoding backend for `tokenizer` (None when llguidance is missing:
+    constrained requests then get a 400 saying so)."""
+    try:
+        from resin.engine.grammar import GrammarBackend
+
+        return GrammarBackend.from_tokenizer(tokenizer)
+    except ImportError:
+        return None
 
 
 def _name_of(folder: str) -> str:

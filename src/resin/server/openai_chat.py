@@ -31,6 +31,7 @@ from resin.server.ports import (
 )
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
 from resin.server.service import Service, release
+from resin.server.structured import apply, openai_fields
 from resin.server.text import parts_text
 from resin.server.tool_choice import openai_choice
 
@@ -144,11 +145,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             min_tokens=body.min_tokens,
             ignore_eos=body.ignore_eos,
         )
+        params, fmt = apply(params, openai_fields(body), rendered, body.logit_bias)
     except BaseException:
         release(reservations)
         raise
     gens = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
+        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops, fmt
     )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:

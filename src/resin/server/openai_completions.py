@@ -23,6 +23,7 @@ from resin.server.openai_chat import usage
 from resin.server.ports import TextDelta
 from resin.server.schemas_openai import CompletionRequest as _Base
 from resin.server.service import Service, release
+from resin.server.structured import apply, openai_fields
 from resin.server.text import PlainTextParser
 
 router = APIRouter()
@@ -88,8 +89,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 min_tokens=body.min_tokens,
                 ignore_eos=body.ignore_eos,
             )
+            params, fmt = apply(params, openai_fields(body), None, body.logit_bias)
             parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
-            gens += await svc.launch(held, ids, params, parser, stops)
+            gens += await svc.launch(held, ids, params, parser, stops, fmt)
     except BaseException:
         if not gens:
             release(reservations)

@@ -31,6 +31,7 @@ from resin.server.ports import (
     ToolSpec,
 )
 from resin.server.service import Service, release
+from resin.server.structured import apply, responses_format
 from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
@@ -52,6 +53,7 @@ class ResponsesRequest(Loose):
     tool_choice: str | dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
 
 
 def _text(content: Any, where: str) -> str:
@@ -129,11 +131,12 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             temperature=body.temperature,
             top_p=body.top_p,
         )
+        params, fmt = apply(params, responses_format(body.text), rendered)
     except BaseException:
         release(reservations)
         raise
     (gen,) = await svc.launch(
-        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools)
+        reservations, prompt, params, lambda: svc.chat.create_parser(rendered, tools), (), fmt
     )
     builder = ResponseBuilder(svc, body)
     if body.stream:
@@ -186,7 +189,7 @@ class ResponseBuilder:
             "temperature": self.body.temperature,
             "top_p": self.body.top_p,
             "max_output_tokens": self.body.max_output_tokens,
-            "text": {"format": {"type": "text"}},
+            "text": self.body.text or {"format": {"type": "text"}},
             "reasoning": self.body.reasoning,
         }
 

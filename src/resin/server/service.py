@@ -25,6 +25,7 @@ from resin.server.ports import (
     TokenizerLike,
     ToolSpec,
 )
+from resin.server.structured import NONE, Structured, name_field
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +156,10 @@ class Service:
         params: SamplingParams,
         parser: Callable[[], OutputParser],
         stops: Sequence[str] = (),
+        structured: Structured = NONE,
     ) -> list[Generation]:
-        """Submit one engine request per reservation (seed + i for choice i)."""
+        """Submit one engine request per reservation (seed + i for choice i); an engine
+        refusal of the constraint or bias is a 400 naming the field (`structured`)."""
         gens: list[Generation] = []
         ids = tuple(prompt)
         for i, res in enumerate(reservations):
@@ -176,9 +179,11 @@ class Service:
         try:
             for gen in gens:
                 await gen.start()
-        except BaseException:
+        except BaseException as exc:
             for gen in gens:
                 gen.cancel()
+            if isinstance(exc, ApiError):
+                raise name_field(exc, structured) from None
             raise
         return gens
 
