@@ -7,7 +7,11 @@ step, filling the B x ceil(V/32) int32 bitmask plus advancing every matcher by o
   (`LLExecutor`, its thread pool), the engine Resin uses (`resin.constraints`);
 - `xgrammar` (sequential `GrammarMatcher` and its `BatchGrammarMatcher`) when it is importable
   (it needs torch; install it beside Resin to compare).
-Compile time (cold, per schema) is reported too. Prints a table and writes JSONL.
+Compile time (cold, per schema) is reported too. `--engine` adds the whole engine step:
+B requests decoding under a JSON schema through `Engine.step()` with a runner that costs
+nothing (it answers each row's lowest allowed token), against the same B requests without a
+constraint (the difference is the engine's constrained-decoding time per step).
+Prints a table and writes JSONL.
 
     PYTHONPATH=src python scripts/bench_grammar.py --output bench/grammar.jsonl
 """
@@ -22,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -124,10 +129,62 @@ def bench_xgrammar(model_dir: Path, tokens: list[int], batch: int) -> dict[str, 
     return out
 
 
+class FirstAllowedRunner:
+    """Answers each sampling row's lowest allowed token (any token 1 without a mask)."""
+
+    def __init__(self, vocab: int) -> None:
+        from resin import RunnerConfig
+
+        self.runner_config = RunnerConfig(vocab_size=vocab, page_size=16, num_pages=8192)
+
+    def forward(self, plan: Any) -> Any:
+        from resin import ForwardOutput
+
+        rows = np.flatnonzero(plan.sample_rows)
+        mask = plan.sampling.token_bitmask
+        if mask is None:
+            ids = np.ones(rows.size, dtype=np.uint32)
+        else:
+            words = mask[rows].view(np.uint32)
+            first = (words != 0).argmax(axis=1)
+            word = words[np.arange(rows.size), first]
+            low = (word & (~word + np.uint32(1))).astype(np.float64)
+            ids = (first * 32 + np.log2(low).astype(np.int64)).astype(np.uint32)
+        indptr = np.zeros(plan.num_sequences + 1, dtype=np.uint32)
+        indptr[1:] = np.cumsum(plan.sample_rows)
+        return ForwardOutput(ids, indptr)
+
+
+def bench_engine(tokenizer: Any, batch: int, steps: int = 48) -> dict[str, float]:
+    from resin import Constraint, Engine, GrammarBackend, SamplingParams
+
+    backend = GrammarBackend.from_tokenizer(tokenizer)
+    schema = {"type": "object", "properties": {"notes": {"type": "string"}}}
+    out: dict[str, float] = {}
+    for name, constraint in (("plain", None), ("json_schema", Constraint.json_schema(schema))):
+        engine = Engine(FirstAllowedRunner(tokenizer.vocab_size), grammar=backend)
+        for i in range(batch):
+            engine.submit([5, 6, 7 + i], SamplingParams(max_output_tokens=steps + 8,
+                                                        constraint=constraint))  # fmt: skip
+        while engine.num_waiting or any(len(r.output_token_ids) == 0
+                                        for r in engine._live.values()):  # fmt: skip
+            engine.step()
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t)
+        engine.close()
+        out[f"{name}_step_ms"] = _median_ms(times)
+    out["constrained_extra_ms"] = out["json_schema_step_ms"] - out["plain_step_ms"]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--output", type=Path, default=None, help="JSONL file to append to")
+    parser.add_argument("--engine", action="store_true", help="also time Engine.step()")
     args = parser.parse_args()
     from resin.tokenizer import Tokenizer
     from resin_models_torch.default_model import default_model_dir
@@ -155,6 +212,17 @@ def main() -> int:
             print(
                 f"{name:<11} {b:>5} {result['compile_ms']:>10.2f} {result['sequential_ms']:>12.3f}"
                 f" {result['parallel_ms']:>12.3f}"
+            )
+    if args.engine:
+        print(
+            f"{'engine step':<11} {'batch':>5} {'plain ms':>10} {'schema ms':>12} {'extra ms':>12}"
+        )
+        for b in args.batch:
+            result = bench_engine(tokenizer, b)
+            rows.append({"engine": "resin-engine", "batch": b, **result})
+            print(
+                f"{'':<11} {b:>5} {result['plain_step_ms']:>10.3f}"
+                f" {result['json_schema_step_ms']:>12.3f} {result['constrained_extra_ms']:>12.3f}"
             )
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
