@@ -18,6 +18,7 @@ query token has one, and the slot lies inside a page of its row.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -119,6 +120,9 @@ class SamplingArrays:
       biases in CSR form (row i's pairs are `bias_indptr[i]:bias_indptr[i+1]`); all three are
       empty when no row has a bias. Applied together with the mask, before temperature;
       logprobs are those of the masked, biased logits (`docs/constraints.md`).
+    - `mask_pending`: None, or a callable that blocks until the engine has finished filling
+      `token_bitmask` on its worker thread (only for runners that declare
+      `RunnerConfig.waits_for_masks`); read the mask through `bitmask()`, which waits.
     """
 
     temperature: F32
@@ -133,9 +137,20 @@ class SamplingArrays:
     bias_indptr: I32 = field(default_factory=_empty_i32)
     bias_ids: I32 = field(default_factory=_empty_i32)
     bias_values: F32 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.float32)))
+    mask_pending: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
         freeze_arrays(self)
+
+    def wait_for_mask(self) -> None:
+        """Block until `token_bitmask` is complete (at once when it was filled up front)."""
+        if self.mask_pending is not None:
+            self.mask_pending()
+
+    def bitmask(self) -> I32 | None:
+        """`token_bitmask`, once complete."""
+        self.wait_for_mask()
+        return self.token_bitmask
 
     @property
     def constrained(self) -> bool:

@@ -182,6 +182,7 @@ class CudaRunner:
             cache_groups=(group,),
             num_pages=self.options.num_pages,
             cache_bytes=cache_bytes,
+            waits_for_masks=True,  # constrain_logits reads the mask through bitmask()
         )
 
     def _decode_logits(self, rows: int) -> torch.Tensor:

@@ -137,8 +137,9 @@ def constrain_logits(
                      torch.from_numpy(params.bias_ids[flat].astype(np.int64)).to(dev))  # fmt: skip
             values = torch.from_numpy(params.bias_values[flat]).to(dev, out.dtype)
             out.index_put_(index, values, accumulate=True)
-    if params.token_bitmask is not None:
-        words = torch.from_numpy(np.ascontiguousarray(params.token_bitmask[rows])).to(dev)
+    mask = params.bitmask()  # waits when the engine fills it while the model ran
+    if mask is not None:
+        words = torch.from_numpy(np.ascontiguousarray(mask[rows])).to(dev)
         shifts = torch.arange(32, device=dev, dtype=torch.int32)
         allowed = ((words[:, :, None] >> shifts) & 1).view(n, -1).bool()
         if allowed.shape[1] < vocab:

@@ -64,8 +64,17 @@ def allowed(mask_row: np.ndarray, vocab: int) -> np.ndarray:
 class UniformAllowedRunner:
     """Samples uniformly among the allowed tokens of each sampling row; records the plans."""
 
-    def __init__(self, vocab: int, num_pages: int = 2048, seed: int = 0, obey: bool = True):
-        self.runner_config = RunnerConfig(vocab_size=vocab, page_size=16, num_pages=num_pages)
+    def __init__(
+        self,
+        vocab: int,
+        num_pages: int = 2048,
+        seed: int = 0,
+        obey: bool = True,
+        waits: bool = False,
+    ) -> None:
+        self.runner_config = RunnerConfig(
+            vocab_size=vocab, page_size=16, num_pages=num_pages, waits_for_masks=waits
+        )
         self.vocab = vocab
         self.rng = np.random.default_rng(seed)
         self.obey = obey
@@ -73,7 +82,11 @@ class UniformAllowedRunner:
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         self.plans.append(plan)
-        mask = plan.sampling.token_bitmask
+        if self.runner_config.waits_for_masks:
+            mask = plan.sampling.bitmask()  # the engine may still be filling it
+        else:
+            assert plan.sampling.mask_pending is None
+            mask = plan.sampling.token_bitmask
         out = []
         for i in np.flatnonzero(plan.sample_rows):
             if mask is None or not self.obey:
@@ -179,10 +192,11 @@ def test_constraint_without_backend_and_bias_range(tokenizer: Tokenizer) -> None
 
 
 # -- the engine ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("overlap", [False, True])
 def test_uniform_sampler_within_the_mask_always_validates(
-    tokenizer: Tokenizer, backend: GrammarBackend
+    tokenizer: Tokenizer, backend: GrammarBackend, overlap: bool
 ) -> None:
-    runner = UniformAllowedRunner(tokenizer.vocab_size)
+    runner = UniformAllowedRunner(tokenizer.vocab_size, waits=overlap)
     with Engine(runner, grammar=backend) as engine:
         reqs = [
             engine.submit([1, 2, 3 + i], params(tokenizer, Constraint.json_schema(SCHEMA)))
@@ -193,6 +207,9 @@ def test_uniform_sampler_within_the_mask_always_validates(
         assert r.finish_reason is FinishReason.STOP, tokenizer.decode(r.output_token_ids)
         jsonschema.validate(json.loads(tokenizer.decode(r.output_token_ids)), SCHEMA)
     assert engine._constraints.active == 0
+    # with a runner that waits, masks of >= 4 constrained rows were filled in the background
+    background = [p for p in runner.plans if p.sampling.mask_pending is not None]
+    assert bool(background) == overlap
 
 
 def test_json_object_regex_grammar_and_choice(
@@ -247,10 +264,13 @@ def test_mask_only_on_constrained_sampling_rows(
             assert full == (p.sequence_ids[i] != 1 or not p.sample_rows[i])
 
 
-def test_retraction_keeps_grammar_in_step(tokenizer: Tokenizer, backend: GrammarBackend) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_retraction_keeps_grammar_in_step(
+    tokenizer: Tokenizer, backend: GrammarBackend, overlap: bool
+) -> None:
     # A cache of 24 pages for 8 requests that grow: the youngest are retracted and recomputed
     # mid-output, and every output must still validate.
-    runner = UniformAllowedRunner(tokenizer.vocab_size, num_pages=24, seed=7)
+    runner = UniformAllowedRunner(tokenizer.vocab_size, num_pages=24, seed=7, waits=overlap)
     with Engine(runner, grammar=backend, max_batch_tokens=256) as engine:
         schema = Constraint.json_schema(SCHEMA)
         reqs = [
@@ -295,3 +315,28 @@ def test_biases_reach_the_plan_in_csr(tokenizer: Tokenizer, backend: GrammarBack
         got[row] = list(zip(s.bias_ids[part].tolist(), s.bias_values[part].tolist(), strict=True))
     assert got == {0: [(3, -1.0), (5, 2.5)], 1: [], 2: [(7, 100.0)]}
     assert s.token_bitmask is None and engine._constraints.active == 0
+
+
+def test_runner_failure_while_the_mask_fills_in_the_background(
+    tokenizer: Tokenizer, backend: GrammarBackend
+) -> None:
+    class FailsOnce(UniformAllowedRunner):
+        def forward(self, plan: BatchPlan) -> ForwardOutput:
+            if len(self.plans) == 2:  # the second decode step fails without reading the mask
+                self.plans.append(plan)
+                raise RuntimeError("device fault")
+            return super().forward(plan)
+
+    runner = FailsOnce(tokenizer.vocab_size, waits=True)
+    with Engine(runner, grammar=backend) as engine:
+        first = [engine.submit([1, i], params(tokenizer, Constraint.json_schema(SCHEMA)))
+                 for i in range(6)]  # fmt: skip
+        run(engine)
+        assert all(r.finish_reason is FinishReason.ERROR for r in first)
+        assert runner.plans[2].sampling.mask_pending is not None
+        later = [engine.submit([2, i], params(tokenizer, Constraint.json_schema(SCHEMA)))
+                 for i in range(6)]  # fmt: skip
+        run(engine)
+    for r in later:
+        jsonschema.validate(json.loads(tokenizer.decode(r.output_token_ids)), SCHEMA)
+    assert engine._constraints._worker is None  # close() stopped the mask thread

@@ -8,6 +8,12 @@ The engine calls three things, each a few lines at its call site:
   the tokens committed this step; a grammar that is complete finishes its request (`stop`),
   a token the grammar forbids (a runner that ignored the mask) finishes it with `error`.
 
+Overlap: with a runner that declares `RunnerConfig.waits_for_masks`, a plan with at least
+`OVERLAP_MIN_ROWS` constrained rows leaves `attach` with its mask still being filled on one
+worker thread (llguidance releases the GIL while it computes); the runner runs the model and
+waits (`SamplingArrays.bitmask()`) only when it samples. `advance` waits for that fill before it
+moves any grammar state, so a matcher is never read and written at once.
+
 Zero overhead without constraints: the engine calls `attach` / `advance` only while `active`
 (a live request has a grammar or a bias), so plain traffic never enters this module.
 Retraction keeps a request's generated tokens (the recompute path re-prefills them), so its
@@ -17,8 +23,10 @@ which is also how rejected speculative drafts will roll it back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,13 +38,21 @@ from resin.plan import BatchPlan
 
 Finish = Callable[[Request, FinishReason, str | None], FinishedEvent]
 
+OVERLAP_MIN_ROWS = 4
+"""Fewer constrained rows fill their masks inline (a thread hop costs more than the masks)."""
+
 
 class ConstraintSet:
     """The engine's constrained requests and how their masks and biases enter plans."""
 
-    def __init__(self, backend: GrammarBackend | None, vocab_size: int | None) -> None:
+    def __init__(
+        self, backend: GrammarBackend | None, vocab_size: int | None, overlap: bool = False
+    ) -> None:
         self.backend = backend
         self.vocab_size = vocab_size
+        self.overlap = overlap and backend is not None
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
         if backend is not None and vocab_size is not None and backend.vocab_size > vocab_size:
             raise ValueError(
                 f"the grammar tokenizer has {backend.vocab_size} tokens, "
@@ -88,12 +104,18 @@ class ConstraintSet:
             if r._grammar is not None and plan.sample_rows[i] and r._grammar.error is None
         ]
         mask = None
+        pending: Callable[[], object] | None = None
         if rows and self.backend is not None:
-            mask = np.full((b, self.mask_words), -1, dtype=np.int32)
-            sub = np.zeros((len(rows), self.mask_words), dtype=np.int32)
+            base = np.full((b, self.mask_words), -1, dtype=np.int32)
+            mask = base.view()  # the plan freezes this view; the filler writes `base`
             states = [g for i in rows if (g := requests[i]._grammar) is not None]
-            self.backend.fill_masks(states, sub)
-            mask[rows] = sub
+            if self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
+                if self._worker is None:
+                    self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
+                self._pending = self._worker.submit(self._fill, states, base, rows)
+                pending = self._pending.result
+            else:
+                self._fill(states, base, rows)
         lens = [len(r.sampling_params.logit_bias) for r in requests]
         sampling = plan.sampling
         if any(lens):
@@ -108,10 +130,31 @@ class ConstraintSet:
             )
         if mask is None and sampling is plan.sampling:
             return plan
-        return dataclasses.replace(plan, sampling=dataclasses.replace(sampling, token_bitmask=mask))
+        sampling = dataclasses.replace(sampling, token_bitmask=mask, mask_pending=pending)
+        return dataclasses.replace(plan, sampling=sampling)
+
+    def _fill(self, states: Sequence[GrammarState], base: np.ndarray, rows: list[int]) -> None:
+        assert self.backend is not None
+        sub = np.zeros((len(rows), self.mask_words), dtype=np.int32)
+        self.backend.fill_masks(states, sub)
+        base[rows] = sub
+
+    def settle(self) -> None:
+        """Wait for a background mask fill (its errors already reached the runner)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with contextlib.suppress(Exception):  # the runner that waited on it failed already
+                pending.result()
+
+    def close(self) -> None:
+        self.settle()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
 
     def advance(self, requests: tuple[Request, ...], events: list[Event], finish: Finish) -> None:
         """Feed each constrained request's state the tokens committed since the last call."""
+        self.settle()
         for r in requests:
             state = r._grammar
             if state is None or r.finished:

@@ -79,7 +79,9 @@ class Engine:
             self._slots,
         )
         self._collector = MetricsCollector() if enable_metrics else None
-        self._constraints = ConstraintSet(grammar, self.runner_config.vocab_size)
+        self._constraints = ConstraintSet(
+            grammar, self.runner_config.vocab_size, self.runner_config.waits_for_masks
+        )
         self._txn = Transaction(self)
         self._live: dict[int, Request] = {}
         self._pending: list[Event] = []
@@ -183,6 +185,7 @@ class Engine:
         for request in list(self._live.values()):
             self._pending.append(self.finish(request, FinishReason.ABORT))
         self._closed = True
+        self._constraints.close()
         if isinstance(self.runner, ClosableRunner):
             self.runner.close()
 

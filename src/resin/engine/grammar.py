@@ -135,16 +135,23 @@ class GrammarBackend:
 
     def fill_masks(self, states: Sequence[GrammarState], mask: npt.NDArray[np.int32]) -> None:
         """Row i of `mask` gets states[i]'s bitmask (the first `mask_words` words of a row;
-        words beyond the tokenizer's vocabulary stay as they are: 0 = disallowed)."""
-        words = mask.shape[1]
-        if len(states) > 1 and words == self.mask_words and mask.flags.c_contiguous:
-            if self._executor is None:
-                self._executor = self._llg.LLExecutor()
-            pairs = [(s.matcher, i) for i, s in enumerate(states)]
-            self._executor.unsafe_compute_mask_ptr(pairs, mask.ctypes.data, words * 4, len(states))
+        words beyond the tokenizer's vocabulary stay as they are: 0 = disallowed).
+
+        One row is filled directly; several go through llguidance's thread pool, which also
+        releases the GIL (so a fill on a worker thread overlaps the runner's Python)."""
+        if len(states) == 1:
+            states[0].fill_mask(mask[0, : self.mask_words])
             return
-        for i, s in enumerate(states):
-            s.fill_mask(mask[i, : self.mask_words])
+        target = mask
+        if mask.shape[1] != self.mask_words or not mask.flags.c_contiguous:
+            target = np.zeros((len(states), self.mask_words), dtype=np.int32)
+        if self._executor is None:
+            self._executor = self._llg.LLExecutor()
+        pairs = [(s.matcher, i) for i, s in enumerate(states)]
+        nbytes = self.mask_words * 4
+        self._executor.unsafe_compute_mask_ptr(pairs, target.ctypes.data, nbytes, len(states))
+        if target is not mask:
+            mask[:, : self.mask_words] = target
 
     # -- compilation ------------------------------------------------------------------------
     def _compile(self, c: Constraint) -> llguidance.LLMatcher:
