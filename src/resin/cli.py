@@ -25,6 +25,12 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
     p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        help="sampling defaults for omitted request fields: auto (the checkpoint's "
+        "generation_config.json / GGUF metadata), none, or a JSON file",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -68,6 +74,7 @@ def _load(args: argparse.Namespace) -> object:
             prefix_cache=args.prefix_cache,
             recipe=args.recipe,
             fake=args.fake_runner,
+            generation_config=args.generation_config,
         )
     )
 
@@ -91,6 +98,7 @@ def serve(args: argparse.Namespace) -> int:
         max_active=args.max_active,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         context_length=loaded.context_length,
+        generation_defaults=loaded.defaults,
     )
     uv = server.make_uvicorn()
     url = f"http://{args.host}:{args.port}"

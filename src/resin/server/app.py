@@ -35,6 +35,7 @@ from resin.server.errors import (
     unhandled_error_handler,
     validation_error_handler,
 )
+from resin.server.generation_defaults import GenerationDefaults
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
 from resin.server.service import Service
@@ -63,6 +64,7 @@ class HttpServer:
         client_buffer: int = 64,
         max_body_bytes: int = 4 * 1024 * 1024,
         context_length: int | None = None,
+        generation_defaults: GenerationDefaults | None = None,
     ) -> None:
         chat = as_chat_format(recipe)
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
@@ -94,6 +96,7 @@ class HttpServer:
             context_length or engine.context_length,
             stream_interval,
             self.metrics,
+            defaults=generation_defaults or GenerationDefaults(),
         )
         self.app = GuardMiddleware(self._build_app(), api_key, max_body_bytes)
         self.ready = threading.Event()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
+from resin.server.generation_defaults import resolve as resolve_defaults
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
 
 
@@ -18,6 +20,8 @@ class LoadOptions:
     prefix_cache: bool = True
     recipe: str | None = None
     fake: bool = False
+    generation_config: str = "auto"
+    """auto | none | a JSON file (`resin.server.generation_defaults`)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class Loaded:
     tokenizer: TokenizerLike
     name: str
     context_length: int
+    defaults: GenerationDefaults = NO_DEFAULTS
 
 
 def load(options: LoadOptions, progress: bool = True) -> Loaded:
@@ -66,7 +71,8 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
     name = name or DEFAULT_MODEL_NAME
-    return Loaded(engine, chat, tokenizer, name, context)
+    defaults = resolve_defaults(options.generation_config, folder)
+    return Loaded(engine, chat, tokenizer, name, context, defaults)
 
 
 def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:

@@ -22,6 +22,7 @@ async def models(request: Request) -> JSONResponse:
         "created": svc.started,
         "owned_by": "resin",
         "max_model_len": svc.context_length,
+        "generation_defaults": svc.defaults.as_dict(),
     }
     return JSONResponse({"object": "list", "data": [card]})
 

@@ -16,6 +16,7 @@ from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull, Reservation
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
+from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import (
     ChatFormat,
@@ -46,6 +47,7 @@ class Service:
         stream_interval: int,
         metrics: ServerMetrics,
         limits: Limits = Limits(),
+        defaults: GenerationDefaults = NO_DEFAULTS,
     ) -> None:
         self.actor = actor
         self.chat = chat
@@ -55,6 +57,8 @@ class Service:
         self.stream_interval = stream_interval
         self.metrics = metrics
         self.limits = limits
+        self.defaults = defaults
+        """The checkpoint's sampling defaults for omitted fields (`generation_defaults.py`)."""
         self.started = int(time.time())
 
     def reserve(self, n: int = 1) -> list[Reservation]:
@@ -120,7 +124,14 @@ class Service:
         min_tokens: int = 0,
         ignore_eos: bool = False,
     ) -> SamplingParams:
-        """SamplingParams with `max_tokens` clamped to what the context has left."""
+        """SamplingParams with `max_tokens` clamped to what the context has left; omitted
+        fields take the checkpoint's generation defaults, then the server's."""
+        d = self.defaults
+        max_tokens = d.max_tokens if max_tokens is None else max_tokens
+        temperature = d.temperature if temperature is None else temperature
+        top_p = d.top_p if top_p is None else top_p
+        top_k = d.top_k if top_k is None else top_k
+        min_p = d.min_p if min_p is None else min_p
         room = self.context_length - prompt_len
         if room < 1:
             raise ApiError(
