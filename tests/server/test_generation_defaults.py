@@ -37,8 +37,9 @@ def write(folder: Path, config: dict[str, object]) -> Path:
 
 
 def test_resolve_auto_none_and_file(tmp_path: Path) -> None:
-    folder = write(tmp_path / "ckpt", {"do_sample": True, "temperature": 0.6, "top_p": 0.95,
-                                       "top_k": 20, "max_new_tokens": 64, "eos_token_id": 2})  # fmt: skip
+    config = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
+              "max_new_tokens": 64, "eos_token_id": 2}  # fmt: skip
+    folder = write(tmp_path / "ckpt", config)
     auto = resolve("auto", folder)
     assert auto == GenerationDefaults(temperature=0.6, top_p=0.95, top_k=20, max_tokens=64)
     assert resolve("none", folder) == GenerationDefaults()
@@ -92,3 +93,22 @@ def test_serve_help_lists_generation_config(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     assert "--generation-config" in capsys.readouterr().out
+
+
+def test_gguf_sampling_metadata_fills_what_the_json_lacks(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("general.name", "tiny")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])  # skipped on the way
+    writer.add_float32("general.sampling.temp", 0.25)
+    writer.add_float32("general.sampling.top_p", 0.5)
+    writer.add_int32("general.sampling.top_k", 40)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    folder = write(tmp_path / "converted", {"top_p": 0.9, "eos_token_id": 2})
+    (folder / "resin_source.json").write_text(json.dumps({"source": str(path)}), encoding="utf-8")
+    assert resolve("auto", folder) == GenerationDefaults(temperature=0.25, top_p=0.9, top_k=40)
+    (folder / "resin_source.json").write_text(json.dumps({"source": "/gone.gguf"}), "utf-8")
+    assert resolve("auto", folder) == GenerationDefaults(top_p=0.9)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 GGUF_KEYS = {
     "general.sampling.temp": "temperature",
@@ -110,12 +111,57 @@ def _gguf_defaults(folder: Path) -> GenerationDefaults:
         return GenerationDefaults()
     try:
         path = json.loads(source.read_text(encoding="utf-8"))["source"]
-        from resin_models_torch.gguf import read_gguf
-
-        metadata = read_gguf(path).metadata
+        metadata = gguf_scalars(Path(path), set(GGUF_KEYS))
     except Exception:  # a moved or unreadable source only loses its defaults
         return GenerationDefaults()
-    return GenerationDefaults.from_mapping(dict(metadata), GGUF_KEYS, strict=False)
+    return GenerationDefaults.from_mapping(metadata, GGUF_KEYS, strict=False)
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+
+
+def gguf_scalars(path: Path, wanted: set[str]) -> dict[str, Any]:
+    """The scalar metadata values named in `wanted`, read from a GGUF header (v2/v3) without
+    loading the tensors (the full reader takes seconds on a tokenizer's arrays)."""
+    found: dict[str, Any] = {}
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        version, _tensors, count = struct.unpack("<IQQ", f.read(20))
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not supported")
+        for _ in range(count):
+            key = _string(f)
+            kind = struct.unpack("<I", f.read(4))[0]
+            value = _value(f, kind)
+            if key in wanted:
+                found[key] = value
+            if len(found) == len(wanted):
+                break
+    return found
+
+
+def _string(f: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", f.read(8))
+    return f.read(n).decode("utf-8", "replace")
+
+
+def _value(f: BinaryIO, kind: int) -> Any:
+    if kind in _SCALARS:
+        fmt = _SCALARS[kind]
+        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+    if kind == 8:
+        return _string(f)
+    if kind == 9:  # arrays are skipped (none of the wanted keys is one)
+        item, n = struct.unpack("<IQ", f.read(12))
+        if item in _SCALARS:
+            f.seek(n * struct.calcsize(_SCALARS[item]), 1)
+        else:
+            for _ in range(n):
+                _value(f, item)
+        return None
+    raise ValueError(f"unknown GGUF value type {kind}")
 
 
 def _checked(name: str, value: Any) -> float | int | None:
