@@ -18,6 +18,7 @@ from resin import (
     BatchPlan,
     Constraint,
     Engine,
+    FinishedEvent,
     FinishReason,
     ForwardOutput,
     GrammarBackend,
@@ -289,15 +290,22 @@ def test_runner_that_ignores_the_mask_errors_only_that_request(
 ) -> None:
     runner = UniformAllowedRunner(tokenizer.vocab_size, obey=False)
     with Engine(runner, grammar=backend) as engine:
-        bad = engine.submit([1, 2], params(tokenizer, Constraint("regex", "a{30}")))
-        ok = engine.submit([3, 4], params(tokenizer, None, max_output_tokens=5))
-        events = []
-        while engine.has_work():
-            events += engine.step()
-    assert bad.finish_reason is FinishReason.ERROR and "violates the constraint" in str(bad.error)
-    assert ok.finish_reason is FinishReason.LENGTH
-    assert sum(1 for e in events if getattr(e, "request_id", None) == bad.id
-               and type(e).__name__ == "FinishedEvent") == 1  # fmt: skip
+        # one constrained request (inline advance) and five (the parallel advance)
+        for n in (1, 5):
+            bad = [engine.submit([1, i], params(tokenizer, Constraint("regex", "a{30}")))
+                   for i in range(n)]  # fmt: skip
+            ok = engine.submit([3, 4], params(tokenizer, None, max_output_tokens=5))
+            events = []
+            while engine.has_work():
+                events += engine.step()
+            for r in bad:
+                assert r.finish_reason is FinishReason.ERROR
+                assert "violates the constraint" in str(r.error)
+                finished = [
+                    e for e in events if isinstance(e, FinishedEvent) and e.request_id == r.id
+                ]
+                assert len(finished) == 1
+            assert ok.finish_reason is FinishReason.LENGTH
 
 
 def test_biases_reach_the_plan_in_csr(tokenizer: Tokenizer, backend: GrammarBackend) -> None:

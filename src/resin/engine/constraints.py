@@ -155,10 +155,18 @@ class ConstraintSet:
     def advance(self, requests: tuple[Request, ...], events: list[Event], finish: Finish) -> None:
         """Feed each constrained request's state the tokens committed since the last call."""
         self.settle()
-        for r in requests:
+        live = [r for r in requests if r._grammar is not None and not r.finished]
+        if len(live) >= OVERLAP_MIN_ROWS and self.backend is not None:
+            # the common case, one new token each, in llguidance's pool (GIL released)
+            one = [
+                (g, r.output_token_ids[-1])
+                for r in live
+                if (g := r._grammar) is not None and g.behind(r.output_token_ids) == 1
+            ]
+            self.backend.consume_one(one)
+        for r in live:
             state = r._grammar
-            if state is None or r.finished:
-                continue
+            assert state is not None
             if not state.sync(r.output_token_ids):
                 events.append(finish(r, FinishReason.ERROR, state.error))
             elif state.stopped:

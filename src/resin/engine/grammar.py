@@ -80,6 +80,10 @@ class GrammarState:
             self.consumed += 1
         return True
 
+    def behind(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` are not consumed yet (negative: consumed ones are gone)."""
+        return len(tokens) - self.consumed if self.error is None else 0
+
     def rollback(self, k: int) -> None:
         """Take back the last `k` consumed tokens (rejected drafts, retracted output)."""
         if k < 0 or k > self.consumed:
@@ -152,6 +156,21 @@ class GrammarBackend:
         self._executor.unsafe_compute_mask_ptr(pairs, target.ctypes.data, nbytes, len(states))
         if target is not mask:
             mask[:, : self.mask_words] = target
+
+    def consume_one(self, pairs: Sequence[tuple[GrammarState, int]]) -> None:
+        """Each state consumes its token, in llguidance's thread pool; a rejected token
+        leaves that state failed (`error`), as `GrammarState.sync` would."""
+        if not pairs:
+            return
+        if self._executor is None:
+            self._executor = self._llg.LLExecutor()
+        ok = self._executor.consume_token_par([(s.matcher, t) for s, t in pairs])
+        for (state, token), good in zip(pairs, ok, strict=True):
+            if good:
+                state.consumed += 1
+            else:
+                first = state.matcher.get_error().strip().splitlines()
+                state.error = f"token {token} violates the constraint: {first[0] if first else ''}"
 
     # -- compilation ------------------------------------------------------------------------
     def _compile(self, c: Constraint) -> llguidance.LLMatcher:
