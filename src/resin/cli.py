@@ -140,6 +140,7 @@ def chat(args: argparse.Namespace) -> int:
         model=loaded.name,
         port=free_port(),
         stream_interval=1,
+        generation_defaults=loaded.defaults,
     )
     with running(server) as url:
         return chat_loop(url, None, args.max_tokens, args.system)
