@@ -24,7 +24,9 @@ from types import TracebackType
 
 from resin.cache.manager import CacheManager
 from resin.cache.pool import OutOfPagesError
+from resin.engine.constraints import ConstraintSet
 from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
+from resin.engine.grammar import GrammarBackend
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
@@ -32,7 +34,7 @@ from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
 from resin.engine.slots import SlotStore
 from resin.engine.transaction import Transaction
 from resin.errors import EngineDeadError
-from resin.events import Event, FinishReason
+from resin.events import Event, FinishedEvent, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
 from resin.plan import Phase
@@ -60,6 +62,7 @@ class Engine:
         prefill_chunk_tokens: int = 2048,
         enable_metrics: bool = True,
         max_retries: int = 3,
+        grammar: GrammarBackend | None = None,
     ) -> None:
         self._config = EngineConfig(
             context_length=context_length,
@@ -87,7 +90,10 @@ class Engine:
             self._slots,
         )
         self._collector = MetricsCollector() if enable_metrics else None
-        self._life = Lifecycle(self._scheduler, self._collector)
+        self._constraints = ConstraintSet(
+            grammar, self._runner_config.vocab_size, self._runner_config.waits_for_masks
+        )
+        self._life = Lifecycle(self._scheduler, self._collector, self._constraints.release)
         self._txn = Transaction(
             runner,
             self._cache,
@@ -158,9 +164,11 @@ class Engine:
                 f"a prompt of {len(prompt)} tokens needs {need} cache pages, "
                 f"the cache has {self._layout.num_pages}"
             )
+        grammar = self._constraints.check(params)
         rid = self._take_id(request_id)
         request = Request(rid, prompt, params)
         request.times.arrival = time.monotonic()
+        self._constraints.admit(request, grammar)
         self._life.add(request)
         self._scheduler.add(request)
         return request
@@ -203,6 +211,7 @@ class Engine:
         for request in list(self._life.live.values()):
             self._pending.append(self._life.finish(request, FinishReason.ABORT))
         self._closed = True
+        self._constraints.close()
         if isinstance(self._runner, ClosableRunner):
             self._runner.close()
 
@@ -238,7 +247,16 @@ class Engine:
             self._scheduler.retract(self._scheduler.youngest())
             return
         plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
+        if self._constraints.active:
+            plan = self._constraints.attach(plan, cohort.requests)
         self._txn.execute(plan, cohort.requests, reservation, events)
+        if self._constraints.active:
+            self._constraints.advance(cohort.requests, events, self._finish_constrained)
+
+    def _finish_constrained(
+        self, request: Request, reason: FinishReason, error: str | None
+    ) -> FinishedEvent:
+        return self._life.finish(request, reason, error, cacheable=reason is not FinishReason.ERROR)
 
     def _fail_unfittable(self, events: list[Event]) -> None:
         # Nothing runs and nothing is admitted: the head request cannot fit the cache even

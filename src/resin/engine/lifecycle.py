@@ -8,6 +8,7 @@ records its metrics and returns its one `FinishedEvent`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from resin.engine.request import Request
 from resin.engine.scheduler import Scheduler
@@ -18,9 +19,16 @@ from resin.metrics.collector import MetricsCollector
 class Lifecycle:
     """Owns the live-request table and the dead flag."""
 
-    def __init__(self, scheduler: Scheduler, collector: MetricsCollector | None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        collector: MetricsCollector | None,
+        release: Callable[[Request], None] | None = None,
+    ) -> None:
         self._scheduler = scheduler
         self._collector = collector
+        self._release = release
+        """Drops per-request state other owners keep (the grammar of a constrained request)."""
         self.live: dict[int, Request] = {}
         self.dead: str | None = None
         """Why the runner died (None while it lives)."""
@@ -40,6 +48,8 @@ class Lifecycle:
 
         `cacheable=False` (quarantine) keeps its pages out of the prefix cache."""
         self._scheduler.finish(request, cacheable=cacheable)
+        if self._release is not None:
+            self._release(request)
         self.live.pop(request.id, None)
         request.finish_reason = reason
         request.error = error

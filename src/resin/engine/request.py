@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from resin.engine.grammar import GrammarState
 from resin.events import FinishReason, TopLogprob
 from resin.params import SamplingParams
 
@@ -38,7 +39,9 @@ class Request:
     - `started` (its first `TokensEvent` was sent) and `prompt_lp` (prompt logprobs collected
       so far; None unless asked for): the `Transaction`'s, reset by the scheduler on admission
       until `started`;
-    - `times`: monotonic timestamps for metrics.
+    - `times`: monotonic timestamps for metrics;
+    - `grammar` (its constraint's state, None without one) and `constrained` (has a grammar or
+      a logit bias): the `ConstraintSet`'s.
     """
 
     def __init__(self, request_id: int, prompt: tuple[int, ...], params: SamplingParams) -> None:
@@ -60,6 +63,9 @@ class Request:
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._full: npt.NDArray[np.int32] = self._prompt
         self._num_tokens = len(prompt)
+        self.grammar: GrammarState | None = None
+        self.constrained = False
+        """Has a grammar or a logit bias (counted in the engine's `ConstraintSet.active`)."""
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
+from resin.server.generation_defaults import resolve as resolve_defaults
 from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
 
 
@@ -18,6 +20,8 @@ class LoadOptions:
     prefix_cache: bool = True
     recipe: str | None = None
     fake: bool = False
+    generation_config: str = "auto"
+    """auto | none | a JSON file (`resin.server.generation_defaults`)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class Loaded:
     tokenizer: TokenizerLike
     name: str
     context_length: int
+    defaults: GenerationDefaults = NO_DEFAULTS
 
 
 def check_recipe_name(name: str | None) -> None:
@@ -71,12 +76,18 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         from resin.engine import Engine
 
         context = context_length_of(folder, options.context_length)
-        real = Engine(runner, prefix_cache=options.prefix_cache, context_length=context)
+        real = Engine(
+            runner,
+            prefix_cache=options.prefix_cache,
+            context_length=context,
+            grammar=grammar_backend(tokenizer),
+        )
         engine = cast(EngineLike, cast(object, real))
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
     name = name or DEFAULT_MODEL_NAME
-    return Loaded(engine, chat, tokenizer, name, context)
+    defaults = resolve_defaults(options.generation_config, folder)
+    return Loaded(engine, chat, tokenizer, name, context, defaults)
 
 
 def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
@@ -110,6 +121,17 @@ def load_fake(context_length: int = 4096, prefix_cache: bool = True) -> Loaded:
         max_sequences=512,
     )
     return Loaded(cast(EngineLike, engine), ChatMLFormat(tok), tok, "fake", context_length)
+
+
+def grammar_backend(tokenizer: Any) -> Any:
+    """The constrained-decoding backend for `tokenizer` (None when llguidance is missing:
+    constrained requests then get a 400 saying so)."""
+    try:
+        from resin.engine.grammar import GrammarBackend
+
+        return GrammarBackend.from_tokenizer(tokenizer)
+    except ImportError:
+        return None
 
 
 def _name_of(folder: str) -> str:

@@ -26,6 +26,7 @@ def _card(svc: Service) -> dict[str, object]:
             "tools": bool(svc.chat.supports_tools),
             "reasoning": bool(svc.chat.supports_reasoning),
         },
+        "generation_defaults": svc.defaults.as_dict(),
     }
 
 

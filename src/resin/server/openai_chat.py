@@ -29,6 +29,7 @@ from resin.server.ports import (
 )
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
 from resin.server.service import Service
+from resin.server.structured import apply, openai_fields
 from resin.server.text import parts_text
 from resin.server.tool_choice import openai_choice
 
@@ -153,8 +154,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             min_tokens=body.min_tokens,
             ignore_eos=body.ignore_eos,
         )
+        params, fmt = apply(params, openai_fields(body), rendered, body.logit_bias)
         gens = await svc.launch(
-            ticket, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops
+            ticket, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops, fmt
         )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
