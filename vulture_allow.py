@@ -47,3 +47,5 @@ _.decoder  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assign
 _.post_processor  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
 _.normalizer  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
 random_runner  # TODO(gpu) resin_models_torch/registry.py: public helper, used by tests only
+_.accepting  # engine/grammar.py: GrammarState's public read of the matcher (tests assert it)
+response_format  # server/schemas_openai.py: a request-body field (structured.py reads it by name)

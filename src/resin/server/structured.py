@@ -30,8 +30,6 @@ VLLM_FIELDS = (
     "guided_choice",
     "guided_grammar",
 )
-ENGINE_PREFIXES = ("constraint ", "logit_bias")
-"""Engine refusals at submit that belong to these fields start like this."""
 
 
 class Structured(NamedTuple):
