@@ -26,6 +26,7 @@ lint: $(STAMP)
 	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
 	.venv/bin/mypy
+	.venv/bin/vulture src scripts vulture_allow.py --min-confidence 60
 
 format: $(STAMP)
 	.venv/bin/ruff format .

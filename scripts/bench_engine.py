@@ -78,7 +78,7 @@ def bench(n: int, context: int, prefix: bool, decode_steps: int, seed: int) -> d
     gc.disable()
     try:
         prefill_wall, prefill_cpu = _timed_step(engine)  # one step prefills every prompt
-        assert engine.scheduler.prefilling == [] and len(engine.scheduler.running) == n
+        assert engine._scheduler.prefilling == [] and len(engine._scheduler.running) == n
         walls, cpus = [], []
         for _ in range(decode_steps):
             w, c = _timed_step(engine)

@@ -6,6 +6,7 @@ neither torch nor any CUDA library.
 """
 
 from resin.engine import Engine, Request
+from resin.engine.grammar import GrammarBackend
 from resin.errors import (
     EngineDeadError,
     InvalidRunnerOutputError,
@@ -14,7 +15,7 @@ from resin.errors import (
     RunnerDeadError,
 )
 from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
-from resin.params import SamplingParams
+from resin.params import Constraint, SamplingParams
 from resin.plan import BatchPlan, CacheGroupPlan, ForwardOutput, Phase, SamplingArrays
 from resin.protocols import (
     AsyncRunner,
@@ -33,6 +34,7 @@ __all__ = [
     "CacheGroupPlan",
     "CacheGroupSpec",
     "CacheLayout",
+    "Constraint",
     "Engine",
     "EngineDeadError",
     "ErrorEvent",
@@ -40,6 +42,7 @@ __all__ = [
     "FinishReason",
     "FinishedEvent",
     "ForwardOutput",
+    "GrammarBackend",
     "History",
     "InvalidRunnerOutputError",
     "Phase",

@@ -26,6 +26,12 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
     p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        help="sampling defaults for omitted request fields: auto (the checkpoint's "
+        "generation_config.json / GGUF metadata), none, or a JSON file",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -114,6 +120,7 @@ def _load(args: argparse.Namespace) -> object:
         prefix_cache=args.prefix_cache,
         recipe=args.recipe,
         fake=args.fake_runner,
+        generation_config=args.generation_config,
     )
     try:
         return load(options)
@@ -152,6 +159,7 @@ def serve(args: argparse.Namespace) -> int:
         ),
         allowed_hosts=_hosts(args.allowed_hosts),
         special_tokens_in_text=args.special_tokens_in_text,
+        generation_defaults=loaded.defaults,
     )
     uv = server.make_uvicorn()
     url = f"http://{args.host}:{args.port}"
@@ -204,6 +212,7 @@ def chat(args: argparse.Namespace) -> int:
         model=loaded.name,
         port=free_port(),
         stream_interval=1,
+        generation_defaults=loaded.defaults,
     )
     with running(server) as url:
         return chat_loop(url, None, args.max_tokens, args.system)

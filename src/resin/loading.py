@@ -9,6 +9,8 @@ from typing import Any
 
 from resin.engine import Engine
 from resin.recipe import Recipe
+from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
+from resin.server.generation_defaults import resolve as resolve_defaults
 from resin.tokenizer import Tokenizer
 
 
@@ -21,6 +23,8 @@ class LoadOptions:
     prefix_cache: bool = True
     recipe: str | None = None
     fake: bool = False
+    generation_config: str = "auto"
+    """auto | none | a JSON file (`resin.server.generation_defaults`)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Loaded:
     tokenizer: Tokenizer
     name: str
     context_length: int
+    defaults: GenerationDefaults = NO_DEFAULTS
 
 
 def check_recipe_name(name: str | None) -> None:
@@ -68,10 +73,16 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         bar.update()
         bar.set_postfix_str(steps[3])
         context = context_length_of(folder, options.context_length)
-        engine = Engine(runner, prefix_cache=options.prefix_cache, context_length=context)
+        engine = Engine(
+            runner,
+            prefix_cache=options.prefix_cache,
+            context_length=context,
+            grammar=grammar_backend(tokenizer),
+        )
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
-    return Loaded(engine, recipe, tokenizer, name or DEFAULT_MODEL_NAME, context)
+    defaults = resolve_defaults(options.generation_config, folder)
+    return Loaded(engine, recipe, tokenizer, name or DEFAULT_MODEL_NAME, context, defaults)
 
 
 def recipe_for(tokenizer: Tokenizer, name: str | None) -> Recipe:
@@ -87,6 +98,17 @@ def recipe_for(tokenizer: Tokenizer, name: str | None) -> Recipe:
         if name is not None:
             raise
         raise ValueError(f"{exc}: pass --recipe NAME") from None
+
+
+def grammar_backend(tokenizer: Any) -> Any:
+    """The constrained-decoding backend for `tokenizer` (None when llguidance is missing:
+    constrained requests then get a 400 saying so)."""
+    try:
+        from resin.engine.grammar import GrammarBackend
+
+        return GrammarBackend.from_tokenizer(tokenizer)
+    except ImportError:
+        return None
 
 
 class ZeroCostRunner:

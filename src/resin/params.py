@@ -9,14 +9,68 @@ stop tokens explicitly (a recipe's `stop_token_ids` does this for chat).
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 MAX_LOGPROBS = 20
 """Upper bound on `logprobs` / `prompt_logprobs` alternatives (OpenAI's own cap)."""
 
 INT32_MAX = 2**31 - 1
 """Counts and token ids travel to runners in int32 plan arrays; larger values are refused."""
+
+
+ConstraintKind = Literal["json_object", "json_schema", "regex", "grammar", "structural_tag"]
+
+MAX_LOGIT_BIAS = 100.0
+"""`logit_bias` values lie in [-100, 100] (OpenAI's range)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What the generated text must match (constrained decoding, `docs/constraints.md`).
+
+    - `json_object`: any JSON object (`spec` ignored);
+    - `json_schema`: `spec` is the schema as JSON text; `strict` refuses keywords the grammar
+      engine cannot enforce (instead of ignoring them);
+    - `regex`: `spec` is a regular expression the whole output matches;
+    - `grammar`: `spec` is a Lark grammar (llguidance's dialect) or a GBNF/EBNF grammar;
+    - `structural_tag`: `spec` is JSON `{"triggers": [...], "structures": [{"begin", "schema",
+      "end"}]}`: free text in which each trigger starts a structure whose body follows the
+      schema (tool calls); `{"prefix_forced": true}` makes one structure mandatory at once.
+
+    A constraint is hashable and compares by value: the engine's compile cache is keyed by it.
+    Whether the grammar engine accepts it is checked at `Engine.submit` (a `ValueError` naming
+    the problem), not here.
+    """
+
+    kind: ConstraintKind
+    spec: str = ""
+    strict: bool = True
+
+    def __post_init__(self) -> None:
+        kinds = ("json_object", "json_schema", "regex", "grammar", "structural_tag")
+        _check(self.kind in kinds, f"constraint kind must be one of {', '.join(kinds)}")
+        _check(isinstance(self.spec, str), "constraint spec must be a string")
+        if self.kind in ("json_schema", "structural_tag"):
+            try:
+                value = json.loads(self.spec)
+            except ValueError as exc:
+                raise ValueError(f"{self.kind} is not valid JSON: {exc}") from None
+            _check(
+                isinstance(value, dict) or value is True,
+                f"{self.kind} must be a JSON object",
+            )
+        elif self.kind in ("regex", "grammar"):
+            _check(bool(self.spec), f"{self.kind} must not be empty")
+
+    @classmethod
+    def json_schema(cls, schema: object, strict: bool = True) -> Constraint:
+        """From a schema given as a dict (or JSON text)."""
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        return cls("json_schema", text, strict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +83,13 @@ class SamplingParams:
       `0 <= min_p <= 1`;
     - `seed` is None or a non-negative int below 2**63;
     - `logprobs` / `prompt_logprobs` are None or in [0, MAX_LOGPROBS]; 0 asks for the
-      chosen token's logprob only, k > 0 adds the top-k alternatives.
+      chosen token's logprob only, k > 0 adds the top-k alternatives;
+    - `logit_bias` is a tuple of (token id, bias) pairs sorted by id, ids unique and >= 0,
+      biases finite in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (a dict is accepted and converted);
+      ids beyond the runner's vocabulary are refused at `Engine.submit`;
+    - `constraint` (None = free text) is checked against the grammar engine at submit.
+    Bias and constraint mask change the logits before temperature and filtering, and the
+    reported logprobs are those of the biased, masked distribution (`docs/constraints.md`).
     """
 
     max_output_tokens: int = 16
@@ -45,11 +105,18 @@ class SamplingParams:
     """Stop tokens are ignored until this many tokens were generated."""
     ignore_stop_tokens: bool = False
     """Generate exactly `max_output_tokens` (benchmarks; `ignore_eos` in vLLM)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         # Accept any iterable of ints for convenience, store a tuple (hashable, frozen).
         stops = tuple(int(t) for t in self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stops)
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        _check(
+            self.constraint is None or isinstance(self.constraint, Constraint),
+            "constraint must be None or a Constraint",
+        )
         _check(_is_int(self.max_output_tokens), "max_output_tokens must be an int")
         _check(
             1 <= self.max_output_tokens <= INT32_MAX,
@@ -81,6 +148,25 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+
+def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
+    items: Any = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        raise ValueError("logit_bias must map token ids to numbers") from None
+    out: dict[int, float] = {}
+    for key, bias in pairs:
+        tid = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        _check(_is_int(tid) and 0 <= tid <= INT32_MAX, f"logit_bias token id {key!r} is invalid")
+        _check(
+            _finite(bias) and abs(bias) <= MAX_LOGIT_BIAS,
+            f"logit_bias[{key}] must be a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+        )
+        _check(tid not in out, f"logit_bias token id {tid} appears twice")
+        out[int(tid)] = float(bias)
+    return tuple(sorted(out.items()))
 
 
 def _check(ok: bool, message: str) -> None:

@@ -18,6 +18,7 @@ query token has one, and the slot lies inside a page of its row.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -79,8 +80,9 @@ class CacheGroupPlan:
     those pages; the engine asks for them at page-aligned prompt positions so prefix caching
     can resume hybrid models there.
 
-    `copy_src` / `copy_dst` (int32 [X]): whole-page copies (copy-on-write) the runner performs
-    before anything else in this step, in order.
+    `copy_src` / `copy_dst` (int32 [X]): whole-page copies the runner performs before anything
+    else in this step, in order. Runners honour them; today's engine never asks for any (hits
+    are whole immutable pages and new pages are always fresh, see docs/engine.md).
     """
 
     group: int
@@ -111,6 +113,17 @@ class SamplingArrays:
     - `logprobs` i32: -1 = none, 0 = chosen token only, k = chosen plus top-k alternatives.
     - `prompt_logprobs` i32 (-1 = none, k = top-k alternatives per prompt token) for rows in
       `BatchPlan.prompt_logprob_rows`; empty when no row asks (older runners may ignore it).
+    - `token_bitmask` int32 [B, ceil(V/32)] (V = the runner's vocabulary) or None when no row is
+      constrained: bit `t % 32` of word `t // 32` of row i is 1 when token t is allowed
+      (little-endian bit order, the word read as uint32). Unconstrained rows are all ones.
+      A runner sets the logits of disallowed tokens to -inf before anything else.
+    - `bias_indptr` int32 [B+1] / `bias_ids` int32 [E] / `bias_values` f32 [E]: additive logit
+      biases in CSR form (row i's pairs are `bias_indptr[i]:bias_indptr[i+1]`); all three are
+      empty when no row has a bias. Applied together with the mask, before temperature;
+      logprobs are those of the masked, biased logits (`docs/constraints.md`).
+    - `mask_pending`: None, or a callable that blocks until the engine has finished filling
+      `token_bitmask` on its worker thread (only for runners that declare
+      `RunnerConfig.waits_for_masks`); read the mask through `bitmask()`, which waits.
     """
 
     temperature: F32
@@ -121,13 +134,29 @@ class SamplingArrays:
     output_index: I32
     logprobs: I32
     prompt_logprobs: I32 = field(default_factory=_empty_i32)
+    token_bitmask: I32 | None = None
+    bias_indptr: I32 = field(default_factory=_empty_i32)
+    bias_ids: I32 = field(default_factory=_empty_i32)
+    bias_values: F32 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.float32)))
+    mask_pending: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
         freeze_arrays(self)
 
+    def wait_for_mask(self) -> None:
+        """Block until `token_bitmask` is complete (at once when it was filled up front)."""
+        if self.mask_pending is not None:
+            self.mask_pending()
+
+    def bitmask(self) -> I32 | None:
+        """`token_bitmask`, once complete."""
+        self.wait_for_mask()
+        return self.token_bitmask
+
     @property
-    def all_greedy(self) -> bool:
-        return bool(np.all((self.temperature == 0) | (self.top_k == 1)))
+    def constrained(self) -> bool:
+        """Whether any row has a token mask or a logit bias (runners skip both when not)."""
+        return self.token_bitmask is not None or self.bias_ids.size > 0
 
     @property
     def max_logprobs(self) -> int:

@@ -63,6 +63,9 @@ class RunnerConfig:
     - `num_pages`: an exact arena size (tests, tiny pools); else `cache_bytes // page_bytes`;
       else the engine picks a size that fits `max_sequences` full contexts (fake runners).
     - `max_logprobs`: the most top-k logprob alternatives the runner can return.
+    - `waits_for_masks`: the runner reads `plan.sampling.token_bitmask` only after
+      `plan.sampling.wait_for_mask()` (or through `bitmask()`), so the engine may fill the
+      mask on a worker thread while the runner runs the model (`docs/constraints.md`).
     """
 
     vocab_size: int | None = None
@@ -71,6 +74,7 @@ class RunnerConfig:
     num_pages: int | None = None
     cache_bytes: int | None = None
     max_logprobs: int = 20
+    waits_for_masks: bool = False
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -100,12 +104,6 @@ class Runner(Protocol):
     """A synchronous model runner: one method."""
 
     def forward(self, plan: BatchPlan) -> ForwardOutput: ...
-
-
-@runtime_checkable
-class ConfiguredRunner(Protocol):
-    @property
-    def runner_config(self) -> RunnerConfig: ...
 
 
 @runtime_checkable

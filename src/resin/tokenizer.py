@@ -70,6 +70,10 @@ class Tokenizer:
             tok = cls(tok.backend, dataclasses.replace(tok.info, extra_eos_token_ids=ids))
         return tok
 
+    def to_json(self) -> str:
+        """The backend tokenizer serialized (what a grammar engine builds its vocabulary from)."""
+        return str(self.backend.to_str())
+
     @property
     def vocab_size(self) -> int:
         return int(self.backend.get_vocab_size(with_added_tokens=True))

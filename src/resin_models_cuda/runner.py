@@ -21,6 +21,7 @@ from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import CacheLayout, History, RunnerConfig, Window
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.config import ModelConfig
+from resin_models_cuda.constraints import constrain_logits
 from resin_models_cuda.graphs import CapturedStep, buckets_up_to, capture, pick_bucket
 from resin_models_cuda.kernels import decode_splits, prefill_blocks, rope_cache
 from resin_models_cuda.kernels.sampler import philox_seeds, sample_tokens
@@ -181,6 +182,7 @@ class CudaRunner:
             cache_groups=(group,),
             num_pages=self.options.num_pages,
             cache_bytes=cache_bytes,
+            waits_for_masks=True,  # constrain_logits reads the mask through bitmask()
         )
 
     def _decode_logits(self, rows: int) -> torch.Tensor:
@@ -211,6 +213,7 @@ class CudaRunner:
 
     def _sample(self, plan: BatchPlan, rows: np.ndarray, logits: torch.Tensor) -> ForwardOutput:
         s = plan.sampling
+        logits = constrain_logits(logits, s, rows)  # mask + bias first: sampling and logprobs
         temp = s.temperature[rows].astype(np.float32)
         temp = np.where(s.top_k[rows] == 1, np.float32(0), temp)
         if not np.any(temp > 0):

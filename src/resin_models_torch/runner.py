@@ -99,6 +99,7 @@ class TorchRunner:
             num_pages=self.num_pages,
             cache_bytes=self.cache_bytes,
             max_logprobs=MAX_LOGPROBS,
+            waits_for_masks=True,
         )
 
     def bind(self, layout: CacheLayout) -> None:

@@ -6,8 +6,10 @@ top probability). A token is drawn by the exponential race (argmax of p / E, E ~
 one noise value per *vocabulary id*: a seeded row's noise comes from a generator seeded by
 (seed, output_index) alone, so the row draws the same token whatever batch it sits in.
 
-Logprobs are those of the unmodified logits (log-softmax before temperature or filtering), as
-the OpenAI API and vLLM report them.
+Logprobs are those of the model's logits after the request's constraint mask and logit bias
+(`constrain_logits`: disallowed tokens are -inf, so they get logprob -inf) and before
+temperature or filtering: what the request could sample from, at temperature 1. vLLM reports
+grammar-masked logprobs the same way; see docs/constraints.md.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Sampler:
         self, logits: torch.Tensor, params: SamplingArrays, rows: np.ndarray
     ) -> SampleResult:
         """`rows` selects the plan rows (into `params`) that `logits` belong to, in order."""
+        logits = constrain_logits(logits, params, rows)
         logprobs_all = torch.log_softmax(logits.float(), dim=-1)
         temperature = params.temperature[rows]
         top_k = params.top_k[rows]
@@ -105,3 +108,41 @@ class Sampler:
             else:
                 uniform[i].uniform_(generator=self.generator)
         return -torch.log(uniform.clamp_(min=torch.finfo(torch.float32).tiny))
+
+
+def constrain_logits(
+    logits: torch.Tensor, params: SamplingArrays, rows: np.ndarray
+) -> torch.Tensor:
+    """The plan's logit biases and allowed-token bitmask applied to the logits of `rows`.
+
+    Returns `logits` itself when the plan has neither; otherwise a new tensor (same dtype) in
+    which biased tokens moved by their bias and disallowed tokens are -inf (token t of row i
+    is allowed when bit t % 32 of word t // 32 of `token_bitmask[rows[i]]` is set; ids beyond
+    the mask's width are disallowed).
+    """
+    if params.token_bitmask is None and params.bias_ids.size == 0:
+        return logits
+    out = logits.clone()
+    n, vocab = out.shape
+    dev = out.device
+    if params.bias_ids.size:
+        starts = params.bias_indptr[:-1][rows].astype(np.int64)
+        counts = (params.bias_indptr[1:][rows] - params.bias_indptr[:-1][rows]).astype(np.int64)
+        total = int(counts.sum())
+        if total:
+            row_of = np.repeat(np.arange(n), counts)
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            flat = np.repeat(starts, counts) + np.arange(total) - first
+            index = (torch.from_numpy(row_of).to(dev),
+                     torch.from_numpy(params.bias_ids[flat].astype(np.int64)).to(dev))  # fmt: skip
+            values = torch.from_numpy(params.bias_values[flat]).to(dev, out.dtype)
+            out.index_put_(index, values, accumulate=True)
+    mask = params.bitmask()  # waits when the engine fills it while the model ran
+    if mask is not None:
+        words = torch.from_numpy(np.ascontiguousarray(mask[rows])).to(dev)
+        shifts = torch.arange(32, device=dev, dtype=torch.int32)
+        allowed = ((words[:, :, None] >> shifts) & 1).view(n, -1).bool()
+        if allowed.shape[1] < vocab:
+            allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+        out.masked_fill_(~allowed[:, :vocab], float("-inf"))
+    return out

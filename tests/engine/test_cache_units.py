@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resin.cache import OutOfPagesError, PagePool, PrefixCache
+from resin.cache import OutOfPagesError, PagePool, PrefixTrie
 from resin.cache.matching import checkpoint_positions
 
 
@@ -48,7 +48,7 @@ def test_pool_random_operations_keep_invariants(ops: list[tuple[int, int]]) -> N
 
 def test_trie_lock_evict_lru_order() -> None:
     pool = PagePool(8)
-    trie = PrefixCache(pool, num_groups=1)
+    trie = PrefixTrie(pool, num_groups=1)
     pages = pool.alloc(3)
     taken: list[int] = []
     a = trie.insert(trie.root, b"a", [int(pages[0])], taken)

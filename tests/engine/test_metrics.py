@@ -49,7 +49,7 @@ def test_counters_match_the_workload() -> None:
 def test_metrics_off_costs_nothing_and_reads_none() -> None:
     engine = Engine(CacheSimRunner(), enable_metrics=False)
     _run(engine, 2)
-    assert engine.metrics is None and engine.collector is None
+    assert engine.metrics is None and engine._collector is None
 
 
 def test_prometheus_names_and_buckets() -> None:

@@ -51,7 +51,7 @@ def test_queue_age_rule_keeps_decode_going_under_a_stream_of_prompts() -> None:
     engine = Engine(runner, context_length=512, max_batch_tokens=64, prefill_chunk_tokens=64)
     first = engine.submit([1, 2, 3], SamplingParams(max_output_tokens=30, ignore_stop_tokens=True))
     engine.step()
-    assert first._status is Status.DECODE
+    assert first.status is Status.DECODE
     for _ in range(60):  # a new 200-token prompt every step: prefill work never runs out
         engine.submit([t % VOCAB for t in range(200)], SamplingParams(max_output_tokens=1))
         engine.step()
@@ -60,8 +60,8 @@ def test_queue_age_rule_keeps_decode_going_under_a_stream_of_prompts() -> None:
     for phase in phases:
         streak = streak + 1 if phase is Phase.PREFILL else 0
         longest = max(longest, streak)
-    assert longest <= engine.scheduler.config.max_prefill_streak
-    assert len(first.output_token_ids) >= 60 // (engine.scheduler.config.max_prefill_streak + 1)
+    assert longest <= engine._scheduler.config.max_prefill_streak
+    assert len(first.output_token_ids) >= 60 // (engine._scheduler.config.max_prefill_streak + 1)
 
 
 def test_retraction_takes_the_youngest_and_keeps_generated_tokens() -> None:
@@ -73,15 +73,15 @@ def test_retraction_takes_the_youngest_and_keeps_generated_tokens() -> None:
     while engine.has_work():
         engine.step()
         engine.check_invariants()
-        admitted = [r for r in requests if r._status in (Status.PREFILL, Status.DECODE)]
-        retracted = [r for r in requests if r._status is Status.WAITING and r.output_token_ids]
+        admitted = [r for r in requests if r.status in (Status.PREFILL, Status.DECODE)]
+        retracted = [r for r in requests if r.status is Status.WAITING and r.output_token_ids]
         for victim in retracted:
-            assert all(victim._arrival > r._arrival for r in admitted), "an older one was retracted"
+            assert all(victim.arrival > r.arrival for r in admitted), "an older one was retracted"
         for r in requests:  # generated tokens are never lost
             assert r.output_token_ids[: len(outputs[r.id])] == outputs[r.id]
             outputs[r.id] = list(r.output_token_ids)
-    assert engine.scheduler.num_preemptions > 0
-    assert engine.scheduler.num_preemptions <= 6, "retraction thrashed"
+    assert engine._scheduler.num_preemptions > 0
+    assert engine._scheduler.num_preemptions <= 6, "retraction thrashed"
     for r in requests:
         want, _ = naive_generate((History(),), r.prompt_token_ids, params, VOCAB, 64)
         assert r.take_result() == want
@@ -96,12 +96,12 @@ def test_abort_in_every_state() -> None:
     decoding = engine.submit([1, 2, 3], params)
     engine.step()
     engine.step()
-    assert decoding._status is Status.DECODE
+    assert decoding.status is Status.DECODE
     prefilling = engine.submit([4, 5, 6, 7, 8, 9], params)
     waiting = engine.submit([9, 9], params, request_id=99)
     engine.step()
-    assert prefilling._status is Status.PREFILL and prefilling._num_computed == 2
-    assert waiting._status is Status.WAITING
+    assert prefilling.status is Status.PREFILL and engine._slots.num_computed[prefilling.slot] == 2
+    assert waiting.status is Status.WAITING
     engine.abort(prefilling)
     engine.abort(99)
     engine.abort(12345)  # unknown: no-op
@@ -111,13 +111,13 @@ def test_abort_in_every_state() -> None:
     assert reasons[prefilling.id] is FinishReason.ABORT and reasons[99] is FinishReason.ABORT
     engine.abort(decoding)  # finished: no-op
     assert engine.step() == [] and decoding.finish_reason is FinishReason.LENGTH
-    assert engine.cache.pool.num_free == 14
+    assert engine._cache.pool.num_free == 14
 
     # Retracted (waiting with generated tokens), then aborted.
     longer = SamplingParams(max_output_tokens=16, ignore_stop_tokens=True)
     a = engine.submit([1, 2, 3], longer)
     b = engine.submit([4, 5, 6], longer)
-    while not (b._status is Status.WAITING and b.output_token_ids):
+    while not (b.status is Status.WAITING and b.output_token_ids):
         engine.step()
         assert engine.has_work()
     engine.abort(b)
@@ -125,7 +125,7 @@ def test_abort_in_every_state() -> None:
     assert [e.reason for e in events if isinstance(e, FinishedEvent) and e.request_id == b.id] == [
         FinishReason.ABORT
     ]
-    assert a.finish_reason is FinishReason.LENGTH and engine.cache.pool.num_free == 14
+    assert a.finish_reason is FinishReason.LENGTH and engine._cache.pool.num_free == 14
 
 
 def test_window_storage_per_sequence_is_bounded() -> None:
@@ -135,7 +135,7 @@ def test_window_storage_per_sequence_is_bounded() -> None:
     request = engine.submit(list(range(30)), params)
     while engine.has_work():
         engine.step()
-        if request._slot >= 0:
-            assert engine.cache.groups[0].held(request._slot).size <= 6 // 2 + 1
+        if request.slot >= 0:
+            assert engine._cache.groups[0].held(request.slot).size <= 6 // 2 + 1
     want, _ = naive_generate((Window(6),), list(range(30)), params, VOCAB, 400)
     assert request.take_result() == want

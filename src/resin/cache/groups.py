@@ -204,6 +204,3 @@ class StateGroup:
     def held(self, slot: int) -> I32:
         pages = np.concatenate([self.ring[slot], self.borrowed[slot : slot + 1]])
         return pages[pages >= 0]
-
-
-GroupTables = PagedGroup | StateGroup

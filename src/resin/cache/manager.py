@@ -1,6 +1,6 @@
 """`CacheManager`: one page arena shared by every cache group the runner declared.
 
-It owns the `PagePool`, one table per group and (with prefix caching) the `PrefixCache`.
+It owns the `PagePool`, one table per group and (with prefix caching) the `PrefixTrie`.
 The engine talks to it in transactions: `reserve` pages for a step's new tokens (and State
 checkpoints), then `commit` (flip State rings, publish full pages to the prefix cache, slide
 Windows) or `rollback` (return exactly what `reserve` took).
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -18,19 +17,16 @@ import numpy.typing as npt
 from resin.cache.groups import PagedGroup, StateGroup
 from resin.cache.matching import NO_MATCH, Checkpoints, Match, checkpoint_positions
 from resin.cache.pool import OutOfPagesError, PagePool
-from resin.cache.reuse import PrefixIndex
+from resin.cache.prefix_index import PrefixIndex
 from resin.plan import CacheGroupPlan
 from resin.protocols import CacheLayout, State
-
-if TYPE_CHECKING:
-    from resin.engine.request import Request
 
 I32 = npt.NDArray[np.int32]
 _NONE = np.zeros(0, dtype=np.int32)
 
 
 @dataclass(frozen=True, slots=True)
-class Reservation:
+class PageReservation:
     """What `reserve` changed, so `rollback` can undo it exactly."""
 
     slots: I32
@@ -109,9 +105,10 @@ class CacheManager:
         return self.prefix.trie.evictable_pages if self.prefix is not None else 0
 
     # -- prefix matching ------------------------------------------------------------------
-    def match(self, request: Request) -> Match:
-        """The longest prefix hit valid for every group (none without prefix caching)."""
-        return NO_MATCH if self.prefix is None else self.prefix.match(request)
+    def match(self, tokens: I32) -> Match:
+        """The longest prefix hit for the known `tokens` of a sequence, valid for every group
+        (none without prefix caching)."""
+        return NO_MATCH if self.prefix is None else self.prefix.match(tokens)
 
     def hit_pages(self, match: Match) -> int:
         """Pages a hit attaches (they count towards `pages_per_sequence` but are not new)."""
@@ -134,13 +131,12 @@ class CacheManager:
         return 0 if self.prefix is None else self.prefix.hits
 
     # -- lifecycle ------------------------------------------------------------------------
-    def admit(self, slot: int, request: Request, match: Match = NO_MATCH) -> None:
-        """Give a fresh slot its State rings and the pages of its prefix hit.
-
-        Sets `request._num_computed` and `request.cached_tokens` to the hit length."""
+    def admit(self, slot: int, num_tokens: int, match: Match = NO_MATCH) -> int:
+        """Give a fresh slot (a sequence of `num_tokens` known tokens) its State rings and the
+        pages of its prefix hit; returns the hit length in tokens (already computed)."""
         k = len(match.nodes)
         if self.prefix is not None:
-            self.prefix.attach(slot, request, match)
+            self.prefix.attach(slot, match, num_tokens)
         for gi, g in enumerate(self.groups):
             if isinstance(g, StateGroup):
                 borrowed = match.nodes[-1].pages[gi] if k else -1
@@ -154,10 +150,11 @@ class CacheManager:
                 pages[:first] = -1
                 self._incref(pages[first:].tolist())
                 g.attach(slot, pages, first)
-        request._num_computed = match.tokens
-        request.cached_tokens = match.tokens
+        return match.tokens
 
-    def reserve(self, slots: I32, cached: I32, totals: I32, prefill: bool = False) -> Reservation:
+    def reserve(
+        self, slots: I32, cached: I32, totals: I32, prefill: bool = False
+    ) -> PageReservation:
         """Allocate pages for positions < `totals` (and, with prefix caching in a prefill step,
         State checkpoint pages at page-aligned positions). All or nothing: raises
         `OutOfPagesError` before taking anything when the pages are not there."""
@@ -176,16 +173,16 @@ class CacheManager:
             indptr, token, depth = checkpoint_positions(cached, totals, self.page_size)
             cp_pages = tuple(self._alloc(token.size) for _ in self.states)
             checkpoints = Checkpoints(indptr, token, depth, cp_pages)
-        return Reservation(slots, tuple(olds), checkpoints, prefill)
+        return PageReservation(slots, tuple(olds), checkpoints, prefill)
 
-    def abandon(self, reservation: Reservation) -> None:
+    def abandon(self, reservation: PageReservation) -> None:
         """A failed step's requests are being quarantined: free what only the step held
         (State checkpoint pages; the rest goes with the requests' slots)."""
         if reservation.checkpoints is not None:
             for pages in reservation.checkpoints.pages:
                 self.pool.decref(pages)
 
-    def rollback(self, reservation: Reservation) -> None:
+    def rollback(self, reservation: PageReservation) -> None:
         for g, old in zip(self.groups, reservation.old_npages, strict=True):
             if isinstance(g, PagedGroup) and old is not None:
                 g.rollback(reservation.slots, old)
@@ -193,24 +190,24 @@ class CacheManager:
             for pages in reservation.checkpoints.pages:
                 self.pool.decref(pages)
 
-    def commit(
-        self, reservation: Reservation, totals: I32, requests: Sequence[Request] = ()
-    ) -> None:
+    def commit(self, reservation: PageReservation, totals: I32, tokens: Sequence[I32] = ()) -> None:
         """The step succeeded: State rings flip, new full pages enter the prefix cache (before
-        Windows drop what the next query cannot see, so the cache keeps them)."""
+        Windows drop what the next query cannot see, so the cache keeps them). In a prefill
+        step `tokens[i]` holds at least `totals[i]` tokens of row i's sequence."""
         slots = reservation.slots
         for sg in self.states:
             sg.commit(slots, sg.state_out(slots))
-        if self.prefix is not None and reservation.prefill and requests:
-            self.prefix.publish_step(slots, totals, requests, reservation.checkpoints)
+        if self.prefix is not None and reservation.prefill and tokens:
+            self.prefix.publish_step(slots, totals, tokens, reservation.checkpoints)
         for g in self.paged:
             g.slide(slots, totals)
 
-    def release(self, slot: int, request: Request | None = None, cacheable: bool = True) -> None:
-        """Free a slot. With prefix caching, a `cacheable` request's full pages are published
-        first (finished or retracted requests: chat turns and recomputes reuse them)."""
+    def release(self, slot: int, computed: I32 | None = None) -> None:
+        """Free a slot. With prefix caching, the full pages of its `computed` tokens are
+        published first (finished or retracted sequences: chat turns and recomputes reuse
+        them); None publishes nothing (quarantine)."""
         if self.prefix is not None:
-            self.prefix.release(slot, request if cacheable else None)
+            self.prefix.release(slot, computed)
         for g in self.groups:
             g.release(slot)
 
@@ -232,7 +229,7 @@ class CacheManager:
 
     # -- planning -------------------------------------------------------------------------
     def group_plans(
-        self, reservation: Reservation, cached: I32, total: I32, tok_rows: I32, positions: I32
+        self, reservation: PageReservation, cached: I32, total: I32, tok_rows: I32, positions: I32
     ) -> tuple[CacheGroupPlan, ...]:
         slots, cps = reservation.slots, reservation.checkpoints
         plans = []

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.cache.groups import PagedGroup, StateGroup
-from resin.cache.prefix import Node
+from resin.cache.trie import Node
 
 I32 = npt.NDArray[np.int32]
 

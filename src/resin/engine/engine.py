@@ -24,17 +24,28 @@ from types import TracebackType
 
 from resin.cache.manager import CacheManager
 from resin.cache.pool import OutOfPagesError
-from resin.engine.config import EngineConfig, resolve_layout, validate_prompt
-from resin.engine.planning import SlotArrays, build_plan
+from resin.engine.constraints import ConstraintSet
+from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
+from resin.engine.grammar import GrammarBackend
+from resin.engine.lifecycle import Lifecycle
+from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
+from resin.engine.slots import SlotStore
 from resin.engine.transaction import Transaction
 from resin.errors import EngineDeadError
-from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason
+from resin.events import Event, FinishedEvent, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
 from resin.plan import Phase
-from resin.protocols import AsyncRunner, BindableRunner, ClosableRunner, Runner, RunnerConfig
+from resin.protocols import (
+    AsyncRunner,
+    BindableRunner,
+    CacheLayout,
+    ClosableRunner,
+    Runner,
+    RunnerConfig,
+)
 
 
 class Engine:
@@ -51,8 +62,9 @@ class Engine:
         prefill_chunk_tokens: int = 2048,
         enable_metrics: bool = True,
         max_retries: int = 3,
+        grammar: GrammarBackend | None = None,
     ) -> None:
-        self.config = EngineConfig(
+        self._config = EngineConfig(
             context_length=context_length,
             prefix_cache=prefix_cache,
             max_batch_tokens=max_batch_tokens,
@@ -63,42 +75,64 @@ class Engine:
         )
         if not callable(getattr(runner, "forward", None)) and not isinstance(runner, AsyncRunner):
             raise TypeError("a runner needs forward(plan), or submit(plan) and collect()")
-        self.runner = runner
+        self._runner = runner
         rc = getattr(runner, "runner_config", None)
-        self.runner_config: RunnerConfig = rc if isinstance(rc, RunnerConfig) else RunnerConfig()
-        self.layout = resolve_layout(self.runner_config, self.config)
-        max_pages = -(-(context_length + 1) // self.layout.page_size)
-        self.cache = CacheManager(self.layout, max_sequences, max_pages, prefix_cache=prefix_cache)
-        self._slots = SlotArrays(max_sequences)
-        self.scheduler = Scheduler(
+        self._runner_config = rc if isinstance(rc, RunnerConfig) else RunnerConfig()
+        self._layout = resolve_layout(self._runner_config, self._config)
+        max_pages = self._config.pages_per_sequence(self._layout.page_size)
+        self._cache = CacheManager(
+            self._layout, max_sequences, max_pages, prefix_cache=prefix_cache
+        )
+        self._slots = SlotStore(max_sequences, context_length)
+        self._scheduler = Scheduler(
             SchedulerConfig(max_batch_tokens, max_sequences, prefill_chunk_tokens),
-            self.cache,
+            self._cache,
             self._slots,
         )
         self._collector = MetricsCollector() if enable_metrics else None
-        self._txn = Transaction(self)
-        self._live: dict[int, Request] = {}
+        self._constraints = ConstraintSet(
+            grammar, self._runner_config.vocab_size, self._runner_config.waits_for_masks
+        )
+        self._life = Lifecycle(self._scheduler, self._collector, self._constraints.release)
+        self._txn = Transaction(
+            runner,
+            self._cache,
+            self._scheduler,
+            self._slots,
+            self._life,
+            max_retries=max_retries,
+            vocab_size=self._runner_config.vocab_size,
+            collector=self._collector,
+        )
         self._pending: list[Event] = []
         self._next_id = 0
-        self._arrivals = 0
         self._step_id = 0
-        self._dead: str | None = None
         self._closed = False
         if isinstance(runner, BindableRunner):
-            runner.bind(self.layout)
+            runner.bind(self._layout)
 
     # -- public API -----------------------------------------------------------------------
     @property
+    def runner_config(self) -> RunnerConfig:
+        """What the runner declared (a default `RunnerConfig()` when it declares nothing)."""
+        return self._runner_config
+
+    @property
+    def layout(self) -> CacheLayout:
+        """The one arena the runner was bound to."""
+        return self._layout
+
+    @property
     def context_length(self) -> int:
-        return self.config.context_length
+        return self._config.context_length
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self._scheduler.waiting)
 
     @property
     def num_running(self) -> int:
-        return self.scheduler.num_admitted
+        return self._scheduler.num_admitted
 
     @property
     def metrics(self) -> MetricsSnapshot | None:
@@ -107,7 +141,7 @@ class Engine:
 
     @property
     def dead(self) -> bool:
-        return self._dead is not None or self._closed
+        return self._life.dead is not None or self._closed
 
     def submit(
         self,
@@ -117,42 +151,42 @@ class Engine:
     ) -> Request:
         """Validate and queue a request. Bad input raises `ValueError` and queues nothing."""
         if self.dead:
-            raise EngineDeadError(self._dead or "the engine is closed")
+            raise EngineDeadError(self._life.dead or "the engine is closed")
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
-        prompt = validate_prompt(prompt_token_ids, self.runner_config, self.config)
-        if params.logprobs is not None and params.logprobs > self.runner_config.max_logprobs:
-            raise ValueError(f"logprobs must be <= {self.runner_config.max_logprobs}")
-        need = self.cache.pages_per_sequence(len(prompt) + 1, self.config.prefill_chunk_tokens)
-        if need > self.layout.num_pages:
+        prompt = validate_prompt(prompt_token_ids, self._runner_config, self._config)
+        if params.logprobs is not None and params.logprobs > self._runner_config.max_logprobs:
+            raise ValueError(f"logprobs must be <= {self._runner_config.max_logprobs}")
+        need = self._cache.pages_per_sequence(len(prompt) + 1, self._config.prefill_chunk_tokens)
+        if need > self._layout.num_pages:
             raise ValueError(
                 f"a prompt of {len(prompt)} tokens needs {need} cache pages, "
-                f"the cache has {self.layout.num_pages}"
+                f"the cache has {self._layout.num_pages}"
             )
+        grammar = self._constraints.check(params)
         rid = self._take_id(request_id)
         request = Request(rid, prompt, params)
-        request._arrival = self._arrivals
-        self._arrivals += 1
-        request._times.arrival = time.monotonic()
-        self._live[rid] = request
-        self.scheduler.add(request)
+        request.times.arrival = time.monotonic()
+        self._constraints.admit(request, grammar)
+        self._life.add(request)
+        self._scheduler.add(request)
         return request
 
     def has_work(self) -> bool:
-        return bool(self._pending) or (self._dead is None and self.scheduler.has_work())
+        return bool(self._pending) or (self._life.dead is None and self._scheduler.has_work())
 
     def step(self) -> list[Event]:
         """Run one transaction; return its events (and any from aborts since the last step)."""
         events, self._pending = self._pending, []
-        if self._dead is not None or not self.scheduler.has_work():
-            if self._dead is None:
+        if self._life.dead is not None or not self._scheduler.has_work():
+            if self._life.dead is None:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
-        preemptions = self.scheduler.num_preemptions
-        cohort = self.scheduler.schedule()
+        preemptions = self._scheduler.num_preemptions
+        cohort = self._scheduler.schedule()
         if cohort is None:
-            if self.scheduler.num_preemptions == preemptions:
+            if self._scheduler.num_preemptions == preemptions:
                 self._fail_unfittable(events)
         else:
             self._step_id += 1
@@ -165,27 +199,29 @@ class Engine:
 
         Aborting a finished or unknown request is a no-op."""
         rid = request.id if isinstance(request, Request) else int(request)
-        live = self._live.get(rid)
+        live = self._life.live.get(rid)
         if live is None:
             return
-        self._pending.append(self.finish(live, FinishReason.ABORT))
+        self._pending.append(self._life.finish(live, FinishReason.ABORT))
 
     def close(self) -> None:
         """Abort everything, close the runner; `submit` raises from now on. Idempotent."""
         if self._closed:
             return
-        for request in list(self._live.values()):
-            self._pending.append(self.finish(request, FinishReason.ABORT))
+        for request in list(self._life.live.values()):
+            self._pending.append(self._life.finish(request, FinishReason.ABORT))
         self._closed = True
-        if isinstance(self.runner, ClosableRunner):
-            self.runner.close()
+        self._constraints.close()
+        if isinstance(self._runner, ClosableRunner):
+            self._runner.close()
 
     def check_invariants(self) -> None:
         """Cache refcounts match what live requests (and the prefix trie) hold."""
-        self.cache.check_invariants([r._slot for r in self.scheduler.admitted()])
-        for r in self._live.values():
-            assert r._status is not Status.FINISHED
-        assert len(self._live) == (len(self.scheduler.waiting) + self.scheduler.num_admitted), (
+        self._cache.check_invariants([r.slot for r in self._scheduler.admitted()])
+        live = self._life.live
+        for r in live.values():
+            assert r.status is not Status.FINISHED
+        assert len(live) == (len(self._scheduler.waiting) + self._scheduler.num_admitted), (
             "a live request is in no queue"
         )
 
@@ -204,80 +240,46 @@ class Engine:
     def _run(self, cohort: Cohort, events: list[Event]) -> None:
         prefill = cohort.phase is Phase.PREFILL
         try:
-            reservation = self.cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
+            reservation = self._cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
         except OutOfPagesError:
             # The scheduler's estimate was short (a bug, but not worth a crash): make room
             # the usual way and try again next step.
-            self.scheduler.retract(self.scheduler.youngest())
+            self._scheduler.retract(self._scheduler.youngest())
             return
-        plan = build_plan(
-            self._step_id,
-            cohort.phase,
-            cohort.requests,
-            reservation,
-            cohort.cached,
-            cohort.totals,
-            self._slots,
-            self.cache,
-        )
+        plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
+        if self._constraints.active:
+            plan = self._constraints.attach(plan, cohort.requests)
         self._txn.execute(plan, cohort.requests, reservation, events)
+        if self._constraints.active:
+            self._constraints.advance(cohort.requests, events, self._finish_constrained)
 
-    def finish(
-        self,
-        request: Request,
-        reason: FinishReason,
-        error: str | None = None,
-        *,
-        cacheable: bool = True,
+    def _finish_constrained(
+        self, request: Request, reason: FinishReason, error: str | None
     ) -> FinishedEvent:
-        """End a request: free its pages, record metrics, return its one `FinishedEvent`.
-
-        `cacheable=False` (quarantine) keeps its pages out of the prefix cache."""
-        self.scheduler.finish(request, cacheable=cacheable)
-        self._live.pop(request.id, None)
-        request.finish_reason = reason
-        request.error = error
-        if self._collector is not None:
-            self._record_finish(request, reason)
-        return FinishedEvent(
-            request.id,
-            reason,
-            request.num_prompt_tokens,
-            len(request.output_token_ids),
-            request.cached_tokens,
-            error,
-        )
-
-    def die(self, message: str, events: list[Event]) -> None:
-        """The runner is gone: every live request ends with an error; `submit` raises."""
-        self._dead = message
-        ids = tuple(self._live)
-        events.append(ErrorEvent(message, ids, retryable=False))
-        for request in list(self._live.values()):
-            events.append(self.finish(request, FinishReason.ERROR, message))
+        return self._life.finish(request, reason, error, cacheable=reason is not FinishReason.ERROR)
 
     def _fail_unfittable(self, events: list[Event]) -> None:
         # Nothing runs and nothing is admitted: the head request cannot fit the cache even
         # alone (it outgrew it while decoding). End it rather than spin.
-        if self.scheduler.num_admitted or not self.scheduler.waiting:
+        if self._scheduler.num_admitted or not self._scheduler.waiting:
             return
-        head = self.scheduler.waiting[0]
+        head = self._scheduler.waiting[0]
         message = (
             f"request {head.id} needs more cache pages than the engine has "
-            f"({self.layout.num_pages}); it cannot continue"
+            f"({self._layout.num_pages}); it cannot continue"
         )
-        events.append(self.finish(head, FinishReason.ERROR, message))
+        events.append(self._life.finish(head, FinishReason.ERROR, message))
 
     def _take_id(self, request_id: int | None) -> int:
         if request_id is None:
-            while self._next_id in self._live:
+            while self._next_id in self._life.live:
                 self._next_id += 1
             rid = self._next_id
             self._next_id += 1
             return rid
         if isinstance(request_id, bool) or not isinstance(request_id, int):
             raise ValueError("request_id must be an int")
-        if request_id in self._live:
+        if request_id in self._life.live:
             raise ValueError(f"request id {request_id} is already in use")
         return request_id
 
@@ -287,32 +289,10 @@ class Engine:
         if c is None:
             return
         with c.lock:
-            c.running = self.scheduler.num_admitted
-            c.waiting = len(self.scheduler.waiting)
-            c.cache_usage = self.cache.usage()  # live requests' pages only
-            c.prefix_cache_usage = self.cache.prefix_usage()  # evictable cached pages
-            c.preemptions = self.scheduler.num_preemptions
-            c.prefix_queries = self.cache.prefix_queries
-            c.prefix_hits = self.cache.prefix_hits
-
-    def _record_finish(self, request: Request, reason: FinishReason) -> None:
-        c = self._collector
-        assert c is not None
-        t = request._times
-        now = time.monotonic()
-        with c.lock:
-            c.success[reason.value] += 1
-            c.e2e.observe(now - t.arrival)
-            if t.admitted:
-                c.queue_time.observe(t.admitted - t.arrival)
-            if t.first_token:
-                c.prefill_time.observe(t.first_token - t.admitted)
-                c.decode_time.observe(max(0.0, t.last_token - t.first_token))
-
-    @property
-    def collector(self) -> MetricsCollector | None:
-        return self._collector
-
-    @property
-    def slot_arrays(self) -> SlotArrays:
-        return self._slots
+            c.running = self._scheduler.num_admitted
+            c.waiting = len(self._scheduler.waiting)
+            c.cache_usage = self._cache.usage()  # live requests' pages only
+            c.prefix_cache_usage = self._cache.prefix_usage()  # evictable cached pages
+            c.preemptions = self._scheduler.num_preemptions
+            c.prefix_queries = self._cache.prefix_queries
+            c.prefix_hits = self._cache.prefix_hits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from resin.engine.request import Request
+from resin.engine.request import PromptLogprobs
 from resin.events import TopLogprob
 from resin.plan import BatchPlan, ForwardOutput
 
@@ -23,15 +23,15 @@ def token_logprobs(
 
 
 def collect_prompt_logprobs(
-    request: Request, plan: BatchPlan, out: ForwardOutput, row: int
+    acc: PromptLogprobs, k: int, plan: BatchPlan, out: ForwardOutput, row: int
 ) -> None:
-    """Append this chunk's prompt-token logprobs (targets known) to the request."""
+    """Append row `row`'s prompt-token logprobs (targets known) and, for `k` > 0, their
+    top-`k` alternatives to `acc`."""
     if out.prompt_logprobs is None:
         return
     lo, hi = int(plan.query_indptr[row]), int(plan.query_indptr[row + 1])
     known = np.flatnonzero(plan.target_ids[lo:hi] >= 0) + lo
-    request._prompt_logprobs.extend(np.asarray(out.prompt_logprobs)[known].tolist())
-    k = request.sampling_params.prompt_logprobs or 0
+    acc.values.extend(np.asarray(out.prompt_logprobs)[known].tolist())
     if k <= 0:
         return
     ids, lps = out.prompt_top_ids, out.prompt_top_logprobs
@@ -42,7 +42,7 @@ def collect_prompt_logprobs(
     if ids.ndim != 2 or ids.shape != lps.shape or ids.shape[0] != want[0] or ids.shape[1] < k:
         return  # prompt alternatives are optional: a runner without them gives none
     for t in known.tolist():
-        request._prompt_top.append(
+        acc.top.append(
             tuple(
                 TopLogprob(int(i), float(v))
                 for i, v in zip(ids[t, :k].tolist(), lps[t, :k].tolist(), strict=True)

@@ -1,8 +1,8 @@
-"""Token ranges of a cohort -> the frozen `BatchPlan` arrays, vectorized with numpy.
+"""A cohort's token ranges -> the frozen `BatchPlan`, as a pure function of its inputs.
 
-`SlotArrays` keeps what decode steps need per slot (last token, sampling policy, output count)
-in preallocated arrays, so a decode plan is a handful of gathers; a prefill plan concatenates
-one slice per request. No Python loop per token anywhere.
+Decode rows are gathers from the `SlotStore` (last token, sampling policy, output count); a
+prefill plan concatenates one token slice per request. No Python loop per token anywhere, and
+nothing here writes engine state.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, Reservation
+from resin.cache.manager import CacheManager, PageReservation
 from resin.engine.request import Request
-from resin.plan import BatchPlan, Phase, SamplingArrays
+from resin.engine.scheduler import Cohort
+from resin.engine.slots import SlotStore
+from resin.plan import BatchPlan, Phase
 
 I32 = npt.NDArray[np.int32]
 
@@ -20,67 +22,18 @@ _EMPTY_I32 = np.zeros(0, dtype=np.int32)
 _EMPTY_I32.flags.writeable = False
 
 
-class SlotArrays:
-    """Per-slot policy and progress, written at admission / commit, gathered at planning."""
-
-    def __init__(self, max_slots: int) -> None:
-        self.last_token = np.zeros(max_slots, dtype=np.int32)
-        self.temperature = np.ones(max_slots, dtype=np.float32)
-        self.top_p = np.ones(max_slots, dtype=np.float32)
-        self.top_k = np.zeros(max_slots, dtype=np.int32)
-        self.min_p = np.zeros(max_slots, dtype=np.float32)
-        self.seed = np.full(max_slots, -1, dtype=np.int64)
-        self.logprobs = np.full(max_slots, -1, dtype=np.int32)
-        self.num_output = np.zeros(max_slots, dtype=np.int32)
-        self.num_computed = np.zeros(max_slots, dtype=np.int32)
-        self.seq_id = np.zeros(max_slots, dtype=np.int64)
-        self.max_output = np.zeros(max_slots, dtype=np.int32)
-        self.min_output = np.zeros(max_slots, dtype=np.int32)
-        self.stop_ok_from = np.zeros(max_slots, dtype=np.int32)
-        """Output count from which a stop token ends the request (huge: never)."""
-
-    def admit(self, request: Request) -> None:
-        s, p = request._slot, request.sampling_params
-        self.last_token[s] = request._token_array(request._num_tokens)[request._num_tokens - 1]
-        self.seq_id[s] = request.id
-        self.max_output[s] = p.max_output_tokens
-        self.min_output[s] = p.min_output_tokens
-        self.stop_ok_from[s] = 2**31 - 1 if p.ignore_stop_tokens else p.min_output_tokens
-        self.temperature[s] = p.temperature
-        self.top_p[s] = p.top_p
-        self.top_k[s] = p.top_k
-        self.min_p[s] = p.min_p
-        self.seed[s] = -1 if p.seed is None else p.seed
-        self.logprobs[s] = -1 if p.logprobs is None else p.logprobs
-        self.num_output[s] = len(request.output_token_ids)
-
-    def sampling(self, slots: I32, prompt_k: I32 | None = None) -> SamplingArrays:
-        return SamplingArrays(
-            temperature=self.temperature[slots],
-            top_p=self.top_p[slots],
-            top_k=self.top_k[slots],
-            min_p=self.min_p[slots],
-            seed=self.seed[slots],
-            output_index=self.num_output[slots],
-            logprobs=self.logprobs[slots],
-            prompt_logprobs=_EMPTY_I32 if prompt_k is None else prompt_k,
-        )
-
-
 def build_plan(
     step_id: int,
-    phase: Phase,
-    requests: tuple[Request, ...],
-    reservation: Reservation,
-    cached: I32,
-    totals: I32,
-    arrays: SlotArrays,
+    cohort: Cohort,
+    reservation: PageReservation,
+    arrays: SlotStore,
     cache: CacheManager,
 ) -> BatchPlan:
-    """The plan for `requests` computing positions `cached[i] .. totals[i] - 1`.
+    """The plan for the cohort's rows computing positions `cached[i] .. totals[i] - 1`.
 
     Pages for those positions must already be reserved in `cache`.
     """
+    phase, requests, cached, totals = cohort.phase, cohort.requests, cohort.cached, cohort.totals
     slots = reservation.slots
     b = slots.size
     if phase is Phase.DECODE:
@@ -99,7 +52,7 @@ def build_plan(
         t = int(query_indptr[-1])
         input_ids = np.concatenate(
             [
-                r._token_array(e)[c:e]
+                r.token_array(e)[c:e]
                 for r, c, e in zip(requests, cached.tolist(), totals.tolist(), strict=True)
             ]
         )
@@ -107,10 +60,10 @@ def build_plan(
             np.arange(t, dtype=np.int32) - np.repeat(query_indptr[:-1] - cached, lens)
         ).astype(np.int32)
         tok_rows = np.repeat(slots, lens)
-        known = np.fromiter((r._num_tokens for r in requests), dtype=np.int32, count=b)
+        known = np.fromiter((r.num_tokens for r in requests), dtype=np.int32, count=b)
         sample_rows = totals == known
         prompt_rows = np.fromiter(
-            (r._want_prompt_logprobs and not r._first_event_sent for r in requests),
+            (r.prompt_lp is not None and not r.started for r in requests),
             dtype=np.bool_,
             count=b,
         )
@@ -154,7 +107,7 @@ def _targets(
         if not want:
             parts.append(np.full(e - c, -1, dtype=np.int32))
             continue
-        nxt = r._token_array(r._num_tokens)[c + 1 : min(e + 1, r._num_tokens)]
+        nxt = r.token_array(r.num_tokens)[c + 1 : min(e + 1, r.num_tokens)]
         parts.append(np.concatenate([nxt, np.full(e - c - nxt.size, -1, dtype=np.int32)]))
     out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
     assert out.size == t

@@ -1,12 +1,14 @@
-"""The request handle `Engine.submit` returns, and the engine's bookkeeping on it."""
+"""The request handle `Engine.submit` returns, and the small API the engine keeps it through."""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from resin.engine.grammar import GrammarState
 from resin.events import FinishReason, TopLogprob
 from resin.params import SamplingParams
 
@@ -29,8 +31,17 @@ class Request:
     `cached_tokens` (prefix-cache hit length of its latest admission).
     `take_result()` returns the generated ids once finished (raises `RuntimeError` before).
 
-    Engine-private state (underscored) invariants: `num_tokens` = prompt + output tokens;
-    `num_computed` tokens are in the cache; in DECODE `num_computed == num_tokens - 1`.
+    Engine side (written only inside `resin.engine`, each by one owner):
+    - `status`, `slot` (-1 unless admitted), `arrival` (submit order): the `Scheduler`'s;
+      how many tokens are in the cache is the `SlotStore`'s (`num_computed[slot]`);
+    - `num_tokens` (prompt + output), `token_array(end)`, `append_output(token)`: the sequence;
+    - `retries`: consecutive failed attempts (the `Transaction`'s);
+    - `started` (its first `TokensEvent` was sent) and `prompt_lp` (prompt logprobs collected
+      so far; None unless asked for): the `Transaction`'s, reset by the scheduler on admission
+      until `started`;
+    - `times`: monotonic timestamps for metrics;
+    - `grammar` (its constraint's state, None without one) and `constrained` (has a grammar or
+      a logit bias): the `ConstraintSet`'s.
     """
 
     def __init__(self, request_id: int, prompt: tuple[int, ...], params: SamplingParams) -> None:
@@ -41,21 +52,20 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self.cached_tokens = 0
-        # -- engine bookkeeping --
-        self._status = Status.WAITING
-        self._arrival = 0
-        self._slot = -1
+        # -- engine side (see the class docstring) --
+        self.status = Status.WAITING
+        self.arrival = 0
+        self.slot = -1
+        self.retries = 0
+        self.started = False
+        self.prompt_lp = PromptLogprobs() if params.prompt_logprobs is not None else None
+        self.times = Times()
         self._prompt = np.asarray(prompt, dtype=np.int32)
-        self._full: np.ndarray = self._prompt
+        self._full: npt.NDArray[np.int32] = self._prompt
         self._num_tokens = len(prompt)
-        self._num_computed = 0
-        self._retries = 0
-        self._stops = frozenset(params.stop_token_ids)
-        self._want_prompt_logprobs = params.prompt_logprobs is not None
-        self._prompt_logprobs: list[float] = []
-        self._prompt_top: list[tuple[TopLogprob, ...]] = []
-        self._first_event_sent = False
-        self._times = _Times()
+        self.grammar: GrammarState | None = None
+        self.constrained = False
+        """Has a grammar or a logit bias (counted in the engine's `ConstraintSet.active`)."""
 
     @property
     def finished(self) -> bool:
@@ -65,7 +75,16 @@ class Request:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
-    def _token_array(self, end: int) -> npt.NDArray[np.int32]:
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt + output."""
+        return self._num_tokens
+
+    def append_output(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self._num_tokens += 1
+
+    def token_array(self, end: int) -> npt.NDArray[np.int32]:
         """Prompt + output as one array, valid at least up to `end` (rebuilt only as needed:
         decode steps never touch it, prefill and prefix caching read slices of it)."""
         if end <= self._full.size:
@@ -81,12 +100,24 @@ class Request:
 
     def __repr__(self) -> str:
         return (
-            f"Request(id={self.id}, status={self._status.value}, prompt={self.num_prompt_tokens}, "
+            f"Request(id={self.id}, status={self.status.value}, prompt={self.num_prompt_tokens}, "
             f"output={len(self.output_token_ids)})"
         )
 
 
-class _Times:
+@dataclass(slots=True)
+class PromptLogprobs:
+    """Prompt-token logprobs collected chunk by chunk until the first event carries them."""
+
+    values: list[float] = field(default_factory=list)
+    top: list[tuple[TopLogprob, ...]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.values.clear()
+        self.top.clear()
+
+
+class Times:
     """Monotonic timestamps for metrics (seconds; 0.0 = not yet)."""
 
     __slots__ = ("admitted", "arrival", "first_token", "last_token")

@@ -27,8 +27,8 @@ import numpy.typing as npt
 
 from resin.cache.manager import CacheManager
 from resin.cache.matching import NO_MATCH, Match
-from resin.engine.planning import SlotArrays
 from resin.engine.request import Request, Status
+from resin.engine.slots import SlotStore
 from resin.plan import Phase
 
 I32 = npt.NDArray[np.int32]
@@ -60,7 +60,7 @@ class Cohort:
 class Scheduler:
     """Owns the queues and slots; asks the `CacheManager` for capacity."""
 
-    def __init__(self, config: SchedulerConfig, cache: CacheManager, arrays: SlotArrays) -> None:
+    def __init__(self, config: SchedulerConfig, cache: CacheManager, arrays: SlotStore) -> None:
         self.config = config
         self.cache = cache
         self.arrays = arrays
@@ -73,6 +73,7 @@ class Scheduler:
         self.prefill_streak = 0
         self._last_decode = time.monotonic()
         self.num_preemptions = 0
+        self._arrivals = 0
         watermark = max(1, cache.pool.num_pages // 100)
         self._watermark = watermark
 
@@ -81,6 +82,9 @@ class Scheduler:
         return len(self.prefilling) + len(self.running)
 
     def add(self, request: Request) -> None:
+        """Queue a new request; its arrival order is what retraction ranks by."""
+        request.arrival = self._arrivals
+        self._arrivals += 1
         self.waiting.append(request)
 
     def has_work(self) -> bool:
@@ -133,22 +137,26 @@ class Scheduler:
         return self._fit(Phase.PREFILL, chosen, chunks)
 
     def _remaining(self, request: Request) -> int:
-        return request._num_tokens - request._num_computed
+        return request.num_tokens - int(self.arrays.num_computed[request.slot])
 
     def _outstanding(self, request: Request) -> int:
         """Pages an admitted prefill may still take before its known tokens are computed."""
         cache, chunk = self.cache, self.config.prefill_chunk_tokens
         return max(
             0,
-            cache.pages_per_sequence(request._num_tokens, chunk)
-            - cache.pages_per_sequence(request._num_computed, chunk),
+            cache.pages_per_sequence(request.num_tokens, chunk)
+            - cache.pages_per_sequence(int(self.arrays.num_computed[request.slot]), chunk),
         )
 
     def _admissible(self, request: Request, outstanding: int) -> Match | None:
         """The prefix match to admit the request with, if the cache can take it now with
         headroom (a hit whose locked pages cost more than they save is dropped), else None.
         `outstanding`: pages admitted prefills may still take."""
-        match = self.cache.match(request)
+        match = (
+            NO_MATCH  # its prompt logits are needed: compute every prompt token
+            if request.sampling_params.prompt_logprobs is not None
+            else self.cache.match(request.token_array(request.num_tokens)[: request.num_tokens])
+        )
         if self._fits(request, match, outstanding):
             return match
         if match.nodes and self._fits(request, NO_MATCH, outstanding):
@@ -157,7 +165,7 @@ class Scheduler:
 
     def _fits(self, request: Request, match: Match, outstanding: int) -> bool:
         cache = self.cache
-        need = cache.pages_per_sequence(request._num_tokens, self.config.prefill_chunk_tokens)
+        need = cache.pages_per_sequence(request.num_tokens, self.config.prefill_chunk_tokens)
         spare = (
             cache.available()
             - cache.lock_cost(match)
@@ -169,22 +177,30 @@ class Scheduler:
         return spare >= self._watermark + len(self.running) * len(cache.groups)
 
     def _admit(self, request: Request, match: Match) -> None:
-        request._slot = self.free_slots.pop()
-        request._status = Status.PREFILL
-        self.cache.admit(request._slot, request, match)
-        self.arrays.admit(request)
-        self.arrays.num_computed[request._slot] = request._num_computed
-        if request._times.admitted == 0.0:
-            request._times.admitted = time.monotonic()
-        if not request._first_event_sent:
-            request._prompt_logprobs.clear()
-            request._prompt_top.clear()
+        request.slot = self.free_slots.pop()
+        request.status = Status.PREFILL
+        n = request.num_tokens
+        hit = self.cache.admit(request.slot, n, match)
+        request.cached_tokens = hit
+        self.arrays.admit(
+            request.slot,
+            request.id,
+            request.sampling_params,
+            request.num_prompt_tokens,
+            request.output_token_ids,
+            int(request.token_array(n)[n - 1]),
+            hit,
+        )
+        if request.times.admitted == 0.0:
+            request.times.admitted = time.monotonic()
+        if not request.started and request.prompt_lp is not None:
+            request.prompt_lp.clear()
         self.prefilling.append(request)
 
     def prefill_done(self, request: Request) -> None:
         """The request's last known token was computed: it decodes from now on."""
         self.prefilling.remove(request)
-        request._status = Status.DECODE
+        request.status = Status.DECODE
         if not self.running:
             self._last_decode = time.monotonic()  # decode waits from now, not from idle time
         self.running.append(request)
@@ -195,7 +211,7 @@ class Scheduler:
         chosen = self.running[: self.config.max_batch_tokens]
         if self._decode_slots is None or self._decode_slots.size != len(chosen):
             self._decode_slots = np.fromiter(
-                (r._slot for r in chosen), dtype=np.int32, count=len(chosen)
+                (r.slot for r in chosen), dtype=np.int32, count=len(chosen)
             )
         slots = self._decode_slots
         cached = self.arrays.num_computed[slots]
@@ -208,8 +224,8 @@ class Scheduler:
     def _fit(self, phase: Phase, chosen: list[Request], chunks: list[int]) -> Cohort | None:
         """Retract the youngest admitted requests until the cohort's new pages fit."""
         while chosen:
-            slots = np.fromiter((r._slot for r in chosen), dtype=np.int32, count=len(chosen))
-            lens = np.fromiter((r._num_computed for r in chosen), dtype=np.int32, count=len(chosen))
+            slots = np.fromiter((r.slot for r in chosen), dtype=np.int32, count=len(chosen))
+            lens = self.arrays.num_computed[slots]
             totals = lens + np.asarray(chunks, dtype=np.int32)
             need = self.cache.pages_to_allocate(slots, lens, totals, phase is Phase.PREFILL)
             if need <= self.cache.available():
@@ -223,33 +239,33 @@ class Scheduler:
         return None
 
     def youngest(self) -> Request:
-        return max(self.prefilling + self.running, key=lambda r: r._arrival)
+        return max(self.prefilling + self.running, key=lambda r: r.arrival)
 
     def retract(self, request: Request) -> None:
         """Free the request's pages; it keeps its tokens and waits at the head of the queue."""
         self._drop(request)
-        request._num_computed = 0
-        request._status = Status.WAITING
+        request.status = Status.WAITING
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
     def _drop(self, request: Request, cacheable: bool = True) -> None:
-        if request._status is Status.PREFILL:
+        if request.status is Status.PREFILL:
             self.prefilling.remove(request)
-        elif request._status is Status.DECODE:
+        elif request.status is Status.DECODE:
             self.running.remove(request)
             self._decode_slots = None
-        elif request._status is Status.WAITING:
+        elif request.status is Status.WAITING:
             self.waiting.remove(request)
-        if request._slot >= 0:
-            self.cache.release(request._slot, request, cacheable)
-            self.free_slots.append(request._slot)
-            request._slot = -1
+        if request.slot >= 0:
+            n = int(self.arrays.num_computed[request.slot])
+            self.cache.release(request.slot, request.token_array(n)[:n] if cacheable else None)
+            self.free_slots.append(request.slot)
+            request.slot = -1
 
     def finish(self, request: Request, cacheable: bool = True) -> None:
         """Remove a request from whatever queue holds it and free its pages."""
         self._drop(request, cacheable)
-        request._status = Status.FINISHED
+        request.status = Status.FINISHED
 
     def admitted(self) -> list[Request]:
         return self.prefilling + self.running

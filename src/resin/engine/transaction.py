@@ -11,21 +11,50 @@ reserve (done by the engine) -> runner -> validate -> commit. Outcomes:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
-from resin.cache.manager import Reservation
+from resin.cache.manager import CacheManager, PageReservation
 from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
 from resin.engine.request import Request
+from resin.engine.scheduler import Scheduler
+from resin.engine.slots import SlotStore
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
-from resin.events import ErrorEvent, Event, FinishReason, TokensEvent
+from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent
+from resin.metrics.collector import MetricsCollector
 from resin.plan import BatchPlan, ForwardOutput, Phase
-from resin.protocols import AsyncRunner
+from resin.protocols import AsyncRunner, Runner
 
-if TYPE_CHECKING:
-    from resin.engine.engine import Engine
+I32 = npt.NDArray[np.int32]
+
+
+class OutcomeSink(Protocol):
+    """Where a transaction reports requests that end (`engine.lifecycle.Lifecycle`)."""
+
+    def finish(
+        self,
+        request: Request,
+        reason: FinishReason,
+        error: str | None = None,
+        *,
+        cacheable: bool = True,
+    ) -> FinishedEvent: ...
+
+    def die(self, message: str, events: list[Event]) -> None: ...
+
+
+@dataclass(slots=True)
+class _StepStats:
+    """What one commit adds to the metrics."""
+
+    generated: int = 0
+    first_prompt: int = 0
+    itl: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
 
 
 class _Retry(Exception):
@@ -34,11 +63,29 @@ class _Retry(Exception):
 
 
 class Transaction:
-    """Executes plans for one `Engine` (it holds no per-step state between calls)."""
+    """Executes plans against one runner, cache, scheduler and slot store; reports requests
+    that end to `sink`. It holds no per-step state between calls."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        runner = engine.runner
+    def __init__(
+        self,
+        runner: Runner,
+        cache: CacheManager,
+        scheduler: Scheduler,
+        slots: SlotStore,
+        sink: OutcomeSink,
+        *,
+        max_retries: int,
+        vocab_size: int | None,
+        collector: MetricsCollector | None,
+    ) -> None:
+        self._runner = runner
+        self._cache = cache
+        self._scheduler = scheduler
+        self._slots = slots
+        self._sink = sink
+        self._max_retries = max_retries
+        self._vocab_size = vocab_size
+        self._collector = collector
         self._async = not callable(getattr(runner, "forward", None)) and isinstance(
             runner, AsyncRunner
         )
@@ -47,27 +94,26 @@ class Transaction:
         self,
         plan: BatchPlan,
         requests: tuple[Request, ...],
-        reservation: Reservation,
+        reservation: PageReservation,
         events: list[Event],
     ) -> None:
-        e = self.engine
         try:
             out = self._call(plan)
         except _Retry as exc:
-            e.cache.rollback(reservation)
+            self._cache.rollback(reservation)
             self._retry(requests, f"runner refused step {plan.step_id}: {exc.cause}", events)
             return
         except RunnerDeadError as exc:
-            e.cache.rollback(reservation)
-            e.die(f"runner died: {exc}", events)
+            self._cache.rollback(reservation)
+            self._sink.die(f"runner died: {exc}", events)
             return
         except Exception as exc:  # post-accept failure: only this plan's requests are affected
-            e.cache.abandon(reservation)
+            self._cache.abandon(reservation)
             self._quarantine(requests, f"runner failed at step {plan.step_id}: {exc!r}", events)
             return
-        problem = validate_output(plan, out, e.runner_config.vocab_size)
+        problem = validate_output(plan, out, self._vocab_size)
         if problem is not None:
-            e.cache.abandon(reservation)
+            self._cache.abandon(reservation)
             self._quarantine(
                 requests, f"invalid runner output at step {plan.step_id}: {problem}", events
             )
@@ -75,7 +121,7 @@ class Transaction:
         self._commit(plan, out, requests, reservation, events)
 
     def _call(self, plan: BatchPlan) -> ForwardOutput:
-        runner = self.engine.runner
+        runner = self._runner
         if self._async:
             assert isinstance(runner, AsyncRunner)
             try:
@@ -90,115 +136,122 @@ class Transaction:
 
     # -- outcomes ---------------------------------------------------------------------------
     def _retry(self, requests: tuple[Request, ...], message: str, events: list[Event]) -> None:
-        e = self.engine
         again: list[Request] = []
         failed: list[Request] = []
         for r in requests:
-            r._retries += 1
-            (failed if r._retries > e.config.max_retries else again).append(r)
+            r.retries += 1
+            (failed if r.retries > self._max_retries else again).append(r)
         if again:
             events.append(ErrorEvent(message, tuple(r.id for r in again), retryable=True))
         if failed:
-            final = f"{message} (gave up after {e.config.max_retries} retries)"
+            final = f"{message} (gave up after {self._max_retries} retries)"
             events.append(ErrorEvent(final, tuple(r.id for r in failed), retryable=False))
             for r in failed:
-                events.append(e.finish(r, FinishReason.ERROR, final, cacheable=False))
+                events.append(self._sink.finish(r, FinishReason.ERROR, final, cacheable=False))
 
     def _quarantine(self, requests: tuple[Request, ...], message: str, events: list[Event]) -> None:
-        e = self.engine
         events.append(ErrorEvent(message, tuple(r.id for r in requests), retryable=False))
         for r in requests:
-            events.append(e.finish(r, FinishReason.ERROR, message, cacheable=False))
+            events.append(self._sink.finish(r, FinishReason.ERROR, message, cacheable=False))
 
     def _commit(
         self,
         plan: BatchPlan,
         out: ForwardOutput,
         requests: tuple[Request, ...],
-        reservation: Reservation,
+        reservation: PageReservation,
         events: list[Event],
     ) -> None:
-        e = self.engine
-        arrays = e.slot_arrays
+        """The step is valid: the cache and slot store take it, then tokens, events, metrics."""
         slots, totals = reservation.slots, plan.total_lens
-        e.cache.commit(reservation, totals, requests)
-        arrays.num_computed[slots] = totals
+        prefill = plan.phase is Phase.PREFILL
+        tokens = (
+            [r.token_array(t) for r, t in zip(requests, totals.tolist(), strict=True)]
+            if prefill
+            else []
+        )
+        self._cache.commit(reservation, totals, tokens)
+        self._slots.computed(slots, totals)
+        ids = np.asarray(out.token_ids).astype(np.int32)
+        ends = self._slots.append(slots[plan.sample_rows] if prefill else slots, ids)
+        stats = self._append(plan, out, requests, ids, ends, events)
+        if self._collector is not None:
+            self._record(plan, out, stats)
+
+    def _append(
+        self,
+        plan: BatchPlan,
+        out: ForwardOutput,
+        requests: tuple[Request, ...],
+        ids: I32,
+        ends: dict[int, FinishReason],
+        events: list[Event],
+    ) -> _StepStats:
+        """Append each sampled token to its request, emit its event, end or advance it."""
         decode = plan.phase is Phase.DECODE
         sample = plan.sample_rows
-        ids = np.asarray(out.token_ids).astype(np.int32)
-        sampled = slots if decode else slots[sample]
-        arrays.last_token[sampled] = ids
-        arrays.num_output[sampled] += 1
-        # Stop rules, vectorized over sampled rows: `length` ends it whatever the token,
-        # a stop token ends it only from `stop_ok_from` outputs on.
-        n_out = arrays.num_output[sampled]
-        ends = (n_out >= arrays.max_output[sampled]) | (
-            (totals if decode else totals[sample]) + 1 >= e.config.context_length
-        )
-        stop_ok = (n_out >= arrays.stop_ok_from[sampled]).tolist()
-        ends_list = ends.tolist()
         toks = ids.tolist()
         now = time.monotonic()
-        collector = e.collector
-        itl: list[float] = []
-        ttft: list[float] = []
-        first_prompt = 0
+        stats = _StepStats()
         plain = out.logprobs is None and not plan.prompt_logprob_rows.any()
         k = 0
-        for i, (r, total) in enumerate(zip(requests, totals.tolist(), strict=True)):
-            r._num_computed = total
-            r._retries = 0
+        for i, r in enumerate(requests):
+            r.retries = 0
             if not decode:
-                if plan.prompt_logprob_rows[i]:
-                    collect_prompt_logprobs(r, plan, out, i)
+                if plan.prompt_logprob_rows[i] and r.prompt_lp is not None:
+                    k_top = r.sampling_params.prompt_logprobs or 0
+                    collect_prompt_logprobs(r.prompt_lp, k_top, plan, out, i)
                 if not sample[i]:
                     continue
             tok = toks[k]
-            r._num_tokens += 1
-            r.output_token_ids.append(tok)
-            times = r._times
-            if plain and r._first_event_sent:
+            r.append_output(tok)
+            times = r.times
+            if plain and r.started:
                 events.append(TokensEvent(r.id, (tok,), None, None, None, None, r.cached_tokens))
-                itl.append(now - times.last_token)
+                stats.itl.append(now - times.last_token)
             else:
                 if times.first_token == 0.0:
                     times.first_token = now
-                    first_prompt += r.num_prompt_tokens
-                    ttft.append(now - times.arrival)
+                    stats.first_prompt += r.num_prompt_tokens
+                    stats.ttft.append(now - times.arrival)
                 else:
-                    itl.append(now - times.last_token)
+                    stats.itl.append(now - times.last_token)
                 events.append(self._tokens_event(r, tok, out, k))
             times.last_token = now
-            if stop_ok[k] and tok in r._stops:
-                events.append(e.finish(r, FinishReason.STOP))
-            elif ends_list[k]:
-                events.append(e.finish(r, FinishReason.LENGTH))
+            reason = ends.get(k)
+            if reason is not None:
+                events.append(self._sink.finish(r, reason))
             elif not decode:
-                e.scheduler.prefill_done(r)
+                self._scheduler.prefill_done(r)
             k += 1
-        if collector is not None:
-            with collector.lock:
-                collector.num_steps += 1
-                collector.generation_tokens += k
-                collector.prompt_tokens += first_prompt
-                collector.iteration_tokens.observe(float(plan.num_tokens))
-                if itl:
-                    collector.itl.observe_many(np.asarray(itl))
-                if ttft:
-                    collector.ttft.observe_many(np.asarray(ttft))
-                if out.observations:
-                    collector.observe_runner(out.observations)
+        stats.generated = k
+        return stats
+
+    def _record(self, plan: BatchPlan, out: ForwardOutput, stats: _StepStats) -> None:
+        c = self._collector
+        assert c is not None
+        with c.lock:
+            c.num_steps += 1
+            c.generation_tokens += stats.generated
+            c.prompt_tokens += stats.first_prompt
+            c.iteration_tokens.observe(float(plan.num_tokens))
+            if stats.itl:
+                c.itl.observe_many(np.asarray(stats.itl))
+            if stats.ttft:
+                c.ttft.observe_many(np.asarray(stats.ttft))
+            if out.observations:
+                c.observe_runner(out.observations)
 
     def _tokens_event(self, r: Request, tok: int, out: ForwardOutput, k: int) -> TokensEvent:
         lps = tops = None
         want = r.sampling_params.logprobs
         if want is not None and out.logprobs is not None:
             lps, tops = token_logprobs(out, k, want)
-        if r._first_event_sent:
+        if r.started:
             return TokensEvent(r.id, (tok,), lps, tops, cached_tokens=r.cached_tokens)
-        r._first_event_sent = True
+        r.started = True
         plp = ptop = None
-        if r._want_prompt_logprobs:
-            plp = tuple(r._prompt_logprobs)
-            ptop = tuple(r._prompt_top) if r._prompt_top else None
+        if r.prompt_lp is not None:
+            plp = tuple(r.prompt_lp.values)
+            ptop = tuple(r.prompt_lp.top) if r.prompt_lp.top else None
         return TokensEvent(r.id, (tok,), lps, tops, plp, ptop, r.cached_tokens)

@@ -17,7 +17,13 @@ from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
 from resin.recipe.tagged import TaggedParser
-from resin.recipe.tool_choice import ToolChoice, check_tool_choice, forced_prefix, unsupported
+from resin.recipe.tool_choice import (
+    ToolChoice,
+    check_tool_choice,
+    forced_prefix,
+    forced_structures,
+    unsupported,
+)
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.recipe.vision import Gemma3Vision
 from resin.tokenizer import Tokenizer
@@ -106,7 +112,9 @@ class JinjaRecipe:
             if spec is None or self.family.name not in FORCEABLE_FAMILIES:
                 raise unsupported(tool_choice)
             prefix = forced_prefix(spec, tool_choice)
-            return RenderedPrompt(self.tokenizer.encode(text + prefix), text + prefix, (), prefix)
+            structures = forced_structures(spec, tool_choice, tools or ())
+            text += prefix
+            return RenderedPrompt(self.tokenizer.encode(text), text, (), prefix, structures)
         images = [image for m in messages for image in m.images]
         if self.vision is None or not images:
             return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)

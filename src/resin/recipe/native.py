@@ -11,7 +11,13 @@ from collections.abc import Sequence
 
 from resin.recipe.protocol import RenderedPrompt, ResponseParser
 from resin.recipe.tagged import TaggedParser, TagSpec
-from resin.recipe.tool_choice import ToolChoice, check_tool_choice, forced_prefix
+from resin.recipe.tool_choice import (
+    ForcedStructure,
+    ToolChoice,
+    check_tool_choice,
+    forced_prefix,
+    forced_structures,
+)
 from resin.recipe.types import Message, ToolDef
 from resin.tokenizer import Tokenizer
 
@@ -69,12 +75,17 @@ class NativeRecipe:
             enable_thinking=enable_thinking,
         )
         prefix = ""
+        structures: tuple[ForcedStructure, ...] = ()
         if tool_choice is not None:
             check_tool_choice(tool_choice, tools)
             prefix = self.tool_choice_prefix(tool_choice, list(tools or ()))
             text += prefix
+            structures = forced_structures(self.parser_spec(tools), tool_choice, tools or ())
         return RenderedPrompt(
-            token_ids=self.tokenizer.encode(text), text=text, forced_prefix=prefix
+            token_ids=self.tokenizer.encode(text),
+            text=text,
+            forced_prefix=prefix,
+            forced_structures=structures,
         )
 
     def tool_choice_prefix(self, choice: ToolChoice, tools: list[ToolDef]) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from resin.recipe.deltas import Delta, ParseResult
-from resin.recipe.tool_choice import ToolChoice
+from resin.recipe.tool_choice import ForcedStructure, ToolChoice
 from resin.recipe.types import Message, ToolDef
 
 
@@ -31,6 +31,8 @@ class RenderedPrompt:
     multimodal: tuple[Any, ...] = field(default=())
     # The forced start of the assistant turn (`resin.recipe.tool_choice`); `text` ends with it.
     forced_prefix: str = ""
+    # What may follow the forced prefix (tool name and arguments schema), for a grammar.
+    forced_structures: tuple[ForcedStructure, ...] = ()
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from resin.recipe.tagged import TagSpec
 from resin.recipe.toolcall_formats import (
@@ -86,3 +87,41 @@ def forced_prefix(spec: TagSpec, choice: ToolChoice, *, newline: bool = True) ->
     if spec.tool_body is parse_deepseek_call:
         return start if name is None else f"{start}{name}{DEEPSEEK_SEP}"
     raise unsupported(choice)
+
+
+@dataclass(frozen=True)
+class ForcedStructure:
+    """One allowed continuation of a forced prefix: literal `begin`, then a JSON value that
+    follows `schema` (the tool's parameters), then literal `end`. A grammar engine turns the
+    alternatives into a constraint, so the call names an offered tool and its arguments
+    validate (`docs/constraints.md`)."""
+
+    begin: str
+    schema: dict[str, Any]
+    end: str
+
+
+def forced_structures(
+    spec: TagSpec, choice: ToolChoice, tools: Sequence[ToolDef]
+) -> tuple[ForcedStructure, ...]:
+    """What may follow `forced_prefix(spec, choice)` for JSON call formats, one alternative
+    per eligible tool; empty for formats whose calls are not JSON (pythonic, DeepSeek), which
+    stay forced by the prefix alone."""
+    eligible = [t for t in tools if choice.name is None or t.name == choice.name]
+    if spec.bare_json_tools:
+        key, end = "parameters", "}"
+    elif spec.tool_body is parse_json_calls and spec.tool_end:
+        key, end = "arguments", "}\n" + spec.tool_end
+    else:
+        return ()
+    out = []
+    for t in eligible:
+        begin = ""
+        if choice.name is None:
+            name = json.dumps(t.name, ensure_ascii=False)
+            begin = (
+                f'{name[1:]}, "{key}": ' if spec.bare_json_tools else f'{{"name": {name}, "{key}": '
+            )
+        schema = dict(t.parameters) or {"type": "object"}
+        out.append(ForcedStructure(begin, schema, end))
+    return tuple(out)

@@ -23,6 +23,7 @@ from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service
+from resin.server.structured import anthropic_format, apply
 from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
 
@@ -106,12 +107,14 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
             top_p=body.top_p,
             top_k=body.top_k,
         )
+        params, fmt = apply(params, anthropic_format(body.output_format), rendered)
         (gen,) = await svc.launch(
             ticket,
             prompt,
             params,
             lambda: svc.recipe.create_parser(rendered, tools=tools or None),
             stops,
+            fmt,
         )
     builder = MessageBuilder(svc, len(prompt), gen)
     if body.stream:

@@ -37,6 +37,7 @@ from resin.server.errors import (
     unhandled_error_handler,
     validation_error_handler,
 )
+from resin.server.generation_defaults import GenerationDefaults
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import EngineLike, TokenizerLike
 from resin.server.protocol import ConnectionLimits, protocol_class
@@ -70,6 +71,7 @@ class HttpServer:
         connection_limits: ConnectionLimits | None = None,
         allowed_hosts: Sequence[str] | Literal["loopback-default"] | None = "loopback-default",
         special_tokens_in_text: bool = False,
+        generation_defaults: GenerationDefaults | None = None,
     ) -> None:
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
         if tokenizer is None:
@@ -102,6 +104,7 @@ class HttpServer:
             self.metrics,
             limits or Limits(),
             special_tokens_in_text,
+            defaults=generation_defaults or GenerationDefaults(),
         )
         self.connection_limits = connection_limits or ConnectionLimits()
         if allowed_hosts == "loopback-default":

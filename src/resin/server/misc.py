@@ -26,6 +26,7 @@ def _card(svc: Service) -> dict[str, object]:
             "tools": bool(svc.recipe.supports_tools),
             "reasoning": bool(svc.recipe.supports_reasoning),
         },
+        "generation_defaults": svc.defaults.as_dict(),
     }
 
 

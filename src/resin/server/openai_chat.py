@@ -22,6 +22,7 @@ from resin.server.generation import (
 from resin.server.intake import Batch
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
 from resin.server.service import Service
+from resin.server.structured import apply, openai_fields
 from resin.server.text import parts_text
 from resin.server.tool_choice import openai_choice
 
@@ -148,12 +149,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             min_tokens=body.min_tokens,
             ignore_eos=body.ignore_eos,
         )
+        params, fmt = apply(params, openai_fields(body), rendered, body.logit_bias)
         gens = await svc.launch(
             ticket,
             prompt,
             params,
             lambda: svc.recipe.create_parser(rendered, tools=tools or None),
             stops,
+            fmt,
         )
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:

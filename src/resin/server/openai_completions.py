@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 from starlette.responses import JSONResponse, Response
 
+from resin.params import SamplingParams
 from resin.recipe.deltas import TextDelta
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
@@ -24,6 +25,7 @@ from resin.server.intake import Batch
 from resin.server.openai_chat import openai_stream_error, truncated, usage
 from resin.server.schemas_openai import CompletionRequest as _Base
 from resin.server.service import Service
+from resin.server.structured import NONE, apply, name_field, openai_fields
 from resin.server.text import PlainTextParser
 
 router = APIRouter()
@@ -83,33 +85,33 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     with svc.reserve(body.n * count, request) as ticket:
         prompts = await prompts_of(svc, body)
         # Every prompt is checked before the first generation is submitted.
-        per_prompt = [
-            svc.choices(
-                svc.params(
-                    len(ids),
-                    max(1, body.max_tokens or 0) if body.max_tokens is not None else None,
-                    stop_token_ids=() if body.ignore_eos else svc.tokenizer.eos_token_ids,
-                    temperature=body.temperature,
-                    top_p=body.top_p,
-                    top_k=body.top_k,
-                    min_p=body.min_p,
-                    seed=body.seed,
-                    logprobs=body.logprobs,
-                    prompt_logprobs=body.logprobs
-                    if body.echo and body.logprobs is not None
-                    else None,
-                    min_tokens=body.min_tokens,
-                    ignore_eos=body.ignore_eos,
-                ),
-                body.n,
+        fields, fmt = openai_fields(body), NONE
+        per_prompt: list[list[SamplingParams]] = []
+        for ids in prompts:
+            params = svc.params(
+                len(ids),
+                max(1, body.max_tokens or 0) if body.max_tokens is not None else None,
+                stop_token_ids=() if body.ignore_eos else svc.tokenizer.eos_token_ids,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                min_p=body.min_p,
+                seed=body.seed,
+                logprobs=body.logprobs,
+                prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
+                min_tokens=body.min_tokens,
+                ignore_eos=body.ignore_eos,
             )
-            for ids in prompts
-        ]
+            params, fmt = apply(params, fields, None, body.logit_bias)
+            per_prompt.append(svc.choices(params, body.n))
         parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
         submitted: list[Generation] = []
         for ids, choices in zip(prompts, per_prompt, strict=True):
             submitted += svc.submit(ticket, ids, choices, parser, stops)
-        gens = await svc.start(submitted)
+        try:
+            gens = await svc.start(submitted)
+        except ApiError as exc:
+            raise name_field(exc, fmt) from None
     rid = f"cmpl-{uuid.uuid4().hex}"
     prompt_ids = [ids for ids in prompts for _ in range(body.n)]
     drop = body.max_tokens == 0

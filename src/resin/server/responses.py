@@ -22,6 +22,7 @@ from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
 from resin.server.responses_input import ResponsesRequest, to_messages, tools_of
 from resin.server.service import Service
+from resin.server.structured import apply, responses_format
 from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
@@ -44,11 +45,14 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             temperature=body.temperature,
             top_p=body.top_p,
         )
+        params, fmt = apply(params, responses_format(body.text), rendered)
         (gen,) = await svc.launch(
             ticket,
             rendered.token_ids,
             params,
             lambda: svc.recipe.create_parser(rendered, tools=tools or None),
+            (),
+            fmt,
         )
     builder = ResponseBuilder(svc, body)
     if body.stream:
@@ -101,7 +105,7 @@ class ResponseBuilder:
             "temperature": self.body.temperature,
             "top_p": self.body.top_p,
             "max_output_tokens": self.body.max_output_tokens,
-            "text": {"format": {"type": "text"}},
+            "text": self.body.text or {"format": {"type": "text"}},
             "reasoning": self.body.reasoning,
         }
 

@@ -27,6 +27,7 @@ class ResponsesRequest(Loose):
     tool_choice: str | dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
 
 
 def _text(content: Any, where: str) -> str:

@@ -58,6 +58,7 @@ class MessagesRequest(Loose):
     tools: list[ToolDefIn] | None = None
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
+    output_format: dict[str, Any] | None = None
 
 
 class CountTokensRequest(Loose):

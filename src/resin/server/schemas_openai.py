@@ -81,6 +81,9 @@ class SamplingFields(Loose):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    """Also read (vLLM): structured_outputs, guided_json/regex/choice/grammar (extras)."""
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -22,10 +22,12 @@ from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
+from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
 from resin.server.intake import Batch, Ticket
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import OutputParser, TokenizerLike
 from resin.server.special_text import LiteralSpecials, texts
+from resin.server.structured import NONE, Structured, name_field
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class Service:
         metrics: ServerMetrics,
         limits: Limits = Limits(),
         special_tokens_in_text: bool = False,
+        defaults: GenerationDefaults = NO_DEFAULTS,
     ) -> None:
         self.actor = actor
         self.recipe = recipe
@@ -63,6 +66,8 @@ class Service:
         self.metrics = metrics
         self.limits = limits
         self.literal = None if special_tokens_in_text else LiteralSpecials(tokenizer)
+        self.defaults = defaults
+        """The checkpoint's sampling defaults for omitted fields (`generation_defaults.py`)."""
         self.started = int(time.time())
 
     def reserve(self, n: int = 1, request: Request | None = None) -> Ticket:
@@ -178,7 +183,14 @@ class Service:
         min_tokens: int = 0,
         ignore_eos: bool = False,
     ) -> SamplingParams:
-        """SamplingParams with `max_tokens` clamped to what the context has left."""
+        """SamplingParams with `max_tokens` clamped to what the context has left; omitted
+        fields take the checkpoint's generation defaults, then the server's."""
+        d = self.defaults
+        max_tokens = d.max_tokens if max_tokens is None else max_tokens
+        temperature = d.temperature if temperature is None else temperature
+        top_p = d.top_p if top_p is None else top_p
+        top_k = d.top_k if top_k is None else top_k
+        min_p = d.min_p if min_p is None else min_p
         room = self.context_length - prompt_len
         if room < 1:
             raise ApiError(
@@ -255,10 +267,15 @@ class Service:
         params: SamplingParams,
         parser: Callable[[], OutputParser],
         stops: Sequence[str] = (),
+        structured: Structured = NONE,
     ) -> Batch:
-        """`submit` one generation per slot left in `ticket`, then `start` them."""
+        """`submit` one generation per slot left in `ticket`, then `start` them; an engine
+        refusal of the constraint or bias is a 400 naming the field (`structured`)."""
         choices = self.choices(params, len(ticket))
-        return await self.start(self.submit(ticket, prompt, choices, parser, stops))
+        try:
+            return await self.start(self.submit(ticket, prompt, choices, parser, stops))
+        except ApiError as exc:
+            raise name_field(exc, structured) from None
 
     def _observe(self, finish: Finish, ttft: float | None, e2e: float) -> None:
         self.metrics.observe(

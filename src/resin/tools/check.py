@@ -254,14 +254,6 @@ def _call_problems(call: dict[str, Any]) -> list[str]:
     return []
 
 
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except ValueError:
-        return False
-
-
 async def _burst(c: Client, n: int) -> dict[int, int]:
     limits = httpx.Limits(max_connections=min(n, 256))
     async with httpx.AsyncClient(

@@ -1,16 +1,15 @@
 """The prefix index: which trie nodes each slot uses, hits, and publishing full pages.
 
 `PrefixIndex` sits between the `CacheManager` (which owns the groups' page tables) and the
-`PrefixCache` trie. Per slot it keeps the *path* of trie nodes the request locks: those its
-hit matched plus those it published. Publishing inserts a slot's full pages (and State
-checkpoints) into the trie; a page another request published first replaces the slot's own
-copy (identical contents), so duplicates do not pile up.
+`PrefixTrie` (`trie.py`); it sees token arrays, never requests. Per slot it keeps the *path*
+of trie nodes the slot locks: those its hit matched plus those it published. Publishing
+inserts a slot's full pages (and State checkpoints) into the trie; a page another sequence
+published first replaces the slot's own copy (identical contents), so duplicates do not pile up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -18,10 +17,7 @@ import numpy.typing as npt
 from resin.cache.groups import PagedGroup, StateGroup
 from resin.cache.matching import NO_MATCH, Checkpoints, Match, best_hit
 from resin.cache.pool import PagePool
-from resin.cache.prefix import Node, PrefixCache
-
-if TYPE_CHECKING:
-    from resin.engine.request import Request
+from resin.cache.trie import Node, PrefixTrie
 
 I32 = npt.NDArray[np.int32]
 
@@ -35,67 +31,67 @@ class PrefixIndex:
         self.pool = pool
         self.groups = groups
         self.page_size = page_size
-        self.trie = PrefixCache(pool, len(groups))
+        self.trie = PrefixTrie(pool, len(groups))
         self.paths: dict[int, list[Node]] = {}
         self.queries = 0
         self.hits = 0
 
-    def match(self, request: Request) -> Match:
-        """The longest hit valid for every group; none for prompt-logprob requests (their
-        prompt logits are needed) and always leaving the last known token to compute."""
-        if request.sampling_params.prompt_logprobs is not None:
-            return NO_MATCH
+    def match(self, tokens: I32) -> Match:
+        """The longest hit for a sequence of known `tokens` valid for every group, always
+        leaving the last known token to compute."""
         ps = self.page_size
-        kmax = (request._num_tokens - 1) // ps
+        kmax = (tokens.size - 1) // ps
         if kmax <= 0:
             return NO_MATCH
-        data = request._token_array(request._num_tokens)[: kmax * ps].tobytes()
+        data = tokens[: kmax * ps].tobytes()
         path = self.trie.walk(data, 4 * ps)
         k = best_hit(path, self.groups, ps)
         return Match(tuple(path[:k]), k * ps)
 
-    def attach(self, slot: int, request: Request, match: Match) -> None:
-        """The slot starts with the hit's nodes locked (the manager attaches their pages)."""
+    def attach(self, slot: int, match: Match, num_tokens: int) -> None:
+        """The slot (a sequence of `num_tokens` known tokens) starts with the hit's nodes
+        locked (the manager attaches their pages)."""
         nodes = list(match.nodes)
         self.trie.lock(nodes)
         self.paths[slot] = nodes
-        self.queries += request._num_tokens
+        self.queries += num_tokens
         self.hits += match.tokens
 
-    def release(self, slot: int, request: Request | None) -> None:
-        """Publish `request`'s full pages (None: a quarantined request, nothing), unlock."""
-        if request is not None:
-            self.publish(slot, request, request._num_computed // self.page_size, {})
+    def release(self, slot: int, computed: I32 | None) -> None:
+        """Publish the full pages of the slot's `computed` tokens (None: nothing, a
+        quarantined sequence), then unlock its path."""
+        if computed is not None:
+            self.publish(slot, computed, computed.size // self.page_size, {})
         self.trie.unlock(self.paths.pop(slot, []))
 
     def publish_step(
-        self, slots: I32, totals: I32, requests: Sequence[Request], cps: Checkpoints | None
+        self, slots: I32, totals: I32, tokens: Sequence[I32], cps: Checkpoints | None
     ) -> None:
+        """After a prefill step: publish each row's full pages below `totals[row]`
+        (`tokens[row]` holds at least that many tokens) and its State checkpoints."""
         ps = self.page_size
         state_ids = [i for i, g in enumerate(self.groups) if isinstance(g, StateGroup)]
-        for row, (slot, total, r) in enumerate(
-            zip(slots.tolist(), totals.tolist(), requests, strict=True)
+        for row, (slot, total, toks) in enumerate(
+            zip(slots.tolist(), totals.tolist(), tokens, strict=True)
         ):
             ckpt: dict[tuple[int, int], int] = {}
             if cps is not None:
                 for c in range(int(cps.indptr[row]), int(cps.indptr[row + 1])):
                     for gi, pages in zip(state_ids, cps.pages, strict=True):
                         ckpt[(gi, int(cps.depth[c]))] = int(pages[c])
-            self.publish(slot, r, total // ps, ckpt)
+            self.publish(slot, toks, total // ps, ckpt)
         if cps is not None:  # the trie took its own reference on what it kept
             for pages in cps.pages:
                 self.pool.decref(pages)
 
-    def publish(
-        self, slot: int, request: Request, upto: int, ckpt: dict[tuple[int, int], int]
-    ) -> None:
+    def publish(self, slot: int, tokens: I32, upto: int, ckpt: dict[tuple[int, int], int]) -> None:
         """Insert the slot's full pages `len(path) .. upto-1` into the trie (locked by it)."""
         prefix = self.trie
         path = self.paths.setdefault(slot, [])
         if upto <= len(path):
             return
         ps = self.page_size
-        data = request._token_array(upto * ps)[: upto * ps].tobytes()
+        data = tokens[: upto * ps].tobytes()
         step = 4 * ps  # int32 tokens
         rows = [g.table[slot].tolist() if isinstance(g, PagedGroup) else None for g in self.groups]
         taken: list[int] = []

@@ -42,7 +42,7 @@ class Node:
         return sum(p >= 0 for p in self.pages)
 
 
-class PrefixCache:
+class PrefixTrie:
     """The trie, its lock counts and the LRU of evictable leaves."""
 
     def __init__(self, pool: PagePool, num_groups: int) -> None:

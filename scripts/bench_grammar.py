@@ -1,0 +1,251 @@
+"""Per-step token-mask time of the grammar engines on this CPU (constrained decoding overhead).
+
+For a JSON schema and the default model's tokenizer (SmolLM2, 49,152 tokens) it drives B
+matchers (B = 1 and 64 by default) along the tokens of a valid document, and times, per decode
+step, filling the B x ceil(V/32) int32 bitmask plus advancing every matcher by one token:
+- `llguidance` sequential (`LLMatcher.unsafe_compute_mask_ptr` row by row) and parallel
+  (`LLExecutor`, its thread pool), the engine Resin uses (`resin.constraints`);
+- `xgrammar` (sequential `GrammarMatcher` and its `BatchGrammarMatcher`) when it is importable
+  (it needs torch; install it beside Resin to compare).
+Compile time (cold, per schema) is reported too. `--engine` adds the whole engine step:
+B requests decoding under a JSON schema through `Engine.step()` with a runner that costs
+nothing (it answers each row's lowest allowed token), against the same B requests without a
+constraint (the difference is the engine's constrained-decoding time per step).
+`--device-ms X` makes that runner sleep X ms per step before sampling (a device step: the
+host thread waits, as it does on a CUDA sync), which shows how much of the mask time the
+engine hides behind the device when the runner lets it (`waits_for_masks`, "overlap") and
+how much it adds when it does not ("inline"). 7.3 ms is Resin's Llama-3.1-8B decode step at
+batch 64 on the H200 (docs/benchmarks.md).
+Prints a table and writes JSONL.
+
+    PYTHONPATH=src python scripts/bench_grammar.py --output bench/grammar.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0},
+        "email": {"type": "string"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "email", "role", "tags", "address"],
+    "additionalProperties": False,
+}
+DOCUMENT = {
+    "name": "Ada Lovelace",
+    "age": 36,
+    "email": "ada@example.org",
+    "role": "admin",
+    "tags": ["math", "engines", "poetry"],
+    "address": {"city": "London", "zip": "W1"},
+}
+
+
+def _median_ms(samples: list[float]) -> float:
+    return 1000.0 * statistics.median(samples)
+
+
+def bench_llguidance(tokenizer_json: str, tokens: list[int], batch: int) -> dict[str, float]:
+    import llguidance as llg
+
+    tok = llg.LLTokenizer(tokenizer_json)
+    t0 = time.perf_counter()
+    grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(SCHEMA))
+    first = llg.LLMatcher(tok, grammar, log_level=0)
+    compile_s = time.perf_counter() - t0
+    words = (tok.vocab_size + 31) // 32
+    out: dict[str, float] = {"compile_ms": compile_s * 1000}
+    executor = llg.LLExecutor()
+    for mode in ("sequential", "parallel"):
+        matchers = [first.deep_copy() for _ in range(batch)]
+        mask = np.zeros((batch, words), dtype=np.int32)
+        steps: list[float] = []
+        for token in tokens:
+            t = time.perf_counter()
+            if mode == "parallel":
+                executor.unsafe_compute_mask_ptr(
+                    [(m, i) for i, m in enumerate(matchers)], mask.ctypes.data, words * 4, batch
+                )
+            else:
+                for i, m in enumerate(matchers):
+                    m.unsafe_compute_mask_ptr(mask[i].ctypes.data, words * 4)
+            for m in matchers:
+                m.consume_token(token)
+            steps.append(time.perf_counter() - t)
+            assert (mask[:, token >> 5] >> (token & 31) & 1).all(), "document token masked out"
+        assert all(m.is_accepting() for m in matchers)
+        out[f"{mode}_ms"] = _median_ms(steps)
+        out[f"{mode}_p90_ms"] = 1000.0 * float(np.percentile(steps, 90))
+    return out
+
+
+def bench_xgrammar(model_dir: Path, tokens: list[int], batch: int) -> dict[str, float] | None:
+    try:
+        import xgrammar as xgr
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        return None
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
+    info = xgr.TokenizerInfo.from_huggingface(hf)
+    compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+    t0 = time.perf_counter()
+    compiled = compiler.compile_json_schema(json.dumps(SCHEMA))
+    compile_s = time.perf_counter() - t0
+    out: dict[str, float] = {"compile_ms": compile_s * 1000}
+    for mode in ("sequential", "parallel"):
+        matchers = [xgr.GrammarMatcher(compiled) for _ in range(batch)]
+        mask = xgr.allocate_token_bitmask(batch, info.vocab_size)
+        batcher = xgr.BatchGrammarMatcher() if mode == "parallel" else None
+        steps: list[float] = []
+        for token in tokens:
+            t = time.perf_counter()
+            if batcher is not None:
+                batcher.batch_fill_next_token_bitmask(matchers, mask)
+            else:
+                for i, m in enumerate(matchers):
+                    m.fill_next_token_bitmask(mask, i)
+            for m in matchers:
+                m.accept_token(token)
+            steps.append(time.perf_counter() - t)
+        out[f"{mode}_ms"] = _median_ms(steps)
+        out[f"{mode}_p90_ms"] = 1000.0 * float(np.percentile(steps, 90))
+    return out
+
+
+class FirstAllowedRunner:
+    """Answers each sampling row's lowest allowed token (any token 1 without a mask)."""
+
+    def __init__(self, vocab: int, device_ms: float = 0.0, waits: bool = False) -> None:
+        from resin import RunnerConfig
+
+        self.runner_config = RunnerConfig(
+            vocab_size=vocab, page_size=16, num_pages=8192, waits_for_masks=waits
+        )
+        self.device_s = device_ms / 1000
+
+    def forward(self, plan: Any) -> Any:
+        from resin import ForwardOutput
+
+        if self.device_s:
+            time.sleep(self.device_s)
+        rows = np.flatnonzero(plan.sample_rows)
+        mask = plan.sampling.bitmask()
+        if mask is None:
+            ids = np.ones(rows.size, dtype=np.uint32)
+        else:
+            words = mask[rows].view(np.uint32)
+            first = (words != 0).argmax(axis=1)
+            word = words[np.arange(rows.size), first]
+            low = (word & (~word + np.uint32(1))).astype(np.float64)
+            ids = (first * 32 + np.log2(low).astype(np.int64)).astype(np.uint32)
+        indptr = np.zeros(plan.num_sequences + 1, dtype=np.uint32)
+        indptr[1:] = np.cumsum(plan.sample_rows)
+        return ForwardOutput(ids, indptr)
+
+
+def bench_engine(
+    tokenizer: Any, batch: int, device_ms: float = 0.0, steps: int = 48
+) -> dict[str, float]:
+    from resin import Constraint, Engine, GrammarBackend, SamplingParams
+
+    backend = GrammarBackend.from_tokenizer(tokenizer)
+    schema = Constraint.json_schema({"type": "object", "properties": {"notes": {"type": "string"}}})
+    out: dict[str, float] = {"device_ms": device_ms}
+    cases = (("plain", None, False), ("inline", schema, False), ("overlap", schema, True))
+    for name, constraint, waits in cases:
+        runner = FirstAllowedRunner(tokenizer.vocab_size, device_ms, waits)
+        engine = Engine(runner, grammar=backend)
+        for i in range(batch):
+            engine.submit([5, 6, 7 + i], SamplingParams(max_output_tokens=steps + 8,
+                                                        constraint=constraint))  # fmt: skip
+        while engine.num_waiting or any(len(r.output_token_ids) == 0
+                                        for r in engine._live.values()):  # fmt: skip
+            engine.step()
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t)
+        engine.close()
+        out[f"{name}_step_ms"] = _median_ms(times)
+    for name in ("inline", "overlap"):
+        out[f"{name}_extra_ms"] = out[f"{name}_step_ms"] - out["plain_step_ms"]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--output", type=Path, default=None, help="JSONL file to append to")
+    parser.add_argument("--engine", action="store_true", help="also time Engine.step()")
+    parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0])
+    args = parser.parse_args()
+    from resin.tokenizer import Tokenizer
+    from resin_models_torch.default_model import default_model_dir
+
+    model_dir = default_model_dir()
+    tokenizer = Tokenizer.from_dir(model_dir)
+    tokens = tokenizer.encode(json.dumps(DOCUMENT))
+    tokenizer_json = tokenizer.backend.to_str()
+    engines: dict[str, Callable[[int], dict[str, float] | None]] = {
+        "llguidance": lambda b: bench_llguidance(tokenizer_json, tokens, b),
+        "xgrammar": lambda b: bench_xgrammar(model_dir, tokens, b),
+    }
+    rows = []
+    print(f"cpu cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, {len(tokens)} steps")
+    print(f"{'engine':<11} {'batch':>5} {'compile ms':>10} {'seq ms/step':>12} {'par ms/step':>12}")
+    for name, run in engines.items():
+        for b in args.batch:
+            result = run(b)
+            if result is None:
+                print(f"{name:<11} (not installed)")
+                break
+            row = {"engine": name, "batch": b, "vocab": tokenizer.vocab_size, **result}
+            row["load"] = os.getloadavg()[0]
+            rows.append(row)
+            print(
+                f"{name:<11} {b:>5} {result['compile_ms']:>10.2f} {result['sequential_ms']:>12.3f}"
+                f" {result['parallel_ms']:>12.3f}"
+            )
+    if args.engine:
+        print("engine step  batch  device ms   plain ms  inline +ms  overlap +ms")
+        for device_ms in args.device_ms:
+            for b in args.batch:
+                r = bench_engine(tokenizer, b, device_ms)
+                rows.append({"engine": "resin-engine", "batch": b, **r})
+                print(
+                    f"{'':<11} {b:>6} {device_ms:>10.2f} {r['plain_step_ms']:>10.3f}"
+                    f" {r['inline_extra_ms']:>11.3f} {r['overlap_extra_ms']:>12.3f}"
+                )
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        with args.output.open("a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

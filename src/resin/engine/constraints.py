@@ -1,0 +1,173 @@
+"""Constrained decoding in the engine: per-request grammar state, plan masks, commit hooks.
+
+The engine calls three things, each a few lines at its call site:
+- `admit(request)` at submit: compile (cached) and attach the request's `GrammarState`;
+- `attach(plan, requests)` after planning: the plan's `SamplingArrays` gain the allowed-token
+  bitmask of every constrained sampling row and the logit biases (CSR);
+- `advance(requests, events)` after the commit: every constrained request's state consumes
+  the tokens committed this step; a grammar that is complete finishes its request (`stop`),
+  a token the grammar forbids (a runner that ignored the mask) finishes it with `error`.
+
+Overlap: with a runner that declares `RunnerConfig.waits_for_masks`, a plan with at least
+`OVERLAP_MIN_ROWS` constrained rows leaves `attach` with its mask still being filled on one
+worker thread (llguidance releases the GIL while it computes); the runner runs the model and
+waits (`SamplingArrays.bitmask()`) only when it samples. `advance` waits for that fill before it
+moves any grammar state, so a matcher is never read and written at once.
+
+Zero overhead without constraints: the engine calls `attach` / `advance` only while `active`
+(a live request has a grammar or a bias), so plain traffic never enters this module.
+Retraction keeps a request's generated tokens (the recompute path re-prefills them), so its
+grammar state stays valid; a state follows the token list both ways (`GrammarState.sync`),
+which is also how rejected speculative drafts will roll it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from resin.engine.grammar import GrammarBackend, GrammarState
+from resin.engine.request import Request
+from resin.events import Event, FinishedEvent, FinishReason
+from resin.params import SamplingParams
+from resin.plan import BatchPlan
+
+Finish = Callable[[Request, FinishReason, str | None], FinishedEvent]
+
+OVERLAP_MIN_ROWS = 4
+"""Fewer constrained rows fill their masks inline (a thread hop costs more than the masks)."""
+
+
+class ConstraintSet:
+    """The engine's constrained requests and how their masks and biases enter plans."""
+
+    def __init__(
+        self, backend: GrammarBackend | None, vocab_size: int | None, overlap: bool = False
+    ) -> None:
+        self.backend = backend
+        self.vocab_size = vocab_size
+        self.overlap = overlap and backend is not None
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+        if backend is not None and vocab_size is not None and backend.vocab_size > vocab_size:
+            raise ValueError(
+                f"the grammar tokenizer has {backend.vocab_size} tokens, "
+                f"more than the runner's vocabulary ({vocab_size})"
+            )
+        width = vocab_size if vocab_size is not None else (backend and backend.vocab_size)
+        self.mask_words = -(-(width or 0) // 32)
+        self.active = 0
+        """Live requests with a grammar or a logit bias."""
+
+    def check(self, params: SamplingParams) -> GrammarState | None:
+        """Validate a request's bias and constraint (ValueError naming the problem); return its
+        fresh grammar state (None without a constraint). Nothing is registered yet."""
+        if params.logit_bias and self.vocab_size is not None:
+            top = params.logit_bias[-1][0]
+            if top >= self.vocab_size:
+                raise ValueError(f"logit_bias token id {top} is outside the vocabulary")
+        if params.constraint is None:
+            return None
+        if self.backend is None:
+            raise ValueError(
+                f"constraint {params.constraint.kind} needs an engine with a grammar backend "
+                "(Engine(..., grammar=GrammarBackend.from_tokenizer(tokenizer)))"
+            )
+        state = self.backend.state(params.constraint)
+        if state.stopped:
+            raise ValueError(f"constraint {params.constraint.kind} allows no output at all")
+        return state
+
+    def admit(self, request: Request, state: GrammarState | None) -> None:
+        request.grammar = state
+        if state is not None or request.sampling_params.logit_bias:
+            request.constrained = True
+            self.active += 1
+
+    def release(self, request: Request) -> None:
+        if request.constrained:
+            request.constrained = False
+            request.grammar = None
+            self.active -= 1
+
+    # -- per step ----------------------------------------------------------------------------
+    def attach(self, plan: BatchPlan, requests: tuple[Request, ...]) -> BatchPlan:
+        """`plan` with the bitmask / bias arrays of its constrained rows filled in."""
+        b = plan.num_sequences
+        rows = [
+            i
+            for i, r in enumerate(requests)
+            if r.grammar is not None and plan.sample_rows[i] and r.grammar.error is None
+        ]
+        mask = None
+        pending: Callable[[], object] | None = None
+        if rows and self.backend is not None:
+            base = np.full((b, self.mask_words), -1, dtype=np.int32)
+            mask = base.view()  # the plan freezes this view; the filler writes `base`
+            states = [g for i in rows if (g := requests[i].grammar) is not None]
+            if self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
+                if self._worker is None:
+                    self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
+                self._pending = self._worker.submit(self._fill, states, base, rows)
+                pending = self._pending.result
+            else:
+                self._fill(states, base, rows)
+        lens = [len(r.sampling_params.logit_bias) for r in requests]
+        sampling = plan.sampling
+        if any(lens):
+            indptr = np.zeros(b + 1, dtype=np.int32)
+            np.cumsum(lens, out=indptr[1:])
+            pairs = [p for r in requests for p in r.sampling_params.logit_bias]
+            sampling = dataclasses.replace(
+                sampling,
+                bias_indptr=indptr,
+                bias_ids=np.fromiter((p[0] for p in pairs), dtype=np.int32, count=len(pairs)),
+                bias_values=np.fromiter((p[1] for p in pairs), dtype=np.float32, count=len(pairs)),
+            )
+        if mask is None and sampling is plan.sampling:
+            return plan
+        sampling = dataclasses.replace(sampling, token_bitmask=mask, mask_pending=pending)
+        return dataclasses.replace(plan, sampling=sampling)
+
+    def _fill(self, states: Sequence[GrammarState], base: np.ndarray, rows: list[int]) -> None:
+        assert self.backend is not None
+        sub = np.zeros((len(rows), self.mask_words), dtype=np.int32)
+        self.backend.fill_masks(states, sub)
+        base[rows] = sub
+
+    def settle(self) -> None:
+        """Wait for a background mask fill (its errors already reached the runner)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with contextlib.suppress(Exception):  # the runner that waited on it failed already
+                pending.result()
+
+    def close(self) -> None:
+        self.settle()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def advance(self, requests: tuple[Request, ...], events: list[Event], finish: Finish) -> None:
+        """Feed each constrained request's state the tokens committed since the last call."""
+        self.settle()
+        live = [r for r in requests if r.grammar is not None and not r.finished]
+        if len(live) >= OVERLAP_MIN_ROWS and self.backend is not None:
+            # the common case, one new token each, in llguidance's pool (GIL released)
+            one = [
+                (g, r.output_token_ids[-1])
+                for r in live
+                if (g := r.grammar) is not None and g.behind(r.output_token_ids) == 1
+            ]
+            self.backend.consume_one(one)
+        for r in live:
+            state = r.grammar
+            assert state is not None
+            if not state.sync(r.output_token_ids):
+                events.append(finish(r, FinishReason.ERROR, state.error))
+            elif state.stopped:
+                events.append(finish(r, FinishReason.STOP, None))

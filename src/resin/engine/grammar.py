@@ -1,0 +1,250 @@
+"""Constraints -> grammar matchers (llguidance), compiled once per spec and tokenizer.
+
+`GrammarBackend` owns one llguidance tokenizer and a small LRU of compiled constraints; each
+constrained request gets its own `GrammarState` (a copy of the compiled matcher) at submit.
+The engine advances a state with the tokens it commits (`sync`) and can take tokens back
+(`rollback`, for rejected speculative drafts); `fill_mask` writes the state's allowed-token
+bitmask into one row of a plan's `token_bitmask`.
+
+Why llguidance (measured in `docs/constraints.md`): no dependencies (the engine process keeps
+torch out), one abi3 wheel for every CPython, ~1 ms to compile a JSON schema, native rollback,
+Lark / regex / GBNF grammars and lazy "trigger" lexemes for tool calls.
+llguidance is imported lazily: an engine without constraints never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from resin.params import Constraint
+
+if TYPE_CHECKING:
+    import llguidance
+
+JSON_DEFAULTS: Any = {"whitespace_flexible": False}
+"""JSON is generated compact (`{"a":1,"b":[2]}`) unless the schema's `x-guidance` says
+otherwise: free whitespace lets a small model pad until `max_tokens`."""
+
+
+class TokenizerSource(Protocol):
+    """What the backend needs from a tokenizer (`resin.tokenizer.Tokenizer` has both)."""
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    def to_json(self) -> str: ...
+
+
+class GrammarState:
+    """One request's position in its grammar.
+
+    Invariant: the matcher has consumed exactly the first `consumed` generated tokens.
+    Once `error` is set (a token the grammar forbids was committed) the state stays failed.
+    """
+
+    __slots__ = ("consumed", "error", "matcher")
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+        self.consumed = 0
+        self.error: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and allows nothing more (the request should finish)."""
+        return bool(self.matcher.is_stopped())
+
+    @property
+    def accepting(self) -> bool:
+        return bool(self.matcher.is_accepting())
+
+    def sync(self, tokens: Sequence[int]) -> bool:
+        """Advance (or roll back) so that exactly `tokens` are consumed; False on a token the
+        grammar forbids (the state is then failed and `error` says why)."""
+        if self.error is not None:
+            return False
+        n = len(tokens)
+        if n < self.consumed:
+            self.rollback(self.consumed - n)
+        for tok in tokens[self.consumed :]:
+            if not self.matcher.consume_token(tok):
+                first = self.matcher.get_error().strip().splitlines()
+                self.error = f"token {tok} violates the constraint: {first[0] if first else ''}"
+                return False
+            self.consumed += 1
+        return True
+
+    def behind(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` are not consumed yet (negative: consumed ones are gone)."""
+        return len(tokens) - self.consumed if self.error is None else 0
+
+    def rollback(self, k: int) -> None:
+        """Take back the last `k` consumed tokens (rejected drafts, retracted output)."""
+        if k < 0 or k > self.consumed:
+            raise ValueError(f"cannot roll back {k} of {self.consumed} tokens")
+        if k and not self.matcher.rollback(k):
+            raise RuntimeError(f"grammar rollback of {k} tokens failed")
+        self.consumed -= k
+
+    def fill_mask(self, row: npt.NDArray[np.int32]) -> None:
+        """Write the allowed-token bitmask into `row` (C-contiguous int32, tokenizer width)."""
+        self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+
+class GrammarBackend:
+    """Compiles `Constraint`s for one tokenizer; the engine asks it for per-request states.
+
+    `eos_token_ids` are the tokens a complete grammar allows (the recipe's stop tokens).
+    The compile cache holds up to `cache_size` specs (LRU); a hit costs one matcher copy.
+    """
+
+    def __init__(
+        self, tokenizer_json: str, eos_token_ids: Sequence[int], cache_size: int = 256
+    ) -> None:
+        import llguidance
+
+        self._llg = llguidance
+        eos = [int(t) for t in eos_token_ids]
+        if not eos:
+            raise ValueError("a grammar backend needs at least one EOS / stop token id")
+        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, eos_token=eos)
+        self.vocab_size: int = int(self.tokenizer.vocab_size)
+        self.mask_words = (self.vocab_size + 31) // 32
+        self._cache: OrderedDict[Constraint, llguidance.LLMatcher] = OrderedDict()
+        self._cache_size = cache_size
+        self._executor: llguidance.LLExecutor | None = None
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: TokenizerSource, cache_size: int = 256) -> GrammarBackend:
+        return cls(tokenizer.to_json(), tokenizer.eos_token_ids, cache_size)
+
+    def state(self, constraint: Constraint) -> GrammarState:
+        """A fresh state for `constraint`; `ValueError` naming the problem when the grammar
+        engine cannot compile or enforce it."""
+        compiled = self._cache.get(constraint)
+        if compiled is None:
+            compiled = self._compile(constraint)
+            self._cache[constraint] = compiled
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(constraint)
+        return GrammarState(compiled.deep_copy())
+
+    def fill_masks(self, states: Sequence[GrammarState], mask: npt.NDArray[np.int32]) -> None:
+        """Row i of `mask` gets states[i]'s bitmask (the first `mask_words` words of a row;
+        words beyond the tokenizer's vocabulary stay as they are: 0 = disallowed).
+
+        One row is filled directly; several go through llguidance's thread pool, which also
+        releases the GIL (so a fill on a worker thread overlaps the runner's Python)."""
+        if len(states) == 1:
+            states[0].fill_mask(mask[0, : self.mask_words])
+            return
+        target = mask
+        if mask.shape[1] != self.mask_words or not mask.flags.c_contiguous:
+            target = np.zeros((len(states), self.mask_words), dtype=np.int32)
+        if self._executor is None:
+            self._executor = self._llg.LLExecutor()
+        pairs = [(s.matcher, i) for i, s in enumerate(states)]
+        nbytes = self.mask_words * 4
+        self._executor.unsafe_compute_mask_ptr(pairs, target.ctypes.data, nbytes, len(states))
+        if target is not mask:
+            mask[:, : self.mask_words] = target
+
+    def consume_one(self, pairs: Sequence[tuple[GrammarState, int]]) -> None:
+        """Each state consumes its token, in llguidance's thread pool; a rejected token
+        leaves that state failed (`error`), as `GrammarState.sync` would."""
+        if not pairs:
+            return
+        if self._executor is None:
+            self._executor = self._llg.LLExecutor()
+        ok = self._executor.consume_token_par([(s.matcher, t) for s, t in pairs])
+        for (state, token), good in zip(pairs, ok, strict=True):
+            if good:
+                state.consumed += 1
+            else:
+                first = state.matcher.get_error().strip().splitlines()
+                state.error = f"token {token} violates the constraint: {first[0] if first else ''}"
+
+    # -- compilation ------------------------------------------------------------------------
+    def _compile(self, c: Constraint) -> llguidance.LLMatcher:
+        """Errors start with "constraint <kind>" (the server maps them to the request field)."""
+        try:
+            grammar = self._grammar_text(c)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"constraint {c.kind} is invalid: {_first_line(str(exc))}") from None
+        matcher = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            problem = _first_line(matcher.get_error())
+            raise ValueError(f"constraint {c.kind} cannot be enforced: {problem}")
+        return matcher
+
+    def _grammar_text(self, c: Constraint) -> str:
+        m = self._llg.LLMatcher
+        if c.kind == "json_object":
+            return m.grammar_from_json_schema('{"type": "object"}', defaults=JSON_DEFAULTS)
+        if c.kind == "json_schema":
+            schema = json.loads(c.spec)
+            options: Any = {"lenient": not c.strict}
+            return m.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS, overrides=options)
+        if c.kind == "regex":
+            return m.grammar_from_regex(c.spec)
+        if c.kind == "grammar":
+            return self._llg.grammar_from("grammar", c.spec)
+        return structural_tag_grammar(json.loads(c.spec))
+
+
+def structural_tag_grammar(spec: dict[str, Any]) -> str:
+    """Lark text for a structural tag (see `Constraint`).
+
+    `structures`: [{"begin": str, "schema": dict, "end": str}, ...]. With `at_start` true the
+    output is exactly one structure (a forced tool call after the recipe's forcing prefix);
+    otherwise free text in which a structure starts wherever one of `triggers` appears
+    (each structure's `begin` starts with one of them), any number of times.
+    """
+    structures = spec.get("structures")
+    if not isinstance(structures, list) or not structures:
+        raise ValueError("structural_tag needs a non-empty list of structures")
+    triggers = [t for t in spec.get("triggers", []) if isinstance(t, str) and t]
+    bodies: list[tuple[str, str, str]] = []
+    for i, item in enumerate(structures):
+        if not isinstance(item, dict) or not isinstance(item.get("begin"), str):
+            raise ValueError(f"structural_tag structures[{i}] needs a string 'begin'")
+        schema = item.get("schema", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise ValueError(f"structural_tag structures[{i}].schema must be an object")
+        schema = {"x-guidance": JSON_DEFAULTS, **schema}  # compact, like json_schema
+        bodies.append((item["begin"], json.dumps(schema), str(item.get("end", ""))))
+    if spec.get("at_start"):
+        rules = [f"s{i}: {_lit(b)} %json {s} {_lit(e)}" for i, (b, s, e) in enumerate(bodies)]
+        options = " | ".join(f"s{i}" for i in range(len(bodies)))
+        return "%llguidance {}\nstart: " + options + "\n" + "\n".join(rules) + "\n"
+    lines = ["%llguidance {}", "start: (" + " | ".join(f"t{i}" for i in range(len(bodies)))]
+    lines[-1] += ")* TEXT"
+    lines.append("TEXT: /(.|\\n)*/")
+    for i, (begin, schema, end) in enumerate(bodies):
+        trigger = next((t for t in triggers if begin.startswith(t)), None)
+        if trigger is None:
+            raise ValueError(f"structural_tag structures[{i}].begin starts with no trigger")
+        lines.append(f"t{i}_trig[lazy]: TEXT {_lit(trigger)}")
+        lines.append(f"t{i}: t{i}_trig {_lit(begin[len(trigger) :])} %json {schema} {_lit(end)}")
+    return "\n".join(lines) + "\n"
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text) if text else ""
+
+
+def _first_line(message: str) -> str:
+    """The gist of an llguidance error: its first line plus any `error:` line."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return "invalid"
+    extra = [line for line in lines[1:] if line.startswith("error:")]
+    return " ".join([lines[0], *extra])[:400]

@@ -1,0 +1,112 @@
+"""`SlotStore`: per-slot sampling policy, progress, limits and the stop rule.
+
+One row per scheduler slot, in preallocated numpy arrays, written when a request is admitted
+and at every commit, gathered when a plan is built: a decode plan is a handful of gathers and
+the stop rule is vectorized over the step's sampled rows. This is the only place that decides
+`stop` / `length`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from resin.events import FinishReason
+from resin.params import SamplingParams
+from resin.plan import SamplingArrays
+
+I32 = npt.NDArray[np.int32]
+
+_EMPTY_I32 = np.zeros(0, dtype=np.int32)
+_EMPTY_I32.flags.writeable = False
+_NEVER = 2**31 - 1
+
+
+class SlotStore:
+    """Per-slot state the planner reads and the commit writes (see module docstring).
+
+    Invariants for an admitted slot: `num_output` counts its generated tokens; `limit` is the
+    output count at which it ends with `length` (`max_output_tokens`, or fewer when prompt +
+    output would reach `context_length`; at least 1 because `submit` keeps prompts shorter
+    than the context); a stop token ends it from `stop_ok_from` outputs on.
+    """
+
+    def __init__(self, max_slots: int, context_length: int) -> None:
+        self.context_length = context_length
+        self.last_token = np.zeros(max_slots, dtype=np.int32)
+        self.temperature = np.ones(max_slots, dtype=np.float32)
+        self.top_p = np.ones(max_slots, dtype=np.float32)
+        self.top_k = np.zeros(max_slots, dtype=np.int32)
+        self.min_p = np.zeros(max_slots, dtype=np.float32)
+        self.seed = np.full(max_slots, -1, dtype=np.int64)
+        self.logprobs = np.full(max_slots, -1, dtype=np.int32)
+        self.num_output = np.zeros(max_slots, dtype=np.int32)
+        self.num_computed = np.zeros(max_slots, dtype=np.int32)
+        """Tokens of the slot's sequence that are in the cache."""
+        self.seq_id = np.zeros(max_slots, dtype=np.int64)
+        self.limit = np.zeros(max_slots, dtype=np.int32)
+        self.stop_ok_from = np.zeros(max_slots, dtype=np.int32)
+        self.has_stops = np.zeros(max_slots, dtype=np.bool_)
+        self.stops: list[frozenset[int]] = [frozenset()] * max_slots
+
+    def admit(
+        self,
+        slot: int,
+        seq_id: int,
+        params: SamplingParams,
+        num_prompt: int,
+        outputs: list[int],
+        last_token: int,
+        num_computed: int,
+    ) -> None:
+        """A request takes `slot`; `outputs` are the tokens it generated before (recompute)."""
+        s, p = slot, params
+        self.last_token[s] = last_token
+        self.seq_id[s] = seq_id
+        self.limit[s] = min(p.max_output_tokens, self.context_length - num_prompt)
+        self.stop_ok_from[s] = _NEVER if p.ignore_stop_tokens else p.min_output_tokens
+        self.stops[s] = frozenset(p.stop_token_ids)
+        self.has_stops[s] = bool(p.stop_token_ids)
+        self.temperature[s] = p.temperature
+        self.top_p[s] = p.top_p
+        self.top_k[s] = p.top_k
+        self.min_p[s] = p.min_p
+        self.seed[s] = -1 if p.seed is None else p.seed
+        self.logprobs[s] = -1 if p.logprobs is None else p.logprobs
+        self.num_output[s] = len(outputs)
+        self.num_computed[s] = num_computed
+
+    def sampling(self, slots: I32, prompt_k: I32 | None = None) -> SamplingArrays:
+        return SamplingArrays(
+            temperature=self.temperature[slots],
+            top_p=self.top_p[slots],
+            top_k=self.top_k[slots],
+            min_p=self.min_p[slots],
+            seed=self.seed[slots],
+            output_index=self.num_output[slots],
+            logprobs=self.logprobs[slots],
+            prompt_logprobs=_EMPTY_I32 if prompt_k is None else prompt_k,
+        )
+
+    def computed(self, slots: I32, totals: I32) -> None:
+        """A step committed: positions < `totals` are in the cache."""
+        self.num_computed[slots] = totals
+
+    def append(self, slots: I32, ids: I32) -> dict[int, FinishReason]:
+        """Record one sampled token per slot; return {row: reason} for the rows it ends.
+
+        A stop token (when allowed) wins over `length`; a row in neither goes on."""
+        self.last_token[slots] = ids
+        n_out = self.num_output[slots] + 1
+        self.num_output[slots] = n_out
+        ends: dict[int, FinishReason] = {}
+        length = n_out >= self.limit[slots]
+        if length.any():
+            ends = dict.fromkeys(np.flatnonzero(length).tolist(), FinishReason.LENGTH)
+        stoppable = self.has_stops[slots]
+        if stoppable.any():  # most steps: no row has stop tokens, or none is past its minimum
+            maybe = np.flatnonzero(stoppable & (n_out >= self.stop_ok_from[slots]))
+            for k in maybe.tolist():
+                if int(ids[k]) in self.stops[int(slots[k])]:
+                    ends[k] = FinishReason.STOP
+        return ends
