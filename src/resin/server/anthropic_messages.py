@@ -19,11 +19,12 @@ from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta, ToolCallArgsDe
 from resin.recipe.types import Block as Part
 from resin.recipe.types import Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
+from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service
-from resin.server.structured import anthropic_format, apply
+from resin.server.structured import anthropic_format
 from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
 
@@ -87,36 +88,26 @@ def usage(finish: Finish | None, input_tokens: int) -> dict[str, Any]:
     }
 
 
+def setup(body: MessagesRequest) -> ChatSetup:
+    tools = tools_of(body)
+    tc = body.tool_choice
+    return ChatSetup(
+        to_messages(body),
+        tools,
+        anthropic_choice(tc.type, tc.name, tools) if tc else None,
+        None if body.thinking is None else body.thinking.type != "disabled",
+        body.max_tokens,
+        Sampling(body.temperature, body.top_p, body.top_k),
+        anthropic_format(body.output_format),
+    )
+
+
 @router.post("/v1/messages", response_model=None)
 async def messages(body: MessagesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     stops = body.stop_sequences or []
-    svc.check_stops(stops)
-    with svc.reserve(1, request) as ticket:
-        tools = tools_of(body)
-        thinking = None if body.thinking is None else body.thinking.type != "disabled"
-        tc = body.tool_choice
-        choice = anthropic_choice(tc.type, tc.name, tools) if tc else None
-        rendered = await svc.render(to_messages(body), tools, thinking, choice)
-        prompt = rendered.token_ids
-        params = svc.params(
-            len(prompt),
-            body.max_tokens,
-            stop_token_ids=svc.recipe.stop_token_ids,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-        )
-        params, fmt = apply(params, anthropic_format(body.output_format), rendered)
-        (gen,) = await svc.launch(
-            ticket,
-            prompt,
-            params,
-            lambda: svc.recipe.create_parser(rendered, tools=tools or None),
-            stops,
-            fmt,
-        )
-    builder = MessageBuilder(svc, len(prompt), gen)
+    rendered, (gen,) = await start_chat(svc, request, lambda: setup(body), 1, stops)
+    builder = MessageBuilder(svc, len(rendered.token_ids), gen)
     if body.stream:
         return SSEResponse(builder.stream(), on_close=gen.cancel, error_frame=anthropic_error)
     return JSONResponse(await until_disconnect(request, builder.collect()))
