@@ -19,8 +19,10 @@ install: $(STAMP)
 assets: $(STAMP)
 	bash scripts/fetch_test_assets.sh
 
+# Tests marked `serial` time a server under load: they run alone, after the parallel run.
 test: $(STAMP) assets
-	$(PY) -m pytest -q -n 2 --timeout 900
+	$(PY) -m pytest -q -n 2 --timeout 900 -m "not serial"
+	$(PY) -m pytest -q --timeout 900 -m serial
 
 lint: $(STAMP)
 	.venv/bin/ruff format --check .

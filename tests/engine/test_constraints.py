@@ -278,7 +278,7 @@ def test_retraction_keeps_grammar_in_step(
             engine.submit(list(range(10 + i, 40 + i)), params(tokenizer, schema)) for i in range(8)
         ]
         run(engine)
-        preempted = engine.scheduler.num_preemptions
+        preempted = engine._scheduler.num_preemptions
     assert preempted > 0
     for r in reqs:
         assert r.finish_reason is FinishReason.STOP

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from resin.server.launch import free_port
@@ -154,6 +155,7 @@ class Chaos:
         await asyncio.gather(*(self.worker(i, until) for i in range(WORKERS)))
 
 
+@pytest.mark.serial
 def test_chaos_against_resin_serve() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
