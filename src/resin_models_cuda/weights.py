@@ -9,7 +9,7 @@ transformers baseline runs on the very same memory), and `random_weights` draws 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -227,7 +227,3 @@ def load_checkpoint(
             return tensor
 
     return from_hf_state_dict(get, config, device, dtype)
-
-
-def state_dict_getter(sd: Mapping[str, torch.Tensor]) -> Callable[[str], torch.Tensor]:
-    return sd.__getitem__

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import pytest
 
 from resin.recipe import RenderedPrompt, ToolDef
 from resin.server.asgi import SSEResponse
@@ -210,3 +212,33 @@ def test_slow_reader_cut_ends_with_an_error_event() -> None:
     body = b"".join(m.get("body", b"") for m in sent).decode()
     assert '"error"' in body and "cut off" in body
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+# ---- issue 12: a recipe crash is a 500 with a logged traceback, never a client 400 -----------
+class CrashingRecipe(ChatMLFormat):
+    def render(self, messages: Any, **kwargs: Any) -> RenderedPrompt:
+        raise KeyError("role_map")  # a bug in the recipe, not a bad request
+
+
+def test_recipe_crash_is_a_500_with_a_logged_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    server = make_server()
+    server.service.recipe = CrashingRecipe(ByteTokenizer())
+    with caplog.at_level(logging.ERROR, logger="resin.server"), running(server) as url:
+        r = httpx.post(url + CHAT, json=chat(max_tokens=2))
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["message"] == "internal error: KeyError"
+        assert queued(url) == 0
+    crash = [rec for rec in caplog.records if "crashed rendering" in rec.getMessage()]
+    assert crash and crash[0].exc_info is not None and crash[0].exc_info[0] is KeyError
+
+
+def test_template_raise_exception_stays_a_400() -> None:
+    class Refusing(ChatMLFormat):
+        def render(self, messages: Any, **kwargs: Any) -> RenderedPrompt:
+            raise ValueError("chat template error: roles must alternate")
+
+    server = make_server()
+    server.service.recipe = Refusing(ByteTokenizer())
+    with running(server) as url:
+        r = httpx.post(url + CHAT, json=chat(max_tokens=2))
+        assert r.status_code == 400 and "roles must alternate" in r.text

@@ -91,7 +91,6 @@ class HttpServer:
         self.metrics = ServerMetrics(
             running=lambda: float(engine.num_running),
             waiting=lambda: float(engine.num_waiting + self.actor.queued),
-            cache_usage=lambda: float(getattr(engine, "kv_cache_usage", 0.0)),
             engine_render=_engine_exporter(engine, model, lambda: self.actor.queued),
         )
         self.service = Service(

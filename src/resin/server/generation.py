@@ -215,7 +215,3 @@ def _merge(into: Update, new: Update) -> None:
 
 def _reason(reason: FinishReason) -> FinishName:
     return reason.value
-
-
-def merge_text(deltas: Sequence[Delta]) -> str:
-    return "".join(d.text for d in deltas if isinstance(d, TextDelta))

@@ -10,6 +10,7 @@ to the actor is released when the `with` block ends, whatever happened inside it
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -28,6 +29,8 @@ from resin.server.metrics import ServerMetrics
 from resin.server.ports import OutputParser, TokenizerLike
 from resin.server.special_text import LiteralSpecials, texts
 from resin.server.structured import NONE, Structured, name_field
+
+log = logging.getLogger("resin.server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,8 @@ class Service:
         """The prompt for a conversation, rendered and tokenized off the event loop after a
         length check; a conversation the recipe or template cannot render (a template's
         `raise_exception`, malformed tool-call arguments) is the client's 400, and so is a
-        forced `tool_choice` the chat format cannot force."""
+        forced `tool_choice` the recipe cannot force (both `ValueError`s); any other exception
+        is a recipe bug: logged with its traceback, answered 500."""
         written = texts(messages)
         self.check_length(sum(len(t) for t in written))
         for t in written:
@@ -153,8 +157,11 @@ class Service:
             return self.literal.render(messages, render)
         except UnsupportedToolChoice as exc:
             raise ApiError(400, str(exc), "tool_choice") from None
-        except Exception as exc:
+        except ValueError as exc:  # the documented client errors (`raise_exception`, bad JSON)
             raise ApiError(400, f"cannot render this conversation: {exc}", "messages") from None
+        except Exception:  # a recipe bug: the client gets a 500, the log the traceback
+            log.exception("recipe %r crashed rendering a conversation", self.recipe.name)
+            raise
 
     def check_model(self, name: str | None) -> None:
         # Clients often send a placeholder; only a clearly different name is an error.
