@@ -1,0 +1,212 @@
+"""The multi-rank coordinator: `DistributedRunner` on a replica's leader, `run_worker` elsewhere.
+
+The Engine stays single-threaded on the leader and unchanged: it drives a `DistributedRunner`,
+which sends every message (the `bind` layout once, then each step's frozen `BatchPlan`) to the
+other ranks of its replica and then runs its own shard. Every rank runs the same local runner
+(for example a `TorchRunner` over `shard_model(...)`) on the same plan; the shards meet in the
+runner's own collectives; the leader returns its `ForwardOutput`.
+
+Wire: one Gloo broadcast per message on the replica's control group, of a fixed-capacity uint8
+tensor `[8-byte length | pickled (kind, payload)]`; a message larger than the capacity sends
+its remainder in a second broadcast. The control channel is trusted (ranks of one job).
+
+Failure semantics: every collective has the groups' timeout. An idle leader sends a heartbeat
+every `timeout / 4` so workers never wait forever, and so a dead worker is noticed between
+steps. Any failure during a step (a collective that times out or loses a peer, or an exception
+in the local runner once the plan went out) leaves the ranks out of lockstep, so the leader
+marks the group dead and raises `RunnerDeadError`; the Engine then ends every request with an
+error and refuses new ones. A worker exits on any failure; a dead leader makes workers exit
+within one timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import IntEnum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from resin.errors import RunnerDeadError
+from resin.plan import BatchPlan, ForwardOutput
+from resin.protocols import (
+    BindableRunner,
+    CacheLayout,
+    ClosableRunner,
+    ConfiguredRunner,
+    Runner,
+    RunnerConfig,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CAPACITY = 1 << 16
+_HEADER = 8
+
+
+class Kind(IntEnum):
+    FORWARD = 1
+    BIND = 2
+    CLOSE = 3
+    PING = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    kind: Kind
+    payload: Any = None
+
+
+class PlanChannel:
+    """Broadcasts messages from `src` (a global rank) to the other ranks of `group`."""
+
+    def __init__(
+        self, group: dist.ProcessGroup, src: int, capacity: int = DEFAULT_CAPACITY
+    ) -> None:
+        if capacity <= _HEADER:
+            raise ValueError(f"capacity must exceed {_HEADER} bytes")
+        self.group, self.src, self.capacity = group, src, capacity
+        self._buffer = torch.zeros(capacity, dtype=torch.uint8)
+
+    def send(self, message: Message) -> None:
+        data = pickle.dumps((int(message.kind), message.payload), protocol=pickle.HIGHEST_PROTOCOL)
+        first = min(len(data), self.capacity - _HEADER)
+        buffer = self._buffer
+        buffer[:_HEADER] = torch.frombuffer(bytearray(len(data).to_bytes(_HEADER, "little")), dtype=torch.uint8)
+        if first:
+            buffer[_HEADER : _HEADER + first] = torch.frombuffer(bytearray(data[:first]), dtype=torch.uint8)
+        dist.broadcast(buffer, self.src, group=self.group)
+        if len(data) > first:
+            rest = torch.frombuffer(bytearray(data[first:]), dtype=torch.uint8)
+            dist.broadcast(rest, self.src, group=self.group)
+
+    def receive(self) -> Message:
+        buffer = self._buffer
+        dist.broadcast(buffer, self.src, group=self.group)
+        size = int.from_bytes(buffer[:_HEADER].numpy().tobytes(), "little")
+        first = min(size, self.capacity - _HEADER)
+        data = buffer[_HEADER : _HEADER + first].numpy().tobytes()
+        if size > first:
+            rest = torch.empty(size - first, dtype=torch.uint8)
+            dist.broadcast(rest, self.src, group=self.group)
+            data += rest.numpy().tobytes()
+        kind, payload = pickle.loads(data)
+        return Message(Kind(kind), payload)
+
+
+class DistributedRunner:
+    """A Runner on a replica's leader: broadcasts each message, then runs the local shard.
+
+    `local` is this rank's runner (its `runner_config`, `bind` and `close` are forwarded).
+    `heartbeat` (seconds; None = off) is how long the channel may stay quiet before a PING.
+    Not thread-safe beyond its own heartbeat thread (one engine drives it).
+    """
+
+    def __init__(
+        self, local: Runner, channel: PlanChannel, *, heartbeat: float | None = None
+    ) -> None:
+        self.local, self.channel = local, channel
+        self._lock = threading.Lock()
+        self._dead: str | None = None
+        self._last_send = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if heartbeat is not None:
+            self._thread = threading.Thread(
+                target=self._beat, args=(heartbeat,), name="resin-heartbeat", daemon=True
+            )
+            self._thread.start()
+
+    @property
+    def runner_config(self) -> RunnerConfig:
+        if isinstance(self.local, ConfiguredRunner):
+            return self.local.runner_config
+        return RunnerConfig()
+
+    @property
+    def dead(self) -> str | None:
+        """Why the group is dead, or None while it is alive."""
+        return self._dead
+
+    def bind(self, layout: CacheLayout) -> None:
+        self._send(Message(Kind.BIND, layout))
+        if isinstance(self.local, BindableRunner):
+            self._guarded(lambda: self.local.bind(layout))  # type: ignore[union-attr]
+
+    def forward(self, plan: BatchPlan) -> ForwardOutput:
+        self._send(Message(Kind.FORWARD, plan))
+        out: ForwardOutput = self._guarded(lambda: self.local.forward(plan))
+        return out
+
+    def close(self) -> None:
+        """Tell the workers to stop (best effort), stop the heartbeat, close the local runner."""
+        self._stop.set()
+        if self._dead is None:
+            try:
+                self._send(Message(Kind.CLOSE))
+            except RunnerDeadError:
+                pass
+            self._dead = "closed"
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if isinstance(self.local, ClosableRunner):
+            self.local.close()
+
+    def _send(self, message: Message) -> None:
+        with self._lock:
+            if self._dead is not None:
+                raise RunnerDeadError(f"distributed runner is dead: {self._dead}")
+            try:
+                self.channel.send(message)
+            except Exception as exc:
+                self._dead = f"broadcast of {message.kind.name} failed: {exc}"
+                raise RunnerDeadError(self._dead) from exc
+            self._last_send = time.monotonic()
+
+    def _guarded(self, call: Any) -> Any:
+        # Once a message went out, every rank is inside the step: any failure here means the
+        # ranks are no longer in lockstep, so the group cannot run another step.
+        try:
+            return call()
+        except Exception as exc:
+            self._dead = f"rank {self.channel.src} failed inside a distributed step: {exc!r}"
+            raise RunnerDeadError(self._dead) from exc
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval / 4):
+            if time.monotonic() - self._last_send < interval:
+                continue
+            try:
+                self._send(Message(Kind.PING))
+            except RunnerDeadError:
+                log.error("distributed runner: heartbeat failed: %s", self._dead)
+                return
+
+
+def run_worker(local: Runner, channel: PlanChannel) -> None:
+    """Follow the leader: bind, run each plan on the local shard, return on CLOSE.
+
+    Raises whatever a collective or the local runner raises (the caller exits the process).
+    """
+    while True:
+        message = channel.receive()
+        if message.kind is Kind.FORWARD:
+            local.forward(message.payload)
+        elif message.kind is Kind.BIND:
+            if isinstance(local, BindableRunner):
+                local.bind(message.payload)
+        elif message.kind is Kind.CLOSE:
+            if isinstance(local, ClosableRunner):
+                local.close()
+            return
+
+
+def heartbeat_for(timeout: timedelta) -> float:
+    """The quiet time after which the leader pings: well inside the workers' timeout."""
+    return max(timeout.total_seconds() / 4, 0.05)

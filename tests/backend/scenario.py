@@ -1,0 +1,106 @@
+"""One rank of a 2-process Gloo job for tests/backend (run by `launcher.launch`, never by pytest).
+
+`python scenario.py NAME OUT_DIR`: every rank builds the same random tiny model, shards it for
+the scenario and joins through `start_tensor_parallel`; the leader drives a real Engine and
+writes what it saw to OUT_DIR (the test compares it with an unsharded run in its own process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cases import CASES, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts  # noqa: E402
+
+from resin import Engine, EngineDeadError, ErrorEvent, FinishedEvent, SamplingParams  # noqa: E402
+from resin.backend.launch import start_tensor_parallel  # noqa: E402
+from resin.backend.topology import ProcessGroups, shutdown  # noqa: E402
+from resin_models_torch.parallel import shard_model  # noqa: E402
+from resin_models_torch.registry import random_runner  # noqa: E402
+from resin_models_torch.runner import TorchRunner  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def build(name: str, groups: ProcessGroups) -> TorchRunner:
+    case = CASES[name]
+    model = random_runner(case.config, SEED).model
+    runner = TorchRunner(shard_model(model, groups.model, case.style), **RUNNER_KWARGS)
+    # Every rank must take the same code path (the LM head's all-gather sees every row).
+    runner.record_logits = name not in ("killed", "hung")
+    return runner
+
+
+def run_to_end(runner: object, out: Path) -> None:
+    """Greedy generation for every prompt; the leader records its (gathered) logits."""
+    params = SamplingParams(max_output_tokens=12, temperature=0.0)
+    with Engine(runner, **ENGINE_KWARGS) as engine:  # type: ignore[arg-type]
+        requests = [engine.submit(p, params) for p in prompts()]
+        while engine.has_work():
+            engine.step()
+    steps = {r.step_id: r.logits for r in runner.local.recorded}  # type: ignore[attr-defined]
+    torch.save(
+        {"tokens": [r.take_result() for r in requests], "logits": steps}, out / "result.pt"
+    )
+
+
+def run_until_peer_fails(runner: object, out: Path, fault: signal.Signals) -> None:
+    """Run a few steps, hit the worker with `fault`, then keep stepping until the engine dies."""
+    peer = int(os.environ["PEER_PID"])
+    params = SamplingParams(max_output_tokens=40, temperature=0.0)
+    events: list[object] = []
+    with Engine(runner, **ENGINE_KWARGS) as engine:  # type: ignore[arg-type]
+        requests = [engine.submit(p, params) for p in prompts()]
+        for _ in range(3):
+            events += engine.step()
+        os.kill(peer, fault)
+        start = time.monotonic()
+        while engine.has_work():
+            events += engine.step()
+        seconds = time.monotonic() - start
+        try:
+            engine.submit([1, 2, 3], params)
+            submit_raised = False
+        except EngineDeadError:
+            submit_raised = True
+    finished = {e.request_id: e.reason.value for e in events if isinstance(e, FinishedEvent)}
+    errors = [e.message for e in events if isinstance(e, ErrorEvent)]
+    report = {
+        "requests": [r.id for r in requests],
+        "finished": {str(k): v for k, v in finished.items()},
+        "errors": errors,
+        "seconds_to_death": seconds,
+        "submit_raised": submit_raised,
+    }
+    (out / "result.json").write_text(json.dumps(report))
+    if fault is signal.SIGSTOP:
+        os.kill(peer, signal.SIGKILL)
+
+
+def main(name: str, out: Path, timeout_s: float) -> None:
+    runner = start_tensor_parallel(
+        lambda groups: build(name, groups),
+        timeout=timedelta(seconds=timeout_s),
+    )
+    if runner is None:  # a worker: the leader closed the runner
+        return
+    if name == "killed":
+        run_until_peer_fails(runner, out, signal.SIGKILL)
+    elif name == "hung":
+        run_until_peer_fails(runner, out, signal.SIGSTOP)
+    else:
+        run_to_end(runner, out)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]))

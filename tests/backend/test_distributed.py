@@ -1,0 +1,69 @@
+"""Two-process Gloo tests of tensor / expert parallelism and the coordinator (CPU, fp32).
+
+Each job runs `scenario.py` on ranks 0 and 1 (see `launcher.py`): both build the same random
+tiny model and shard it; rank 0 drives a real Engine through a `DistributedRunner`. This
+process runs the same Engine over the unsharded model and compares: greedy tokens equal, the
+logits of every computed position within 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from cases import CASES, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts
+from launcher import launch
+
+from resin import Engine, SamplingParams
+from resin_models_torch.registry import random_runner
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _unsharded(name: str) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
+    runner = random_runner(CASES[name].config, SEED, **RUNNER_KWARGS)
+    runner.record_logits = True
+    params = SamplingParams(max_output_tokens=12, temperature=0.0)
+    with Engine(runner, **ENGINE_KWARGS) as engine:
+        requests = [engine.submit(p, params) for p in prompts()]
+        while engine.has_work():
+            engine.step()
+    steps = {r.step_id: r.logits for r in runner.recorded if r.logits is not None}
+    return [r.take_result() for r in requests], steps
+
+
+@pytest.mark.parametrize("name", ["llama-tp", "qwen2-tied-tp", "moe-tp", "moe-ep", "moe-tp-ep"])
+def test_sharded_engine_equals_unsharded(name: str, tmp_path: Path) -> None:
+    job = launch(name, tmp_path)
+    assert job.returncodes == [0, 0], job.output
+    sharded = torch.load(tmp_path / "result.pt")
+    tokens, logits = _unsharded(name)
+    assert sharded["tokens"] == tokens
+    assert sorted(sharded["logits"]) == sorted(logits)
+    worst = max(float((sharded["logits"][s] - logits[s]).abs().max()) for s in logits)
+    assert worst < 1e-5, f"{name}: logits differ by {worst}"
+
+
+def _dead_report(name: str, tmp_path: Path, collective_timeout: float) -> dict[str, object]:
+    job = launch(name, tmp_path, collective_timeout=collective_timeout)
+    assert job.returncodes[0] == 0, job.output
+    report: dict[str, object] = json.loads((tmp_path / "result.json").read_text())
+    finished = report["finished"]
+    assert isinstance(finished, dict)
+    assert sorted(finished) == sorted(str(i) for i in report["requests"])  # type: ignore[attr-defined]
+    assert set(finished.values()) == {"error"}
+    assert report["submit_raised"] is True
+    assert any("runner died" in str(m) for m in report["errors"]), report  # type: ignore[attr-defined]
+    return report
+
+
+def test_killed_worker_kills_the_engine_not_the_process(tmp_path: Path) -> None:
+    report = _dead_report("killed", tmp_path, collective_timeout=30.0)
+    assert float(report["seconds_to_death"]) < 10.0  # a lost peer is seen at once, not at timeout  # type: ignore[arg-type]
+
+
+def test_hung_worker_hits_the_collective_timeout(tmp_path: Path) -> None:
+    report = _dead_report("hung", tmp_path, collective_timeout=3.0)
+    assert 2.0 < float(report["seconds_to_death"]) < 20.0  # type: ignore[arg-type]
