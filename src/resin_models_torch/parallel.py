@@ -99,12 +99,15 @@ def _check_shardable(model: CausalLM, size: int, style: ParallelStyle) -> None:
     if config.intermediate_size % size:
         raise ValueError(f"intermediate_size {config.intermediate_size} is not divisible by {size}")
     for layer in model.model.layers:
+        assert isinstance(layer, LlamaLayer)
         norm = layer.self_attn.q_norm
         if norm is not None and norm.weight.shape[0] != config.head_dim:
             raise ValueError("a q/k norm over all heads at once cannot be split by heads")
     moe = config.moe
     if moe is not None and style.experts == "tensor" and moe.intermediate_size % size:
-        raise ValueError(f"moe_intermediate_size {moe.intermediate_size} is not divisible by {size}")
+        raise ValueError(
+            f"moe_intermediate_size {moe.intermediate_size} is not divisible by {size}"
+        )
 
 
 def _shard_attention(attn: LlamaAttention, rank: int, size: int, group: Group) -> None:
@@ -142,7 +145,7 @@ def _keep_columns(linear: nn.Linear, rank: int, size: int) -> None:
     """Row-parallel: keep this rank's input features; the bias stays on rank 0 only."""
     linear.weight = _slice(linear.weight, 1, rank, size)
     if linear.bias is not None and rank != 0:
-        linear.bias = None
+        linear.register_parameter("bias", None)
     linear.in_features = linear.weight.shape[1]
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from resin.backend.distributed import DEFAULT_CAPACITY
+from resin.server.testing import ByteTokenizer
 from resin_models_torch.parallel import ParallelStyle
 
 SEED = 3
@@ -54,16 +56,19 @@ QWEN3_MOE: dict[str, Any] = {
 class Case:
     config: dict[str, Any]
     style: ParallelStyle
+    capacity: int = DEFAULT_CAPACITY  # plan channel buffer; small = every plan overflows
 
 
 CASES: dict[str, Case] = {
-    "llama-tp": Case(LLAMA, ParallelStyle()),
+    "llama-tp": Case(LLAMA, ParallelStyle(), capacity=128),
     "qwen2-tied-tp": Case(QWEN2_TIED, ParallelStyle()),
     "moe-tp": Case(QWEN3_MOE, ParallelStyle()),
     "moe-ep": Case(QWEN3_MOE, ParallelStyle(tensor=False, experts="expert")),
     "moe-tp-ep": Case(QWEN3_MOE, ParallelStyle(experts="expert")),
     "killed": Case(LLAMA, ParallelStyle()),
     "hung": Case(LLAMA, ParallelStyle()),
+    # The server's test tokenizer (UTF-8 bytes + ChatML specials) covers this vocabulary.
+    "server": Case({**LLAMA, "vocab_size": ByteTokenizer.vocab_size}, ParallelStyle()),
 }
 
 
@@ -73,6 +78,6 @@ def prompts() -> list[list[int]]:
     return [
         shared + torch.randint(0, 301, (5,), generator=gen).tolist(),
         torch.randint(0, 301, (3,), generator=gen).tolist(),
-        shared + [300, 299],  # the top ids live in the last vocab shard
+        [*shared, 300, 299],  # the top ids live in the last vocab shard
         [int(torch.randint(0, 301, (1,), generator=gen))],
     ]

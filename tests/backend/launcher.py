@@ -25,7 +25,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(name: str, out: Path, *, collective_timeout: float = 20.0, wall: float = 90.0) -> Finished:
+def launch(
+    name: str, out: Path, *, collective_timeout: float = 20.0, wall: float = 90.0
+) -> Finished:
     """Run scenario `name` on ranks 0 and 1; the worker starts first so rank 0 knows its pid.
 
     Both processes are killed if the job outlives `wall` seconds (the test then fails).

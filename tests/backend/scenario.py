@@ -19,14 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cases import CASES, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts  # noqa: E402
+from cases import CASES, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts
 
-from resin import Engine, EngineDeadError, ErrorEvent, FinishedEvent, SamplingParams  # noqa: E402
-from resin.backend.launch import start_tensor_parallel  # noqa: E402
-from resin.backend.topology import ProcessGroups, shutdown  # noqa: E402
-from resin_models_torch.parallel import shard_model  # noqa: E402
-from resin_models_torch.registry import random_runner  # noqa: E402
-from resin_models_torch.runner import TorchRunner  # noqa: E402
+from resin import Engine, EngineDeadError, ErrorEvent, FinishedEvent, SamplingParams
+from resin.backend.launch import start_tensor_parallel
+from resin.backend.topology import ProcessGroups, shutdown
+from resin_models_torch.parallel import shard_model
+from resin_models_torch.registry import random_runner
+from resin_models_torch.runner import TorchRunner
 
 torch.set_num_threads(1)
 
@@ -36,7 +36,7 @@ def build(name: str, groups: ProcessGroups) -> TorchRunner:
     model = random_runner(case.config, SEED).model
     runner = TorchRunner(shard_model(model, groups.model, case.style), **RUNNER_KWARGS)
     # Every rank must take the same code path (the LM head's all-gather sees every row).
-    runner.record_logits = name not in ("killed", "hung")
+    runner.record_logits = name not in ("killed", "hung", "server")
     return runner
 
 
@@ -48,9 +48,7 @@ def run_to_end(runner: object, out: Path) -> None:
         while engine.has_work():
             engine.step()
     steps = {r.step_id: r.logits for r in runner.local.recorded}  # type: ignore[attr-defined]
-    torch.save(
-        {"tokens": [r.take_result() for r in requests], "logits": steps}, out / "result.pt"
-    )
+    torch.save({"tokens": [r.take_result() for r in requests], "logits": steps}, out / "result.pt")
 
 
 def run_until_peer_fails(runner: object, out: Path, fault: signal.Signals) -> None:
@@ -86,10 +84,55 @@ def run_until_peer_fails(runner: object, out: Path, fault: signal.Signals) -> No
         os.kill(peer, signal.SIGKILL)
 
 
+def serve_until_peer_dies(runner: object, out: Path) -> None:
+    """The real HTTP server over the distributed engine: one answer, then the worker is killed."""
+    from resin.server import HttpServer
+    from resin.server.launch import free_port, running
+    from resin.server.testing import ByteTokenizer, ChatMLFormat
+
+    tok = ByteTokenizer()
+    engine = Engine(runner, **ENGINE_KWARGS)  # type: ignore[arg-type]
+    server = HttpServer(engine, ChatMLFormat(tok), tokenizer=tok, model="tp2", port=free_port())
+    statuses: list[object] = []
+    with running(server) as url:
+        statuses.append(_chat(url, max_tokens=4))
+        os.kill(int(os.environ["PEER_PID"]), signal.SIGKILL)
+        statuses.append(_chat(url, max_tokens=8))
+        statuses.append(_chat(url, max_tokens=8))
+    engine.close()
+    (out / "result.json").write_text(json.dumps({"statuses": statuses}))
+
+
+def _chat(url: str, max_tokens: int) -> list[object]:
+    """[HTTP status, body] of one non-streaming chat completion (None, error if refused)."""
+    import urllib.error
+    import urllib.request
+
+    body = {
+        "model": "tp2",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return [response.status, json.loads(response.read())]
+    except urllib.error.HTTPError as exc:
+        return [exc.code, json.loads(exc.read() or b"{}")]
+    except (urllib.error.URLError, ConnectionError) as exc:
+        return [None, str(exc)]
+
+
 def main(name: str, out: Path, timeout_s: float) -> None:
     runner = start_tensor_parallel(
         lambda groups: build(name, groups),
         timeout=timedelta(seconds=timeout_s),
+        capacity=CASES[name].capacity,
     )
     if runner is None:  # a worker: the leader closed the runner
         return
@@ -97,6 +140,8 @@ def main(name: str, out: Path, timeout_s: float) -> None:
         run_until_peer_fails(runner, out, signal.SIGKILL)
     elif name == "hung":
         run_until_peer_fails(runner, out, signal.SIGSTOP)
+    elif name == "server":
+        serve_until_peer_dies(runner, out)
     else:
         run_to_end(runner, out)
     shutdown()

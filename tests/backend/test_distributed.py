@@ -67,3 +67,14 @@ def test_killed_worker_kills_the_engine_not_the_process(tmp_path: Path) -> None:
 def test_hung_worker_hits_the_collective_timeout(tmp_path: Path) -> None:
     report = _dead_report("hung", tmp_path, collective_timeout=3.0)
     assert 2.0 < float(report["seconds_to_death"]) < 20.0  # type: ignore[arg-type]
+
+
+def test_server_answers_503_once_a_worker_died(tmp_path: Path) -> None:
+    job = launch("server", tmp_path)
+    assert job.returncodes[0] == 0, job.output
+    statuses = json.loads((tmp_path / "result.json").read_text())["statuses"]
+    first, second, third = statuses
+    assert first[0] == 200, statuses  # the tensor-parallel engine serves
+    assert 1 <= first[1]["usage"]["completion_tokens"] <= 4
+    assert second[0] == 503, statuses  # the request in flight when the worker died
+    assert third[0] in (503, None), statuses  # refused, or the listener already stopped

@@ -21,14 +21,16 @@ within one timeout.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -45,6 +47,7 @@ from resin.protocols import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_CAPACITY = 1 << 16
 _HEADER = 8
@@ -78,9 +81,13 @@ class PlanChannel:
         data = pickle.dumps((int(message.kind), message.payload), protocol=pickle.HIGHEST_PROTOCOL)
         first = min(len(data), self.capacity - _HEADER)
         buffer = self._buffer
-        buffer[:_HEADER] = torch.frombuffer(bytearray(len(data).to_bytes(_HEADER, "little")), dtype=torch.uint8)
+        buffer[:_HEADER] = torch.frombuffer(
+            bytearray(len(data).to_bytes(_HEADER, "little")), dtype=torch.uint8
+        )
         if first:
-            buffer[_HEADER : _HEADER + first] = torch.frombuffer(bytearray(data[:first]), dtype=torch.uint8)
+            buffer[_HEADER : _HEADER + first] = torch.frombuffer(
+                bytearray(data[:first]), dtype=torch.uint8
+            )
         dist.broadcast(buffer, self.src, group=self.group)
         if len(data) > first:
             rest = torch.frombuffer(bytearray(data[first:]), dtype=torch.uint8)
@@ -136,22 +143,20 @@ class DistributedRunner:
 
     def bind(self, layout: CacheLayout) -> None:
         self._send(Message(Kind.BIND, layout))
-        if isinstance(self.local, BindableRunner):
-            self._guarded(lambda: self.local.bind(layout))  # type: ignore[union-attr]
+        local = self.local
+        if isinstance(local, BindableRunner):
+            self._guarded(lambda: local.bind(layout))
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         self._send(Message(Kind.FORWARD, plan))
-        out: ForwardOutput = self._guarded(lambda: self.local.forward(plan))
-        return out
+        return self._guarded(lambda: self.local.forward(plan))
 
     def close(self) -> None:
         """Tell the workers to stop (best effort), stop the heartbeat, close the local runner."""
         self._stop.set()
         if self._dead is None:
-            try:
+            with contextlib.suppress(RunnerDeadError):
                 self._send(Message(Kind.CLOSE))
-            except RunnerDeadError:
-                pass
             self._dead = "closed"
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -169,7 +174,7 @@ class DistributedRunner:
                 raise RunnerDeadError(self._dead) from exc
             self._last_send = time.monotonic()
 
-    def _guarded(self, call: Any) -> Any:
+    def _guarded(self, call: Callable[[], _T]) -> _T:
         # Once a message went out, every rank is inside the step: any failure here means the
         # ranks are no longer in lockstep, so the group cannot run another step.
         try:
