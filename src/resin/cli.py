@@ -1,4 +1,4 @@
-"""`resin serve | chat | bench | check`: the command line.
+"""`resin serve | chat | bench | check | worker`: the command line.
 
 `resin serve` with no arguments serves the default model (SmolLM2-135M-Instruct) with the
 prefix cache on at http://127.0.0.1:8000, showing a progress bar while it loads.
@@ -53,6 +53,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER)
     check = sub.add_parser("check", help="check a server (see scripts/check_server.py)")
     check.add_argument("args", nargs=argparse.REMAINDER)
+    worker = sub.add_parser("worker", help="one non-leader rank of a multi-GPU job")
+    worker.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -153,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_tool(
             "resin.server.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
         )
+    if argv[:1] == ["worker"]:  # its own options (docs/distributed.md)
+        return _run_tool("resin.backend.worker", argv[1:])
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)

@@ -25,6 +25,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_single(
+    name: str, out: Path, *, collective_timeout: float = 20.0, wall: float = 90.0
+) -> Finished:
+    """Run scenario `name` as one process that starts its own workers."""
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [sys.executable, str(SCENARIO), name, str(out), str(collective_timeout)]
+    done = subprocess.run(args, env=env, capture_output=True, timeout=wall, check=False)
+    return Finished([done.returncode], (done.stdout + done.stderr).decode(errors="replace"))
+
+
 def launch(
     name: str, out: Path, *, collective_timeout: float = 20.0, wall: float = 90.0
 ) -> Finished:

@@ -128,7 +128,36 @@ def _chat(url: str, max_tokens: int) -> list[object]:
         return [None, str(exc)]
 
 
+def spawned(out: Path, timeout_s: float) -> None:
+    """A single process that starts its own worker (`resin worker`) and leads it."""
+    from resin.backend.launch import spawn_local
+
+    case = CASES["llama-tp"]
+    config = out / "config.json"
+    config.write_text(json.dumps(case.config))
+    worker_args = ["--config-json", str(config), "--seed", str(SEED), "--device", "cpu"]
+    worker_args += ["--dtype", "float32", "--page-size", str(RUNNER_KWARGS["page_size"])]
+
+    def build(groups: ProcessGroups) -> TorchRunner:
+        model = random_runner(case.config, SEED).model
+        return TorchRunner(shard_model(model, groups.model, case.style), **RUNNER_KWARGS)
+
+    job = spawn_local(build, worker_args, tensor_parallel=2, timeout=timedelta(seconds=timeout_s))
+    params = SamplingParams(max_output_tokens=12, temperature=0.0)
+    with Engine(job.runner, **ENGINE_KWARGS) as engine:
+        requests = [engine.submit(p, params) for p in prompts()]
+        while engine.has_work():
+            engine.step()
+    codes = job.wait()
+    report = {"tokens": [r.take_result() for r in requests], "worker_codes": codes}
+    (out / "result.json").write_text(json.dumps(report))
+    shutdown()
+
+
 def main(name: str, out: Path, timeout_s: float) -> None:
+    if name == "spawned":
+        spawned(out, timeout_s)
+        return
     runner = start_tensor_parallel(
         lambda groups: build(name, groups),
         timeout=timedelta(seconds=timeout_s),

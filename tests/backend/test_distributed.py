@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from cases import CASES, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts
-from launcher import launch
+from launcher import launch, run_single
 
 from resin import Engine, SamplingParams
 from resin_models_torch.registry import random_runner
@@ -78,3 +78,11 @@ def test_server_answers_503_once_a_worker_died(tmp_path: Path) -> None:
     assert 1 <= first[1]["usage"]["completion_tokens"] <= 4
     assert second[0] == 503, statuses  # the request in flight when the worker died
     assert third[0] in (503, None), statuses  # refused, or the listener already stopped
+
+
+def test_a_leader_spawns_its_own_resin_worker(tmp_path: Path) -> None:
+    job = run_single("spawned", tmp_path)
+    assert job.returncodes == [0], job.output
+    report = json.loads((tmp_path / "result.json").read_text())
+    assert report["worker_codes"] == [0]  # the worker left cleanly when the leader closed
+    assert report["tokens"] == _unsharded("llama-tp")[0]

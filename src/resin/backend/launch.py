@@ -11,7 +11,12 @@ leader closes the runner (or raises when the leader is gone).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,7 @@ from resin.backend.distributed import (
     heartbeat_for,
     run_worker,
 )
-from resin.backend.topology import DEFAULT_TIMEOUT, ProcessGroups, init_process_groups
+from resin.backend.topology import DEFAULT_TIMEOUT, ProcessGroups, Topology, init_process_groups
 from resin.protocols import Runner
 
 
@@ -36,10 +41,15 @@ def start_tensor_parallel(
     device: torch.device | str | None = None,
     timeout: timedelta = DEFAULT_TIMEOUT,
     capacity: int = DEFAULT_CAPACITY,
+    topology: Topology | None = None,
+    init_method: str | None = None,
 ) -> DistributedRunner | None:
-    """Join the job (torchrun environment), build this rank's runner with `build(groups)`;
-    return the `DistributedRunner` on a leader, or follow the leader until it closes."""
-    groups = init_process_groups(tensor_parallel, device=device, timeout=timeout)
+    """Join the job (torchrun environment unless `topology` + `init_method` are given), build
+    this rank's runner with `build(groups)`; return the `DistributedRunner` on a leader, or
+    follow the leader until it closes."""
+    groups = init_process_groups(
+        tensor_parallel, device=device, timeout=timeout, topology=topology, init_method=init_method
+    )
     local = build(groups)
     channel = PlanChannel(groups.control, groups.topology.leader, capacity)
     if groups.topology.is_leader:
@@ -77,3 +87,74 @@ def reference_runner(
         model = random_runner(config, seed, groups.device, dtype or torch.float32).model
     style = ParallelStyle(experts="expert" if expert_parallel else "tensor")
     return TorchRunner(shard_model(model, groups.model, style), **runner_kwargs)
+
+
+@dataclass
+class LocalJob:
+    """A leader in this process and its workers as child processes (`spawn_local`)."""
+
+    runner: DistributedRunner
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def wait(self, timeout: float = 30.0) -> list[int]:
+        """After `runner.close()`: reap the workers (killing any that outlive `timeout`)."""
+        codes = []
+        for proc in self.workers:
+            try:
+                codes.append(proc.wait(timeout=timeout))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+        return codes
+
+
+def spawn_local(
+    build: Callable[[ProcessGroups], Runner],
+    worker_args: Sequence[str],
+    *,
+    tensor_parallel: int,
+    device: torch.device | str | None = None,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    capacity: int = DEFAULT_CAPACITY,
+) -> LocalJob:
+    """Start ranks 1..N-1 of a one-host job as `resin worker` processes (`worker_args` tell
+    them what to build; rank r uses device r), then join as the leader with `build`.
+
+    This is what `--tensor-parallel N` needs without torchrun: the caller keeps one process
+    and gets the `DistributedRunner` to give its Engine.
+    """
+    port = _free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env["WORLD_SIZE"] = str(tensor_parallel)
+    command = [sys.executable, "-m", "resin.cli", "worker", *worker_args]
+    command += [
+        "--tensor-parallel",
+        str(tensor_parallel),
+        "--timeout",
+        str(timeout.total_seconds()),
+    ]
+    workers = [
+        subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+        for r in range(1, tensor_parallel)
+    ]
+    try:
+        runner = start_tensor_parallel(
+            build,
+            device=device,
+            timeout=timeout,
+            capacity=capacity,
+            topology=Topology(0, tensor_parallel, 0, tensor_parallel),
+            init_method=f"tcp://127.0.0.1:{port}",
+        )
+    except BaseException:
+        for proc in workers:
+            proc.kill()
+        raise
+    assert runner is not None  # rank 0 leads
+    return LocalJob(runner, workers)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

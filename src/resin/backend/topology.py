@@ -98,12 +98,16 @@ def init_process_groups(
     *,
     device: torch.device | str | None = None,
     timeout: timedelta = DEFAULT_TIMEOUT,
+    topology: Topology | None = None,
+    init_method: str | None = None,
 ) -> ProcessGroups:
-    """Join the world described by the environment and build this rank's groups.
+    """Join the world and build this rank's groups.
 
-    Every rank must call this (groups are created collectively, in the same order everywhere).
+    The world comes from torchrun's environment unless `topology` and `init_method` (e.g.
+    "tcp://127.0.0.1:PORT") say otherwise. Every rank must call this (groups are created
+    collectively, in the same order everywhere).
     """
-    topology = Topology.from_env(tensor_parallel)
+    topology = topology or Topology.from_env(tensor_parallel)
     device = torch.device(device) if device is not None else default_device(topology)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -114,6 +118,7 @@ def init_process_groups(
             rank=topology.rank,
             world_size=topology.world_size,
             timeout=timeout,
+            init_method=init_method,
         )
     model: dist.ProcessGroup | None = None
     control: dist.ProcessGroup | None = None
