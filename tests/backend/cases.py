@@ -67,6 +67,8 @@ CASES: dict[str, Case] = {
     "moe-tp-ep": Case(QWEN3_MOE, ParallelStyle(experts="expert")),
     "killed": Case(LLAMA, ParallelStyle()),
     "hung": Case(LLAMA, ParallelStyle()),
+    "idle": Case(LLAMA, ParallelStyle()),
+    "leader-crash": Case(LLAMA, ParallelStyle()),
     # The server's test tokenizer (UTF-8 bytes + ChatML specials) covers this vocabulary.
     "server": Case({**LLAMA, "vocab_size": ByteTokenizer.vocab_size}, ParallelStyle()),
 }

@@ -36,7 +36,7 @@ def build(name: str, groups: ProcessGroups) -> TorchRunner:
     model = random_runner(case.config, SEED).model
     runner = TorchRunner(shard_model(model, groups.model, case.style), **RUNNER_KWARGS)
     # Every rank must take the same code path (the LM head's all-gather sees every row).
-    runner.record_logits = name not in ("killed", "hung", "server")
+    runner.record_logits = name in ("llama-tp", "qwen2-tied-tp", "moe-tp", "moe-ep", "moe-tp-ep")
     return runner
 
 
@@ -154,6 +154,32 @@ def spawned(out: Path, timeout_s: float) -> None:
     shutdown()
 
 
+def idle_then_run(runner: object, out: Path, idle_s: float) -> None:
+    """One request, a quiet spell longer than the collective timeout, then another one."""
+    params = SamplingParams(max_output_tokens=6, temperature=0.0)
+    first, second = prompts()[:2]
+    with Engine(runner, **ENGINE_KWARGS) as engine:  # type: ignore[arg-type]
+        requests = [engine.submit(first, params)]
+        while engine.has_work():
+            engine.step()
+        time.sleep(idle_s)
+        requests.append(engine.submit(second, params))
+        while engine.has_work():
+            engine.step()
+    report = {"tokens": [r.take_result() for r in requests]}
+    (out / "result.json").write_text(json.dumps(report))
+
+
+def crash_after_two_steps(runner: object) -> None:
+    params = SamplingParams(max_output_tokens=40, temperature=0.0)
+    engine = Engine(runner, **ENGINE_KWARGS)  # type: ignore[arg-type]
+    for p in prompts():
+        engine.submit(p, params)
+    engine.step()
+    engine.step()
+    os._exit(3)  # no close, no goodbye: the workers must notice on their own
+
+
 def main(name: str, out: Path, timeout_s: float) -> None:
     if name == "spawned":
         spawned(out, timeout_s)
@@ -169,6 +195,10 @@ def main(name: str, out: Path, timeout_s: float) -> None:
         run_until_peer_fails(runner, out, signal.SIGKILL)
     elif name == "hung":
         run_until_peer_fails(runner, out, signal.SIGSTOP)
+    elif name == "idle":
+        idle_then_run(runner, out, idle_s=2.5 * timeout_s)
+    elif name == "leader-crash":
+        crash_after_two_steps(runner)
     elif name == "server":
         serve_until_peer_dies(runner, out)
     else:

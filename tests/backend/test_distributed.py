@@ -9,6 +9,7 @@ logits of every computed position within 1e-5.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,18 @@ def test_a_leader_spawns_its_own_resin_worker(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "result.json").read_text())
     assert report["worker_codes"] == [0]  # the worker left cleanly when the leader closed
     assert report["tokens"] == _unsharded("llama-tp")[0]
+
+
+def test_heartbeats_keep_idle_workers_alive(tmp_path: Path) -> None:
+    # The engine idles for 2.5x the collective timeout between two requests.
+    job = launch("idle", tmp_path, collective_timeout=2.0)
+    assert job.returncodes == [0, 0], job.output
+    tokens = json.loads((tmp_path / "result.json").read_text())["tokens"]
+    assert [len(t) for t in tokens] == [6, 6]
+
+
+def test_workers_exit_when_the_leader_crashes(tmp_path: Path) -> None:
+    start = time.monotonic()
+    job = launch("leader-crash", tmp_path, collective_timeout=5.0, wall=60.0)
+    assert job.returncodes == [3, 1], job.output  # the worker stops with an error, not a hang
+    assert time.monotonic() - start < 45.0
