@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ from resin.server.testing import ByteTokenizer
 from resin_models_torch.parallel import ParallelStyle
 
 SEED = 3
+DEVICE = os.environ.get("RESIN_TEST_DEVICE", "cpu")  # "cuda": rank r on cuda:r, NCCL
 RUNNER_KWARGS: dict[str, Any] = {"page_size": 4, "num_pages": 96}
 ENGINE_KWARGS: dict[str, Any] = {
     "context_length": 128,

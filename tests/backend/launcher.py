@@ -41,7 +41,12 @@ def run_single(
 
 
 def launch(
-    name: str, out: Path, *, collective_timeout: float = 20.0, wall: float = 90.0
+    name: str,
+    out: Path,
+    *,
+    collective_timeout: float = 20.0,
+    wall: float = 90.0,
+    env: dict[str, str] | None = None,
 ) -> Finished:
     """Run scenario `name` on ranks 0 and 1; the worker starts first so rank 0 knows its pid.
 
@@ -49,6 +54,7 @@ def launch(
     """
     base = {
         **os.environ,
+        **(env or {}),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
         "WORLD_SIZE": "2",

@@ -19,9 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cases import CASES, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts
+from cases import CASES, DEVICE, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts
 
 from resin import Engine, EngineDeadError, ErrorEvent, FinishedEvent, SamplingParams
+from resin.backend.distributed import DistributedRunner
 from resin.backend.launch import start_tensor_parallel
 from resin.backend.topology import ProcessGroups, shutdown
 from resin_models_torch.parallel import shard_model
@@ -29,34 +30,36 @@ from resin_models_torch.registry import random_runner
 from resin_models_torch.runner import TorchRunner
 
 torch.set_num_threads(1)
+RECORDING = ("llama-tp", "qwen2-tied-tp", "moe-tp", "moe-ep", "moe-tp-ep")  # run_to_end cases
 
 
 def build(name: str, groups: ProcessGroups) -> TorchRunner:
     case = CASES[name]
-    model = random_runner(case.config, SEED).model
+    model = random_runner(case.config, SEED, device=groups.device).model
     runner = TorchRunner(shard_model(model, groups.model, case.style), **RUNNER_KWARGS)
     # Every rank must take the same code path (the LM head's all-gather sees every row).
-    runner.record_logits = name in ("llama-tp", "qwen2-tied-tp", "moe-tp", "moe-ep", "moe-tp-ep")
+    runner.record_logits = name in RECORDING
     return runner
 
 
-def run_to_end(runner: object, out: Path) -> None:
+def run_to_end(runner: DistributedRunner, out: Path) -> None:
     """Greedy generation for every prompt; the leader records its (gathered) logits."""
     params = SamplingParams(max_output_tokens=12, temperature=0.0)
-    with Engine(runner, **ENGINE_KWARGS) as engine:  # type: ignore[arg-type]
+    with Engine(runner, **ENGINE_KWARGS) as engine:
         requests = [engine.submit(p, params) for p in prompts()]
         while engine.has_work():
             engine.step()
-    steps = {r.step_id: r.logits for r in runner.local.recorded}  # type: ignore[attr-defined]
+    assert isinstance(runner.local, TorchRunner)
+    steps = {r.step_id: r.logits for r in runner.local.recorded}
     torch.save({"tokens": [r.take_result() for r in requests], "logits": steps}, out / "result.pt")
 
 
-def run_until_peer_fails(runner: object, out: Path, fault: signal.Signals) -> None:
+def run_until_peer_fails(runner: DistributedRunner, out: Path, fault: signal.Signals) -> None:
     """Run a few steps, hit the worker with `fault`, then keep stepping until the engine dies."""
     peer = int(os.environ["PEER_PID"])
     params = SamplingParams(max_output_tokens=40, temperature=0.0)
     events: list[object] = []
-    with Engine(runner, **ENGINE_KWARGS) as engine:  # type: ignore[arg-type]
+    with Engine(runner, **ENGINE_KWARGS) as engine:
         requests = [engine.submit(p, params) for p in prompts()]
         for _ in range(3):
             events += engine.step()
@@ -84,14 +87,14 @@ def run_until_peer_fails(runner: object, out: Path, fault: signal.Signals) -> No
         os.kill(peer, signal.SIGKILL)
 
 
-def serve_until_peer_dies(runner: object, out: Path) -> None:
+def serve_until_peer_dies(runner: DistributedRunner, out: Path) -> None:
     """The real HTTP server over the distributed engine: one answer, then the worker is killed."""
     from resin.server import HttpServer
     from resin.server.launch import free_port, running
     from resin.server.testing import ByteTokenizer, ChatMLFormat
 
     tok = ByteTokenizer()
-    engine = Engine(runner, **ENGINE_KWARGS)  # type: ignore[arg-type]
+    engine = Engine(runner, **ENGINE_KWARGS)
     server = HttpServer(engine, ChatMLFormat(tok), tokenizer=tok, model="tp2", port=free_port())
     statuses: list[object] = []
     with running(server) as url:
@@ -142,7 +145,9 @@ def spawned(out: Path, timeout_s: float) -> None:
         model = random_runner(case.config, SEED).model
         return TorchRunner(shard_model(model, groups.model, case.style), **RUNNER_KWARGS)
 
-    job = spawn_local(build, worker_args, tensor_parallel=2, timeout=timedelta(seconds=timeout_s))
+    job = spawn_local(
+        build, worker_args, tensor_parallel=2, timeout=timedelta(seconds=timeout_s), device="cpu"
+    )
     params = SamplingParams(max_output_tokens=12, temperature=0.0)
     with Engine(job.runner, **ENGINE_KWARGS) as engine:
         requests = [engine.submit(p, params) for p in prompts()]
@@ -154,11 +159,11 @@ def spawned(out: Path, timeout_s: float) -> None:
     shutdown()
 
 
-def idle_then_run(runner: object, out: Path, idle_s: float) -> None:
+def idle_then_run(runner: DistributedRunner, out: Path, idle_s: float) -> None:
     """One request, a quiet spell longer than the collective timeout, then another one."""
     params = SamplingParams(max_output_tokens=6, temperature=0.0)
     first, second = prompts()[:2]
-    with Engine(runner, **ENGINE_KWARGS) as engine:  # type: ignore[arg-type]
+    with Engine(runner, **ENGINE_KWARGS) as engine:
         requests = [engine.submit(first, params)]
         while engine.has_work():
             engine.step()
@@ -170,9 +175,9 @@ def idle_then_run(runner: object, out: Path, idle_s: float) -> None:
     (out / "result.json").write_text(json.dumps(report))
 
 
-def crash_after_two_steps(runner: object) -> None:
+def crash_after_two_steps(runner: DistributedRunner) -> None:
     params = SamplingParams(max_output_tokens=40, temperature=0.0)
-    engine = Engine(runner, **ENGINE_KWARGS)  # type: ignore[arg-type]
+    engine = Engine(runner, **ENGINE_KWARGS)
     for p in prompts():
         engine.submit(p, params)
     engine.step()
@@ -186,6 +191,7 @@ def main(name: str, out: Path, timeout_s: float) -> None:
         return
     runner = start_tensor_parallel(
         lambda groups: build(name, groups),
+        device=None if DEVICE == "cuda" else "cpu",  # cuda: rank r on cuda:r
         timeout=timedelta(seconds=timeout_s),
         capacity=CASES[name].capacity,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,8 +24,8 @@ from resin_models_torch.registry import random_runner
 pytestmark = pytest.mark.timeout(120)
 
 
-def _unsharded(name: str) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
-    runner = random_runner(CASES[name].config, SEED, **RUNNER_KWARGS)
+def _unsharded(name: str, device: str = "cpu") -> tuple[list[list[int]], dict[int, torch.Tensor]]:
+    runner = random_runner(CASES[name].config, SEED, device=device, **RUNNER_KWARGS)
     runner.record_logits = True
     params = SamplingParams(max_output_tokens=12, temperature=0.0)
     with Engine(runner, **ENGINE_KWARGS) as engine:
@@ -35,39 +36,45 @@ def _unsharded(name: str) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
     return [r.take_result() for r in requests], steps
 
 
-@pytest.mark.parametrize("name", ["llama-tp", "qwen2-tied-tp", "moe-tp", "moe-ep", "moe-tp-ep"])
+EQUIVALENCE_CASES = ["llama-tp", "qwen2-tied-tp", "moe-tp", "moe-ep", "moe-tp-ep"]
+
+
+@pytest.mark.parametrize("name", EQUIVALENCE_CASES)
 def test_sharded_engine_equals_unsharded(name: str, tmp_path: Path) -> None:
-    job = launch(name, tmp_path)
+    check_equivalence(name, tmp_path, "cpu")
+
+
+def check_equivalence(name: str, tmp_path: Path, device: str) -> None:
+    job = launch(name, tmp_path, env={"RESIN_TEST_DEVICE": device})
     assert job.returncodes == [0, 0], job.output
     sharded = torch.load(tmp_path / "result.pt")
-    tokens, logits = _unsharded(name)
+    tokens, logits = _unsharded(name, device)
     assert sharded["tokens"] == tokens
     assert sorted(sharded["logits"]) == sorted(logits)
-    worst = max(float((sharded["logits"][s] - logits[s]).abs().max()) for s in logits)
+    worst = max(float((sharded["logits"][s] - logits[s].cpu()).abs().max()) for s in logits)
     assert worst < 1e-5, f"{name}: logits differ by {worst}"
 
 
-def _dead_report(name: str, tmp_path: Path, collective_timeout: float) -> dict[str, object]:
+def _dead_report(name: str, tmp_path: Path, collective_timeout: float) -> dict[str, Any]:
     job = launch(name, tmp_path, collective_timeout=collective_timeout)
     assert job.returncodes[0] == 0, job.output
-    report: dict[str, object] = json.loads((tmp_path / "result.json").read_text())
+    report: dict[str, Any] = json.loads((tmp_path / "result.json").read_text())
     finished = report["finished"]
-    assert isinstance(finished, dict)
-    assert sorted(finished) == sorted(str(i) for i in report["requests"])  # type: ignore[attr-defined]
+    assert sorted(finished) == sorted(str(i) for i in report["requests"])
     assert set(finished.values()) == {"error"}
     assert report["submit_raised"] is True
-    assert any("runner died" in str(m) for m in report["errors"]), report  # type: ignore[attr-defined]
+    assert any("runner died" in str(m) for m in report["errors"]), report
     return report
 
 
 def test_killed_worker_kills_the_engine_not_the_process(tmp_path: Path) -> None:
     report = _dead_report("killed", tmp_path, collective_timeout=30.0)
-    assert float(report["seconds_to_death"]) < 10.0  # a lost peer is seen at once, not at timeout  # type: ignore[arg-type]
+    assert float(report["seconds_to_death"]) < 10.0  # a lost peer is seen at once, not at timeout
 
 
 def test_hung_worker_hits_the_collective_timeout(tmp_path: Path) -> None:
     report = _dead_report("hung", tmp_path, collective_timeout=3.0)
-    assert 2.0 < float(report["seconds_to_death"]) < 20.0  # type: ignore[arg-type]
+    assert 2.0 < float(report["seconds_to_death"]) < 20.0
 
 
 def test_server_answers_503_once_a_worker_died(tmp_path: Path) -> None:

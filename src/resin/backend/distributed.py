@@ -7,8 +7,9 @@ other ranks of its replica and then runs its own shard. Every rank runs the same
 runner's own collectives; the leader returns its `ForwardOutput`.
 
 Wire: one Gloo broadcast per message on the replica's control group, of a fixed-capacity uint8
-tensor `[8-byte length | pickled (kind, payload)]`; a message larger than the capacity sends
-its remainder in a second broadcast. The control channel is trusted (ranks of one job).
+tensor `[8-byte length | message]`; a message larger than the capacity sends its remainder in a
+second broadcast. A message is the payload pickled without its numpy arrays, whose raw bytes
+follow (`encode` / `decode`). The control channel is trusted (ranks of one job): it unpickles.
 
 Failure semantics: every collective has the groups' timeout. An idle leader sends a heartbeat
 every `timeout / 4` so workers never wait forever, and so a dead worker is noticed between
@@ -22,6 +23,7 @@ within one timeout.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import pickle
 import threading
@@ -32,6 +34,7 @@ from datetime import timedelta
 from enum import IntEnum
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -66,6 +69,59 @@ class Message:
     payload: Any = None
 
 
+class _Packer(pickle.Pickler):
+    """Pickles everything but numpy arrays, which it lists aside (their bytes travel raw)."""
+
+    def __init__(self, file: io.BytesIO, arrays: list[np.ndarray]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arrays = arrays
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if type(obj) is np.ndarray:
+            self.arrays.append(obj)
+            return len(self.arrays) - 1
+        return None
+
+
+class _Unpacker(pickle.Unpickler):
+    def __init__(
+        self, file: io.BytesIO, table: list[tuple[str, tuple[int, ...], int, int]], blob: memoryview
+    ) -> None:
+        super().__init__(file)
+        self.table, self.blob = table, blob
+
+    def persistent_load(self, pid: Any) -> np.ndarray:
+        dtype, shape, offset, count = self.table[pid]
+        # A read-only view into the message: received plans stay frozen, nothing is copied.
+        return np.frombuffer(self.blob, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def encode(message: Message) -> bytes:
+    """`[4-byte head length | pickled (kind, skeleton, array table) | raw array bytes]`.
+
+    Arrays skip numpy's own pickling (about half the cost for a plan's ~30 small arrays).
+    """
+    arrays: list[np.ndarray] = []
+    skeleton = io.BytesIO()
+    _Packer(skeleton, arrays).dump(message.payload)
+    table, parts, offset = [], [], 0
+    for array in arrays:
+        data = np.ascontiguousarray(array).tobytes()
+        table.append((array.dtype.str, array.shape, offset, array.size))
+        parts.append(data)
+        offset += len(data)
+    head = pickle.dumps((int(message.kind), skeleton.getvalue(), table), pickle.HIGHEST_PROTOCOL)
+    return b"".join([len(head).to_bytes(4, "little"), head, *parts])
+
+
+def decode(data: bytes) -> Message:
+    view = memoryview(data)
+    size = int.from_bytes(view[:4], "little")
+    kind, skeleton, table = pickle.loads(view[4 : 4 + size])
+    payload = _Unpacker(io.BytesIO(skeleton), table, view[4 + size :]).load()
+    return Message(Kind(kind), payload)
+
+
 class PlanChannel:
     """Broadcasts messages from `src` (a global rank) to the other ranks of `group`."""
 
@@ -76,35 +132,28 @@ class PlanChannel:
             raise ValueError(f"capacity must exceed {_HEADER} bytes")
         self.group, self.src, self.capacity = group, src, capacity
         self._buffer = torch.zeros(capacity, dtype=torch.uint8)
+        self._view = self._buffer.numpy()  # shares memory with the tensor
 
     def send(self, message: Message) -> None:
-        data = pickle.dumps((int(message.kind), message.payload), protocol=pickle.HIGHEST_PROTOCOL)
+        data = encode(message)
         first = min(len(data), self.capacity - _HEADER)
-        buffer = self._buffer
-        buffer[:_HEADER] = torch.frombuffer(
-            bytearray(len(data).to_bytes(_HEADER, "little")), dtype=torch.uint8
-        )
-        if first:
-            buffer[_HEADER : _HEADER + first] = torch.frombuffer(
-                bytearray(data[:first]), dtype=torch.uint8
-            )
-        dist.broadcast(buffer, self.src, group=self.group)
+        self._view[:_HEADER] = np.frombuffer(len(data).to_bytes(_HEADER, "little"), np.uint8)
+        self._view[_HEADER : _HEADER + first] = np.frombuffer(data, np.uint8, first)
+        dist.broadcast(self._buffer, self.src, group=self.group)
         if len(data) > first:
             rest = torch.frombuffer(bytearray(data[first:]), dtype=torch.uint8)
             dist.broadcast(rest, self.src, group=self.group)
 
     def receive(self) -> Message:
-        buffer = self._buffer
-        dist.broadcast(buffer, self.src, group=self.group)
-        size = int.from_bytes(buffer[:_HEADER].numpy().tobytes(), "little")
+        dist.broadcast(self._buffer, self.src, group=self.group)
+        size = int.from_bytes(self._view[:_HEADER].tobytes(), "little")
         first = min(size, self.capacity - _HEADER)
-        data = buffer[_HEADER : _HEADER + first].numpy().tobytes()
+        data = self._view[_HEADER : _HEADER + first].tobytes()
         if size > first:
             rest = torch.empty(size - first, dtype=torch.uint8)
             dist.broadcast(rest, self.src, group=self.group)
             data += rest.numpy().tobytes()
-        kind, payload = pickle.loads(data)
-        return Message(Kind(kind), payload)
+        return decode(data)
 
 
 class DistributedRunner:
@@ -149,7 +198,10 @@ class DistributedRunner:
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         self._send(Message(Kind.FORWARD, plan))
-        return self._guarded(lambda: self.local.forward(plan))
+        out = self._guarded(lambda: self.local.forward(plan))
+        if self._dead is not None:  # the heartbeat lost a peer while this step ran
+            raise RunnerDeadError(f"distributed runner is dead: {self._dead}")
+        return out
 
     def close(self) -> None:
         """Tell the workers to stop (best effort), stop the heartbeat, close the local runner."""
