@@ -61,7 +61,7 @@ def shard_model(model: CausalLM, group: Group, style: ParallelStyle | None = Non
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     if size == 1:
         return model
-    _check_shardable(model, size, style)
+    check_shardable(model, size, style)
     for layer in model.model.layers:
         assert isinstance(layer, LlamaLayer)
         if style.tensor:
@@ -88,10 +88,12 @@ def shard_model(model: CausalLM, group: Group, style: ParallelStyle | None = Non
     return VocabParallelLM(model, rank, size, group)
 
 
-def _check_shardable(model: CausalLM, size: int, style: ParallelStyle) -> None:
+def check_shardable(model: CausalLM, size: int, style: ParallelStyle) -> None:
+    """Raise `ValueError` unless `model` splits evenly over `size` ranks in `style`."""
     config = model.config
-    if not all(isinstance(layer, LlamaLayer) for layer in model.model.layers):
-        raise ValueError(f"no parallel plan for model_type {config.model_type!r} yet")
+    for layer in model.model.layers:
+        if not isinstance(layer, LlamaLayer) or not isinstance(layer.mlp, GatedMLP | SparseMoe):
+            raise ValueError(f"no parallel plan for model_type {config.model_type!r} yet")
     if not style.tensor:
         return
     if config.num_kv_heads % size:
