@@ -25,7 +25,9 @@ from resin import Engine, EngineDeadError, ErrorEvent, FinishedEvent, SamplingPa
 from resin.backend.distributed import DistributedRunner
 from resin.backend.launch import start_tensor_parallel
 from resin.backend.topology import ProcessGroups, shutdown
-from resin_models_torch.parallel import shard_model
+from resin_models_torch.layers import GatedMLP, SparseMoe
+from resin_models_torch.llama import LlamaAttention
+from resin_models_torch.parallel import ExpertParallelMoe, shard_model
 from resin_models_torch.registry import random_runner
 from resin_models_torch.runner import TorchRunner
 
@@ -51,7 +53,25 @@ def run_to_end(runner: DistributedRunner, out: Path) -> None:
             engine.step()
     assert isinstance(runner.local, TorchRunner)
     steps = {r.step_id: r.logits for r in runner.local.recorded}
-    torch.save({"tokens": [r.take_result() for r in requests], "logits": steps}, out / "result.pt")
+    model = runner.local.model
+    shards = {  # what this rank really holds, so a test can tell sharded from replicated
+        "q_rows": [m.q_proj.out_features for m in model.modules() if isinstance(m, LlamaAttention)],
+        "experts": [
+            len(m.experts) for m in model.modules() if isinstance(m, SparseMoe | ExpertParallelMoe)
+        ],
+        "expert_rows": [
+            _gate_rows(m) for m in model.modules() if isinstance(m, SparseMoe | ExpertParallelMoe)
+        ],
+        "embed_rows": int(model.model.embed_tokens.weight.shape[0]),
+    }
+    result = {"tokens": [r.take_result() for r in requests], "logits": steps, "shards": shards}
+    torch.save(result, out / "result.pt")
+
+
+def _gate_rows(moe: SparseMoe | ExpertParallelMoe) -> int:
+    expert = moe.experts[0]
+    assert isinstance(expert, GatedMLP)
+    return expert.gate_proj.out_features
 
 
 def run_until_peer_fails(runner: DistributedRunner, out: Path, fault: signal.Signals) -> None:

@@ -36,6 +36,17 @@ def _unsharded(name: str, device: str = "cpu") -> tuple[list[list[int]], dict[in
     return [r.take_result() for r in requests], steps
 
 
+# What rank 0 holds: query-projection rows per layer (4 heads x 16 = 64 unsharded), experts per
+# MoE layer (6 unsharded; layer 1 is dense) and gate rows of each (32 unsharded), embedding
+# rows (301 unsharded; shards of 151).
+_DENSE: dict[str, list[int]] = {"experts": [], "expert_rows": []}
+SHARDS = {
+    "llama-tp": {"q_rows": [32, 32], **_DENSE, "embed_rows": 151},
+    "qwen2-tied-tp": {"q_rows": [32, 32], **_DENSE, "embed_rows": 151},
+    "moe-tp": {"q_rows": [32, 32], "experts": [6], "expert_rows": [16], "embed_rows": 151},
+    "moe-ep": {"q_rows": [64, 64], "experts": [3], "expert_rows": [32], "embed_rows": 301},
+    "moe-tp-ep": {"q_rows": [32, 32], "experts": [3], "expert_rows": [32], "embed_rows": 151},
+}
 EQUIVALENCE_CASES = ["llama-tp", "qwen2-tied-tp", "moe-tp", "moe-ep", "moe-tp-ep"]
 
 
@@ -49,6 +60,7 @@ def check_equivalence(name: str, tmp_path: Path, device: str) -> None:
     assert job.returncodes == [0, 0], job.output
     sharded = torch.load(tmp_path / "result.pt")
     tokens, logits = _unsharded(name, device)
+    assert sharded["shards"] == SHARDS[name]  # the leader really holds only its part
     assert sharded["tokens"] == tokens
     assert sorted(sharded["logits"]) == sorted(logits)
     worst = max(float((sharded["logits"][s] - logits[s].cpu()).abs().max()) for s in logits)
