@@ -18,6 +18,7 @@ speed targets are about.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -54,6 +55,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 8,
         "num_key_value_heads": 2,
         "num_hidden_layers": 2,
+    },
+    "tiny-moe": {
+        "model_type": "qwen3_moe",
+        "vocab_size": 1000,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_hidden_layers": 2,
+        "moe_intermediate_size": 64,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
     },
     "llama-8b": {
         "model_type": "llama",
@@ -214,12 +229,14 @@ def main(argv: list[str]) -> int:
     common |= {"expert_parallel": args.expert_parallel, "device": str(device)}
     rows = [{"tp": tp, **common, **row} for row in measure(runner, args)]
     shutdown()
-    del runner
+    del runner  # the sharded model goes before the whole one is built
+    gc.collect()
     if tp > 1 and not args.skip_single:
         _sync(device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         single = _build(args, None, device)
+        common["expert_parallel"] = False
         rows += [{"tp": 1, **common, **row} for row in measure(single, args)]
     _report(rows, args.output)
     return 0
