@@ -1,11 +1,17 @@
-# Every target creates .venv and installs what it needs on a fresh machine.
+# Every target creates .venv and installs what it needs on a fresh machine: `make serve` only
+# what serving the default model needs, `make test` (and lint) everything else too.
 PY := .venv/bin/python
+SERVE_STAMP := .venv/.resin-serve
 STAMP := .venv/.resin-installed
 
 .PHONY: install test lint format bench serve chat assets
 
-$(STAMP): pyproject.toml scripts/setup_venv.sh
-	bash scripts/setup_venv.sh
+$(SERVE_STAMP): pyproject.toml scripts/setup_venv.sh
+	bash scripts/setup_venv.sh serve
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP)
+	bash scripts/setup_venv.sh test
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,8 +34,8 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_engine.py --output bench/engine.jsonl
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	.venv/bin/resin serve
 
-chat: $(STAMP)
+chat: $(SERVE_STAMP)
 	.venv/bin/resin chat

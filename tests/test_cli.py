@@ -22,3 +22,29 @@ def test_bench_without_url_is_the_runner_benchmark(capsys: pytest.CaptureFixture
 def test_bench_with_url_is_the_server_load_generator(capsys: pytest.CaptureFixture[str]) -> None:
     out = _help_of(["bench", "--url", "http://127.0.0.1:1", "--help"], capsys)
     assert "--max-concurrency" in out and "--request-rate" in out
+
+
+def test_check_help_shows_the_checkers_own_options(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["check", "--help"], ["check", "--", "--help"]):
+        out = _help_of(argv, capsys)
+        assert "--expect-tools" in out and "--burst" in out and "url" in out, argv
+
+
+def test_check_refuses_an_argument_that_is_no_url(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", "--", "--", "--help"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "expected a server URL" in err and "'--help'" in err
+
+
+def test_serve_refuses_an_unknown_recipe_listing_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--recipe qwen-three-typo` used to serve silently with a plain template."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--recipe", "qwen-three-typo", "--port", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown recipe 'qwen-three-typo'" in err
+    assert "qwen3" in err and "chatml" in err and "jinja" in err

@@ -51,27 +51,30 @@ def _build_parser() -> argparse.ArgumentParser:
         "(scripts/bench_serve.py)",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER)
-    check = sub.add_parser("check", help="check a server (see scripts/check_server.py)")
-    check.add_argument("args", nargs=argparse.REMAINDER)
-    worker = sub.add_parser("worker", help="one non-leader rank of a multi-GPU job")
-    worker.add_argument("args", nargs=argparse.REMAINDER)
+    # `check` parses its own options (main() hands them over); listed here for --help.
+    sub.add_parser("check", help="check a running server (`resin check --help`)")
+    # `worker` parses its own options too (docs/distributed.md).
+    sub.add_parser("worker", help="one non-leader rank of a multi-GPU job (`resin worker --help`)")
     return parser
 
 
 def _load(args: argparse.Namespace) -> object:
     from resin.server.loading import LoadOptions, load
 
-    return load(
-        LoadOptions(
-            checkpoint=args.checkpoint,
-            model=args.model,
-            device=args.device,
-            context_length=args.context_length,
-            prefix_cache=args.prefix_cache,
-            recipe=args.recipe,
-            fake=args.fake_runner,
-        )
+    options = LoadOptions(
+        checkpoint=args.checkpoint,
+        model=args.model,
+        device=args.device,
+        context_length=args.context_length,
+        prefix_cache=args.prefix_cache,
+        recipe=args.recipe,
+        fake=args.fake_runner,
     )
+    try:
+        return load(options)
+    except ValueError as exc:  # a bad option (say, an unknown --recipe): exit as argparse does
+        print(f"resin {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -117,7 +120,7 @@ def _announce_when_ready(uv: object, url: str, name: str) -> None:
 
 
 def chat(args: argparse.Namespace) -> int:
-    from resin.server.terminal import chat_loop
+    from resin.tools.terminal import chat_loop
 
     if args.url:
         return chat_loop(args.url, args.api_key, args.max_tokens, args.system)
@@ -148,21 +151,24 @@ def _run_tool(module: str, argv: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:
+        # The checker parses its own options (`resin check --help` shows them); a leading
+        # `--` only separates them from ours.
+        rest = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+        return _run_tool("resin.tools.check", rest)
     if argv[:1] == ["bench"]:
         # One verb, two tools: a URL means "load-test that server", anything else benchmarks a
         # runner in this process. Their options go through untouched (each has its own --help).
         serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
         return _run_tool(
-            "resin.server.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
+            "resin.tools.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
         )
     if argv[:1] == ["worker"]:  # its own options (docs/distributed.md)
         return _run_tool("resin.backend.worker", argv[1:])
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    if args.command == "chat":
-        return chat(args)
-    return _run_tool("resin.server.check", args.args)
+    return chat(args)
 
 
 if __name__ == "__main__":

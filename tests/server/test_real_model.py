@@ -6,6 +6,7 @@ prefix-cache hits. Small max_tokens: 2 CPU cores."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
 import openai
@@ -13,6 +14,7 @@ import pytest
 
 from resin.server import HttpServer
 from resin.server.launch import free_port, running
+from resin.tools import check
 
 pytestmark = pytest.mark.slow
 
@@ -101,3 +103,15 @@ def test_anthropic_messages_stream(url: str) -> None:
         final = stream.get_final_message()
     assert final.content and final.content[0].type == "text"
     assert final.usage.input_tokens > 0 and 0 < final.usage.output_tokens <= 8
+
+
+def test_check_holds_the_real_model_to_its_recipe(url: str, tmp_path: Path) -> None:
+    """`resin check` on the default model: its recipe claims neither tools nor reasoning, so
+    those cases are skipped with the reason; told to expect reasoning, the case fails."""
+    argv = ["--burst", "8", "--ttft-sizes", "8", "--timeout", "120"]
+    assert check.main([url, "--output", str(tmp_path / "a.md"), *argv]) == 0
+    text = (tmp_path / "a.md").read_text()
+    assert "0 failed, 2 skipped" in text
+    assert "| tool-call case (forced) | SKIP | the model's tool-calling capability: no |" in text
+    assert check.main([url, "--output", str(tmp_path / "b.md"), "--expect-reasoning", *argv]) == 1
+    assert "| reasoning case | FAIL |" in (tmp_path / "b.md").read_text()

@@ -6,9 +6,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from resin.server import bench, check
 from resin.server.launch import running
-from resin.server.testing import ByteTokenizer, FakeEngine, demo_responder
+from resin.server.testing import ByteTokenizer, FakeEngine, demo_responder, echo_responder
+from resin.tools import bench, check
 from tests.server.conftest import make_server
 
 DATA = Path(__file__).parent / "data"
@@ -62,8 +62,27 @@ def test_check_server_report(tmp_path: Path) -> None:
         )
     text = report.read_text()
     assert rc == 0, text
-    assert "8/8 passed" in text and "6/6 = 100.0%" in text
+    # The fake chat format claims reasoning (and produces it) but cannot force a tool call.
+    assert "7 passed, 0 failed, 1 skipped" in text and "6/6 = 100.0%" in text
+    assert "| reasoning case | PASS |" in text
+    assert "| tool-call case (forced) | SKIP | the server cannot force a call" in text
     assert csv_rc == 0 and "2/2 = 100.0%" in (tmp_path / "csv.md").read_text()
+
+
+def test_check_fails_a_model_that_does_not_do_what_its_recipe_claims(tmp_path: Path) -> None:
+    """The echo engine never reasons although its chat format says it can: that is a FAIL
+    (and exit 1), not a pass; told not to expect reasoning, the case is skipped instead."""
+    tok = ByteTokenizer()
+    argv = ["--burst", "4", "--ttft-sizes", "8"]
+    with running(make_server(FakeEngine(echo_responder(tok)))) as url:
+        failed = check.main([url, "--output", str(tmp_path / "a.md"), *argv])
+        skipped = check.main(
+            [url, "--output", str(tmp_path / "b.md"), "--no-expect-reasoning", *argv]
+        )
+    assert failed == 1
+    assert "| reasoning case | FAIL | reasoning_content 0 chars" in (tmp_path / "a.md").read_text()
+    assert skipped == 0
+    assert "| reasoning case | SKIP |" in (tmp_path / "b.md").read_text()
 
 
 def test_bench_serve_jsonl(tmp_path: Path) -> None:

@@ -29,7 +29,22 @@ class Loaded:
     context_length: int
 
 
+def check_recipe_name(name: str | None) -> None:
+    """An unknown `--recipe` is a startup error that lists the known names (checked before
+    any weights load), never a silent fall-back to a plain template."""
+    if name is None:
+        return
+    from resin.recipe.registry import native_recipe_names
+
+    known = (*native_recipe_names(), "jinja")
+    if name.lower().replace("-", "_") not in known:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
+
+
 def load(options: LoadOptions, progress: bool = True) -> Loaded:
+    check_recipe_name(options.recipe)
+    if options.fake and options.recipe is not None:
+        raise ValueError("--recipe does not apply to --fake-runner (it has its own chat format)")
     if options.fake:
         return load_fake(options.context_length or 4096, options.prefix_cache)
     from tqdm import tqdm
@@ -65,16 +80,17 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
 
 
 def chat_format(tokenizer: Any, recipe: str | None) -> ChatFormat:
-    """A native recipe when `resin.recipe` has one for this tokenizer, else the template."""
+    """The named recipe (its errors — say, a tokenizer without the family's special tokens —
+    stop the start); unnamed, a native recipe when `resin.recipe` has one for this tokenizer,
+    else the template."""
+    from resin.server.recipe_adapter import RecipeChatFormat
+
+    if recipe is not None:
+        return RecipeChatFormat.load(tokenizer, recipe)
     try:
-        from resin.server.recipe_adapter import RecipeChatFormat
-    except ImportError:
-        RecipeChatFormat = None  # type: ignore[assignment,misc]
-    if RecipeChatFormat is not None:
-        try:
-            return RecipeChatFormat.load(tokenizer, recipe)
-        except (LookupError, ValueError):
-            pass
+        return RecipeChatFormat.load(tokenizer, None)
+    except (LookupError, ValueError):
+        pass
     from resin.server.adapters import TemplateChatFormat
 
     return TemplateChatFormat(tokenizer)

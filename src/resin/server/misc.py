@@ -13,25 +13,33 @@ router = APIRouter()
 STATIC = Path(__file__).parent / "static"
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> JSONResponse:
-    svc: Service = request.app.state.service
-    card = {
+def _card(svc: Service) -> dict[str, object]:
+    """The model card. `capabilities` says what the recipe can do (`resin check` holds the
+    model to it): call tools, produce reasoning."""
+    return {
         "id": svc.model,
         "object": "model",
         "created": svc.started,
         "owned_by": "resin",
         "max_model_len": svc.context_length,
+        "capabilities": {
+            "tools": bool(svc.chat.supports_tools),
+            "reasoning": bool(svc.chat.supports_reasoning),
+        },
     }
-    return JSONResponse({"object": "list", "data": [card]})
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    svc: Service = request.app.state.service
+    return JSONResponse({"object": "list", "data": [_card(svc)]})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def model(model_id: str, request: Request) -> JSONResponse:
     svc: Service = request.app.state.service
     svc.check_model(model_id)
-    card = {"id": svc.model, "object": "model", "created": svc.started, "owned_by": "resin"}
-    return JSONResponse(card)
+    return JSONResponse(_card(svc))
 
 
 @router.get("/health")
