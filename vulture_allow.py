@@ -43,3 +43,8 @@ _.normalizer  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (ass
 random_runner  # TODO(gpu) resin_models_torch/registry.py: public helper, used by tests only
 _.accepting  # engine/grammar.py: GrammarState's public read of the matcher (tests assert it)
 response_format  # server/schemas_openai.py: a request-body field (structured.py reads it by name)
+_.persistent_id  # backend/distributed.py: pickle.Pickler hook (pickle calls it)
+_.persistent_load  # backend/distributed.py: pickle.Unpickler hook (pickle calls it)
+spawn_local  # backend/launch.py: public API (docs/distributed.md), used by tests
+_.out_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
+_.in_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding

@@ -1,4 +1,4 @@
-"""`resin serve | chat | bench | check`: the command line.
+"""`resin serve | chat | bench | check | worker`: the command line.
 
 `resin serve` with no arguments serves the default model (SmolLM2-135M-Instruct) with the
 prefix cache on at http://127.0.0.1:8000, showing a progress bar while it loads.
@@ -106,6 +106,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER)
     # `check` parses its own options (main() hands them over); listed here for --help.
     sub.add_parser("check", help="check a running server (`resin check --help`)")
+    # `worker` parses its own options too (docs/distributed.md).
+    sub.add_parser("worker", help="one non-leader rank of a multi-GPU job (`resin worker --help`)")
     return parser
 
 
@@ -239,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_tool(
             "resin.tools.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
         )
+    if argv[:1] == ["worker"]:  # its own options (docs/distributed.md)
+        return _run_tool("resin.backend.worker", argv[1:])
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
