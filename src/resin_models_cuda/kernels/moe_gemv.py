@@ -1,13 +1,13 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Expert GEMV for small-batch MoE: every (token, expert) pair multiplies its own expert's
-matrix, read straight from the stacked expert weights (no gather copy, no host sync, fixed
+matrix (plus its bias), read straight from the stacked expert weights (no gather copy, no host sync, fixed
 grid: CUDA-graph safe).
 
 `out[p, n] = sum_k x[row[p], k] * w[expert[p], n, k]`, optionally scaled by `scale[p]` and
 accumulated into `out[row_out[p], n]` with an atomic add (the weighted combine of the top-k
 experts, fused). Each pair reads its expert's weights once; at decode batch sizes, where
-pairs rarely share an expert, that is the minimum traffic. Large batches use the sorted path
-in `moe.py` instead.
+pairs rarely share an expert, that is the minimum traffic. Larger batches use the grouped GEMM
+(`moe_grouped.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def _expert_gemv_kernel(
     row_ptr,  # int32/int64 [P]: x row of each pair
     expert_ptr,  # int32/int64 [P]: expert of each pair
     scale_ptr,  # fp32 [P] (read when ACCUMULATE)
+    bias_ptr,  # [E, N] (read when HAS_BIAS)
     out_ptr,  # ACCUMULATE: fp32 [T, N] (pair p adds into row p // TOPK); else [P, N]
     stride_x,
     stride_o,
@@ -31,6 +32,7 @@ def _expert_gemv_kernel(
     K,
     TOPK: tl.constexpr,
     ACCUMULATE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -48,6 +50,8 @@ def _expert_gemv_kernel(
         w = tl.load(w_base + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
                     other=0.0)  # fmt: skip
         acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
     if ACCUMULATE:
         s = tl.load(scale_ptr + p)
         tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, acc * s, mask=nmask)
@@ -64,6 +68,7 @@ def expert_gemv(
     out: torch.Tensor,
     scale: torch.Tensor | None = None,
     topk: int = 1,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-pair expert matrix-vector products (see the module docstring).
 
@@ -74,6 +79,8 @@ def expert_gemv(
     _, n, k = w.shape
     assert x.shape[1] == k and rows.shape == experts.shape and out.stride(1) == 1
     pairs = rows.shape[0]
+    if bias is not None:
+        assert bias.shape == (w.shape[0], n) and bias.is_contiguous()
     accumulate = scale is not None
     if accumulate:
         assert out.dtype == torch.float32 and out.shape[1] == n
@@ -83,7 +90,8 @@ def expert_gemv(
     if pairs:
         # Narrow N tiles: a decode step has few pairs, so parallelism must come from N.
         _expert_gemv_kernel[(pairs, triton.cdiv(n, 16))](
-            x, w, rows, experts, scale if accumulate else out, out, x.stride(0), out.stride(0),
-            n, k, TOPK=topk, ACCUMULATE=accumulate, BLOCK_N=16, BLOCK_K=256, num_warps=4,
+            x, w, rows, experts, scale if accumulate else out, w if bias is None else bias, out,
+            x.stride(0), out.stride(0), n, k, TOPK=topk, ACCUMULATE=accumulate,
+            HAS_BIAS=bias is not None, BLOCK_N=16, BLOCK_K=256, num_warps=4,
         )  # fmt: skip
     return out

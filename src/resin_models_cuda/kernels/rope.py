@@ -1,56 +1,30 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Rotary position embedding (rotate-half / GPT-NeoX layout, as Llama and Qwen use), in place.
 
-`rope_cache` builds float32 `cos`/`sin` tables `[max_positions, head_dim // 2]` once on the
-host side (with Llama-3 frequency scaling when asked); `apply_rope` rotates the query and key
+`rope_cache` builds float32 `cos`/`sin` tables `[max_positions, head_dim // 2]` once (any
+`RopeConfig` of the shared model config); `apply_rope` rotates the query and key
 heads of every token at its own position in one launch.
 """
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
-
-
-@dataclass(frozen=True, slots=True)
-class RopeScaling:
-    """Llama-3 style frequency scaling (`rope_type == "llama3"` in a Hugging Face config)."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_positions: int
+from resin_models_torch.config import RopeConfig
 
 
 def rope_cache(
-    head_dim: int,
-    max_positions: int,
-    theta: float,
-    scaling: RopeScaling | None = None,
-    device: torch.device | str = "cpu",
+    rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 (cos, sin), each `[max_positions, head_dim // 2]`."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    if scaling is not None:
-        low_wavelen = scaling.original_max_positions / scaling.low_freq_factor
-        high_wavelen = scaling.original_max_positions / scaling.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-        smooth = (scaling.original_max_positions / wavelen - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor
-        )
-        mid = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv_freq = torch.where(is_mid, mid, scaled)
-    inv_freq = inv_freq.to(torch.float32)
+    """float32 (cos, sin), each `[max_positions, head_dim // 2]`, from the model config's one
+    frequency formula (default, linear, Llama-3, YaRN; YaRN's attention factor scales both)."""
+    inv_freq = rope.inv_freq(head_dim).to(torch.float32)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-    return freqs.cos().to(device), freqs.sin().to(device)
+    cos, sin = freqs.cos() * rope.attention_factor, freqs.sin() * rope.attention_factor
+    return cos.to(device), sin.to(device)
 
 
 @triton.jit
