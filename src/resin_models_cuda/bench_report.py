@@ -10,6 +10,7 @@ from typing import Any
 from resin_models_cuda.benchmark import BenchRecord
 
 _HEAD = (
+    "model",
     "kind",
     "backend",
     "ctx",
@@ -25,15 +26,15 @@ _HEAD = (
 
 def format_row(r: BenchRecord) -> str:
     cells = (
-        r.kind, r.backend, str(r.context), str(r.batch), f"{r.median_ms:.2f}", f"{r.tok_s:,.0f}",
+        r.model, r.kind, r.backend, str(r.context), str(r.batch), f"{r.median_ms:.2f}", f"{r.tok_s:,.0f}",
         f"{r.per_user_tok_s:,.1f}", f"{r.bandwidth_tb_s:.2f}", f"{100 * r.bandwidth_frac:.0f}%",
         f"{100 * r.mfu:.1f}%",
     )  # fmt: skip
-    return " | ".join(f"{c:>10}" for c in cells)
+    return " | ".join(f"{c:>13}" if i == 0 else f"{c:>10}" for i, c in enumerate(cells))
 
 
 def print_table(records: Iterable[BenchRecord]) -> None:
-    print(" | ".join(f"{h:>10}" for h in _HEAD))
+    print(" | ".join(f"{h:>13}" if i == 0 else f"{h:>10}" for i, h in enumerate(_HEAD)))
     for r in records:
         print(format_row(r))
 

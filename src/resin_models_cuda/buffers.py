@@ -71,8 +71,12 @@ class DecodeBuffers:
         assert rows <= self.max_rows
         page_ids = self._device[self._page_ids_at :]
         groups = tuple(
-            GroupTensors(self._dev("slots", g, rows), self._dev("page_indptr", g, rows + 1),
-                         page_ids, self._dev("page_start", g, rows))  # fmt: skip
+            GroupTensors(
+                self._dev("slots", g, rows),
+                self._dev("page_indptr", g, rows + 1),
+                page_ids,
+                self._dev("page_start", g, rows),
+            )  # fmt: skip
             for g in range(self.num_groups)
         )
         return DecodeViews(self._dev("input_ids", 0, rows), self._dev("positions", 0, rows),

@@ -106,6 +106,16 @@ def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int = 2) -> int:
     return 2 * config.num_layers * config.kv_size * dtype_bytes
 
 
+def kv_bytes_read(config: ModelConfig, context: int, dtype_bytes: int = 2) -> int:
+    """KV bytes attention reads for one row at `context` tokens (sliding layers: the window)."""
+    window = int(config.sliding_window or context)
+    per_layer = 2 * config.kv_size * dtype_bytes
+    return sum(
+        per_layer * (min(context, window) if kind == "sliding" else context)
+        for kind in config.layer_types
+    )
+
+
 def _expert_params(config: ModelConfig) -> int:
     assert config.moe is not None
     return 3 * config.hidden_size * config.moe.intermediate_size

@@ -209,8 +209,9 @@ class CudaRunner:
             return torch.from_numpy(np.array(a, dtype=np.int32)).to(self.device)
 
         groups = tuple(
-            GroupTensors(dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids),
-                         dev(g.page_start))  # fmt: skip
+            GroupTensors(
+                dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids), dev(g.page_start)
+            )  # fmt: skip
             for g in plan.cache_groups
         )
         info = PrefillInfo(dev(plan.query_indptr), dev(plan.cached_lens), dev(block_row),

@@ -15,16 +15,23 @@ from resin_models_torch.config import ModelConfig
 
 
 def qwen_experts(c: ModelConfig, w: WeightSource, p: str) -> ExpertWeights:
-    """Qwen3-MoE checkpoint names: `mlp.gate` router, `mlp.experts.{j}.{gate,up,down}_proj`."""
+    """Qwen3-MoE names: `mlp.gate` router; experts per expert as checkpoints store them
+    (`mlp.experts.{j}.{gate,up,down}_proj`) or fused as transformers 5 holds them in memory
+    (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I])."""
     assert c.moe is not None
     h, i, e = c.hidden_size, c.moe.intermediate_size, c.moe.num_experts
+    router = w.get(f"{p}gate.weight", (e, h))
+    if w.has(f"{p}experts.gate_up_proj"):
+        gate_up = w.get(f"{p}experts.gate_up_proj", (e, 2 * i, h))
+        down = w.get(f"{p}experts.down_proj", (e, h, i), "out")
+        return ExpertWeights(router, None, gate_up, None, down, None)
     gate_up = torch.stack([
         torch.cat([w.get(f"{p}experts.{j}.gate_proj.weight", (i, h)),
                    w.get(f"{p}experts.{j}.up_proj.weight", (i, h))])
         for j in range(e)
     ])  # fmt: skip
     down = torch.stack([w.get(f"{p}experts.{j}.down_proj.weight", (h, i), "out") for j in range(e)])
-    return ExpertWeights(w.get(f"{p}gate.weight", (e, h)), None, gate_up, None, down, None)
+    return ExpertWeights(router, None, gate_up, None, down, None)
 
 
 class LlamaLayer:
