@@ -21,7 +21,6 @@ import triton.language as tl
 def _expert_gemv_kernel(
     x_ptr,  # [R, K], row stride stride_x, last dim contiguous
     w_ptr,  # [E, N, K] contiguous
-    row_ptr,  # int32/int64 [P]: x row of each pair
     expert_ptr,  # int32/int64 [P]: expert of each pair
     scale_ptr,  # fp32 [P] (read when ACCUMULATE)
     bias_ptr,  # [E, N] (read when HAS_BIAS)
@@ -30,6 +29,7 @@ def _expert_gemv_kernel(
     stride_o,
     N,
     K,
+    ROW_DIV: tl.constexpr,  # x row of pair p: p // ROW_DIV
     TOPK: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -39,7 +39,7 @@ def _expert_gemv_kernel(
     p = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
-    row = tl.load(row_ptr + p).to(tl.int64)
+    row = (p // ROW_DIV).to(tl.int64)
     e = tl.load(expert_ptr + p).to(tl.int64)
     w_base = w_ptr + e * N * K
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -62,13 +62,13 @@ def _expert_gemv_kernel(
 def expert_gemv(
     x: torch.Tensor,
     w: torch.Tensor,
-    rows: torch.Tensor,
     experts: torch.Tensor,
     *,
     out: torch.Tensor,
     scale: torch.Tensor | None = None,
     topk: int = 1,
     bias: torch.Tensor | None = None,
+    row_div: int = 1,
 ) -> torch.Tensor:
     """Per-pair expert matrix-vector products (see the module docstring).
 
@@ -77,8 +77,8 @@ def expert_gemv(
     """
     assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
     _, n, k = w.shape
-    assert x.shape[1] == k and rows.shape == experts.shape and out.stride(1) == 1
-    pairs = rows.shape[0]
+    assert x.shape[1] == k and experts.dim() == 1 and out.stride(1) == 1
+    pairs = experts.shape[0]
     if bias is not None:
         assert bias.shape == (w.shape[0], n) and bias.is_contiguous()
     accumulate = scale is not None
@@ -90,8 +90,8 @@ def expert_gemv(
     if pairs:
         # Narrow N tiles: a decode step has few pairs, so parallelism must come from N.
         _expert_gemv_kernel[(pairs, triton.cdiv(n, 16))](
-            x, w, rows, experts, scale if accumulate else out, w if bias is None else bias, out,
-            x.stride(0), out.stride(0), n, k, TOPK=topk, ACCUMULATE=accumulate,
+            x, w, experts, scale if accumulate else out, w if bias is None else bias, out,
+            x.stride(0), out.stride(0), n, k, ROW_DIV=row_div, TOPK=topk, ACCUMULATE=accumulate,
             HAS_BIAS=bias is not None, BLOCK_N=16, BLOCK_K=256, num_warps=4,
         )  # fmt: skip
     return out

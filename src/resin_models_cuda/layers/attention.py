@@ -46,23 +46,20 @@ class Attention:
             self.k_norm = RMSNorm(w, f"{prefix}k_norm.weight", kw, c.norm_eps, unit_offset_norms)
         self.sinks = w.get(f"{prefix}sinks", (c.num_heads,)).float() if c.sinks else None
 
-    def _qk_norm(self, x: torch.Tensor, norm: RMSNorm, t: int) -> torch.Tensor:
-        d = self.config.head_dim
-        if self.config.qk_norm_per_head:
-            return norm(x.reshape(-1, d)).view(t, -1, d)
-        return norm(x).view(t, -1, d)
-
     def __call__(self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         t, d = x.shape[0], self.config.head_dim
         qkv = F.linear(x, self.qkv, self.qkv_bias)
         qs, ks = self.q_size, self.kv_size
         q, k = qkv[:, :qs], qkv[:, qs : qs + ks]
         v = qkv[:, qs + ks :].view(t, -1, d)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self._qk_norm(q, self.q_norm, t), self._qk_norm(k, self.k_norm, t)
-        else:
+        if self.q_norm is not None and self.k_norm is not None and self.config.qk_norm_per_head:
             q, k = q.view(t, -1, d), k.view(t, -1, d)
-        self.rotary(q, k, step.positions)
+            self.rotary(q, k, step.positions, (self.q_norm, self.k_norm))
+        else:
+            if self.q_norm is not None and self.k_norm is not None:  # whole-width (OLMo 2)
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.view(t, -1, d), k.view(t, -1, d)
+            self.rotary(q, k, step.positions)
         group = step.groups[self.slot.group]
         k_cache, v_cache = kv[:, self.slot.index, 0], kv[:, self.slot.index, 1]
         kv_append(k, v, k_cache, v_cache, group.slots)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from resin_models_cuda.kernels.activation import Activation, gated_activation
 from resin_models_cuda.kernels.moe_gemv import expert_gemv
 from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
+from resin_models_cuda.kernels.router import router_topk
 from resin_models_torch.config import MoeConfig
 
 
@@ -41,16 +42,10 @@ class MoE:
         self.gemv_max_pairs = gemv_max_pairs
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights fp32 [T, k], experts int64 [T, k])."""
-        logits = F.linear(x, self.w.router, self.w.router_bias).float()
-        if self.moe.scoring == "sigmoid":
-            scores = torch.sigmoid(logits)
-        else:
-            scores = torch.softmax(logits, dim=-1)
-        weight, expert = scores.topk(self.moe.top_k, dim=-1)
-        if self.moe.norm_topk_prob:
-            weight = weight / weight.sum(-1, keepdim=True)
-        return weight, expert
+        """(weights fp32 [T, k], experts int32 [T, k]): one linear, one top-k kernel."""
+        logits = F.linear(x, self.w.router, self.w.router_bias)
+        return router_topk(logits, self.moe.top_k, sigmoid=self.moe.scoring == "sigmoid",
+                           renormalize=self.moe.norm_topk_prob)  # fmt: skip
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         limit = self.moe.swiglu_limit
@@ -67,12 +62,11 @@ class MoE:
         k, w = self.moe.top_k, self.w
         pairs = x.shape[0] * k
         experts = expert.flatten()
-        pair_ids = torch.arange(pairs, device=x.device)
         gate_up = torch.empty((pairs, w.gate_up.shape[1]), dtype=x.dtype, device=x.device)
-        expert_gemv(x, w.gate_up, pair_ids // k, experts, out=gate_up, bias=w.gate_up_bias)
+        expert_gemv(x, w.gate_up, experts, out=gate_up, bias=w.gate_up_bias, row_div=k)
         act = self._activate(gate_up)
         out = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32, device=x.device)
-        expert_gemv(act, w.down, pair_ids, experts, out=out, scale=weight.flatten(), topk=k,
+        expert_gemv(act, w.down, experts, out=out, scale=weight.flatten(), topk=k,
                     bias=w.down_bias)  # fmt: skip
         return out.to(x.dtype)
 

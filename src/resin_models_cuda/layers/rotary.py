@@ -1,11 +1,13 @@
 """Rotary embedding as a layer: cos/sin tables of one `RopeConfig` (default, linear, Llama-3,
-YaRN), applied in place to q and k (half-split layout) in one launch."""
+YaRN), applied in place to q and k (half-split layout) in one launch, with the per-head q/k
+RMS norms fused in when the model has them."""
 
 from __future__ import annotations
 
 import torch
 
 from resin_models_cuda.kernels.rope import apply_rope, rope_cache
+from resin_models_cuda.layers.norm import RMSNorm
 from resin_models_torch.config import RopeConfig
 
 
@@ -14,5 +16,12 @@ class Rotary:
                  device: torch.device) -> None:  # fmt: skip
         self.cos, self.sin = rope_cache(rope, head_dim, max_positions, device)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> None:
-        apply_rope(q, k, positions, self.cos, self.sin)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 norms: tuple[RMSNorm, RMSNorm] | None = None) -> None:  # fmt: skip
+        """Rotate in place; `norms` (per-head q and k norms) are fused into the same kernel."""
+        if norms is None:
+            apply_rope(q, k, positions, self.cos, self.sin)
+            return
+        qn, kn = norms
+        apply_rope(q, k, positions, self.cos, self.sin, (qn.weight, kn.weight), qn.eps,
+                   qn.unit_offset)  # fmt: skip
