@@ -165,7 +165,7 @@ def _bench_model(args, name: str, device, dtype, ceilings):  # type: ignore[no-u
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     runner.close()
-    del runner, bench
+    del runner
     return records, env
 
 

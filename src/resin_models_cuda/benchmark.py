@@ -1,4 +1,5 @@
-"""Benchmark workloads: prefill and decode sweeps of a `CudaRunner`. Each measurement is a `BenchRecord` (one JSONL line).
+"""Benchmark workloads: prefill and decode sweeps of a `CudaRunner`. Each measurement is a
+`BenchRecord` (one JSONL line).
 
 Method (see docs/benchmarks.md): load, compilation and CUDA-graph capture happen before any
 timed step; each point runs `warmup` steps, then `iters` timed steps, each ended by the

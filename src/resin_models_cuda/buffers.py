@@ -39,8 +39,9 @@ class DecodeBuffers:
     """One int32 device buffer (+ pinned host mirror) for up to `max_rows` rows, `num_groups`
     cache groups and `max_page_ids` page ids in total over all groups."""
 
-    def __init__(self, max_rows: int, max_page_ids: int, device: torch.device | str,
-                 num_groups: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self, max_rows: int, max_page_ids: int, device: torch.device | str, num_groups: int = 1
+    ) -> None:
         self.max_rows, self.max_page_ids, self.num_groups = max_rows, max_page_ids, num_groups
         self._offsets: dict[tuple[str, int], int] = {}
         at = 0
@@ -76,11 +77,15 @@ class DecodeBuffers:
                 self._dev("page_indptr", g, rows + 1),
                 page_ids,
                 self._dev("page_start", g, rows),
-            )  # fmt: skip
+            )
             for g in range(self.num_groups)
         )
-        return DecodeViews(self._dev("input_ids", 0, rows), self._dev("positions", 0, rows),
-                           self._dev("seq_lens", 0, rows), groups)  # fmt: skip
+        return DecodeViews(
+            self._dev("input_ids", 0, rows),
+            self._dev("positions", 0, rows),
+            self._dev("seq_lens", 0, rows),
+            groups,
+        )
 
     def stage(self, plan: BatchPlan, rows: int) -> None:
         """Write `plan` (one query token per row) padded to `rows` rows, and copy it over."""

@@ -60,17 +60,25 @@ class RunnerOptions:
         return BuildOptions(self.max_context, self.moe_gemv_max_pairs)
 
 
-def random_runner(config: ModelConfig, options: RunnerOptions | None = None,
-                  device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                  seed: int = 0) -> CudaRunner:  # fmt: skip
+def random_runner(
+    config: ModelConfig,
+    options: RunnerOptions | None = None,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+) -> CudaRunner:
     """A runner on random weights of the config's real shapes (benchmarks)."""
     options = options or RunnerOptions()
     source = RandomWeights(device, dtype, seed=seed, num_layers=config.num_layers)
     return CudaRunner(build_model(config, source, options.build_options()), options)
 
 
-def load_runner(folder: str | Path, options: RunnerOptions | None = None,
-                device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> CudaRunner:  # fmt: skip
+def load_runner(
+    folder: str | Path,
+    options: RunnerOptions | None = None,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+) -> CudaRunner:
     """A runner for a Hugging Face checkpoint folder (config.json + safetensors)."""
     options = options or RunnerOptions()
     source: WeightSource = SafetensorsWeights(str(folder), device, dtype)
@@ -118,14 +126,25 @@ class CudaRunner:
         # Page p holds page_size tokens of every layer of the group that owns it; groups with
         # fewer layers use the first slots.
         self.kv = torch.zeros(
-            (layout.num_pages, max(self.model.layers_per_group), 2, layout.page_size,
-             c.num_kv_heads, c.head_dim), dtype=self.dtype, device=self.device,
-        )  # fmt: skip
+            (
+                layout.num_pages,
+                max(self.model.layers_per_group),
+                2,
+                layout.page_size,
+                c.num_kv_heads,
+                c.head_dim,
+            ),
+            dtype=self.dtype,
+            device=self.device,
+        )
         pages_per_seq = -(-self.options.max_context // layout.page_size) + 1
         groups = len(self.model.group_kinds)
-        self._buffers = DecodeBuffers(self.options.max_batch,
-                                      groups * self.options.max_batch * pages_per_seq,
-                                      self.device, groups)  # fmt: skip
+        self._buffers = DecodeBuffers(
+            self.options.max_batch,
+            groups * self.options.max_batch * pages_per_seq,
+            self.device,
+            groups,
+        )
         if self._graphs_enabled:
             self._buckets = buckets_up_to(self.options.max_batch)
             self._graphs = capture(self._buckets, self._decode_logits, self._buffers.stage_padding)
@@ -211,11 +230,12 @@ class CudaRunner:
         groups = tuple(
             GroupTensors(
                 dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids), dev(g.page_start)
-            )  # fmt: skip
+            )
             for g in plan.cache_groups
         )
-        info = PrefillInfo(dev(plan.query_indptr), dev(plan.cached_lens), dev(block_row),
-                           dev(block_off), block_m)  # fmt: skip
+        info = PrefillInfo(
+            dev(plan.query_indptr), dev(plan.cached_lens), dev(block_row), dev(block_off), block_m
+        )
         return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info)
 
     def _sample(self, plan: BatchPlan, rows: np.ndarray, logits: torch.Tensor) -> ForwardOutput:
@@ -233,10 +253,14 @@ class CudaRunner:
                 return torch.from_numpy(np.array(a)).to(self.device)
 
             tokens = sample_tokens(
-                logits.contiguous(), dev(temp), dev(top_k.astype(np.int32)),
-                dev(top_p.astype(np.float32)), dev(min_p.astype(np.float32)),
-                dev(seeds.astype(np.int64)), needs_filter=needs_filter,
-            )  # fmt: skip
+                logits.contiguous(),
+                dev(temp),
+                dev(top_k.astype(np.int32)),
+                dev(top_p.astype(np.float32)),
+                dev(min_p.astype(np.float32)),
+                dev(seeds.astype(np.int64)),
+                needs_filter=needs_filter,
+            )
         indptr = np.zeros(plan.num_sequences + 1, dtype=np.uint32)
         indptr[1:] = np.cumsum(np.isin(np.arange(plan.num_sequences), rows))
         out_logprobs = self._logprobs(plan, rows, logits, tokens)
@@ -244,8 +268,13 @@ class CudaRunner:
         if out_logprobs is None:
             return ForwardOutput(token_ids=token_ids, token_indptr=indptr)
         chosen, top_ids, top_lp = out_logprobs
-        return ForwardOutput(token_ids=token_ids, token_indptr=indptr, logprobs=chosen,
-                             top_ids=top_ids, top_logprobs=top_lp)  # fmt: skip
+        return ForwardOutput(
+            token_ids=token_ids,
+            token_indptr=indptr,
+            logprobs=chosen,
+            top_ids=top_ids,
+            top_logprobs=top_lp,
+        )
 
     def _logprobs(
         self, plan: BatchPlan, rows: np.ndarray, logits: torch.Tensor, tokens: torch.Tensor
@@ -258,5 +287,8 @@ class CudaRunner:
         k = int(asked.max())
         top_lp, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], logp[:, :0].long())
         chosen = np.where(asked >= 0, chosen, np.nan).astype(np.float32)
-        return (chosen, top_ids.to(torch.int32).cpu().numpy(),
-                top_lp.cpu().numpy().astype(np.float32))  # fmt: skip
+        return (
+            chosen,
+            top_ids.to(torch.int32).cpu().numpy(),
+            top_lp.cpu().numpy().astype(np.float32),
+        )

@@ -199,14 +199,45 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
 
 # Keys that never change inference math: metadata, training-only knobs, generation defaults.
 _HARMLESS = frozenset(
-    """architectures model_type transformers_version torch_dtype dtype _name_or_path
-    bos_token_id eos_token_id pad_token_id sep_token_id initializer_range use_cache
-    attention_dropout hidden_dropout resid_pdrop embd_pdrop dropout output_router_logits
-    router_aux_loss_coef router_jitter_noise aux_loss_alpha output_attentions
-    output_hidden_states return_dict chunk_size_feed_forward is_encoder_decoder
-    tie_encoder_decoder problem_type id2label label2id task_specific_params
-    auto_map cache_implementation attn_implementation _attn_implementation_autoset
-    use_return_dict tokenizer_class""".split()
+    (
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "_name_or_path",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "initializer_range",
+        "use_cache",
+        "attention_dropout",
+        "hidden_dropout",
+        "resid_pdrop",
+        "embd_pdrop",
+        "dropout",
+        "output_router_logits",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
+        "aux_loss_alpha",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "chunk_size_feed_forward",
+        "is_encoder_decoder",
+        "tie_encoder_decoder",
+        "problem_type",
+        "id2label",
+        "label2id",
+        "task_specific_params",
+        "auto_map",
+        "cache_implementation",
+        "attn_implementation",
+        "_attn_implementation_autoset",
+        "use_return_dict",
+        "tokenizer_class",
+    )
 )
 
 

@@ -1,7 +1,7 @@
 """Llama-family decoder, driven by config fields: Llama 2/3 (llama3 rope scaling), Mistral
 (sliding window -> a Window group), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMS norm),
-SmolLM2 (tied embeddings); the attention also serves gpt-oss (sinks) and OLMo 2 (whole-width q/k norm).
-Parameter names are Hugging Face's, so checkpoints load unchanged.
+SmolLM2 (tied embeddings); the attention also serves gpt-oss (sinks) and OLMo 2 (whole-width
+q/k norm). Parameter names are Hugging Face's, so checkpoints load unchanged.
 """
 
 from __future__ import annotations

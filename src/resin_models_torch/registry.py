@@ -1,4 +1,5 @@
-"""Pick the reference model (from `architectures.ARCHITECTURES`) for a checkpoint's `model_type` and build a ready `TorchRunner`.
+"""Pick the reference model (from `architectures.ARCHITECTURES`) for a checkpoint's
+`model_type` and build a ready `TorchRunner`.
 
 `load_runner(folder)` reads a Hugging Face style folder (config.json + *.safetensors; the GGUF
 converter writes such folders too); `random_runner(config)` builds one with random weights for

@@ -34,9 +34,14 @@ def _hf_model(raw: dict[str, Any]) -> Any:
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).cuda().eval()
 
 
-def fast_logits(raw: dict[str, Any], state: dict[str, torch.Tensor], tokens: torch.Tensor,
-                prompt: int, device: str = "cuda",
-                dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
+def fast_logits(
+    raw: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    tokens: torch.Tensor,
+    prompt: int,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """Fast runner logits [B, steps + 1, V] at positions prompt-1 .. end: a prefill of the
     first prompt-1 tokens, then one decode step (graph replay) per position."""
     from resin.protocols import CacheLayout

@@ -58,9 +58,12 @@ def _ref_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
 
 @pytest.mark.parametrize(
     "rope",
-    [RopeConfig(10000.0), RopeConfig(10000.0, "llama3", 8.0, 1.0, 4.0, 64),
-     RopeConfig(10000.0, "yarn", 4.0, original_max_position=64, attention_factor=1.2)],
-)  # fmt: skip
+    [
+        RopeConfig(10000.0),
+        RopeConfig(10000.0, "llama3", 8.0, 1.0, 4.0, 64),
+        RopeConfig(10000.0, "yarn", 4.0, original_max_position=64, attention_factor=1.2),
+    ],
+)
 @pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, (1, 1), 8), (13, (6, 2), 64)])
 def test_rope_in_place(
     device: str, rope: RopeConfig, tokens: int, heads: tuple[int, int], head_dim: int
@@ -88,18 +91,36 @@ def test_rope_scaling_matches_transformers(kind: str) -> None:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from resin_models_cuda.kernels import rope_cache
-
     from resin_models_torch.config import parse_config
 
-    params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}  # fmt: skip
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     if kind == "yarn":  # gpt-oss's
-        params = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                  "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
-    raw = dict(model_type="llama", vocab_size=8, head_dim=64, hidden_size=256,
-               num_attention_heads=4, num_hidden_layers=1, max_position_embeddings=131072,
-               rope_parameters=params)  # fmt: skip
+        params = {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        }
+    raw = dict(
+        model_type="llama",
+        vocab_size=8,
+        head_dim=64,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_hidden_layers=1,
+        max_position_embeddings=131072,
+        rope_parameters=params,
+    )
     inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](transformers.LlamaConfig(**raw), "cpu")
     rope = parse_config(raw).rope
     cos, _ = rope_cache(rope, 64, 4)

@@ -16,16 +16,20 @@ def _reference(moe: MoeConfig, w, x: torch.Tensor, weight, expert) -> torch.Tens
     for t in range(x.shape[0]):
         for j in range(moe.top_k):
             e = int(expert[t, j])
-            gu = F.linear(x[t].float(), w.gate_up[e].float(),
-                          None if w.gate_up_bias is None else w.gate_up_bias[e].float())  # fmt: skip
+            gu = F.linear(
+                x[t].float(),
+                w.gate_up[e].float(),
+                None if w.gate_up_bias is None else w.gate_up_bias[e].float(),
+            )
             gate, up = gu.chunk(2)
             if moe.swiglu_limit is not None:
                 gate, up = gate.clamp(max=moe.swiglu_limit), up.clamp(-7.0, 7.0)
                 act = (up + 1) * gate * torch.sigmoid(gate * moe.swiglu_alpha)
             else:
                 act = F.silu(gate) * up
-            y = F.linear(act, w.down[e].float(),
-                         None if w.down_bias is None else w.down_bias[e].float())  # fmt: skip
+            y = F.linear(
+                act, w.down[e].float(), None if w.down_bias is None else w.down_bias[e].float()
+            )
             out[t] += weight[t, j] * y
     return out
 
@@ -37,18 +41,30 @@ def test_moe_paths_match_torch(device: str, tokens: int, variant: str) -> None:
 
     torch.manual_seed(tokens)
     e, h, inner, k = 6, 32, 24, 2
-    moe = MoeConfig(e, k, inner, variant != "sigmoid", (True,),
-                    scoring="sigmoid" if variant == "sigmoid" else "softmax",
-                    router_bias=variant == "gpt_oss", expert_bias=variant == "gpt_oss",
-                    swiglu_limit=7.0 if variant == "gpt_oss" else None)  # fmt: skip
+    moe = MoeConfig(
+        e,
+        k,
+        inner,
+        variant != "sigmoid",
+        (True,),
+        scoring="sigmoid" if variant == "sigmoid" else "softmax",
+        router_bias=variant == "gpt_oss",
+        expert_bias=variant == "gpt_oss",
+        swiglu_limit=7.0 if variant == "gpt_oss" else None,
+    )
 
     def r(*shape: int) -> torch.Tensor:
         return (torch.randn(shape) * 0.5).to(device)
 
     bias = variant == "gpt_oss"
-    w = ExpertWeights(r(e, h), r(e) if bias else None, r(e, 2 * inner, h),
-                      r(e, 2 * inner) if bias else None, r(e, h, inner),
-                      r(e, h) if bias else None)  # fmt: skip
+    w = ExpertWeights(
+        r(e, h),
+        r(e) if bias else None,
+        r(e, 2 * inner, h),
+        r(e, 2 * inner) if bias else None,
+        r(e, h, inner),
+        r(e, h) if bias else None,
+    )
     act = "swiglu_clamp" if variant == "gpt_oss" else "silu"
     x = r(tokens, h)
     gemv, grouped = MoE(moe, w, act, gemv_max_pairs=10**6), MoE(moe, w, act, gemv_max_pairs=0)
@@ -59,8 +75,9 @@ def test_moe_paths_match_torch(device: str, tokens: int, variant: str) -> None:
 
 
 @pytest.mark.parametrize(("pairs", "experts", "block"), [(1, 4, 16), (37, 6, 16), (300, 8, 64)])
-def test_align_pairs_blocks_hold_one_expert(device: str, pairs: int, experts: int,
-                                            block: int) -> None:  # fmt: skip
+def test_align_pairs_blocks_hold_one_expert(
+    device: str, pairs: int, experts: int, block: int
+) -> None:
     from resin_models_cuda.kernels.moe_grouped import align_pairs
 
     ids = torch.randint(0, experts, (pairs,)).to(device)

@@ -20,8 +20,14 @@ MOE = ("qwen3_moe", "gpt_oss")
 
 def _generate(runner: object, prompts: list[list[int]]) -> list[list[int]]:
     params = SamplingParams(max_output_tokens=6, temperature=0.0, ignore_stop_tokens=True)
-    with Engine(runner, context_length=100, prefix_cache=True, prefill_chunk_tokens=8,  # type: ignore[arg-type]
-                max_batch_tokens=40, max_sequences=8) as engine:  # fmt: skip
+    with Engine(
+        runner,
+        context_length=100,
+        prefix_cache=True,
+        prefill_chunk_tokens=8,  # type: ignore[arg-type]
+        max_batch_tokens=40,
+        max_sequences=8,
+    ) as engine:
         out = []
         for _ in range(2):  # the second round hits the prefix cache
             requests = [engine.submit(p, params) for p in prompts]
@@ -32,8 +38,9 @@ def _generate(runner: object, prompts: list[list[int]]) -> list[list[int]]:
     return out[0]
 
 
-def reference_and_fast(raw: dict[str, Any], device: str, gemv_max_pairs: int = 64,
-                       dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:  # fmt: skip
+def reference_and_fast(
+    raw: dict[str, Any], device: str, gemv_max_pairs: int = 64, dtype: torch.dtype = torch.float32
+) -> tuple[Any, Any]:
     """A reference runner with peaky random weights and the fast runner on the same tensors."""
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import StateDictWeights
@@ -47,8 +54,9 @@ def reference_and_fast(raw: dict[str, Any], device: str, gemv_max_pairs: int = 6
                 p.mul_(8.0)
             elif p.abs().max() == 0:  # Gemma's (1 + w) norms: exercise w too
                 p.normal_(0.0, 0.1)
-    options = RunnerOptions(page_size=4, max_batch=8, max_context=128, num_pages=160,
-                            moe_gemv_max_pairs=gemv_max_pairs)  # fmt: skip
+    options = RunnerOptions(
+        page_size=4, max_batch=8, max_context=128, num_pages=160, moe_gemv_max_pairs=gemv_max_pairs
+    )
     source = StateDictWeights(reference.model.state_dict(), device, dtype)
     fast = CudaRunner(build_model(parse_config(raw), source, options.build_options()), options)
     return reference, fast
@@ -65,9 +73,11 @@ def _prompts(vocab: int) -> list[list[int]]:
 CASES = [(arch, 64) for arch in sorted(TINY)] + [(arch, 0) for arch in MOE]
 
 
-@pytest.mark.parametrize(("arch", "gemv_max_pairs"), CASES,
-                         ids=[f"{a}-gemv" if a in MOE and g else a if g else f"{a}-grouped"
-                              for a, g in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("arch", "gemv_max_pairs"),
+    CASES,
+    ids=[f"{a}-gemv" if a in MOE and g else a if g else f"{a}-grouped" for a, g in CASES],
+)
 def test_same_tokens_as_reference_runner(device: str, arch: str, gemv_max_pairs: int) -> None:
     reference, fast = reference_and_fast(TINY[arch], device, gemv_max_pairs)
     prompts = _prompts(256)

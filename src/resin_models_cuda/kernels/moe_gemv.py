@@ -1,9 +1,9 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Expert GEMV for small-batch MoE: every (token, expert) pair multiplies its own expert's
-matrix (plus its bias), read straight from the stacked expert weights (no gather copy, no host sync, fixed
-grid: CUDA-graph safe).
+matrix (plus its bias), read straight from the stacked expert weights (no gather copy, no host
+sync, fixed grid: CUDA-graph safe).
 
-`out[p, n] = sum_k x[row[p], k] * w[expert[p], n, k]`, optionally scaled by `scale[p]` and
+`out[p, n] = sum_k x[p // row_div, k] * w[expert[p], n, k]`, optionally scaled by `scale[p]` and
 accumulated into `out[row_out[p], n]` with an atomic add (the weighted combine of the top-k
 experts, fused). Each pair reads its expert's weights once; at decode batch sizes, where
 pairs rarely share an expert, that is the minimum traffic. Larger batches use the grouped GEMM
@@ -72,8 +72,8 @@ def expert_gemv(
 ) -> torch.Tensor:
     """Per-pair expert matrix-vector products (see the module docstring).
 
-    With `scale` (fp32 [P]), pair p adds `scale[p] * (W[e_p] @ x[rows[p]])` into the float32
-    `out[p // topk]`; without it, `out[p] = W[e_p] @ x[rows[p]]`.
+    With `scale` (fp32 [P]), pair p adds `scale[p] * (W[e_p] @ x[p // row_div])` into the float32
+    `out[p // topk]`; without it, `out[p] = W[e_p] @ x[p // row_div]`.
     """
     assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
     _, n, k = w.shape

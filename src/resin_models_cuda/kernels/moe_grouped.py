@@ -90,10 +90,16 @@ def _grouped_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
-        a = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :],
-                    mask=valid[:, None] & kmask[None, :], other=0.0)  # fmt: skip
-        b = tl.load(w_base + n[None, :].to(tl.int64) * K + k[:, None],
-                    mask=nmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+        a = tl.load(
+            x_ptr + rows[:, None] * stride_x + k[None, :],
+            mask=valid[:, None] & kmask[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            w_base + n[None, :].to(tl.int64) * K + k[:, None],
+            mask=nmask[None, :] & kmask[:, None],
+            other=0.0,
+        )
         acc += tl.dot(a, b, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0).to(tl.float32)[
@@ -130,11 +136,26 @@ def grouped_gemm(
     if num_pairs == 0:
         return out
     _grouped_gemm_kernel[(blocks, triton.cdiv(n, block_n))](
-        x, w, w if bias is None else bias, out if scale is None else scale, out,
-        aligned.sorted_pairs, aligned.block_expert, num_pairs, n, k, x.stride(0), out.stride(0),
-        ROW_DIV=row_div, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None,
-        BLOCK_M=aligned.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        x,
+        w,
+        w if bias is None else bias,
+        out if scale is None else scale,
+        out,
+        aligned.sorted_pairs,
+        aligned.block_expert,
+        num_pairs,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        ROW_DIV=row_div,
+        HAS_BIAS=bias is not None,
+        HAS_SCALE=scale is not None,
+        BLOCK_M=aligned.block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=3,
-    )  # fmt: skip
+        num_warps=4,
+        num_stages=3,
+    )
     return out

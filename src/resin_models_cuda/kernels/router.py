@@ -64,7 +64,15 @@ def router_topk(
     expert = torch.empty((t, k), dtype=torch.int32, device=logits.device)
     if t:
         _router_topk_kernel[(t,)](
-            logits, weight, expert, logits.stride(0), E=e, E_PAD=next_pow2(e), K=k,
-            SIGMOID=sigmoid, RENORMALIZE=renormalize, num_warps=1 if e <= 128 else 2,
-        )  # fmt: skip
+            logits,
+            weight,
+            expert,
+            logits.stride(0),
+            E=e,
+            E_PAD=next_pow2(e),
+            K=k,
+            SIGMOID=sigmoid,
+            RENORMALIZE=renormalize,
+            num_warps=1 if e <= 128 else 2,
+        )
     return weight, expert

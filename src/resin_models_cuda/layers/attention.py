@@ -15,22 +15,31 @@ from resin_models_cuda.step import DecodeInfo, LayerSlot, StepTensors
 from resin_models_torch.config import ModelConfig
 
 
-def _fused(w: WeightSource, names: list[str], shapes: list[tuple[int, ...]],
-           init: str = "normal") -> torch.Tensor:  # fmt: skip
+def _fused(
+    w: WeightSource, names: list[str], shapes: list[tuple[int, ...]], init: str = "normal"
+) -> torch.Tensor:
     return torch.cat([w.get(n, s, init) for n, s in zip(names, shapes, strict=True)])
 
 
 class Attention:
     """`prefix` is the layer's `...self_attn.`; `window` 0 = full attention."""
 
-    def __init__(self, config: ModelConfig, w: WeightSource, prefix: str, slot: LayerSlot,
-                 window: int, rotary: Rotary, unit_offset_norms: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        w: WeightSource,
+        prefix: str,
+        slot: LayerSlot,
+        window: int,
+        rotary: Rotary,
+        unit_offset_norms: bool = False,
+    ) -> None:
         if config.attn_logit_softcapping is not None:
             raise ValueError("attention logit soft-capping is not supported by the fast runner")
         c, h, d = config, config.hidden_size, config.head_dim
         self.config, self.slot, self.window, self.rotary = c, slot, window, rotary
         self.q_size, self.kv_size, self.scale = c.q_size, c.kv_size, c.scale
-        sizes = [(c.q_size, h), (c.kv_size, h), (c.kv_size, h)]
+        sizes: list[tuple[int, ...]] = [(c.q_size, h), (c.kv_size, h), (c.kv_size, h)]
         names = [f"{prefix}{p}_proj.weight" for p in "qkv"]
         self.qkv = _fused(w, names, sizes)
         self.qkv_bias = None
@@ -66,14 +75,33 @@ class Attention:
         info = step.info
         if isinstance(info, DecodeInfo):
             o = decode_attention(
-                q, k_cache, v_cache, group.page_indptr, group.page_ids, group.page_start,
-                info.seq_lens, scale=self.scale, splits=info.splits, window=self.window,
+                q,
+                k_cache,
+                v_cache,
+                group.page_indptr,
+                group.page_ids,
+                group.page_start,
+                info.seq_lens,
+                scale=self.scale,
+                splits=info.splits,
+                window=self.window,
                 sinks=self.sinks,
-            )  # fmt: skip
+            )
         else:
             o = prefill_attention(
-                q, k_cache, v_cache, info.query_indptr, info.cached_lens, group.page_indptr,
-                group.page_ids, group.page_start, info.block_row, info.block_off,
-                scale=self.scale, window=self.window, sinks=self.sinks, block_m=info.block_m,
-            )  # fmt: skip
+                q,
+                k_cache,
+                v_cache,
+                info.query_indptr,
+                info.cached_lens,
+                group.page_indptr,
+                group.page_ids,
+                group.page_start,
+                info.block_row,
+                info.block_off,
+                scale=self.scale,
+                window=self.window,
+                sinks=self.sinks,
+                block_m=info.block_m,
+            )
         return F.linear(o.view(t, qs), self.o_proj, self.o_bias)

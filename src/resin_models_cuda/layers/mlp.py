@@ -24,8 +24,15 @@ def activation_of(hidden_act: str) -> Activation:
 class GatedMLP:
     """`prefix` is the layer's `...mlp.` (Hugging Face gate_proj / up_proj / down_proj)."""
 
-    def __init__(self, w: WeightSource, prefix: str, hidden: int, inner: int, hidden_act: str,
-                 bias: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        w: WeightSource,
+        prefix: str,
+        hidden: int,
+        inner: int,
+        hidden_act: str,
+        bias: bool = False,
+    ) -> None:
         self.act = activation_of(hidden_act)
         gate = w.get(f"{prefix}gate_proj.weight", (inner, hidden))
         up = w.get(f"{prefix}up_proj.weight", (inner, hidden))
@@ -33,8 +40,9 @@ class GatedMLP:
         self.down = w.get(f"{prefix}down_proj.weight", (hidden, inner), "out")
         self.gate_up_bias = self.down_bias = None
         if bias:
-            self.gate_up_bias = torch.cat([w.get(f"{prefix}{p}_proj.bias", (inner,))
-                                           for p in ("gate", "up")])  # fmt: skip
+            self.gate_up_bias = torch.cat(
+                [w.get(f"{prefix}{p}_proj.bias", (inner,)) for p in ("gate", "up")]
+            )
             self.down_bias = w.get(f"{prefix}down_proj.bias", (hidden,))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

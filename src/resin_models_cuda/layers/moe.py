@@ -36,21 +36,30 @@ class ExpertWeights:
 
 
 class MoE:
-    def __init__(self, moe: MoeConfig, weights: ExpertWeights, act: Activation,
-                 gemv_max_pairs: int = 64) -> None:  # fmt: skip
+    def __init__(
+        self, moe: MoeConfig, weights: ExpertWeights, act: Activation, gemv_max_pairs: int = 64
+    ) -> None:
         self.moe, self.w, self.act = moe, weights, act
         self.gemv_max_pairs = gemv_max_pairs
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights fp32 [T, k], experts int32 [T, k]): one linear, one top-k kernel."""
         logits = F.linear(x, self.w.router, self.w.router_bias)
-        return router_topk(logits, self.moe.top_k, sigmoid=self.moe.scoring == "sigmoid",
-                           renormalize=self.moe.norm_topk_prob)  # fmt: skip
+        return router_topk(
+            logits,
+            self.moe.top_k,
+            sigmoid=self.moe.scoring == "sigmoid",
+            renormalize=self.moe.norm_topk_prob,
+        )
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         limit = self.moe.swiglu_limit
-        return gated_activation(gate_up, self.act, alpha=self.moe.swiglu_alpha,
-                                limit=limit if limit is not None else 0.0)  # fmt: skip
+        return gated_activation(
+            gate_up,
+            self.act,
+            alpha=self.moe.swiglu_alpha,
+            limit=limit if limit is not None else 0.0,
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, expert = self.route(x)
@@ -66,8 +75,7 @@ class MoE:
         expert_gemv(x, w.gate_up, experts, out=gate_up, bias=w.gate_up_bias, row_div=k)
         act = self._activate(gate_up)
         out = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32, device=x.device)
-        expert_gemv(act, w.down, experts, out=out, scale=weight.flatten(), topk=k,
-                    bias=w.down_bias)  # fmt: skip
+        expert_gemv(act, w.down, experts, out=out, scale=weight.flatten(), topk=k, bias=w.down_bias)
         return out.to(x.dtype)
 
     def _grouped(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
@@ -75,10 +83,19 @@ class MoE:
         pairs = x.shape[0] * k
         aligned = align_pairs(expert.flatten(), self.moe.num_experts, 16 if pairs <= 1024 else 64)
         gate_up = torch.empty((pairs, w.gate_up.shape[1]), dtype=x.dtype, device=x.device)
-        grouped_gemm(x, w.gate_up, aligned, num_pairs=pairs, row_div=k, out=gate_up,
-                     bias=w.gate_up_bias)  # fmt: skip
+        grouped_gemm(
+            x, w.gate_up, aligned, num_pairs=pairs, row_div=k, out=gate_up, bias=w.gate_up_bias
+        )
         act = self._activate(gate_up)
         out = torch.empty((pairs, x.shape[1]), dtype=torch.float32, device=x.device)
-        grouped_gemm(act, w.down, aligned, num_pairs=pairs, row_div=1, out=out,
-                     bias=w.down_bias, scale=weight.flatten())  # fmt: skip
+        grouped_gemm(
+            act,
+            w.down,
+            aligned,
+            num_pairs=pairs,
+            row_div=1,
+            out=out,
+            bias=w.down_bias,
+            scale=weight.flatten(),
+        )
         return out.view(x.shape[0], k, -1).sum(1).to(x.dtype)

@@ -12,8 +12,9 @@ from resin_models_cuda.layers.weights import WeightSource
 class RMSNorm:
     """`unit_offset`: Gemma's `(1 + w)` weight (stored as w, initialised at zero)."""
 
-    def __init__(self, w: WeightSource, name: str, dim: int, eps: float,
-                 unit_offset: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, w: WeightSource, name: str, dim: int, eps: float, unit_offset: bool = False
+    ) -> None:
         self.weight = w.get(name, (dim,), "zeros" if unit_offset else "ones")
         self.eps, self.unit_offset = eps, unit_offset
 
@@ -26,5 +27,6 @@ class RMSNorm:
 
     def add_post_norm(self, x: torch.Tensor, residual: torch.Tensor, post: RMSNorm) -> None:
         """Post-norm boundary, in place: `residual += post(x); x = norm(residual)`."""
-        fused_add_rmsnorm(x, residual, self.weight, self.eps, x_weight=post.weight,
-                          unit_offset=self.unit_offset)  # fmt: skip
+        fused_add_rmsnorm(
+            x, residual, self.weight, self.eps, x_weight=post.weight, unit_offset=self.unit_offset
+        )

@@ -41,8 +41,9 @@ def _checked(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.T
 class StateDictWeights:
     """Tensors from a mapping of Hugging Face names (e.g. a reference model's state dict)."""
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], device: torch.device | str,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+    def __init__(
+        self, tensors: Mapping[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype
+    ) -> None:
         self.tensors, self.device, self.dtype = tensors, torch.device(device), dtype
 
     def has(self, name: str) -> bool:
@@ -88,8 +89,15 @@ class RandomWeights:
     that write into the residual stream ("out") scaled by 1/sqrt(2 * layers) when
     `residual_scale` (GPT-2's init: a deep random model stays well conditioned)."""
 
-    def __init__(self, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
-                 std: float = 0.02, num_layers: int = 1, residual_scale: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        seed: int = 0,
+        std: float = 0.02,
+        num_layers: int = 1,
+        residual_scale: bool = False,
+    ) -> None:
         self.device, self.dtype, self.std = torch.device(device), dtype, std
         self.out_std = std / math.sqrt(2 * num_layers) if residual_scale else std
         self._gen = torch.Generator(device=self.device).manual_seed(seed)

@@ -10,8 +10,9 @@ from resin_models_torch.architectures import fast_model
 from resin_models_torch.config import ModelConfig
 
 
-def build_model(config: ModelConfig, weights: WeightSource,
-                options: BuildOptions | None = None) -> FastModel:  # fmt: skip
+def build_model(
+    config: ModelConfig, weights: WeightSource, options: BuildOptions | None = None
+) -> FastModel:
     """The fast model of `config.model_type`, its weights taken from `weights`."""
     model: FastModel = fast_model(config.model_type)(config, weights, options or BuildOptions())
     return model

@@ -52,8 +52,9 @@ class FastModel:
         }
         h = config.hidden_size
         self.embed = w.get("model.embed_tokens.weight", (config.vocab_size, h))
-        self.final_norm = RMSNorm(w, "model.norm.weight", h, config.norm_eps,
-                                  self.unit_offset_norms)  # fmt: skip
+        self.final_norm = RMSNorm(
+            w, "model.norm.weight", h, config.norm_eps, self.unit_offset_norms
+        )
         tied = config.tie_embeddings
         self.lm_head = self.embed if tied else w.get("lm_head.weight", (config.vocab_size, h))
 

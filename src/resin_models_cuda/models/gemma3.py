@@ -23,8 +23,15 @@ class Gemma3Layer:
             return RMSNorm(w, f"{p}{name}.weight", h, eps, unit_offset=True)
 
         self.input_norm = norm("input_layernorm")
-        self.attn = Attention(c, w, f"{p}self_attn.", model.slots[i], model.window(i),
-                              model.rotary(i), unit_offset_norms=True)  # fmt: skip
+        self.attn = Attention(
+            c,
+            w,
+            f"{p}self_attn.",
+            model.slots[i],
+            model.window(i),
+            model.rotary(i),
+            unit_offset_norms=True,
+        )
         self.post_attn_norm = norm("post_attention_layernorm")
         self.pre_ff_norm = norm("pre_feedforward_layernorm")
         self.mlp = GatedMLP(w, f"{p}mlp.", h, c.intermediate_size, c.hidden_act)

@@ -32,7 +32,11 @@ class GptOss(Llama):
         gate_up_bias = _deinterleave(w.get(f"{p}experts.gate_up_proj_bias", (e, 2 * inner)))
         down = w.get(f"{p}experts.down_proj", (e, inner, h), "out").transpose(1, 2).contiguous()
         experts = ExpertWeights(
-            w.get(f"{p}router.weight", (e, h)), w.get(f"{p}router.bias", (e,)),
-            gate_up, gate_up_bias.contiguous(), down, w.get(f"{p}experts.down_proj_bias", (e, h)),
-        )  # fmt: skip
+            w.get(f"{p}router.weight", (e, h)),
+            w.get(f"{p}router.bias", (e,)),
+            gate_up,
+            gate_up_bias.contiguous(),
+            down,
+            w.get(f"{p}experts.down_proj_bias", (e, h)),
+        )
         return MoE(c.moe, experts, "swiglu_clamp", self.options.moe_gemv_max_pairs)

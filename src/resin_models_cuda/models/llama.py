@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from resin_models_cuda.layers import Attention, ExpertWeights, GatedMLP, MoE, RMSNorm
-from resin_models_cuda.layers import WeightSource, activation_of
+from resin_models_cuda.layers import (
+    Attention,
+    ExpertWeights,
+    GatedMLP,
+    MoE,
+    RMSNorm,
+    WeightSource,
+    activation_of,
+)
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
 from resin_models_torch.config import ModelConfig
@@ -25,11 +32,17 @@ def qwen_experts(c: ModelConfig, w: WeightSource, p: str) -> ExpertWeights:
         gate_up = w.get(f"{p}experts.gate_up_proj", (e, 2 * i, h))
         down = w.get(f"{p}experts.down_proj", (e, h, i), "out")
         return ExpertWeights(router, None, gate_up, None, down, None)
-    gate_up = torch.stack([
-        torch.cat([w.get(f"{p}experts.{j}.gate_proj.weight", (i, h)),
-                   w.get(f"{p}experts.{j}.up_proj.weight", (i, h))])
-        for j in range(e)
-    ])  # fmt: skip
+    gate_up = torch.stack(
+        [
+            torch.cat(
+                [
+                    w.get(f"{p}experts.{j}.gate_proj.weight", (i, h)),
+                    w.get(f"{p}experts.{j}.up_proj.weight", (i, h)),
+                ]
+            )
+            for j in range(e)
+        ]
+    )
     down = torch.stack([w.get(f"{p}experts.{j}.down_proj.weight", (h, i), "out") for j in range(e)])
     return ExpertWeights(router, None, gate_up, None, down, None)
 
@@ -39,8 +52,9 @@ class LlamaLayer:
         c, p = model.config, f"model.layers.{i}."
         h = c.hidden_size
         self.input_norm = RMSNorm(w, f"{p}input_layernorm.weight", h, c.norm_eps)
-        self.attn = Attention(c, w, f"{p}self_attn.", model.slots[i], model.window(i),
-                              model.rotary(i))  # fmt: skip
+        self.attn = Attention(
+            c, w, f"{p}self_attn.", model.slots[i], model.window(i), model.rotary(i)
+        )
         self.post_norm = RMSNorm(w, f"{p}post_attention_layernorm.weight", h, c.norm_eps)
         self.mlp = model.make_mlp(w, i)
 
@@ -54,8 +68,12 @@ class Llama(FastModel):
         c, p = self.config, f"model.layers.{i}.mlp."
         if c.is_sparse(i):
             assert c.moe is not None
-            return MoE(c.moe, qwen_experts(c, w, p), activation_of(c.hidden_act),
-                       self.options.moe_gemv_max_pairs)  # fmt: skip
+            return MoE(
+                c.moe,
+                qwen_experts(c, w, p),
+                activation_of(c.hidden_act),
+                self.options.moe_gemv_max_pairs,
+            )
         return GatedMLP(w, p, c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias)
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:

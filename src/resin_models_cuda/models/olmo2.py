@@ -16,8 +16,9 @@ class Olmo2Layer:
     def __init__(self, model: Olmo2, i: int, w: WeightSource) -> None:
         c, p = model.config, f"model.layers.{i}."
         h = c.hidden_size
-        self.attn = Attention(c, w, f"{p}self_attn.", model.slots[i], model.window(i),
-                              model.rotary(i))  # fmt: skip
+        self.attn = Attention(
+            c, w, f"{p}self_attn.", model.slots[i], model.window(i), model.rotary(i)
+        )
         self.post_attn_norm = RMSNorm(w, f"{p}post_attention_layernorm.weight", h, c.norm_eps)
         self.mlp = GatedMLP(w, f"{p}mlp.", h, c.intermediate_size, c.hidden_act)
         self.post_ff_norm = RMSNorm(w, f"{p}post_feedforward_layernorm.weight", h, c.norm_eps)
