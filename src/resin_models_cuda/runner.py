@@ -98,7 +98,7 @@ class CudaRunner:
         self._num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda"
-            else 8
+            else 1  # the CPU interpreter pays per program: no split-KV there
         )
         self._runner_config = self._make_runner_config()
         self.kv: torch.Tensor | None = None
