@@ -123,6 +123,8 @@ def grouped_gemm(
     scale: torch.Tensor | None = None,
     block_n: int = 64,
     block_k: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """`out[p] = scale[p] * (W[e_p] @ x[p // row_div] + bias[e_p])` for every pair p."""
     assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
@@ -155,7 +157,7 @@ def grouped_gemm(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=4,
-        num_stages=3,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out

@@ -26,6 +26,30 @@ from resin_models_torch.config import MoeConfig
 
 
 @dataclass(frozen=True, slots=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def launch(self) -> dict[str, int]:
+        return {
+            "block_n": self.block_n,
+            "block_k": self.block_k,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
+
+
+# Measured on the H200 with scripts/tune_moe.py (docs/bench/gpu/issue11_tune_moe.jsonl): few
+# pairs per expert want short blocks and long K tiles; prefill wants 64 x 128 tiles.
+DECODE_TILES = Tiles(16, 64, 128, 4, 4)
+PREFILL_TILES = Tiles(64, 128, 64, 4, 3)
+
+
+@dataclass(frozen=True, slots=True)
 class ExpertWeights:
     router: torch.Tensor  # [E, H]
     router_bias: torch.Tensor | None  # [E]
