@@ -30,8 +30,74 @@ class AlignedPairs(NamedTuple):
     block_m: int
 
 
+@triton.jit
+def _align_kernel(
+    experts_ptr,  # int [P]
+    cursor_ptr,  # int32 [E] scratch: next free row of each expert
+    sorted_pairs_ptr,  # int32 [NB * BLOCK_M]
+    block_expert_ptr,  # int32 [NB]
+    P,
+    NB,
+    E: tl.constexpr,
+    BINS: tl.constexpr,  # power of two > E (bin E collects the padding lanes)
+    P_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """One program: histogram, padded offsets, block -> expert, and every pair's row.
+
+    A pair's row within its expert's run comes from an atomic cursor, so the order inside a
+    run is arbitrary; each pair's output row depends only on its own inputs, so results do
+    not depend on it."""
+    p = tl.arange(0, P_PAD)
+    ids = tl.load(experts_ptr + p, mask=p < P, other=E).to(tl.int32)
+    counts = tl.histogram(ids, BINS)
+    bins = tl.arange(0, BINS)
+    counts = tl.where(bins < E, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    tl.store(cursor_ptr + bins, ends - padded, mask=bins < E)
+    for b0 in range(0, NB, CHUNK):
+        b = b0 + tl.arange(0, CHUNK)
+        expert = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), 1)
+        tl.store(block_expert_ptr + b, tl.where(expert < E, expert, -1), mask=b < NB)
+    for r0 in range(0, NB * BLOCK_M, CHUNK):
+        r = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_pairs_ptr + r, tl.full([CHUNK], 0, tl.int32) + P, mask=r < NB * BLOCK_M)
+    tl.debug_barrier()
+    dest = tl.atomic_add(cursor_ptr + ids, 1, mask=p < P)
+    tl.store(sorted_pairs_ptr + dest, p, mask=p < P)
+
+
+FUSED_ALIGN_MAX_PAIRS = 4096
+
+
 def align_pairs(experts: torch.Tensor, num_experts: int, block_m: int) -> AlignedPairs:
-    """`experts` [P] (int) -> pairs grouped by expert, each group padded to `block_m` rows."""
+    """`experts` [P] (int) -> pairs grouped by expert, each group padded to `block_m` rows.
+
+    Up to `FUSED_ALIGN_MAX_PAIRS` pairs (decode) in one Triton program; more with a few
+    PyTorch ops (prefill; stable order)."""
+    pairs = experts.numel()
+    if 0 < pairs <= FUSED_ALIGN_MAX_PAIRS:
+        return _align_fused(experts.reshape(-1), num_experts, block_m)
+    return _align_torch(experts, num_experts, block_m)
+
+
+def _align_fused(experts: torch.Tensor, num_experts: int, block_m: int) -> AlignedPairs:
+    pairs, device = experts.numel(), experts.device
+    blocks = triton.cdiv(pairs + num_experts * (block_m - 1), block_m)
+    sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
+    _align_kernel[(1,)](
+        experts, cursor, sorted_pairs, block_expert, pairs, blocks,
+        E=num_experts, BINS=triton.next_power_of_2(num_experts + 1),
+        P_PAD=triton.next_power_of_2(pairs), BLOCK_M=block_m, CHUNK=256, num_warps=4,
+    )  # fmt: skip
+    return AlignedPairs(sorted_pairs, block_expert, block_m)
+
+
+def _align_torch(experts: torch.Tensor, num_experts: int, block_m: int) -> AlignedPairs:
     pairs = experts.numel()
     device = experts.device
     blocks = triton.cdiv(pairs + num_experts * (block_m - 1), block_m)
