@@ -222,6 +222,8 @@ class CudaRunner:
         block_m = self.options.prefill_block_m if self.device.type == "cuda" else 16
         if self.dtype == torch.float32:
             block_m = min(block_m, 64)  # float32 tiles need twice the shared memory
+        if self.config.head_dim * self.dtype.itemsize > 512:
+            block_m = min(block_m, 32)  # wide float32 heads (Gemma's 256)
         block_row, block_off = prefill_blocks(plan.query_indptr, block_m)
 
         def dev(a: np.ndarray) -> torch.Tensor:

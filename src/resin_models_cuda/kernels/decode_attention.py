@@ -176,6 +176,8 @@ def decode_attention(
         assert t.dtype == torch.int32, "page tables and lengths are int32"
     assert page_indptr.shape[0] >= batch + 1 and seq_lens.shape[0] >= batch
     group = num_q_heads // num_kv_heads
+    if head_dim * q.element_size() > 512:  # e.g. float32 x 256: keep the tiles in shared memory
+        block_n = min(block_n, 16)
     o_part = torch.empty(
         (batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device
     )

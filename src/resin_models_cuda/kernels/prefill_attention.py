@@ -171,6 +171,8 @@ def prefill_attention(
     num_blocks = block_row.shape[0]
     if num_blocks == 0:
         return out
+    if head_dim * q.element_size() > 512:  # e.g. float32 x 256: keep the tiles in shared memory
+        block_n = min(block_n, 32)
     if sinks is not None:
         assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
     _prefill_kernel[(num_blocks, num_q_heads)](
