@@ -25,7 +25,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="1,8,64,256,4096")
     p.add_argument("--output", type=Path)
+    p.add_argument("--gemv", action="store_true", help="sweep the expert GEMV instead")
     args = p.parse_args()
+    if args.gemv:
+        return tune_gemv(args)
     rows: list[dict[str, Any]] = []
     for name, (e, h, inner, k) in SHAPES.items():
         w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -43,7 +46,9 @@ def main() -> None:
                 a = align_pairs(ids, e, bm)
                 out_up = torch.empty(t * k, 2 * inner, device="cuda", dtype=torch.bfloat16)
                 out_dn = torch.empty(t * k, h, device="cuda", dtype=torch.float32)
-                kw = dict(block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+                kw: dict[str, Any] = dict(
+                    block_n=bn, block_k=bk, num_warps=warps, num_stages=stages
+                )
 
                 up = functools.partial(
                     grouped_gemm, x, w_up, a, num_pairs=t * k, row_div=k, out=out_up, **kw
@@ -78,6 +83,65 @@ def main() -> None:
                 best[key] = r
         for r in best.values():
             print(json.dumps(r))
+    if args.output:
+        with args.output.open("a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+def tune_gemv(args: argparse.Namespace) -> None:
+    """Expert GEMV tiles (the small-batch path): time gate_up + down per configuration."""
+    from resin_models_cuda.kernels.moe_gemv import expert_gemv
+
+    rows: list[dict[str, Any]] = []
+    for name, (e, h, inner, k) in SHAPES.items():
+        w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
+        w_down = torch.randn(e, h, inner, device="cuda", dtype=torch.bfloat16) * 0.02
+        for t in [int(x) for x in args.tokens.split(",")]:
+            x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+            ids = torch.randint(0, e, (t * k,), device="cuda", dtype=torch.int32)
+            act = torch.randn(t * k, inner, device="cuda", dtype=torch.bfloat16)
+            scale = torch.rand(t * k, device="cuda")
+            out_up = torch.empty(t * k, 2 * inner, device="cuda", dtype=torch.bfloat16)
+            out_dn = torch.zeros(t, h, device="cuda", dtype=torch.float32)
+            best: dict[str, Any] | None = None
+            for bn, bk, warps in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8)):
+                kw: dict[str, Any] = dict(block_n=bn, block_k=bk, num_warps=warps)
+                up = functools.partial(expert_gemv, x, w_up, ids, out=out_up, row_div=k, **kw)
+                down = functools.partial(
+                    expert_gemv,
+                    act,
+                    w_down,
+                    ids,
+                    out=out_dn,
+                    scale=scale,
+                    topk=k,
+                    **kw,
+                )
+                ms = do_bench(up, warmup=5, rep=30) + do_bench(down, warmup=5, rep=30)
+                gb = len(set(ids.tolist())) * 3 * h * inner * 2 / 1e9
+                row = {
+                    "model": name,
+                    "tokens": t,
+                    "kernel": "gemv",
+                    "block_n": bn,
+                    "block_k": bk,
+                    "warps": warps,
+                    "ms": ms,
+                    "tb_s": gb / ms,
+                }
+                rows.append(row)
+                if best is None or ms < best["ms"]:
+                    best = row
+            print(json.dumps(best))
+            current = [
+                r
+                for r in rows
+                if r["model"] == name
+                and r["tokens"] == t
+                and (r["block_n"], r["block_k"], r["warps"]) == (16, 256, 4)
+            ]
+            print("current", json.dumps(current[0]))
     if args.output:
         with args.output.open("a") as f:
             for r in rows:
