@@ -346,7 +346,9 @@ def _rope(params: dict[str, Any] | None, theta: float) -> RopeConfig:
 
 
 def _global_rope(raw: _Reader, theta: float = 10000.0) -> RopeConfig:
-    params = raw.get("rope_parameters") or raw.get("rope_scaling")
+    # Newer configs say rope_parameters, older ones rope_scaling (both may be present).
+    parameters, scaling = raw.get("rope_parameters"), raw.get("rope_scaling")
+    params = parameters or scaling
     return _rope(params, float(raw.get("rope_theta", theta)))
 
 
@@ -387,7 +389,8 @@ def _llama(raw: _Reader) -> ModelConfig:
 
 def _qwen3_moe(raw: _Reader) -> ModelConfig:
     base = _llama(raw)
-    num_experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    experts, local_experts = raw.get("num_experts"), raw.get("num_local_experts")
+    num_experts = int(experts or local_experts or 0)
     step = int(raw.get("decoder_sparse_step", 1))
     dense = set(raw.get("mlp_only_layers") or [])
     sparse = tuple(
@@ -410,9 +413,11 @@ def _gpt_oss(raw: _Reader) -> ModelConfig:
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
             "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or yarn
+    parameters, scaling = raw.get("rope_parameters"), raw.get("rope_scaling")
+    params = parameters or scaling or yarn
     bias = bool(raw.get("attention_bias", True))
-    num_experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 128)
+    local_experts, experts = raw.get("num_local_experts"), raw.get("num_experts")
+    num_experts = int(local_experts or experts or 128)
     moe = MoeConfig(
         num_experts=num_experts,
         top_k=int(raw.get("num_experts_per_tok", 4)),
@@ -457,13 +462,16 @@ def _gemma3(raw: _Reader) -> ModelConfig:
     if "full_attention" in params or "sliding_attention" in params:
         rope = _rope(params.get("full_attention"), 1_000_000.0)
         local = _rope(params.get("sliding_attention"), 10_000.0)
+        for key in ("rope_scaling", "rope_theta", "rope_local_base_freq"):
+            raw.get(key)  # older spellings of the same values; rope_parameters wins
     else:  # older configs: rope_theta + rope_scaling for global layers, a local base frequency
         rope = _rope(raw.get("rope_scaling"), float(raw.get("rope_theta", 1_000_000.0)))
         local = RopeConfig(theta=float(raw.get("rope_local_base_freq", 10_000.0)))
     if raw.get("use_bidirectional_attention"):
         raise ValueError("bidirectional Gemma 3 attention is not supported")
     # `layer_types` wins when present; the pattern is the older way to say the same thing.
-    pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern", 6))
+    pattern, derived = raw.get("sliding_window_pattern"), raw.get("_sliding_window_pattern")
+    pattern = int(pattern or derived or 6)
     default = [
         "sliding_attention" if (i + 1) % pattern else "full_attention"
         for i in range(common["num_layers"])
