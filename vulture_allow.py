@@ -48,3 +48,12 @@ _.persistent_load  # backend/distributed.py: pickle.Unpickler hook (pickle calls
 spawn_local  # backend/launch.py: public API (docs/distributed.md), used by tests
 _.out_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
 _.in_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
+_.weight_bytes  # resin_models_cuda/benchmark.py: a benchmark record field read by reports
+_.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (tests/cuda read it)
+expert_bias  # resin_models_torch/config.py: a config field (layers read it through MoeConfig)
+GptOss  # resin_models_cuda/models: loaded by name through resin_models_torch.architectures
+Gemma3ForCausalLM  # resin_models_torch: loaded by name through architectures.py
+GptOssForCausalLM  # resin_models_torch: loaded by name through architectures.py
+Lfm2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
+Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
+Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py

@@ -181,7 +181,7 @@ def bench_engine(
             engine.submit([5, 6, 7 + i], SamplingParams(max_output_tokens=steps + 8,
                                                         constraint=constraint))  # fmt: skip
         while engine.num_waiting or any(len(r.output_token_ids) == 0
-                                        for r in engine._live.values()):  # fmt: skip
+                                        for r in engine._life.live.values()):  # fmt: skip
             engine.step()
         times = []
         for _ in range(steps):
@@ -201,11 +201,18 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=None, help="JSONL file to append to")
     parser.add_argument("--engine", action="store_true", help="also time Engine.step()")
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0])
+    parser.add_argument(
+        "--tokenizer-dir", type=Path, default=None, help="default: the default model's folder"
+    )
     args = parser.parse_args()
     from resin.tokenizer import Tokenizer
-    from resin_models_torch.default_model import default_model_dir
 
-    model_dir = default_model_dir()
+    if args.tokenizer_dir is not None:
+        model_dir = args.tokenizer_dir
+    else:
+        from resin_models_torch.default_model import default_model_dir
+
+        model_dir = default_model_dir()
     tokenizer = Tokenizer.from_dir(model_dir)
     tokens = tokenizer.encode(json.dumps(DOCUMENT))
     tokenizer_json = tokenizer.backend.to_str()

@@ -16,7 +16,7 @@ def _help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_bench_without_url_is_the_runner_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
     out = _help_of(["bench", "--random-weights", "--help"], capsys)
-    assert "--model-config" in out and "--batch-sizes" in out and "--compare-hf" in out
+    assert "--model-config" in out and "--batch-sizes" in out and "--moe-gemv-max-pairs" in out
 
 
 def test_bench_with_url_is_the_server_load_generator(capsys: pytest.CaptureFixture[str]) -> None:

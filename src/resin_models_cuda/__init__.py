@@ -1,22 +1,25 @@
-"""Optimized NVIDIA GPU runners: Triton kernels, CUDA graphs.
+"""Optimized NVIDIA GPU runners: a fast layer library (`layers/`), model files on it
+(`models/`), Triton kernels (`kernels/`), CUDA graphs.
 
-`CudaRunner(config, weights, RunnerOptions(...))` runs Llama-family models (Llama 3, Qwen2/3,
-Mistral, SmolLM2) and Qwen3-MoE; `build_runner` makes one from a preset name with random
-weights or from a Hugging Face checkpoint directory. Importing this package imports torch and
-triton; `resin` itself never imports it.
+`CudaRunner(model, RunnerOptions(...))` runs any architecture the shared registry
+(`resin_models_torch.architectures`) gives a fast model: Llama family (Llama 2/3, Mistral,
+Qwen2/3, SmolLM2), Qwen3-MoE, Gemma 3, gpt-oss, OLMo 2. `load_runner(folder)` builds one from a
+Hugging Face checkpoint, `random_runner(config)` from random weights of a preset's shapes.
+Importing this package imports torch and triton; `resin` itself never imports it.
 """
 
-from resin_models_cuda.config import PRESETS, ModelConfig, preset
-from resin_models_cuda.runner import CudaRunner, RunnerOptions
-from resin_models_cuda.weights import ModelWeights, load_checkpoint, random_weights
+from resin_models_cuda.models import BuildOptions, FastModel, build_model
+from resin_models_cuda.presets import PRESETS, preset
+from resin_models_cuda.runner import CudaRunner, RunnerOptions, load_runner, random_runner
 
 __all__ = [
     "PRESETS",
+    "BuildOptions",
     "CudaRunner",
-    "ModelConfig",
-    "ModelWeights",
+    "FastModel",
     "RunnerOptions",
-    "load_checkpoint",
+    "build_model",
+    "load_runner",
     "preset",
-    "random_weights",
+    "random_runner",
 ]

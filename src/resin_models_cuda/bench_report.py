@@ -10,6 +10,7 @@ from typing import Any
 from resin_models_cuda.benchmark import BenchRecord
 
 _HEAD = (
+    "model",
     "kind",
     "backend",
     "ctx",
@@ -25,15 +26,23 @@ _HEAD = (
 
 def format_row(r: BenchRecord) -> str:
     cells = (
-        r.kind, r.backend, str(r.context), str(r.batch), f"{r.median_ms:.2f}", f"{r.tok_s:,.0f}",
-        f"{r.per_user_tok_s:,.1f}", f"{r.bandwidth_tb_s:.2f}", f"{100 * r.bandwidth_frac:.0f}%",
+        r.model,
+        r.kind,
+        r.backend,
+        str(r.context),
+        str(r.batch),
+        f"{r.median_ms:.2f}",
+        f"{r.tok_s:,.0f}",
+        f"{r.per_user_tok_s:,.1f}",
+        f"{r.bandwidth_tb_s:.2f}",
+        f"{100 * r.bandwidth_frac:.0f}%",
         f"{100 * r.mfu:.1f}%",
-    )  # fmt: skip
-    return " | ".join(f"{c:>10}" for c in cells)
+    )
+    return " | ".join(f"{c:>13}" if i == 0 else f"{c:>10}" for i, c in enumerate(cells))
 
 
 def print_table(records: Iterable[BenchRecord]) -> None:
-    print(" | ".join(f"{h:>10}" for h in _HEAD))
+    print(" | ".join(f"{h:>13}" if i == 0 else f"{h:>10}" for i, h in enumerate(_HEAD)))
     for r in records:
         print(format_row(r))
 
@@ -55,16 +64,33 @@ def plot(records: list[BenchRecord], out_dir: Path, title: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for kind, x_of, y_of, xlabel, ylabel, label_of in (
-        ("prefill", lambda r: r.median_ms, lambda r: r.tok_s, "prefill latency (ms)",
-         "input tok/s per GPU", lambda r: f"{r.context}"),
-        ("decode", lambda r: r.per_user_tok_s, lambda r: r.tok_s, "output tok/s per user",
-         "output tok/s per GPU", lambda r: f"B={r.batch}"),
-    ):  # fmt: skip
+        (
+            "prefill",
+            lambda r: r.median_ms,
+            lambda r: r.tok_s,
+            "prefill latency (ms)",
+            "input tok/s per GPU",
+            lambda r: f"{r.context}",
+        ),
+        (
+            "decode",
+            lambda r: r.per_user_tok_s,
+            lambda r: r.tok_s,
+            "output tok/s per user",
+            "output tok/s per GPU",
+            lambda r: f"B={r.batch}",
+        ),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for backend, style in (("resin", "o-"), ("hf", "s--")):
             for ctx in sorted({r.context for r in records if r.kind == kind}) or [0]:
-                pts = [r for r in records if r.kind == kind and r.backend == backend
-                       and (kind == "prefill" or r.context == ctx)]  # fmt: skip
+                pts = [
+                    r
+                    for r in records
+                    if r.kind == kind
+                    and r.backend == backend
+                    and (kind == "prefill" or r.context == ctx)
+                ]
                 if not pts:
                     continue
                 pts.sort(key=lambda r: (r.batch, r.context))

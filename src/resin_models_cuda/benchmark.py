@@ -1,5 +1,5 @@
-"""Benchmark workloads: prefill and decode sweeps of a `CudaRunner`, and the transformers
-baseline on the same weights. Each measurement is a `BenchRecord` (one JSONL line).
+"""Benchmark workloads: prefill and decode sweeps of a `CudaRunner`. Each measurement is a
+`BenchRecord` (one JSONL line).
 
 Method (see docs/benchmarks.md): load, compilation and CUDA-graph capture happen before any
 timed step; each point runs `warmup` steps, then `iters` timed steps, each ended by the
@@ -21,9 +21,10 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, Phase
-from resin_models_cuda.config import ModelConfig
 from resin_models_cuda.plans import PagedPlanner, Sequence
+from resin_models_cuda.presets import kv_bytes_read, param_counts, weight_bytes_read
 from resin_models_cuda.runner import CudaRunner
+from resin_models_torch.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ def measure_ceilings(device: torch.device) -> Ceilings:
 
 
 def _flops(config: ModelConfig, tokens: int, context: int, causal: bool) -> float:
-    active, _ = config.param_counts()
+    active, _ = param_counts(config)
     attn = 4 * config.num_layers * config.num_heads * config.head_dim * tokens * context
     return 2 * active * tokens + (attn / 2 if causal else attn)
 
@@ -109,13 +110,13 @@ def _median_time(run: Callable[[], object], warmup: int, iters: int) -> float:
 
 def _record(
     kind: str, backend: str, model: str, config: ModelConfig, context: int, batch: int,
-    seconds: float, iters: int, ceilings: Ceilings, kv_tokens: int,
+    seconds: float, iters: int, ceilings: Ceilings, rows: int,
     extra: dict[str, Any] | None = None,
 ) -> BenchRecord:  # fmt: skip
     tokens = context * batch if kind == "prefill" else batch
     # Weights a step must read (the embedding table is only gathered from; an MoE reads the
-    # experts its tokens route to), plus every row's KV.
-    read = config.weight_bytes_read(tokens) + kv_tokens * config.kv_bytes_per_token()
+    # experts its tokens route to), plus every row's KV (a sliding layer: its window only).
+    read = weight_bytes_read(config, tokens) + rows * kv_bytes_read(config, context)
     flops = _flops(config, tokens, context, kind == "prefill")
     bw = read / seconds
     return BenchRecord(
@@ -132,7 +133,7 @@ class RunnerBench:
         self, runner: CudaRunner, planner: PagedPlanner, model: str, ceilings: Ceilings
     ) -> None:
         self.runner, self.planner, self.model, self.ceilings = runner, planner, model, ceilings
-        self.weight_bytes = runner.weights.nbytes()
+        self.weight_bytes = runner.model.nbytes()
         self._rng = np.random.default_rng(0)
 
     def _tokens(self, n: int) -> list[int]:
@@ -144,7 +145,7 @@ class RunnerBench:
         seconds = _median_time(lambda: self.runner.forward(plan), warmup, iters)
         self.planner.free(seq)
         return _record("prefill", "resin", self.model, self.runner.config, context, 1, seconds,
-                       iters, self.ceilings, context)  # fmt: skip
+                       iters, self.ceilings, 1)  # fmt: skip
 
     def decode_plans(self, seqs: list[Sequence], steps: int) -> Iterator[BatchPlan]:
         for _ in range(steps):
@@ -164,44 +165,4 @@ class RunnerBench:
         for seq in seqs:
             self.planner.free(seq)
         return _record("decode", "resin", self.model, self.runner.config, context, batch,
-                       seconds, iters, self.ceilings, batch * context)  # fmt: skip
-
-
-class HfBench:
-    """The transformers baseline on the same weights: one forward for prefill; decode steps
-    with its dynamic KV cache after a prefill of the batch (eager, no graphs)."""
-
-    def __init__(
-        self, model: Any, config: ModelConfig, name: str, ceilings: Ceilings, weight_bytes: int
-    ) -> None:
-        self.hf, self.config, self.name, self.ceilings = model, config, name, ceilings
-        self.weight_bytes = weight_bytes
-        self.device = next(model.parameters()).device
-
-    def _ids(self, batch: int, n: int) -> torch.Tensor:
-        return torch.randint(0, self.config.vocab_size, (batch, n), device=self.device)
-
-    @torch.no_grad()
-    def prefill(self, context: int, warmup: int, iters: int) -> BenchRecord:
-        ids = self._ids(1, context)
-        seconds = _median_time(lambda: self.hf(ids, logits_to_keep=1), warmup, iters)
-        return _record("prefill", "hf", self.name, self.config, context, 1, seconds, iters,
-                       self.ceilings, context)  # fmt: skip
-
-    @torch.no_grad()
-    def decode(self, batch: int, context: int, warmup: int, iters: int) -> BenchRecord:
-        out = self.hf(self._ids(batch, context), use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        state = {"next": nxt}
-
-        def step() -> None:
-            o = self.hf(state["next"], past_key_values=cache, use_cache=True)
-            state["next"] = o.logits[:, -1].argmax(-1, keepdim=True)
-
-        seconds = _median_time(step, warmup, iters)
-        state.clear()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return _record("decode", "hf", self.name, self.config, context, batch, seconds, iters,
-                       self.ceilings, batch * context)  # fmt: skip
+                       seconds, iters, self.ceilings, batch)  # fmt: skip

@@ -4,6 +4,8 @@ The benchmark and the correctness checks drive a runner directly with it: sequen
 lists (a prefix of full pages may be shared with another sequence, like the prefix cache
 does), and `plan()` turns (sequence, new tokens) rows into a frozen plan with exact append
 slots. It does no scheduling and no eviction: it is a test and benchmark harness, not an engine.
+With several cache groups (a sliding-window model), each group gets its own page range of the
+arena and lists every page of the row (page_start 0): the kernels bound the window themselves.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ class Sampling:
 
 
 class PagedPlanner:
-    def __init__(self, num_pages: int, page_size: int) -> None:
-        self.page_size = page_size
-        self._free = list(range(num_pages - 1, -1, -1))
+    def __init__(self, num_pages: int, page_size: int, num_groups: int = 1) -> None:
+        self.page_size, self.num_groups = page_size, num_groups
+        self.pages_per_group = num_pages // num_groups
+        self._free = list(range(self.pages_per_group - 1, -1, -1))
         self._next_id = 0
         self._step = 0
 
@@ -99,12 +102,17 @@ class PagedPlanner:
         sampling = sampling or [Sampling()] * b
         out_idx = np.asarray(output_index or [0] * b, dtype=np.int32)
         i32 = np.int32
-        group = CacheGroupPlan(
-            group=0,
-            page_indptr=np.concatenate([[0], np.cumsum(counts)]).astype(i32),
-            page_ids=np.concatenate(pages).astype(i32),
-            page_start=np.zeros(b, dtype=i32),
-            append_slots=np.concatenate(slots).astype(np.int64),
+        groups = tuple(
+            CacheGroupPlan(
+                group=g,
+                page_indptr=np.concatenate([[0], np.cumsum(counts)]).astype(i32),
+                page_ids=(np.concatenate(pages) + g * self.pages_per_group).astype(i32),
+                page_start=np.zeros(b, dtype=i32),
+                append_slots=(
+                    np.concatenate(slots) + g * self.pages_per_group * self.page_size
+                ).astype(np.int64),
+            )
+            for g in range(self.num_groups)
         )
         arrays = SamplingArrays(
             temperature=np.array([s.temperature for s in sampling], dtype=np.float32),
@@ -128,7 +136,7 @@ class PagedPlanner:
             total_lens=np.asarray(total, dtype=i32),
             sample_rows=np.asarray(samples, dtype=bool),
             sampling=arrays,
-            cache_groups=(group,),
+            cache_groups=groups,
             prompt_logprob_rows=np.zeros(b, dtype=bool),
             target_ids=np.full(t, -1, dtype=i32),
             draft_indptr=np.zeros(b + 1, dtype=i32),

@@ -7,7 +7,6 @@ Shapes: T = flat query tokens of the step, H = heads, D = head dim.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -52,37 +51,20 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [D/2] of one rope config (default, linear or llama3 scaling)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (rope.theta**exponents)
-    if rope.kind == "linear":
-        return inv_freq / rope.factor
-    if rope.kind == "llama3":
-        low_wavelen = rope.original_max_position / rope.low_freq_factor
-        high_wavelen = rope.original_max_position / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
-            rope.high_freq_factor - rope.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(medium, smoothed, scaled)
-    return inv_freq
-
-
 class Rotary(nn.Module):
     """Rotate-half rotary embedding; cos/sin are computed in float32 from absolute positions."""
 
     def __init__(self, rope: RopeConfig, head_dim: int) -> None:
         super().__init__()
         self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
+        self.register_buffer("inv_freq", rope.inv_freq(head_dim), persistent=False)
+        self.attention_factor = rope.attention_factor
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :].float()
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.attention_factor != 1.0:  # YaRN scales cos and sin
+            return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
         return emb.cos(), emb.sin()
 
 
@@ -106,6 +88,49 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class GptOssExperts(nn.Module):
+    """gpt-oss experts in Hugging Face's fused layout: `gate_up_proj` [E, H, 2I] with gate and
+    up interleaved on the last dim, `down_proj` [E, I, H], both with biases; the activation is
+    `(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)` with `g = clamp(gate, max=l)`."""
+
+    def __init__(self, hidden: int, inner: int, num_experts: int, limit: float, alpha: float):
+        super().__init__()
+        self.limit, self.alpha = limit, alpha
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden, 2 * inner))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inner))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, inner, hidden))
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden))
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate_up = x @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+        gate = gate_up[..., ::2].clamp(max=self.limit)
+        up = gate_up[..., 1::2].clamp(-self.limit, self.limit)
+        act = (up + 1) * gate * torch.sigmoid(gate * self.alpha)
+        out: torch.Tensor = act @ self.down_proj[e] + self.down_proj_bias[e]
+        return out
+
+
+class GptOssMoe(nn.Module):
+    """gpt-oss MLP: `router` (a biased linear) picks the top-k logits, softmax over those k."""
+
+    def __init__(self, hidden: int, inner: int, num_experts: int, top_k: int, limit: float,
+                 alpha: float) -> None:  # fmt: skip
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(hidden, num_experts, bias=True)
+        self.experts = GptOssExperts(hidden, inner, num_experts, limit, alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top, chosen = torch.topk(self.router(x), self.top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        out = torch.zeros_like(x)
+        for expert_id in torch.unique(chosen).tolist():
+            token_idx, slot = torch.where(chosen == expert_id)
+            y = self.experts.expert(expert_id, x[token_idx]) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(x.dtype))
         return out
 
 
@@ -145,13 +170,15 @@ def paged_attention(
     batch: AttentionBatch,
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal (or windowed) attention of this step's queries over cached + new keys.
 
     q [T, Hq, D], k/v [T, Hkv, D] (after rope); `cache` is this layer's [pages, 2, page_size,
     Hkv, D] view. Cached keys are gathered through the plan's page rows *before* the new K/V are
     written to their append slots, so a slot reused within the step cannot corrupt a read.
-    Returns [T, Hq * D].
+    `sinks` [Hq] (gpt-oss): a per-head logit that joins the softmax as one extra column and
+    is dropped after it. Returns [T, Hq * D].
     """
     k_cached = cache[batch.cached_pages, 0, batch.cached_offsets]  # [B, C, Hkv, D]
     v_cached = cache[batch.cached_pages, 1, batch.cached_offsets]
@@ -167,7 +194,12 @@ def paged_attention(
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~batch.mask[:, None], float("-inf"))
+    if sinks is not None:
+        column = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:3], 1)
+        scores = torch.cat((scores, column), dim=-1)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:
+        probs = probs[..., :-1]
     probs = torch.nan_to_num(probs)  # padded query slots see no key at all
     out = torch.einsum("bhqk,bkhd->bqhd", probs, values)
     return out[batch.token_rows, batch.token_cols].reshape(q.shape[0], -1)

@@ -1,6 +1,7 @@
 """Llama-family decoder, driven by config fields: Llama 2/3 (llama3 rope scaling), Mistral
 (sliding window -> a Window group), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMS norm),
-SmolLM2 (tied embeddings). Parameter names are Hugging Face's, so checkpoints load unchanged.
+SmolLM2 (tied embeddings); the attention also serves gpt-oss (sinks) and OLMo 2 (whole-width
+q/k norm). Parameter names are Hugging Face's, so checkpoints load unchanged.
 """
 
 from __future__ import annotations
@@ -28,21 +29,26 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * d, hidden, bias=config.o_bias)
-        self.q_norm = RMSNorm(d, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(d, config.norm_eps) if config.qk_norm else None
+        # q/k norm per head (Qwen3) or over all heads at once (OLMo 2).
+        q_width, k_width = (d, d) if config.qk_norm_per_head else (config.q_size, config.kv_size)
+        self.q_norm = RMSNorm(q_width, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(k_width, config.norm_eps) if config.qk_norm else None
+        # gpt-oss: one learned "sink" logit per head joins every softmax (and takes mass).
+        self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if config.sinks else None
 
     def forward(
         self, x: torch.Tensor, ctx: StepContext, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         t, d = x.shape[0], self.config.head_dim
-        q = self.q_proj(x).view(t, -1, d)
-        k = self.k_proj(x).view(t, -1, d)
-        v = self.v_proj(x).view(t, -1, d)
+        q, k = self.q_proj(x), self.k_proj(x)
         if self.q_norm is not None and self.k_norm is not None:
+            if self.config.qk_norm_per_head:
+                q, k = q.view(t, -1, d), k.view(t, -1, d)
             q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.view(t, -1, d), k.view(t, -1, d), self.v_proj(x).view(t, -1, d)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache, batch = ctx.attention(self.slot)
-        attn = paged_attention(q, k, v, cache, batch, self.config.scale)
+        attn = paged_attention(q, k, v, cache, batch, self.config.scale, sinks=self.sinks)
         out: torch.Tensor = self.o_proj(attn)
         return out
 

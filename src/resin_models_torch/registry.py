@@ -1,4 +1,5 @@
-"""Pick the reference model for a checkpoint's `model_type` and build a ready `TorchRunner`.
+"""Pick the reference model (from `architectures.ARCHITECTURES`) for a checkpoint's
+`model_type` and build a ready `TorchRunner`.
 
 `load_runner(folder)` reads a Hugging Face style folder (config.json + *.safetensors; the GGUF
 converter writes such folders too); `random_runner(config)` builds one with random weights for
@@ -7,31 +8,17 @@ tests and benchmarks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from resin_models_torch.architectures import ARCHITECTURES, reference_model
 from resin_models_torch.base import CausalLM
 from resin_models_torch.config import ModelConfig, load_config, parse_config
-from resin_models_torch.gemma3 import Gemma3ForCausalLM
 from resin_models_torch.layers import RMSNorm
-from resin_models_torch.lfm2 import Lfm2ForCausalLM
-from resin_models_torch.llama import LlamaForCausalLM
 from resin_models_torch.loader import load_weights
-from resin_models_torch.qwen3_moe import Qwen3MoeForCausalLM
 from resin_models_torch.runner import TorchRunner
-
-ARCHITECTURES: dict[str, Callable[[ModelConfig], CausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "mistral": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
-    "qwen3": LlamaForCausalLM,
-    "qwen3_moe": Qwen3MoeForCausalLM,
-    "gemma3_text": Gemma3ForCausalLM,
-    "lfm2": Lfm2ForCausalLM,
-}
 
 
 def build_model(
@@ -41,7 +28,7 @@ def build_model(
     if config.model_type not in ARCHITECTURES:
         raise ValueError(f"no reference model for model_type {config.model_type!r}")
     with torch.device(device):
-        model = ARCHITECTURES[config.model_type](config)
+        model: CausalLM = reference_model(config.model_type)(config)
     return model.to(dtype=dtype)
 
 

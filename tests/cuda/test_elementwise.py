@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resin_models_cuda.kernels.rope import RopeScaling
+from resin_models_torch.config import RopeConfig
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 2e-3)]
 GPU_DTYPES = [(torch.bfloat16, 2e-2, 2e-2), (torch.float16, 2e-3, 2e-3)]
@@ -56,14 +56,21 @@ def _ref_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
-@pytest.mark.parametrize("scaling", [None, RopeScaling(8.0, 1.0, 4.0, 64)])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        RopeConfig(10000.0),
+        RopeConfig(10000.0, "llama3", 8.0, 1.0, 4.0, 64),
+        RopeConfig(10000.0, "yarn", 4.0, original_max_position=64, attention_factor=1.2),
+    ],
+)
 @pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, (1, 1), 8), (13, (6, 2), 64)])
 def test_rope_in_place(
-    device: str, scaling: RopeScaling | None, tokens: int, heads: tuple[int, int], head_dim: int
+    device: str, rope: RopeConfig, tokens: int, heads: tuple[int, int], head_dim: int
 ) -> None:
     from resin_models_cuda.kernels import apply_rope, rope_cache
 
-    cos, sin = rope_cache(head_dim, 512, 10000.0, scaling, device)
+    cos, sin = rope_cache(rope, head_dim, 512, device)
     for dtype, atol, rtol in _dtypes(device):
         # q and k as views of one fused qkv projection, like the runner's.
         qkv = torch.randn((tokens, (heads[0] + 2 * heads[1]) * head_dim)).to(dtype).to(device)
@@ -78,21 +85,48 @@ def test_rope_in_place(
         torch.testing.assert_close(k, expect_k, atol=atol, rtol=rtol)
 
 
-def test_rope_llama3_scaling_matches_transformers() -> None:
+@pytest.mark.parametrize("kind", ["llama3", "yarn"])
+def test_rope_scaling_matches_transformers(kind: str) -> None:
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from resin_models_cuda.kernels import rope_cache
+    from resin_models_torch.config import parse_config
 
-    config = transformers.LlamaConfig(
-        head_dim=64, hidden_size=256, num_attention_heads=4, max_position_embeddings=131072,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
-    )  # fmt: skip
-    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
-    cos, _ = rope_cache(64, 4, 500000.0, RopeScaling(8.0, 1.0, 4.0, 8192))
-    torch.testing.assert_close(cos[3], torch.cos(3 * inv_freq.float()), atol=1e-5, rtol=1e-5)
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    if kind == "yarn":  # gpt-oss's
+        params = {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        }
+    raw = dict(
+        model_type="llama",
+        vocab_size=8,
+        head_dim=64,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_hidden_layers=1,
+        max_position_embeddings=131072,
+        rope_parameters=params,
+    )
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](transformers.LlamaConfig(**raw), "cpu")
+    rope = parse_config(raw).rope
+    cos, _ = rope_cache(rope, 64, 4)
+    torch.testing.assert_close(rope.attention_factor, float(factor))
+    expect = torch.cos(3 * inv_freq.float()) * factor
+    torch.testing.assert_close(cos[3], expect, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

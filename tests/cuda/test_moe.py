@@ -1,41 +1,95 @@
-"""Qwen3-MoE MLP: the Triton expert-GEMV path equals the sorted cuBLAS path and a per-token
-loop in plain PyTorch."""
+"""MoE layer: the expert GEMV and the fused grouped GEMM give the plain PyTorch result (softmax
+and sigmoid routers, renormalized or not, expert biases, SiLU and gpt-oss's clamped SwiGLU),
+over odd token counts; the alignment puts every pair in exactly one block of its expert."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from resin_models_cuda.config import preset
+from resin_models_torch.config import MoeConfig
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 7])
-def test_moe_paths_agree(device: str, tokens: int) -> None:
-    from resin_models_cuda.moe import moe_forward_gemv, moe_forward_sorted, route
-    from resin_models_cuda.weights import random_weights
-
-    config = replace(
-        preset("tiny"), model_type="qwen3_moe", qk_norm=True, num_experts=6,
-        experts_per_token=2, moe_intermediate_size=40, num_layers=1,
-    )  # fmt: skip
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    layer = random_weights(config, device, dtype, seed=3, std=0.2).layers[0]
-    h = torch.randn((tokens, config.hidden_size)).to(dtype).to(device)
-    weight, expert = route(config, layer, h)
-    expect = torch.zeros((tokens, config.hidden_size), device=device)
-    for t in range(tokens):
-        for j in range(config.experts_per_token):
+def _reference(moe: MoeConfig, w, x: torch.Tensor, weight, expert) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    out = torch.zeros_like(x, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(moe.top_k):
             e = int(expert[t, j])
-            gate, up = F.linear(h[t].float(), layer.gate_up[e].float()).chunk(2)
-            y = F.linear(F.silu(gate) * up, layer.down[e].float())
-            expect[t] += weight[t, j] * y
-    tol = 1e-4 if device == "cpu" else 3e-2
-    torch.testing.assert_close(
-        moe_forward_gemv(config, layer, h).float(), expect, atol=tol, rtol=tol
+            gu = F.linear(
+                x[t].float(),
+                w.gate_up[e].float(),
+                None if w.gate_up_bias is None else w.gate_up_bias[e].float(),
+            )
+            gate, up = gu.chunk(2)
+            if moe.swiglu_limit is not None:
+                gate, up = gate.clamp(max=moe.swiglu_limit), up.clamp(-7.0, 7.0)
+                act = (up + 1) * gate * torch.sigmoid(gate * moe.swiglu_alpha)
+            else:
+                act = F.silu(gate) * up
+            y = F.linear(
+                act, w.down[e].float(), None if w.down_bias is None else w.down_bias[e].float()
+            )
+            out[t] += weight[t, j] * y
+    return out
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+@pytest.mark.parametrize("variant", ["qwen", "gpt_oss", "sigmoid"])
+def test_moe_paths_match_torch(device: str, tokens: int, variant: str) -> None:
+    from resin_models_cuda.layers import ExpertWeights, MoE
+
+    torch.manual_seed(tokens)
+    e, h, inner, k = 6, 32, 24, 2
+    moe = MoeConfig(
+        e,
+        k,
+        inner,
+        variant != "sigmoid",
+        (True,),
+        scoring="sigmoid" if variant == "sigmoid" else "softmax",
+        router_bias=variant == "gpt_oss",
+        expert_bias=variant == "gpt_oss",
+        swiglu_limit=7.0 if variant == "gpt_oss" else None,
     )
-    torch.testing.assert_close(
-        moe_forward_sorted(config, layer, h).float(), expect, atol=tol, rtol=tol
+
+    def r(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape) * 0.5).to(device)
+
+    bias = variant == "gpt_oss"
+    w = ExpertWeights(
+        r(e, h),
+        r(e) if bias else None,
+        r(e, 2 * inner, h),
+        r(e, 2 * inner) if bias else None,
+        r(e, h, inner),
+        r(e, h) if bias else None,
     )
+    act = "swiglu_clamp" if variant == "gpt_oss" else "silu"
+    x = r(tokens, h)
+    gemv, grouped = MoE(moe, w, act, gemv_max_pairs=10**6), MoE(moe, w, act, gemv_max_pairs=0)
+    weight, expert = gemv.route(x)
+    expect = _reference(moe, w, x, weight, expert)
+    for layer in (gemv, grouped):
+        torch.testing.assert_close(layer(x).float(), expect, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize(("pairs", "experts", "block"), [(1, 4, 16), (37, 6, 16), (300, 8, 64)])
+def test_align_pairs_blocks_hold_one_expert(
+    device: str, pairs: int, experts: int, block: int
+) -> None:
+    from resin_models_cuda.kernels.moe_grouped import align_pairs
+
+    ids = torch.randint(0, experts, (pairs,)).to(device)
+    a = align_pairs(ids, experts, block)
+    sorted_pairs = a.sorted_pairs.view(-1, block).cpu()
+    block_expert = a.block_expert.cpu()
+    seen = []
+    for b in range(sorted_pairs.shape[0]):
+        real = sorted_pairs[b][sorted_pairs[b] < pairs]
+        if block_expert[b] < 0:
+            assert real.numel() == 0
+        else:
+            assert torch.all(ids.cpu()[real.long()] == block_expert[b])
+        seen += real.tolist()
+    assert sorted(seen) == list(range(pairs))

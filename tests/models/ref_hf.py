@@ -84,6 +84,28 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
             mlp_only_layers=[1],
         ),
     ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            num_hidden_layers=2,
+            head_dim=16,
+            intermediate_size=32,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=5,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "rope_theta": 10000.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_hidden_layers=2)),
 }
 
 

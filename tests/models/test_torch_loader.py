@@ -57,9 +57,16 @@ def test_unsupported_configs_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unsupported model_type 'bert'"):
         parse_config({"model_type": "bert"})
     base = json.loads(json.dumps(_LLAMA))
-    base["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
-    with pytest.raises(ValueError, match="unsupported rope_type 'yarn'"):
+    base["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
+    with pytest.raises(ValueError, match="unsupported rope_type 'longrope'"):
         parse_config(base)
+    # A field nobody reads may change the math: it fails loudly instead of being ignored.
+    with pytest.raises(ValueError, match=r"does not understand.*'logit_scale'"):
+        parse_config({**_LLAMA, "logit_scale": 0.5})
+    with pytest.raises(ValueError, match="unsupported pretraining_tp=2"):
+        parse_config({**_LLAMA, "pretraining_tp": 2})
+    # Metadata and training-only knobs are fine.
+    assert parse_config({**_LLAMA, "torch_dtype": "bfloat16", "attention_dropout": 0.1})
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         load_config(tmp_path)
 
@@ -98,7 +105,7 @@ def test_older_config_styles_translate() -> None:
     assert gemma.scale == 64**-0.5 and gemma.embed_scale == 32**0.5 and gemma.tie_embeddings
     lfm = parse_config(
         {
-            **_LLAMA,
+            **{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"},  # LFM2 says norm_eps
             "model_type": "lfm2",
             "block_ff_dim": 96,
             "full_attn_idxs": [1],

@@ -1,33 +1,62 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
-"""SiLU-and-mul: `out = silu(x[:, :I]) * x[:, I:]` for the gated MLP (gate and up fused)."""
+"""Gated activations over a fused `[gate | up]` row: `out = act(x[:, :I]) * x[:, I:]`.
+
+`act`: "silu" (Llama, Qwen), "gelu_tanh" (Gemma), or "swiglu_clamp" (gpt-oss:
+`(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)` with `g = min(gate, l)`).
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import triton
 import triton.language as tl
 
+Activation = Literal["silu", "gelu_tanh", "swiglu_clamp"]
+_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
+
 
 @triton.jit
-def _silu_mul_kernel(
+def _gated_kernel(
     x_ptr,  # [N, 2I], row stride stride_x, last dim contiguous
     out_ptr,  # [N, I], row stride stride_o, last dim contiguous
     stride_x,
     stride_o,
+    alpha,
+    limit,
     INTER: tl.constexpr,
     BLOCK: tl.constexpr,
+    ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh, 2 swiglu_clamp
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
+    dtype = out_ptr.dtype.element_ty
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + INTER + cols, mask=mask, other=0.0).to(tl.float32)
-    # Round the activation to the storage dtype first, as the unfused PyTorch code does.
-    act = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+    if ACT == 2:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        out = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    else:
+        if ACT == 1:  # 0.5 * (1 + tanh(z)) == sigmoid(2z)
+            z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+            act = gate * tl.sigmoid(2.0 * z)
+        else:
+            act = gate * tl.sigmoid(gate)
+        # Round the activation to the storage dtype first, as the unfused PyTorch code does.
+        out = act.to(dtype).to(tl.float32) * up
+    tl.store(out_ptr + row * stride_o + cols, out.to(dtype), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gated_activation(
+    x: torch.Tensor,
+    act: Activation = "silu",
+    out: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> torch.Tensor:
     """`x` [N, 2I] -> [N, I]."""
     assert x.dim() == 2 and x.stride(1) == 1 and x.shape[1] % 2 == 0
     inter = x.shape[1] // 2
@@ -36,7 +65,13 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     assert out.shape == (x.shape[0], inter) and out.stride(1) == 1
     block = 1024
     if x.shape[0]:
-        _silu_mul_kernel[(x.shape[0], triton.cdiv(inter, block))](
-            x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4
-        )
+        _gated_kernel[(x.shape[0], triton.cdiv(inter, block))](
+            x, out, x.stride(0), out.stride(0), alpha, limit,
+            INTER=inter, BLOCK=block, ACT=_CODES[act], num_warps=4,
+        )  # fmt: skip
     return out
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`x` [N, 2I] -> silu(gate) * up, [N, I]."""
+    return gated_activation(x, "silu", out)

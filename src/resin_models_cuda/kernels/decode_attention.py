@@ -9,6 +9,8 @@ multiplies with `tl.dot` (the group is padded to 16 rows). A second kernel merge
 partials by their log-sum-exp.
 
 Sliding window (`window > 0`): the query at position p attends positions (p - window, p].
+Attention sinks (gpt-oss, `sinks` [Hq]): one extra logit per head joins the softmax's
+denominator (it takes probability mass but has no value); the merge adds it.
 """
 
 from __future__ import annotations
@@ -104,8 +106,10 @@ def _decode_merge_kernel(
     o_part_ptr,  # fp32 [B, Hq, S, D] contiguous
     lse_ptr,  # fp32 [B, Hq, S] contiguous
     out_ptr,  # [B, Hq, D], strides (stride_ob, stride_oh, 1)
+    sinks_ptr,  # fp32 [Hq]: sink logits (read when HAS_SINKS)
     stride_ob,
     stride_oh,
+    HAS_SINKS: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     SPLITS: tl.constexpr,
@@ -118,9 +122,14 @@ def _decode_merge_kernel(
     base = (b * NUM_Q_HEADS + h) * SPLITS
     lse = tl.load(lse_ptr + base + s, mask=s < SPLITS, other=float("-inf"))
     m = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)
     total = tl.sum(w, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m)
     o = tl.load(
         o_part_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=(s < SPLITS)[:, None]
     )
@@ -146,6 +155,7 @@ def decode_attention(
     scale: float,
     splits: int,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     block_n: int = 64,
 ) -> torch.Tensor:
@@ -166,6 +176,8 @@ def decode_attention(
         assert t.dtype == torch.int32, "page tables and lengths are int32"
     assert page_indptr.shape[0] >= batch + 1 and seq_lens.shape[0] >= batch
     group = num_q_heads // num_kv_heads
+    if head_dim * q.element_size() > 512:  # e.g. float32 x 256: keep the tiles in shared memory
+        block_n = min(block_n, 16)
     o_part = torch.empty(
         (batch, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device
     )
@@ -182,8 +194,11 @@ def decode_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2,
     )  # fmt: skip
+    if sinks is not None:
+        assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
     _decode_merge_kernel[(batch, num_q_heads)](
-        o_part, lse, out, out.stride(0), out.stride(1),
+        o_part, lse, out, lse if sinks is None else sinks, out.stride(0), out.stride(1),
+        HAS_SINKS=sinks is not None,
         NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, SPLITS=splits,
         SPLITS_PAD=max(2, next_pow2(splits)), num_warps=4,
     )  # fmt: skip

@@ -34,6 +34,7 @@ def _prefill_kernel(
     page_start_ptr,  # int32 [B]
     block_row_ptr,  # int32 [NB]: row of each query block
     block_off_ptr,  # int32 [NB]: first query index of the block inside its row
+    sinks_ptr,  # fp32 [Hq]: sink logits (read when HAS_SINKS)
     stride_qt,
     stride_qh,
     stride_kp,
@@ -43,6 +44,7 @@ def _prefill_kernel(
     stride_oh,
     qk_scale,  # softmax scale * log2(e)
     window,  # 0 = full attention
+    HAS_SINKS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
@@ -102,6 +104,14 @@ def _prefill_kernel(
             tl.float32
         )
         m_i = m_new
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        m_safe = tl.where(m_i == float("-inf"), sink, m_i)
+        # Rescale to a common maximum so a large sink cannot overflow exp2.
+        m_all = tl.maximum(m_safe, sink)
+        scale_acc = tl.exp2(m_safe - m_all)
+        acc = acc * scale_acc[:, None]
+        l_i = l_i * scale_acc + tl.exp2(sink - m_all)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
         o_ptr + tok_q[:, None] * stride_ot + h * stride_oh + d[None, :],
@@ -136,6 +146,7 @@ def prefill_attention(
     *,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     block_m: int = 64,
     block_n: int = 64,
@@ -160,11 +171,15 @@ def prefill_attention(
     num_blocks = block_row.shape[0]
     if num_blocks == 0:
         return out
+    if head_dim * q.element_size() > 512:  # e.g. float32 x 256: keep the tiles in shared memory
+        block_n = min(block_n, 32)
+    if sinks is not None:
+        assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
     _prefill_kernel[(num_blocks, num_q_heads)](
         q, k_cache, v_cache, out, query_indptr, cached_lens, page_indptr, page_ids, page_start,
-        block_row, block_off,
+        block_row, block_off, block_row if sinks is None else sinks,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        out.stride(0), out.stride(1), scale * LOG2E, window,
+        out.stride(0), out.stride(1), scale * LOG2E, window, HAS_SINKS=sinks is not None,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
         BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -1,56 +1,59 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Rotary position embedding (rotate-half / GPT-NeoX layout, as Llama and Qwen use), in place.
 
-`rope_cache` builds float32 `cos`/`sin` tables `[max_positions, head_dim // 2]` once on the
-host side (with Llama-3 frequency scaling when asked); `apply_rope` rotates the query and key
+`rope_cache` builds float32 `cos`/`sin` tables `[max_positions, head_dim // 2]` once (any
+`RopeConfig` of the shared model config); `apply_rope` rotates the query and key
 heads of every token at its own position in one launch.
 """
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
-
-
-@dataclass(frozen=True, slots=True)
-class RopeScaling:
-    """Llama-3 style frequency scaling (`rope_type == "llama3"` in a Hugging Face config)."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_positions: int
+from resin_models_torch.config import RopeConfig
 
 
 def rope_cache(
-    head_dim: int,
-    max_positions: int,
-    theta: float,
-    scaling: RopeScaling | None = None,
-    device: torch.device | str = "cpu",
+    rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 (cos, sin), each `[max_positions, head_dim // 2]`."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    if scaling is not None:
-        low_wavelen = scaling.original_max_positions / scaling.low_freq_factor
-        high_wavelen = scaling.original_max_positions / scaling.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-        smooth = (scaling.original_max_positions / wavelen - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor
-        )
-        mid = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv_freq = torch.where(is_mid, mid, scaled)
-    inv_freq = inv_freq.to(torch.float32)
+    """float32 (cos, sin), each `[max_positions, head_dim // 2]`, from the model config's one
+    frequency formula (default, linear, Llama-3, YaRN; YaRN's attention factor scales both)."""
+    inv_freq = rope.inv_freq(head_dim).to(torch.float32)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-    return freqs.cos().to(device), freqs.sin().to(device)
+    cos, sin = freqs.cos() * rope.attention_factor, freqs.sin() * rope.attention_factor
+    return cos.to(device), sin.to(device)
+
+
+@triton.jit
+def _norm_rope_heads(
+    ptr, stride_t, stride_h, t, w_ptr, c, s, eps,
+    NUM: tl.constexpr, PAD: tl.constexpr, HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+):  # fmt: skip
+    """Heads [NUM, 2 * HALF] of token t: optional per-head RMS norm (rounded to the storage
+    dtype, as the unfused norm does), then the half-split rotation, in place."""
+    dtype = ptr.dtype.element_ty
+    j = tl.arange(0, HALF)
+    h = tl.arange(0, PAD)[:, None]
+    p = ptr + t * stride_t + h * stride_h + j[None, :]
+    m = h < NUM
+    x1 = tl.load(p, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(p + HALF, mask=m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
+        if UNIT_OFFSET:
+            x1 = (x1 * r * (1.0 + w1)).to(dtype).to(tl.float32)
+            x2 = (x2 * r * (1.0 + w2)).to(dtype).to(tl.float32)
+        else:
+            x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+            x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    tl.store(p, (x1 * c - x2 * s).to(dtype), mask=m)
+    tl.store(p + HALF, (x2 * c + x1 * s).to(dtype), mask=m)
 
 
 @triton.jit
@@ -60,41 +63,45 @@ def _rope_kernel(
     pos_ptr,  # int32 [T]
     cos_ptr,  # fp32 [max_positions, D // 2] contiguous
     sin_ptr,  # fp32 [max_positions, D // 2] contiguous
+    qw_ptr,  # [D]: q norm weight (read when HAS_NORM)
+    kw_ptr,  # [D]: k norm weight (read when HAS_NORM)
     stride_qt,
     stride_qh,
     stride_kt,
     stride_kh,
+    eps,
     NUM_Q: tl.constexpr,
     NUM_K: tl.constexpr,
     Q_PAD: tl.constexpr,
     K_PAD: tl.constexpr,
     HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, HALF)
     c = tl.load(cos_ptr + pos * HALF + j)[None, :]
     s = tl.load(sin_ptr + pos * HALF + j)[None, :]
-    hq = tl.arange(0, Q_PAD)[:, None]
-    qp = q_ptr + t * stride_qt + hq * stride_qh + j[None, :]
-    qm = hq < NUM_Q
-    x1 = tl.load(qp, mask=qm).to(tl.float32)
-    x2 = tl.load(qp + HALF, mask=qm).to(tl.float32)
-    tl.store(qp, (x1 * c - x2 * s).to(q_ptr.dtype.element_ty), mask=qm)
-    tl.store(qp + HALF, (x2 * c + x1 * s).to(q_ptr.dtype.element_ty), mask=qm)
-    hk = tl.arange(0, K_PAD)[:, None]
-    kp = k_ptr + t * stride_kt + hk * stride_kh + j[None, :]
-    km = hk < NUM_K
-    y1 = tl.load(kp, mask=km).to(tl.float32)
-    y2 = tl.load(kp + HALF, mask=km).to(tl.float32)
-    tl.store(kp, (y1 * c - y2 * s).to(k_ptr.dtype.element_ty), mask=km)
-    tl.store(kp + HALF, (y2 * c + y1 * s).to(k_ptr.dtype.element_ty), mask=km)
+    _norm_rope_heads(q_ptr, stride_qt, stride_qh, t, qw_ptr, c, s, eps, NUM_Q, Q_PAD, HALF,
+                     HAS_NORM, UNIT_OFFSET)  # fmt: skip
+    _norm_rope_heads(k_ptr, stride_kt, stride_kh, t, kw_ptr, c, s, eps, NUM_K, K_PAD, HALF,
+                     HAS_NORM, UNIT_OFFSET)  # fmt: skip
 
 
 def apply_rope(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    eps: float = 1e-6,
+    unit_offset: bool = False,
 ) -> None:
-    """Rotate `q` [T, Hq, D] and `k` [T, Hk, D] in place at `positions` (int32 [T])."""
+    """Rotate `q` [T, Hq, D] and `k` [T, Hk, D] in place at `positions` (int32 [T]); with
+    `norms` = (q weight [D], k weight [D]), RMS-norm every head first (Qwen3 / Gemma q/k norm,
+    fused: one read and one write of q and k)."""
     num_tokens, num_q, head_dim = q.shape
     assert k.shape[0] == num_tokens and k.shape[2] == head_dim
     assert q.stride(2) == 1 and k.stride(2) == 1
@@ -102,10 +109,13 @@ def apply_rope(
     assert cos.shape == sin.shape and cos.shape[1] == head_dim // 2 and cos.is_contiguous()
     assert cos.dtype == torch.float32 and positions.dtype == torch.int32
     assert positions.shape[0] >= num_tokens
+    if norms is not None:
+        assert norms[0].shape == (head_dim,) and norms[1].shape == (head_dim,)
     if num_tokens == 0:
         return
+    qw, kw = norms if norms is not None else (cos, cos)
     _rope_kernel[(num_tokens,)](
-        q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        NUM_Q=num_q, NUM_K=k.shape[1], Q_PAD=next_pow2(num_q), K_PAD=next_pow2(k.shape[1]),
-        HALF=head_dim // 2, num_warps=4,
+        q, k, positions, cos, sin, qw, kw, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        eps, NUM_Q=num_q, NUM_K=k.shape[1], Q_PAD=next_pow2(num_q), K_PAD=next_pow2(k.shape[1]),
+        HALF=head_dim // 2, HAS_NORM=norms is not None, UNIT_OFFSET=unit_offset, num_warps=4,
     )  # fmt: skip

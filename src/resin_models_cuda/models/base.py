@@ -1,0 +1,105 @@
+"""What every fast model shares: cache-group assignment from layer kinds, one rotary table per
+distinct rope, the embedding (with Gemma's scale), the final norm and the LM head (tied or
+not, optional final soft-capping). A model file subclasses `FastModel`, builds its layers from
+`resin_models_cuda.layers` and writes `forward` as straight-line code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from resin_models_cuda.layers import RMSNorm, Rotary, WeightSource
+from resin_models_cuda.step import LayerSlot, StepTensors
+from resin_models_torch.config import LayerKind, ModelConfig
+
+GROUP_KINDS: tuple[LayerKind, ...] = ("full", "sliding")  # the reference runner's group order
+
+
+@dataclass(frozen=True, slots=True)
+class BuildOptions:
+    """`max_positions`: rotary table length; `moe_gemv_max_pairs`: token-expert pairs up to
+    which MoE layers take the expert-GEMV path instead of the grouped GEMM."""
+
+    max_positions: int = 8192
+    moe_gemv_max_pairs: int = 64
+
+
+class FastModel:
+    """Subclasses set `self.layers` and implement `forward(step, kv) -> hidden [T, H]` (after
+    the final norm). `kv` is the arena `[pages, max layers per group, 2, page, Hkv, D]`."""
+
+    unit_offset_norms = False  # Gemma's (1 + w) RMSNorm weights
+
+    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
+        if "conv" in config.layer_types:
+            raise ValueError(f"{config.model_type}: conv layers have no fast implementation")
+        self.config, self.options = config, options
+        self.device, self.dtype = w.device, w.dtype
+        self.group_kinds = tuple(k for k in GROUP_KINDS if k in config.layer_types)
+        seen = dict.fromkeys(self.group_kinds, 0)
+        slots = []
+        for kind in config.layer_types:
+            slots.append(LayerSlot(self.group_kinds.index(kind), seen[kind]))
+            seen[kind] += 1
+        self.slots = tuple(slots)
+        self.layers_per_group = tuple(seen[k] for k in self.group_kinds)
+        max_pos = min(options.max_positions, config.max_positions) + 1
+        self._rotary = {
+            kind: Rotary(config.rope_of(kind), config.head_dim, max_pos, self.device)
+            for kind in self.group_kinds
+        }
+        h = config.hidden_size
+        self.embed = w.get("model.embed_tokens.weight", (config.vocab_size, h))
+        self.final_norm = RMSNorm(
+            w, "model.norm.weight", h, config.norm_eps, self.unit_offset_norms
+        )
+        tied = config.tie_embeddings
+        self.lm_head = self.embed if tied else w.get("lm_head.weight", (config.vocab_size, h))
+
+    def window(self, layer: int) -> int:
+        """The layer's sliding window (0: full attention)."""
+        sliding = self.config.layer_types[layer] == "sliding"
+        return int(self.config.sliding_window or 0) if sliding else 0
+
+    def rotary(self, layer: int) -> Rotary:
+        return self._rotary[self.config.layer_types[layer]]
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(input_ids.long(), self.embed)
+        if self.config.embed_scale != 1.0:  # Gemma scales in the weight dtype, as HF does
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        return x
+
+    def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, V] (the matmul in the weights' dtype, as Hugging Face does)."""
+        logits = F.linear(hidden, self.lm_head).float()
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def nbytes(self) -> int:
+        """Bytes of distinct tensors the model holds (ties counted once)."""
+        seen: set[int] = set()
+        stack: list[object] = [self]
+        total = 0
+        while stack:
+            obj = stack.pop()
+            if isinstance(obj, torch.Tensor):
+                if obj.data_ptr() not in seen:
+                    seen.add(obj.data_ptr())
+                    total += obj.numel() * obj.element_size()
+            elif isinstance(obj, (list, tuple)):
+                stack.extend(obj)
+            elif isinstance(obj, dict):
+                stack.extend(obj.values())
+            elif hasattr(obj, "__dict__"):
+                stack.extend(vars(obj).values())
+            elif hasattr(obj, "__slots__"):
+                stack.extend(getattr(obj, name) for name in obj.__slots__)
+        return total

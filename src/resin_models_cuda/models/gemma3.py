@@ -1,0 +1,57 @@
+"""Gemma 3 (text) on the fast layer library: interleaved sliding-window and full-attention
+layers (a Window and a History cache group, each with its own rope base), `(1 + w)` RMS norms,
+four norms per layer (the sublayer outputs are normed before they join the residual: each
+boundary is one fused "post-norm, add, pre-norm" kernel), per-head q/k norms, scores scaled by
+`query_pre_attn_scalar`, embeddings scaled by sqrt(hidden), GELU-tanh MLP."""
+
+from __future__ import annotations
+
+import torch
+
+from resin_models_cuda.layers import Attention, GatedMLP, RMSNorm, WeightSource
+from resin_models_cuda.models.base import BuildOptions, FastModel
+from resin_models_cuda.step import StepTensors
+from resin_models_torch.config import ModelConfig
+
+
+class Gemma3Layer:
+    def __init__(self, model: Gemma3, i: int, w: WeightSource) -> None:
+        c, p = model.config, f"model.layers.{i}."
+        h, eps = c.hidden_size, c.norm_eps
+
+        def norm(name: str) -> RMSNorm:
+            return RMSNorm(w, f"{p}{name}.weight", h, eps, unit_offset=True)
+
+        self.input_norm = norm("input_layernorm")
+        self.attn = Attention(
+            c,
+            w,
+            f"{p}self_attn.",
+            model.slots[i],
+            model.window(i),
+            model.rotary(i),
+            unit_offset_norms=True,
+        )
+        self.post_attn_norm = norm("post_attention_layernorm")
+        self.pre_ff_norm = norm("pre_feedforward_layernorm")
+        self.mlp = GatedMLP(w, f"{p}mlp.", h, c.intermediate_size, c.hidden_act)
+        self.post_ff_norm = norm("post_feedforward_layernorm")
+
+
+class Gemma3(FastModel):
+    unit_offset_norms = True
+
+    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
+        super().__init__(config, w, options)
+        self.layers = [Gemma3Layer(self, i, w) for i in range(config.num_layers)]
+
+    def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+        residual = self.embed_tokens(step.input_ids)
+        x = self.layers[0].input_norm(residual)
+        for i, layer in enumerate(self.layers):
+            x = layer.attn(x, step, kv)
+            layer.pre_ff_norm.add_post_norm(x, residual, layer.post_attn_norm)
+            x = layer.mlp(x)
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
+            nxt.add_post_norm(x, residual, layer.post_ff_norm)
+        return x

@@ -1,0 +1,42 @@
+"""gpt-oss on the fast layer library: the Llama layer (pre-norm, q/k/v/o biases) with
+attention sinks, layers alternating a 128-token sliding window and full attention (two cache
+groups), YaRN rotary, and a routed MoE on every layer: biased router, softmax over the top-k
+logits (= softmax, top-k, renormalize), experts with biases and the clamped SwiGLU.
+
+Checkpoint layout (bf16; MXFP4 checkpoints must be dequantized first): `mlp.router.{weight,
+bias}`, `mlp.experts.gate_up_proj` [E, H, 2I] with gate/up interleaved on the last dim (+ bias
+[E, 2I]), `mlp.experts.down_proj` [E, I, H] (+ bias [E, H]); converted once at load to the
+library's [E, 2I, H] (gate rows, then up rows) and [E, H, I].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from resin_models_cuda.layers import ExpertWeights, GatedMLP, MoE, WeightSource
+from resin_models_cuda.models.llama import Llama
+
+
+def _deinterleave(t: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] with gate/up interleaved -> [..., 2I] as [gate | up]."""
+    return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1)
+
+
+class GptOss(Llama):
+    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE:
+        c, p = self.config, f"model.layers.{i}.mlp."
+        assert c.moe is not None
+        h, inner, e = c.hidden_size, c.moe.intermediate_size, c.moe.num_experts
+        gate_up = w.get(f"{p}experts.gate_up_proj", (e, h, 2 * inner))
+        gate_up = _deinterleave(gate_up).transpose(1, 2).contiguous()
+        gate_up_bias = _deinterleave(w.get(f"{p}experts.gate_up_proj_bias", (e, 2 * inner)))
+        down = w.get(f"{p}experts.down_proj", (e, inner, h), "out").transpose(1, 2).contiguous()
+        experts = ExpertWeights(
+            w.get(f"{p}router.weight", (e, h)),
+            w.get(f"{p}router.bias", (e,)),
+            gate_up,
+            gate_up_bias.contiguous(),
+            down,
+            w.get(f"{p}experts.down_proj_bias", (e, h)),
+        )
+        return MoE(c.moe, experts, "swiglu_clamp", self.options.moe_gemv_max_pairs)

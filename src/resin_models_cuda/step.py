@@ -1,0 +1,54 @@
+"""The device tensors of one forward step, as the layers read them.
+
+Every cache group (History for full attention, Window for sliding layers) has its own page
+table and append slots; a layer reads the group it belongs to (`LayerSlot`). Decode steps carry
+`DecodeInfo` (one query token per row, fixed shapes: CUDA-graph safe); other steps carry
+`PrefillInfo` (varlen query chunks over cached prefixes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSlot:
+    """Layer `index` of cache group `group` (the arena holds `index` among that group's layers)."""
+
+    group: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTensors:
+    """One cache group's int32 tensors: append slot per token, CSR page rows, first page index."""
+
+    slots: torch.Tensor
+    page_indptr: torch.Tensor
+    page_ids: torch.Tensor
+    page_start: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeInfo:
+    seq_lens: torch.Tensor  # int32 [B]: cached tokens including the query (0: padding row)
+    splits: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillInfo:
+    query_indptr: torch.Tensor
+    cached_lens: torch.Tensor
+    block_row: torch.Tensor
+    block_off: torch.Tensor
+    block_m: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepTensors:
+    input_ids: torch.Tensor  # int32 [T]
+    positions: torch.Tensor  # int32 [T]
+    groups: tuple[GroupTensors, ...]
+    info: DecodeInfo | PrefillInfo
