@@ -28,19 +28,13 @@ completions  # server/openai_completions.py: a FastAPI route (registered by deco
 create_response  # server/responses.py: a FastAPI route (registered by decorator)
 media_type  # server/asgi.py:108: Starlette response class attribute (read by Starlette)
 _.background  # server/asgi.py:114: Starlette response attribute (read by Starlette)
-raise_api  # TODO(server) asgi.py:193: unused (issue 12 lists it)
-merge_text  # TODO(server) generation.py:216: unused (issue 12 lists it)
 budget_tokens  # server/schemas_anthropic.py: a request-body field (pydantic parses it)
-MAX_STOPS  # TODO(server) schemas_openai.py:11
-MAX_STOP_CHARS  # TODO(server) schemas_openai.py:12
-FakeEngine  # TODO(server) testing.py: a test double (issue 12: moves to tests/)
 add_bos_token  # TODO(tokenizer) tokenizer.py:28
 _.bos_token_id  # TODO(tokenizer) tokenizer.py:95; resin_models_torch/config.py:84
 bos_token_id  # TODO(gpu) resin_models_torch/config.py:84
 mean_agreed_prefix  # TODO(gpu) resin_models_cuda/validate.py:38
 mismatch_margins  # TODO(gpu) resin_models_cuda/validate.py:42
 _.agree_fraction  # TODO(gpu) resin_models_cuda/validate.py:49
-state_dict_getter  # TODO(gpu) resin_models_cuda/weights.py:232: unused (issue 12 lists it)
 np_index  # TODO(gpu) resin_models_torch/batch.py:27
 _.pre_tokenizer  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
 _.decoder  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)

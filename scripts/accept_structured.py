@@ -146,12 +146,12 @@ async def sample_all(url: str, model: str, n: int, max_tokens: int) -> list[dict
 @contextmanager
 def default_server(context_length: int = 2048) -> Iterator[tuple[str, str]]:
     """The default model behind an in-process server: (base url, model name)."""
+    from resin.loading import LoadOptions, load
     from resin.server import HttpServer
     from resin.server.launch import free_port, running
-    from resin.server.loading import LoadOptions, load
 
     loaded = load(LoadOptions(context_length=context_length), progress=False)
-    server = HttpServer(loaded.engine, loaded.chat, tokenizer=loaded.tokenizer, model=loaded.name,
+    server = HttpServer(loaded.engine, loaded.recipe, tokenizer=loaded.tokenizer, model=loaded.name,
                         port=free_port(), context_length=loaded.context_length)  # fmt: skip
     try:
         with running(server) as url:

@@ -112,7 +112,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> object:
-    from resin.server.loading import LoadOptions, load
+    from resin.loading import LoadOptions, load
 
     options = LoadOptions(
         checkpoint=args.checkpoint,
@@ -132,8 +132,8 @@ def _load(args: argparse.Namespace) -> object:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from resin.loading import Loaded
     from resin.server import HttpServer
-    from resin.server.loading import Loaded
     from resin.server.protocol import ConnectionLimits
     from resin.server.service import Limits
 
@@ -141,7 +141,7 @@ def serve(args: argparse.Namespace) -> int:
     assert isinstance(loaded, Loaded)
     server = HttpServer(
         loaded.engine,
-        loaded.chat,
+        loaded.recipe,
         tokenizer=loaded.tokenizer,
         model=args.served_model_name or loaded.name,
         host=args.host,
@@ -201,15 +201,15 @@ def chat(args: argparse.Namespace) -> int:
 
     if args.url:
         return chat_loop(args.url, args.api_key, args.max_tokens, args.system)
+    from resin.loading import Loaded
     from resin.server import HttpServer
     from resin.server.launch import free_port, running
-    from resin.server.loading import Loaded
 
     loaded = _load(args)
     assert isinstance(loaded, Loaded)
     server = HttpServer(
         loaded.engine,
-        loaded.chat,
+        loaded.recipe,
         tokenizer=loaded.tokenizer,
         model=loaded.name,
         port=free_port(),

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from resin.backend.distributed import DEFAULT_CAPACITY
-from resin.server.testing import ByteTokenizer
 from resin_models_torch.parallel import ParallelStyle
+from tests.server.doubles import ByteTokenizer
 
 SEED = 3
 DEVICE = os.environ.get("RESIN_TEST_DEVICE", "cpu")  # "cuda": rank r on cuda:r, NCCL

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # `tests.server.doubles`
 
 from cases import CASES, DEVICE, ENGINE_KWARGS, RUNNER_KWARGS, SEED, prompts
 
@@ -111,7 +112,7 @@ def serve_until_peer_dies(runner: DistributedRunner, out: Path) -> None:
     """The real HTTP server over the distributed engine: one answer, then the worker is killed."""
     from resin.server import HttpServer
     from resin.server.launch import free_port, running
-    from resin.server.testing import ByteTokenizer, ChatMLFormat
+    from tests.server.doubles import ByteTokenizer, ChatMLFormat
 
     tok = ByteTokenizer()
     engine = Engine(runner, **ENGINE_KWARGS)

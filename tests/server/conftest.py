@@ -10,7 +10,7 @@ import pytest
 
 from resin.server import HttpServer
 from resin.server.launch import free_port, running
-from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine
+from tests.server.doubles import ByteTokenizer, ChatMLFormat, FakeEngine
 
 MODEL = "fake-chatml"
 

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import pytest
 
+from resin.recipe import RenderedPrompt, ToolDef
 from resin.server.asgi import SSEResponse
 from resin.server.launch import running
-from resin.server.ports import RenderedPrompt, ToolSpec
 from resin.server.stream import ClientTooSlow
-from resin.server.testing import ByteTokenizer, ChatMLFormat, FakeEngine
 from tests.server.conftest import MODEL, make_server
+from tests.server.doubles import ByteTokenizer, ChatMLFormat, FakeEngine
 
 CHAT = "/v1/chat/completions"
 
@@ -98,13 +100,15 @@ def test_lone_surrogate_prompt_is_400(url: str) -> None:
 
 # ---- item 4: a 500 says Connection: close, and the next request still works ----------------
 class BrokenParserFormat(ChatMLFormat):
-    def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> Any:
+    def create_parser(
+        self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
+    ) -> Any:
         raise RuntimeError("parser bug")
 
 
 def test_internal_error_closes_the_connection_cleanly() -> None:
     server = make_server()
-    server.service.chat = BrokenParserFormat(ByteTokenizer())
+    server.service.recipe = BrokenParserFormat(ByteTokenizer())
     with running(server) as url, httpx.Client(base_url=url) as client:
         r = client.post(CHAT, json=chat(max_tokens=2))
         assert r.status_code == 500
@@ -208,3 +212,33 @@ def test_slow_reader_cut_ends_with_an_error_event() -> None:
     body = b"".join(m.get("body", b"") for m in sent).decode()
     assert '"error"' in body and "cut off" in body
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+# ---- issue 12: a recipe crash is a 500 with a logged traceback, never a client 400 -----------
+class CrashingRecipe(ChatMLFormat):
+    def render(self, messages: Any, **kwargs: Any) -> RenderedPrompt:
+        raise KeyError("role_map")  # a bug in the recipe, not a bad request
+
+
+def test_recipe_crash_is_a_500_with_a_logged_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    server = make_server()
+    server.service.recipe = CrashingRecipe(ByteTokenizer())
+    with caplog.at_level(logging.ERROR, logger="resin.server"), running(server) as url:
+        r = httpx.post(url + CHAT, json=chat(max_tokens=2))
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["message"] == "internal error: KeyError"
+        assert queued(url) == 0
+    crash = [rec for rec in caplog.records if "crashed rendering" in rec.getMessage()]
+    assert crash and crash[0].exc_info is not None and crash[0].exc_info[0] is KeyError
+
+
+def test_template_raise_exception_stays_a_400() -> None:
+    class Refusing(ChatMLFormat):
+        def render(self, messages: Any, **kwargs: Any) -> RenderedPrompt:
+            raise ValueError("chat template error: roles must alternate")
+
+    server = make_server()
+    server.service.recipe = Refusing(ByteTokenizer())
+    with running(server) as url:
+        r = httpx.post(url + CHAT, json=chat(max_tokens=2))
+        assert r.status_code == 400 and "roles must alternate" in r.text

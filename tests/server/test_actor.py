@@ -11,7 +11,7 @@ from resin.events import FinishedEvent, FinishReason
 from resin.params import SamplingParams
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
 from resin.server.stream import RequestStream, StreamError
-from resin.server.testing import FakeEngine
+from tests.server.doubles import FakeEngine
 
 
 class CountingEngine(FakeEngine):

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from resin.server.launch import running
-from resin.server.testing import FakeEngine
 from tests.server.conftest import make_server
+from tests.server.doubles import FakeEngine
 
 CHROMIUM = os.environ.get("RESIN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 playwright_api = pytest.importorskip("playwright.sync_api")

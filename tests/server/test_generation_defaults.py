@@ -13,8 +13,8 @@ import pytest
 from resin.params import SamplingParams
 from resin.server.generation_defaults import GenerationDefaults, resolve
 from resin.server.launch import running
-from resin.server.testing import FakeEngine, FakeRequest
 from tests.server.conftest import MODEL, make_server
+from tests.server.doubles import FakeEngine, FakeRequest
 
 
 class RecordingEngine(FakeEngine):

@@ -13,8 +13,8 @@ import pytest
 
 from resin.server.launch import running
 from resin.server.stream import ClientTooSlow, RequestStream
-from resin.server.testing import FakeEngine
 from tests.server.conftest import MODEL, make_server
+from tests.server.doubles import ByteTokenizer, FakeEngine
 
 CHAT = "/v1/chat/completions"
 
@@ -73,9 +73,11 @@ def endless(prompt: object) -> list[int]:
 def real_engine() -> object:
     """The real Engine with a zero-cost runner."""
     from resin.engine import Engine
-    from resin.server.testing import ZeroCostRunner
+    from resin.loading import ZeroCostRunner
 
-    return Engine(ZeroCostRunner(), context_length=4096, max_sequences=256)
+    return Engine(
+        ZeroCostRunner(ByteTokenizer.vocab_size, ord("a")), context_length=4096, max_sequences=256
+    )
 
 
 @pytest.mark.parametrize("kind", ["fake", "real"])

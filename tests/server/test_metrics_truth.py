@@ -11,9 +11,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from resin.engine import Engine
+from resin.loading import ZeroCostRunner
 from resin.server.launch import running
-from resin.server.testing import ZeroCostRunner
 from tests.server.conftest import make_server
+from tests.server.doubles import ByteTokenizer
 
 CHAT = "/v1/chat/completions"
 
@@ -29,7 +30,9 @@ def gauges(url: str) -> dict[str, float]:
 
 
 def test_idle_cache_usage_excludes_prefix_pages() -> None:
-    engine = Engine(ZeroCostRunner(), context_length=4096, prefix_cache=True)
+    engine = Engine(
+        ZeroCostRunner(ByteTokenizer.vocab_size, ord("a")), context_length=4096, prefix_cache=True
+    )
     with running(make_server(engine)) as url:
         prompt = "a long shared system prompt " * 20
         for i in range(4):
@@ -43,7 +46,7 @@ def test_idle_cache_usage_excludes_prefix_pages() -> None:
 
 
 def test_waiting_counts_the_intake_queue() -> None:
-    engine = Engine(ZeroCostRunner(), context_length=100_000)
+    engine = Engine(ZeroCostRunner(ByteTokenizer.vocab_size, ord("a")), context_length=100_000)
     server = make_server(engine, max_active=1)
     with running(server) as url:
         stop = threading.Event()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     pytest.importorskip("torch")
-    from resin.server.loading import LoadOptions, load
+    from resin.loading import LoadOptions, load
 
     try:
         loaded = load(LoadOptions(context_length=2048), progress=False)
@@ -30,7 +30,7 @@ def url() -> Iterator[str]:
         pytest.skip(f"default model unavailable: {exc}")
     server = HttpServer(
         loaded.engine,
-        loaded.chat,
+        loaded.recipe,
         tokenizer=loaded.tokenizer,
         model=loaded.name,
         port=free_port(),

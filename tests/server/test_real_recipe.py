@@ -12,7 +12,7 @@ import pytest
 
 from resin.server import HttpServer
 from resin.server.launch import free_port, running
-from resin.server.testing import FakeEngine
+from tests.server.doubles import FakeEngine
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TOOL = {
@@ -96,14 +96,14 @@ def test_anthropic_tool_use(url: str) -> None:
 
 def test_default_model_keeps_its_default_system_prompt() -> None:
     default_model = pytest.importorskip("resin_models_torch.default_model")
-    from resin.server.loading import chat_format
-    from resin.server.ports import ChatTurn
+    from resin.loading import recipe_for
+    from resin.recipe import Message
     from resin.tokenizer import Tokenizer
 
     try:
         tok = Tokenizer.from_dir(default_model.default_model_dir())
     except (FileNotFoundError, ImportError) as exc:
         pytest.skip(f"default model unavailable: {exc}")
-    text = chat_format(tok, None).render([ChatTurn("user", "Hi")]).text
+    text = recipe_for(tok, None).render([Message("user", "Hi")]).text
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")

@@ -9,8 +9,8 @@ from contextlib import AbstractContextManager
 import anthropic
 import openai
 
-from resin.server.testing import FakeEngine
 from tests.server.conftest import MODEL
+from tests.server.doubles import FakeEngine
 
 PROMPT = "tell me a long enough story"
 

@@ -13,7 +13,7 @@ import pytest
 
 from resin.server import HttpServer
 from resin.server.launch import free_port, running
-from resin.server.testing import FakeEngine
+from tests.server.doubles import FakeEngine
 
 TOOLS = [
     {

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from resin.server.launch import running
-from resin.server.testing import ByteTokenizer, FakeEngine, demo_responder, echo_responder
-from resin.tools import bench, check
+from resin.tools import bench, check, check_eval
 from tests.server.conftest import make_server
+from tests.server.doubles import ByteTokenizer, FakeEngine, demo_responder, echo_responder
 
 DATA = Path(__file__).parent / "data"
 
@@ -19,13 +19,15 @@ def oracle_engine() -> FakeEngine:
     otherwise behaves like the demo responder."""
     tok = ByteTokenizer()
     demo = demo_responder(tok)
-    rows = check.load_eval(DATA / "mini_mmlu.jsonl") + check.load_eval(DATA / "mini_mmlu.csv")
+    rows = check_eval.load_eval(DATA / "mini_mmlu.jsonl") + check_eval.load_eval(
+        DATA / "mini_mmlu.csv"
+    )
 
     def respond(prompt: Sequence[int]) -> list[int]:
         text = tok.decode(prompt)
         for question, _, gold in rows:
             if question in text and "Answer with the letter" in text:
-                return [*tok.encode(f"{check.LETTERS[gold]}."), 257]
+                return [*tok.encode(f"{check_eval.LETTERS[gold]}."), 257]
         return demo(prompt)
 
     return FakeEngine(respond)

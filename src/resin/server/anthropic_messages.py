@@ -15,22 +15,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
+from resin.recipe.types import Block as Part
+from resin.recipe.types import Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
+from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
-from resin.server.ports import (
-    ChatTurn,
-    Delta,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallItem,
-    ToolCallStart,
-    ToolSpec,
-)
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service
-from resin.server.structured import anthropic_format, apply
+from resin.server.structured import anthropic_format
 from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
 
@@ -41,12 +35,12 @@ def _block_text(content: str | list[Block] | None, where: str) -> str:
     return parts_text(content, where, ("text",))
 
 
-def to_turns(body: MessagesRequest | CountTokensRequest) -> list[ChatTurn]:
-    turns = [ChatTurn("system", _block_text(body.system, "system"))] if body.system else []
+def to_messages(body: MessagesRequest | CountTokensRequest) -> list[Message]:
+    out = [Message("system", _block_text(body.system, "system"))] if body.system else []
     for i, m in enumerate(body.messages):
         where = f"messages.{i}.content"
         if isinstance(m.content, str):
-            turns.append(ChatTurn(m.role, m.content))
+            out.append(Message(m.role, m.content))
             continue
         text, thinking, calls = [], [], []
         for b in m.content:
@@ -55,25 +49,26 @@ def to_turns(body: MessagesRequest | CountTokensRequest) -> list[ChatTurn]:
             elif b.type == "thinking" and m.role == "assistant":
                 thinking.append(b.thinking or "")
             elif b.type == "tool_use" and m.role == "assistant" and b.name:
-                calls.append(ToolCallItem(b.id or "", b.name, json.dumps(b.input or {})))
+                calls.append(ToolCall(b.id or "", b.name, json.dumps(b.input or {})))
             elif b.type == "tool_result" and m.role == "user":
                 content = b.content if isinstance(b.content, str | list) else ""
-                turns.append(
-                    ChatTurn("tool", _block_text(content, where), tool_call_id=b.tool_use_id or "")
-                )
+                result = ToolResult(b.tool_use_id or "", _block_text(content, where))
+                out.append(Message("tool", [result]))
             elif b.type == "text":
                 raise ApiError(400, "a 'text' content block needs a string 'text'", where)
             else:
                 raise ApiError(400, f"content block {b.type!r} is not supported", where)
         if text or thinking or calls:
-            turns.append(ChatTurn(m.role, "".join(text), "".join(thinking), tuple(calls)))
-    return turns
+            blocks: list[Part] = [Reasoning("".join(thinking))] if "".join(thinking) else []
+            blocks += [Text("".join(text))] if "".join(text) else []
+            out.append(Message(m.role, [*blocks, *calls]))
+    return out
 
 
-def tools_of(body: MessagesRequest | CountTokensRequest) -> list[ToolSpec]:
+def tools_of(body: MessagesRequest | CountTokensRequest) -> list[ToolDef]:
     if not body.tools or (body.tool_choice and body.tool_choice.type == "none"):
         return []
-    return [ToolSpec(t.name, t.description, t.input_schema) for t in body.tools]
+    return [ToolDef(t.name, t.description or None, t.input_schema) for t in body.tools]
 
 
 def stop_reason(finish: Finish, stop_hit: str | None, has_tools: bool) -> str:
@@ -93,31 +88,26 @@ def usage(finish: Finish | None, input_tokens: int) -> dict[str, Any]:
     }
 
 
+def setup(body: MessagesRequest) -> ChatSetup:
+    tools = tools_of(body)
+    tc = body.tool_choice
+    return ChatSetup(
+        to_messages(body),
+        tools,
+        anthropic_choice(tc.type, tc.name, tools) if tc else None,
+        None if body.thinking is None else body.thinking.type != "disabled",
+        body.max_tokens,
+        Sampling(body.temperature, body.top_p, body.top_k),
+        anthropic_format(body.output_format),
+    )
+
+
 @router.post("/v1/messages", response_model=None)
 async def messages(body: MessagesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     stops = body.stop_sequences or []
-    svc.check_stops(stops)
-    with svc.reserve(1, request) as ticket:
-        tools = tools_of(body)
-        thinking = None if body.thinking is None else body.thinking.type != "disabled"
-        tc = body.tool_choice
-        choice = anthropic_choice(tc.type, tc.name, tools) if tc else None
-        rendered = await svc.render(to_turns(body), tools, thinking, choice)
-        prompt = rendered.token_ids
-        params = svc.params(
-            len(prompt),
-            body.max_tokens,
-            stop_token_ids=svc.chat.stop_token_ids,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-        )
-        params, fmt = apply(params, anthropic_format(body.output_format), rendered)
-        (gen,) = await svc.launch(
-            ticket, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops, fmt
-        )
-    builder = MessageBuilder(svc, len(prompt), gen)
+    rendered, (gen,) = await start_chat(svc, request, lambda: setup(body), 1, stops)
+    builder = MessageBuilder(svc, len(rendered.token_ids), gen)
     if body.stream:
         return SSEResponse(builder.stream(), on_close=gen.cancel, error_frame=anthropic_error)
     return JSONResponse(await until_disconnect(request, builder.collect()))
@@ -132,7 +122,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     """The prompt size of a Messages request (Anthropic clients call this before sending)."""
     svc: Service = request.app.state.service
     thinking = None if body.thinking is None else body.thinking.type != "disabled"
-    rendered = await svc.render(to_turns(body), tools_of(body), thinking)
+    rendered = await svc.render(to_messages(body), tools_of(body), thinking)
     return JSONResponse({"input_tokens": len(rendered.token_ids)})
 
 

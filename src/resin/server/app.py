@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from resin.recipe import Recipe
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
 from resin.server.asgi import ClientDisconnected, GuardMiddleware, default_allowed_hosts
@@ -38,7 +39,7 @@ from resin.server.errors import (
 )
 from resin.server.generation_defaults import GenerationDefaults
 from resin.server.metrics import ServerMetrics
-from resin.server.ports import ChatFormat, EngineLike, TokenizerLike
+from resin.server.ports import EngineLike, TokenizerLike
 from resin.server.protocol import ConnectionLimits, protocol_class
 from resin.server.service import Limits, Service
 from resin.server.stream import ClientTooSlow
@@ -52,7 +53,7 @@ class HttpServer:
     def __init__(
         self,
         engine: EngineLike,
-        recipe: Any,
+        recipe: Recipe,
         *,
         tokenizer: TokenizerLike | None = None,
         model: str = "resin",
@@ -72,7 +73,6 @@ class HttpServer:
         special_tokens_in_text: bool = False,
         generation_defaults: GenerationDefaults | None = None,
     ) -> None:
-        chat = as_chat_format(recipe)
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
@@ -91,12 +91,11 @@ class HttpServer:
         self.metrics = ServerMetrics(
             running=lambda: float(engine.num_running),
             waiting=lambda: float(engine.num_waiting + self.actor.queued),
-            cache_usage=lambda: float(getattr(engine, "kv_cache_usage", 0.0)),
             engine_render=_engine_exporter(engine, model, lambda: self.actor.queued),
         )
         self.service = Service(
             self.actor,
-            chat,
+            recipe,
             tokenizer,
             model,
             context_length or engine.context_length,
@@ -207,15 +206,3 @@ def _engine_exporter(
     exporter = PrometheusExporter(snapshot, model_name=model)
     render: Callable[[], bytes] = exporter.render
     return render
-
-
-def as_chat_format(recipe: Any) -> ChatFormat:
-    """A `resin.recipe` Recipe is adapted; anything else must already be a ChatFormat."""
-    from resin.recipe import Recipe
-
-    if isinstance(recipe, Recipe):
-        from resin.server.recipe_adapter import RecipeChatFormat
-
-        return RecipeChatFormat(recipe)
-    chat: ChatFormat = recipe
-    return chat

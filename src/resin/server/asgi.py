@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from resin.server.errors import ApiError, error_body
+from resin.server.errors import error_body
 from resin.server.stream import ClientTooSlow
 
 T = TypeVar("T")
@@ -244,7 +244,3 @@ def sse(data: Any, event: str | None = None) -> str:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n"
-
-
-def raise_api(status: int, message: str, param: str | None = None) -> None:
-    raise ApiError(status, message, param)

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from resin.events import FinishedEvent, FinishReason, TokensEvent, TopLogprob
+from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta
 from resin.server.actor import EngineActor
 from resin.server.errors import ApiError
-from resin.server.ports import Delta, OutputParser, ReasoningDelta, TextDelta
+from resin.server.ports import OutputParser
 from resin.server.stream import RequestStream, StreamError
 from resin.server.text import StopMatcher
 
@@ -175,7 +176,7 @@ class Generation:
     ) -> Update:
         update = base or Update()
         if not self.stops.hit:
-            deltas = deltas + self._visible(self.parser.finish())
+            deltas = deltas + self._visible(list(self.parser.finish().deltas))
             tail = self.stops.flush()
             if tail:
                 deltas.append(TextDelta(tail))
@@ -214,7 +215,3 @@ def _merge(into: Update, new: Update) -> None:
 
 def _reason(reason: FinishReason) -> FinishName:
     return reason.value
-
-
-def merge_text(deltas: Sequence[Delta]) -> str:
-    return "".join(d.text for d in deltas if isinstance(d, TextDelta))

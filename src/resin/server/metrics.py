@@ -1,7 +1,7 @@
 """Prometheus metrics measured at the HTTP layer (SERVING.md names, `resin:` prefix).
 
-One `ServerMetrics` per app, on its own registry (no module globals). Gauges read the engine
-through the actor's last snapshot; histograms are observed when a generation finishes.
+One `ServerMetrics` per app, on its own registry (no module globals). Histograms are observed when a
+generation finishes.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120
 
 
 class ServerMetrics:
-    """With `engine_render` (the engine's own exporter) the engine-side names come from the
-    engine and only HTTP-side metrics are kept here; without it (fake engines) every SERVING.md
-    name is measured at the HTTP layer."""
+    """`rejected` (intake refusals) always. With `engine_render` (the engine's own exporter:
+    the real engine keeps metrics) the engine-side names come from the engine and nothing else
+    is recorded here; without it (an engine without metrics, the tests' fake engine) the
+    SERVING.md request names are measured at the HTTP layer (`requests`)."""
 
     def __init__(
         self,
         running: Callable[[], float],
         waiting: Callable[[], float],
-        cache_usage: Callable[[], float],
         engine_render: Callable[[], bytes] | None = None,
     ) -> None:
         self.engine_render = engine_render
@@ -41,16 +41,29 @@ class ServerMetrics:
             ["status"],
             registry=self.registry,
         )
-        # The engine's exporter owns these names when present; a private registry keeps
-        # the HTTP-layer measurements out of the exposition then (no duplicate names).
-        r = self.registry if engine_render is None else CollectorRegistry()
+        self.requests = None if engine_render else RequestMetrics(self.registry, running, waiting)
+
+    def observe(
+        self, reason: str, prompt: int, output: int, cached: int, ttft: float | None, e2e: float
+    ) -> None:
+        if self.requests is not None:
+            self.requests.observe(reason, prompt, output, cached, ttft, e2e)
+
+    def render(self) -> bytes:
+        own = generate_latest(self.registry)
+        return own if self.engine_render is None else self.engine_render() + own
+
+
+class RequestMetrics:
+    """The SERVING.md request metrics measured at the HTTP layer."""
+
+    def __init__(
+        self, r: CollectorRegistry, running: Callable[[], float], waiting: Callable[[], float]
+    ) -> None:
         Gauge("resin:num_requests_running", "Requests in the engine", registry=r).set_function(
             running
         )
         Gauge("resin:num_requests_waiting", "Requests queued", registry=r).set_function(waiting)
-        Gauge("resin:kv_cache_usage_perc", "KV cache usage (0-1)", registry=r).set_function(
-            cache_usage
-        )
         self.prompt_tokens = Counter("resin:prompt_tokens", "Prompt tokens", registry=r)
         self.generation_tokens = Counter("resin:generation_tokens", "Generated tokens", registry=r)
         self.prefix_cache_hits = Counter(
@@ -73,13 +86,7 @@ class ServerMetrics:
         )
 
     def observe(
-        self,
-        reason: str,
-        prompt: int,
-        output: int,
-        cached: int,
-        ttft: float | None,
-        e2e: float,
+        self, reason: str, prompt: int, output: int, cached: int, ttft: float | None, e2e: float
     ) -> None:
         self.prompt_tokens.inc(prompt)
         self.generation_tokens.inc(output)
@@ -91,7 +98,3 @@ class ServerMetrics:
             if output > 1:
                 self.itl.observe((e2e - ttft) / (output - 1))
         self.e2e.observe(e2e)
-
-    def render(self) -> bytes:
-        own = generate_latest(self.registry)
-        return own if self.engine_render is None else self.engine_render() + own

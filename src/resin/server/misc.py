@@ -23,8 +23,8 @@ def _card(svc: Service) -> dict[str, object]:
         "owned_by": "resin",
         "max_model_len": svc.context_length,
         "capabilities": {
-            "tools": bool(svc.chat.supports_tools),
-            "reasoning": bool(svc.chat.supports_reasoning),
+            "tools": bool(svc.recipe.supports_tools),
+            "reasoning": bool(svc.recipe.supports_reasoning),
         },
         "generation_defaults": svc.defaults.as_dict(),
     }

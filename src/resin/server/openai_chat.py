@@ -10,7 +10,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.recipe.deltas import ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
+from resin.recipe.types import Block, Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
+from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import (
     Finish,
@@ -18,18 +21,9 @@ from resin.server.generation import (
     Update,
 )
 from resin.server.intake import Batch
-from resin.server.ports import (
-    ChatTurn,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallItem,
-    ToolCallStart,
-    ToolSpec,
-)
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
 from resin.server.service import Service
-from resin.server.structured import apply, openai_fields
+from resin.server.structured import openai_fields
 from resin.server.text import parts_text
 from resin.server.tool_choice import openai_choice
 
@@ -40,31 +34,55 @@ def message_text(content: str | list[ContentPart] | None, where: str) -> str:
     return parts_text(content, where, ("text", "input_text", "output_text"))
 
 
-def to_turns(messages: Sequence[ChatMessageIn]) -> list[ChatTurn]:
-    turns = []
+def to_messages(messages: Sequence[ChatMessageIn]) -> list[Message]:
+    out = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
-        calls = tuple(
-            ToolCallItem(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()
-        )
-        turns.append(
-            ChatTurn(
-                role,
-                message_text(m.content, f"messages.{i}.content"),
-                m.reasoning_content or "",
-                calls,
-                m.tool_call_id or "",
-            )
-        )
-    return turns
+        text = message_text(m.content, f"messages.{i}.content")
+        blocks: list[Block] = []
+        if role == "tool":
+            blocks.append(ToolResult(m.tool_call_id or "", text))
+        else:
+            blocks += [Reasoning(m.reasoning_content)] if m.reasoning_content else []
+            blocks += [Text(text)] if text else []
+            blocks += [
+                ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()
+            ]
+        out.append(Message(role, blocks))
+    return out
 
 
-def tools_of(body: ChatCompletionRequest) -> list[ToolSpec]:
+def tools_of(body: ChatCompletionRequest) -> list[ToolDef]:
     if not body.tools or body.tool_choice == "none":
         return []
     return [
-        ToolSpec(t.function.name, t.function.description, t.function.parameters) for t in body.tools
+        ToolDef(t.function.name, t.function.description or None, t.function.parameters)
+        for t in body.tools
     ]
+
+
+def setup(body: ChatCompletionRequest) -> ChatSetup:
+    tools = tools_of(body)
+    sampling = Sampling(
+        body.temperature,
+        body.top_p,
+        body.top_k,
+        body.min_p,
+        body.seed,
+        (body.top_logprobs or 0) if body.logprobs else None,
+        body.min_tokens,
+        body.ignore_eos,
+    )
+    return ChatSetup(
+        to_messages(body.messages),
+        tools,
+        openai_choice(body.tool_choice, tools),
+        enable_thinking(body),
+        body.max_completion_tokens or body.max_tokens,
+        sampling,
+        openai_fields(body),
+        body.logit_bias,
+    )
 
 
 def enable_thinking(body: ChatCompletionRequest) -> bool | None:
@@ -133,31 +151,7 @@ def openai_stream_error(finish: Finish) -> str:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
-    stops = body.stop_strings()
-    svc.check_stops(stops)
-    with svc.reserve(body.n, request) as ticket:
-        tools = tools_of(body)
-        choice = openai_choice(body.tool_choice, tools)
-        rendered = await svc.render(to_turns(body.messages), tools, enable_thinking(body), choice)
-        prompt = rendered.token_ids
-        top = body.top_logprobs or 0
-        params = svc.params(
-            len(prompt),
-            body.max_completion_tokens or body.max_tokens,
-            stop_token_ids=svc.chat.stop_token_ids,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            min_p=body.min_p,
-            seed=body.seed,
-            logprobs=top if body.logprobs else None,
-            min_tokens=body.min_tokens,
-            ignore_eos=body.ignore_eos,
-        )
-        params, fmt = apply(params, openai_fields(body), rendered, body.logit_bias)
-        gens = await svc.launch(
-            ticket, prompt, params, lambda: svc.chat.create_parser(rendered, tools), stops, fmt
-        )
+    _, gens = await start_chat(svc, request, lambda: setup(body), body.n, body.stop_strings())
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

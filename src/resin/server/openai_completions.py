@@ -17,12 +17,12 @@ from pydantic import Field
 from starlette.responses import JSONResponse, Response
 
 from resin.params import SamplingParams
+from resin.recipe.deltas import TextDelta
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, TokenLogprob
 from resin.server.intake import Batch
 from resin.server.openai_chat import openai_stream_error, truncated, usage
-from resin.server.ports import TextDelta
 from resin.server.schemas_openai import CompletionRequest as _Base
 from resin.server.service import Service
 from resin.server.structured import NONE, apply, name_field, openai_fields

@@ -1,46 +1,20 @@
-"""What the server needs from the engine, the tokenizer and the chat recipe, as Protocols.
+"""What the server needs from the engine, the tokenizer and an output parser, as Protocols.
 
-The server is written against these small contracts so it runs unchanged on the real
-`resin.Engine` + a recipe from `resin.recipe`, or on the zero-cost fakes in
-`resin.server.testing`. Parsers emit `resin.recipe`'s delta types.
+The server runs on the real `resin.Engine` and a `resin.recipe.Recipe`; the tests' doubles
+(`tests/server/doubles.py`) implement the same contracts. Conversations are
+`resin.recipe.Message`s and tools `resin.recipe.ToolDef`s from the HTTP body to the recipe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from resin.events import Event
 from resin.params import SamplingParams
-from resin.recipe.deltas import (
-    Delta,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-)
-from resin.recipe.protocol import RenderedPrompt
-from resin.recipe.tool_choice import ToolChoice
+from resin.recipe.deltas import Delta, ParseResult
 
-__all__ = [
-    "ChatFormat",
-    "ChatTurn",
-    "Delta",
-    "EngineLike",
-    "OutputParser",
-    "ReasoningDelta",
-    "RenderedPrompt",
-    "RequestHandle",
-    "TextDelta",
-    "TokenizerLike",
-    "ToolCallArgsDelta",
-    "ToolCallEnd",
-    "ToolCallItem",
-    "ToolCallStart",
-    "ToolSpec",
-]
+__all__ = ["EngineLike", "OutputParser", "RequestHandle", "TokenizerLike"]
 
 
 class RequestHandle(Protocol):
@@ -89,66 +63,10 @@ class TokenizerLike(Protocol):
     def eos_token_ids(self) -> tuple[int, ...]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A function the model may call: JSON-schema `parameters`."""
-
-    name: str
-    description: str = ""
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallItem:
-    """A finished tool call in a conversation (`arguments` is a JSON string)."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True, slots=True)
-class ChatTurn:
-    """One message of a conversation, in the server's normalized form."""
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: tuple[ToolCallItem, ...] = ()
-    tool_call_id: str = ""
-
-
 class OutputParser(Protocol):
-    """Turns generated token ids into typed deltas, incrementally. `finish` flushes."""
+    """Turns generated token ids into typed deltas, incrementally (a recipe's
+    `ResponseParser`, or `text.PlainTextParser`); `finish` flushes."""
 
     def feed(self, token_ids: Sequence[int]) -> list[Delta]: ...
 
-    def finish(self) -> list[Delta]: ...
-
-
-class ChatFormat(Protocol):
-    """Renders a conversation to prompt ids and parses the model's answer."""
-
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]: ...
-
-    @property
-    def supports_tools(self) -> bool: ...
-
-    @property
-    def supports_reasoning(self) -> bool: ...
-
-    def render(
-        self,
-        turns: Sequence[ChatTurn],
-        tools: Sequence[ToolSpec] = (),
-        enable_thinking: bool | None = None,
-        tool_choice: ToolChoice | None = None,
-    ) -> RenderedPrompt:
-        """`tool_choice` forces a tool call; a format that cannot force it raises
-        `resin.recipe.UnsupportedToolChoice`."""
-        ...
-
-    def create_parser(
-        self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()
-    ) -> OutputParser: ...
+    def finish(self, reason: Literal["stop", "length"] = "stop") -> ParseResult: ...

@@ -16,19 +16,14 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from resin.server.asgi import SSEResponse, sse, until_disconnect
+from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
-from resin.server.ports import (
-    Delta,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallStart,
-)
-from resin.server.responses_input import ResponsesRequest, to_turns, tools_of
+from resin.server.responses_input import ResponsesRequest, to_messages, tools_of
 from resin.server.service import Service
-from resin.server.structured import apply, responses_format
+from resin.server.structured import responses_format
 from resin.server.tool_choice import openai_choice
 
 router = APIRouter()
@@ -38,32 +33,25 @@ router = APIRouter()
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
-    with svc.reserve(1, request) as ticket:
-        tools = tools_of(body)
-        effort = (body.reasoning or {}).get("effort")
-        thinking = None if effort is None else effort not in ("none", "minimal")
-        choice = openai_choice(body.tool_choice, tools)
-        rendered = await svc.render(to_turns(body), tools, thinking, choice)
-        params = svc.params(
-            len(rendered.token_ids),
-            body.max_output_tokens,
-            stop_token_ids=svc.chat.stop_token_ids,
-            temperature=body.temperature,
-            top_p=body.top_p,
-        )
-        params, fmt = apply(params, responses_format(body.text), rendered)
-        (gen,) = await svc.launch(
-            ticket,
-            rendered.token_ids,
-            params,
-            lambda: svc.chat.create_parser(rendered, tools),
-            (),
-            fmt,
-        )
+    _, (gen,) = await start_chat(svc, request, lambda: setup(body))
     builder = ResponseBuilder(svc, body)
     if body.stream:
         return SSEResponse(builder.stream(gen), on_close=gen.cancel, error_frame=builder.failed)
     return JSONResponse(await until_disconnect(request, builder.collect(gen)))
+
+
+def setup(body: ResponsesRequest) -> ChatSetup:
+    tools = tools_of(body)
+    effort = (body.reasoning or {}).get("effort")
+    return ChatSetup(
+        to_messages(body),
+        tools,
+        openai_choice(body.tool_choice, tools),
+        None if effort is None else effort not in ("none", "minimal"),
+        body.max_output_tokens,
+        Sampling(body.temperature, body.top_p),
+        responses_format(body.text),
+    )
 
 
 class ResponseBuilder:

@@ -1,4 +1,4 @@
-"""The request side of POST /v1/responses: the body schema, its input items as chat turns,
+"""The request side of POST /v1/responses: the body schema, its input items as `Message`s,
 and its function tools."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.server.errors import ApiError
-from resin.server.ports import ChatTurn, ToolCallItem, ToolSpec
 
 
 class Loose(BaseModel):
@@ -48,47 +48,40 @@ def _text(content: Any, where: str) -> str:
     raise ApiError(400, "content must be a string or a list of text parts", where)
 
 
-def to_turns(body: ResponsesRequest) -> list[ChatTurn]:
-    turns = [ChatTurn("system", body.instructions)] if body.instructions else []
+def to_messages(body: ResponsesRequest) -> list[Message]:
+    messages = [Message("system", body.instructions)] if body.instructions else []
     if isinstance(body.input, str):
-        return [*turns, ChatTurn("user", body.input)]
+        return [*messages, Message("user", body.input)]
     for i, item in enumerate(body.input):
         kind = item.get("type", "message")
         where = f"input.{i}"
         if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
             role = "system" if item["role"] == "developer" else item["role"]
-            turns.append(ChatTurn(role, _text(item.get("content", ""), where)))  # type: ignore[arg-type]
+            messages.append(Message(role, _text(item.get("content", ""), where)))
         elif kind == "function_call":
-            call = ToolCallItem(
+            call = ToolCall(
                 str(item.get("call_id", "")),
                 str(item.get("name", "")),
                 str(item.get("arguments", "{}")),
             )
-            turns.append(ChatTurn("assistant", tool_calls=(call,)))
+            messages.append(Message("assistant", [call]))
         elif kind == "function_call_output":
-            turns.append(
-                ChatTurn(
-                    "tool",
-                    _text(item.get("output", ""), where),
-                    tool_call_id=str(item.get("call_id", "")),
-                )
-            )
+            result = ToolResult(str(item.get("call_id", "")), _text(item.get("output", ""), where))
+            messages.append(Message("tool", [result]))
         elif kind == "message":
             roles = "user, assistant, system, developer"
             raise ApiError(400, f"role {item.get('role')!r} is not supported ({roles})", where)
         elif kind != "reasoning":
             raise ApiError(400, f"input item type {kind!r} is not supported", where)
-    return turns
+    return messages
 
 
-def tools_of(body: ResponsesRequest) -> list[ToolSpec]:
+def tools_of(body: ResponsesRequest) -> list[ToolDef]:
     if not body.tools or body.tool_choice == "none":
         return []
     specs = []
     for i, t in enumerate(body.tools):
         if t.get("type") != "function" or not isinstance(t.get("name"), str):
             raise ApiError(400, "only function tools are supported", f"tools.{i}")
-        specs.append(
-            ToolSpec(t["name"], str(t.get("description") or ""), t.get("parameters") or {})
-        )
+        specs.append(ToolDef(t["name"], t.get("description") or None, t.get("parameters") or {}))
     return specs

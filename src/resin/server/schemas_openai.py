@@ -8,8 +8,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 16
-MAX_STOPS = 16
-MAX_STOP_CHARS = 256
 
 
 class Loose(BaseModel):

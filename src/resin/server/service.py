@@ -1,4 +1,4 @@
-"""What every route needs: the actor, the chat format, the tokenizer, limits and metrics.
+"""What every route needs: the actor, the recipe, the tokenizer, limits and metrics.
 
 A route reserves its intake slots first (`with svc.reserve(count, request) as ticket:`, before
 any tokenizing, so an overloaded server refuses cheaply), renders or tokenizes off the event
@@ -10,6 +10,7 @@ to the actor is released when the `with` block ends, whatever happened inside it
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 from starlette.requests import Request
 
 from resin.params import SamplingParams
+from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
 from resin.server.errors import ApiError
@@ -24,16 +26,11 @@ from resin.server.generation import Finish, Generation
 from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
 from resin.server.intake import Batch, Ticket
 from resin.server.metrics import ServerMetrics
-from resin.server.ports import (
-    ChatFormat,
-    ChatTurn,
-    OutputParser,
-    RenderedPrompt,
-    TokenizerLike,
-    ToolSpec,
-)
-from resin.server.special_text import LiteralSpecials
+from resin.server.ports import OutputParser, TokenizerLike
+from resin.server.special_text import LiteralSpecials, texts
 from resin.server.structured import NONE, Structured, name_field
+
+log = logging.getLogger("resin.server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +50,7 @@ class Service:
     def __init__(
         self,
         actor: EngineActor,
-        chat: ChatFormat,
+        recipe: Recipe,
         tokenizer: TokenizerLike,
         model: str,
         context_length: int,
@@ -64,7 +61,7 @@ class Service:
         defaults: GenerationDefaults = NO_DEFAULTS,
     ) -> None:
         self.actor = actor
-        self.chat = chat
+        self.recipe = recipe
         self.tokenizer = tokenizer
         self.model = model
         self.context_length = context_length
@@ -123,41 +120,48 @@ class Service:
 
     async def render(
         self,
-        turns: Sequence[ChatTurn],
-        tools: Sequence[ToolSpec],
+        messages: Sequence[Message],
+        tools: Sequence[ToolDef],
         thinking: bool | None,
         tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
         """The prompt for a conversation, rendered and tokenized off the event loop after a
         length check; a conversation the recipe or template cannot render (a template's
         `raise_exception`, malformed tool-call arguments) is the client's 400, and so is a
-        forced `tool_choice` the chat format cannot force."""
-        self.check_length(sum(len(t.content) + len(t.reasoning) for t in turns))
-        for t in turns:
+        forced `tool_choice` the recipe cannot force (both `ValueError`s); any other exception
+        is a recipe bug: logged with its traceback, answered 500."""
+        written = texts(messages)
+        self.check_length(sum(len(t) for t in written))
+        for t in written:
             try:
-                t.content.encode("utf-8")
+                t.encode("utf-8")
             except UnicodeEncodeError:
                 raise ApiError(400, "text is not valid Unicode (lone surrogate)") from None
-        return await asyncio.to_thread(self._render, turns, tools, thinking, tool_choice)
+        return await asyncio.to_thread(self._render, messages, tools, thinking, tool_choice)
 
     def _render(
         self,
-        turns: Sequence[ChatTurn],
-        tools: Sequence[ToolSpec],
+        messages: Sequence[Message],
+        tools: Sequence[ToolDef],
         thinking: bool | None,
         tool_choice: ToolChoice | None,
     ) -> RenderedPrompt:
-        def render(ts: Sequence[ChatTurn]) -> RenderedPrompt:
-            if tool_choice is None:
-                return self.chat.render(ts, tools, thinking)
-            return self.chat.render(ts, tools, thinking, tool_choice=tool_choice)
+        def render(ms: Sequence[Message]) -> RenderedPrompt:
+            return self.recipe.render(
+                ms, tools=tools or None, enable_thinking=thinking, tool_choice=tool_choice
+            )
 
         try:
-            return render(turns) if self.literal is None else self.literal.render(turns, render)
+            if self.literal is None:
+                return render(messages)
+            return self.literal.render(messages, render)
         except UnsupportedToolChoice as exc:
             raise ApiError(400, str(exc), "tool_choice") from None
-        except Exception as exc:
+        except ValueError as exc:  # the documented client errors (`raise_exception`, bad JSON)
             raise ApiError(400, f"cannot render this conversation: {exc}", "messages") from None
+        except Exception:  # a recipe bug: the client gets a 500, the log the traceback
+            log.exception("recipe %r crashed rendering a conversation", self.recipe.name)
+            raise
 
     def check_model(self, name: str | None) -> None:
         # Clients often send a placeholder; only a clearly different name is an error.

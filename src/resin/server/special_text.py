@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from resin.server.ports import ChatTurn, RenderedPrompt
+from resin.recipe.protocol import RenderedPrompt
+from resin.recipe.types import Message, Reasoning, Text, ToolResult
 
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _SLOT = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
@@ -39,13 +40,13 @@ class LiteralSpecials:
         self._lock = threading.Lock()
 
     def render(
-        self, turns: Sequence[ChatTurn], render: Callable[[Sequence[ChatTurn]], RenderedPrompt]
+        self, messages: Sequence[Message], render: Callable[[Sequence[Message]], RenderedPrompt]
     ) -> RenderedPrompt:
-        """`render(turns)`, with special-token strings in the turns' text kept as text."""
-        if self._pattern is None or not any(self._has(t) for t in turns):
-            return render(turns)
-        held: list[str] = []
+        """`render(messages)`, with special-token strings in their text kept as text."""
         pattern = self._pattern
+        if pattern is None or not any(pattern.search(t) for t in texts(messages)):
+            return render(messages)
+        held: list[str] = []
 
         def hide(text: str) -> str:
             def slot(m: re.Match[str]) -> str:
@@ -54,8 +55,9 @@ class LiteralSpecials:
 
             return pattern.sub(slot, text)
 
-        hidden = [replace(t, content=hide(t.content), reasoning=hide(t.reasoning)) for t in turns]
-        rendered = render(hidden)
+        rendered = render(
+            [Message(m.role, [_hidden(b, hide) for b in m.content]) for m in messages]
+        )
         if rendered.multimodal:  # image placeholders index token_ids: do not re-tokenize
             raise ValueError("special-token text in a message with images is not supported")
         ids: list[int] = []
@@ -74,10 +76,6 @@ class LiteralSpecials:
         text.append(rendered.text[pos:])
         return replace(rendered, token_ids=ids, text="".join(text))
 
-    def _has(self, turn: ChatTurn) -> bool:
-        assert self._pattern is not None
-        return bool(self._pattern.search(turn.content) or self._pattern.search(turn.reasoning))
-
     def encode_plain(self, text: str) -> list[int]:
         """`text` tokenized with special-token matching off."""
         own = getattr(self.tokenizer, "encode_plain", None)
@@ -95,6 +93,26 @@ class LiteralSpecials:
             return list(self._plain.encode(text, add_special_tokens=False).ids)
         # Unknown tokenizer: one character at a time can never match a multi-char special.
         return [i for ch in text for i in self.tokenizer.encode(ch)]
+
+
+def texts(messages: Sequence[Message]) -> list[str]:
+    """The text a client wrote into `messages`: text, reasoning and tool results."""
+    out: list[str] = []
+    for m in messages:
+        for b in m.content:
+            if isinstance(b, Text | Reasoning):
+                out.append(b.text)
+            elif isinstance(b, ToolResult):
+                out.append(b.content)
+    return out
+
+
+def _hidden(block: Any, hide: Callable[[str], str]) -> Any:
+    if isinstance(block, Text | Reasoning):
+        return replace(block, text=hide(block.text))
+    if isinstance(block, ToolResult):
+        return replace(block, content=hide(block.content))
+    return block
 
 
 def _special_strings(tokenizer: Any) -> tuple[str, ...]:

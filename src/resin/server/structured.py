@@ -20,8 +20,8 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from resin.params import Constraint, SamplingParams
+from resin.recipe import RenderedPrompt
 from resin.server.errors import ApiError
-from resin.server.ports import RenderedPrompt
 
 VLLM_FIELDS = (
     "structured_outputs",

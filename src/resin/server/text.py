@@ -4,11 +4,12 @@ parser, and stop strings."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from resin.detokenizer import IncrementalDetokenizer
+from resin.recipe.deltas import Delta, ParseResult, TextDelta
 from resin.server.errors import ApiError
-from resin.server.ports import Delta, TextDelta, TokenizerLike
+from resin.server.ports import TokenizerLike
 
 
 class TextPart(Protocol):
@@ -49,9 +50,9 @@ class PlainTextParser:
         text = self._detok.push([t for t in token_ids if t not in self._stops])
         return [TextDelta(text)] if text else []
 
-    def finish(self) -> list[Delta]:
+    def finish(self, reason: Literal["stop", "length"] = "stop") -> ParseResult:
         text = self._detok.flush()
-        return [TextDelta(text)] if text else []
+        return ParseResult((TextDelta(text),) if text else (), reason, "", "")
 
 
 class StopMatcher:

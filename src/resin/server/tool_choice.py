@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from resin.recipe.tool_choice import ToolChoice
+from resin.recipe.types import ToolDef
 from resin.server.errors import ApiError
-from resin.server.ports import ToolSpec
 
 
-def checked(choice: ToolChoice | None, tools: Sequence[ToolSpec]) -> ToolChoice | None:
+def checked(choice: ToolChoice | None, tools: Sequence[ToolDef]) -> ToolChoice | None:
     """`choice`, after checking it against the request's tools (400 on a mismatch)."""
     if choice is None:
         return None
@@ -28,7 +28,7 @@ def checked(choice: ToolChoice | None, tools: Sequence[ToolSpec]) -> ToolChoice 
     return choice
 
 
-def openai_choice(value: Any, tools: Sequence[ToolSpec]) -> ToolChoice | None:
+def openai_choice(value: Any, tools: Sequence[ToolDef]) -> ToolChoice | None:
     """Chat Completions and Responses shapes (a pydantic model or a plain dict)."""
     if value is None or value in ("auto", "none"):
         return None
@@ -44,7 +44,7 @@ def openai_choice(value: Any, tools: Sequence[ToolSpec]) -> ToolChoice | None:
 
 
 def anthropic_choice(
-    kind: str | None, name: str | None, tools: Sequence[ToolSpec]
+    kind: str | None, name: str | None, tools: Sequence[ToolDef]
 ) -> ToolChoice | None:
     if kind == "any":
         return checked(ToolChoice(), tools)

@@ -18,91 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
-import re
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
-LETTERS = "ABCD"
-
-
-Status = Literal["PASS", "FAIL", "SKIP"]
-
-
-@dataclass
-class Check:
-    name: str
-    status: Status
-    detail: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status != "FAIL"
-
-
-def verdict(name: str, passed: bool, detail: str, data: dict[str, Any] | None = None) -> Check:
-    return Check(name, "PASS" if passed else "FAIL", detail, data or {})
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What the served model's recipe can do; None = unknown (the server did not say)."""
-
-    tools: bool | None = None
-    reasoning: bool | None = None
-
-
-class Client:
-    def __init__(self, url: str, api_key: str | None, model: str | None, timeout: float) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
-        self.url = url.rstrip("/")
-        self.headers = headers
-        self.timeout = timeout
-        self.model = model or "default"
-        self.capabilities = Capabilities()
-
-    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
-        r = self.http.post(
-            "/v1/chat/completions", json={"model": self.model, "messages": messages, **kw}
-        )
-        r.raise_for_status()
-        return dict(r.json())
-
-    def stream_chat(
-        self, messages: list[dict[str, Any]], **kw: Any
-    ) -> tuple[str, float, dict[str, Any]]:
-        body = {
-            "model": self.model,
-            "messages": messages,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            **kw,
-        }
-        start = time.perf_counter()
-        ttft = -1.0
-        parts: list[str] = []
-        usage: dict[str, Any] = {}
-        with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage") or usage
-                for c in chunk.get("choices", []):
-                    piece = (c.get("delta") or {}).get("content") or ""
-                    if piece and ttft < 0:
-                        ttft = time.perf_counter() - start
-                    parts.append(piece)
-        return "".join(parts), ttft, usage
+from resin.tools.check_client import Capabilities, Check, Client, verdict
+from resin.tools.check_eval import check_eval
 
 
 def check_basics(c: Client) -> Check:
@@ -282,71 +206,6 @@ def check_burst(c: Client, n: int) -> Check:
         f"stress burst ({n} requests)",
         ok and health == 200,
         f"statuses {dict(sorted(counts.items()))}; /health after: {health}",
-    )
-
-
-def load_eval(path: Path) -> list[tuple[str, list[str], int]]:
-    """MMLU-style rows: question, four choices, the answer (letter or 0-based index).
-    CSV: question,A,B,C,D,answer (header optional); JSONL: {question, choices|A..D, answer}."""
-    rows: list[tuple[str, list[str], int]] = []
-    if path.suffix.lower() == ".jsonl":
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                obj = json.loads(line)
-                choices = obj.get("choices") or [obj[k] for k in LETTERS]
-                rows.append((obj["question"], [str(x) for x in choices], _answer(obj["answer"])))
-        return rows
-    with path.open(encoding="utf-8", newline="") as f:
-        for rec in csv.reader(f):
-            if len(rec) < 6 or rec[0].lower() == "question":
-                continue
-            rows.append((rec[0], rec[1:5], _answer(rec[5])))
-    return rows
-
-
-def _answer(value: Any) -> int:
-    text = str(value).strip().upper()
-    return LETTERS.index(text) if text in LETTERS else int(text)
-
-
-def eval_prompt(question: str, choices: list[str]) -> str:
-    lines = [question, *(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))]
-    return "\n".join(lines) + "\nAnswer with the letter of the correct choice only."
-
-
-async def _eval(c: Client, rows: list[tuple[str, list[str], int]], concurrency: int) -> list[bool]:
-    sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=c.url, headers=c.headers, timeout=c.timeout) as ac:
-
-        async def one(q: str, choices: list[str], gold: int) -> bool:
-            body = {
-                "model": c.model,
-                "temperature": 0,
-                "max_tokens": 8,
-                "messages": [{"role": "user", "content": eval_prompt(q, choices)}],
-            }
-            async with sem:
-                r = await ac.post("/v1/chat/completions", json=body)
-            text = (
-                (r.json()["choices"][0]["message"]["content"] or "") if r.status_code == 200 else ""
-            )
-            m = re.search(r"\b([ABCD])\b", text.upper())
-            return m is not None and LETTERS.index(m.group(1)) == gold
-
-        return list(await asyncio.gather(*(one(*row) for row in rows)))
-
-
-def check_eval(c: Client, path: Path, limit: int, concurrency: int) -> Check:
-    rows = load_eval(path)[:limit]
-    start = time.perf_counter()
-    results = asyncio.run(_eval(c, rows, concurrency))
-    acc = sum(results) / max(1, len(results))
-    return verdict(
-        f"accuracy on {path.name}",
-        bool(rows),
-        f"{sum(results)}/{len(results)} = {acc:.1%} in {time.perf_counter() - start:.1f}s "
-        f"(chance 25%)",
-        {"accuracy": acc, "n": len(results)},
     )
 
 

@@ -1,5 +1,5 @@
-"""Zero-cost stand-ins for tests and load generation: a byte tokenizer, a ChatML-style chat
-format with `<think>` reasoning and `<tool_call>` JSON tool calls, and a scripted engine.
+"""Test doubles of the server tests: a byte tokenizer, a ChatML-style recipe with `<think>`
+reasoning and `<tool_call>` JSON tool calls, and a scripted engine.
 
 `FakeEngine` honours the engine contract the server relies on (validation in `submit`, one
 `FinishedEvent` per request as its last event, abort, logprobs when asked, a block-aligned
@@ -13,11 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from resin.events import Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
 from resin.params import SamplingParams
-from resin.server.testing_chatml import (
+from tests.server.doubles_chatml import (
     END_THINK,
     END_TOOL_CALL,
     EOT,
@@ -34,7 +33,7 @@ from resin.server.testing_chatml import (
 __all__ = [
     "END_THINK", "END_TOOL_CALL", "EOT", "IM_END", "IM_START", "SPECIAL_TOKENS", "THINK",
     "TOOL_CALL", "ByteTokenizer", "ChatMLFormat", "ChatMLParser", "FakeEngine", "FakeRequest",
-    "ZeroCostRunner", "demo_responder", "echo_responder",
+    "demo_responder", "echo_responder",
 ]  # fmt: skip
 
 
@@ -71,45 +70,6 @@ def demo_responder(tokenizer: ByteTokenizer) -> Callable[[Sequence[int]], list[i
         return echo(prompt)
 
     return respond
-
-
-class ZeroCostRunner:
-    """A runner for the real `resin.Engine` that computes nothing: every sampling row gets the
-    byte token for "a" (logprob 0 when asked). For serving benchmarks: all time measured is
-    engine + server overhead."""
-
-    def __init__(self, page_size: int = 16, num_pages: int | None = None) -> None:
-        import numpy as np
-
-        from resin.protocols import RunnerConfig
-
-        self.runner_config = RunnerConfig(
-            vocab_size=ByteTokenizer.vocab_size, page_size=page_size, num_pages=num_pages
-        )
-        self._np = np
-        self._tokens = np.full(1 << 16, ord("a"), dtype=np.uint32)
-
-    def forward(self, plan: Any) -> Any:
-        from resin.plan import ForwardOutput
-
-        np = self._np
-        rows = np.asarray(plan.sample_rows, dtype=bool)
-        indptr = np.zeros(rows.size + 1, dtype=np.uint32)
-        np.cumsum(rows, out=indptr[1:])
-        n = int(indptr[-1])
-        k = max(0, plan.sampling.max_logprobs)
-        pk = max(0, int(plan.sampling.prompt_logprobs.max(initial=-1)))
-        t = len(plan.input_ids)
-        return ForwardOutput(
-            self._tokens[:n],
-            indptr,
-            logprobs=np.zeros(n, dtype=np.float32),
-            top_ids=np.full((n, k), ord("a"), dtype=np.int32) if k else None,
-            top_logprobs=np.zeros((n, k), dtype=np.float32) if k else None,
-            prompt_logprobs=np.zeros(t, dtype=np.float32),
-            prompt_top_ids=np.full((t, pk), ord("a"), dtype=np.int32) if pk else None,
-            prompt_top_logprobs=np.zeros((t, pk), dtype=np.float32) if pk else None,
-        )
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The byte tokenizer and ChatML chat format of `resin.server.testing` (zero-cost stand-ins):
+"""The byte tokenizer and ChatML recipe of the server tests' doubles (zero-cost stand-ins):
 UTF-8 bytes are ids 0..255, the ChatML special tokens follow; answers may hold
 `<think>...</think>` reasoning and `<tool_call>{json}` tool calls."""
 
@@ -7,19 +7,22 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Sequence
+from typing import Literal
 
-from resin.recipe.tool_choice import ToolChoice, unsupported
-from resin.server.ports import (
-    ChatTurn,
+from resin.recipe import (
     Delta,
+    Message,
+    ParseResult,
     ReasoningDelta,
     RenderedPrompt,
     TextDelta,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
-    ToolSpec,
+    ToolDef,
+    ToolResult,
 )
+from resin.recipe.tool_choice import ToolChoice, unsupported
 
 SPECIAL_TOKENS = (
     "<|im_start|>",
@@ -75,22 +78,24 @@ class ByteTokenizer:
 
 
 class ChatMLFormat:
-    """ChatML rendering; the answer may hold `<think>...</think>` and `<tool_call>{json}`."""
+    """A `resin.recipe.Recipe`: ChatML rendering; the answer may hold `<think>...</think>`
+    and `<tool_call>{json}`."""
 
+    name = "test-chatml"
     supports_tools = True
     supports_reasoning = True
+    supports_images = False
+    stop_token_ids = (IM_END, EOT)
 
     def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
 
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        return (IM_END, EOT)
-
     def render(
         self,
-        turns: Sequence[ChatTurn],
-        tools: Sequence[ToolSpec] = (),
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolDef] | None = None,
+        add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
         tool_choice: ToolChoice | None = None,
     ) -> RenderedPrompt:
@@ -100,8 +105,8 @@ class ChatMLFormat:
         if tools:
             specs = [{"name": t.name, "parameters": t.parameters} for t in tools]
             parts.append(f"<|im_start|>system\nTools: {json.dumps(specs)}<|im_end|>\n")
-        for turn in turns:
-            body = turn.content
+        for turn in messages:
+            body = turn.text + "".join(b.content for b in turn.content if isinstance(b, ToolResult))
             for call in turn.tool_calls:
                 body += f'<tool_call>{{"name": "{call.name}", "arguments": {call.arguments}}}'
                 body += "</tool_call>"
@@ -112,7 +117,9 @@ class ChatMLFormat:
         text = "".join(parts)
         return RenderedPrompt(self.tokenizer.encode(text), text)
 
-    def create_parser(self, prompt: RenderedPrompt, tools: Sequence[ToolSpec] = ()) -> ChatMLParser:
+    def create_parser(
+        self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
+    ) -> ChatMLParser:
         return ChatMLParser()
 
 
@@ -161,9 +168,9 @@ class ChatMLParser:
             ToolCallEnd(index),
         ]
 
-    def finish(self) -> list[Delta]:
+    def finish(self, reason: Literal["stop", "length"] = "stop") -> ParseResult:
         tail = self._decoder.decode(b"", final=True)
         out: list[Delta] = [TextDelta(tail)] if tail else []
         if self._mode == "call" and self._call:
             out.append(TextDelta(self._call.decode("utf-8", errors="replace")))
-        return out
+        return ParseResult(tuple(out), reason, "", "")

@@ -1,0 +1,178 @@
+"""What `resin serve` and `resin chat` load: engine + recipe + tokenizer, from a checkpoint or
+the default model, with a tqdm progress bar; or, for load tests (`--fake-runner`), the real
+engine with `ZeroCostRunner` and the default model's tokenizer and recipe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from resin.engine import Engine
+from resin.recipe import Recipe
+from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
+from resin.server.generation_defaults import resolve as resolve_defaults
+from resin.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    checkpoint: str | None = None
+    model: str | None = None
+    device: str = "cpu"
+    context_length: int | None = None
+    prefix_cache: bool = True
+    recipe: str | None = None
+    fake: bool = False
+    generation_config: str = "auto"
+    """auto | none | a JSON file (`resin.server.generation_defaults`)."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    engine: Engine
+    recipe: Recipe
+    tokenizer: Tokenizer
+    name: str
+    context_length: int
+    defaults: GenerationDefaults = NO_DEFAULTS
+
+
+def check_recipe_name(name: str | None) -> None:
+    """An unknown `--recipe` is a startup error that lists the known names (checked before
+    any weights load), never a silent fall-back to a plain template."""
+    if name is None:
+        return
+    from resin.recipe.registry import native_recipe_names
+
+    known = (*native_recipe_names(), "jinja")
+    if name.lower().replace("-", "_") not in known:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
+
+
+def load(options: LoadOptions, progress: bool = True) -> Loaded:
+    check_recipe_name(options.recipe)
+    if options.fake:
+        return load_fake(options)
+    from tqdm import tqdm
+
+    steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine"]
+    with tqdm(total=len(steps), desc="loading", disable=not progress, unit="step") as bar:
+        bar.set_postfix_str(steps[0])
+        from resin_models_torch.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+
+        folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
+        bar.update()
+        bar.set_postfix_str(steps[1])
+        from resin_models_torch.registry import load_runner
+
+        runner = load_runner(folder, device=options.device)
+        bar.update()
+        bar.set_postfix_str(steps[2])
+        tokenizer = Tokenizer.from_dir(folder)
+        recipe = recipe_for(tokenizer, options.recipe)
+        bar.update()
+        bar.set_postfix_str(steps[3])
+        context = context_length_of(folder, options.context_length)
+        engine = Engine(
+            runner,
+            prefix_cache=options.prefix_cache,
+            context_length=context,
+            grammar=grammar_backend(tokenizer),
+        )
+        bar.update()
+    name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
+    defaults = resolve_defaults(options.generation_config, folder)
+    return Loaded(engine, recipe, tokenizer, name or DEFAULT_MODEL_NAME, context, defaults)
+
+
+def recipe_for(tokenizer: Tokenizer, name: str | None) -> Recipe:
+    """The named recipe (its errors, say a tokenizer without the family's special tokens, stop
+    the start); unnamed, `resin.recipe.load_recipe`'s choice: the native recipe of the
+    template's family when it renders alike, else `JinjaRecipe`; ChatML for a template-less
+    tokenizer with ChatML tokens. Neither template nor known tokens is a startup error."""
+    from resin.recipe import load_recipe
+
+    try:
+        return load_recipe(tokenizer, name)
+    except ValueError as exc:
+        if name is not None:
+            raise
+        raise ValueError(f"{exc}: pass --recipe NAME") from None
+
+
+def grammar_backend(tokenizer: Any) -> Any:
+    """The constrained-decoding backend for `tokenizer` (None when llguidance is missing:
+    constrained requests then get a 400 saying so)."""
+    try:
+        from resin.engine.grammar import GrammarBackend
+
+        return GrammarBackend.from_tokenizer(tokenizer)
+    except ImportError:
+        return None
+
+
+class ZeroCostRunner:
+    """A runner for the real `Engine` that computes nothing: every sampling row gets
+    `token_id` (logprob 0 when asked). All time measured is engine + server overhead."""
+
+    def __init__(self, vocab_size: int, token_id: int, page_size: int = 16) -> None:
+        import numpy as np
+
+        from resin.protocols import RunnerConfig
+
+        self.runner_config = RunnerConfig(vocab_size=vocab_size, page_size=page_size)
+        self._token_id = token_id
+        self._tokens = np.full(1 << 16, token_id, dtype=np.uint32)
+
+    def forward(self, plan: Any) -> Any:
+        import numpy as np
+
+        from resin.plan import ForwardOutput
+
+        rows = np.asarray(plan.sample_rows, dtype=bool)
+        indptr = np.zeros(rows.size + 1, dtype=np.uint32)
+        np.cumsum(rows, out=indptr[1:])
+        n, t = int(indptr[-1]), len(plan.input_ids)
+        k = max(0, plan.sampling.max_logprobs)
+        pk = max(0, int(plan.sampling.prompt_logprobs.max(initial=-1)))
+        return ForwardOutput(
+            self._tokens[:n],
+            indptr,
+            logprobs=np.zeros(n, dtype=np.float32),
+            top_ids=np.full((n, k), self._token_id, dtype=np.int32) if k else None,
+            top_logprobs=np.zeros((n, k), dtype=np.float32) if k else None,
+            prompt_logprobs=np.zeros(t, dtype=np.float32),
+            prompt_top_ids=np.full((t, pk), self._token_id, dtype=np.int32) if pk else None,
+            prompt_top_logprobs=np.zeros((t, pk), dtype=np.float32) if pk else None,
+        )
+
+
+def load_fake(options: LoadOptions) -> Loaded:
+    """`resin serve --fake-runner`: the real engine with `ZeroCostRunner` (it answers the
+    token for "a" forever), the default model's tokenizer and recipe (`--recipe` applies)."""
+    from resin_models_torch.default_model import default_model_dir
+
+    tokenizer = Tokenizer.from_dir(default_model_dir())
+    context = options.context_length or 4096
+    runner = ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0])
+    engine = Engine(
+        runner, context_length=context, prefix_cache=options.prefix_cache, max_sequences=512
+    )
+    return Loaded(engine, recipe_for(tokenizer, options.recipe), tokenizer, "fake", context)
+
+
+def _name_of(folder: str) -> str:
+    return folder.rstrip("/").rsplit("/", 1)[-1] or "resin"
+
+
+def context_length_of(folder: Any, requested: int | None) -> int:
+    """The checkpoint's trained context (config.json), or less when asked."""
+    import json
+    from pathlib import Path
+
+    config = Path(folder) / "config.json"
+    trained = None
+    if config.is_file():
+        trained = json.loads(config.read_text(encoding="utf-8")).get("max_position_embeddings")
+    limit = int(trained) if isinstance(trained, int) and trained > 0 else 32768
+    return min(requested, limit) if requested else limit

@@ -1,0 +1,80 @@
+"""The request setup the chat completions, responses and messages routes share.
+
+Each route maps its body onto one `ChatSetup` (messages, tools, tool choice, thinking, token
+budget, sampling, structured output, stop strings, generation count) and calls `start_chat`,
+which reserves intake slots, renders, builds the SamplingParams (constraint and logit bias
+included), creates the recipe's parsers and starts the generations. Only the answer's shape
+differs between the routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from resin.recipe import Message, RenderedPrompt, ToolDef
+from resin.recipe.tool_choice import ToolChoice
+from resin.server.intake import Batch
+from resin.server.service import Service
+from resin.server.structured import NONE, Structured, apply
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Optional sampling fields of a body; None takes the server's (or checkpoint's) default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    logprobs: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class ChatSetup:
+    messages: Sequence[Message]
+    tools: Sequence[ToolDef] = ()
+    tool_choice: ToolChoice | None = None
+    thinking: bool | None = None
+    max_tokens: int | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    structured: Structured = NONE
+    logit_bias: Mapping[Any, Any] | None = None
+
+
+async def start_chat(
+    svc: Service,
+    request: Request,
+    build: Callable[[], ChatSetup],
+    n: int = 1,
+    stops: Sequence[str] = (),
+) -> tuple[RenderedPrompt, Batch]:
+    """Stop strings are checked and `n` intake slots reserved before `build()` runs (an
+    overloaded server refuses cheaply); the rendered prompt and the started batch come back."""
+    svc.check_stops(stops)
+    with svc.reserve(n, request) as ticket:
+        s = build()
+        rendered = await svc.render(s.messages, s.tools, s.thinking, s.tool_choice)
+        params = svc.params(
+            len(rendered.token_ids),
+            s.max_tokens,
+            stop_token_ids=svc.recipe.stop_token_ids,
+            **asdict(s.sampling),
+        )
+        params, fmt = apply(params, s.structured, rendered, s.logit_bias)
+        tools = list(s.tools) or None
+        batch = await svc.launch(
+            ticket,
+            rendered.token_ids,
+            params,
+            lambda: svc.recipe.create_parser(rendered, tools=tools),
+            stops,
+            fmt,
+        )
+    return rendered, batch
