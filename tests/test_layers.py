@@ -22,7 +22,11 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 CONTRACTS = ("resin.plan", "resin.params", "resin.protocols", "resin.events", "resin.errors")
 RUNNER_PACKAGES = ("resin_models_torch", "resin_models_cuda")
-SHARED_MODEL_DESCRIPTION = ("resin_models_torch.config", "resin_models_torch.architectures")
+SHARED_MODEL_DESCRIPTION = (
+    "resin_models_torch.config",
+    "resin_models_torch.architectures",
+    "resin_models_torch.constraints",  # plain-torch mask + bias, applied by both runner families
+)
 """The one module both runner families may share (the typed model description)."""
 
 LAYERS: tuple[tuple[str, int], ...] = (

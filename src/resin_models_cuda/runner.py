@@ -21,7 +21,6 @@ import torch
 from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import CacheLayout, History, RunnerConfig, Window
 from resin_models_cuda.buffers import DecodeBuffers
-from resin_models_cuda.constraints import constrain_logits
 from resin_models_cuda.graphs import CapturedStep, buckets_up_to, capture, pick_bucket
 from resin_models_cuda.kernels import decode_splits, prefill_blocks
 from resin_models_cuda.kernels.sampler import philox_seeds, sample_tokens
@@ -29,6 +28,7 @@ from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSo
 from resin_models_cuda.models import BuildOptions, FastModel, build_model
 from resin_models_cuda.step import DecodeInfo, GroupTensors, PrefillInfo, StepTensors
 from resin_models_torch.config import ModelConfig, load_config
+from resin_models_torch.constraints import constrain_logits
 
 
 @dataclass(frozen=True, slots=True)

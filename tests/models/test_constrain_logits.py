@@ -1,20 +1,18 @@
-"""The plan's token bitmask and logit biases on the logits, in both runner families' code
-(`resin_models_torch.sampler` and `resin_models_cuda.constraints`, both plain torch, run here
-on CPU), then through the reference sampler: masked tokens are never drawn, greedy and
-logprobs see the processed distribution."""
+"""The plan's token bitmask and logit biases on the logits (`resin_models_torch.constraints`,
+plain torch that the reference sampler and `CudaRunner` both call, run here on CPU), then
+through the reference sampler: masked tokens are never drawn, greedy and logprobs see the
+processed distribution."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
-import pytest
 import torch
 
 from resin.plan import SamplingArrays
-from resin_models_cuda.constraints import constrain_logits as cuda_constrain
+from resin_models_torch.constraints import constrain_logits
 from resin_models_torch.sampler import Sampler
-from resin_models_torch.sampler import constrain_logits as torch_constrain
 
 VOCAB = 70  # three mask words, the last one partial
 
@@ -44,8 +42,7 @@ def _mask(rows: list[list[int] | None]) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("constrain", [torch_constrain, cuda_constrain])
-def test_mask_and_bias_match_a_plain_loop(constrain: object) -> None:
+def test_mask_and_bias_match_a_plain_loop() -> None:
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(4, VOCAB, generator=gen)
     allowed = [[0, 31, 32, 63, 64, 69], None, [5], None]
@@ -57,7 +54,7 @@ def test_mask_and_bias_match_a_plain_loop(constrain: object) -> None:
         bias_values=np.array([1.5, -2.0, 100.0, -100.0], dtype=np.float32),
     )
     rows = np.array([3, 0, 2])  # the logits belong to plan rows 3, 0, 2 (row 1 samples none)
-    out = constrain(logits[:3], params, rows)  # type: ignore[operator]
+    out = constrain_logits(logits[:3], params, rows)
     expected = logits[:3].clone()
     for j, row in enumerate(rows):
         for k in range(params.bias_indptr[row], params.bias_indptr[row + 1]):
@@ -69,7 +66,7 @@ def test_mask_and_bias_match_a_plain_loop(constrain: object) -> None:
     assert torch.equal(out, expected)
     assert not torch.equal(out, logits[:3])  # a new tensor; the input is untouched
     plain = logits[:2]
-    assert constrain(plain, _arrays(2), np.arange(2)) is plain  # type: ignore[operator]
+    assert constrain_logits(plain, _arrays(2), np.arange(2)) is plain
 
 
 def test_sampler_never_draws_a_masked_token_and_reports_masked_logprobs() -> None:
@@ -95,7 +92,7 @@ def test_sampler_never_draws_a_masked_token_and_reports_masked_logprobs() -> Non
 def test_sampler_without_constraints_is_unchanged() -> None:
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
     params = _arrays(3, temperature=np.zeros(3, dtype=np.float32))
-    assert torch_constrain(logits, params, np.arange(3)) is logits
+    assert constrain_logits(logits, params, np.arange(3)) is logits
     result = Sampler(torch.device("cpu")).sample(logits, params, np.arange(3))
     assert torch.equal(result.token_ids, logits.argmax(-1))
     assert torch.allclose(result.logprobs, torch.log_softmax(logits, -1).max(-1).values)
