@@ -110,4 +110,27 @@ def test_count_tokens(client: anthropic.Anthropic) -> None:
     messages = [{"role": "user", "content": "hey"}]
     counted = client.messages.count_tokens(model=MODEL, messages=messages)  # type: ignore[arg-type]
     sent = client.messages.create(model=MODEL, max_tokens=4, messages=messages)  # type: ignore[arg-type]
-    assert counted.input_tokens == sent.usage.input_tokens > 0
+    cached = sent.usage.cache_read_input_tokens or 0
+    assert counted.input_tokens == sent.usage.input_tokens + cached > 0
+
+
+def test_input_tokens_exclude_cache_reads(client: anthropic.Anthropic) -> None:
+    """Anthropic's meaning: the prompt is input_tokens + cache_read_input_tokens (+ creation);
+    a repeated long prompt reads most of itself from the prefix cache."""
+    messages = [{"role": "user", "content": "a long shared document. " * 20}]
+    counted = client.messages.count_tokens(model=MODEL, messages=messages)  # type: ignore[arg-type]
+    client.messages.create(model=MODEL, max_tokens=2, messages=messages)  # type: ignore[arg-type]
+    again = client.messages.create(model=MODEL, max_tokens=2, messages=messages)  # type: ignore[arg-type]
+    cached = again.usage.cache_read_input_tokens or 0
+    assert cached > 0 and again.usage.cache_creation_input_tokens == 0
+    assert again.usage.input_tokens + cached == counted.input_tokens
+    assert again.usage.input_tokens < counted.input_tokens
+
+
+def test_unknown_model_is_404_as_on_the_openai_routes(client: anthropic.Anthropic) -> None:
+    messages = [{"role": "user", "content": "hey"}]
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(model="other-model", max_tokens=4, messages=messages)  # type: ignore[arg-type]
+    assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="other-model", messages=messages)  # type: ignore[arg-type]

@@ -176,8 +176,11 @@ def test_models_and_errors(url: str, client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
     assert bad.value.status_code == 400
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="other-model", messages=user("x"))
+    # OpenAI's error.code is a string or null, never the HTTP status again.
+    assert missing.value.code == "model_not_found"
+    assert bad.value.code is None
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=user("x" * 5000))  # > context
     r = httpx.post(url + "/v1/chat/completions", json={"messages": "nope"})

@@ -79,11 +79,15 @@ def stop_reason(finish: Finish, stop_hit: str | None, has_tools: bool) -> str:
     return "tool_use" if has_tools else "end_turn"
 
 
-def usage(finish: Finish | None, input_tokens: int) -> dict[str, Any]:
+def usage(finish: Finish | None, prompt_tokens: int) -> dict[str, Any]:
+    """Anthropic's meaning: `input_tokens` excludes the prompt tokens read from the cache, so
+    the prompt is input + cache_read + cache_creation (the last is 0: pages are cached as a
+    side effect, never billed as a write)."""
+    cached = finish.cached_tokens if finish else 0
     return {
-        "input_tokens": input_tokens,
+        "input_tokens": prompt_tokens - cached,
         "output_tokens": finish.completion_tokens if finish else 0,
-        "cache_read_input_tokens": finish.cached_tokens if finish else 0,
+        "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,
     }
 
@@ -105,6 +109,7 @@ def setup(body: MessagesRequest) -> ChatSetup:
 @router.post("/v1/messages", response_model=None)
 async def messages(body: MessagesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
+    svc.check_model(body.model)
     stops = body.stop_sequences or []
     rendered, (gen,) = await start_chat(svc, request, lambda: setup(body), 1, stops)
     builder = MessageBuilder(svc, len(rendered.token_ids), gen)
@@ -121,6 +126,7 @@ def anthropic_error(message: str) -> str:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     """The prompt size of a Messages request (Anthropic clients call this before sending)."""
     svc: Service = request.app.state.service
+    svc.check_model(body.model)
     thinking = None if body.thinking is None else body.thinking.type != "disabled"
     rendered = await svc.render(to_messages(body), tools_of(body), thinking)
     return JSONResponse({"input_tokens": len(rendered.token_ids)})

@@ -207,7 +207,9 @@ class SSEResponse(Response):
 
 
 def openai_error_frame(message: str) -> str:
-    return sse({"error": {"message": message, "type": "server_error", "code": 503}})
+    return sse(
+        {"error": {"message": message, "type": "server_error", "code": "service_unavailable"}}
+    )
 
 
 async def _close(events: AsyncIterator[str]) -> None:

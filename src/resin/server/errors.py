@@ -57,7 +57,23 @@ def error_body(path: str, status: int, message: str, param: str | None = None) -
         kind = _ANTHROPIC_TYPES.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
     kind = _OPENAI_TYPES.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return {
+        "error": {"message": message, "type": kind, "param": param, "code": openai_code(status)}
+    }
+
+
+def openai_code(status: int) -> str | None:
+    """OpenAI's `error.code` is a string or null (the HTTP status is not repeated there)."""
+    return _OPENAI_CODES.get(status)
+
+
+_OPENAI_CODES = {
+    401: "invalid_api_key",
+    404: "model_not_found",
+    413: "request_too_large",
+    429: "rate_limit_exceeded",
+    503: "service_unavailable",
+}
 
 
 def error_response(

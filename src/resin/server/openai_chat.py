@@ -144,7 +144,9 @@ def truncated(finishes: Sequence[Finish]) -> None:
 
 def openai_stream_error(finish: Finish) -> str:
     message = finish.error or "generation failed; retry"
-    return sse({"error": {"message": message, "type": "server_error", "code": 503}})
+    return sse(
+        {"error": {"message": message, "type": "server_error", "code": "service_unavailable"}}
+    )
 
 
 @router.post("/v1/chat/completions", response_model=None)
