@@ -57,3 +57,5 @@ GptOssForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Lfm2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
+get_response  # server/responses.py: a FastAPI route (the router calls it)
+delete_response  # server/responses.py: a FastAPI route (the router calls it)

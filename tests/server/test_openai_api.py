@@ -171,6 +171,47 @@ def test_responses_stream_and_final(client: openai.OpenAI) -> None:
     assert calls and json.loads(calls[0].arguments) == {"city": "Paris"}
 
 
+def test_responses_previous_response_id_get_and_delete(client: openai.OpenAI) -> None:
+    """A stored response continues as `previous_response_id` (its input and output become the
+    new prompt's first turns), is read back with GET and removed with DELETE; unknown and
+    unstored ids are 404s."""
+    first = client.responses.create(model=MODEL, input="my name is Ada")
+    assert first.output_text == "You said: my name is Ada" and first.store
+    again = client.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text
+    follow = client.responses.create(
+        model=MODEL, input="what is my name?", previous_response_id=first.id
+    )
+    alone = client.responses.create(model=MODEL, input="what is my name?", store=False)
+    assert follow.previous_response_id == first.id and follow.usage and alone.usage
+    assert first.usage is not None
+    # The follow-up's prompt holds the first turn and its answer on top of its own question.
+    extra = first.usage.input_tokens + first.usage.output_tokens
+    assert follow.usage.input_tokens >= alone.usage.input_tokens + extra - 16
+    assert follow.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(alone.id)  # store=False
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.create(model=MODEL, input="x", previous_response_id=first.id)
+    assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
+
+
+def test_response_store_evicts_the_oldest() -> None:
+    from resin.server.errors import ApiError
+    from resin.server.response_store import ResponseStore
+
+    store = ResponseStore(capacity=2)
+    for i in range(3):
+        store.put({"id": f"r{i}", "output": [{"type": "message", "content": []}]}, [])
+    with pytest.raises(ApiError) as err:
+        store.get("r0")
+    assert err.value.status == 404
+    assert [len(store.get(r).conversation) for r in ("r1", "r2")] == [1, 1]
+
+
 def test_models_and_errors(url: str, client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
     with pytest.raises(openai.BadRequestError) as bad:

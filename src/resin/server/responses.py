@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -21,6 +21,7 @@ from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
+from resin.server.response_store import input_items
 from resin.server.responses_input import ResponsesRequest, to_messages, tools_of
 from resin.server.service import Service
 from resin.server.structured import responses_format
@@ -33,11 +34,31 @@ router = APIRouter()
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
+    inputs = input_items(body.input)
+    if body.previous_response_id:
+        prior = svc.responses.get(body.previous_response_id, "previous_response_id")
+        inputs = [*prior.conversation, *inputs]
+        body = body.model_copy(update={"input": inputs})
     _, (gen,) = await start_chat(svc, request, lambda: setup(body))
     builder = ResponseBuilder(svc, body)
+    if body.store is not False:
+        builder.on_done = lambda response: svc.responses.put(response, inputs)
     if body.stream:
         return SSEResponse(builder.stream(gen), on_close=gen.cancel, error_frame=builder.failed)
     return JSONResponse(await until_disconnect(request, builder.collect(gen)))
+
+
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def get_response(response_id: str, request: Request) -> JSONResponse:
+    svc: Service = request.app.state.service
+    return JSONResponse(svc.responses.get(response_id).response)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=None)
+async def delete_response(response_id: str, request: Request) -> JSONResponse:
+    svc: Service = request.app.state.service
+    svc.responses.delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
 def setup(body: ResponsesRequest) -> ChatSetup:
@@ -66,6 +87,8 @@ class ResponseBuilder:
         self.kind: Literal["reasoning", "message", "function_call"] | None = None
         self.seq = 0
         self.call_items: dict[int, int] = {}
+        self.on_done: Callable[[dict[str, Any]], None] | None = None
+        """Called with the final response of a completed or incomplete answer (the store)."""
 
     def response(self, status: str, finish: Finish | None = None) -> dict[str, Any]:
         usage = None
@@ -101,6 +124,8 @@ class ResponseBuilder:
             "max_output_tokens": self.body.max_output_tokens,
             "text": self.body.text or {"format": {"type": "text"}},
             "reasoning": self.body.reasoning,
+            "previous_response_id": self.body.previous_response_id,
+            "store": self.body.store is not False,
         }
 
     def event(self, kind: str, **fields: Any) -> str:
@@ -251,7 +276,10 @@ class ResponseBuilder:
         status = {"length": "incomplete", "error": "failed", "abort": "failed"}.get(
             finish.reason, "completed"
         )
-        yield self.event(f"response.{status}", response=self.response(status, finish))
+        final = self.response(status, finish)
+        if status != "failed" and self.on_done is not None:
+            self.on_done(final)
+        yield self.event(f"response.{status}", response=final)
 
     def failed(self, message: str) -> str:
         """`response.failed` for an answer cut off outside the engine (a too-slow reader)."""

@@ -28,6 +28,8 @@ class ResponsesRequest(Loose):
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
 
 
 def _text(content: Any, where: str) -> str:

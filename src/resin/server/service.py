@@ -27,6 +27,7 @@ from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
 from resin.server.intake import Batch, Ticket
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import OutputParser, TokenizerLike
+from resin.server.response_store import ResponseStore
 from resin.server.special_text import LiteralSpecials, texts
 from resin.server.structured import NONE, Structured, name_field
 
@@ -72,6 +73,8 @@ class Service:
         self.defaults = defaults
         """The checkpoint's sampling defaults for omitted fields (`generation_defaults.py`)."""
         self.started = int(time.time())
+        self.responses = ResponseStore()
+        """Stored Responses-API answers (`previous_response_id`, GET/DELETE)."""
 
     def reserve(self, n: int = 1, request: Request | None = None) -> Ticket:
         """Intake slots for `n` generations, taken before any tokenizing: 400 above the
