@@ -24,6 +24,8 @@ CONTRACTS = ("resin.plan", "resin.params", "resin.protocols", "resin.events", "r
 RUNNER_PACKAGES = ("resin_models_torch", "resin_models_cuda")
 SHARED_MODEL_DESCRIPTION = (
     "resin_models_torch.config",
+    "resin_models_torch.hf_config",  # config.json -> ModelConfig (with hf_reader)
+    "resin_models_torch.hf_reader",
     "resin_models_torch.architectures",
     "resin_models_torch.constraints",  # plain-torch mask + bias, applied by both runner families
 )

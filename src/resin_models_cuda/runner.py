@@ -27,8 +27,9 @@ from resin_models_cuda.kernels.sampler import philox_seeds, sample_tokens
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
 from resin_models_cuda.models import BuildOptions, FastModel, build_model
 from resin_models_cuda.step import DecodeInfo, GroupTensors, PrefillInfo, StepTensors
-from resin_models_torch.config import ModelConfig, load_config
+from resin_models_torch.config import ModelConfig
 from resin_models_torch.constraints import constrain_logits
+from resin_models_torch.hf_config import load_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ import torch
 
 from resin_models_torch.architectures import ARCHITECTURES, reference_model
 from resin_models_torch.base import CausalLM
-from resin_models_torch.config import ModelConfig, load_config, parse_config
+from resin_models_torch.config import ModelConfig
+from resin_models_torch.hf_config import load_config, parse_config
 from resin_models_torch.layers import RMSNorm
 from resin_models_torch.loader import load_weights
 from resin_models_torch.runner import TorchRunner

@@ -48,7 +48,7 @@ def fast_logits(
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import StateDictWeights
     from resin_models_cuda.plans import PagedPlanner
-    from resin_models_torch.config import parse_config
+    from resin_models_torch.hf_config import parse_config
 
     options = RunnerOptions(page_size=16, max_batch=8, max_context=256, keep_logits=True)
     source = StateDictWeights(state, device, dtype)

@@ -91,7 +91,7 @@ def test_rope_scaling_matches_transformers(kind: str) -> None:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from resin_models_cuda.kernels import rope_cache
-    from resin_models_torch.config import parse_config
+    from resin_models_torch.hf_config import parse_config
 
     params = {
         "rope_type": "llama3",

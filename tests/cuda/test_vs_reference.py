@@ -44,7 +44,7 @@ def reference_and_fast(
     """A reference runner with peaky random weights and the fast runner on the same tensors."""
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import StateDictWeights
-    from resin_models_torch.config import parse_config
+    from resin_models_torch.hf_config import parse_config
     from resin_models_torch.registry import random_runner
 
     reference = random_runner(raw, seed=0, device=device, dtype=dtype, page_size=4, num_pages=160)
