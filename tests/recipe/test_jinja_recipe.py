@@ -3,12 +3,14 @@ sandbox; load_recipe picks a native recipe only when it renders the template's w
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from transformers import PreTrainedTokenizerFast
 
 from resin.recipe import JinjaRecipe, Message, get_native_recipe, load_recipe
+from resin.recipe.generic_tools import tool_prompt
 from resin.recipe.sandbox import TemplateRefusedError
 from resin.tokenizer import Tokenizer, TokenizerInfo
 from tests.recipe.assets import hf_tokenizer, npm_tokenizer, smollm2_hf, smollm2_tokenizer
@@ -29,9 +31,27 @@ def _expect(hf: Any, case: Case, **kwargs: Any) -> list[int] | type[Exception]:
     return list(hf.encode(text, add_special_tokens=False))
 
 
+def _hf_case(recipe: JinjaRecipe, case: Case) -> Case:
+    """What transformers must render to match the recipe: a template without a tool section
+    gets the tools as the generic system block (`resin.recipe.generic_tools`)."""
+    if not case.tools or recipe.native_tools:
+        return case
+    messages = [dict(m) for m in case.messages]
+    block = tool_prompt(case.tools)
+    if messages and messages[0]["role"] == "system":
+        messages[0]["content"] = messages[0]["content"] + "\n\n" + block
+    else:
+        messages.insert(0, {"role": "system", "content": block})
+    return dataclasses.replace(case, messages=messages, tools=None)
+
+
 def _compare(recipe: JinjaRecipe, hf: Any, case: Case, **kwargs: Any) -> None:
-    expected = _expect(hf, case, **kwargs)
     messages = to_resin(case.messages)
+    if case.tools and not recipe.supports_tools:
+        with pytest.raises(ValueError, match="cannot render tools"):
+            recipe.render(messages, tools=case.tools)
+        return
+    expected = _expect(hf, _hf_case(recipe, case), **kwargs)
     render_kwargs = dict(tools=case.tools, add_generation_prompt=case.add_generation_prompt)
     if isinstance(expected, type):
         with pytest.raises(ValueError):

@@ -106,12 +106,36 @@ def test_anthropic_messages_stream(url: str) -> None:
 
 
 def test_check_holds_the_real_model_to_its_recipe(url: str, tmp_path: Path) -> None:
-    """`resin check` on the default model: its recipe claims neither tools nor reasoning, so
-    those cases are skipped with the reason; told to expect reasoning, the case fails."""
+    """`resin check` on the default model: its template has no tool section, so tools come
+    through the generic tool prompt and a forced call must name the tool with valid arguments
+    (the grammar makes it so); it claims no reasoning, so that case is skipped with the reason,
+    and told to expect reasoning, the case fails."""
     argv = ["--burst", "8", "--ttft-sizes", "8", "--timeout", "120"]
     assert check.main([url, "--output", str(tmp_path / "a.md"), *argv]) == 0
     text = (tmp_path / "a.md").read_text()
-    assert "0 failed, 2 skipped" in text
-    assert "| tool-call case (forced) | SKIP | the model's tool-calling capability: no |" in text
+    assert "0 failed, 1 skipped" in text
+    assert "| tool-call case (forced) | PASS |" in text
+    assert "| reasoning case | SKIP | the model's reasoning capability: no |" in text
     assert check.main([url, "--output", str(tmp_path / "b.md"), "--expect-reasoning", *argv]) == 1
     assert "| reasoning case | FAIL |" in (tmp_path / "b.md").read_text()
+
+
+def test_tools_reach_a_template_without_a_tool_section(oai: openai.OpenAI) -> None:
+    """SmolLM2's template ignores `tools`; the recipe states them in the system message instead
+    of dropping them (the prompt grows by the tool block)."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    plain = oai.chat.completions.create(model="default", messages=ask("Weather?"), max_tokens=1)
+    with_tools = oai.chat.completions.create(
+        model="default",
+        messages=ask("Weather?"),
+        max_tokens=1,
+        tools=[tool],  # type: ignore[list-item]
+    )
+    assert plain.usage and with_tools.usage
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 40

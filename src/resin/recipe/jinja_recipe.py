@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resin.recipe.families import FAMILIES, detect_family
+from resin.recipe.generic_tools import with_tool_prompt
 from resin.recipe.harmony_parser import HarmonyParser
 from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
-from resin.recipe.tagged import TaggedParser
+from resin.recipe.tagged import TaggedParser, TagSpec
 from resin.recipe.tool_choice import (
     ToolChoice,
     check_tool_choice,
@@ -57,7 +58,10 @@ class JinjaRecipe:
         self.family = FAMILIES[family_name]
         self.name = f"jinja:{family_name}"
         self.template_kwargs = dict(template_kwargs or {})
-        self.supports_tools = "tools" in source
+        self.native_tools = "tools" in source
+        """The template renders `tools` itself; otherwise `generic_tools.py` may state them."""
+        self.generic_tools = not self.native_tools and self.family.spec == TagSpec()
+        self.supports_tools = self.native_tools or self.generic_tools
         self.supports_reasoning = "think" in source or self.family.spec is None
         self.stop_token_ids = self._stop_ids()
         self.vision: Gemma3Vision | None = None
@@ -85,6 +89,16 @@ class JinjaRecipe:
     ) -> RenderedPrompt:
         if any(m.images for m in messages) and not self.supports_images:
             raise ValueError(f"recipe {self.name!r} does not take images")
+        if tools and not self.native_tools:
+            if not self.generic_tools:
+                raise ValueError(
+                    f"this model's chat template cannot render tools ({self.name}); "
+                    "send the request without tools or serve it with a recipe that has them"
+                )
+            messages = with_tool_prompt(messages, tools)
+            hf_tools = None
+        else:
+            hf_tools = to_hf_tools(tools)
         info = self.tokenizer.info
         variables: dict[str, Any] = {
             "bos_token": info.bos_token or "",
@@ -98,7 +112,6 @@ class JinjaRecipe:
             ),
             "add_generation_prompt": add_generation_prompt,
         }
-        hf_tools = to_hf_tools(tools)
         if hf_tools is not None:
             variables["tools"] = hf_tools
         if enable_thinking is not None:
@@ -172,7 +185,7 @@ _PROBES: tuple[tuple[tuple[Message, ...], bool], ...] = (
 def _renders_alike(native: Recipe, jinja: JinjaRecipe) -> bool:
     """True when the native recipe renders the probe conversations as the template does."""
     for messages, with_tools in _PROBES:
-        if with_tools and not jinja.supports_tools:
+        if with_tools and not jinja.native_tools:
             continue
         tools = [_PROBE_TOOL] if with_tools else None
         try:
