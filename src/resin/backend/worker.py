@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -67,7 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("resin worker: this is rank 0, a leader; run the leader's program there")
         runner.close()
         return 1
-    return 0
+    # The leader said CLOSE: leave at once. Interpreter teardown would run Gloo's destructors,
+    # which can abort the process (SIGABRT) once the leader's side of the sockets is gone.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
