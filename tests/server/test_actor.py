@@ -53,9 +53,12 @@ def test_admission_bounds_and_reservations() -> None:
         actor = EngineActor(engine, queue_capacity=300, max_active=128, admissions_per_step=4)
         actor.start(asyncio.get_running_loop())
         params = SamplingParams(max_output_tokens=60)
-        streams = [actor.submit(actor.reserve(), (1, 2, 3), params) for _ in range(300)]
+        # Reserve every slot before submitting any: the actor thread admits (and so releases)
+        # submitted requests concurrently, which would make the full queue a race.
+        reservations = [actor.reserve() for _ in range(300)]
         with pytest.raises(QueueFull):
             actor.reserve()
+        streams = [actor.submit(r, (1, 2, 3), params) for r in reservations]
         results = await asyncio.gather(*(drain(s) for s in streams))
         assert actor.queued == 0  # every reservation released once admitted
         for items in results:
