@@ -47,10 +47,3 @@ class ResponseStore:
     def delete(self, response_id: str) -> None:
         self.get(response_id)
         del self._items[response_id]
-
-
-def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A Responses `input` as a list of items (a string is one user message)."""
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return list(value)

@@ -21,8 +21,7 @@ from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
-from resin.server.response_store import input_items
-from resin.server.responses_input import ResponsesRequest, to_messages, tools_of
+from resin.server.responses_input import ResponsesRequest, input_items, to_messages, tools_of
 from resin.server.service import Service
 from resin.server.structured import responses_format
 from resin.server.tool_choice import openai_choice

@@ -50,11 +50,16 @@ def _text(content: Any, where: str) -> str:
     raise ApiError(400, "content must be a string or a list of text parts", where)
 
 
+def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Responses `input` as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value)
+
+
 def to_messages(body: ResponsesRequest) -> list[Message]:
     messages = [Message("system", body.instructions)] if body.instructions else []
-    if isinstance(body.input, str):
-        return [*messages, Message("user", body.input)]
-    for i, item in enumerate(body.input):
+    for i, item in enumerate(input_items(body.input)):
         kind = item.get("type", "message")
         where = f"input.{i}"
         if kind == "message" and item.get("role") in ("user", "assistant", "system", "developer"):
