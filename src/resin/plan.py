@@ -180,8 +180,16 @@ class BatchPlan:
     - `prompt_logprob_rows` bool [B] and `target_ids` int32 [T]: rows that want the logprob of
       each next prompt token; `target_ids[t]` is the token that follows query token t
       (-1 where it is not yet known);
-    - `draft_indptr` [B+1] / `draft_ids`: speculative draft tokens included at the end of each
-      row's query tokens (decode only; empty when not speculating).
+    - `draft_indptr` int32 [B+1] / `draft_ids` int32 [D]: speculative draft tokens (decode only;
+      both empty when not speculating). A row with k drafts has 1 + k query tokens: its ordinary
+      input token, then its drafts (`input_ids[q0 + 1 : q0 + 1 + k]` equals the row's slice of
+      `draft_ids`), with consecutive positions and an append slot for each. The runner verifies
+      them in one forward and returns 1..k+1 tokens for the row (accepted drafts + one);
+      `docs/engine.md` gives the acceptance rule. Constrained rows never carry drafts.
+    - `prev_token_rows` int32 [B] (empty when unused; only for runners that declare
+      `RunnerConfig.overlap`): r >= 0 says the row's first query token is the token row r of the
+      *previous plan submitted to this runner* sampled (`input_ids` holds -1 there); -1 says
+      `input_ids` is given. Only draft-free decode rows use it.
     """
 
     step_id: int
@@ -199,6 +207,7 @@ class BatchPlan:
     target_ids: I32
     draft_indptr: I32
     draft_ids: I32
+    prev_token_rows: I32 = field(default_factory=_empty_i32)
 
     def __post_init__(self) -> None:
         freeze_arrays(self)

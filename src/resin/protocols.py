@@ -66,6 +66,10 @@ class RunnerConfig:
     - `waits_for_masks`: the runner reads `plan.sampling.token_bitmask` only after
       `plan.sampling.wait_for_mask()` (or through `bitmask()`), so the engine may fill the
       mask on a worker thread while the runner runs the model (`docs/constraints.md`).
+    - `max_draft_tokens`: the most speculative drafts per row the runner verifies (0 = none; the
+      engine proposes no drafts to such a runner).
+    - `overlap`: the runner resolves `BatchPlan.prev_token_rows` on the device, so the engine
+      may submit step n+1 before step n's tokens reach the host (AsyncRunner only).
     """
 
     vocab_size: int | None = None
@@ -75,6 +79,8 @@ class RunnerConfig:
     cache_bytes: int | None = None
     max_logprobs: int = 20
     waits_for_masks: bool = False
+    max_draft_tokens: int = 0
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -118,10 +124,12 @@ class ClosableRunner(Protocol):
 
 @runtime_checkable
 class AsyncRunner(Protocol):
-    """Submit a plan and collect its output later; at most one plan in flight.
+    """Submit a plan and collect its output later.
 
     `submit` returning means the runner accepted the plan (a later failure is post-accept);
-    raising `RetryableRunnerError` from `submit` means it did not.
+    raising `RetryableRunnerError` from `submit` means it did not. A runner whose
+    `RunnerConfig.overlap` is True accepts a second plan while one is uncollected (at most two
+    in flight); `collect()` returns outputs in submission order. Others hold one at a time.
     """
 
     def submit(self, plan: BatchPlan) -> None: ...
