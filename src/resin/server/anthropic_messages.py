@@ -15,13 +15,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from resin.recipe.types import Block as Part
 from resin.recipe.types import Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
+from resin.server.items import Item, Items
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service
 from resin.server.structured import anthropic_format
@@ -140,90 +140,42 @@ class MessageBuilder:
         self.gen = gen
         self.input_tokens = input_tokens
         self.id = f"msg_{uuid.uuid4().hex}"
-        self.blocks: list[dict[str, Any]] = []
-        self.open_kind: str | None = None
-        self.tool_json: dict[int, str] = {}
-        self.call_blocks: dict[int, int] = {}
+        self.items = Items()
 
     def message(self, finish: Finish | None) -> dict[str, Any]:
-        has_tools = any(b["type"] == "tool_use" for b in self.blocks)
+        has_tools = bool(self.items.of("tool_call"))
         matched = self.gen.stops.matched
         return {
             "id": self.id,
             "type": "message",
             "role": "assistant",
             "model": self.svc.model,
-            "content": self.blocks,
+            "content": [_block(it) for it in self.items.all],
             "stop_reason": None if finish is None else stop_reason(finish, matched, has_tools),
             "stop_sequence": matched,
             "usage": usage(finish, self.input_tokens),
         }
 
-    def _open(self, block: dict[str, Any]) -> Iterator[str]:
-        yield from self._close()
-        self.blocks.append(block)
-        self.open_kind = block["type"]
-        start = dict(block)
-        if block["type"] == "tool_use":
-            start["input"] = {}
-        yield sse(
-            {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": start},
-            event="content_block_start",
-        )
-
-    def _close(self) -> Iterator[str]:
-        if self.open_kind is None:
-            return
-        index = len(self.blocks) - 1
-        block = self.blocks[index]
-        if block["type"] == "tool_use":
-            raw = self.tool_json.get(index, "") or "{}"
-            try:
-                block["input"] = json.loads(raw)
-            except ValueError:
-                block["input"] = {"_raw": raw}
-        if block["type"] == "thinking":
-            yield self._delta(index, {"type": "signature_delta", "signature": ""})
-        self.open_kind = None
-        yield sse({"type": "content_block_stop", "index": index}, event="content_block_stop")
-
-    def _delta(self, index: int, delta: dict[str, Any]) -> str:
-        return sse(
-            {"type": "content_block_delta", "index": index, "delta": delta},
-            event="content_block_delta",
-        )
-
-    def _apply(self, d: Delta) -> Iterator[str]:
-        if isinstance(d, TextDelta) and d.text:
-            if self.open_kind != "text":
-                yield from self._open({"type": "text", "text": ""})
-            self.blocks[-1]["text"] += d.text
-            yield self._delta(len(self.blocks) - 1, {"type": "text_delta", "text": d.text})
-        elif isinstance(d, ReasoningDelta) and d.text:
-            if self.open_kind != "thinking":
-                yield from self._open({"type": "thinking", "thinking": "", "signature": ""})
-            self.blocks[-1]["thinking"] += d.text
-            yield self._delta(len(self.blocks) - 1, {"type": "thinking_delta", "thinking": d.text})
-        elif isinstance(d, ToolCallStart):
-            yield from self._open({"type": "tool_use", "id": d.id, "name": d.name, "input": {}})
-            self.call_blocks[d.index] = len(self.blocks) - 1
-        elif (
-            isinstance(d, ToolCallArgsDelta)
-            and self.call_blocks.get(d.index) == len(self.blocks) - 1
-        ):
-            index = len(self.blocks) - 1
-            self.tool_json[index] = self.tool_json.get(index, "") + d.fragment
-            yield self._delta(index, {"type": "input_json_delta", "partial_json": d.fragment})
-
     def _frames(self, up: Update) -> Iterator[str]:
-        for d in up.deltas:
-            yield from self._apply(d)
-        if up.finish is not None:
-            yield from self._close()
+        for change, it, piece in self.items.feed(up.deltas, up.finish is not None):
+            if change == "open":
+                start = {
+                    "type": "content_block_start",
+                    "index": it.index,
+                    "content_block": _block(it),
+                }
+                yield sse(start, event="content_block_start")
+            elif change == "grow":
+                key, kind = _DELTAS[it.kind]
+                yield _delta(it.index, {"type": kind, key: piece})
+            else:
+                if it.kind == "reasoning":
+                    yield _delta(it.index, {"type": "signature_delta", "signature": ""})
+                stop = {"type": "content_block_stop", "index": it.index}
+                yield sse(stop, event="content_block_stop")
 
     async def stream(self) -> AsyncIterator[str]:
         start = self.message(None)
-        start["content"] = []
         yield sse({"type": "message_start", "message": start}, event="message_start")
         yield sse({"type": "ping"}, event="ping")
         async for up in self.gen.updates():
@@ -231,7 +183,7 @@ class MessageBuilder:
                 yield frame
             if up.finish is None:
                 continue
-            if up.finish.reason in ("abort", "error"):
+            if up.finish.failed:
                 # Truncated: an error event, never a message_delta with a stop_reason.
                 yield anthropic_error(up.finish.error or "generation failed")
                 return
@@ -249,7 +201,35 @@ class MessageBuilder:
             for _ in self._frames(up):
                 pass
             if up.finish is not None:
-                if up.finish.reason in ("abort", "error"):
+                if up.finish.failed:
                     raise ApiError(503, up.finish.error or "generation failed")
                 final = self.message(up.finish)
         return final
+
+
+_DELTAS = {
+    "text": ("text", "text_delta"),
+    "reasoning": ("thinking", "thinking_delta"),
+    "tool_call": ("partial_json", "input_json_delta"),
+}
+
+
+def _delta(index: int, delta: dict[str, Any]) -> str:
+    body = {"type": "content_block_delta", "index": index, "delta": delta}
+    return sse(body, event="content_block_delta")
+
+
+def _block(it: Item) -> dict[str, Any]:
+    """A content block as it stands (a tool call's input once its JSON is complete)."""
+    if it.kind == "text":
+        return {"type": "text", "text": it.text}
+    if it.kind == "reasoning":
+        return {"type": "thinking", "thinking": it.text, "signature": ""}
+    block: dict[str, Any] = {"type": "tool_use", "id": it.call_id, "name": it.name, "input": {}}
+    if it.done:
+        raw = it.text or "{}"
+        try:
+            block["input"] = json.loads(raw)
+        except ValueError:
+            block["input"] = {"_raw": raw}
+    return block

@@ -39,6 +39,11 @@ class Finish:
     cached_tokens: int
     error: str | None = None
 
+    @property
+    def failed(self) -> bool:
+        """Cut off (aborted or failed): never answered as a complete `stop`."""
+        return self.reason in ("abort", "error")
+
 
 @dataclass(slots=True)
 class Update:

@@ -11,16 +11,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
+from resin.server.items import Change, Item, Items
 from resin.server.responses_input import ResponsesRequest, input_items, to_messages, tools_of
 from resin.server.service import Service
 from resin.server.structured import responses_format
@@ -82,10 +82,8 @@ class ResponseBuilder:
         self.body = body
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
-        self.items: list[dict[str, Any]] = []
-        self.kind: Literal["reasoning", "message", "function_call"] | None = None
+        self.items = Items()
         self.seq = 0
-        self.call_items: dict[int, int] = {}
         self.on_done: Callable[[dict[str, Any]], None] | None = None
         """Called with the final response of a completed or incomplete answer (the store)."""
 
@@ -109,7 +107,7 @@ class ResponseBuilder:
             "created_at": self.created_at,
             "status": status,
             "model": self.svc.model,
-            "output": self.items,
+            "output": [_output(it) for it in self.items.all],
             "usage": usage,
             "error": error,
             "incomplete_details": incomplete,
@@ -131,147 +129,41 @@ class ResponseBuilder:
         self.seq += 1
         return sse({"type": kind, "sequence_number": self.seq - 1, **fields}, event=kind)
 
-    # ---- item bookkeeping ------------------------------------------------------------
-    def _open(
-        self, kind: Literal["reasoning", "message", "function_call"], **extra: Any
-    ) -> Iterator[str]:
-        yield from self._close()
-        index = len(self.items)
-        item: dict[str, Any]
-        if kind == "message":
-            item = {
-                "type": "message",
-                "id": f"msg_{uuid.uuid4().hex}",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-        elif kind == "reasoning":
-            item = {
-                "type": "reasoning",
-                "id": f"rs_{uuid.uuid4().hex}",
-                "summary": [],
-                "content": [],
-            }
-        else:
-            item = {
-                "type": "function_call",
-                "id": f"fc_{uuid.uuid4().hex}",
-                "status": "in_progress",
-                "call_id": extra["call_id"],
-                "name": extra["name"],
-                "arguments": "",
-            }
-        self.items.append(item)
-        self.kind = kind
-        yield self.event(
-            "response.output_item.added",
-            output_index=index,
-            item=dict(item, content=[]) if kind != "function_call" else dict(item),
-        )
-        if kind == "message":
-            part: dict[str, Any] = {
-                "type": "output_text",
-                "text": "",
-                "annotations": [],
-                "logprobs": [],
-            }
-            item["content"] = [part]
-            yield self.event(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=dict(part),
-            )
-        elif kind == "reasoning":
-            item["content"] = [{"type": "reasoning_text", "text": ""}]
+    def _frames(self, up: Update) -> Iterator[str]:
+        for change, it, piece in self.items.feed(up.deltas, up.finish is not None):
+            yield from self._changed(change, it, piece)
+        if up.finish is not None:
+            yield from self._end(up.finish)
 
-    def _close(self) -> Iterator[str]:
-        if self.kind is None:
-            return
-        index = len(self.items) - 1
-        item = self.items[index]
-        iid = item["id"]
-        if self.kind == "message":
-            part = item["content"][0]
-            yield self.event(
-                "response.output_text.done",
-                item_id=iid,
-                output_index=index,
-                content_index=0,
-                text=part["text"],
-                logprobs=[],
-            )
-            yield self.event(
-                "response.content_part.done",
-                item_id=iid,
-                output_index=index,
-                content_index=0,
-                part=part,
-            )
-            item["status"] = "completed"
-        elif self.kind == "reasoning":
-            yield self.event(
-                "response.reasoning_text.done",
-                item_id=iid,
-                output_index=index,
-                content_index=0,
-                text=item["content"][0]["text"],
-            )
+    def _changed(self, change: Change, it: Item, piece: str) -> Iterator[str]:
+        item = _output(it)
+        at: dict[str, Any] = {"item_id": item["id"], "output_index": it.index}
+        if it.kind != "tool_call":
+            at["content_index"] = 0
+        if change == "open":
+            added = item if it.kind == "tool_call" else dict(item, content=[])
+            yield self.event("response.output_item.added", output_index=it.index, item=added)
+            if it.kind == "text":
+                yield self.event("response.content_part.added", **at, part=item["content"][0])
+        elif change == "grow" and it.kind == "tool_call":
+            yield self.event("response.function_call_arguments.delta", **at, delta=piece)
+        elif change == "grow" and it.kind == "text":
+            yield self.event("response.output_text.delta", **at, delta=piece, logprobs=[])
+        elif change == "grow":
+            yield self.event("response.reasoning_text.delta", **at, delta=piece)
         else:
-            yield self.event(
-                "response.function_call_arguments.done",
-                item_id=iid,
-                output_index=index,
-                arguments=item["arguments"],
-                name=item["name"],
-            )
-            item["status"] = "completed"
-        self.kind = None
-        yield self.event("response.output_item.done", output_index=index, item=item)
-
-    def _apply(self, d: Delta) -> Iterator[str]:
-        if isinstance(d, ToolCallStart):
-            yield from self._open("function_call", call_id=d.id, name=d.name)
-            self.call_items[d.index] = len(self.items) - 1
-            return
-        if isinstance(d, ToolCallArgsDelta):
-            index = self.call_items.get(d.index)
-            if index is None or index != len(self.items) - 1 or self.kind != "function_call":
-                return
-            item = self.items[index]
-            item["arguments"] += d.fragment
-            yield self.event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=index,
-                delta=d.fragment,
-            )
-            return
-        if isinstance(d, TextDelta | ReasoningDelta):
-            kind: Literal["reasoning", "message"] = (
-                "message" if isinstance(d, TextDelta) else "reasoning"
-            )
-            if not d.text:
-                return
-            if self.kind != kind:
-                yield from self._open(kind)
-            index = len(self.items) - 1
-            item = self.items[index]
-            item["content"][0]["text"] += d.text
-            name = (
-                "response.output_text.delta"
-                if kind == "message"
-                else "response.reasoning_text.delta"
-            )
-            extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
-            yield self.event(
-                name, item_id=item["id"], output_index=index, content_index=0, delta=d.text, **extra
-            )
+            if it.kind == "text":
+                text = it.text
+                yield self.event("response.output_text.done", **at, text=text, logprobs=[])
+                yield self.event("response.content_part.done", **at, part=item["content"][0])
+            elif it.kind == "reasoning":
+                yield self.event("response.reasoning_text.done", **at, text=it.text)
+            else:
+                done = {"arguments": it.text, "name": it.name}
+                yield self.event("response.function_call_arguments.done", **at, **done)
+            yield self.event("response.output_item.done", output_index=it.index, item=item)
 
     def _end(self, finish: Finish) -> Iterator[str]:
-        yield from self._close()
         status = {"length": "incomplete", "error": "failed", "abort": "failed"}.get(
             finish.reason, "completed"
         )
@@ -293,20 +185,39 @@ class ResponseBuilder:
             for frame in self._frames(up):
                 yield frame
 
-    def _frames(self, up: Update) -> Iterator[str]:
-        for d in up.deltas:
-            yield from self._apply(d)
-        if up.finish is not None:
-            yield from self._end(up.finish)
-
     async def collect(self, gen: Generation) -> dict[str, Any]:
         final: dict[str, Any] = {}
         async for up in gen.updates():
             for _ in self._frames(up):
                 pass
             if up.finish is not None:
-                if up.finish.reason in ("abort", "error"):
+                if up.finish.failed:
                     raise ApiError(503, up.finish.error or "generation failed")
                 status = "incomplete" if up.finish.reason == "length" else "completed"
                 final = self.response(status, up.finish)
         return final
+
+
+def _output(it: Item) -> dict[str, Any]:
+    """An output item as it stands."""
+    status = "completed" if it.done else "in_progress"
+    if it.kind == "text":
+        part = {"type": "output_text", "text": it.text, "annotations": [], "logprobs": []}
+        return {
+            "type": "message",
+            "id": f"msg_{it.id}",
+            "status": status,
+            "role": "assistant",
+            "content": [part],
+        }
+    if it.kind == "reasoning":
+        content = [{"type": "reasoning_text", "text": it.text}]
+        return {"type": "reasoning", "id": f"rs_{it.id}", "summary": [], "content": content}
+    return {
+        "type": "function_call",
+        "id": f"fc_{it.id}",
+        "status": status,
+        "call_id": it.call_id,
+        "name": it.name,
+        "arguments": it.text,
+    }
