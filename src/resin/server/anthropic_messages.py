@@ -18,12 +18,13 @@ from starlette.responses import JSONResponse, Response
 from resin.recipe.types import Block as Part
 from resin.recipe.types import Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
-from resin.server.chat_setup import ChatSetup, Sampling, start_chat
+from resin.server.chat_setup import ChatSetup, start_chat
 from resin.server.errors import ApiError
-from resin.server.generation import Finish, Generation, Update
+from resin.server.generation import Finish, Update
+from resin.server.intake import Batch
 from resin.server.items import Item, Items
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
-from resin.server.service import Service
+from resin.server.service import Sampling, Service
 from resin.server.structured import anthropic_format
 from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
@@ -111,10 +112,10 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
     stops = body.stop_sequences or []
-    rendered, (gen,) = await start_chat(svc, request, lambda: setup(body), 1, stops)
-    builder = MessageBuilder(svc, len(rendered.token_ids), gen)
+    rendered, gens = await start_chat(svc, request, lambda: setup(body), 1, stops)
+    builder = MessageBuilder(svc, len(rendered.token_ids), gens)
     if body.stream:
-        return SSEResponse(builder.stream(), on_close=gen.cancel, error_frame=anthropic_error)
+        return SSEResponse(builder.stream(), on_close=gens.cancel, error_frame=anthropic_error)
     return JSONResponse(await until_disconnect(request, builder.collect()))
 
 
@@ -135,16 +136,16 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
 class MessageBuilder:
     """Turns deltas into content blocks; renders SSE events or the final message."""
 
-    def __init__(self, svc: Service, input_tokens: int, gen: Generation) -> None:
+    def __init__(self, svc: Service, input_tokens: int, gens: Batch) -> None:
         self.svc = svc
-        self.gen = gen
+        self.gens = gens
         self.input_tokens = input_tokens
         self.id = f"msg_{uuid.uuid4().hex}"
         self.items = Items()
 
     def message(self, finish: Finish | None) -> dict[str, Any]:
         has_tools = bool(self.items.of("tool_call"))
-        matched = self.gen.stops.matched
+        matched = self.gens.gens[0].stops.matched
         return {
             "id": self.id,
             "type": "message",
@@ -178,7 +179,7 @@ class MessageBuilder:
         start = self.message(None)
         yield sse({"type": "message_start", "message": start}, event="message_start")
         yield sse({"type": "ping"}, event="ping")
-        async for up in self.gen.updates():
+        async for _, up in self.gens.updates():
             for frame in self._frames(up):
                 yield frame
             if up.finish is None:
@@ -196,15 +197,9 @@ class MessageBuilder:
             yield sse({"type": "message_stop"}, event="message_stop")
 
     async def collect(self) -> dict[str, Any]:
-        final: dict[str, Any] = {}
-        async for up in self.gen.updates():
-            for _ in self._frames(up):
-                pass
-            if up.finish is not None:
-                if up.finish.failed:
-                    raise ApiError(503, up.finish.error or "generation failed")
-                final = self.message(up.finish)
-        return final
+        (up,) = await self.gens.collect()
+        self.items.add(up.deltas, last=True)
+        return self.message(up.finish)
 
 
 _DELTAS = {

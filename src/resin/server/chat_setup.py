@@ -10,7 +10,7 @@ differs between the routes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -18,22 +18,8 @@ from starlette.requests import Request
 from resin.recipe import Message, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice
 from resin.server.intake import Batch
-from resin.server.service import Service
+from resin.server.service import Sampling, Service
 from resin.server.structured import NONE, Structured, apply
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """Optional sampling fields of a body; None takes the server's (or checkpoint's) default."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    logprobs: int | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,19 +48,10 @@ async def start_chat(
         s = build()
         rendered = await svc.render(s.messages, s.tools, s.thinking, s.tool_choice)
         params = svc.params(
-            len(rendered.token_ids),
-            s.max_tokens,
-            stop_token_ids=svc.recipe.stop_token_ids,
-            **asdict(s.sampling),
+            len(rendered.token_ids), s.max_tokens, s.sampling, svc.recipe.stop_token_ids
         )
         params, fmt = apply(params, s.structured, rendered, s.logit_bias)
         tools = list(s.tools) or None
-        batch = await svc.launch(
-            ticket,
-            rendered.token_ids,
-            params,
-            lambda: svc.recipe.create_parser(rendered, tools=tools),
-            stops,
-            fmt,
-        )
+        parser = lambda: svc.recipe.create_parser(rendered, tools=tools)  # noqa: E731
+        batch = await svc.launch(ticket, [(rendered.token_ids, params)], parser, stops, fmt)
     return rendered, batch

@@ -106,7 +106,7 @@ class Generation:
         pending = Update()
         sent_first = False
         async for update in self._raw():
-            _merge(pending, update)
+            merge(pending, update)
             ready = len(pending.token_ids) >= self.stream_interval or not sent_first
             if ready or pending.finish is not None:
                 sent_first = True
@@ -200,7 +200,7 @@ class Generation:
         return update
 
 
-def _merge(into: Update, new: Update) -> None:
+def merge(into: Update, new: Update) -> None:
     for delta in new.deltas:
         # Adjacent text (or reasoning) pieces become one delta, so a stream interval of k tokens
         # sends one SSE event per k tokens, not one per token.

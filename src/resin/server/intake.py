@@ -21,7 +21,8 @@ from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 
 from resin.server.actor import Reservation
-from resin.server.generation import Generation, Update
+from resin.server.errors import ApiError
+from resin.server.generation import Generation, Update, merge
 from resin.server.stream import ClientTooSlow
 
 
@@ -136,6 +137,18 @@ class Batch:
                     yield i, item
         finally:
             await self.close()
+
+    async def collect(self) -> list[Update]:
+        """Each generation's updates merged into one (a non-streamed answer); a choice cut off,
+        or ended without a finish, is a 503: never a partial answer taken for a complete one."""
+        merged = [Update() for _ in self.gens]
+        async for i, update in self.updates():
+            merge(merged[i], update)
+        for up in merged:
+            if up.finish is None or up.finish.failed:
+                error = up.finish.error if up.finish else "generation ended without a finish"
+                raise ApiError(503, error or "generation failed; retry")
+        return merged
 
     def cancel(self) -> None:
         for g in self.gens:

@@ -45,8 +45,16 @@ class Items:
         if last:
             yield from self._close()
 
+    def add(self, deltas: Iterable[Delta], last: bool = False) -> Items:
+        for _ in self.feed(deltas, last):
+            pass
+        return self
+
     def of(self, kind: Kind) -> list[Item]:
         return [it for it in self.all if it.kind == kind]
+
+    def text(self, kind: Kind) -> str:
+        return "".join(it.text for it in self.of(kind))
 
     def _open(
         self, kind: Kind, call_id: str = "", name: str = ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,17 +12,13 @@ from starlette.responses import JSONResponse, Response
 
 from resin.recipe.deltas import ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from resin.recipe.types import Block, Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
-from resin.server.asgi import SSEResponse, sse, until_disconnect
-from resin.server.chat_setup import ChatSetup, Sampling, start_chat
-from resin.server.errors import ApiError
-from resin.server.generation import (
-    Finish,
-    TokenLogprob,
-    Update,
-)
+from resin.server.asgi import SSEResponse, openai_error_frame, sse, until_disconnect
+from resin.server.chat_setup import ChatSetup, start_chat
+from resin.server.generation import Finish, TokenLogprob, Update
 from resin.server.intake import Batch
+from resin.server.items import Items
 from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
-from resin.server.service import Service
+from resin.server.service import Sampling, Service
 from resin.server.structured import openai_fields
 from resin.server.text import parts_text
 from resin.server.tool_choice import openai_choice
@@ -107,26 +103,17 @@ def usage(finishes: Sequence[Finish]) -> dict[str, Any]:
 
 
 def logprob_entries(svc: Service, items: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    out = []
-    for item in items:
-        text = svc.token_text(item.token_id)
-        tops = [
-            {
-                "token": (t := svc.token_text(top.token_id)),
-                "logprob": top.logprob,
-                "bytes": list(t.encode()),
-            }
-            for top in item.top
-        ]
-        out.append(
-            {
-                "token": text,
-                "logprob": item.logprob,
-                "bytes": list(text.encode()),
-                "top_logprobs": tops,
-            }
-        )
-    return out
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = svc.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return [
+        {
+            **entry(i.token_id, i.logprob),
+            "top_logprobs": [entry(t.token_id, t.logprob) for t in i.top],
+        }
+        for i in items
+    ]
 
 
 def finish_name(finish: Finish, has_tools: bool) -> str:
@@ -135,18 +122,27 @@ def finish_name(finish: Finish, has_tools: bool) -> str:
     return finish.reason
 
 
-def truncated(finishes: Sequence[Finish]) -> None:
-    """A non-streamed answer with a cut-off choice is a 503, never a `stop`."""
-    for f in finishes:
-        if f.reason in ("abort", "error"):
-            raise ApiError(503, f.error or "generation failed; retry")
-
-
-def openai_stream_error(finish: Finish) -> str:
-    message = finish.error or "generation failed; retry"
-    return sse(
-        {"error": {"message": message, "type": "server_error", "code": "service_unavailable"}}
-    )
+async def openai_sse(
+    gens: Batch,
+    base: dict[str, Any],
+    choice: Callable[[int, Update], dict[str, Any]],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """OpenAI's chunk stream (chat and completions): a chunk per update with `choice(i,
+    update)`, the usage chunk when asked, `[DONE]`. A choice cut off ends the stream with an
+    error event and no `[DONE]`: never a finish_reason of "stop"."""
+    finishes: list[Finish] = []
+    async for i, up in gens.updates():
+        chunk = {**base, "choices": [choice(i, up)]}
+        if up.finish is not None:
+            finishes.append(up.finish)
+            if up.finish.failed:
+                yield openai_error_frame(up.finish.error or "generation failed; retry")
+                return
+        yield sse(chunk)
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": usage(finishes)})
+    yield sse("[DONE]")
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -157,49 +153,36 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _stream(svc, gens, rid, body.logprobs, include_usage)
-        return SSEResponse(stream, on_close=gens.cancel)
+        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time())}
+        base["model"] = svc.model
+        choice = _chunks(svc, len(gens), body.logprobs)
+        return SSEResponse(openai_sse(gens, base, choice, include_usage), on_close=gens.cancel)
     return JSONResponse(await until_disconnect(request, _collect(svc, gens, rid, body.logprobs)))
 
 
 async def _collect(svc: Service, gens: Batch, rid: str, want_logprobs: bool) -> dict[str, Any]:
-    texts = [""] * len(gens)
-    reasoning = [""] * len(gens)
-    calls: list[dict[int, dict[str, Any]]] = [{} for _ in gens]
-    lps: list[list[TokenLogprob]] = [[] for _ in gens]
-    finishes: list[Finish | None] = [None] * len(gens)
-    async for i, up in gens.updates():
-        for d in up.deltas:
-            if isinstance(d, TextDelta):
-                texts[i] += d.text
-            elif isinstance(d, ReasoningDelta):
-                reasoning[i] += d.text
-            elif isinstance(d, ToolCallStart):
-                calls[i][d.index] = {
-                    "id": d.id,
-                    "type": "function",
-                    "function": {"name": d.name, "arguments": ""},
-                }
-            elif isinstance(d, ToolCallArgsDelta):
-                calls[i][d.index]["function"]["arguments"] += d.fragment
-        lps[i].extend(up.logprobs)
-        finishes[i] = up.finish or finishes[i]
-    done = [f for f in finishes if f is not None]
-    truncated(done)
+    answers = await gens.collect()
     choices = []
-    for i, f in enumerate(finishes):
-        assert f is not None
-        message: dict[str, Any] = {"role": "assistant", "content": texts[i] or None}
-        if reasoning[i]:
-            message["reasoning_content"] = reasoning[i]
-        if calls[i]:
-            message["tool_calls"] = [calls[i][k] for k in sorted(calls[i])]
+    for i, up in enumerate(answers):
+        assert up.finish is not None
+        items = Items().add(up.deltas)
+        calls = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.text}}
+            for c in items.of("tool_call")
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": items.text("text") or None}
+        if reasoning := items.text("reasoning"):
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = calls
         choices.append(
             {
                 "index": i,
                 "message": message,
-                "logprobs": {"content": logprob_entries(svc, lps[i])} if want_logprobs else None,
-                "finish_reason": finish_name(f, bool(calls[i])),
+                "logprobs": {"content": logprob_entries(svc, up.logprobs)}
+                if want_logprobs
+                else None,
+                "finish_reason": finish_name(up.finish, bool(calls)),
             }
         )
     return {
@@ -208,65 +191,42 @@ async def _collect(svc: Service, gens: Batch, rid: str, want_logprobs: bool) -> 
         "created": int(time.time()),
         "model": svc.model,
         "choices": choices,
-        "usage": usage(done),
+        "usage": usage([up.finish for up in answers if up.finish is not None]),
     }
 
 
-async def _stream(
-    svc: Service, gens: Batch, rid: str, want_logprobs: bool, include_usage: bool
-) -> AsyncIterator[str]:
-    created = int(time.time())
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": svc.model}
-    sent_role = [False] * len(gens)
-    has_calls = [False] * len(gens)
-    finishes: list[Finish] = []
-    async for i, up in gens.updates():
-        delta = _delta(up, sent_role[i], has_calls, i)
+def _chunks(svc: Service, n: int, want_logprobs: bool) -> Callable[[int, Update], dict[str, Any]]:
+    """The chunk choice of each update: the role first, then content, reasoning and tool-call
+    pieces; the finish reason names tool calls when the choice made any."""
+    sent_role = [False] * n
+    has_calls = [False] * n
+
+    def choice(i: int, up: Update) -> dict[str, Any]:
+        delta: dict[str, Any] = {} if sent_role[i] else {"role": "assistant"}
+        text = "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
+        thought = "".join(d.text for d in up.deltas if isinstance(d, ReasoningDelta))
+        if text or not sent_role[i]:
+            delta["content"] = text
+        if thought:
+            delta["reasoning_content"] = thought
+        calls = [
+            _call_piece(d) for d in up.deltas if isinstance(d, ToolCallStart | ToolCallArgsDelta)
+        ]
+        if calls:
+            delta["tool_calls"] = calls
         sent_role[i] = True
-        finish = None
-        if up.finish is not None:
-            finishes.append(up.finish)
-            finish = finish_name(up.finish, has_calls[i])
-            if up.finish.reason in ("abort", "error"):
-                # Truncated: an error event and no [DONE]; never a finish_reason of "stop".
-                yield openai_stream_error(up.finish)
-                return
-        choice: dict[str, Any] = {
-            "index": i,
-            "delta": delta,
-            "logprobs": None,
-            "finish_reason": finish,
-        }
+        has_calls[i] = has_calls[i] or any(isinstance(d, ToolCallStart) for d in up.deltas)
+        logprobs = None
         if want_logprobs and up.logprobs:
-            choice["logprobs"] = {"content": logprob_entries(svc, up.logprobs)}
-        yield sse({**base, "choices": [choice]})
-    if include_usage:
-        yield sse({**base, "choices": [], "usage": usage(finishes)})
-    yield sse("[DONE]")
+            logprobs = {"content": logprob_entries(svc, up.logprobs)}
+        finish = None if up.finish is None else finish_name(up.finish, has_calls[i])
+        return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    return choice
 
 
-def _delta(up: Update, sent_role: bool, has_calls: list[bool], i: int) -> dict[str, Any]:
-    delta: dict[str, Any] = {} if sent_role else {"role": "assistant"}
-    text = "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
-    thought = "".join(d.text for d in up.deltas if isinstance(d, ReasoningDelta))
-    if text or not sent_role:
-        delta["content"] = text
-    if thought:
-        delta["reasoning_content"] = thought
-    calls: list[dict[str, Any]] = []
-    for d in up.deltas:
-        if isinstance(d, ToolCallStart):
-            has_calls[i] = True
-            calls.append(
-                {
-                    "index": d.index,
-                    "id": d.id,
-                    "type": "function",
-                    "function": {"name": d.name, "arguments": ""},
-                }
-            )
-        elif isinstance(d, ToolCallArgsDelta):
-            calls.append({"index": d.index, "function": {"arguments": d.fragment}})
-    if calls:
-        delta["tool_calls"] = calls
-    return delta
+def _call_piece(d: ToolCallStart | ToolCallArgsDelta) -> dict[str, Any]:
+    if isinstance(d, ToolCallArgsDelta):
+        return {"index": d.index, "function": {"arguments": d.fragment}}
+    function = {"name": d.name, "arguments": ""}
+    return {"index": d.index, "id": d.id, "type": "function", "function": function}

@@ -9,23 +9,22 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import Field
 from starlette.responses import JSONResponse, Response
 
-from resin.params import SamplingParams
 from resin.recipe.deltas import TextDelta
-from resin.server.asgi import SSEResponse, sse, until_disconnect
+from resin.server.asgi import SSEResponse, until_disconnect
 from resin.server.errors import ApiError
-from resin.server.generation import Finish, Generation, TokenLogprob
+from resin.server.generation import TokenLogprob, Update
 from resin.server.intake import Batch
-from resin.server.openai_chat import openai_stream_error, truncated, usage
+from resin.server.openai_chat import openai_sse, usage
 from resin.server.schemas_openai import CompletionRequest as _Base
-from resin.server.service import Service
-from resin.server.structured import NONE, apply, name_field, openai_fields
+from resin.server.service import Sampling, Service
+from resin.server.structured import apply, openai_fields
 from resin.server.text import PlainTextParser
 
 router = APIRouter()
@@ -84,42 +83,36 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise ApiError(400, f"between 1 and {MAX_PROMPTS} prompts", "prompt")
     with svc.reserve(body.n * count, request) as ticket:
         prompts = await prompts_of(svc, body)
-        # Every prompt is checked before the first generation is submitted.
-        fields, fmt = openai_fields(body), NONE
-        per_prompt: list[list[SamplingParams]] = []
+        structured = openai_fields(body)
+        echo_logprobs = body.logprobs if body.echo else None
+        sampling = Sampling(
+            body.temperature,
+            body.top_p,
+            body.top_k,
+            body.min_p,
+            body.seed,
+            body.logprobs,
+            body.min_tokens,
+            body.ignore_eos,
+            echo_logprobs,
+        )
+        eos = () if body.ignore_eos else svc.tokenizer.eos_token_ids
+        max_tokens = None if body.max_tokens is None else max(1, body.max_tokens)
+        runs = []
         for ids in prompts:
-            params = svc.params(
-                len(ids),
-                max(1, body.max_tokens or 0) if body.max_tokens is not None else None,
-                stop_token_ids=() if body.ignore_eos else svc.tokenizer.eos_token_ids,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                min_p=body.min_p,
-                seed=body.seed,
-                logprobs=body.logprobs,
-                prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
-                min_tokens=body.min_tokens,
-                ignore_eos=body.ignore_eos,
-            )
-            params, fmt = apply(params, fields, None, body.logit_bias)
-            per_prompt.append(svc.choices(params, body.n))
+            params = svc.params(len(ids), max_tokens, sampling, eos)
+            runs.append((ids, apply(params, structured, None, body.logit_bias)[0]))
         parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
-        submitted: list[Generation] = []
-        for ids, choices in zip(prompts, per_prompt, strict=True):
-            submitted += svc.submit(ticket, ids, choices, parser, stops)
-        try:
-            gens = await svc.start(submitted)
-        except ApiError as exc:
-            raise name_field(exc, fmt) from None
+        gens = await svc.launch(ticket, runs, parser, stops, structured)
     rid = f"cmpl-{uuid.uuid4().hex}"
     prompt_ids = [ids for ids in prompts for _ in range(body.n)]
-    drop = body.max_tokens == 0
     if body.stream:
         include = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _stream(svc, gens, rid, body, prompt_ids, include)
-        return SSEResponse(stream, on_close=gens.cancel)
-    result = await until_disconnect(request, _collect(svc, gens, rid, body, prompt_ids, drop))
+        base = {"id": rid, "object": "text_completion", "created": int(time.time())}
+        base["model"] = svc.model
+        choice = _chunks(svc, body, prompt_ids)
+        return SSEResponse(openai_sse(gens, base, choice, include), on_close=gens.cancel)
+    result = await until_disconnect(request, _collect(svc, gens, rid, body, prompt_ids))
     return JSONResponse(result)
 
 
@@ -146,60 +139,35 @@ def _logprobs(
 
 
 async def _collect(
-    svc: Service,
-    gens: Batch,
-    rid: str,
-    body: CompletionRequest,
-    prompts: list[list[int]],
-    drop_generated: bool,
+    svc: Service, gens: Batch, rid: str, body: CompletionRequest, prompts: list[list[int]]
 ) -> dict[str, Any]:
-    texts = [""] * len(gens)
-    ids: list[list[int]] = [[] for _ in gens]
-    lps: list[list[TokenLogprob]] = [[] for _ in gens]
-    plps: list[list[TokenLogprob] | None] = [None] * len(gens)
-    finishes: list[Finish | None] = [None] * len(gens)
-    async for i, up in gens.updates():
-        texts[i] += "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
-        ids[i] += up.token_ids
-        lps[i] += up.logprobs
-        plps[i] = up.prompt_logprobs or plps[i]
-        finishes[i] = up.finish or finishes[i]
-    done = [f for f in finishes if f is not None]
-    if len(done) != len(gens):
-        raise ApiError(503, "generation ended without a finish; retry")
-    truncated(done)
+    """The answer; `max_tokens=0` (scoring the prompt) drops the one generated token."""
+    drop = body.max_tokens == 0
+    answers = await gens.collect()
     choices = []
-    for i, f in enumerate(done):
-        gen_ids, gen_lps, text = ids[i], list(lps[i]), texts[i]
-        if drop_generated:
-            gen_ids, gen_lps, text = [], [], ""
-        logprobs = None
+    for i, up in enumerate(answers):
+        assert up.finish is not None
+        text = "" if drop else "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
         if body.echo:
-            prefix = svc.tokenizer.decode(prompts[i], False)
-            text = prefix + text
+            text = svc.tokenizer.decode(prompts[i], False) + text
+        logprobs = None
         if body.logprobs is not None:
-            all_ids: list[int] = list(gen_ids)
-            items: list[TokenLogprob | None] = list(gen_lps) + [None] * (
-                len(gen_ids) - len(gen_lps)
-            )
+            ids: list[int] = [] if drop else list(up.token_ids)
+            items: list[TokenLogprob | None] = [] if drop else list(up.logprobs)
+            items += [None] * (len(ids) - len(items))
             if body.echo:
                 prompt_items: list[TokenLogprob | None] = [None]
-                prompt_items += plps[i] or [None] * (len(prompts[i]) - 1)
-                all_ids = prompts[i] + all_ids
+                prompt_items += up.prompt_logprobs or [None] * (len(prompts[i]) - 1)
+                ids = prompts[i] + ids
                 items = prompt_items[: len(prompts[i])] + items
-            logprobs = _logprobs(svc, all_ids, items, 0)
+            logprobs = _logprobs(svc, ids, items, 0)
         choices.append(
-            {
-                "index": i,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": f.reason,
-            }
+            {"index": i, "text": text, "logprobs": logprobs, "finish_reason": up.finish.reason}
         )
-    use = usage(done)
+    use = usage([up.finish for up in answers if up.finish is not None])
     use["prompt_tokens"] = sum(len(p) for p in prompts[:: max(1, body.n)])
     use["total_tokens"] = use["prompt_tokens"] + use["completion_tokens"]
-    if drop_generated:
+    if drop:
         use["completion_tokens"] = 0
         use["total_tokens"] = use["prompt_tokens"]
     return {
@@ -212,19 +180,15 @@ async def _collect(
     }
 
 
-async def _stream(
-    svc: Service,
-    gens: Batch,
-    rid: str,
-    body: CompletionRequest,
-    prompts: list[list[int]],
-    include_usage: bool,
-) -> AsyncIterator[str]:
-    base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": svc.model}
-    finishes: list[Finish] = []
-    echoed = [not body.echo] * len(gens)
-    offsets = [0] * len(gens)
-    async for i, up in gens.updates():
+def _chunks(
+    svc: Service, body: CompletionRequest, prompts: list[list[int]]
+) -> Callable[[int, Update], dict[str, Any]]:
+    """The chunk choice of each update: the echoed prompt before the first text, logprobs
+    with their running text offset."""
+    echoed = [not body.echo] * len(prompts)
+    offsets = [0] * len(prompts)
+
+    def choice(i: int, up: Update) -> dict[str, Any]:
         text = "".join(d.text for d in up.deltas if isinstance(d, TextDelta))
         if not echoed[i]:
             text = svc.tokenizer.decode(prompts[i], False) + text
@@ -233,15 +197,7 @@ async def _stream(
         if body.logprobs is not None and up.logprobs:
             logprobs = _logprobs(svc, [x.token_id for x in up.logprobs], up.logprobs, offsets[i])
             offsets[i] += sum(len(t) for t in logprobs["tokens"])
-        finish = None
-        if up.finish is not None:
-            finishes.append(up.finish)
-            finish = up.finish.reason
-            if finish in ("abort", "error"):
-                yield openai_stream_error(up.finish)  # truncated: no [DONE]
-                return
-        choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        yield sse({**base, "choices": [choice]})
-    if include_usage:
-        yield sse({**base, "choices": [], "usage": usage(finishes)})
-    yield sse("[DONE]")
+        finish = None if up.finish is None else up.finish.reason
+        return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    return choice

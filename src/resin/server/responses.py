@@ -17,12 +17,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from resin.server.asgi import SSEResponse, sse, until_disconnect
-from resin.server.chat_setup import ChatSetup, Sampling, start_chat
-from resin.server.errors import ApiError
-from resin.server.generation import Finish, Generation, Update
+from resin.server.chat_setup import ChatSetup, start_chat
+from resin.server.generation import Finish, Update
+from resin.server.intake import Batch
 from resin.server.items import Change, Item, Items
 from resin.server.responses_input import ResponsesRequest, input_items, to_messages, tools_of
-from resin.server.service import Service
+from resin.server.service import Sampling, Service
 from resin.server.structured import responses_format
 from resin.server.tool_choice import openai_choice
 
@@ -38,13 +38,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prior = svc.responses.get(body.previous_response_id, "previous_response_id")
         inputs = [*prior.conversation, *inputs]
         body = body.model_copy(update={"input": inputs})
-    _, (gen,) = await start_chat(svc, request, lambda: setup(body))
+    _, gens = await start_chat(svc, request, lambda: setup(body))
     builder = ResponseBuilder(svc, body)
     if body.store is not False:
         builder.on_done = lambda response: svc.responses.put(response, inputs)
     if body.stream:
-        return SSEResponse(builder.stream(gen), on_close=gen.cancel, error_frame=builder.failed)
-    return JSONResponse(await until_disconnect(request, builder.collect(gen)))
+        return SSEResponse(builder.stream(gens), on_close=gens.cancel, error_frame=builder.failed)
+    return JSONResponse(await until_disconnect(request, builder.collect(gens)))
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
@@ -178,23 +178,21 @@ class ResponseBuilder:
         return self.event("response.failed", response=self.response("failed", finish))
 
     # ---- the two answers -------------------------------------------------------------
-    async def stream(self, gen: Generation) -> AsyncIterator[str]:
+    async def stream(self, gens: Batch) -> AsyncIterator[str]:
         yield self.event("response.created", response=self.response("in_progress"))
         yield self.event("response.in_progress", response=self.response("in_progress"))
-        async for up in gen.updates():
+        async for _, up in gens.updates():
             for frame in self._frames(up):
                 yield frame
 
-    async def collect(self, gen: Generation) -> dict[str, Any]:
-        final: dict[str, Any] = {}
-        async for up in gen.updates():
-            for _ in self._frames(up):
-                pass
-            if up.finish is not None:
-                if up.finish.failed:
-                    raise ApiError(503, up.finish.error or "generation failed")
-                status = "incomplete" if up.finish.reason == "length" else "completed"
-                final = self.response(status, up.finish)
+    async def collect(self, gens: Batch) -> dict[str, Any]:
+        (up,) = await gens.collect()
+        assert up.finish is not None
+        self.items.add(up.deltas, last=True)
+        status = "incomplete" if up.finish.reason == "length" else "completed"
+        final = self.response(status, up.finish)
+        if self.on_done is not None:
+            self.on_done(final)
         return final
 
 

@@ -2,9 +2,9 @@
 
 A route reserves its intake slots first (`with svc.reserve(count, request) as ticket:`, before
 any tokenizing, so an overloaded server refuses cheaply), renders or tokenizes off the event
-loop (`await svc.render(...)`, `await svc.encode(...)`), then `submit`s every generation and
-`start`s them together (`launch` does both for one prompt). Every slot the route does not hand
-to the actor is released when the `with` block ends, whatever happened inside it.
+loop (`await svc.render(...)`, `await svc.encode(...)`), then `launch`es its generations (one
+prompt or several, n choices each) and reads them as one `Batch`. Every slot the route does
+not hand to the actor is released when the `with` block ends, whatever happened inside it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from starlette.requests import Request
 
@@ -32,6 +33,21 @@ from resin.server.special_text import LiteralSpecials, texts
 from resin.server.structured import NONE, Structured, name_field
 
 log = logging.getLogger("resin.server")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Optional sampling fields of a body; None takes the server's (or checkpoint's) default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    logprobs: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,26 +197,13 @@ class Service:
         self,
         prompt_len: int,
         max_tokens: int | None,
-        *,
+        sampling: Sampling,
         stop_token_ids: Sequence[int] = (),
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
-        logprobs: int | None = None,
-        prompt_logprobs: int | None = None,
-        min_tokens: int = 0,
-        ignore_eos: bool = False,
     ) -> SamplingParams:
         """SamplingParams with `max_tokens` clamped to what the context has left; omitted
         fields take the checkpoint's generation defaults, then the server's."""
-        d = self.defaults
+        d, s = self.defaults, sampling
         max_tokens = d.max_tokens if max_tokens is None else max_tokens
-        temperature = d.temperature if temperature is None else temperature
-        top_p = d.top_p if top_p is None else top_p
-        top_k = d.top_k if top_k is None else top_k
-        min_p = d.min_p if min_p is None else min_p
         room = self.context_length - prompt_len
         if room < 1:
             raise ApiError(
@@ -210,21 +213,28 @@ class Service:
                 "messages",
             )
         max_out = room if max_tokens is None else min(max_tokens, room)
+
+        def pick(name: str, server_default: float) -> Any:
+            given = getattr(s, name)
+            given = getattr(d, name) if given is None else given
+            return server_default if given is None else given
+
+        top_k = pick("top_k", 0)
         try:
             return SamplingParams(
                 max_output_tokens=max_out,
                 stop_token_ids=tuple(stop_token_ids),
-                temperature=1.0 if temperature is None else temperature,
-                top_p=1.0 if top_p is None else top_p,
+                temperature=pick("temperature", 1.0),
+                top_p=pick("top_p", 1.0),
                 # top_k >= vocabulary is no top-k at all; mapping it to 0 also keeps huge
                 # values out of the engine's int32 sampling arrays.
-                top_k=0 if top_k is None or not 0 < top_k < self.tokenizer.vocab_size else top_k,
-                min_p=0.0 if min_p is None else min_p,
-                seed=seed,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                min_output_tokens=min(min_tokens, max_out),
-                ignore_stop_tokens=ignore_eos,
+                top_k=top_k if 0 < top_k < self.tokenizer.vocab_size else 0,
+                min_p=pick("min_p", 0.0),
+                seed=s.seed,
+                logprobs=s.logprobs,
+                prompt_logprobs=s.prompt_logprobs,
+                min_output_tokens=min(s.min_tokens, max_out),
+                ignore_stop_tokens=s.ignore_eos,
             )
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
@@ -238,54 +248,39 @@ class Service:
         except ValueError:
             raise ApiError(400, f"seed + n - 1 must be below 2**63 (n = {n})", "seed") from None
 
-    def submit(
+    async def launch(
         self,
         ticket: Ticket,
-        prompt: Sequence[int],
-        choices: Sequence[SamplingParams],
+        runs: Sequence[tuple[Sequence[int], SamplingParams]],
         parser: Callable[[], OutputParser],
         stops: Sequence[str] = (),
-    ) -> list[Generation]:
-        """One engine request per choice, each taking one of `ticket`'s slots. Everything that
-        can fail (the parsers) runs before the first request is handed over."""
-        parsers = [parser() for _ in choices]
-        ids = tuple(prompt)
-        return [
+        structured: Structured = NONE,
+    ) -> Batch:
+        """One generation per slot of `ticket`, shared evenly by `runs` (a prompt and its
+        params; choice i of a prompt samples with seed + i). Everything that can fail (seeds,
+        parsers) runs before the first generation is handed to the actor; then all start
+        together, and an engine refusal of the constraint or bias is a 400 naming the field."""
+        n = len(ticket) // len(runs)
+        planned = [(tuple(ids), p) for ids, params in runs for p in self.choices(params, n)]
+        parsers = [parser() for _ in planned]
+        gens = [
             Generation(
                 self.actor,
-                self.actor.submit(res, ids, p),
+                self.actor.submit(slot, ids, p),
                 len(ids),
                 par,
                 stops,
                 self.stream_interval,
                 on_finish=self._observe,
             )
-            for res, p, par in zip(ticket.take(len(choices)), choices, parsers, strict=True)
+            for slot, (ids, p), par in zip(ticket.take(len(planned)), planned, parsers, strict=True)
         ]
-
-    async def start(self, gens: list[Generation]) -> Batch:
-        """Start reading every generation, then wait for each one's first events (an engine
-        refusal becomes an HTTP error before any stream starts)."""
         batch = Batch(gens, self.actor.stream_capacity)
-        await batch.start()
-        return batch
-
-    async def launch(
-        self,
-        ticket: Ticket,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        parser: Callable[[], OutputParser],
-        stops: Sequence[str] = (),
-        structured: Structured = NONE,
-    ) -> Batch:
-        """`submit` one generation per slot left in `ticket`, then `start` them; an engine
-        refusal of the constraint or bias is a 400 naming the field (`structured`)."""
-        choices = self.choices(params, len(ticket))
         try:
-            return await self.start(self.submit(ticket, prompt, choices, parser, stops))
+            await batch.start()
         except ApiError as exc:
             raise name_field(exc, structured) from None
+        return batch
 
     def _observe(self, finish: Finish, ttft: float | None, e2e: float) -> None:
         self.metrics.observe(
