@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ class Tokenizer:
     def __init__(self, backend: tokenizers.Tokenizer, info: TokenizerInfo) -> None:
         self.backend = backend
         self.info = info
+        self._plain: tokenizers.Tokenizer | None = None
+        self._plain_lock = threading.Lock()
 
     @classmethod
     def from_files(
@@ -95,6 +98,24 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         value = self.backend.id_to_token(token_id)
         return None if value is None else str(value)
+
+    @property
+    def special_token_strings(self) -> tuple[str, ...]:
+        """The strings of the special tokens (added tokens marked special)."""
+        added = self.backend.get_added_tokens_decoder().values()
+        return tuple(t.content for t in added if t.special and t.content)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` tokenized with special-token matching off: a special token's string in it
+        stays plain text (`<`, `|`, `im`, ... tokens)."""
+        with self._plain_lock:
+            if self._plain is None:
+                import tokenizers
+
+                clone = tokenizers.Tokenizer.from_str(self.backend.to_str())
+                clone.encode_special_tokens = True
+                self._plain = clone
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
 
     @property
     def bos_token_id(self) -> int | None:

@@ -27,16 +27,8 @@ from starlette.exceptions import HTTPException
 from resin.recipe import Recipe
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
-from resin.server.asgi import ClientDisconnected, GuardMiddleware, default_allowed_hosts
-from resin.server.errors import (
-    ApiError,
-    api_error_handler,
-    disconnected_handler,
-    http_error_handler,
-    too_slow_handler,
-    unhandled_error_handler,
-    validation_error_handler,
-)
+from resin.server.asgi import GuardMiddleware, default_allowed_hosts
+from resin.server.errors import ApiError, ClientDisconnected, error_handler
 from resin.server.generation_defaults import GenerationDefaults
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import EngineLike, TokenizerLike
@@ -122,12 +114,15 @@ class HttpServer:
 
         app = FastAPI(title="Resin", version="0.1.0", lifespan=lifespan)
         app.state.service = self.service
-        app.add_exception_handler(ApiError, api_error_handler)
-        app.add_exception_handler(ClientDisconnected, disconnected_handler)
-        app.add_exception_handler(ClientTooSlow, too_slow_handler)
-        app.add_exception_handler(RequestValidationError, validation_error_handler)
-        app.add_exception_handler(HTTPException, http_error_handler)
-        app.add_exception_handler(Exception, unhandled_error_handler)
+        errors = (
+            ApiError,
+            ClientDisconnected,
+            ClientTooSlow,
+            RequestValidationError,
+            HTTPException,
+        )
+        for kind in (*errors, Exception):
+            app.add_exception_handler(kind, error_handler)
         for module in (openai_chat, openai_completions, responses, anthropic_messages, misc):
             app.include_router(module.router)
         app.mount("/static", StaticFiles(directory=misc.STATIC), name="static")

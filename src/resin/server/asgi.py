@@ -15,16 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from resin.server.errors import error_body
+from resin.server.errors import ClientDisconnected, error_body
 from resin.server.stream import ClientTooSlow
 
 T = TypeVar("T")
 log = logging.getLogger("resin.server")
 OPEN_PATHS = ("/health", "/", "/favicon.ico")
-
-
-class ClientDisconnected(Exception):
-    """The client went away before the answer was ready."""
 
 
 class GuardMiddleware:

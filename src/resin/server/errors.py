@@ -9,26 +9,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-_OPENAI_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_exceeded",
-    503: "service_unavailable",
+from resin.server.stream import ClientTooSlow
+
+# status -> (OpenAI error type, OpenAI error code, Anthropic error type); others are
+# server_error / null / api_error.
+_KINDS: dict[int, tuple[str, str | None, str]] = {
+    400: ("invalid_request_error", None, "invalid_request_error"),
+    401: ("authentication_error", "invalid_api_key", "authentication_error"),
+    403: ("permission_error", None, "permission_error"),
+    404: ("not_found_error", "model_not_found", "not_found_error"),
+    405: ("invalid_request_error", None, "invalid_request_error"),
+    413: ("invalid_request_error", "request_too_large", "request_too_large"),
+    429: ("rate_limit_exceeded", "rate_limit_exceeded", "rate_limit_error"),
+    503: ("service_unavailable", "service_unavailable", "overloaded_error"),
 }
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the answer was ready."""
 
 
 class ApiError(Exception):
@@ -48,77 +46,37 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def is_anthropic_path(path: str) -> bool:
-    return path.startswith("/v1/messages")
-
-
 def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    if is_anthropic_path(path):
-        kind = _ANTHROPIC_TYPES.get(status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": message}}
-    kind = _OPENAI_TYPES.get(status, "server_error")
-    return {
-        "error": {"message": message, "type": kind, "param": param, "code": openai_code(status)}
-    }
+    """The error in the shape of the API `path` belongs to (Anthropic's for `/v1/messages`;
+    OpenAI's `code` is a string or null: the HTTP status is not repeated there)."""
+    kind, code, anthropic = _KINDS.get(status, ("server_error", None, "api_error"))
+    if path.startswith("/v1/messages"):
+        return {"type": "error", "error": {"type": anthropic, "message": message}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def openai_code(status: int) -> str | None:
-    """OpenAI's `error.code` is a string or null (the HTTP status is not repeated there)."""
-    return _OPENAI_CODES.get(status)
-
-
-_OPENAI_CODES = {
-    401: "invalid_api_key",
-    404: "model_not_found",
-    413: "request_too_large",
-    429: "rate_limit_exceeded",
-    503: "service_unavailable",
-}
-
-
-def error_response(
-    path: str,
-    status: int,
-    message: str,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    return JSONResponse(error_body(path, status, message, param), status, headers=headers)
-
-
-async def api_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return error_response(request.url.path, exc.status, exc.message, exc.param, exc.headers)
-
-
-async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    """FastAPI answers 422 by default; OpenAI and Anthropic clients expect 400."""
-    assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    message = f"{param}: {first.get('msg', 'invalid request')}" if param else "invalid request"
-    return error_response(request.url.path, 400, message, param)
-
-
-async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HTTPException)
-    return error_response(request.url.path, exc.status_code, str(exc.detail))
-
-
-async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    """A bug answers 500 and closes the connection *announced* (`Connection: close`), so a
-    client reusing it does not run into a reset."""
-    message = f"internal error: {type(exc).__name__}"
-    return error_response(request.url.path, 500, message, headers={"connection": "close"})
-
-
-async def disconnected_handler(request: Request, exc: Exception) -> JSONResponse:
-    """The client left before its answer was ready (its generations were aborted); nobody
-    reads this response, but answering keeps the failure out of the error log."""
-    return error_response(request.url.path, 499, "client disconnected")
-
-
-async def too_slow_handler(request: Request, exc: Exception) -> JSONResponse:
-    """The answer fell too far behind the engine (an overloaded event loop)."""
-    return error_response(request.url.path, 503, "server overloaded; retry", None)
+async def error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Every error's answer. FastAPI's 422 for a bad body is the 400 OpenAI and Anthropic
+    clients expect; a client gone before its answer (its generations were aborted) gets a 499
+    nobody reads, which keeps it out of the error log; an answer that fell too far behind the
+    engine is a 503; a bug is a 500 that closes the connection *announced* (`Connection:
+    close`), so a client reusing it does not run into a reset."""
+    status, param, headers = 500, None, None
+    if isinstance(exc, ApiError):
+        status, message, param, headers = exc.status, exc.message, exc.param, exc.headers
+    elif isinstance(exc, RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        status = 400
+        message = f"{param}: {first.get('msg', 'invalid request')}" if param else "invalid request"
+    elif isinstance(exc, HTTPException):
+        status, message = exc.status_code, str(exc.detail)
+    elif isinstance(exc, ClientDisconnected):
+        status, message = 499, "client disconnected"
+    elif isinstance(exc, ClientTooSlow):
+        status, message = 503, "server overloaded; retry"
+    else:
+        message = f"internal error: {type(exc).__name__}"
+        headers = {"connection": "close"}
+    body = error_body(request.url.path, status, message, param)
+    return JSONResponse(body, status, headers=headers)

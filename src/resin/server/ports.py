@@ -62,6 +62,13 @@ class TokenizerLike(Protocol):
     @property
     def eos_token_ids(self) -> tuple[int, ...]: ...
 
+    @property
+    def special_token_strings(self) -> Sequence[str]: ...
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` with special-token matching off (their strings stay text)."""
+        ...
+
 
 class OutputParser(Protocol):
     """Turns generated token ids into typed deltas, incrementally (a recipe's

@@ -13,13 +13,13 @@ Rendering is unchanged when no message holds a special-token string. `resin serv
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from resin.recipe.protocol import RenderedPrompt
 from resin.recipe.types import Message, Reasoning, Text, ToolResult
+from resin.server.ports import TokenizerLike
 
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _SLOT = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
@@ -28,16 +28,10 @@ _SLOT = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 class LiteralSpecials:
     """Knows a tokenizer's special-token strings and how to encode them as plain text."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: TokenizerLike) -> None:
         self.tokenizer = tokenizer
-        self.specials = _special_strings(tokenizer)
-        self._pattern = (
-            re.compile("|".join(re.escape(s) for s in sorted(self.specials, key=len, reverse=True)))
-            if self.specials
-            else None
-        )
-        self._plain: Any = None
-        self._lock = threading.Lock()
+        specials = sorted(tokenizer.special_token_strings, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
 
     def render(
         self, messages: Sequence[Message], render: Callable[[Sequence[Message]], RenderedPrompt]
@@ -68,31 +62,13 @@ class LiteralSpecials:
             if markup:
                 ids += self.tokenizer.encode(markup)
             literal = held[int(m.group(1))]
-            ids += self.encode_plain(literal)
+            ids += self.tokenizer.encode_plain(literal)
             text += [markup, literal]
             pos = m.end()
         if rendered.text[pos:]:
             ids += self.tokenizer.encode(rendered.text[pos:])
         text.append(rendered.text[pos:])
         return replace(rendered, token_ids=ids, text="".join(text))
-
-    def encode_plain(self, text: str) -> list[int]:
-        """`text` tokenized with special-token matching off."""
-        own = getattr(self.tokenizer, "encode_plain", None)
-        if own is not None:
-            return list(own(text))
-        backend = getattr(self.tokenizer, "backend", None)
-        if backend is not None and hasattr(backend, "encode_special_tokens"):
-            with self._lock:
-                if self._plain is None:
-                    from tokenizers import Tokenizer
-
-                    clone = Tokenizer.from_str(backend.to_str())
-                    clone.encode_special_tokens = True
-                    self._plain = clone
-            return list(self._plain.encode(text, add_special_tokens=False).ids)
-        # Unknown tokenizer: one character at a time can never match a multi-char special.
-        return [i for ch in text for i in self.tokenizer.encode(ch)]
 
 
 def texts(messages: Sequence[Message]) -> list[str]:
@@ -113,14 +89,3 @@ def _hidden(block: Any, hide: Callable[[str], str]) -> Any:
     if isinstance(block, ToolResult):
         return replace(block, content=hide(block.content))
     return block
-
-
-def _special_strings(tokenizer: Any) -> tuple[str, ...]:
-    listed = getattr(tokenizer, "special_token_strings", None)
-    if listed is not None:
-        return tuple(listed)
-    backend = getattr(tokenizer, "backend", None)
-    if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
-        added = backend.get_added_tokens_decoder().values()
-        return tuple(t.content for t in added if t.special and t.content)
-    return ()
