@@ -35,6 +35,21 @@ def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[Lay
     return tuple(specs), tuple(slots)
 
 
+class AttentionProjections(nn.Module):
+    """An attention layer's q/k/v/o projections in Hugging Face names (biases per config); the
+    model's attention class adds its norms and `forward`."""
+
+    def __init__(self, config: ModelConfig, slot: LayerSlot) -> None:
+        super().__init__()
+        self.config = config
+        self.slot = slot
+        hidden, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(hidden, config.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * d, hidden, bias=config.o_bias)
+
+
 class Backbone(nn.Module):
     """`model.*` in Hugging Face names: embeddings, a layer list and a final norm."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from resin_models_torch.base import Backbone, CausalLM
+from resin_models_torch.base import AttentionProjections, Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
 from resin_models_torch.config import ModelConfig
 from resin_models_torch.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, paged_attention
@@ -19,16 +19,10 @@ def _norm(config: ModelConfig, dim: int) -> RMSNorm:
     return RMSNorm(dim, config.norm_eps, unit_offset=True)
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(AttentionProjections):
     def __init__(self, config: ModelConfig, slot: LayerSlot) -> None:
-        super().__init__()
-        self.config = config
-        self.slot = slot
-        hidden, d = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, config.num_heads * d, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(config.num_heads * d, hidden, bias=config.o_bias)
+        super().__init__(config, slot)
+        d = config.head_dim
         self.q_norm = _norm(config, d)
         self.k_norm = _norm(config, d)
 

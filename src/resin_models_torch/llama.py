@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from resin_models_torch.base import Backbone, CausalLM
+from resin_models_torch.base import AttentionProjections, Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
 from resin_models_torch.config import ModelConfig
 from resin_models_torch.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, paged_attention
@@ -19,16 +19,10 @@ from resin_models_torch.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, p
 MlpFactory = Callable[[ModelConfig, int], nn.Module]
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(AttentionProjections):
     def __init__(self, config: ModelConfig, slot: LayerSlot) -> None:
-        super().__init__()
-        self.config = config
-        self.slot = slot
-        hidden, d = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, config.num_heads * d, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, config.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(config.num_heads * d, hidden, bias=config.o_bias)
+        super().__init__(config, slot)
+        d = config.head_dim
         # q/k norm per head (Qwen3) or over all heads at once (OLMo 2).
         q_width, k_width = (d, d) if config.qk_norm_per_head else (config.q_size, config.kv_size)
         self.q_norm = RMSNorm(q_width, config.norm_eps) if config.qk_norm else None
