@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("resin.engine", 3),
     ("resin.recipe", 3),
     ("resin.tokenizer", 2),
+    ("resin.generation_config", 2),
     ("resin.detokenizer", 2),
     ("resin.cache", 2),
     ("resin.metrics", 1),

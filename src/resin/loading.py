@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from resin.engine import Engine
+from resin.generation_config import NO_DEFAULTS, GenerationDefaults
+from resin.generation_config import resolve as resolve_defaults
 from resin.recipe import Recipe
-from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
-from resin.server.generation_defaults import resolve as resolve_defaults
 from resin.tokenizer import Tokenizer
 
 
@@ -24,7 +24,7 @@ class LoadOptions:
     recipe: str | None = None
     fake: bool = False
     generation_config: str = "auto"
-    """auto | none | a JSON file (`resin.server.generation_defaults`)."""
+    """auto | none | a JSON file (`resin.generation_config`)."""
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from resin.generation_config import GenerationDefaults, resolve
 from resin.params import SamplingParams
-from resin.server.generation_defaults import GenerationDefaults, resolve
 from resin.server.launch import running
 from tests.server.conftest import MODEL, make_server
 from tests.server.doubles import FakeEngine, FakeRequest

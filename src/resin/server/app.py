@@ -24,12 +24,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from resin.generation_config import GenerationDefaults
 from resin.recipe import Recipe
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
 from resin.server.asgi import GuardMiddleware, default_allowed_hosts
 from resin.server.errors import ApiError, ClientDisconnected, error_handler
-from resin.server.generation_defaults import GenerationDefaults
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import EngineLike, TokenizerLike
 from resin.server.protocol import ConnectionLimits, protocol_class

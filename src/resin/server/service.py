@@ -18,13 +18,13 @@ from typing import Any
 
 from starlette.requests import Request
 
+from resin.generation_config import NO_DEFAULTS, GenerationDefaults
 from resin.params import SamplingParams
 from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation
-from resin.server.generation_defaults import NO_DEFAULTS, GenerationDefaults
 from resin.server.intake import Batch, Ticket
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import OutputParser, TokenizerLike
@@ -87,7 +87,7 @@ class Service:
         self.limits = limits
         self.literal = None if special_tokens_in_text else LiteralSpecials(tokenizer)
         self.defaults = defaults
-        """The checkpoint's sampling defaults for omitted fields (`generation_defaults.py`)."""
+        """The checkpoint's sampling defaults for omitted fields (`resin.generation_config`)."""
         self.started = int(time.time())
         self.responses = ResponseStore()
         """Stored Responses-API answers (`previous_response_id`, GET/DELETE)."""

@@ -1,5 +1,8 @@
 """The checkpoint's recommended sampling, for the fields a request leaves out.
 
+Read once at startup beside the tokenizer's metadata (`resin.loading`); the server fills a
+request's omitted fields from it (`resin.server.service.Service.params`).
+
 vLLM applies a model's `generation_config.json` the same way: a request that sends no
 `temperature` samples at the checkpoint's temperature, not at 1.0. Sources, by
 `resin serve --generation-config`:
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -68,9 +71,7 @@ class GenerationDefaults:
 
     def fill(self, other: GenerationDefaults) -> GenerationDefaults:
         """These defaults, with `other`'s values where these have none."""
-        mine = asdict(self)
-        return GenerationDefaults(**{k: v if v is not None else getattr(other, k)
-                                     for k, v in mine.items()})  # fmt: skip
+        return replace(other, **self.as_dict())
 
 
 NO_DEFAULTS = GenerationDefaults()
