@@ -95,7 +95,6 @@ class EngineActor:
         self.stream_capacity = stream_capacity
         self.on_death = on_death
         self.error: str | None = None
-        self.steps = 0
         self._intake: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._reserved = 0
@@ -165,14 +164,11 @@ class EngineActor:
         if not stream.closed or stream.overflowed:
             self._intake.put(_Abort(stream))
 
-    def close_intake(self) -> None:
-        """Refuse new reservations (503) from now on."""
+    def request_stop(self) -> None:
+        """Refuse new reservations (503) from now on; tell the actor to abort open requests
+        and end (non-blocking)."""
         with self._lock:
             self._accepting = False
-
-    def request_stop(self) -> None:
-        """Stop intake and tell the actor to abort open requests and end (non-blocking)."""
-        self.close_intake()
         self._intake.put(_Stop())
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -195,7 +191,6 @@ class EngineActor:
                 self._admit()
                 if self.engine.has_work():
                     self._dispatch(self.engine.step())
-                    self.steps += 1
                     if getattr(self.engine, "dead", False) and not stopping:
                         self._die("the engine stopped (runner failure)")
                         return

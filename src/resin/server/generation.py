@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from resin.events import FinishedEvent, FinishReason, TokensEvent, TopLogprob
+from resin.events import FinishedEvent, TokensEvent, TopLogprob
 from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta
 from resin.server.actor import EngineActor
 from resin.server.errors import ApiError
@@ -125,7 +125,7 @@ class Generation:
                 batch = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
             for event in batch:
                 if isinstance(event, FinishedEvent):
-                    reason = _reason(event.reason)
+                    reason: FinishName = event.reason.value
                     error = event.error
                     if reason == "abort":
                         error = error or self.stream.abort_reason or "the request was aborted"
@@ -216,7 +216,3 @@ def merge(into: Update, new: Update) -> None:
     if new.prompt_logprobs is not None:
         into.prompt_logprobs = new.prompt_logprobs
     into.finish = new.finish or into.finish
-
-
-def _reason(reason: FinishReason) -> FinishName:
-    return reason.value

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from resin.server.generation import Finish
+
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
     20, 40, 80, 160, 640, 2560,
@@ -43,11 +45,10 @@ class ServerMetrics:
         )
         self.requests = None if engine_render else RequestMetrics(self.registry, running, waiting)
 
-    def observe(
-        self, reason: str, prompt: int, output: int, cached: int, ttft: float | None, e2e: float
-    ) -> None:
+    def observe(self, finish: Finish, ttft: float | None, e2e: float) -> None:
+        """A generation finished (`ttft`: seconds to its first token; `e2e`: to its end)."""
         if self.requests is not None:
-            self.requests.observe(reason, prompt, output, cached, ttft, e2e)
+            self.requests.observe(finish, ttft, e2e)
 
     def render(self) -> bytes:
         own = generate_latest(self.registry)
@@ -85,14 +86,13 @@ class RequestMetrics:
             "resin:e2e_request_latency_seconds", "E2E latency", buckets=E2E_BUCKETS, registry=r
         )
 
-    def observe(
-        self, reason: str, prompt: int, output: int, cached: int, ttft: float | None, e2e: float
-    ) -> None:
-        self.prompt_tokens.inc(prompt)
+    def observe(self, finish: Finish, ttft: float | None, e2e: float) -> None:
+        output = finish.completion_tokens
+        self.prompt_tokens.inc(finish.prompt_tokens)
         self.generation_tokens.inc(output)
-        self.prefix_cache_queries.inc(prompt)
-        self.prefix_cache_hits.inc(cached)
-        self.request_success.labels(reason).inc()
+        self.prefix_cache_queries.inc(finish.prompt_tokens)
+        self.prefix_cache_hits.inc(finish.cached_tokens)
+        self.request_success.labels(finish.reason).inc()
         if ttft is not None:
             self.ttft.observe(ttft)
             if output > 1:

@@ -55,8 +55,8 @@ async def prompts_of(svc: Service, body: CompletionRequest) -> list[list[int]]:
     else:
         batch = [list(x) for x in p]  # type: ignore[arg-type]
     if texts:
-        svc.check_length(sum(len(t) for t in texts), "prompt")
-        batch = [await svc.encode(t, "prompt") for t in texts]
+        svc.check_text(texts, "prompt")
+        batch = [await svc.encode(t) for t in texts]
     if not batch or len(batch) > MAX_PROMPTS:
         raise ApiError(400, f"between 1 and {MAX_PROMPTS} prompts", "prompt")
     vocab = svc.tokenizer.vocab_size

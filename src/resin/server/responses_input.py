@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.server.errors import ApiError
-
-
-class Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
+from resin.server.schemas_openai import Loose
 
 
 class ResponsesRequest(Loose):

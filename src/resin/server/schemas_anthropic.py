@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
+from resin.server.schemas_openai import Loose
 
 
 class Block(Loose):

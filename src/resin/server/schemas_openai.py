@@ -11,6 +11,8 @@ MAX_N = 16
 
 
 class Loose(BaseModel):
+    """Every request body and part (all three APIs): unknown fields are tolerated."""
+
     model_config = ConfigDict(extra="allow")
 
 

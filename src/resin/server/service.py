@@ -24,7 +24,7 @@ from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
 from resin.server.errors import ApiError
-from resin.server.generation import Finish, Generation
+from resin.server.generation import Generation
 from resin.server.intake import Batch, Ticket
 from resin.server.metrics import ServerMetrics
 from resin.server.ports import OutputParser, TokenizerLike
@@ -117,8 +117,10 @@ class Service:
             self.metrics.rejected.labels("503").inc()
             raise ApiError(503, f"engine unavailable: {exc}") from None
 
-    def check_length(self, chars: int, param: str = "messages") -> None:
-        """Refuse text that cannot fit the context before paying for its tokenization."""
+    def check_text(self, texts: Sequence[str], param: str = "messages") -> None:
+        """Refuse user text that cannot fit the context (before paying for its tokenization)
+        or is not valid Unicode (a lone surrogate): a 400 naming `param`."""
+        chars = sum(len(t) for t in texts)
         if chars > self.context_length * self.limits.max_chars_per_token:
             raise ApiError(
                 400,
@@ -126,15 +128,14 @@ class Service:
                 f"{self.context_length} tokens",
                 param,
             )
+        for t in texts:
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, "text is not valid Unicode (lone surrogate)", param) from None
 
-    async def encode(self, text: str, param: str = "prompt") -> list[int]:
-        """Tokenize user text off the event loop (a length check first); 400 for text that is
-        not valid Unicode (a lone surrogate) or cannot fit."""
-        self.check_length(len(text), param)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ApiError(400, "text is not valid Unicode (lone surrogate)", param) from None
+    async def encode(self, text: str) -> list[int]:
+        """Tokenize a checked (`check_text`) prompt off the event loop."""
         return await asyncio.to_thread(self.tokenizer.encode, text, True)
 
     async def render(
@@ -149,13 +150,7 @@ class Service:
         `raise_exception`, malformed tool-call arguments) is the client's 400, and so is a
         forced `tool_choice` the recipe cannot force (both `ValueError`s); any other exception
         is a recipe bug: logged with its traceback, answered 500."""
-        written = texts(messages)
-        self.check_length(sum(len(t) for t in written))
-        for t in written:
-            try:
-                t.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ApiError(400, "text is not valid Unicode (lone surrogate)") from None
+        self.check_text(texts(messages))
         return await asyncio.to_thread(self._render, messages, tools, thinking, tool_choice)
 
     def _render(
@@ -271,7 +266,7 @@ class Service:
                 par,
                 stops,
                 self.stream_interval,
-                on_finish=self._observe,
+                on_finish=self.metrics.observe,
             )
             for slot, (ids, p), par in zip(ticket.take(len(planned)), planned, parsers, strict=True)
         ]
@@ -281,16 +276,6 @@ class Service:
         except ApiError as exc:
             raise name_field(exc, structured) from None
         return batch
-
-    def _observe(self, finish: Finish, ttft: float | None, e2e: float) -> None:
-        self.metrics.observe(
-            finish.reason,
-            finish.prompt_tokens,
-            finish.completion_tokens,
-            finish.cached_tokens,
-            ttft,
-            e2e,
-        )
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], False)
