@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -175,7 +175,7 @@ class MessageBuilder:
                 stop = {"type": "content_block_stop", "index": it.index}
                 yield sse(stop, event="content_block_stop")
 
-    async def stream(self) -> AsyncIterator[str]:
+    async def stream(self) -> AsyncGenerator[str, None]:
         start = self.message(None)
         yield sse({"type": "message_start", "message": start}, event="message_start")
         yield sse({"type": "ping"}, event="ping")

@@ -128,22 +128,6 @@ class HttpServer:
         app.mount("/static", StaticFiles(directory=misc.STATIC), name="static")
         return app
 
-    def config(self, **overrides: Any) -> Any:
-        import uvicorn
-
-        kwargs: dict[str, Any] = {
-            "host": self.host,
-            "port": self.port,
-            "log_level": "warning",
-            "timeout_graceful_shutdown": 10,
-            "backlog": 4096,
-            "limit_concurrency": None,
-            "http": protocol_class(self.connection_limits),
-            "timeout_keep_alive": self.connection_limits.timeout_keep_alive,
-        }
-        kwargs.update(overrides)
-        return uvicorn.Config(self.app, **kwargs)
-
     def make_uvicorn(self, **uvicorn_overrides: Any) -> Any:
         """A uvicorn server whose SIGTERM/SIGINT handling runs `shutdown()` first."""
         import uvicorn
@@ -155,7 +139,17 @@ class HttpServer:
                 owner.actor.request_stop()
                 super().handle_exit(sig, frame)
 
-        self._uvicorn = _Server(self.config(**uvicorn_overrides))
+        config: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "log_level": "warning",
+            "timeout_graceful_shutdown": 10,
+            "backlog": 4096,
+            "limit_concurrency": None,
+            "http": protocol_class(self.connection_limits),
+            "timeout_keep_alive": self.connection_limits.timeout_keep_alive,
+        }
+        self._uvicorn = _Server(uvicorn.Config(self.app, **(config | uvicorn_overrides)))
         return self._uvicorn
 
     def serve(self, **uvicorn_overrides: Any) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -150,7 +150,7 @@ class SSEResponse(Response):
 
     def __init__(
         self,
-        events: AsyncIterator[str],
+        events: AsyncGenerator[str, None],
         on_close: Callable[[], None] | None = None,
         error_frame: Callable[[str], str] | None = None,
     ) -> None:
@@ -174,7 +174,7 @@ class SSEResponse(Response):
             for task in (pump, watch):
                 task.cancel()
             await asyncio.gather(pump, watch, return_exceptions=True)
-            await _close(self.events)
+            await self.events.aclose()
             if self.on_close is not None:
                 self.on_close()  # abort what the generator did not finish
 
@@ -206,12 +206,6 @@ def openai_error_frame(message: str) -> str:
     return sse(
         {"error": {"message": message, "type": "server_error", "code": "service_unavailable"}}
     )
-
-
-async def _close(events: AsyncIterator[str]) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 async def _wait_disconnect(receive: Receive) -> None:

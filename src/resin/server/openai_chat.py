@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -127,7 +127,7 @@ async def openai_sse(
     base: dict[str, Any],
     choice: Callable[[int, Update], dict[str, Any]],
     include_usage: bool,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """OpenAI's chunk stream (chat and completions): a chunk per update with `choice(i,
     update)`, the usage chunk when asked, `[DONE]`. A choice cut off ends the stream with an
     error event and no `[DONE]`: never a finish_reason of "stop"."""

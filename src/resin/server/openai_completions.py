@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from pydantic import Field
@@ -34,31 +34,22 @@ MAX_PROMPTS = 64
 class CompletionRequest(_Base):
     max_tokens: int | None = Field(16, ge=0)
 
+    @property
+    def prompts(self) -> list[str] | list[list[int]]:
+        """`prompt` as a list of prompts (texts, or token-id lists); known before tokenizing."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [cast(list[int], p)]
+        return cast("list[str] | list[list[int]]", p)
 
-def prompt_count(body: CompletionRequest) -> int:
-    """How many prompts `body.prompt` holds (known before tokenizing)."""
-    p = body.prompt
-    if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)):
-        return 1
-    return len(p)
 
-
-async def prompts_of(svc: Service, body: CompletionRequest) -> list[list[int]]:
-    p = body.prompt
-    texts: list[str] = []
-    if isinstance(p, str):
-        texts = [p]
-    elif p and all(isinstance(x, int) for x in p):
-        batch: list[list[int]] = [list(p)]  # type: ignore[arg-type]
-    elif p and all(isinstance(x, str) for x in p):
-        texts = list(p)  # type: ignore[arg-type]
-    else:
-        batch = [list(x) for x in p]  # type: ignore[arg-type]
-    if texts:
+async def tokenized(svc: Service, prompts: list[str] | list[list[int]]) -> list[list[int]]:
+    """Text prompts tokenized; every prompt checked to be non-empty and in the vocabulary."""
+    if texts := [p for p in prompts if isinstance(p, str)]:
         svc.check_text(texts, "prompt")
-        batch = [await svc.encode(t) for t in texts]
-    if not batch or len(batch) > MAX_PROMPTS:
-        raise ApiError(400, f"between 1 and {MAX_PROMPTS} prompts", "prompt")
+    batch = [await svc.encode(p) if isinstance(p, str) else p for p in prompts]
     vocab = svc.tokenizer.vocab_size
     for ids in batch:
         if not ids:
@@ -78,11 +69,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise ApiError(400, "max_tokens=0 needs stream=false", "max_tokens")
     if body.suffix:
         raise ApiError(400, "suffix is not supported", "suffix")
-    count = prompt_count(body)
-    if not 1 <= count <= MAX_PROMPTS:
+    if not 1 <= len(body.prompts) <= MAX_PROMPTS:
         raise ApiError(400, f"between 1 and {MAX_PROMPTS} prompts", "prompt")
-    with svc.reserve(body.n * count, request) as ticket:
-        prompts = await prompts_of(svc, body)
+    with svc.reserve(body.n * len(body.prompts), request) as ticket:
+        prompts = await tokenized(svc, body.prompts)
         structured = openai_fields(body)
         echo_logprobs = body.logprobs if body.echo else None
         sampling = Sampling(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -178,7 +178,7 @@ class ResponseBuilder:
         return self.event("response.failed", response=self.response("failed", finish))
 
     # ---- the two answers -------------------------------------------------------------
-    async def stream(self, gens: Batch) -> AsyncIterator[str]:
+    async def stream(self, gens: Batch) -> AsyncGenerator[str, None]:
         yield self.event("response.created", response=self.response("in_progress"))
         yield self.event("response.in_progress", response=self.response("in_progress"))
         async for _, up in gens.updates():
