@@ -17,7 +17,12 @@ from resin.server.chat_setup import ChatSetup, start_chat
 from resin.server.generation import Finish, TokenLogprob, Update
 from resin.server.intake import Batch
 from resin.server.items import Items
-from resin.server.schemas_openai import ChatCompletionRequest, ChatMessageIn, ContentPart
+from resin.server.schemas_openai import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    ContentPart,
+    SamplingFields,
+)
 from resin.server.service import Sampling, Service
 from resin.server.structured import openai_fields
 from resin.server.text import parts_text
@@ -57,18 +62,26 @@ def tools_of(body: ChatCompletionRequest) -> list[ToolDef]:
     ]
 
 
-def setup(body: ChatCompletionRequest) -> ChatSetup:
-    tools = tools_of(body)
-    sampling = Sampling(
+def sampling_of(
+    body: SamplingFields, logprobs: int | None, prompt_logprobs: int | None = None
+) -> Sampling:
+    """The sampling fields chat and completions share."""
+    return Sampling(
         body.temperature,
         body.top_p,
         body.top_k,
         body.min_p,
         body.seed,
-        (body.top_logprobs or 0) if body.logprobs else None,
+        logprobs,
         body.min_tokens,
         body.ignore_eos,
+        prompt_logprobs,
     )
+
+
+def setup(body: ChatCompletionRequest) -> ChatSetup:
+    tools = tools_of(body)
+    sampling = sampling_of(body, (body.top_logprobs or 0) if body.logprobs else None)
     return ChatSetup(
         to_messages(body.messages),
         tools,

@@ -21,9 +21,9 @@ from resin.server.asgi import SSEResponse, until_disconnect
 from resin.server.errors import ApiError
 from resin.server.generation import TokenLogprob, Update
 from resin.server.intake import Batch
-from resin.server.openai_chat import openai_sse, usage
+from resin.server.openai_chat import openai_sse, sampling_of, usage
 from resin.server.schemas_openai import CompletionRequest as _Base
-from resin.server.service import Sampling, Service
+from resin.server.service import Service
 from resin.server.structured import apply, openai_fields
 from resin.server.text import PlainTextParser
 
@@ -74,18 +74,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     with svc.reserve(body.n * len(body.prompts), request) as ticket:
         prompts = await tokenized(svc, body.prompts)
         structured = openai_fields(body)
-        echo_logprobs = body.logprobs if body.echo else None
-        sampling = Sampling(
-            body.temperature,
-            body.top_p,
-            body.top_k,
-            body.min_p,
-            body.seed,
-            body.logprobs,
-            body.min_tokens,
-            body.ignore_eos,
-            echo_logprobs,
-        )
+        sampling = sampling_of(body, body.logprobs, body.logprobs if body.echo else None)
         eos = () if body.ignore_eos else svc.tokenizer.eos_token_ids
         max_tokens = None if body.max_tokens is None else max(1, body.max_tokens)
         runs = []
