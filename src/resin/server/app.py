@@ -25,6 +25,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from resin.generation_config import GenerationDefaults
+from resin.metrics.collector import MetricsSnapshot
+from resin.metrics.prometheus import PrometheusExporter
 from resin.recipe import Recipe
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.actor import EngineActor
@@ -179,11 +181,6 @@ def _engine_exporter(
     """The engine's own Prometheus exporter when it keeps metrics (the real engine does);
     `num_requests_waiting` adds the server's intake queue (`intake()`) to the engine's."""
     if getattr(engine, "metrics", None) is None:
-        return None
-    try:
-        from resin.metrics.collector import MetricsSnapshot
-        from resin.metrics.prometheus import PrometheusExporter
-    except ImportError:
         return None
 
     def snapshot() -> MetricsSnapshot | None:
