@@ -240,7 +240,6 @@ class EngineActor:
                 continue
             sub.reservation.release()
             sub.stream.request_id = handle.id
-            sub.stream.cached_tokens = int(getattr(handle, "cached_tokens", 0))
             self._active[handle.id] = sub.stream
             admitted += 1
 

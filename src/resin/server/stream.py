@@ -39,7 +39,6 @@ class RequestStream:
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
         self.request_id: int | None = None  # written by the actor thread once submitted
-        self.cached_tokens = 0
         self.abort_reason: str | None = None  # why the server (not the client) aborted it
         self.max_events = capacity * 64
         self._items: deque[StreamItem] = deque()
