@@ -9,21 +9,7 @@ import numpy as np
 import pytest
 
 from resin.recipe import Image, JinjaRecipe, Message, Text, get_native_recipe
-from resin.recipe.vision import resize_bilinear
 from tests.recipe.assets import npm_tokenizer
-
-
-@pytest.mark.parametrize("shape", [(37, 53), (900, 1200), (896, 896), (1000, 640)])
-def test_resize_matches_pillow(shape: tuple[int, int]) -> None:
-    from PIL import Image as PILImage
-
-    rng = np.random.default_rng(shape[0])
-    pixels = rng.integers(0, 256, size=(*shape, 3), dtype=np.uint8)
-    ours = resize_bilinear(pixels, 96, 80).astype(int)
-    theirs = np.asarray(
-        PILImage.fromarray(pixels).resize((80, 96), PILImage.Resampling.BILINEAR)
-    ).astype(int)
-    assert np.abs(ours - theirs).max() <= 1
 
 
 def test_gemma3_pixels_match_transformers() -> None:
@@ -39,7 +25,7 @@ def test_gemma3_pixels_match_transformers() -> None:
     expected = processor(images=[pixels], return_tensors="np")["pixel_values"][0]
     (ours,) = prompt.multimodal
     assert ours.shape == expected.shape == (3, 896, 896) and ours.dtype == np.float32
-    assert np.abs(ours - expected).max() <= 2.1 / 127.5  # at most one 8-bit level apart
+    assert np.array_equal(ours, expected)
     tok = recipe.tokenizer
     soft = tok.token_to_id("<image_soft_token>")
     assert prompt.token_ids.count(soft) == 256
