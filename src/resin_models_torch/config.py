@@ -91,6 +91,26 @@ class MoeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class VisionConfig:
+    """The vision tower of a multimodal checkpoint (`kind` names the family's tower).
+
+    `image_token_id` is the placeholder the prompt repeats once per image token;
+    `tokens_per_image` is fixed for Gemma 3 (0: dynamic resolution)."""
+
+    kind: Literal["siglip"]
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    patch_size: int
+    image_token_id: int
+    hidden_act: str = "gelu_pytorch_tanh"
+    norm_eps: float = 1e-6
+    image_size: int = 0
+    tokens_per_image: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Everything a reference model needs, with explicit defaults.
 
@@ -129,6 +149,7 @@ class ModelConfig:
     conv_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    vision: VisionConfig | None = None
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads) < 1:
