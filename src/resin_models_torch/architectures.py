@@ -31,6 +31,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
     "qwen3": _LLAMA,
+    "qwen2_5_vl": Architecture("resin_models_torch.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration"),
     "qwen3_moe": Architecture(
         "resin_models_torch.qwen3_moe:Qwen3MoeForCausalLM", "resin_models_cuda.models.llama:Llama"
     ),

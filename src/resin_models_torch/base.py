@@ -72,7 +72,7 @@ class CausalLM(nn.Module):
     def embed_with_media(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Token embeddings with the step's encoder features over image placeholders."""
         x = self.embed(input_ids)
-        if ctx.media is not None:
+        if ctx.media is not None and ctx.media.token_index.numel():
             x = x.index_copy(0, ctx.media.token_index, ctx.media.features.to(x.dtype))
         return x
 

@@ -205,10 +205,11 @@ class LayerSlot:
 @dataclass(frozen=True, slots=True)
 class MediaBatch:
     """Encoder features of a step: `features[i]` replaces the embedding of flat query token
-    `token_index[i]`."""
+    `token_index[i]`; `rope_positions` [3, T] are M-RoPE positions (Qwen-VL) or None."""
 
     token_index: torch.Tensor
     features: torch.Tensor
+    rope_positions: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,9 +95,11 @@ class VisionConfig:
     """The vision tower of a multimodal checkpoint (`kind` names the family's tower).
 
     `image_token_id` is the placeholder the prompt repeats once per image token;
-    `tokens_per_image` is fixed for Gemma 3 (0: dynamic resolution)."""
+    `tokens_per_image` is fixed for Gemma 3 (0: dynamic resolution). Qwen2.5-VL also uses
+    `merge_size`, `temporal_patch_size`, `window_size` (pixels), `full_layers` (blocks with
+    full instead of windowed attention), `out_hidden_size` and the text side's `mrope_section`."""
 
-    kind: Literal["siglip"]
+    kind: Literal["siglip", "qwen2_5_vl"]
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -108,6 +110,13 @@ class VisionConfig:
     norm_eps: float = 1e-6
     image_size: int = 0
     tokens_per_image: int = 0
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    window_size: int = 0
+    full_layers: tuple[int, ...] = ()
+    out_hidden_size: int = 0
+    rope_theta: float = 10000.0
+    mrope_section: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

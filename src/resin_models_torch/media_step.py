@@ -26,6 +26,13 @@ class MultimodalModel(Protocol):
         ...
 
 
+@runtime_checkable
+class MropeModel(Protocol):
+    def rope_positions(self, plan: BatchPlan) -> np.ndarray:
+        """[3, T] multimodal rotary positions of the plan's query tokens."""
+        ...
+
+
 class MediaEncoderCache:
     def __init__(self, model: object, max_entries: int = 64) -> None:
         self.model = model if isinstance(model, MultimodalModel) else None
@@ -57,12 +64,16 @@ class MediaEncoderCache:
             (done if item.end <= total else pending).add(item.content_hash)
         for key in done - pending:
             self.features.pop(key, None)
-        if not rows:
-            return ctx
         device = ctx.positions.device
+        rope = None
+        if isinstance(self.model, MropeModel):
+            rope = torch.from_numpy(self.model.rope_positions(plan)).to(device)
+        if not rows:
+            empty = torch.zeros(0, dtype=torch.long, device=device)
+            return replace(ctx, media=MediaBatch(empty, torch.zeros(0, device=device), rope))
         token_index = torch.from_numpy(np.concatenate(index)).to(device)
         batches = tuple(_widen(b, spans) for b in ctx.batches) if spans else ctx.batches
-        media = MediaBatch(token_index, torch.cat(rows))
+        media = MediaBatch(token_index, torch.cat(rows), rope)
         return replace(ctx, batches=batches, media=media)
 
     def _features(self, item: MediaItem) -> torch.Tensor:

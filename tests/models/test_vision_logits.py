@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 from ref_planner import TinyPlanner
-from vision_hf import IMAGE_TOKEN, gemma3_vlm, with_images
+from vision_hf import IMAGE_TOKEN, gemma3_vlm, qwen2_5_vl, with_images
 
+from resin.plan import MediaItem
 from resin_models_torch.registry import load_runner
 
 
@@ -81,3 +82,68 @@ def test_text_only_runner_refuses_media() -> None:
     _, items = with_images([1, 2, 3], [1], 4, [np.zeros((3, 56, 56))], False)
     with pytest.raises(ValueError, match="no vision encoder"):
         TinyPlanner(runner).run([[1, IMAGE_TOKEN, IMAGE_TOKEN, 2]], max_new=1, media=[items])
+
+
+def _qwen_hf_logits(hf, tokens: list[int], images: list) -> torch.Tensor:  # type: ignore[no-untyped-def,type-arg]
+    ids = torch.tensor([tokens])
+    kwargs = {}
+    if images:
+        kwargs = dict(
+            pixel_values=torch.from_numpy(np.concatenate([i.pixel_values for i in images])),
+            image_grid_thw=torch.tensor([i.grid_thw for i in images]),
+            mm_token_type_ids=(ids == IMAGE_TOKEN).int(),
+        )
+    with torch.no_grad():
+        return hf(input_ids=ids, **kwargs).logits[0].float()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("chunk", "page_size"), [(1 << 20, 16), (5, 4)])
+def test_qwen2_5_vl_matches_transformers(chunk: int, page_size: int) -> None:
+    from resin.media.qwen2_vl import QwenVisionConfig, qwen_image
+
+    folder, hf = qwen2_5_vl()
+    runner = load_runner(folder, page_size=page_size)
+    runner.record_logits = True
+    rng = np.random.default_rng(0)
+    small = QwenVisionConfig(max_pixels=28 * 28 * 12)
+    shapes = [(56, 84), (120, 60), (170, 170)]  # 2x2-token windows: 2, 2 and 4 of them
+    images = [qwen_image(rng.integers(0, 256, (*s, 3), dtype=np.uint8), small) for s in shapes]
+    gen = torch.Generator().manual_seed(2)
+    text = [torch.randint(0, 290, (n,), generator=gen).tolist() for n in (9, 12, 7)]
+    lengths = [i.num_tokens() for i in images]
+
+    def build(words: list[int], at: list[int], imgs: list) -> tuple[list[int], list]:  # type: ignore[type-arg]
+        tokens, items = [], []
+        cuts = [0, *at, len(words)]
+        for k in range(len(at) + 1):
+            tokens += words[cuts[k] : cuts[k + 1]]
+            if k < len(at):
+                img = imgs[k]
+                items.append(
+                    MediaItem(
+                        0,
+                        len(tokens),
+                        img.num_tokens(),
+                        f"q{k}{len(tokens)}",
+                        img.pixel_values,
+                        img.grid_thw,
+                    )
+                )
+                tokens += [IMAGE_TOKEN] * img.num_tokens()
+        return tokens, items
+
+    cases = [
+        build(text[0], [0], images[:1]),
+        build(text[1], [4, 8], images[1:3]),
+        build(text[2], [], []),
+    ]
+    pix = [images[:1], images[1:3], []]
+    assert lengths == [6, 8, 9]  # merged grids 2x3, 4x2, 3x3 (partial windows)
+    seqs = TinyPlanner(runner).run(
+        [c[0] for c in cases], max_new=6, chunk=chunk, media=[c[1] for c in cases]
+    )
+    for seq, imgs in zip(seqs, pix, strict=True):
+        worst, count = _worst(runner, seq, _qwen_hf_logits(hf, seq.tokens[:-1], imgs))
+        assert count == len(seq.tokens) - 1
+        assert worst < 1e-4, f"logits differ by {worst}"
+    assert runner.media.encoded == 3

@@ -70,3 +70,28 @@ def with_images(
             )
             tokens += [IMAGE_TOKEN] * length
     return tokens, items
+
+
+@functools.cache
+def qwen2_5_vl() -> tuple[Path, Any]:
+    text = dict(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, num_hidden_layers=2, initializer_range=0.1,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    vision = dict(
+        depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+        fullatt_block_indexes=[1], initializer_range=0.1,
+    )  # fmt: skip
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, image_token_id=IMAGE_TOKEN,
+        video_token_id=298, vision_start_token_id=297, vision_end_token_id=296,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    _perturb(model)
+    folder = _ROOT / "qwen2_5_vl"
+    model.save_pretrained(folder)
+    return folder, model
