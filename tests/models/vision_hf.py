@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from ref_hf import _ROOT
 
 from resin.plan import MediaItem
+from tests.models.ref_hf import _ROOT
 
 IMAGE_TOKEN = 299
 
