@@ -22,6 +22,7 @@ from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, Sampling, start_chat
 from resin.server.errors import ApiError
 from resin.server.generation import Finish, Generation, Update
+from resin.server.media import anthropic_blocks
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Service
 from resin.server.structured import anthropic_format
@@ -41,6 +42,10 @@ def to_messages(body: MessagesRequest | CountTokensRequest) -> list[Message]:
         where = f"messages.{i}.content"
         if isinstance(m.content, str):
             out.append(Message(m.role, m.content))
+            continue
+        images = anthropic_blocks(m.content, where) if m.role == "user" else None
+        if images is not None:
+            out.append(Message(m.role, images))
             continue
         text, thinking, calls = [], [], []
         for b in m.content:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from resin.recipe import Message, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice
 from resin.server.intake import Batch
+from resin.server.media import check_images
 from resin.server.service import Service
 from resin.server.structured import NONE, Structured, apply
 
@@ -60,6 +61,7 @@ async def start_chat(
     svc.check_stops(stops)
     with svc.reserve(n, request) as ticket:
         s = build()
+        check_images(s.messages, svc.recipe.supports_images)
         rendered = await svc.render(s.messages, s.tools, s.thinking, s.tool_choice)
         params = svc.params(
             len(rendered.token_ids),
@@ -76,5 +78,6 @@ async def start_chat(
             lambda: svc.recipe.create_parser(rendered, tools=tools),
             stops,
             fmt,
+            rendered.multimodal,
         )
     return rendered, batch

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from starlette.requests import Request
 
 from resin.params import SamplingParams
+from resin.plan import MediaItem
 from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
@@ -245,6 +246,7 @@ class Service:
         choices: Sequence[SamplingParams],
         parser: Callable[[], OutputParser],
         stops: Sequence[str] = (),
+        media: Sequence[MediaItem] = (),
     ) -> list[Generation]:
         """One engine request per choice, each taking one of `ticket`'s slots. Everything that
         can fail (the parsers) runs before the first request is handed over."""
@@ -253,7 +255,7 @@ class Service:
         return [
             Generation(
                 self.actor,
-                self.actor.submit(res, ids, p),
+                self.actor.submit(res, ids, p, tuple(media)),
                 len(ids),
                 par,
                 stops,
@@ -278,12 +280,13 @@ class Service:
         parser: Callable[[], OutputParser],
         stops: Sequence[str] = (),
         structured: Structured = NONE,
+        media: Sequence[MediaItem] = (),
     ) -> Batch:
         """`submit` one generation per slot left in `ticket`, then `start` them; an engine
         refusal of the constraint or bias is a 400 naming the field (`structured`)."""
         choices = self.choices(params, len(ticket))
         try:
-            return await self.start(self.submit(ticket, prompt, choices, parser, stops))
+            return await self.start(self.submit(ticket, prompt, choices, parser, stops, media))
         except ApiError as exc:
             raise name_field(exc, structured) from None
 
