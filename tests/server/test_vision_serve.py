@@ -193,3 +193,47 @@ def test_image_bytes_are_checked_in_the_pixel_path(url: str) -> None:
     assert response.status_code == 400, response.text
     assert "cannot render" in response.json()["error"]["message"]
     assert httpx.get(url + "/health", timeout=10).status_code == 200
+
+
+def test_chat_page_sends_a_pasted_image(url: str) -> None:
+    import os
+
+    from tests.server.test_chat_page import CHROMIUM, FLAGS
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("no chromium")
+    from playwright.sync_api import sync_playwright
+
+    png = base64.b64encode(_png(9)).decode()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(bypass_csp=True)  # wait_for_function evaluates strings
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url + "/")
+        page.wait_for_function(f"document.getElementById('model').textContent === '{MODEL}'")
+        page.evaluate(
+            """(b64) => {
+                const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+                const data = new DataTransfer();
+                data.items.add(new File([bytes], "x.png", { type: "image/png" }));
+                const ev = new ClipboardEvent("paste", { clipboardData: data, bubbles: true });
+                document.getElementById("prompt").dispatchEvent(ev);
+            }""",
+            png,
+        )
+        page.wait_for_selector("#attachments img.thumb")
+        page.fill("#max-tokens", "2")
+        page.fill("#prompt", "What is this?")
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "document.querySelector('.msg.assistant .stats')?.textContent.includes('tok/s')"
+            " && document.querySelector('#send').hidden === false"
+        )
+        stats = page.locator(".msg.assistant .stats").inner_text()
+        assert int(stats.split(" prompt tokens")[0]) > 256  # the image's placeholders counted
+        assert page.locator(".msg.user img.thumb").count() == 1
+        assert page.locator("#attachments img").count() == 0  # sent, then cleared
+        assert page.locator(".msg.assistant .error").count() == 0
+        assert not errors, errors
+        browser.close()
