@@ -53,6 +53,12 @@ _.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (
 expert_bias  # resin_models_torch/config.py: a config field (layers read it through MoeConfig)
 GptOss  # resin_models_cuda/models: loaded by name through resin_models_torch.architectures
 Gemma3ForCausalLM  # resin_models_torch: loaded by name through architectures.py
+Qwen2_5_VLForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
+Gemma3ForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
+qwen_video  # resin/media/qwen2_vl.py: public preprocessing API (docs/vision.md); no Qwen-VL runner yet
+pixel_values  # QwenPatches field: the tensor a Qwen-VL runner takes (tests/media read it)
+_.encoded  # MediaEncoderCache.encoded: encoder calls, read by tests/models/test_vision_logits.py
+image_token_id  # VisionConfig field: the placeholder id of the checkpoint (read by the server)
 GptOssForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Lfm2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py

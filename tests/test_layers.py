@@ -1,6 +1,6 @@
 """The import layers of `src/`, read from the source with `ast` (nothing is imported).
 
-From the top down: `resin.cli` -> `resin.server` -> `resin.recipe` (+ tokenizer, detokenizer)
+From the top down: `resin.cli` -> `resin.server` -> `resin.recipe` (+ tokenizer, detokenizer, media)
 and `resin.engine` -> `resin.cache` -> contracts (`resin.plan`, `params`, `protocols`,
 `events`, `errors`, `metrics`). Rules:
 - no import cycle between modules (lazy and `TYPE_CHECKING` imports count too);
@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("resin.tokenizer", 2),
     ("resin.generation_config", 2),
     ("resin.detokenizer", 2),
+    ("resin.media", 2),
     ("resin.cache", 2),
     ("resin.metrics", 1),
     *((c, 0) for c in CONTRACTS),

@@ -69,7 +69,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         bar.update()
         bar.set_postfix_str(steps[2])
         tokenizer = Tokenizer.from_dir(folder)
-        recipe = recipe_for(tokenizer, options.recipe)
+        recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
         bar.update()
         bar.set_postfix_str(steps[3])
         context = context_length_of(folder, options.context_length)
@@ -83,6 +83,27 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
     defaults = resolve_defaults(options.generation_config, folder)
     return Loaded(engine, recipe, tokenizer, name or DEFAULT_MODEL_NAME, context, defaults)
+
+
+def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
+    """Images exactly when the checkpoint has a vision tower (`config.json` `vision_config`):
+    a vision checkpoint renders through its own template with the family's image handling
+    (`resin.recipe.vision.vision_for`); any other recipe refuses images."""
+    import json
+    from pathlib import Path
+
+    from resin.recipe import JinjaRecipe
+    from resin.recipe.vision import vision_for
+
+    path = Path(folder) / "config.json"
+    vision = vision_for(json.loads(path.read_text())) if path.is_file() else None
+    if vision is None:
+        if isinstance(recipe, JinjaRecipe):
+            recipe.set_vision(None)
+        return recipe
+    jinja = recipe if isinstance(recipe, JinjaRecipe) else JinjaRecipe(tokenizer)
+    jinja.set_vision(vision)
+    return jinja
 
 
 def recipe_for(tokenizer: Tokenizer, name: str | None) -> Recipe:

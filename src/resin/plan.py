@@ -164,6 +164,43 @@ class SamplingArrays:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class MediaItem:
+    """One image (or video) of a plan row, in the row's own token stream.
+
+    - `row`: plan row; `position`: sequence position of the item's first placeholder token;
+      `length`: how many placeholder tokens it fills. The span may lie partly before this
+      step (already in the cache), partly in it, partly after (chunked prefill cut it): the
+      query tokens at positions `max(position, cached_lens[row]) .. min(end, total_lens[row])`
+      take rows `(p - position)` of the item's encoder output.
+    - `content_hash`: hex digest of the image bytes; the runner caches encoder outputs by it,
+      so an image is encoded once however many chunks (or rows) consume it.
+    - `data`: the preprocessed tensor (float32; layout per family, e.g. Gemma 3 [3, 896, 896],
+      Qwen2-VL flat patches [t*h*w, 3*2*14*14]); `grid_thw` (t, h, w) in patches for families
+      with dynamic resolution, (1, 1, 1) otherwise.
+    - `bidirectional`: the family attends both ways inside the span (Gemma 3); the engine then
+      never ends a prefill chunk inside it (cutting would change the math).
+    A row lists every item whose span starts before `total_lens[row]`, in position order, even
+    ones wholly in the cache: families with multimodal positions (Qwen's M-RoPE) need them to
+    place later text.
+    """
+
+    row: int
+    position: int
+    length: int
+    content_hash: str
+    data: F32
+    grid_thw: tuple[int, int, int] = (1, 1, 1)
+    bidirectional: bool = False
+
+    def __post_init__(self) -> None:
+        freeze_arrays(self)
+
+    @property
+    def end(self) -> int:
+        return self.position + self.length
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class BatchPlan:
     """One frozen model step. All arrays are read-only numpy arrays.
 
@@ -190,6 +227,8 @@ class BatchPlan:
       `RunnerConfig.overlap`): r >= 0 says the row's first query token is the token row r of the
       *previous plan submitted to this runner* sampled (`input_ids` holds -1 there); -1 says
       `input_ids` is given. Only draft-free decode rows use it.
+    - `media`: the rows' images (`MediaItem`), empty for text-only steps; a runner without a
+      vision encoder refuses a plan that carries any.
     """
 
     step_id: int
@@ -208,6 +247,7 @@ class BatchPlan:
     draft_indptr: I32
     draft_ids: I32
     prev_token_rows: I32 = field(default_factory=_empty_i32)
+    media: tuple[MediaItem, ...] = ()
 
     def __post_init__(self) -> None:
         freeze_arrays(self)

@@ -31,12 +31,14 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
     "qwen3": _LLAMA,
+    "qwen2_5_vl": Architecture("resin_models_torch.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration"),
     "qwen3_moe": Architecture(
         "resin_models_torch.qwen3_moe:Qwen3MoeForCausalLM", "resin_models_cuda.models.llama:Llama"
     ),
     "gemma3_text": Architecture(
         "resin_models_torch.gemma3:Gemma3ForCausalLM", "resin_models_cuda.models.gemma3:Gemma3"
     ),
+    "gemma3": Architecture("resin_models_torch.gemma3_vision:Gemma3ForConditionalGeneration"),
     "gpt_oss": Architecture(
         "resin_models_torch.gpt_oss:GptOssForCausalLM", "resin_models_cuda.models.gpt_oss:GptOss"
     ),

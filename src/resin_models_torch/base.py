@@ -84,6 +84,13 @@ class CausalLM(nn.Module):
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         return x
 
+    def embed_with_media(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Token embeddings with the step's encoder features over image placeholders."""
+        x = self.embed(input_ids)
+        if ctx.media is not None and ctx.media.token_index.numel():
+            x = x.index_copy(0, ctx.media.token_index, ctx.media.features.to(x.dtype))
+        return x
+
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         raise NotImplementedError
 

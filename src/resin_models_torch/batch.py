@@ -203,13 +203,25 @@ class LayerSlot:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaBatch:
+    """Encoder features of a step: `features[i]` replaces the embedding of flat query token
+    `token_index[i]`; `rope_positions` [3, T] are M-RoPE positions (Qwen-VL) or None."""
+
+    token_index: torch.Tensor
+    features: torch.Tensor
+    rope_positions: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StepContext:
     """What layers see of one step: positions, per-group batches and per-group cache views
-    (KV: [pages, layers, 2, page_size, Hkv, D]; conv: [pages, layers, channels, width])."""
+    (KV: [pages, layers, 2, page_size, Hkv, D]; conv: [pages, layers, channels, width]) and,
+    for multimodal models, the step's encoder features."""
 
     positions: torch.Tensor
     batches: tuple[AttentionBatch | StateBatch, ...]
     caches: tuple[torch.Tensor, ...]
+    media: MediaBatch | None = None
 
     def attention(self, slot: LayerSlot) -> tuple[torch.Tensor, AttentionBatch]:
         batch = self.batches[slot.group]

@@ -91,6 +91,35 @@ class MoeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class VisionConfig:
+    """The vision tower of a multimodal checkpoint (`kind` names the family's tower).
+
+    `image_token_id` is the placeholder the prompt repeats once per image token;
+    `tokens_per_image` is fixed for Gemma 3 (0: dynamic resolution). Qwen2.5-VL also uses
+    `merge_size`, `temporal_patch_size`, `window_size` (pixels), `full_layers` (blocks with
+    full instead of windowed attention), `out_hidden_size` and the text side's `mrope_section`."""
+
+    kind: Literal["siglip", "qwen2_5_vl"]
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    patch_size: int
+    image_token_id: int
+    hidden_act: str = "gelu_pytorch_tanh"
+    norm_eps: float = 1e-6
+    image_size: int = 0
+    tokens_per_image: int = 0
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    window_size: int = 0
+    full_layers: tuple[int, ...] = ()
+    out_hidden_size: int = 0
+    rope_theta: float = 10000.0
+    mrope_section: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Everything a reference model needs, with explicit defaults.
 
@@ -129,6 +158,7 @@ class ModelConfig:
     conv_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    vision: VisionConfig | None = None
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads) < 1:

@@ -76,7 +76,9 @@ class Gemma3ForCausalLM(CausalLM):
         self.rotary_local = Rotary(config.local_rope or config.rope, config.head_dim)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.embed(input_ids)
+        return self.run_layers(self.embed(input_ids), ctx)
+
+    def run_layers(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         global_rope = self.rotary_global.cos_sin(ctx.positions)
         local_rope = self.rotary_local.cos_sin(ctx.positions)
         for layer in self.model.layers:

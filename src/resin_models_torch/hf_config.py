@@ -24,6 +24,7 @@ from resin_models_torch.hf_reader import (
     layer_types,
     rope_config,
 )
+from resin_models_torch.hf_vision_config import gemma3_vlm, qwen2_5_vl
 
 
 def load_config(folder: str | Path) -> ModelConfig:
@@ -219,6 +220,8 @@ _PARSERS: dict[str, Callable[[Reader], ModelConfig]] = {
     "qwen3": _llama,
     "qwen3_moe": _qwen3_moe,
     "gemma3_text": _gemma3,
+    "gemma3": lambda raw: gemma3_vlm(raw, _gemma3),
+    "qwen2_5_vl": lambda raw: qwen2_5_vl(raw, _llama),
     "lfm2": _lfm2,
     "gpt_oss": _gpt_oss,
     "olmo2": _olmo2,

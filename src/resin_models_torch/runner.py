@@ -29,6 +29,7 @@ from resin_models_torch.batch import (
     make_grid,
     state_batch,
 )
+from resin_models_torch.media_step import MediaEncoderCache
 from resin_models_torch.sampler import Sampler
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
@@ -71,6 +72,7 @@ class TorchRunner:
         self.recorded: list[RecordedStep] = []
         self._arena: torch.Tensor | None = None
         self._views: tuple[torch.Tensor, ...] = ()
+        self.media = MediaEncoderCache(model)
 
     @property
     def vocab_size(self) -> int:
@@ -135,7 +137,7 @@ class TorchRunner:
             raise ValueError("token id out of the model's vocabulary")
         with torch.inference_mode():
             self._copy_pages(plan)
-            ctx = self._context(plan)
+            ctx = self.media.attach(plan, self._context(plan))
             ids = torch.from_numpy(plan.input_ids.astype(np.int64)).to(self.device)
             hidden = self.model(ids, ctx)
             return self._outputs(plan, hidden)

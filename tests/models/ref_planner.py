@@ -9,11 +9,11 @@ partial last page copied (copy_src/copy_dst), the conv state resumed from a stor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from resin.plan import BatchPlan, CacheGroupPlan, Phase, SamplingArrays
+from resin.plan import BatchPlan, CacheGroupPlan, MediaItem, Phase, SamplingArrays
 from resin.protocols import CacheLayout, History, State, Window
 
 
@@ -33,6 +33,16 @@ class Seq:
     shared: set[int] = field(default_factory=set)  # pages this request must not free
     copies: list[tuple[int, int]] = field(default_factory=list)  # pending page copies
     prompt_logprobs: dict[int, float] = field(default_factory=dict)  # position -> logprob
+    media: list[MediaItem] = field(default_factory=list)  # `row` is filled in per plan
+
+    def chunk(self, limit: int) -> int:
+        """The next prefill chunk: at most `limit`, but never ending inside a bidirectional
+        span (extended to the span's end then), as the engine does."""
+        end = min(self.computed + limit, self.prompt_len)
+        for item in self.media:
+            if item.bidirectional and item.position < end < item.end:
+                end = item.end if item.position <= self.computed else item.position
+        return end - self.computed
 
 
 class TinyPlanner:
@@ -142,6 +152,12 @@ class TinyPlanner:
             target_ids=np.array(targets, np.int32),
             draft_indptr=np.zeros(b + 1, np.int32),
             draft_ids=np.zeros(0, np.int32),
+            media=tuple(
+                replace(item, row=i)
+                for i, (seq, n) in enumerate(rows)
+                for item in seq.media
+                if item.position < seq.computed + n
+            ),
         )
 
     def _run(self, rows: list[tuple[Seq, int]], phase: Phase) -> None:
@@ -190,11 +206,7 @@ class TinyPlanner:
     def finish(self, seqs: list[Seq], max_new: int, chunk: int = 1 << 30) -> list[Seq]:
         """Prefill what is not computed yet (chunked), then decode everything to `max_new`."""
         while any(s.computed < s.prompt_len for s in seqs):
-            rows = [
-                (s, min(chunk, s.prompt_len - s.computed))
-                for s in seqs
-                if s.computed < s.prompt_len
-            ]
+            rows = [(s, s.chunk(chunk)) for s in seqs if s.computed < s.prompt_len]
             self._run(rows, Phase.PREFILL)
         while any(len(s.generated) < max_new for s in seqs):
             self._run([(s, 1) for s in seqs if len(s.generated) < max_new], Phase.DECODE)
@@ -206,6 +218,7 @@ class TinyPlanner:
         max_new: int,
         chunk: int = 1 << 30,
         params: list[dict[str, float | int]] | None = None,
+        media: list[list[MediaItem]] | None = None,
     ) -> list[Seq]:
         seqs = [
             Seq(
@@ -213,6 +226,7 @@ class TinyPlanner:
                 tokens=list(p),
                 prompt_len=len(p),
                 params=(params or [{}] * len(prompts))[i],
+                media=list((media or [[]] * len(prompts))[i]),
             )
             for i, p in enumerate(prompts)
         ]

@@ -28,6 +28,7 @@ from resin.engine.constraints import ConstraintSet
 from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
 from resin.engine.grammar import GrammarBackend
 from resin.engine.lifecycle import Lifecycle
+from resin.engine.media import validate_media
 from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
@@ -37,7 +38,7 @@ from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
-from resin.plan import Phase
+from resin.plan import MediaItem, Phase
 from resin.protocols import (
     AsyncRunner,
     BindableRunner,
@@ -148,8 +149,10 @@ class Engine:
         prompt_token_ids: Sequence[int],
         sampling_params: SamplingParams | None = None,
         request_id: int | None = None,
+        media: Sequence[MediaItem] = (),
     ) -> Request:
-        """Validate and queue a request. Bad input raises `ValueError` and queues nothing."""
+        """Validate and queue a request. Bad input raises `ValueError` and queues nothing.
+        `media`: the prompt's images (`MediaItem`s; `row` is ignored), see docs/vision.md."""
         if self.dead:
             raise EngineDeadError(self._life.dead or "the engine is closed")
         params = SamplingParams() if sampling_params is None else sampling_params
@@ -166,7 +169,8 @@ class Engine:
             )
         grammar = self._constraints.check(params)
         rid = self._take_id(request_id)
-        request = Request(rid, prompt, params)
+        items = validate_media(media, len(prompt), self._config.prefill_chunk_tokens)
+        request = Request(rid, prompt, params, items)
         request.times.arrival = time.monotonic()
         self._constraints.admit(request, grammar)
         self._life.add(request)

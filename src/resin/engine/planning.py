@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.cache.manager import CacheManager, PageReservation
+from resin.engine.media import plan_media
 from resin.engine.request import Request
 from resin.engine.scheduler import Cohort
 from resin.engine.slots import SlotStore
@@ -93,6 +94,7 @@ def build_plan(
         target_ids=target_ids,
         draft_indptr=np.zeros(b + 1, dtype=np.int32),
         draft_ids=_EMPTY_I32,
+        media=plan_media([r.media for r in requests], totals.tolist()),
     )
 
 

@@ -9,8 +9,10 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.engine.grammar import GrammarState
+from resin.engine.media import cache_keys
 from resin.events import FinishReason, TopLogprob
 from resin.params import SamplingParams
+from resin.plan import MediaItem
 
 
 class Status(enum.Enum):
@@ -27,8 +29,9 @@ class Request:
     """A submitted request, as its owner sees it.
 
     Public, read-only for callers: `id`, `prompt_token_ids`, `sampling_params`,
-    `output_token_ids` (generated so far), `finished`, `finish_reason`, `error`,
-    `cached_tokens` (prefix-cache hit length of its latest admission).
+    `output_token_ids` (generated so far), `media` (its images, `MediaItem`s by position),
+    `finished`, `finish_reason`, `error`, `cached_tokens` (prefix-cache hit length of its
+    latest admission).
     `take_result()` returns the generated ids once finished (raises `RuntimeError` before).
 
     Engine side (written only inside `resin.engine`, each by one owner):
@@ -44,8 +47,15 @@ class Request:
       a logit bias): the `ConstraintSet`'s.
     """
 
-    def __init__(self, request_id: int, prompt: tuple[int, ...], params: SamplingParams) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        prompt: tuple[int, ...],
+        params: SamplingParams,
+        media: tuple[MediaItem, ...] = (),
+    ) -> None:
         self.id = request_id
+        self.media = media
         self.prompt_token_ids = prompt
         self.sampling_params = params
         self.output_token_ids: list[int] = []
@@ -63,6 +73,7 @@ class Request:
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._full: npt.NDArray[np.int32] = self._prompt
         self._num_tokens = len(prompt)
+        self._prompt_keys = cache_keys(self._prompt, media) if media else self._prompt
         self.grammar: GrammarState | None = None
         self.constrained = False
         """Has a grammar or a logit bias (counted in the engine's `ConstraintSet.active`)."""
@@ -92,6 +103,15 @@ class Request:
         out = np.asarray(self.output_token_ids, dtype=np.int32)
         self._full = np.concatenate([self._prompt, out])
         return self._full
+
+    def cache_keys(self, end: int) -> npt.NDArray[np.int32]:
+        """`token_array(end)[:end]` as the prefix cache keys it: image placeholders carry their
+        image's content hash (`resin.engine.media.cache_keys`)."""
+        tokens = self.token_array(end)[:end]
+        if not self.media:
+            return tokens
+        head = self._prompt_keys[: min(end, self._prompt_keys.size)]
+        return np.concatenate([head, tokens[head.size :]])
 
     def take_result(self) -> list[int]:
         if self.finish_reason is None:

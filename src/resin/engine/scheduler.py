@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from resin.cache.manager import CacheManager
 from resin.cache.matching import NO_MATCH, Match
+from resin.engine.media import chunk_end
 from resin.engine.request import Request, Status
 from resin.engine.slots import SlotStore
 from resin.plan import Phase
@@ -116,7 +117,9 @@ class Scheduler:
         for request in self.prefilling:
             if budget <= 0:
                 break
-            n = min(self._remaining(request), self.config.prefill_chunk_tokens, budget)
+            n = self._chunk(request, budget)
+            if n == 0:
+                continue
             chosen.append(request)
             chunks.append(n)
             budget -= n
@@ -128,13 +131,21 @@ class Scheduler:
             request = self.waiting.popleft()
             self._admit(request, match)
             outstanding += self._outstanding(request)
-            n = min(self._remaining(request), self.config.prefill_chunk_tokens, budget)
+            n = self._chunk(request, budget)
+            if n == 0:
+                continue
             chosen.append(request)
             chunks.append(n)
             budget -= n
         if not chosen:
             return None
         return self._fit(Phase.PREFILL, chosen, chunks)
+
+    def _chunk(self, request: Request, budget: int) -> int:
+        n = min(self._remaining(request), self.config.prefill_chunk_tokens, budget)
+        if not request.media:
+            return n
+        return chunk_end(request.media, int(self.arrays.num_computed[request.slot]), n)
 
     def _remaining(self, request: Request) -> int:
         return request.num_tokens - int(self.arrays.num_computed[request.slot])
@@ -155,7 +166,7 @@ class Scheduler:
         match = (
             NO_MATCH  # its prompt logits are needed: compute every prompt token
             if request.sampling_params.prompt_logprobs is not None
-            else self.cache.match(request.token_array(request.num_tokens)[: request.num_tokens])
+            else self.cache.match(request.cache_keys(request.num_tokens))
         )
         if self._fits(request, match, outstanding):
             return match
@@ -258,7 +269,7 @@ class Scheduler:
             self.waiting.remove(request)
         if request.slot >= 0:
             n = int(self.arrays.num_computed[request.slot])
-            self.cache.release(request.slot, request.token_array(n)[:n] if cacheable else None)
+            self.cache.release(request.slot, request.cache_keys(n) if cacheable else None)
             self.free_slots.append(request.slot)
             request.slot = -1
 

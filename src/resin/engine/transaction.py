@@ -166,7 +166,7 @@ class Transaction:
         slots, totals = reservation.slots, plan.total_lens
         prefill = plan.phase is Phase.PREFILL
         tokens = (
-            [r.token_array(t) for r, t in zip(requests, totals.tolist(), strict=True)]
+            [r.cache_keys(t) for r, t in zip(requests, totals.tolist(), strict=True)]
             if prefill
             else []
         )

@@ -26,7 +26,7 @@ from resin.recipe.tool_choice import (
     unsupported,
 )
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
-from resin.recipe.vision import Gemma3Vision
+from resin.recipe.vision import Gemma3Vision, Vision
 from resin.tokenizer import Tokenizer
 
 # Families whose tool-call format is known well enough to force a call by a prompt prefix.
@@ -64,10 +64,15 @@ class JinjaRecipe:
         self.supports_tools = self.native_tools or self.generic_tools
         self.supports_reasoning = "think" in source or self.family.spec is None
         self.stop_token_ids = self._stop_ids()
-        self.vision: Gemma3Vision | None = None
+        self.vision: Vision | None = None
+        self.supports_images = False
         if family_name == "gemma" and tokenizer.token_to_id("<image_soft_token>") is not None:
-            self.vision = Gemma3Vision()
-        self.supports_images = self.vision is not None
+            self.set_vision(Gemma3Vision())
+
+    def set_vision(self, vision: Vision | None) -> None:
+        """How this recipe takes images (from the checkpoint, `vision_for`); None refuses them."""
+        self.vision = vision
+        self.supports_images = vision is not None
 
     def _stop_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
@@ -131,9 +136,7 @@ class JinjaRecipe:
         images = [image for m in messages for image in m.images]
         if self.vision is None or not images:
             return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
-        text = self.vision.expand_prompt(text, len(images))
-        arrays = tuple(self.vision.preprocess(image) for image in images)
-        return RenderedPrompt(self.tokenizer.encode(text), text, multimodal=arrays)
+        return self.vision.render(self.tokenizer, text, images)
 
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None

@@ -23,8 +23,9 @@ from resin.recipe.types import Message, ToolDef
 
 @dataclass(frozen=True)
 class RenderedPrompt:
-    """A rendered conversation. `multimodal` holds per-image arrays for vision recipes (in the
-    order of the image placeholders in `token_ids`); empty for text-only prompts."""
+    """A rendered conversation. `multimodal` holds one `resin.plan.MediaItem` per image for
+    vision recipes (placeholder span in `token_ids`, content hash, preprocessed tensor; what
+    `Engine.submit(media=...)` takes); empty for text-only prompts."""
 
     token_ids: list[int]
     text: str

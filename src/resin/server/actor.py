@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
 from resin.params import SamplingParams
+from resin.plan import MediaItem
 from resin.server.ports import EngineLike
 from resin.server.stream import RequestStream, StreamError, StreamItem
 
@@ -60,6 +61,7 @@ class _Submit:
     prompt: tuple[int, ...]
     params: SamplingParams
     reservation: Reservation
+    media: tuple[MediaItem, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +155,14 @@ class EngineActor:
                     self._by_owner[owner] = left
 
     def submit(
-        self, reservation: Reservation, prompt: tuple[int, ...], params: SamplingParams
+        self,
+        reservation: Reservation,
+        prompt: tuple[int, ...],
+        params: SamplingParams,
+        media: tuple[MediaItem, ...] = (),
     ) -> RequestStream:
         stream = RequestStream(self.stream_capacity)
-        self._intake.put(_Submit(stream, prompt, params, reservation))
+        self._intake.put(_Submit(stream, prompt, params, reservation, media))
         return stream
 
     def abort(self, stream: RequestStream) -> None:
@@ -231,7 +237,11 @@ class EngineActor:
                 return
             sub = self._pending.popleft()
             try:
-                handle = self.engine.submit(sub.prompt, sub.params)
+                handle = (
+                    self.engine.submit(sub.prompt, sub.params, media=sub.media)
+                    if sub.media  # text-only engines (test doubles too) never see the keyword
+                    else self.engine.submit(sub.prompt, sub.params)
+                )
             except EngineDeadError as exc:
                 self._pending.appendleft(sub)
                 raise RuntimeError(str(exc)) from exc

@@ -23,6 +23,7 @@ from resin.server.errors import ApiError
 from resin.server.generation import Finish, Update
 from resin.server.intake import Batch
 from resin.server.items import Item, Items
+from resin.server.media import anthropic_blocks
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
 from resin.server.service import Sampling, Service
 from resin.server.structured import anthropic_format
@@ -42,6 +43,10 @@ def to_messages(body: MessagesRequest | CountTokensRequest) -> list[Message]:
         where = f"messages.{i}.content"
         if isinstance(m.content, str):
             out.append(Message(m.role, m.content))
+            continue
+        images = anthropic_blocks(m.content, where) if m.role == "user" else None
+        if images is not None:
+            out.append(Message(m.role, images))
             continue
         text, thinking, calls = [], [], []
         for b in m.content:

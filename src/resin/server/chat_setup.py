@@ -18,6 +18,7 @@ from starlette.requests import Request
 from resin.recipe import Message, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice
 from resin.server.intake import Batch
+from resin.server.media import check_images
 from resin.server.service import Sampling, Service
 from resin.server.structured import NONE, Structured, apply
 
@@ -46,6 +47,7 @@ async def start_chat(
     svc.check_stops(stops)
     with svc.reserve(n, request) as ticket:
         s = build()
+        check_images(s.messages, svc.recipe.supports_images)
         rendered = await svc.render(s.messages, s.tools, s.thinking, s.tool_choice)
         params = svc.params(
             len(rendered.token_ids), s.max_tokens, s.sampling, svc.recipe.stop_token_ids
@@ -53,5 +55,7 @@ async def start_chat(
         params, fmt = apply(params, s.structured, rendered, s.logit_bias)
         tools = list(s.tools) or None
         parser = lambda: svc.recipe.create_parser(rendered, tools=tools)  # noqa: E731
-        batch = await svc.launch(ticket, [(rendered.token_ids, params)], parser, stops, fmt)
+        batch = await svc.launch(
+            ticket, [(rendered.token_ids, params)], parser, stops, fmt, rendered.multimodal
+        )
     return rendered, batch

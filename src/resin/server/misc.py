@@ -15,7 +15,7 @@ STATIC = Path(__file__).parent / "static"
 
 def _card(svc: Service) -> dict[str, object]:
     """The model card. `capabilities` says what the recipe can do (`resin check` holds the
-    model to it): call tools, produce reasoning."""
+    model to it): call tools, produce reasoning, take images."""
     return {
         "id": svc.model,
         "object": "model",
@@ -25,6 +25,7 @@ def _card(svc: Service) -> dict[str, object]:
         "capabilities": {
             "tools": bool(svc.recipe.supports_tools),
             "reasoning": bool(svc.recipe.supports_reasoning),
+            "vision": bool(svc.recipe.supports_images),
         },
         "generation_defaults": svc.defaults.as_dict(),
     }

@@ -17,6 +17,7 @@ from resin.server.chat_setup import ChatSetup, start_chat
 from resin.server.generation import Finish, TokenLogprob, Update
 from resin.server.intake import Batch
 from resin.server.items import Items
+from resin.server.media import openai_blocks
 from resin.server.schemas_openai import (
     ChatCompletionRequest,
     ChatMessageIn,
@@ -39,7 +40,12 @@ def to_messages(messages: Sequence[ChatMessageIn]) -> list[Message]:
     out = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
-        text = message_text(m.content, f"messages.{i}.content")
+        where = f"messages.{i}.content"
+        images = openai_blocks(m.content, where) if isinstance(m.content, list) else None
+        if images is not None and role == "user":
+            out.append(Message(role, images))
+            continue
+        text = message_text(m.content, where)
         blocks: list[Block] = []
         if role == "tool":
             blocks.append(ToolResult(m.tool_call_id or "", text))

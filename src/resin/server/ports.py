@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 
 from resin.events import Event
 from resin.params import SamplingParams
+from resin.plan import MediaItem
 from resin.recipe.deltas import Delta, ParseResult
 
 __all__ = ["EngineLike", "OutputParser", "RequestHandle", "TokenizerLike"]
@@ -37,7 +38,11 @@ class EngineLike(Protocol):
     def num_running(self) -> int: ...
 
     def submit(
-        self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        media: Sequence[MediaItem] = (),
     ) -> RequestHandle: ...
 
     def step(self) -> list[Event]: ...

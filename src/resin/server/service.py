@@ -20,6 +20,7 @@ from starlette.requests import Request
 
 from resin.generation_config import NO_DEFAULTS, GenerationDefaults
 from resin.params import SamplingParams
+from resin.plan import MediaItem
 from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
@@ -250,6 +251,7 @@ class Service:
         parser: Callable[[], OutputParser],
         stops: Sequence[str] = (),
         structured: Structured = NONE,
+        media: Sequence[MediaItem] = (),
     ) -> Batch:
         """One generation per slot of `ticket`, shared evenly by `runs` (a prompt and its
         params; choice i of a prompt samples with seed + i). Everything that can fail (seeds,
@@ -261,7 +263,7 @@ class Service:
         gens = [
             Generation(
                 self.actor,
-                self.actor.submit(slot, ids, p),
+                self.actor.submit(slot, ids, p, tuple(media)),
                 len(ids),
                 par,
                 stops,

@@ -1,11 +1,32 @@
 // The chat page: streams /v1/chat/completions, renders Markdown + TeX safely, and shows
 // prompt / generated token counts, elapsed time and tokens per second under each reply.
+// Images pasted into the prompt or dropped on the composer go with the next message as
+// `image_url` parts (data: URLs); a model without a vision tower answers with a 400.
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
   const messagesEl = $("messages"), promptEl = $("prompt"), keyEl = $("api-key");
   let history = [];
   let controller = null;
+  let images = [];  // data: URLs pasted or dropped, sent with the next message
+
+  function showImages(container, urls) {
+    container.textContent = "";
+    for (const url of urls) {
+      const img = document.createElement("img");
+      img.src = url; img.className = "thumb"; img.alt = "image";
+      container.appendChild(img);
+    }
+  }
+
+  function addImages(files) {
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) continue;
+      const reader = new FileReader();
+      reader.onload = () => { images.push(reader.result); showImages($("attachments"), images); };
+      reader.readAsDataURL(file);
+    }
+  }
 
   keyEl.value = localStorage.getItem("resin-api-key") || "";
   keyEl.addEventListener("change", () => { localStorage.setItem("resin-api-key", keyEl.value); loadModel(); });
@@ -63,8 +84,17 @@
   }
 
   async function send(text) {
-    history.push({ role: "user", content: text });
-    addMessage("user").querySelector(".text").textContent = text;
+    const sent = images; images = []; showImages($("attachments"), images);
+    const content = sent.length
+      ? [...sent.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
+      : text;
+    history.push({ role: "user", content });
+    const userDiv = addMessage("user");
+    userDiv.querySelector(".text").textContent = text;
+    if (sent.length) {
+      const shown = document.createElement("div"); shown.className = "attachments";
+      showImages(shown, sent); userDiv.insertBefore(shown, userDiv.querySelector(".text"));
+    }
     const div = addMessage("assistant");
     const state = { text: "", reasoning: "", prompt: 0, generated: 0, start: performance.now(), first: null };
     controller = new AbortController();
@@ -132,14 +162,25 @@
   $("composer").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const text = promptEl.value.trim();
-    if (!text || controller) return;
+    if ((!text && !images.length) || controller) return;
     promptEl.value = "";
     send(text);
   });
   promptEl.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
   });
+  promptEl.addEventListener("paste", (ev) => {
+    const files = [...(ev.clipboardData ? ev.clipboardData.files : [])];
+    if (files.some((f) => f.type.startsWith("image/"))) { ev.preventDefault(); addImages(files); }
+  });
+  $("composer").addEventListener("dragover", (ev) => ev.preventDefault());
+  $("composer").addEventListener("drop", (ev) => {
+    ev.preventDefault();
+    addImages([...(ev.dataTransfer ? ev.dataTransfer.files : [])]);
+  });
   $("stop").addEventListener("click", () => controller && controller.abort());
-  $("new-chat").addEventListener("click", () => { history = []; messagesEl.textContent = ""; });
+  $("new-chat").addEventListener("click", () => {
+    history = []; images = []; messagesEl.textContent = ""; showImages($("attachments"), images);
+  });
   loadModel();
 })();
