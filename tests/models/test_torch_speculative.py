@@ -32,11 +32,11 @@ def _prompts() -> list[list[int]]:
     shared = torch.randint(0, 300, (13,), generator=gen).tolist()
     loop = [5, 17, 42, 99, 7] * 3  # repeats give the n-gram proposer something to find
     return [
-        shared + [1, 2, 3],
+        [*shared, 1, 2, 3],
         loop,
         shared + loop[:7],
         torch.randint(0, 300, (6,), generator=gen).tolist(),
-        shared + [1, 2, 3],  # an exact repeat: a prefix hit
+        [*shared, 1, 2, 3],  # an exact repeat: a prefix hit
         [int(torch.randint(0, 300, (1,), generator=gen))],
     ]
 
@@ -104,7 +104,7 @@ def test_stops_and_aborts_with_speculation_match_plain_runs() -> None:
     stops = sorted({row[5] for row in plain if len(row) > 5})[:2]
     params = SamplingParams(max_output_tokens=24, temperature=0.0, stop_token_ids=stops)
     want, _ = _generate("smollm2", None, params=params)
-    got, engine = _generate("smollm2", Speculation(_draft_proposer("smollm2"), 6), params=params,
+    got, _engine = _generate("smollm2", Speculation(_draft_proposer("smollm2"), 6), params=params,
                             abort_after=3)  # fmt: skip
     assert [len(r) for r in got] != [24] * len(got), "some row stopped early"
     assert got[0] == want[0] and got[2:] == want[2:]
