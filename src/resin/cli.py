@@ -27,6 +27,15 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft"],
+        default=None,
+        help="speculative decoding: ngram (prompt lookup) or draft (a second model, "
+        "--draft-model); docs/engine.md",
+    )
+    p.add_argument("--draft-model", default=None, help="draft model name or folder")
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="drafts per step (4)")
+    p.add_argument(
         "--generation-config",
         default="auto",
         help="sampling defaults for omitted request fields: auto (the checkpoint's "
@@ -123,6 +132,9 @@ def _load(args: argparse.Namespace) -> object:
         recipe=args.recipe,
         fake=args.fake_runner,
         generation_config=args.generation_config,
+        speculative=args.speculative,
+        draft_model=args.draft_model,
+        num_draft_tokens=args.num_draft_tokens,
     )
     try:
         return load(options)

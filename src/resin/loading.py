@@ -25,6 +25,10 @@ class LoadOptions:
     fake: bool = False
     generation_config: str = "auto"
     """auto | none | a JSON file (`resin.server.generation_defaults`)."""
+    speculative: str | None = None
+    """None, "ngram" or "draft" (`speculation_for`)."""
+    draft_model: str | None = None
+    num_draft_tokens: int = 4
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
             prefix_cache=options.prefix_cache,
             context_length=context,
             grammar=grammar_backend(tokenizer),
+            speculation=speculation_for(options, context),
         )
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
@@ -109,6 +114,30 @@ def grammar_backend(tokenizer: Any) -> Any:
         return GrammarBackend.from_tokenizer(tokenizer)
     except ImportError:
         return None
+
+
+def speculation_for(options: LoadOptions, context_length: int) -> Any:
+    """The engine's `Speculation` for `--speculative ngram|draft` (None without it). A draft
+    model must share the target's tokenizer; it runs on the same device."""
+    if options.speculative is None:
+        if options.draft_model is not None:
+            raise ValueError("--draft-model needs --speculative draft")
+        return None
+    from resin.engine.proposers import DraftModelProposer, NgramProposer
+    from resin.engine.speculative import Speculation
+
+    if options.speculative == "ngram":
+        return Speculation(NgramProposer(), options.num_draft_tokens)
+    if options.speculative != "draft":
+        raise ValueError(f"unknown --speculative {options.speculative!r} (ngram or draft)")
+    if options.draft_model is None:
+        raise ValueError("--speculative draft needs --draft-model NAME_OR_FOLDER")
+    from resin_models_torch.default_model import resolve_checkpoint
+    from resin_models_torch.registry import load_runner
+
+    runner = load_runner(resolve_checkpoint(options.draft_model), device=options.device)
+    proposer = DraftModelProposer(runner, context_length=context_length)
+    return Speculation(proposer, options.num_draft_tokens)
 
 
 class ZeroCostRunner:
