@@ -109,8 +109,9 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None)
     bench = sub.add_parser(
         "bench",
-        help="benchmark a GPU runner (scripts/bench.py), or load-test a server with --url "
-        "(scripts/bench_serve.py)",
+        help="benchmark a GPU runner (scripts/bench.py), load-test a server with --url "
+        "(scripts/bench_serve.py), or speculative decoding through the engine with "
+        "--speculative (scripts/bench_speculative.py)",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER)
     # `check` parses its own options (main() hands them over); listed here for --help.
@@ -250,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One verb, two tools: a URL means "load-test that server", anything else benchmarks a
         # runner in this process. Their options go through untouched (each has its own --help).
         serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
+        if any(a == "--speculative" or a.startswith("--speculative=") for a in argv):
+            return _run_tool("resin.tools.bench_spec", argv[1:])  # through the Engine
         return _run_tool(
             "resin.tools.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
         )
