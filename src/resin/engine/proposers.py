@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from resin.engine.engine import Engine
 from resin.engine.request import Request
@@ -42,12 +41,17 @@ class NgramProposer:
         ]
 
     def lookup(self, seq: np.ndarray, k: int) -> list[int]:
-        """Up to `k` tokens that followed the latest earlier occurrence of `seq`'s suffix."""
+        """Up to `k` tokens that followed the latest earlier occurrence of `seq`'s suffix.
+
+        Candidates are the earlier positions holding the last token (one vectorized compare);
+        each longer suffix only filters those, so a miss costs O(len(seq))."""
+        ends = np.flatnonzero(seq[:-1] == seq[-1])  # an occurrence ending there, then a token
         for n in range(min(self.max_ngram, seq.size - 1), self.min_ngram - 1, -1):
-            windows = sliding_window_view(seq[:-1], n)  # occurrences followed by a token
-            hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
+            hits = ends[ends >= n - 1]
+            for j in range(1, n):
+                hits = hits[seq[hits - j] == seq[-1 - j]]
             if hits.size:
-                start = int(hits[-1]) + n
+                start = int(hits[-1]) + 1
                 return [int(t) for t in seq[start : start + k]]
         return []
 
