@@ -4,6 +4,9 @@ For each running-sequence count (default 1, 64, 256, 1024) at a 2k-token context
 - decode: median engine time of one decode step with every sequence running;
 - prefill: engine time of one prefill step that computes a 2k-token prompt chunk per sequence;
 each with prefix caching off and on (on: unique prompts, so a 0% hit rate: the overhead).
+With `--drafts K` every decode step is a speculative verify step instead: the n-gram proposer
+(padded to K drafts, `resin.tools.bench_spec.PaddedProposer`) proposes, the zero-cost runner
+accepts every draft, and the engine commits K + 1 tokens per sequence and step.
 "Engine time" is the wall time of `Engine.step()` minus nothing: the runner returns a
 preallocated answer, so the step is all engine work (scheduling, planning, validation, commit,
 events). The thread CPU time is reported beside it. Prints a table and writes JSONL.
@@ -23,20 +26,39 @@ from pathlib import Path
 
 import numpy as np
 
-from resin import BatchPlan, Engine, ForwardOutput, RunnerConfig, SamplingParams
+from resin import (
+    BatchPlan,
+    Engine,
+    ForwardOutput,
+    NgramProposer,
+    RunnerConfig,
+    SamplingParams,
+    Speculation,
+)
+from resin.tools.bench_spec import PaddedProposer
 
 
 class ZeroCostRunner:
     """Answers token 1 for every sampling row from preallocated arrays."""
 
-    def __init__(self, num_pages: int, page_size: int = 16) -> None:
+    def __init__(self, num_pages: int, page_size: int = 16, drafts: int = 0) -> None:
         self.runner_config = RunnerConfig(
-            vocab_size=32000, page_size=page_size, num_pages=num_pages
+            vocab_size=32000, page_size=page_size, num_pages=num_pages, max_draft_tokens=drafts
         )
         self._ones = np.ones(1 << 16, dtype=np.uint32)
         self._indptr = np.arange((1 << 16) + 1, dtype=np.uint32)
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
+        if plan.draft_ids.size:  # accept every draft, then token 1
+            counts = np.diff(plan.draft_indptr) + 1
+            indptr = np.zeros(counts.size + 1, dtype=np.uint32)
+            np.cumsum(counts, out=indptr[1:])
+            ids = self._ones[: int(indptr[-1])].copy()
+            last = indptr[1:] - 1
+            mask = np.ones(ids.size, dtype=bool)
+            mask[last] = False
+            ids[mask] = plan.draft_ids
+            return ForwardOutput(ids, indptr)
         rows = plan.sample_rows
         if rows.all():
             b = rows.size
@@ -46,11 +68,14 @@ class ZeroCostRunner:
         return ForwardOutput(self._ones[: int(indptr[-1])], indptr)
 
 
-def _engine(n: int, context: int, prefix: bool, decode_steps: int) -> Engine:
-    pages = n * ((context + decode_steps) // 16 + 2) + 64
+def _engine(n: int, context: int, prefix: bool, decode_steps: int, drafts: int = 0) -> Engine:
+    tokens = decode_steps * (drafts + 1)
+    pages = n * ((context + tokens) // 16 + 2) + 64
+    spec = Speculation(PaddedProposer(NgramProposer()), drafts) if drafts else None
     return Engine(
-        ZeroCostRunner(pages),
-        context_length=context + decode_steps + 8,
+        ZeroCostRunner(pages, drafts=drafts),
+        speculation=spec,
+        context_length=context + tokens + 8,
         max_sequences=n,
         max_batch_tokens=n * context,
         prefill_chunk_tokens=context,
@@ -70,9 +95,11 @@ def _timed_step(engine: Engine) -> tuple[float, float]:
     return time.perf_counter() - w, time.thread_time() - c
 
 
-def bench(n: int, context: int, prefix: bool, decode_steps: int, seed: int) -> dict[str, object]:
+def bench(
+    n: int, context: int, prefix: bool, decode_steps: int, seed: int, drafts: int = 0
+) -> dict[str, object]:
     rng = np.random.default_rng(seed)
-    engine = _engine(n, context, prefix, decode_steps)
+    engine = _engine(n, context, prefix, decode_steps, drafts)
     _submit(engine, n, context - 1, rng)
     gc.collect()
     gc.disable()
@@ -88,6 +115,7 @@ def bench(n: int, context: int, prefix: bool, decode_steps: int, seed: int) -> d
         gc.enable()
     return {
         "sequences": n,
+        "drafts": drafts,
         "context": context,
         "prefix_cache": prefix,
         "decode_ms_median": statistics.median(walls) * 1e3,
@@ -105,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="best-of repeats per cell")
+    parser.add_argument("--drafts", type=int, default=0, help="speculative: K drafts per step")
     parser.add_argument("--output", type=Path, default=Path("bench/engine.jsonl"))
     args = parser.parse_args(argv)
     rows = []
@@ -113,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
         for seed in range(args.repeats):
             for prefix in (False, True):
-                runs[prefix].append(bench(n, args.context, prefix, args.decode_steps, seed))
+                runs[prefix].append(
+                    bench(n, args.context, prefix, args.decode_steps, seed, args.drafts)
+                )
         for prefix in (False, True):
             best = min(runs[prefix], key=lambda r: float(r["decode_ms_median"]))  # type: ignore[arg-type]
             best["prefill_ms"] = min(float(r["prefill_ms"]) for r in runs[prefix])  # type: ignore[arg-type]
