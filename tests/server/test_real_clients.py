@@ -183,7 +183,7 @@ def test_lm_eval_local_completions_and_chat(server: tuple[str, str], tmp_path: P
     from resin_models_torch.default_model import default_model_dir
 
     url, model = server
-    tasks = TaskManager(include_path=str(_task_dir(tmp_path)))
+    tasks = TaskManager(include_path=str(_task_dir(tmp_path)), include_defaults=False)
     tokenizer = str(default_model_dir())
     mc = lm_eval.simple_evaluate(
         model="local-completions",
