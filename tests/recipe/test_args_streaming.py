@@ -69,3 +69,17 @@ def test_string_arguments_are_buffered_and_parsed_whole() -> None:
     result = parser.finish()
     assert [(c.name, c.arguments) for c in result.tool_calls] == [("search", '{"query": "x"}')]
     assert result.error is None
+
+
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_a_call_without_the_wrappers_brace_keeps_its_own(data: st.DataObject) -> None:
+    """`{"name": ..., "arguments": {...}` + end marker (the wrapper's `}` left out): the
+    arguments keep their closing brace, valid JSON, in every split (issue 17)."""
+    recipe = _recipe()
+    prompt = recipe.render(USER, tools=TOOLS, enable_thinking=False)
+    args = '{"city": "Paris", "when": {"day": 1}}'
+    for tail in ("\n</tool_call>", ""):  # closed by the end marker, or cut by a stop token
+        out = f'<tool_call>\n{{"name": "get_weather", "arguments": {args}{tail}'
+        result = check_all_splits(recipe, prompt, out, data, tools=TOOLS)
+        assert result.calls == (("get_weather", args),) and not result.has_error, result

@@ -98,6 +98,7 @@ class ChatMLFormat:
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
         tool_choice: ToolChoice | None = None,
+        continue_final_message: bool = False,
     ) -> RenderedPrompt:
         if tool_choice is not None:
             raise unsupported(tool_choice)
@@ -111,6 +112,10 @@ class ChatMLFormat:
                 body += f'<tool_call>{{"name": "{call.name}", "arguments": {call.arguments}}}'
                 body += "</tool_call>"
             parts.append(f"<|im_start|>{turn.role}\n{body}<|im_end|>\n")
+        if continue_final_message:  # the last turn stays open: the model continues it
+            parts[-1] = parts[-1].removesuffix("<|im_end|>\n")
+            text = "".join(parts)
+            return RenderedPrompt(self.tokenizer.encode(text), text, prefill=messages[-1].text)
         parts.append("<|im_start|>assistant\n")
         if enable_thinking is False:
             parts.append("<think></think>")

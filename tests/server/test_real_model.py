@@ -139,3 +139,29 @@ def test_tools_reach_a_template_without_a_tool_section(oai: openai.OpenAI) -> No
     )
     assert plain.usage and with_tools.usage
     assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 40
+
+
+def test_anthropic_prefill_continues_like_a_raw_completion(url: str, oai: openai.OpenAI) -> None:
+    """An assistant prefill on the real model: greedy, the answer is exactly what the model
+    writes after transformers' `continue_final_message` rendering of the conversation (sent
+    as token ids to /v1/completions), and it does not repeat the prefill."""
+    from tests.recipe.assets import smollm2_hf
+
+    chat = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"},
+    ]
+    hf = smollm2_hf()
+    text = hf.apply_chat_template(chat, continue_final_message=True, tokenize=False)
+    ids = hf.encode(text, add_special_tokens=False)
+    raw = oai.completions.create(model="default", prompt=ids, max_tokens=6, temperature=0)
+    client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=120)
+    r = client.messages.create(
+        model="default",
+        max_tokens=6,
+        messages=chat,
+        extra_body={"temperature": 0},  # type: ignore[arg-type]
+    )
+    assert r.content and r.content[0].type == "text"
+    assert r.content[0].text == raw.choices[0].text and r.content[0].text.strip()
+    assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == len(ids)

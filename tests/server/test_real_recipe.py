@@ -15,6 +15,8 @@ from resin.server.launch import free_port, running
 from tests.server.doubles import FakeEngine
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+PREFILL = "The capital of France is"
+OPENED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city":'
 TOOL = {
     "type": "function",
     "function": {
@@ -39,6 +41,10 @@ def url() -> Iterator[str]:
 
     def respond(prompt: Sequence[int]) -> list[int]:
         text = tok.decode(prompt)
+        if text.endswith(PREFILL):  # a continued assistant message
+            return [*tok.encode(" Paris."), end]
+        if text.endswith(OPENED_CALL):
+            return [*tok.encode(' "Paris"}}\n</tool_call>'), end]
         if "<tools>" in text and "<tool_response>" not in text:
             return [*tok.encode(CALL), end]
         return [*tok.encode("It is sunny in Paris."), end]
@@ -107,3 +113,64 @@ def test_default_model_keeps_its_default_system_prompt() -> None:
     text = recipe_for(tok, None).render([Message("user", "Hi")]).text
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_anthropic_prefill_is_continued_not_repeated(url: str) -> None:
+    """A last assistant message is continued: the prompt ends with it (no closed turn, no new
+    one) and the answer holds only what the model added, stream and not."""
+    client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    messages = [
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": PREFILL},
+    ]
+    r = client.messages.create(model="smol", max_tokens=20, messages=messages)  # type: ignore[arg-type]
+    assert [(b.type, b.text) for b in r.content] == [("text", " Paris.")]  # type: ignore[union-attr]
+    assert r.stop_reason == "end_turn"
+    count = client.messages.count_tokens(model="smol", messages=messages)  # type: ignore[arg-type]
+    assert count.input_tokens == r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+    with client.messages.stream(model="smol", max_tokens=20, messages=messages) as stream:  # type: ignore[arg-type]
+        assert "".join(stream.text_stream) == " Paris."
+    bad = [messages[0], {"role": "assistant", "content": PREFILL + " "}]
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        client.messages.create(model="smol", max_tokens=20, messages=bad)  # type: ignore[arg-type]
+
+
+def test_prefill_that_opens_a_tool_call_returns_the_whole_call(url: str) -> None:
+    """The tool-call parser starts where the prefill left it: the model's continuation closes
+    the call the prefill opened, and the client gets one whole tool call."""
+    client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    tool = {"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}  # type: ignore[index]
+    r = client.messages.create(
+        model="smol",
+        max_tokens=40,
+        tools=[tool],  # type: ignore[list-item]
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": OPENED_CALL},
+        ],
+    )
+    assert [(b.type, b.input) for b in r.content] == [("tool_use", {"city": "Paris"})]  # type: ignore[union-attr]
+    assert r.stop_reason == "tool_use"
+
+
+def test_openai_continue_final_message(url: str) -> None:
+    """vLLM's `continue_final_message` on chat completions does the same."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    messages = [
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": PREFILL},
+    ]
+    r = client.chat.completions.create(
+        model="smol",
+        messages=messages,  # type: ignore[arg-type]
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert r.choices[0].message.content == " Paris."
+    fresh = client.chat.completions.create(model="smol", messages=messages)  # type: ignore[arg-type]
+    assert fresh.choices[0].message.content == "It is sunny in Paris."  # a new turn
+    with pytest.raises(openai.BadRequestError, match="the assistant's"):
+        client.chat.completions.create(
+            model="smol",
+            messages=messages[:1],  # type: ignore[arg-type]
+            extra_body={"continue_final_message": True},
+        )

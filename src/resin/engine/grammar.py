@@ -15,8 +15,9 @@ llguidance is imported lazily: an engine without constraints never loads it.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -114,6 +115,14 @@ class GrammarBackend:
         if not eos:
             raise ValueError("a grammar backend needs at least one EOS / stop token id")
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, eos_token=eos)
+        # Added tokens llguidance treats as special: a grammar literal cannot produce them,
+        # so structural tags refer to them by id (`<[id]>`).
+        added = json.loads(tokenizer_json).get("added_tokens") or []
+        self.special_tokens = {
+            str(t["content"]): int(t["id"])
+            for t in added
+            if self.tokenizer.is_special_token(int(t["id"]))
+        }
         self.vocab_size: int = int(self.tokenizer.vocab_size)
         self.mask_words = (self.vocab_size + 31) // 32
         self._cache: OrderedDict[Constraint, llguidance.LLMatcher] = OrderedDict()
@@ -197,17 +206,22 @@ class GrammarBackend:
             return m.grammar_from_regex(c.spec)
         if c.kind == "grammar":
             return self._llg.grammar_from("grammar", c.spec)
-        return structural_tag_grammar(json.loads(c.spec))
+        return structural_tag_grammar(json.loads(c.spec), self.special_tokens)
 
 
-def structural_tag_grammar(spec: dict[str, Any]) -> str:
+def structural_tag_grammar(
+    spec: dict[str, Any], special_tokens: Mapping[str, int] | None = None
+) -> str:
     """Lark text for a structural tag (see `Constraint`).
 
-    `structures`: [{"begin": str, "schema": dict, "end": str}, ...]. With `at_start` true the
+    `structures`: [{"begin": str, "schema": dict, "end": str, "syntax": "json" | "pythonic"},
+    ...] (pythonic: the schema's properties as Python keyword arguments). With `at_start` true the
     output is exactly one structure (a forced tool call after the recipe's forcing prefix);
     otherwise free text in which a structure starts wherever one of `triggers` appears
-    (each structure's `begin` starts with one of them), any number of times.
+    (each structure's `begin` starts with one of them), any number of times. Text of
+    `special_tokens` (content -> id) in `begin` / `end` must be that token.
     """
+    specials = special_tokens or {}
     structures = spec.get("structures")
     if not isinstance(structures, list) or not structures:
         raise ValueError("structural_tag needs a non-empty list of structures")
@@ -219,10 +233,16 @@ def structural_tag_grammar(spec: dict[str, Any]) -> str:
         schema = item.get("schema", {"type": "object"})
         if not isinstance(schema, dict):
             raise ValueError(f"structural_tag structures[{i}].schema must be an object")
-        schema = {"x-guidance": JSON_DEFAULTS, **schema}  # compact, like json_schema
-        bodies.append((item["begin"], json.dumps(schema), str(item.get("end", ""))))
+        if item.get("syntax", "json") == "pythonic":
+            body = _kwargs(schema)
+        else:
+            body = "%json " + json.dumps({"x-guidance": JSON_DEFAULTS, **schema})  # compact
+        bodies.append((item["begin"], body, str(item.get("end", ""))))
     if spec.get("at_start"):
-        rules = [f"s{i}: {_lit(b)} %json {s} {_lit(e)}" for i, (b, s, e) in enumerate(bodies)]
+        rules = [
+            f"s{i}: {_lit(b, specials)} {s} {_lit(e, specials)}"
+            for i, (b, s, e) in enumerate(bodies)
+        ]
         options = " | ".join(f"s{i}" for i in range(len(bodies)))
         return "%llguidance {}\nstart: " + options + "\n" + "\n".join(rules) + "\n"
     lines = ["%llguidance {}", "start: (" + " | ".join(f"t{i}" for i in range(len(bodies)))]
@@ -233,12 +253,56 @@ def structural_tag_grammar(spec: dict[str, Any]) -> str:
         if trigger is None:
             raise ValueError(f"structural_tag structures[{i}].begin starts with no trigger")
         lines.append(f"t{i}_trig[lazy]: TEXT {_lit(trigger)}")
-        lines.append(f"t{i}: t{i}_trig {_lit(begin[len(trigger) :])} %json {schema} {_lit(end)}")
+        lines.append(f"t{i}: t{i}_trig {_lit(begin[len(trigger) :])} {schema} {_lit(end)}")
     return "\n".join(lines) + "\n"
 
 
-def _lit(text: str) -> str:
-    return json.dumps(text) if text else ""
+def _kwargs(schema: dict[str, Any]) -> str:
+    """Lark for Python keyword arguments whose values (in JSON syntax) follow the properties
+    of an object `schema`: the required ones first, then any of the optional ones, in the
+    schema's order, each at most once, separated by ", ". No properties: no arguments."""
+    props = schema.get("properties")
+    if not isinstance(props, dict) or not props:
+        return ""
+    bad = [name for name in props if not str(name).isidentifier()]
+    if bad:
+        raise ValueError(f"property {bad[0]!r} cannot be a Python keyword argument")
+    needed = set(schema.get("required") or ())
+
+    def kv(name: str) -> str:
+        value = {"x-guidance": JSON_DEFAULTS, **props[name]}
+        return f"{_lit(name + '=')} %json {json.dumps(value)}"
+
+    required = [kv(n) for n in props if n in needed]
+    optional = [kv(n) for n in props if n not in needed]
+
+    def then(items: list[str]) -> str:
+        return "".join(f' ("," " " {item})?' for item in items)
+
+    if required:
+        return ' "," " " '.join(required) + then(optional)
+    starts = [item + then(optional[j + 1 :]) for j, item in enumerate(optional)]
+    return "(" + " | ".join(starts) + ")?"
+
+
+def _lit(text: str, special_tokens: Mapping[str, int] | None = None) -> str:
+    """Lark for the literal `text`; the special tokens in it by id."""
+    found = [s for s in special_tokens or () if s in text]
+    if not found:
+        return json.dumps(text) if text else ""
+    assert special_tokens is not None
+    parts: list[str] = []
+    pos = 0
+    for m in re.finditer(
+        "|".join(re.escape(s) for s in sorted(found, key=len, reverse=True)), text
+    ):
+        if m.start() > pos:
+            parts.append(json.dumps(text[pos : m.start()]))
+        parts.append(f"<[{special_tokens[m.group()]}]>")
+        pos = m.end()
+    if pos < len(text):
+        parts.append(json.dumps(text[pos:]))
+    return " ".join(parts)
 
 
 def _first_line(message: str) -> str:

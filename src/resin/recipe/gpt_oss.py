@@ -140,4 +140,6 @@ class GptOssRecipe(NativeRecipe):
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
     ) -> ResponseParser:
-        return HarmonyParser(self.tokenizer, self.stop_token_ids)
+        harmony = HarmonyParser(self.tokenizer, self.stop_token_ids)
+        harmony.prime(prompt.prefill)
+        return harmony

@@ -9,12 +9,14 @@ when given, plus `template_kwargs`). Parsing uses the conventions of the templat
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from resin.recipe.families import FAMILIES, detect_family
 from resin.recipe.generic_tools import with_tool_prompt
 from resin.recipe.harmony_parser import HarmonyParser
 from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
+from resin.recipe.prefill import check_prefill, continue_final
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
 from resin.recipe.tagged import TaggedParser, TagSpec
@@ -91,6 +93,7 @@ class JinjaRecipe:
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
         tool_choice: ToolChoice | None = None,
+        continue_final_message: bool = False,
     ) -> RenderedPrompt:
         if any(m.images for m in messages) and not self.supports_images:
             raise ValueError(f"recipe {self.name!r} does not take images")
@@ -104,6 +107,38 @@ class JinjaRecipe:
             hf_tools = None
         else:
             hf_tools = to_hf_tools(tools)
+
+        def render_text(ms: Sequence[Message], generation_prompt: bool) -> str:
+            return self._render_text(ms, hf_tools, generation_prompt, enable_thinking)
+
+        images = [image for m in messages for image in m.images]
+        if continue_final_message:
+            check_prefill(tool_choice)
+            text, prefill = continue_final(render_text, messages)
+            if self.vision is None or not images:
+                return RenderedPrompt(self.tokenizer.encode(text), text, prefill=prefill)
+            return replace(self.vision.render(self.tokenizer, text, images), prefill=prefill)
+        text = render_text(messages, add_generation_prompt)
+        if tool_choice is not None:
+            check_tool_choice(tool_choice, tools)
+            spec = self.family.spec
+            if spec is None or self.family.name not in FORCEABLE_FAMILIES:
+                raise unsupported(tool_choice)
+            prefix = forced_prefix(spec, tool_choice)
+            structures = forced_structures(spec, tool_choice, tools or ())
+            text += prefix
+            return RenderedPrompt(self.tokenizer.encode(text), text, (), prefix, structures)
+        if self.vision is None or not images:
+            return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
+        return self.vision.render(self.tokenizer, text, images)
+
+    def _render_text(
+        self,
+        messages: Sequence[Message],
+        hf_tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        enable_thinking: bool | None,
+    ) -> str:
         info = self.tokenizer.info
         variables: dict[str, Any] = {
             "bos_token": info.bos_token or "",
@@ -123,38 +158,27 @@ class JinjaRecipe:
             variables["enable_thinking"] = enable_thinking
         from resin.recipe.sandbox import render_template
 
-        text = render_template(self.template, **variables)
-        if tool_choice is not None:
-            check_tool_choice(tool_choice, tools)
-            spec = self.family.spec
-            if spec is None or self.family.name not in FORCEABLE_FAMILIES:
-                raise unsupported(tool_choice)
-            prefix = forced_prefix(spec, tool_choice)
-            structures = forced_structures(spec, tool_choice, tools or ())
-            text += prefix
-            return RenderedPrompt(self.tokenizer.encode(text), text, (), prefix, structures)
-        images = [image for m in messages for image in m.images]
-        if self.vision is None or not images:
-            return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
-        return self.vision.render(self.tokenizer, text, images)
+        return render_template(self.template, **variables)
 
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
     ) -> ResponseParser:
         spec = self.family.spec
         if spec is None:
-            return HarmonyParser(self.tokenizer, self.stop_token_ids)
+            harmony = HarmonyParser(self.tokenizer, self.stop_token_ids)
+            harmony.prime(prompt.prefill)
+            return harmony
         if spec.bare_json_tools and not tools:
             spec = type(spec)(None, None, None, None)
         start = spec.reasoning_start
-        in_reasoning = bool(start) and prompt.text.rstrip().endswith(start or "")
+        in_reasoning = bool(start) and prompt.head.rstrip().endswith(start or "")
         parser = TaggedParser(
             self.tokenizer,
             self.stop_token_ids,
             spec,
             in_reasoning=in_reasoning and not prompt.forced_prefix,
         )
-        parser.prime(prompt.forced_prefix)
+        parser.prime(prompt.primed)
         return parser
 
 

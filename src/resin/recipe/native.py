@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from resin.recipe.prefill import check_prefill, continue_final
 from resin.recipe.protocol import RenderedPrompt, ResponseParser
 from resin.recipe.tagged import TaggedParser, TagSpec
 from resin.recipe.tool_choice import (
@@ -62,18 +63,29 @@ class NativeRecipe:
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
         tool_choice: ToolChoice | None = None,
+        continue_final_message: bool = False,
     ) -> RenderedPrompt:
         if not messages and not add_generation_prompt:
             raise ValueError("nothing to render: no messages")
         for message in messages:
             if message.images:
                 raise ValueError(f"recipe {self.name!r} does not take images")
-        text = self.render_text(
-            list(messages),
-            tools=list(tools) if tools else None,
-            add_generation_prompt=add_generation_prompt,
-            enable_thinking=enable_thinking,
-        )
+        tool_list = list(tools) if tools else None
+
+        def render_text(ms: Sequence[Message], generation_prompt: bool) -> str:
+            return self.render_text(
+                list(ms),
+                tools=tool_list,
+                add_generation_prompt=generation_prompt,
+                enable_thinking=enable_thinking,
+            )
+
+        prefill = ""
+        if continue_final_message:
+            check_prefill(tool_choice)
+            text, prefill = continue_final(render_text, messages)
+        else:
+            text = render_text(messages, add_generation_prompt)
         prefix = ""
         structures: tuple[ForcedStructure, ...] = ()
         if tool_choice is not None:
@@ -86,6 +98,7 @@ class NativeRecipe:
             text=text,
             forced_prefix=prefix,
             forced_structures=structures,
+            prefill=prefill,
         )
 
     def tool_choice_prefix(self, choice: ToolChoice, tools: list[ToolDef]) -> str:
@@ -106,10 +119,11 @@ class NativeRecipe:
         raise NotImplementedError
 
     def starts_in_reasoning(self, prompt: RenderedPrompt) -> bool:
-        """True when the prompt itself opened the reasoning block (the model continues it)."""
+        """True when the generation prompt opened the reasoning block (the model continues
+        it); a prefill primes the parser past that point itself."""
         spec = self.parser_spec(None)
         start = spec.reasoning_start
-        return bool(start) and prompt.text.rstrip().endswith(start or "")
+        return bool(start) and prompt.head.rstrip().endswith(start or "")
 
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None
@@ -120,5 +134,5 @@ class NativeRecipe:
             self.parser_spec(tools),
             in_reasoning=not prompt.forced_prefix and self.starts_in_reasoning(prompt),
         )
-        parser.prime(prompt.forced_prefix)
+        parser.prime(prompt.primed)
         return parser

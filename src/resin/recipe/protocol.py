@@ -34,6 +34,19 @@ class RenderedPrompt:
     forced_prefix: str = ""
     # What may follow the forced prefix (tool name and arguments schema), for a grammar.
     forced_structures: tuple[ForcedStructure, ...] = ()
+    # The start of the assistant's answer the prompt already holds: a continued final message
+    # (`resin.recipe.prefill`); `text` ends with it and the parser is primed with it.
+    prefill: str = ""
+
+    @property
+    def head(self) -> str:
+        """`text` without the prefill: the prompt as far as the generation prompt."""
+        return self.text[: len(self.text) - len(self.prefill)]
+
+    @property
+    def primed(self) -> str:
+        """What the parser consumes before the model's first token (prefill or forced prefix)."""
+        return self.prefill + self.forced_prefix
 
 
 @runtime_checkable
@@ -67,9 +80,12 @@ class Recipe(Protocol):
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
         tool_choice: ToolChoice | None = None,
+        continue_final_message: bool = False,
     ) -> RenderedPrompt:
         """`tool_choice` forces a tool call (see `resin.recipe.tool_choice`); a recipe that
-        cannot force it raises `UnsupportedToolChoice`."""
+        cannot force it raises `UnsupportedToolChoice`. `continue_final_message` continues
+        the last (assistant) message instead of opening a new turn (`resin.recipe.prefill`);
+        it excludes a forced `tool_choice`."""
         ...
 
     def create_parser(

@@ -49,6 +49,7 @@ class StreamParser:
         self._calls: list[tuple[str, str, list[str]]] = []  # (id, name, argument fragments)
         self._errors: list[str] = []
         self._pending_calls = 0
+        self._primed: list[Delta] = []  # tool-call deltas of `prime`, sent with the first output
 
     # ---- public protocol -------------------------------------------------------------------
     def feed(self, token_ids: Sequence[int]) -> list[Delta]:
@@ -63,12 +64,12 @@ class StreamParser:
         text = self._detok.push(ids)
         if self._stopped:
             text += self._detok.flush()
-        return self._record(self._consume(text)) if text else []
+        return self._record(self._unprimed(self._consume(text))) if text else []
 
     def feed_text(self, text: str) -> list[Delta]:
         if self._finished or not text:
             return []
-        return self._record(self._consume(text))
+        return self._record(self._unprimed(self._consume(text)))
 
     def finish(self, reason: Literal["stop", "length"] = "stop") -> ParseResult:
         deltas: list[Delta] = []
@@ -78,7 +79,7 @@ class StreamParser:
                 deltas.extend(self._consume(tail))
             deltas.extend(self._flush(reason))
             self._finished = True
-        recorded = self._record(deltas)
+        recorded = self._record(self._unprimed(deltas))
         calls = tuple(ToolCall(i, n, "".join(f)) for i, n, f in self._calls)
         finish_reason: Literal["stop", "length", "tool_calls"] = reason
         if reason == "stop" and calls:
@@ -93,10 +94,17 @@ class StreamParser:
         )
 
     def prime(self, text: str) -> None:
-        """Consume `text` the prompt already holds (a forced prefix): it moves the state machine
-        but its deltas are recorded silently, not returned (the client never sees the prefix)."""
+        """Consume `text` the prompt already holds (a forced prefix, an assistant prefill): it
+        moves the state machine, and its text and reasoning are dropped (the client wrote them
+        or never sees them). A tool call it opened goes out with the first deltas of the model's
+        output: the call is whole only with them."""
         if text:
-            self._record(self._consume(text))
+            keep = (d for d in self._consume(text) if not isinstance(d, TextDelta | ReasoningDelta))
+            self._primed.extend(keep)
+
+    def _unprimed(self, deltas: list[Delta]) -> list[Delta]:
+        held, self._primed = self._primed, []
+        return held + deltas if held else deltas
 
     # ---- for subclasses --------------------------------------------------------------------
     def _consume(self, text: str) -> list[Delta]:

@@ -222,9 +222,11 @@ class TaggedParser(StreamParser):
         assert self._streaming is not None
         index, name, header, emitted = self._streaming
         self._streaming = None
-        args = body[header:].rstrip()
-        if args.endswith("}"):
-            args = args[:-1].rstrip()
+        whole = body[header:].rstrip()
+        args = whole[:-1].rstrip() if whole.endswith("}") else whole
+        if not _is_json(args) and _is_json(whole):
+            # The model left out the wrapper's closing brace: the last `}` is the arguments'.
+            args, body = whole, body.rstrip() + "}"
         out: list[Delta] = []
         if len(args) > emitted:
             out.append(ToolCallArgsDelta(index, args[emitted:]))
@@ -288,6 +290,14 @@ class TaggedParser(StreamParser):
 # "arguments" and the `{` that opens them (kept out of the match). Arguments given as a JSON
 # string (or "parameters") are buffered and parsed whole, as before.
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _earliest(text: str, markers: list[str]) -> tuple[int, str] | None:

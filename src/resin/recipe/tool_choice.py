@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from resin.recipe.tagged import TagSpec
 from resin.recipe.toolcall_formats import (
@@ -91,23 +91,42 @@ def forced_prefix(spec: TagSpec, choice: ToolChoice, *, newline: bool = True) ->
 
 @dataclass(frozen=True)
 class ForcedStructure:
-    """One allowed continuation of a forced prefix: literal `begin`, then a JSON value that
-    follows `schema` (the tool's parameters), then literal `end`. A grammar engine turns the
-    alternatives into a constraint, so the call names an offered tool and its arguments
-    validate (`docs/constraints.md`)."""
+    """One allowed continuation of a forced prefix: literal `begin`, then the arguments, then
+    literal `end`. The arguments follow `schema` (the tool's parameters) as a JSON value, or
+    with `syntax` "pythonic" as Python keyword arguments (`city="Paris", days=[1]`; each
+    value in JSON syntax). A grammar engine turns the alternatives into a constraint, so the
+    call names an offered tool and its arguments validate (`docs/constraints.md`)."""
 
     begin: str
     schema: dict[str, Any]
     end: str
+    syntax: Literal["json", "pythonic"] = "json"
 
 
 def forced_structures(
     spec: TagSpec, choice: ToolChoice, tools: Sequence[ToolDef]
 ) -> tuple[ForcedStructure, ...]:
-    """What may follow `forced_prefix(spec, choice)` for JSON call formats, one alternative
-    per eligible tool; empty for formats whose calls are not JSON (pythonic, DeepSeek), which
-    stay forced by the prefix alone."""
+    """What may follow `forced_prefix(spec, choice)`, one alternative per eligible tool:
+    the name (for "required") and the arguments, then the format's closing markers. JSON
+    marker formats, Llama 3's bare JSON and DeepSeek's `name<｜tool▁sep｜>{json}` take JSON
+    arguments; LFM2's pythonic calls take keyword arguments (tools whose name is not a Python
+    name cannot be called that way and are left out)."""
     eligible = [t for t in tools if choice.name is None or t.name == choice.name]
+    named = choice.name is not None
+    if spec.tool_body is parse_pythonic_calls and spec.tool_end:
+        return tuple(
+            ForcedStructure(
+                "" if named else f"[{t.name}(", _params(t), ")]" + spec.tool_end, "pythonic"
+            )
+            for t in eligible
+            if t.name.replace(".", "_").isidentifier()
+        )
+    if spec.tool_body is parse_deepseek_call and spec.tool_end:
+        end = spec.tool_end + "".join(spec.ignored[1:2])  # the call's end, then the list's
+        return tuple(
+            ForcedStructure("" if named else f"{t.name}{DEEPSEEK_SEP}", _params(t), end)
+            for t in eligible
+        )
     if spec.bare_json_tools:
         key, end = "parameters", "}"
     elif spec.tool_body is parse_json_calls and spec.tool_end:
@@ -117,11 +136,14 @@ def forced_structures(
     out = []
     for t in eligible:
         begin = ""
-        if choice.name is None:
+        if not named:
             name = json.dumps(t.name, ensure_ascii=False)
             begin = (
                 f'{name[1:]}, "{key}": ' if spec.bare_json_tools else f'{{"name": {name}, "{key}": '
             )
-        schema = dict(t.parameters) or {"type": "object"}
-        out.append(ForcedStructure(begin, schema, end))
+        out.append(ForcedStructure(begin, _params(t), end))
     return tuple(out)
+
+
+def _params(tool: ToolDef) -> dict[str, Any]:
+    return dict(tool.parameters) or {"type": "object"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -61,14 +62,17 @@ def parse_llama3_calls(body: str) -> list[ParsedCall]:
 
 
 def parse_pythonic_calls(body: str) -> list[ParsedCall]:
-    """`[get_weather(city="Paris"), f(x=1)]` (LFM2's default); JSON bodies are accepted too."""
+    """`[get_weather(city="Paris"), f(x=1)]` (LFM2's default); JSON bodies are accepted too,
+    and so are argument values in JSON syntax (`ok=true`, `x=null`)."""
     text = body.strip()
     try:
         return parse_json_calls(text)
     except ValueError:
         pass
     try:
-        tree = ast.parse(text, mode="eval").body
+        with warnings.catch_warnings():  # "\\/" and friends: invalid Python escapes
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, mode="eval").body
     except SyntaxError as exc:
         raise ValueError(f"not a pythonic call list: {exc.msg}") from None
     calls = tree.elts if isinstance(tree, ast.List) else [tree]
@@ -81,12 +85,23 @@ def parse_pythonic_calls(body: str) -> list[ParsedCall]:
         for keyword in call.keywords:
             if keyword.arg is None:
                 raise ValueError("**kwargs are not allowed in a tool call")
-            try:
-                arguments[keyword.arg] = ast.literal_eval(keyword.value)
-            except ValueError:
-                raise ValueError(f"argument {keyword.arg!r} is not a literal") from None
+            arguments[keyword.arg] = _literal(keyword.value, text, keyword.arg)
         parsed.append((name, json.dumps(arguments, ensure_ascii=False)))
     return parsed
+
+
+def _literal(node: ast.expr, source: str, name: str) -> Any:
+    """A keyword's value: JSON text first (`true`, `null`, `"\\/"` mean what JSON says; a
+    constrained call writes its values in JSON syntax), else a Python literal."""
+    segment = ast.get_source_segment(source, node)
+    try:
+        return json.loads(segment or "")
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        raise ValueError(f"argument {name!r} is not a literal") from None
 
 
 def _dotted_name(node: ast.expr) -> str:

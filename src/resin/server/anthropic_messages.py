@@ -98,17 +98,31 @@ def usage(finish: Finish | None, prompt_tokens: int) -> dict[str, Any]:
     }
 
 
+def ends_with_prefill(messages: list[Message]) -> bool:
+    """A last message from the assistant is a prefill the model continues (Anthropic's rule:
+    its text may not end with whitespace)."""
+    if not messages or messages[-1].role != "assistant":
+        return False
+    if messages[-1].text != messages[-1].text.rstrip():
+        raise ApiError(
+            400, "final assistant content cannot end with trailing whitespace", "messages"
+        )
+    return True
+
+
 def setup(body: MessagesRequest) -> ChatSetup:
     tools = tools_of(body)
     tc = body.tool_choice
+    messages = to_messages(body)
     return ChatSetup(
-        to_messages(body),
+        messages,
         tools,
         anthropic_choice(tc.type, tc.name, tools) if tc else None,
         None if body.thinking is None else body.thinking.type != "disabled",
         body.max_tokens,
         Sampling(body.temperature, body.top_p, body.top_k),
         anthropic_format(body.output_format),
+        continue_final=ends_with_prefill(messages),
     )
 
 
@@ -134,7 +148,10 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
     thinking = None if body.thinking is None else body.thinking.type != "disabled"
-    rendered = await svc.render(to_messages(body), tools_of(body), thinking)
+    messages = to_messages(body)
+    rendered = await svc.render(
+        messages, tools_of(body), thinking, None, ends_with_prefill(messages)
+    )
     return JSONResponse({"input_tokens": len(rendered.token_ids)})
 
 

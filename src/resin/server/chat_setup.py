@@ -33,6 +33,7 @@ class ChatSetup:
     sampling: Sampling = field(default_factory=Sampling)
     structured: Structured = NONE
     logit_bias: Mapping[Any, Any] | None = None
+    continue_final: bool = False  # the model continues the last (assistant) message
 
 
 async def start_chat(
@@ -48,7 +49,9 @@ async def start_chat(
     with svc.reserve(n, request) as ticket:
         s = build()
         check_images(s.messages, svc.recipe.supports_images)
-        rendered = await svc.render(s.messages, s.tools, s.thinking, s.tool_choice)
+        rendered = await svc.render(
+            s.messages, s.tools, s.thinking, s.tool_choice, s.continue_final
+        )
         params = svc.params(
             len(rendered.token_ids), s.max_tokens, s.sampling, svc.recipe.stop_token_ids
         )

@@ -97,6 +97,7 @@ def setup(body: ChatCompletionRequest) -> ChatSetup:
         sampling,
         openai_fields(body),
         body.logit_bias,
+        body.continue_final_message,
     )
 
 

@@ -99,6 +99,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool = False
+    """vLLM's: the model continues the last (assistant) message instead of a new turn."""
 
 
 class CompletionRequest(SamplingFields):

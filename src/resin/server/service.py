@@ -145,14 +145,18 @@ class Service:
         tools: Sequence[ToolDef],
         thinking: bool | None,
         tool_choice: ToolChoice | None = None,
+        continue_final: bool = False,
     ) -> RenderedPrompt:
         """The prompt for a conversation, rendered and tokenized off the event loop after a
         length check; a conversation the recipe or template cannot render (a template's
         `raise_exception`, malformed tool-call arguments) is the client's 400, and so is a
         forced `tool_choice` the recipe cannot force (both `ValueError`s); any other exception
-        is a recipe bug: logged with its traceback, answered 500."""
+        is a recipe bug: logged with its traceback, answered 500. `continue_final`: the model
+        continues the last (assistant) message (`resin.recipe.prefill`)."""
         self.check_text(texts(messages))
-        return await asyncio.to_thread(self._render, messages, tools, thinking, tool_choice)
+        return await asyncio.to_thread(
+            self._render, messages, tools, thinking, tool_choice, continue_final
+        )
 
     def _render(
         self,
@@ -160,8 +164,17 @@ class Service:
         tools: Sequence[ToolDef],
         thinking: bool | None,
         tool_choice: ToolChoice | None,
+        continue_final: bool,
     ) -> RenderedPrompt:
         def render(ms: Sequence[Message]) -> RenderedPrompt:
+            if continue_final:  # only then: a recipe need not know the option otherwise
+                return self.recipe.render(
+                    ms,
+                    tools=tools or None,
+                    enable_thinking=thinking,
+                    tool_choice=tool_choice,
+                    continue_final_message=True,
+                )
             return self.recipe.render(
                 ms, tools=tools or None, enable_thinking=thinking, tool_choice=tool_choice
             )

@@ -68,7 +68,8 @@ class LiteralSpecials:
         if rendered.text[pos:]:
             ids += self.tokenizer.encode(rendered.text[pos:])
         text.append(rendered.text[pos:])
-        return replace(rendered, token_ids=ids, text="".join(text))
+        prefill = _SLOT.sub(lambda m: held[int(m.group(1))], rendered.prefill)
+        return replace(rendered, token_ids=ids, text="".join(text), prefill=prefill)
 
 
 def texts(messages: Sequence[Message]) -> list[str]:

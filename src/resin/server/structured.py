@@ -95,7 +95,10 @@ def tool_structure(rendered: RenderedPrompt) -> Structured:
         return NONE
     spec = {
         "at_start": True,
-        "structures": [{"begin": s.begin, "schema": s.schema, "end": s.end} for s in structures],
+        "structures": [
+            {"begin": s.begin, "schema": s.schema, "end": s.end, "syntax": s.syntax}
+            for s in structures
+        ],
     }
     return Structured(Constraint("structural_tag", json.dumps(spec)), "tools")
 
