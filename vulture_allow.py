@@ -57,5 +57,7 @@ GptOssForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Lfm2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
+DeepseekForCausalLM  # resin_models_torch: loaded by name through architectures.py
+_.mtp_step  # DeepseekForCausalLM.mtp_step: the MTP draft hook (tests/models/test_deepseek.py)
 get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)

@@ -44,6 +44,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         "resin_models_torch.olmo2:Olmo2ForCausalLM", "resin_models_cuda.models.olmo2:Olmo2"
     ),
     "lfm2": Architecture("resin_models_torch.lfm2:Lfm2ForCausalLM"),
+    "deepseek_v2": Architecture("resin_models_torch.deepseek:DeepseekForCausalLM"),
+    "deepseek_v3": Architecture("resin_models_torch.deepseek:DeepseekForCausalLM"),
 }
 
 

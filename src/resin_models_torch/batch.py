@@ -191,7 +191,16 @@ class ConvSpec:
     width: int
 
 
-CacheSpec = KvSpec | ConvSpec
+@dataclass(frozen=True, slots=True)
+class LatentSpec:
+    """A History group of MLA layers: one latent vector of `width` values (DeepSeek's
+    kv_lora_rank + rope dim) per token per layer, instead of per-head K and V."""
+
+    num_layers: int
+    width: int
+
+
+CacheSpec = KvSpec | ConvSpec | LatentSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +214,8 @@ class LayerSlot:
 @dataclass(frozen=True, slots=True)
 class StepContext:
     """What layers see of one step: positions, per-group batches and per-group cache views
-    (KV: [pages, layers, 2, page_size, Hkv, D]; conv: [pages, layers, channels, width])."""
+    (KV: [pages, layers, 2, page_size, Hkv, D]; latent: [pages, layers, page_size, width];
+    conv: [pages, layers, channels, width])."""
 
     positions: torch.Tensor
     batches: tuple[AttentionBatch | StateBatch, ...]
