@@ -58,6 +58,7 @@ Lfm2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
 DeepseekForCausalLM  # resin_models_torch: loaded by name through architectures.py
-_.mtp_step  # DeepseekForCausalLM.mtp_step: the MTP draft hook (tests/models/test_deepseek.py)
+MtpProposer  # resin_models_torch/mtp.py: handed to the engine as a speculative proposer (docs/models.md)
+_.propose  # MtpProposer.propose: the engine's Proposer protocol calls it
 get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)

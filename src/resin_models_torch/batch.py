@@ -93,19 +93,21 @@ def attention_batch(
     page_size: int,
     window: int | None,
     device: torch.device,
+    first_key: int = 0,
 ) -> AttentionBatch:
     """Resolve one History/Window group's page rows into gather indices and a mask.
 
     A row's cached keys are positions lo..cached_len-1, where lo is the first position its page
     row still lists and, for a Window group, also the oldest position its first query can see
-    (query at p sees (p - window, p], exactly Hugging Face's sliding-window mask).
+    (query at p sees (p - window, p], exactly Hugging Face's sliding-window mask). Keys before
+    `first_key` are never seen (DeepSeek's MTP layer has no entry at position 0).
     """
     cached = plan.cached_lens.astype(np.int64)
     lo = group.page_start.astype(np.int64) * page_size
     if window is not None:
         first_query = grid.np_positions[:, 0].astype(np.int64)
         lo = np.maximum(lo, first_query - window + 1)
-    lo = np.minimum(np.maximum(lo, 0), cached)
+    lo = np.minimum(np.maximum(lo, first_key), cached)
     counts = cached - lo
     width = int(counts.max(initial=0))
     j = np.arange(width)[None, :]
@@ -120,6 +122,8 @@ def attention_batch(
     all_valid = np.concatenate((key_valid, grid.np_valid), axis=1)
     q_pos = grid.np_positions[:, :, None]
     mask = all_valid[:, None, :] & grid.np_valid[:, :, None] & (all_pos[:, None, :] <= q_pos)
+    if first_key:
+        mask &= all_pos[:, None, :] >= first_key
     if window is not None:
         mask &= all_pos[:, None, :] > q_pos - window
     slots = group.append_slots.astype(np.int64)

@@ -89,14 +89,14 @@ class DeepseekMoe(nn.Module):
 
 
 class DeepseekLayer(nn.Module):
-    def __init__(self, config: ModelConfig, index: int, slot: LayerSlot) -> None:
+    def __init__(self, config: ModelConfig, sparse: bool, slot: LayerSlot) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.self_attn = MlaAttention(config, slot)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp: nn.Module = (
             DeepseekMoe(config)
-            if config.is_sparse(index)
+            if sparse
             else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         )
 
@@ -123,7 +123,7 @@ class MtpLayer(DeepseekLayer):
     whose LM-head logits predict token i+2."""
 
     def __init__(self, config: ModelConfig, slot: LayerSlot) -> None:
-        super().__init__(config, config.num_layers, slot)  # MTP layers are always sparse
+        super().__init__(config, True, slot)  # MTP layers always use the MoE
         hidden = config.hidden_size
         self.enorm = RMSNorm(hidden, config.norm_eps)
         self.hnorm = RMSNorm(hidden, config.norm_eps)
@@ -152,7 +152,9 @@ class DeepseekForCausalLM(CausalLM):
             raise ValueError("deepseek models need MLA and MoE configs")
         super().__init__(config)
         n = config.num_layers
-        layers: list[nn.Module] = [DeepseekLayer(config, i, self.slots[i]) for i in range(n)]
+        layers: list[nn.Module] = [
+            DeepseekLayer(config, config.is_sparse(i), self.slots[i]) for i in range(n)
+        ]
         # An MTP layer caches its latents as one more layer of the group (used when drafting).
         group = self.slots[0].group
         layers += [MtpLayer(config, LayerSlot(group, n + k)) for k in range(config.num_mtp_layers)]
@@ -183,9 +185,10 @@ class DeepseekForCausalLM(CausalLM):
         return out
 
     def mtp_step(
-        self, depth: int, next_ids: torch.Tensor, hidden: torch.Tensor, ctx: StepContext
+        self, depth: int, ids: torch.Tensor, previous: torch.Tensor, ctx: StepContext
     ) -> torch.Tensor:
-        """MTP layer `depth` on (token i+1, hidden state at i) pairs, at the positions of i:
-        returns the hidden states [T, hidden] whose `logits` predict token i+2."""
+        """MTP layer `depth` on (token i, final hidden state at i-1) pairs at the positions i
+        of `ctx` (writing its cache layer where the plan appends): returns [T, hidden] whose
+        `logits` predict token i+1 (a draft one past the main model's)."""
         cos, sin = self.rotary.cos_sin(ctx.positions)
-        return self.mtp[depth].draft(self.embed(next_ids), hidden, ctx, cos, sin)
+        return self.mtp[depth].draft(self.embed(ids), previous, ctx, cos, sin)

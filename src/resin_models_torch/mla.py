@@ -113,5 +113,6 @@ def paged_latents(entry: torch.Tensor, cache: torch.Tensor, batch: AttentionBatc
     before the new ones are written to their append slots (a slot reused within the step
     cannot corrupt a read)."""
     cached = cache[batch.cached_pages, batch.cached_offsets]
-    cache[batch.append_pages, batch.append_offsets] = entry.to(cache.dtype)
+    if batch.append_pages.numel():  # a draft query (MTP) is attended but not stored
+        cache[batch.append_pages, batch.append_offsets] = entry.to(cache.dtype)
     return torch.cat((cached.to(entry.dtype), entry[batch.query_index]), dim=1)
