@@ -32,6 +32,7 @@ from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
 from resin.engine.slots import SlotStore
+from resin.engine.speculative import DraftStep, Speculation, Speculator
 from resin.engine.transaction import Transaction
 from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, FinishReason
@@ -63,6 +64,7 @@ class Engine:
         enable_metrics: bool = True,
         max_retries: int = 3,
         grammar: GrammarBackend | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         self._config = EngineConfig(
             context_length=context_length,
@@ -103,6 +105,11 @@ class Engine:
             max_retries=max_retries,
             vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
+        )
+        self._spec = (
+            None
+            if speculation is None
+            else Speculator(speculation, self._runner_config, max_batch_tokens, self._collector)
         )
         self._pending: list[Event] = []
         self._next_id = 0
@@ -239,6 +246,10 @@ class Engine:
     # -- one step -------------------------------------------------------------------------
     def _run(self, cohort: Cohort, events: list[Event]) -> None:
         prefill = cohort.phase is Phase.PREFILL
+        drafts: DraftStep | None = None
+        if self._spec is not None and not prefill:
+            drafts = self._spec.extend(cohort, self._cache, self._slots)
+            cohort = cohort if drafts is None else drafts.cohort
         try:
             reservation = self._cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
         except OutOfPagesError:
@@ -246,7 +257,10 @@ class Engine:
             # the usual way and try again next step.
             self._scheduler.retract(self._scheduler.youngest())
             return
-        plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
+        if drafts is None:
+            plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
+        else:
+            plan = drafts.plan(self._step_id, reservation, self._slots, self._cache)
         if self._constraints.active:
             plan = self._constraints.attach(plan, cohort.requests)
         self._txn.execute(plan, cohort.requests, reservation, events)
