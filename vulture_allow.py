@@ -59,6 +59,5 @@ Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
 DeepseekForCausalLM  # resin_models_torch: loaded by name through architectures.py
 MtpProposer  # resin_models_torch/mtp.py: handed to the engine as a speculative proposer (docs/models.md)
-_.propose  # MtpProposer.propose: the engine's Proposer protocol calls it
 get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)
