@@ -9,10 +9,13 @@
   `kv_b_proj`), `mla_decode` attends over the latents, and `W_uv` maps the latent output back
   to per-head values before `o_proj`. Nothing per-head is ever cached or expanded.
 - Prefill (eager): the row's cached + new latents are expanded to per-head K/V with
-  `kv_b_proj` and attended causally in plain PyTorch, row by row.
+  `kv_b_proj` and attended causally (PyTorch SDPA), row by row; the row bounds are read to the
+  host once per step (`prefill_rows`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +77,10 @@ class MlaAttention:
         self.w_uv = per_head[:, mla.nope_dim :].contiguous()  # [H, v, C]
         self.o_proj = w.get(f"{prefix}o_proj.weight", (h, heads * mla.v_head_dim), "out")
 
-    def __call__(self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor, rows: PrefillRows | None
+    ) -> torch.Tensor:
+        """`rows`: the prefill step's row bounds on the host (None for decode steps)."""
         mla, t = self.mla, x.shape[0]
         q_in = x if self.q_a is None else self.q_a_norm(F.linear(x, self.q_a))  # type: ignore[misc]
         q = F.linear(q_in, self.q).view(t, self.heads, self.qk)
@@ -87,6 +93,7 @@ class MlaAttention:
         latent_append(entry, cache, group.slots)
         info = step.info
         if isinstance(info, DecodeInfo):
+            assert rows is None
             absorbed = torch.einsum("thn,hnc->thc", q[:, :, : mla.nope_dim], self.w_uk)
             out_latent = mla_decode(
                 torch.cat((absorbed, q_rope), dim=-1),
@@ -101,31 +108,54 @@ class MlaAttention:
             )
             out = torch.einsum("thc,hvc->thv", out_latent, self.w_uv)
         else:
-            out = self._prefill(q, cache, group, info)
+            assert rows is not None
+            out = self._prefill(q, cache, group, rows)
         return F.linear(out.reshape(t, -1), self.o_proj)
 
     def _prefill(
-        self, q: torch.Tensor, cache: torch.Tensor, group: GroupTensors, info: PrefillInfo
+        self, q: torch.Tensor, cache: torch.Tensor, group: GroupTensors, rows: PrefillRows
     ) -> torch.Tensor:
-        """Expanded attention row by row (eager: reads the plan's row bounds on the host)."""
+        """Expanded causal attention row by row (SDPA: flash / memory-efficient on a GPU)."""
         mla, page = self.mla, cache.shape[1]
         out = torch.empty((q.shape[0], self.heads, mla.v_head_dim), dtype=q.dtype, device=q.device)
-        bounds = info.query_indptr.tolist()
-        cached, starts = info.cached_lens.tolist(), group.page_start.tolist()
-        indptr = group.page_indptr.tolist()
-        for b in range(len(bounds) - 1):
-            q0, q1 = bounds[b], bounds[b + 1]
-            first, total = starts[b] * page, cached[b] + q1 - q0
+        for b in range(len(rows.bounds) - 1):
+            q0, q1 = rows.bounds[b], rows.bounds[b + 1]
+            first, total = rows.starts[b] * page, rows.cached[b] + q1 - q0
             pos = torch.arange(first, total, device=q.device)
-            pages = group.page_ids[indptr[b] + pos // page - starts[b]].long()
+            pages = group.page_ids[rows.indptr[b] + pos // page - rows.starts[b]].long()
             entries = cache[pages, pos % page, 0].to(q.dtype)  # [K, C + R]
             kv = F.linear(entries[:, : mla.kv_lora_rank], self.kv_b)
-            kv = kv.view(-1, self.heads, mla.nope_dim + mla.v_head_dim)
-            rope = entries[:, None, mla.kv_lora_rank :].expand(-1, self.heads, -1)
-            keys = torch.cat((kv[..., : mla.nope_dim], rope), dim=-1)
-            scores = torch.einsum("qhd,khd->hqk", q[q0:q1], keys) * self.scale
-            q_pos = torch.arange(cached[b], total, device=q.device)
-            scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out[q0:q1] = torch.einsum("hqk,khv->qhv", probs, kv[..., mla.nope_dim :])
+            kv = kv.view(-1, self.heads, mla.nope_dim + mla.v_head_dim).transpose(0, 1)
+            rope = entries[None, :, mla.kv_lora_rank :].expand(self.heads, -1, -1)
+            keys = torch.cat((kv[..., : mla.nope_dim], rope), dim=-1)  # [H, K, qk]
+            q_pos = torch.arange(rows.cached[b], total, device=q.device)
+            mask = pos[None, :] <= q_pos[:, None]
+            o = F.scaled_dot_product_attention(
+                q[q0:q1].transpose(0, 1), keys, kv[..., mla.nope_dim :], mask, scale=self.scale
+            )
+            out[q0:q1] = o.transpose(0, 1)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRows:
+    """A prefill step's row bounds, read to the host once per step (not once per layer)."""
+
+    bounds: list[int]  # query_indptr
+    cached: list[int]
+    starts: list[int]  # page_start
+    indptr: list[int]  # page_indptr
+
+
+def prefill_rows(step: StepTensors) -> PrefillRows | None:
+    """None for a decode step (graph-safe: nothing is read back)."""
+    info = step.info
+    if not isinstance(info, PrefillInfo):
+        return None
+    group = step.groups[0]  # a DeepSeek model has one cache group
+    return PrefillRows(
+        info.query_indptr.tolist(),
+        info.cached_lens.tolist(),
+        group.page_start.tolist(),
+        group.page_indptr.tolist(),
+    )

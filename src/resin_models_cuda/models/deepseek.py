@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from resin_models_cuda.layers import ExpertWeights, GatedMLP, MoE, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.layers import activation_of as activation
-from resin_models_cuda.layers.mla import MlaAttention
+from resin_models_cuda.layers.mla import MlaAttention, prefill_rows
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.step import StepTensors
@@ -106,12 +106,13 @@ class Deepseek(FastModel):
         )
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+        rows = prefill_rows(step)
         residual = self.embed_tokens(step.input_ids)
         x = self.layers[0].input_norm(residual)
         for i, layer in enumerate(self.layers):
             if i > 0:
                 layer.input_norm.add_norm(x, residual)
-            x = layer.attn(x, step, kv)
+            x = layer.attn(x, step, kv, rows)
             layer.post_norm.add_norm(x, residual)
             x = layer.mlp(x)
         self.final_norm.add_norm(x, residual)
