@@ -9,9 +9,11 @@ has no pair and is never attended. The hidden state at i-1 comes from the same s
 row's first token, from the row's previous step (zeros after a prefix hit: a draft may then be
 worse, never wrong).
 
-After sampling, every row that produced a token gets one greedy draft: the MTP layer on (the
-new token, the hidden state of the last accepted position), attended over the row's MTP cache
-without being stored. `drafts[seq_id] = (num_tokens, token)`: the token that should follow a
+After sampling, every row that produced a token gets `num_drafts` greedy drafts: the MTP layer
+on (the new token, the hidden state of the last accepted position), attended over the row's MTP
+cache without being stored, gives draft 1; draft j+1 chains the same layer on (draft j, the MTP
+hidden state that predicted it) one position further, the chain recomputed as a window of
+non-stored queries. `drafts[seq_id] = (num_tokens, tokens)`: the drafts that should follow a
 sequence of `num_tokens` tokens. `MtpProposer` hands these to the engine's speculative
 decoding; verification (the target runner's) keeps outputs exact whatever the drafts are.
 """
@@ -35,14 +37,17 @@ MAX_REMEMBERED = 4096  # rows whose last hidden state is kept between steps
 class MtpRunner(TorchRunner):
     """A `TorchRunner` that also proposes MTP drafts (see the module docstring)."""
 
-    def __init__(self, model: DeepseekForCausalLM, **kwargs: Any) -> None:
+    def __init__(self, model: DeepseekForCausalLM, *, num_drafts: int = 1, **kwargs: Any) -> None:
         if not isinstance(model, DeepseekForCausalLM) or not model.mtp:
             raise ValueError("MtpRunner needs a DeepSeek model whose checkpoint has MTP layers")
+        if num_drafts < 1:
+            raise ValueError("num_drafts must be >= 1")
         super().__init__(model, **kwargs)
+        self.num_drafts = num_drafts
         self.deepseek = model
         if {slot.group for slot in model.slots} != {0}:
             raise ValueError("a DeepSeek model has one (latent) cache group")
-        self.drafts: dict[int, tuple[int, int]] = {}
+        self.drafts: dict[int, tuple[int, list[int]]] = {}
         self.mtp_recorded: list[RecordedStep] = []  # MTP logits of every token (record_logits)
         self._previous: dict[int, tuple[int, torch.Tensor]] = {}  # sid -> (position, hidden)
 
@@ -88,15 +93,25 @@ class MtpRunner(TorchRunner):
         if not rows.size:
             return
         new_tokens = output.token_ids[output.token_indptr[rows + 1].astype(np.int64) - 1]
-        positions = plan.positions[last[rows]].astype(np.int64) + 1
-        batch = draft_batch(group, rows, positions, self.page_size, self.device)
-        ids = torch.from_numpy(new_tokens.astype(np.int64)).to(self.device)
+        first = plan.positions[last[rows]].astype(np.int64) + 1  # the new token's position
         index = torch.from_numpy(last[rows]).to(self.device)
-        ctx = self._ctx(positions, batch)
-        logits = self.model.logits(self.deepseek.mtp_step(0, ids, hidden[index], ctx))
-        tokens = logits.argmax(dim=-1).tolist()
-        for row, position, token in zip(rows.tolist(), positions.tolist(), tokens, strict=True):
-            self.drafts[int(plan.sequence_ids[row])] = (position + 1, int(token))
+        tokens = [torch.from_numpy(new_tokens.astype(np.int64)).to(self.device)]
+        previous = [hidden[index]]
+        for depth in range(self.num_drafts):
+            # The chain so far (the new token, then drafts 1..depth) as one non-stored window
+            # of queries over the cached MTP entries: the last query gives the next draft.
+            width = depth + 1
+            positions = first[:, None] + np.arange(width)[None, :]
+            batch = draft_batch(group, rows, first, width, self.page_size, self.device)
+            ids = torch.stack(tokens, dim=1).flatten()
+            ctx = self._ctx(positions.flatten(), batch)
+            out = self.deepseek.mtp_step(0, ids, torch.stack(previous, dim=1).flatten(0, 1), ctx)
+            chained = out.view(len(rows), width, -1)[:, -1]
+            tokens.append(self.model.logits(chained).argmax(dim=-1))
+            previous.append(chained)
+        drafted = torch.stack(tokens[1:], dim=1).tolist()
+        for row, position, chain in zip(rows.tolist(), first.tolist(), drafted, strict=True):
+            self.drafts[int(plan.sequence_ids[row])] = (position + 1, [int(t) for t in chain])
 
     def _ctx(self, positions: np.ndarray, batch: AttentionBatch) -> StepContext:
         tensor = torch.from_numpy(positions.astype(np.int64)).to(self.device)
@@ -104,28 +119,39 @@ class MtpRunner(TorchRunner):
 
 
 def draft_batch(
-    group: CacheGroupPlan, rows: np.ndarray, positions: np.ndarray, page_size: int, device: Any
+    group: CacheGroupPlan,
+    rows: np.ndarray,
+    first: np.ndarray,
+    width: int,
+    page_size: int,
+    device: Any,
 ) -> AttentionBatch:
-    """One query per row at `positions[i]` (not stored), seeing the row's cached keys at
-    positions 1 .. positions[i]-1 through its page row, and itself."""
+    """`width` queries per row at positions first[i] .. first[i] + width - 1 (never stored),
+    seeing the row's cached keys at positions 1 .. first[i]-1 through its page row, then each
+    other causally. Queries are laid out row-major: query j of row i is flat token i*width+j."""
     lo = np.maximum(group.page_start[rows].astype(np.int64) * page_size, 1)
-    counts = np.maximum(positions - lo, 0)
+    counts = np.maximum(first - lo, 0)
     j = np.arange(int(counts.max(initial=0)))[None, :]
     valid = j < counts[:, None]
     key_pos = lo[:, None] + j
     entry = group.page_indptr[rows, None] + key_pos // page_size - group.page_start[rows, None]
     pages = np.where(valid, group.page_ids[np.where(valid, entry, 0)], 0)
-    mask = np.concatenate((valid, np.ones((len(rows), 1), dtype=bool)), axis=1)[:, None, :]
     b = len(rows)
+    causal = np.tril(np.ones((width, width), dtype=bool))
+    mask = np.concatenate(
+        (np.repeat(valid[:, None, :], width, axis=1), np.broadcast_to(causal, (b, width, width))),
+        axis=2,
+    )
 
     def t(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
     empty = t(np.zeros(0, dtype=np.int64))
+    grid = np.arange(b * width, dtype=np.int64).reshape(b, width)
     return AttentionBatch(
-        query_index=t(np.arange(b, dtype=np.int64)[:, None]),
-        token_rows=t(np.arange(b, dtype=np.int64)),
-        token_cols=t(np.zeros(b, dtype=np.int64)),
+        query_index=t(grid),
+        token_rows=t(np.repeat(np.arange(b, dtype=np.int64), width)),
+        token_cols=t(np.tile(np.arange(width, dtype=np.int64), b)),
         cached_pages=t(pages.astype(np.int64)),
         cached_offsets=t(np.where(valid, key_pos % page_size, 0).astype(np.int64)),
         append_pages=empty,
@@ -152,6 +178,6 @@ class MtpProposer:
         out: list[list[int]] = []
         for request, limit in zip(requests, limits, strict=True):
             known = self.runner.drafts.get(request.id)
-            fits = known is not None and known[0] == request.num_tokens and limit >= 1
-            out.append([known[1]] if fits and known is not None else [])
+            fits = known is not None and known[0] == request.num_tokens
+            out.append(known[1][:limit] if fits and known is not None else [])
         return out

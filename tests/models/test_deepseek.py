@@ -164,11 +164,28 @@ def _hf_mtp_logits(main: Any, mtp: Any, tokens: list[int]) -> torch.Tensor:
     return torch.cat((torch.full_like(logits[:1], float("nan")), logits))
 
 
+def _hf_mtp_chain(main: Any, mtp: Any, tokens: list[int]) -> list[int]:
+    """Two greedy drafts after `tokens`: MTP on (last token, main hidden before it), then on
+    (draft 1, the MTP hidden state that predicted it), each over the whole sequence."""
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        hidden = main(ids, output_hidden_states=True).hidden_states[-1][:, :-1]
+        ids = ids[:, 1:]
+        drafts = []
+        for _ in range(2):
+            positions = torch.arange(1, ids.shape[1] + 1)[None]
+            out = mtp.forward_layer(0, hidden, positions, None, input_ids=ids)
+            draft = mtp._project_to_logits(out[:, -1:]).argmax(dim=-1)
+            drafts.append(int(draft))
+            ids, hidden = torch.cat((ids, draft), dim=1), torch.cat((hidden, out[:, -1:]), dim=1)
+    return drafts
+
+
 def test_mtp_layers_load_and_match_transformers(tmp_path: Path) -> None:
     main, mtp = _mtp_checkpoint(tmp_path / "mtp")
     model = load_model(tmp_path / "mtp")
     assert len(model.mtp) == 1  # type: ignore[attr-defined]
-    runner = MtpRunner(model, page_size=4)  # type: ignore[arg-type]
+    runner = MtpRunner(model, num_drafts=2, page_size=4)  # type: ignore[arg-type]
     assert runner.runner_config.cache_groups[0].bytes_per_page == 4 * 4 * 4 * 40  # 3 + 1 MTP
     runner.record_logits = True
     gen = torch.Generator().manual_seed(11)
@@ -187,9 +204,9 @@ def test_mtp_layers_load_and_match_transformers(tmp_path: Path) -> None:
                 assert diff < 1e-4, (seq.sid, position, float(diff))
                 compared += 1
         assert compared == len(seq.tokens) - 2
-        # The last step's draft: greedy MTP prediction of the token after the sequence.
-        full = _hf_mtp_logits(main, mtp, seq.tokens)
-        assert runner.drafts[seq.sid] == (len(seq.tokens), int(full[-1].argmax()))
+        # The last step's drafts: the greedy MTP prediction of the token after the sequence,
+        # then the layer chained on its own prediction and hidden state.
+        assert runner.drafts[seq.sid] == (len(seq.tokens), _hf_mtp_chain(main, mtp, seq.tokens))
     # A prefix hit reuses the source's MTP entries (they depend on tokens only); its first
     # computed token lacks the main hidden state before it, so later drafts may differ from
     # transformers' (quality, not exactness), but they are made.

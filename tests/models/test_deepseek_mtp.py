@@ -79,12 +79,14 @@ def _generate(runner: TorchRunner, speculation: Speculation | None) -> tuple[lis
 
 def test_outputs_identical_with_and_without_mtp_drafts() -> None:
     plain = random_runner(CONFIG, seed=2, page_size=4)
-    mtp = MtpRunner(plain.model, page_size=4)  # type: ignore[arg-type]
     expected, base = _generate(plain, None)
-    got, metrics = _generate(mtp, Speculation(MtpProposer(mtp), num_draft_tokens=2))
-    assert got == expected
-    assert base.prefix_cache_hits > 0 and metrics.prefix_cache_hits > 0
-    # Drafts really ran through verification, some accepted and some rejected.
-    assert metrics.spec_decode_num_drafts > 20
-    assert metrics.spec_decode_num_draft_tokens == metrics.spec_decode_num_drafts  # one each
-    assert 0 < metrics.spec_decode_num_accepted_tokens < metrics.spec_decode_num_draft_tokens
+    assert base.prefix_cache_hits > 0
+    for drafts in (1, 3):  # one MTP draft per step, and the layer chained for three
+        mtp = MtpRunner(plain.model, num_drafts=drafts, page_size=4)  # type: ignore[arg-type]
+        got, metrics = _generate(mtp, Speculation(MtpProposer(mtp), num_draft_tokens=drafts))
+        assert got == expected
+        assert metrics.prefix_cache_hits > 0
+        # Drafts really ran through verification, some accepted and some rejected.
+        assert metrics.spec_decode_num_drafts > 20
+        assert metrics.spec_decode_num_draft_tokens > (drafts - 1) * metrics.spec_decode_num_drafts
+        assert 0 < metrics.spec_decode_num_accepted_tokens < metrics.spec_decode_num_draft_tokens
