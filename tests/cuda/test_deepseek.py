@@ -109,3 +109,41 @@ def test_v2_lite_preset_counts_match_the_published_size() -> None:
     assert 2.2e9 < active < 2.6e9  # published: 2.4B activated
     assert 15.0e9 < total < 16.0e9  # published: 15.7B with the input embedding
     assert kv_bytes_read(config, 1000) == 27 * 576 * 2 * 1000  # the latent, bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads", [16, 128])  # V2-Lite's and V3's head counts
+def test_mla_decode_real_dims_gpu(dtype: torch.dtype, heads: int) -> None:
+    from resin_models_cuda.kernels.mla import mla_decode
+
+    lens = [1, 1000, 4097, 0, 333]
+    case = make_paged(lens, 1, 512 + 64, 16, dtype, "cuda")
+    q = torch.randn((len(lens), heads, 512 + 64)).to(dtype).to("cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for splits in (1, 8, 32):
+        out = mla_decode(
+            q, case.k_cache, case.page_indptr, case.page_ids, case.page_start, seq_lens,
+            latent=512, scale=192**-0.5, splits=splits,
+        )  # fmt: skip
+        for b, n in enumerate(lens):
+            if n:
+                k = case.dense_k[b]
+                pos = torch.tensor([n - 1], device="cuda")
+                ref = ref_attention(q[b : b + 1], k, k[..., :512], pos, 192**-0.5, 0)[0]
+                torch.testing.assert_close(out[b].float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_real_attention_dims_same_tokens_gpu(heads: int) -> None:
+    """V2-Lite / V3 attention dims (latent 512 + 64, nope 128, v 128) in float32 with CUDA
+    graphs: the fast runner's greedy tokens equal the reference runner's."""
+    raw = _deepseek(
+        "deepseek_v3", num_attention_heads=heads, hidden_size=512, kv_lora_rank=512,
+        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=128,
+        n_group=4, topk_group=2, n_shared_experts=1,
+    )  # fmt: skip
+    reference, fast = reference_and_fast(raw, "cuda")
+    prompts = _prompts(256, full=True)
+    assert _generate(fast, prompts, 8) == _generate(reference, prompts, 8)
