@@ -32,8 +32,8 @@ def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[Lay
         group_of[kind] = len(specs)
         if kind == "conv":
             specs.append(ConvSpec(count, config.hidden_size, config.conv_kernel - 1))
-        elif config.mla is not None:  # one latent per token per layer, MTP layers included
-            specs.append(LatentSpec(count + config.num_mtp_layers, config.mla.latent_dim))
+        elif config.mla is not None:  # one latent per token per layer (MtpRunner adds MTP's)
+            specs.append(LatentSpec(count, config.mla.latent_dim))
         else:
             window = config.sliding_window if kind == "sliding" else None
             specs.append(KvSpec(count, config.num_kv_heads, config.head_dim, window))

@@ -155,7 +155,8 @@ class DeepseekForCausalLM(CausalLM):
         layers: list[nn.Module] = [
             DeepseekLayer(config, config.is_sparse(i), self.slots[i]) for i in range(n)
         ]
-        # An MTP layer caches its latents as one more layer of the group (used when drafting).
+        # An MTP layer caches its latents as one more layer of the group (`MtpRunner` declares
+        # those layers; a plain TorchRunner never runs them).
         group = self.slots[0].group
         layers += [MtpLayer(config, LayerSlot(group, n + k)) for k in range(config.num_mtp_layers)]
         self.model = Backbone(

@@ -3,7 +3,8 @@
 `MtpRunner` is a `TorchRunner` for a DeepSeek checkpoint with MTP layers. Each step, after the
 main model, it runs the first MTP layer on the step's tokens — token i paired with the main
 model's final hidden state at i-1 — at the same positions and append slots, so the MTP cache
-layer (one more layer of the latent group) fills alongside the main ones. An entry at position
+layer (one more layer of the latent group, which `MtpRunner` declares and a plain
+`TorchRunner` does not) fills alongside the main ones. An entry at position
 i depends only on tokens 0..i, so prefix-cached pages carry valid MTP entries too; position 0
 has no pair and is never attended. The hidden state at i-1 comes from the same step or, for a
 row's first token, from the row's previous step (zeros after a prefix hit: a draft may then be
@@ -21,13 +22,20 @@ decoding; verification (the target runner's) keeps outputs exact whatever the dr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from resin.plan import BatchPlan, CacheGroupPlan, ForwardOutput
-from resin_models_torch.batch import AttentionBatch, StepContext, attention_batch, make_grid
+from resin_models_torch.batch import (
+    AttentionBatch,
+    LatentSpec,
+    StepContext,
+    attention_batch,
+    make_grid,
+)
 from resin_models_torch.deepseek import DeepseekForCausalLM
 from resin_models_torch.runner import RecordedStep, TorchRunner
 
@@ -42,6 +50,12 @@ class MtpRunner(TorchRunner):
             raise ValueError("MtpRunner needs a DeepSeek model whose checkpoint has MTP layers")
         if num_drafts < 1:
             raise ValueError("num_drafts must be >= 1")
+        # The MTP layers cache their latents as more layers of the group (set, not added:
+        # several runners may wrap one model).
+        (spec,) = model.cache_specs
+        assert isinstance(spec, LatentSpec)
+        layers = model.config.num_layers + len(model.mtp)
+        model.cache_specs = (replace(spec, num_layers=layers),)
         super().__init__(model, **kwargs)
         self.num_drafts = num_drafts
         self.deepseek = model

@@ -25,6 +25,7 @@ from resin import Engine
 from resin_models_torch.hf_config import parse_config
 from resin_models_torch.mtp import MtpRunner
 from resin_models_torch.registry import load_model, random_runner
+from resin_models_torch.runner import TorchRunner
 
 
 def _tiny(model_type: str, layers: int, **dims: Any) -> dict[str, Any]:
@@ -185,8 +186,11 @@ def test_mtp_layers_load_and_match_transformers(tmp_path: Path) -> None:
     main, mtp = _mtp_checkpoint(tmp_path / "mtp")
     model = load_model(tmp_path / "mtp")
     assert len(model.mtp) == 1  # type: ignore[attr-defined]
+    # The cache declared is the one used: 3 latent layers without drafting, 3 + 1 MTP with.
+    plain = TorchRunner(model, page_size=4)
+    assert plain.runner_config.cache_groups[0].bytes_per_page == 4 * 3 * 4 * 40
     runner = MtpRunner(model, num_drafts=2, page_size=4)  # type: ignore[arg-type]
-    assert runner.runner_config.cache_groups[0].bytes_per_page == 4 * 4 * 4 * 40  # 3 + 1 MTP
+    assert runner.runner_config.cache_groups[0].bytes_per_page == 4 * 4 * 4 * 40
     runner.record_logits = True
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (13, 1, 6)]
