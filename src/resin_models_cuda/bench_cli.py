@@ -33,7 +33,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     src.add_argument("--random-weights", action="store_true", help="random weights of a preset")
     p.add_argument("--model-config", default="llama-8b",
                    help="comma-separated presets: llama-8b, qwen3-8b, qwen3-30b-a3b, "
-                        "gpt-oss-20b, gemma3-12b, olmo2-7b, llama-1b, tiny-<arch>")  # fmt: skip
+                        "gpt-oss-20b, gemma3-12b, olmo2-7b, llama-1b, deepseek-v2-lite, "
+                        "tiny-<arch>")  # fmt: skip
     p.add_argument("--context-lengths", type=_ints, default=[1024, 4096, 8192],
                    help="prefill sweep: prompt lengths")  # fmt: skip
     p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 32, 64, 128, 256],
@@ -162,6 +163,9 @@ def _bench_model(args, name: str, device, dtype, ceilings):  # type: ignore[no-u
         "capture_s": capture_s, "ceiling_bandwidth_tb_s": ceilings.bandwidth / 1e12,
         "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": runner.model.nbytes(),
         "cuda_graphs": not args.no_cuda_graphs, "moe_gemv_max_pairs": args.moe_gemv_max_pairs,
+        "kv_bytes_per_token": rc.page_bytes // args.page_size,
+        "llama_kv_bytes_per_token": 2 * runner.config.hidden_size * runner.config.num_layers
+                                    * runner.dtype.itemsize,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     runner.close()

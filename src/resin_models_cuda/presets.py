@@ -59,6 +59,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 32, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
         "max_position_embeddings": 4096,
     },
+    "deepseek-v2-lite": {
+        "model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048,
+        "intermediate_size": 10944, "num_hidden_layers": 27, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "rms_norm_eps": 1e-6, "max_position_embeddings": 163840,
+        "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 64,
+        "num_experts_per_tok": 6, "n_shared_experts": 2, "moe_intermediate_size": 1408,
+        "first_k_dense_replace": 1, "topk_method": "greedy", "routed_scaling_factor": 1.0,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                         "original_max_position_embeddings": 4096, "beta_fast": 32,
+                         "beta_slow": 1},
+    },
 }  # fmt: skip
 
 # Tiny shapes of every architecture (CPU interpreter tests, GPU correctness checks).
@@ -88,6 +101,13 @@ TINY: dict[str, dict[str, Any]] = {
     "olmo2": {**_TINY, "model_type": "olmo2"},
 }  # fmt: skip
 PRESETS.update({f"tiny-{name}": raw for name, raw in TINY.items()})
+PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `resin bench`)
+    **PRESETS["deepseek-v2-lite"], "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "kv_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+    "max_position_embeddings": 512,
+}  # fmt: skip
 PRESETS["tiny"] = TINY["llama"]
 
 
@@ -106,6 +126,8 @@ def kv_bytes_read(config: ModelConfig, context: int, dtype_bytes: int = 2) -> in
     """KV bytes attention reads for one row at `context` tokens (sliding layers: the window)."""
     window = int(config.sliding_window or context)
     per_layer = 2 * config.kv_size * dtype_bytes
+    if config.mla is not None:  # one latent per token per layer
+        per_layer = config.mla.latent_dim * dtype_bytes
     return sum(
         per_layer * (min(context, window) if kind == "sliding" else context)
         for kind in config.layer_types
@@ -117,16 +139,27 @@ def _expert_params(config: ModelConfig) -> int:
     return 3 * config.hidden_size * config.moe.intermediate_size
 
 
+def _attention_params(config: ModelConfig) -> int:
+    h, mla = config.hidden_size, config.mla
+    if mla is None:
+        return h * (config.q_size + 2 * config.kv_size) + config.q_size * h
+    heads, qk = config.num_heads, mla.nope_dim + mla.rope_dim
+    rank = mla.q_lora_rank
+    q = h * heads * qk if rank is None else h * rank + rank * heads * qk
+    kv = h * mla.latent_dim + mla.kv_lora_rank * heads * (mla.nope_dim + mla.v_head_dim)
+    return q + kv + heads * mla.v_head_dim * h
+
+
 def param_counts(config: ModelConfig) -> tuple[int, int]:
     """(non-embedding parameters read per token at batch 1, all non-embedding parameters)
     plus the LM head; an MoE layer reads `top_k` of its experts per token."""
     h = config.hidden_size
-    attn = h * (config.q_size + 2 * config.kv_size) + config.q_size * h
+    attn = _attention_params(config)
     active = total = 0
     for layer in range(config.num_layers):
         if config.is_sparse(layer):
             assert config.moe is not None
-            router = h * config.moe.num_experts
+            router = h * config.moe.num_experts + 3 * h * config.moe.shared_intermediate_size
             active += attn + router + config.moe.top_k * _expert_params(config)
             total += attn + router + config.moe.num_experts * _expert_params(config)
         else:

@@ -124,17 +124,17 @@ class CudaRunner:
             raise ValueError(f"layout {layout} does not fit this runner's pages ({ours} bytes)")
         if layout.num_pages * layout.page_size >= 2**31:
             raise ValueError("arena too large for int32 slots")
-        c = self.config
+        planes, heads, dim = self.model.cache_token_shape()
         # Page p holds page_size tokens of every layer of the group that owns it; groups with
         # fewer layers use the first slots.
         self.kv = torch.zeros(
             (
                 layout.num_pages,
                 max(self.model.layers_per_group),
-                2,
+                planes,
                 layout.page_size,
-                c.num_kv_heads,
-                c.head_dim,
+                heads,
+                dim,
             ),
             dtype=self.dtype,
             device=self.device,
@@ -189,7 +189,8 @@ class CudaRunner:
 
     def _make_runner_config(self) -> RunnerConfig:
         c, ps = self.config, self.options.page_size
-        per_layer = ps * 2 * c.kv_size * self.dtype.itemsize
+        planes, heads, dim = self.model.cache_token_shape()
+        per_layer = ps * planes * heads * dim * self.dtype.itemsize
         groups: list[History | Window] = []
         for kind, layers in zip(self.model.group_kinds, self.model.layers_per_group, strict=True):
             if kind == "sliding":

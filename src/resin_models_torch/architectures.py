@@ -26,6 +26,10 @@ _LLAMA = Architecture(
     "resin_models_torch.llama:LlamaForCausalLM", "resin_models_cuda.models.llama:Llama"
 )
 
+_DEEPSEEK = Architecture(
+    "resin_models_torch.deepseek:DeepseekForCausalLM", "resin_models_cuda.models.deepseek:Deepseek"
+)
+
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": _LLAMA,
     "mistral": _LLAMA,
@@ -46,6 +50,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         "resin_models_torch.olmo2:Olmo2ForCausalLM", "resin_models_cuda.models.olmo2:Olmo2"
     ),
     "lfm2": Architecture("resin_models_torch.lfm2:Lfm2ForCausalLM"),
+    "deepseek_v2": _DEEPSEEK,
+    "deepseek_v3": _DEEPSEEK,
 }
 
 

@@ -6,8 +6,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from resin_models_torch.batch import CacheSpec, ConvSpec, KvSpec, LayerSlot, StepContext
+from resin_models_torch.batch import (
+    CacheSpec,
+    ConvSpec,
+    KvSpec,
+    LatentSpec,
+    LayerSlot,
+    StepContext,
+)
 from resin_models_torch.config import ModelConfig
+from resin_models_torch.loader import default_names
 
 
 def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[LayerSlot, ...]]:
@@ -24,6 +32,8 @@ def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[Lay
         group_of[kind] = len(specs)
         if kind == "conv":
             specs.append(ConvSpec(count, config.hidden_size, config.conv_kernel - 1))
+        elif config.mla is not None:  # one latent per token per layer (MtpRunner adds MTP's)
+            specs.append(LatentSpec(count, config.mla.latent_dim))
         else:
             window = config.sliding_window if kind == "sliding" else None
             specs.append(KvSpec(count, config.num_kv_heads, config.head_dim, window))
@@ -76,6 +86,10 @@ class CausalLM(nn.Module):
         self.lm_head: nn.Linear | None = None
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """The parameter a checkpoint tensor loads into (None: skip it)."""
+        return default_names(name)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x: torch.Tensor = self.model.embed_tokens(input_ids)

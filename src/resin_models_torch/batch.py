@@ -93,19 +93,21 @@ def attention_batch(
     page_size: int,
     window: int | None,
     device: torch.device,
+    first_key: int = 0,
 ) -> AttentionBatch:
     """Resolve one History/Window group's page rows into gather indices and a mask.
 
     A row's cached keys are positions lo..cached_len-1, where lo is the first position its page
     row still lists and, for a Window group, also the oldest position its first query can see
-    (query at p sees (p - window, p], exactly Hugging Face's sliding-window mask).
+    (query at p sees (p - window, p], exactly Hugging Face's sliding-window mask). Keys before
+    `first_key` are never seen (DeepSeek's MTP layer has no entry at position 0).
     """
     cached = plan.cached_lens.astype(np.int64)
     lo = group.page_start.astype(np.int64) * page_size
     if window is not None:
         first_query = grid.np_positions[:, 0].astype(np.int64)
         lo = np.maximum(lo, first_query - window + 1)
-    lo = np.minimum(np.maximum(lo, 0), cached)
+    lo = np.minimum(np.maximum(lo, first_key), cached)
     counts = cached - lo
     width = int(counts.max(initial=0))
     j = np.arange(width)[None, :]
@@ -120,6 +122,8 @@ def attention_batch(
     all_valid = np.concatenate((key_valid, grid.np_valid), axis=1)
     q_pos = grid.np_positions[:, :, None]
     mask = all_valid[:, None, :] & grid.np_valid[:, :, None] & (all_pos[:, None, :] <= q_pos)
+    if first_key:
+        mask &= all_pos[:, None, :] >= first_key
     if window is not None:
         mask &= all_pos[:, None, :] > q_pos - window
     slots = group.append_slots.astype(np.int64)
@@ -191,7 +195,16 @@ class ConvSpec:
     width: int
 
 
-CacheSpec = KvSpec | ConvSpec
+@dataclass(frozen=True, slots=True)
+class LatentSpec:
+    """A History group of MLA layers: one latent vector of `width` values (DeepSeek's
+    kv_lora_rank + rope dim) per token per layer, instead of per-head K and V."""
+
+    num_layers: int
+    width: int
+
+
+CacheSpec = KvSpec | ConvSpec | LatentSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +228,9 @@ class MediaBatch:
 @dataclass(frozen=True, slots=True)
 class StepContext:
     """What layers see of one step: positions, per-group batches and per-group cache views
-    (KV: [pages, layers, 2, page_size, Hkv, D]; conv: [pages, layers, channels, width]) and,
-    for multimodal models, the step's encoder features."""
+    (KV: [pages, layers, 2, page_size, Hkv, D]; latent: [pages, layers, page_size, width];
+    conv: [pages, layers, channels, width]) and, for multimodal models, the step's encoder
+    features."""
 
     positions: torch.Tensor
     batches: tuple[AttentionBatch | StateBatch, ...]

@@ -83,6 +83,15 @@ class MoeConfig:
     expert_bias: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    # DeepSeek: experts split into `num_groups` groups; a token first keeps its `topk_groups`
+    # best groups (group score: best expert for softmax scoring, sum of the best two for
+    # sigmoid), then its top_k experts among them; weights are then multiplied by
+    # `routed_scale`. `score_bias`: V3's e_score_correction_bias (biases the choice only).
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scale: float = 1.0
+    score_bias: bool = False
+    shared_intermediate_size: int = 0
 
     @property
     def clamped_swiglu(self) -> bool:
@@ -117,6 +126,25 @@ class VisionConfig:
     out_hidden_size: int = 0
     rope_theta: float = 10000.0
     mrope_section: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MlaConfig:
+    """DeepSeek's multi-head latent attention: queries through an optional low-rank
+    `q_lora_rank`; keys and values from one per-token latent of `kv_lora_rank` (normed) plus a
+    shared `rope_dim` rotary key, which is all the cache keeps."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
+
+    @property
+    def latent_dim(self) -> int:
+        """Cached values per token per layer: the latent and the rotary key."""
+        return self.kv_lora_rank + self.rope_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +187,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     vision: VisionConfig | None = None
+    mla: MlaConfig | None = None
+    num_mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads) < 1:

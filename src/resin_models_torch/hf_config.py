@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from resin_models_torch.config import ModelConfig, MoeConfig, RopeConfig
+from resin_models_torch.hf_deepseek import parse_deepseek
 from resin_models_torch.hf_reader import (
     Reader,
     common_fields,
@@ -225,4 +226,6 @@ _PARSERS: dict[str, Callable[[Reader], ModelConfig]] = {
     "lfm2": _lfm2,
     "gpt_oss": _gpt_oss,
     "olmo2": _olmo2,
+    "deepseek_v2": parse_deepseek,
+    "deepseek_v3": parse_deepseek,
 }

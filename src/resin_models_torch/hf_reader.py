@@ -146,9 +146,10 @@ def rope_config(params: dict[str, Any] | None, theta: float) -> RopeConfig:
         )
     if kind == "yarn":
         factor = float(params["factor"])
-        if params.get("mscale") or params.get("mscale_all_dim"):
-            raise ValueError("yarn with mscale / mscale_all_dim is not supported")
         attention = params.get("attention_factor")
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if attention is None and mscale and mscale_all_dim:  # DeepSeek's ratio of two mscales
+            attention = yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, mscale_all_dim)
         return RopeConfig(
             theta=theta,
             kind="yarn",
@@ -157,11 +158,14 @@ def rope_config(params: dict[str, Any] | None, theta: float) -> RopeConfig:
             beta_fast=float(params.get("beta_fast") or 32.0),
             beta_slow=float(params.get("beta_slow") or 1.0),
             truncate=bool(params.get("truncate", True)),
-            attention_factor=float(attention)
-            if attention is not None
-            else (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0),
+            attention_factor=float(attention) if attention is not None else yarn_mscale(factor),
         )
     raise ValueError(f"unsupported rope_type {kind!r} (supported: default, linear, llama3, yarn)")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction `0.1 * mscale * ln(factor) + 1` (1 when not stretched)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def global_rope(raw: Reader, theta: float = 10000.0) -> RopeConfig:

@@ -42,7 +42,7 @@ def load_model(
     if dtype is None:
         dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     model = build_model(config, device, dtype)
-    load_weights(model, folder)
+    load_weights(model, folder, model.checkpoint_name)
     return model
 
 

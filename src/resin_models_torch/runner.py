@@ -3,10 +3,10 @@
 Life cycle: the engine reads `runner_config` (vocabulary, page size, cache groups with honest
 per-page byte counts, cache budget), sizes the one physical arena and calls `bind(layout)`
 once; the runner allocates ONE uint8 tensor of `num_pages * page_bytes` bytes and views it per
-group (KV: [pages, layers, 2, page_size, kv_heads, head_dim]; conv state: [pages, layers,
-channels, K-1]). Each `forward(plan)` does the plan's page copies first, runs the model on the
-step's flat tokens, samples the sampling rows and returns a `ForwardOutput`; device results
-reach the host in one transfer at the end.
+group (KV: [pages, layers, 2, page_size, kv_heads, head_dim]; MLA latent: [pages, layers,
+page_size, width]; conv state: [pages, layers, channels, K-1]). Each `forward(plan)` does the
+plan's page copies first, runs the model on the step's flat tokens, samples the sampling rows
+and returns a `ForwardOutput`; device results reach the host in one transfer at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from resin_models_torch.batch import (
     AttentionBatch,
     CacheSpec,
     KvSpec,
+    LatentSpec,
     StateBatch,
     StepContext,
     attention_batch,
@@ -85,10 +86,14 @@ class TorchRunner:
         size = torch.tensor([], dtype=self.dtype).element_size()
         if isinstance(spec, KvSpec):
             return spec.num_layers * 2 * self.page_size * spec.num_kv_heads * spec.head_dim * size
+        if isinstance(spec, LatentSpec):
+            return spec.num_layers * self.page_size * spec.width * size
         return spec.num_layers * spec.channels * spec.width * size
 
     def _group_spec(self, spec: CacheSpec) -> CacheGroupSpec:
         nbytes = self._group_bytes(spec)
+        if isinstance(spec, LatentSpec):
+            return History(bytes_per_page=nbytes)
         if not isinstance(spec, KvSpec):
             return State(bytes_per_page=nbytes)
         if spec.window is None:
@@ -124,6 +129,8 @@ class TorchRunner:
             shape: tuple[int, ...]
             if isinstance(spec, KvSpec):
                 shape = (spec.num_layers, 2, self.page_size, spec.num_kv_heads, spec.head_dim)
+            elif isinstance(spec, LatentSpec):
+                shape = (spec.num_layers, self.page_size, spec.width)
             else:
                 shape = (spec.num_layers, spec.channels, spec.width)
             views.append(flat.view(layout.num_pages, *shape))
@@ -154,9 +161,10 @@ class TorchRunner:
         grid = make_grid(plan, self.device)
         batches: list[AttentionBatch | StateBatch] = []
         for spec, group in zip(self.model.cache_specs, plan.cache_groups, strict=True):
-            if isinstance(spec, KvSpec):
+            if isinstance(spec, KvSpec | LatentSpec):
+                window = spec.window if isinstance(spec, KvSpec) else None
                 batches.append(
-                    attention_batch(plan, group, grid, self.page_size, spec.window, self.device)
+                    attention_batch(plan, group, grid, self.page_size, window, self.device)
                 )
             else:
                 batches.append(state_batch(plan, group, grid, spec.width, self.device))

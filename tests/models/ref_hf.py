@@ -27,6 +27,27 @@ _COMMON: dict[str, Any] = dict(
     pad_token_id=None,
 )
 
+
+def _yarn(**mscales: float) -> dict[str, Any]:
+    return {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 16, **mscales}  # fmt: skip
+
+
+_DEEPSEEK: dict[str, Any] = dict(
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    max_position_embeddings=64,
+)
+
 ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama3": (
         "LlamaConfig",
@@ -106,6 +127,62 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         ),
     ),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_hidden_layers=2)),
+    # V3 style: q LoRA, YaRN with DeepSeek's mscale pair, sigmoid routing with a correction
+    # bias over 4 groups (2 kept), a dense first layer, one shared expert, scaled weights.
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            _DEEPSEEK,
+            num_mtp_layers=0,
+            q_lora_rank=24,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            rope_parameters=_yarn(mscale=1.0, mscale_all_dim=0.8),
+        ),
+    ),
+    # V3 without q LoRA, rotate-half rotary, one group, unnormalised weights.
+    "deepseek_v3_plain": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            _DEEPSEEK,
+            num_mtp_layers=0,
+            q_lora_rank=None,
+            n_group=1,
+            topk_group=1,
+            rope_interleave=False,
+            norm_topk_prob=False,
+            routed_scaling_factor=1.5,
+            first_k_dense_replace=0,
+        ),
+    ),
+    # V2-Lite style: no q LoRA, softmax greedy routing, two shared experts, YaRN mscale 0.707.
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(
+            _DEEPSEEK,
+            q_lora_rank=None,
+            n_shared_experts=2,
+            topk_method="greedy",
+            rope_parameters=_yarn(mscale=0.707, mscale_all_dim=0.707),
+        ),
+    ),
+    # V2 with q LoRA and group_limited_greedy routing.
+    "deepseek_v2_grouped": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(
+            _DEEPSEEK,
+            q_lora_rank=16,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=16.0,
+        ),
+    ),
 }
 
 
@@ -119,6 +196,9 @@ def save_tiny(arch: str, folder: Path, seed: int = 0) -> Any:
         for name, param in model.named_parameters():
             if "norm" in name or name.endswith(".bias"):
                 param.add_(torch.randn_like(param) * 0.1)
+        for name, buffer in model.named_buffers():  # DeepSeek V3's routing bias is a buffer
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(torch.randn_like(buffer) * 0.1)
     model.save_pretrained(folder)
     return model
 

@@ -58,6 +58,11 @@ class FastModel:
         tied = config.tie_embeddings
         self.lm_head = self.embed if tied else w.get("lm_head.weight", (config.vocab_size, h))
 
+    def cache_token_shape(self) -> tuple[int, int, int]:
+        """(planes, heads, dim) cached per token per layer: K and V of every KV head here; an
+        MLA model keeps one latent vector (1, 1, latent)."""
+        return 2, self.config.num_kv_heads, self.config.head_dim
+
     def window(self, layer: int) -> int:
         """The layer's sliding window (0: full attention)."""
         sliding = self.config.layer_types[layer] == "sliding"

@@ -1,0 +1,119 @@
+"""DeepSeek V2 / V2-Lite / V3 on the fast layer library: multi-head latent attention over the
+latent cache (`layers/mla.py`: absorbed decode, expanded prefill), dense first
+`first_k_dense_replace` layers, then the MoE layer with DeepSeek's grouped routing (softmax or
+sigmoid scores, V3's correction bias, `routed_scaling_factor`) plus shared experts. MTP layers
+in the checkpoint are not loaded here (the reference runner's `MtpRunner` drafts with them)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from resin_models_cuda.layers import ExpertWeights, GatedMLP, MoE, RMSNorm, Rotary, WeightSource
+from resin_models_cuda.layers import activation_of as activation
+from resin_models_cuda.layers.mla import MlaAttention, prefill_rows
+from resin_models_cuda.models.base import BuildOptions, FastModel
+from resin_models_cuda.models.llama import qwen_experts
+from resin_models_cuda.step import StepTensors
+from resin_models_torch.config import ModelConfig, MoeConfig
+
+
+class DeepseekMoE(MoE):
+    """The library MoE with DeepSeek's router (plain torch, no host sync) and shared experts."""
+
+    def __init__(
+        self,
+        moe: MoeConfig,
+        weights: ExpertWeights,
+        score_bias: torch.Tensor | None,
+        shared: GatedMLP | None,
+        gemv_max_pairs: int,
+        act: str,
+    ) -> None:
+        super().__init__(moe, weights, activation(act), gemv_max_pairs)
+        self.score_bias, self.shared = score_bias, shared
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        moe = self.moe
+        logits = F.linear(x.float(), self.w.router.float())
+        sigmoid = moe.scoring == "sigmoid"
+        scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
+        choice = scores if self.score_bias is None else scores + self.score_bias.float()
+        if moe.topk_groups < moe.num_groups:
+            grouped = choice.view(x.shape[0], moe.num_groups, -1)
+            if sigmoid:  # V3: a group scores the sum of its two best experts
+                group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+            else:  # V2: its best expert
+                group_scores = grouped.max(dim=-1).values
+            kept = group_scores.topk(moe.topk_groups, dim=-1).indices
+            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+            keep = keep.repeat_interleave(moe.num_experts // moe.num_groups, dim=1)
+            choice = choice.masked_fill(~keep, float("-inf"))
+        chosen = choice.topk(moe.top_k, dim=-1).indices
+        weights = scores.gather(1, chosen)
+        if moe.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * moe.routed_scale, chosen.to(torch.int32)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().__call__(x)
+        return out if self.shared is None else out + self.shared(x)
+
+
+class DeepseekLayer:
+    def __init__(self, model: Deepseek, i: int, w: WeightSource) -> None:
+        c, p = model.config, f"model.layers.{i}."
+        h = c.hidden_size
+        self.input_norm = RMSNorm(w, f"{p}input_layernorm.weight", h, c.norm_eps)
+        self.attn = MlaAttention(c, w, f"{p}self_attn.", model.slots[i], model.rope)
+        self.post_norm = RMSNorm(w, f"{p}post_attention_layernorm.weight", h, c.norm_eps)
+        self.mlp = model.make_mlp(w, i)
+
+
+class Deepseek(FastModel):
+    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
+        if config.mla is None or config.moe is None:
+            raise ValueError("deepseek models need MLA and MoE configs")
+        super().__init__(config, w, options)
+        self.mla = config.mla
+        max_pos = min(options.max_positions, config.max_positions) + 1
+        self.rope = Rotary(config.rope, config.mla.rope_dim, max_pos, self.device)
+        self.layers = [DeepseekLayer(self, i, w) for i in range(config.num_layers)]
+
+    def cache_token_shape(self) -> tuple[int, int, int]:
+        return 1, 1, self.mla.latent_dim  # one latent per token per layer
+
+    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE:
+        c, p = self.config, f"model.layers.{i}.mlp."
+        if not c.is_sparse(i):
+            return GatedMLP(w, p, c.hidden_size, c.intermediate_size, c.hidden_act)
+        moe = c.moe
+        assert moe is not None
+        bias = None
+        if moe.score_bias:
+            bias = w.get(f"{p}gate.e_score_correction_bias", (moe.num_experts,), "zeros")
+        shared = None
+        if moe.shared_intermediate_size:
+            inner = moe.shared_intermediate_size
+            shared = GatedMLP(w, f"{p}shared_experts.", c.hidden_size, inner, c.hidden_act)
+        return DeepseekMoE(
+            moe,
+            qwen_experts(c, w, p),
+            bias,
+            shared,
+            self.options.moe_gemv_max_pairs,
+            c.hidden_act,
+        )
+
+    def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+        rows = prefill_rows(step)
+        residual = self.embed_tokens(step.input_ids)
+        x = self.layers[0].input_norm(residual)
+        for i, layer in enumerate(self.layers):
+            if i > 0:
+                layer.input_norm.add_norm(x, residual)
+            x = layer.attn(x, step, kv, rows)
+            layer.post_norm.add_norm(x, residual)
+            x = layer.mlp(x)
+        self.final_norm.add_norm(x, residual)
+        return x
