@@ -13,6 +13,8 @@ One step is one transaction: schedule -> reserve pages -> plan -> run -> validat
 A `RetryableRunnerError` rolls the reservation back (bounded retries per request); any other
 runner failure or an invalid output quarantines exactly that plan's requests; a
 `RunnerDeadError` ends every request with an error and the engine refuses new work.
+With an overlapping `AsyncRunner` (`overlap`), pure decode steps are pipelined: plan n+1 is
+submitted before step n is collected (`engine/pipeline.py`); events equal a synchronous run's.
 One thread drives an Engine; only `metrics` may be read from other threads.
 """
 
@@ -22,12 +24,13 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
-from resin.cache.manager import CacheManager
+from resin.cache.manager import CacheManager, PageReservation
 from resin.cache.pool import OutOfPagesError
 from resin.engine.constraints import ConstraintSet
 from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
 from resin.engine.grammar import GrammarBackend
 from resin.engine.lifecycle import Lifecycle
+from resin.engine.pipeline import Pipeline, make_pipeline
 from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
@@ -37,7 +40,7 @@ from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
-from resin.plan import Phase
+from resin.plan import BatchPlan, Phase
 from resin.protocols import (
     AsyncRunner,
     BindableRunner,
@@ -63,6 +66,7 @@ class Engine:
         enable_metrics: bool = True,
         max_retries: int = 3,
         grammar: GrammarBackend | None = None,
+        overlap: bool | None = None,
     ) -> None:
         self._config = EngineConfig(
             context_length=context_length,
@@ -104,6 +108,9 @@ class Engine:
             vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
         )
+        self._pipe = make_pipeline(
+            overlap, runner, self._runner_config, self._txn, self._cache, self._slots, self._life
+        )
         self._pending: list[Event] = []
         self._next_id = 0
         self._step_id = 0
@@ -121,6 +128,11 @@ class Engine:
     def layout(self) -> CacheLayout:
         """The one arena the runner was bound to."""
         return self._layout
+
+    @property
+    def overlap(self) -> bool:
+        """Whether decode steps are pipelined (submit n+1 before collecting n)."""
+        return self._pipe is not None
 
     @property
     def context_length(self) -> int:
@@ -174,23 +186,33 @@ class Engine:
         return request
 
     def has_work(self) -> bool:
-        return bool(self._pending) or (self._life.dead is None and self._scheduler.has_work())
+        busy = self._pipe is not None and self._pipe.busy
+        return bool(self._pending) or (
+            self._life.dead is None and (busy or self._scheduler.has_work())
+        )
 
     def step(self) -> list[Event]:
         """Run one transaction; return its events (and any from aborts since the last step)."""
         events, self._pending = self._pending, []
         if self._life.dead is not None or not self._scheduler.has_work():
+            if self._pipe is not None:  # rows of requests that ended while in flight
+                self._pipe.drain(events)
             if self._life.dead is None:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self._scheduler.num_preemptions
         cohort = self._scheduler.schedule()
         if cohort is None:
+            if self._pipe is not None:
+                self._pipe.drain(events)
             if self._scheduler.num_preemptions == preemptions:
                 self._fail_unfittable(events)
         else:
             self._step_id += 1
-            self._run(cohort, events)
+            if self._pipe is None:
+                self._run(cohort, events)
+            else:
+                self._overlapped(self._pipe, cohort, events)
         self._update_gauges()
         return events
 
@@ -208,6 +230,8 @@ class Engine:
         """Abort everything, close the runner; `submit` raises from now on. Idempotent."""
         if self._closed:
             return
+        if self._pipe is not None:  # the device finishes what it was given
+            self._pipe.drain(self._pending)
         for request in list(self._life.live.values()):
             self._pending.append(self._life.finish(request, FinishReason.ABORT))
         self._closed = True
@@ -238,6 +262,17 @@ class Engine:
 
     # -- one step -------------------------------------------------------------------------
     def _run(self, cohort: Cohort, events: list[Event]) -> None:
+        reserved = self._reserve(cohort)
+        if reserved is None:
+            return
+        plan, reservation = reserved
+        if self._constraints.active:
+            plan = self._constraints.attach(plan, cohort.requests)
+        self._txn.execute(plan, cohort.requests, reservation, events)
+        if self._constraints.active:
+            self._constraints.advance(cohort.requests, events, self._finish_constrained)
+
+    def _reserve(self, cohort: Cohort) -> tuple[BatchPlan, PageReservation] | None:
         prefill = cohort.phase is Phase.PREFILL
         try:
             reservation = self._cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
@@ -245,13 +280,23 @@ class Engine:
             # The scheduler's estimate was short (a bug, but not worth a crash): make room
             # the usual way and try again next step.
             self._scheduler.retract(self._scheduler.youngest())
+            return None
+        return build_plan(self._step_id, cohort, reservation, self._slots, self._cache), reservation
+
+    def _overlapped(self, pipe: Pipeline, cohort: Cohort, events: list[Event]) -> None:
+        """Pipeline pure decode steps; drain before one that needs host tokens."""
+        if cohort.phase is Phase.PREFILL or self._constraints.active:
+            if pipe.busy:
+                pipe.drain(events)
+                if cohort.phase is Phase.DECODE:
+                    return  # planned on in-flight rows that may have ended: schedule afresh
+            self._run(cohort, events)
             return
-        plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
-        if self._constraints.active:
-            plan = self._constraints.attach(plan, cohort.requests)
-        self._txn.execute(plan, cohort.requests, reservation, events)
-        if self._constraints.active:
-            self._constraints.advance(cohort.requests, events, self._finish_constrained)
+        reserved = self._reserve(cohort)
+        if reserved is not None:
+            plan, reservation = reserved
+            pipe.launch(pipe.chain(plan, reservation.slots), cohort.requests, reservation, events)
+        pipe.settle(events)
 
     def _finish_constrained(
         self, request: Request, reason: FinishReason, error: str | None
