@@ -28,6 +28,7 @@ SHARED_MODEL_DESCRIPTION = (
     "resin_models_torch.hf_reader",
     "resin_models_torch.architectures",
     "resin_models_torch.constraints",  # plain-torch mask + bias, applied by both runner families
+    "resin_models_torch.verify",  # speculative acceptance rule (draft_layout + accept), both
 )
 """The one module both runner families may share (the typed model description)."""
 

@@ -37,9 +37,11 @@ from resin_models_torch.batch import (
     state_batch,
 )
 from resin_models_torch.sampler import Sampler
+from resin_models_torch.verify import draft_layout, verify
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 MAX_LOGPROBS = 20
+MAX_DRAFT_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ class TorchRunner:
         self.cache_bytes = cache_bytes
         self.num_pages = num_pages
         self.sampler = Sampler(self.device, seed)
+        self.accept_first: int | None = None  # bench only: force-accept this many drafts
         self.record_logits = False
         self.record_hidden = False
         self.recorded: list[RecordedStep] = []
@@ -113,6 +116,7 @@ class TorchRunner:
             max_logprobs=MAX_LOGPROBS,
             waits_for_masks=True,
             overlap=self.overlap,
+            max_draft_tokens=MAX_DRAFT_TOKENS,
         )
 
     def bind(self, layout: CacheLayout) -> None:
@@ -153,8 +157,6 @@ class TorchRunner:
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         if self._arena is None:
             raise RuntimeError("TorchRunner.bind(layout) must be called before forward")
-        if plan.draft_ids.size:
-            raise ValueError("the reference runner does not verify speculative drafts")
         if plan.num_tokens and int(plan.input_ids.max()) >= self.vocab_size:
             raise ValueError("token id out of the model's vocabulary")
         with torch.inference_mode():
@@ -199,6 +201,8 @@ class TorchRunner:
         return StepContext(positions, tuple(batches), self._views)
 
     def _outputs(self, plan: BatchPlan, hidden: torch.Tensor) -> ForwardOutput:
+        if plan.draft_ids.size:
+            return self._verify(plan, hidden)
         rows = np.nonzero(plan.sample_rows)[0]
         last = torch.from_numpy(plan.last_token_index[rows].astype(np.int64)).to(self.device)
         indptr = np.concatenate(([0], np.cumsum(plan.sample_rows))).astype(np.uint32)
@@ -238,6 +242,13 @@ class TorchRunner:
                 )
             )
         return output
+
+    def _verify(self, plan: BatchPlan, hidden: torch.Tensor) -> ForwardOutput:
+        """A step whose rows carry drafts (`verify.py` gives the rule)."""
+        layout = draft_layout(plan)
+        logits = self.model.logits(hidden[torch.from_numpy(layout.token_index).to(self.device)])
+        result = verify(logits, plan, layout, self.sampler, self.accept_first)
+        return result.to_output(plan, layout)
 
     def _prompt_logprobs(
         self, plan: BatchPlan, logits: torch.Tensor, tokens: np.ndarray

@@ -52,9 +52,16 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     def sample(
-        self, logits: torch.Tensor, params: SamplingArrays, rows: np.ndarray
+        self,
+        logits: torch.Tensor,
+        params: SamplingArrays,
+        rows: np.ndarray,
+        output_offset: np.ndarray | None = None,
     ) -> SampleResult:
-        """`rows` selects the plan rows (into `params`) that `logits` belong to, in order."""
+        """`rows` selects the plan rows (into `params`) that `logits` belong to, in order (a
+        row may repeat: speculative verification samples each of a row's query tokens).
+        `output_offset` [N] is added to the row's `output_index` for seeding (the j-th query
+        token of a draft row draws for output position output_index + j)."""
         logits = constrain_logits(logits, params, rows)
         logprobs_all = torch.log_softmax(logits.float(), dim=-1)
         temperature = params.temperature[rows]
@@ -63,7 +70,7 @@ class Sampler:
         if bool(greedy.all()):
             tokens = logits.argmax(dim=-1)
         else:
-            tokens = self._draw(logits.float(), params, rows, greedy)
+            tokens = self._draw(logits.float(), params, rows, greedy, output_offset)
         chosen = logprobs_all.gather(1, tokens[:, None])[:, 0]
         k = int(params.logprobs[rows].max(initial=-1))
         if k <= 0:
@@ -72,7 +79,12 @@ class Sampler:
         return SampleResult(tokens, chosen, top_ids, top_lp)
 
     def _draw(
-        self, logits: torch.Tensor, params: SamplingArrays, rows: np.ndarray, greedy: np.ndarray
+        self,
+        logits: torch.Tensor,
+        params: SamplingArrays,
+        rows: np.ndarray,
+        greedy: np.ndarray,
+        output_offset: np.ndarray | None,
     ) -> torch.Tensor:
         n, vocab = logits.shape
         dev = logits.device
@@ -93,18 +105,22 @@ class Sampler:
         drop[:, 0] = False
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         probs_by_id = torch.zeros_like(probs).scatter_(1, order, probs)
-        noise = self._noise(n, vocab, params, rows)
+        output_index = params.output_index[rows].astype(np.int64)
+        if output_offset is not None:
+            output_index = output_index + output_offset
+        noise = self._noise(n, vocab, params.seed[rows], output_index)
         sampled = (probs_by_id / noise).argmax(dim=-1)
         return torch.where(torch.from_numpy(greedy).to(dev), logits.argmax(dim=-1), sampled)
 
-    def _noise(self, n: int, vocab: int, params: SamplingArrays, rows: np.ndarray) -> torch.Tensor:
+    def _noise(
+        self, n: int, vocab: int, seeds: np.ndarray, output_index: np.ndarray
+    ) -> torch.Tensor:
         """Exp(1) noise [n, V]; seeded rows use their own (seed, output_index) generator."""
         uniform = torch.empty(n, vocab, device=self.device)
-        seeds = params.seed[rows]
         for i in range(n):
             if seeds[i] >= 0:
                 gen = torch.Generator(device=self.device)
-                gen.manual_seed(row_seed(int(seeds[i]), int(params.output_index[rows[i]])))
+                gen.manual_seed(row_seed(int(seeds[i]), int(output_index[i])))
                 uniform[i].uniform_(generator=gen)
             else:
                 uniform[i].uniform_(generator=self.generator)

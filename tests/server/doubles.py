@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from resin.events import Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
 from resin.params import SamplingParams
@@ -102,8 +102,12 @@ class FakeEngine:
         step_delay: float = 0.0,
         fail_at_step: int | None = None,
         prefix_block: int = 16,
+        tokens_per_step: int = 1,
     ) -> None:
         self.responder = responder or demo_responder(ByteTokenizer())
+        self.tokens_per_step = tokens_per_step
+        """> 1: each step emits up to this many tokens per request in one event, like a
+        speculative engine's verify steps."""
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.max_sequences = max_sequences
@@ -191,7 +195,25 @@ class FakeEngine:
             seq = self._waiting.pop(0)
             self._running[seq.id] = seq
         for seq in list(self._running.values()):
-            events.extend(self._advance(seq))
+            events.extend(self._advance_many(seq))
+        return events
+
+    def _advance_many(self, seq: _Seq) -> list[Event]:
+        events = self._advance(seq)
+        while len(events) == 1 and len(events[0].token_ids) < self.tokens_per_step:  # type: ignore[union-attr]
+            more = self._advance(seq)
+            first, nxt = events[0], more[0]
+            assert isinstance(first, TokensEvent) and isinstance(nxt, TokensEvent)
+            merged = replace(
+                first,
+                token_ids=first.token_ids + nxt.token_ids,
+                logprobs=None if first.logprobs is None else first.logprobs + (nxt.logprobs or ()),
+                top_logprobs=(
+                    None if first.top_logprobs is None
+                    else first.top_logprobs + (nxt.top_logprobs or ())
+                ),
+            )  # fmt: skip
+            events = [merged, *more[1:]]
         return events
 
     def _advance(self, seq: _Seq) -> list[Event]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.groups import PagedGroup, StateGroup
+from resin.cache.groups import PagedGroup, StateGroup, ceil_div
 from resin.cache.matching import NO_MATCH, Checkpoints, Match, checkpoint_positions
 from resin.cache.pool import OutOfPagesError, PagePool
 from resin.cache.prefix_index import PrefixIndex
@@ -189,6 +189,14 @@ class CacheManager:
         if reservation.checkpoints is not None:
             for pages in reservation.checkpoints.pages:
                 self.pool.decref(pages)
+
+    def trim(self, reservation: PageReservation, totals: I32) -> None:
+        """A speculative step keeps fewer positions than it reserved: return the pages it added
+        wholly past `totals` (rejected drafts); a kept page's stale tail is rewritten later."""
+        keep = ceil_div(totals, self.page_size)
+        for g, old in zip(self.groups, reservation.old_npages, strict=True):
+            if isinstance(g, PagedGroup) and old is not None:
+                g.rollback(reservation.slots, np.maximum(old, keep).astype(np.int32))
 
     def commit(self, reservation: PageReservation, totals: I32, tokens: Sequence[I32] = ()) -> None:
         """The step succeeded: State rings flip, new full pages enter the prefix cache (before

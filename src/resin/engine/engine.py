@@ -35,6 +35,7 @@ from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
 from resin.engine.slots import SlotStore
+from resin.engine.speculative import DraftStep, Speculation, Speculator
 from resin.engine.transaction import Transaction
 from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, FinishReason
@@ -67,6 +68,7 @@ class Engine:
         max_retries: int = 3,
         grammar: GrammarBackend | None = None,
         overlap: bool | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         self._config = EngineConfig(
             context_length=context_length,
@@ -111,8 +113,12 @@ class Engine:
         self._pipe = make_pipeline(
             overlap, runner, self._runner_config, self._txn, self._cache, self._slots, self._life
         )
+        self._spec = (
+            None
+            if speculation is None
+            else Speculator(speculation, self._runner_config, max_batch_tokens, self._collector)
+        )
         self._pending: list[Event] = []
-        self._next_id = 0
         self._step_id = 0
         self._closed = False
         if isinstance(runner, BindableRunner):
@@ -177,7 +183,7 @@ class Engine:
                 f"the cache has {self._layout.num_pages}"
             )
         grammar = self._constraints.check(params)
-        rid = self._take_id(request_id)
+        rid = self._life.take_id(request_id)
         request = Request(rid, prompt, params)
         request.times.arrival = time.monotonic()
         self._constraints.admit(request, grammar)
@@ -265,15 +271,19 @@ class Engine:
         reserved = self._reserve(cohort)
         if reserved is None:
             return
-        plan, reservation = reserved
+        plan, reservation, cohort = reserved
         if self._constraints.active:
             plan = self._constraints.attach(plan, cohort.requests)
         self._txn.execute(plan, cohort.requests, reservation, events)
         if self._constraints.active:
             self._constraints.advance(cohort.requests, events, self._finish_constrained)
 
-    def _reserve(self, cohort: Cohort) -> tuple[BatchPlan, PageReservation] | None:
+    def _reserve(self, cohort: Cohort) -> tuple[BatchPlan, PageReservation, Cohort] | None:
         prefill = cohort.phase is Phase.PREFILL
+        drafts: DraftStep | None = None
+        if self._spec is not None and not prefill:
+            drafts = self._spec.extend(cohort, self._cache, self._slots)
+            cohort = cohort if drafts is None else drafts.cohort
         try:
             reservation = self._cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
         except OutOfPagesError:
@@ -281,11 +291,16 @@ class Engine:
             # the usual way and try again next step.
             self._scheduler.retract(self._scheduler.youngest())
             return None
-        return build_plan(self._step_id, cohort, reservation, self._slots, self._cache), reservation
+        if drafts is None:
+            plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
+        else:
+            plan = drafts.plan(self._step_id, reservation, self._slots, self._cache)
+        return plan, reservation, cohort
 
     def _overlapped(self, pipe: Pipeline, cohort: Cohort, events: list[Event]) -> None:
-        """Pipeline pure decode steps; drain before one that needs host tokens."""
-        if cohort.phase is Phase.PREFILL or self._constraints.active:
+        """Pipeline pure decode steps; drain before one that needs host tokens (prefill,
+        constrained rows, speculative drafts: overlap and drafts never mix in one step)."""
+        if cohort.phase is Phase.PREFILL or self._constraints.active or self._spec is not None:
             if pipe.busy:
                 pipe.drain(events)
                 if cohort.phase is Phase.DECODE:
@@ -294,7 +309,7 @@ class Engine:
             return
         reserved = self._reserve(cohort)
         if reserved is not None:
-            plan, reservation = reserved
+            plan, reservation, cohort = reserved
             pipe.launch(pipe.chain(plan, reservation.slots), cohort.requests, reservation, events)
         pipe.settle(events)
 
@@ -315,20 +330,6 @@ class Engine:
         )
         events.append(self._life.finish(head, FinishReason.ERROR, message))
 
-    def _take_id(self, request_id: int | None) -> int:
-        if request_id is None:
-            while self._next_id in self._life.live:
-                self._next_id += 1
-            rid = self._next_id
-            self._next_id += 1
-            return rid
-        if isinstance(request_id, bool) or not isinstance(request_id, int):
-            raise ValueError("request_id must be an int")
-        if request_id in self._life.live:
-            raise ValueError(f"request id {request_id} is already in use")
-        return request_id
-
-    # -- metrics --------------------------------------------------------------------------
     def _update_gauges(self) -> None:
         c = self._collector
         if c is None:

@@ -127,3 +127,33 @@ class SlotStore:
                 if int(ids[k]) in self.stops[int(slots[k])]:
                     ends[k] = FinishReason.STOP
         return ends
+
+    def append_rows(self, slots: I32, counts: I32, ids: I32) -> tuple[I32, dict[int, FinishReason]]:
+        """Record `counts[i]` tokens per slot (flat `ids`, a speculative step's accepted drafts
+        plus one); return (kept [B], {row: reason}) for the rows that end.
+
+        A row keeps its tokens up to the first that ends it, exactly where one-token steps
+        would have stopped: a stop token (when allowed) wins over `length` at the same token;
+        tokens after the end are dropped."""
+        b = slots.size
+        first = np.cumsum(counts) - counts
+        j = np.arange(ids.size, dtype=np.int32) - np.repeat(first, counts).astype(np.int32)
+        row = np.repeat(np.arange(b), counts)
+        n_out = self.num_output[slots][row] + j + 1
+        length = n_out >= self.limit[slots][row]
+        stop = np.zeros(ids.size, dtype=np.bool_)
+        for k in np.flatnonzero(self.has_stops[slots][row]).tolist():
+            s = int(slots[row[k]])
+            stop[k] = n_out[k] >= self.stop_ok_from[s] and int(ids[k]) in self.stops[s]
+        hit = length | stop
+        end_at = np.full(b, _NEVER, dtype=np.int64)
+        np.minimum.at(end_at, row[hit], j[hit])
+        ended = end_at < _NEVER
+        kept = np.where(ended, end_at + 1, counts).astype(np.int32)
+        ends: dict[int, FinishReason] = {}
+        for i in np.flatnonzero(ended).tolist():
+            k = int(first[i] + end_at[i])
+            ends[i] = FinishReason.STOP if stop[k] else FinishReason.LENGTH
+        self.last_token[slots] = ids[first + kept - 1]
+        self.num_output[slots] += kept
+        return kept, ends

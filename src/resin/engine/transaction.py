@@ -22,6 +22,7 @@ from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
 from resin.engine.request import Request
 from resin.engine.scheduler import Scheduler
 from resin.engine.slots import SlotStore
+from resin.engine.speculative import commit_drafts
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
 from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent
@@ -163,6 +164,14 @@ class Transaction:
         events: list[Event],
     ) -> None:
         """The step is valid: the cache and slot store take it, then tokens, events, metrics."""
+        if plan.draft_ids.size:  # a verify step (engine/speculative.py)
+            generated, itl = commit_drafts(
+                plan, out, requests, reservation, events,
+                self._cache, self._slots, self._sink.finish, self._collector,
+            )  # fmt: skip
+            if self._collector is not None:
+                self._record(plan, out, _StepStats(generated, itl=itl))
+            return
         slots, totals = reservation.slots, plan.total_lens
         prefill = plan.phase is Phase.PREFILL
         tokens = (

@@ -30,6 +30,8 @@ E2E_BUCKETS = (
 )  # fmt: skip
 REQUEST_TIME_BUCKETS = E2E_BUCKETS
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+ACCEPTANCE_BUCKETS = tuple(float(k) for k in range(17))
+"""Accepted drafts per verified row: 0, 1, ..., 16 (a row verifies at most 16 today)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,12 @@ class MetricsSnapshot:
     """Runner observations: (name, count, sum, last value)."""
     prefix_cache_usage_perc: float = 0.0
     """Pages held only by the prefix cache (evictable), 0-1; not in kv_cache_usage_perc."""
+    spec_decode_num_drafts: int = 0
+    """Rows that carried drafts into a verify step."""
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_acceptance_length: HistogramSnapshot | None = None
+    """Accepted drafts per verified row (None when the engine does not speculate)."""
 
 
 class MetricsCollector:
@@ -119,6 +127,12 @@ class MetricsCollector:
         self.decode_time = Histogram(REQUEST_TIME_BUCKETS)
         self.iteration_tokens = Histogram(tuple(float(b) for b in ITERATION_TOKEN_BUCKETS))
         self.observations: dict[str, list[float]] = {}
+        self.speculative = False
+        """Set by an engine that proposes drafts: the spec_decode metrics are exported."""
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
+        self.acceptance = Histogram(ACCEPTANCE_BUCKETS)
 
     def observe_runner(self, pairs: tuple[tuple[str, float], ...]) -> None:
         for name, value in pairs:
@@ -150,5 +164,11 @@ class MetricsCollector:
                 num_steps=self.num_steps,
                 observations=tuple(
                     (k, int(v[0]), v[1], v[2]) for k, v in sorted(self.observations.items())
+                ),
+                spec_decode_num_drafts=self.spec_drafts,
+                spec_decode_num_draft_tokens=self.spec_draft_tokens,
+                spec_decode_num_accepted_tokens=self.spec_accepted_tokens,
+                spec_decode_acceptance_length=(
+                    self.acceptance.snapshot() if self.speculative else None
                 ),
             )

@@ -122,6 +122,15 @@ class _Collector:
                         snap.request_decode_time_seconds)  # fmt: skip
         yield histogram("iteration_tokens_total", "Query tokens per engine step.",
                         snap.iteration_tokens_total)  # fmt: skip
+        if snap.spec_decode_acceptance_length is not None:  # engines that speculate
+            yield counter("spec_decode_num_drafts", "Rows that carried drafts into a step.",
+                          snap.spec_decode_num_drafts)  # fmt: skip
+            yield counter("spec_decode_num_draft_tokens", "Draft tokens proposed and verified.",
+                          snap.spec_decode_num_draft_tokens)  # fmt: skip
+            yield counter("spec_decode_num_accepted_tokens", "Draft tokens the runner accepted.",
+                          snap.spec_decode_num_accepted_tokens)  # fmt: skip
+            yield histogram("spec_decode_acceptance_length", "Accepted drafts per verified row.",
+                            snap.spec_decode_acceptance_length)  # fmt: skip
         if snap.observations:
             obs = SummaryMetricFamily(
                 PREFIX + "runner_observation", "Values the runner reported.",

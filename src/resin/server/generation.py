@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from resin.events import FinishedEvent, FinishReason, TokensEvent, TopLogprob
@@ -126,11 +126,14 @@ class Generation:
                         error = error or self.stream.abort_reason or "the request was aborted"
                     yield self._finish_update([], reason, error)
                     return
-                update = self._on_tokens(event)
-                if self.stops.hit:
-                    yield self._finish_update(update.deltas, "stop", None, update)
-                    return
-                yield update
+                # With stop strings, a speculative step's tokens are taken one at a time, so
+                # a stop string inside them ends the output where one-token steps would.
+                for part in _one_by_one(event) if self.stops.stops else (event,):
+                    update = self._on_tokens(part)
+                    if self.stops.hit:
+                        yield self._finish_update(update.deltas, "stop", None, update)
+                        return
+                    yield update
             batch = None
 
     def _on_tokens(self, event: TokensEvent) -> Update:
@@ -193,6 +196,23 @@ class Generation:
             ttft = None if self.first_token_at is None else self.first_token_at - self.started_at
             self.on_finish(update.finish, ttft, now - self.started_at)
         return update
+
+
+def _one_by_one(event: TokensEvent) -> list[TokensEvent]:
+    """A multi-token event as one event per token (the first keeps the prompt logprobs)."""
+    if len(event.token_ids) <= 1:
+        return [event]
+    return [
+        replace(
+            event,
+            token_ids=(tok,),
+            logprobs=None if event.logprobs is None else (event.logprobs[j],),
+            top_logprobs=None if event.top_logprobs is None else (event.top_logprobs[j],),
+            prompt_logprobs=event.prompt_logprobs if j == 0 else None,
+            prompt_top_logprobs=event.prompt_top_logprobs if j == 0 else None,
+        )
+        for j, tok in enumerate(event.token_ids)
+    ]
 
 
 def _merge(into: Update, new: Update) -> None:

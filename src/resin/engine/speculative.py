@@ -1,0 +1,255 @@
+"""Speculative decoding in the engine: propose drafts, plan the verify step, commit what the
+runner accepted and roll back the rest (`docs/engine.md`, "Speculative decoding").
+
+A decode step with speculation is still one transaction. Before reserving, `Speculator.extend`
+asks the `Proposer` for up to k drafts per eligible row (not constrained; room left under
+`max_output_tokens`, the step's token budget and the free pages) and grows the cohort's totals
+to `cached + 1 + k`, so pages and append slots are reserved for every draft like any query
+token. The runner returns 1..k+1 tokens per row; `commit_drafts` appends them through the
+`SlotStore` stop rule (a stop token or the length limit inside the accepted run cuts it where
+one-token steps would have), returns the pages past the kept positions (`CacheManager.trim`),
+and commits only the kept positions, so the prefix cache never sees a rejected draft.
+A failed or refused verify step rolls back or quarantines like any other step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from resin.cache.manager import CacheManager, PageReservation
+from resin.engine.outputs import token_logprobs
+from resin.engine.request import Request
+from resin.engine.scheduler import Cohort
+from resin.engine.slots import SlotStore
+from resin.events import Event, FinishedEvent, FinishReason, TokensEvent
+from resin.metrics.collector import MetricsCollector
+from resin.plan import BatchPlan, ForwardOutput, Phase
+from resin.protocols import RunnerConfig, State
+
+I32 = npt.NDArray[np.int32]
+_log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Proposes draft tokens that continue requests' sequences (`engine/proposers.py`).
+
+    `propose` gets the decode rows that may speculate and, per row, the most drafts it may
+    return (>= 1); it returns one list per row (empty = no drafts for it). It reads each
+    request's sequence (`token_array(num_tokens)`, prompt + output so far) and never changes
+    engine state. Built-in: n-gram prompt lookup and a draft model; a multi-token-prediction
+    head plugs in here too (it would read the target's hidden states from its runner).
+    """
+
+    def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> list[list[int]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """The engine knob: who proposes, and at most how many drafts per row and step."""
+
+    proposer: Proposer
+    num_draft_tokens: int = 4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_draft_tokens, bool) or self.num_draft_tokens < 1:
+            raise ValueError("num_draft_tokens must be an int >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class DraftStep:
+    """A decode cohort whose row i carries `draft_ids[draft_indptr[i]:draft_indptr[i+1]]`;
+    `cohort.totals` already counts the drafts."""
+
+    cohort: Cohort
+    draft_indptr: I32
+    draft_ids: I32
+
+    def plan(
+        self, step_id: int, reservation: PageReservation, arrays: SlotStore, cache: CacheManager
+    ) -> BatchPlan:
+        """The verify plan: row i's query tokens are its last token then its drafts."""
+        c = self.cohort
+        b, slots = c.slots.size, reservation.slots
+        lens = (np.diff(self.draft_indptr) + 1).astype(np.int32)
+        query_indptr = np.zeros(b + 1, dtype=np.int32)
+        np.cumsum(lens, out=query_indptr[1:])
+        t = int(query_indptr[-1])
+        input_ids = np.empty(t, dtype=np.int32)
+        is_draft = np.ones(t, dtype=np.bool_)
+        is_draft[query_indptr[:-1]] = False
+        input_ids[query_indptr[:-1]] = arrays.last_token[slots]
+        input_ids[is_draft] = self.draft_ids
+        positions = (
+            np.arange(t, dtype=np.int32) - np.repeat(query_indptr[:-1] - c.cached, lens)
+        ).astype(np.int32)
+        groups = cache.group_plans(
+            reservation, c.cached, c.totals, np.repeat(slots, lens), positions
+        )
+        return BatchPlan(
+            step_id=step_id,
+            phase=Phase.DECODE,
+            sequence_ids=arrays.seq_id[slots],
+            input_ids=input_ids,
+            query_indptr=query_indptr,
+            positions=positions,
+            cached_lens=c.cached,
+            total_lens=c.totals,
+            sample_rows=np.ones(b, dtype=np.bool_),
+            sampling=arrays.sampling(slots),
+            cache_groups=groups,
+            prompt_logprob_rows=np.zeros(b, dtype=np.bool_),
+            target_ids=np.full(t, -1, dtype=np.int32),
+            draft_indptr=self.draft_indptr,
+            draft_ids=self.draft_ids,
+        )
+
+
+class Speculator:
+    """Turns decode cohorts into draft steps (see module docstring)."""
+
+    def __init__(
+        self,
+        spec: Speculation,
+        runner_config: RunnerConfig,
+        max_batch_tokens: int,
+        collector: MetricsCollector | None,
+    ) -> None:
+        check_runner(runner_config, spec.num_draft_tokens)
+        self.proposer = spec.proposer
+        self.k = spec.num_draft_tokens
+        self.vocab_size = runner_config.vocab_size
+        self.max_batch_tokens = max_batch_tokens
+        if collector is not None:
+            with collector.lock:
+                collector.speculative = True
+
+    def extend(self, cohort: Cohort, cache: CacheManager, arrays: SlotStore) -> DraftStep | None:
+        """The cohort with drafts, or None when no row gets any (or their pages do not fit)."""
+        slots, b = cohort.slots, cohort.slots.size
+        room = arrays.limit[slots] - arrays.num_output[slots] - 1  # k + 1 tokens must fit
+        eligible = np.fromiter((not r.constrained for r in cohort.requests), np.bool_, count=b)
+        limits = np.where(eligible, np.clip(room, 0, self.k), 0)
+        budget = self.max_batch_tokens - b
+        limits = np.clip(budget - (np.cumsum(limits) - limits), 0, limits)
+        rows = np.flatnonzero(limits > 0)
+        if rows.size == 0:
+            return None
+        try:
+            proposed = self.proposer.propose(
+                [cohort.requests[i] for i in rows.tolist()], limits[rows].tolist()
+            )
+            if len(proposed) != rows.size:
+                raise ValueError(f"{len(proposed)} draft lists for {rows.size} rows")
+        except Exception:  # a broken proposer costs the speedup, never the requests
+            _log.exception("the draft proposer failed; this step decodes without drafts")
+            return None
+        drafts: list[list[int]] = [[] for _ in range(b)]
+        for i, row_ids in zip(rows.tolist(), proposed, strict=True):
+            drafts[i] = self._valid(row_ids, int(limits[i]))
+        k = np.fromiter((len(d) for d in drafts), dtype=np.int32, count=b)
+        if not k.any():
+            return None
+        totals = (cohort.cached + 1 + k).astype(np.int32)
+        if cache.pages_to_allocate(slots, cohort.cached, totals, False) > cache.available():
+            return None  # no room for the drafts: an ordinary decode step instead
+        indptr = np.zeros(b + 1, dtype=np.int32)
+        np.cumsum(k, out=indptr[1:])
+        ids = np.fromiter((t for d in drafts for t in d), dtype=np.int32, count=int(indptr[-1]))
+        grown = Cohort(Phase.DECODE, cohort.requests, slots, cohort.cached, totals)
+        return DraftStep(grown, indptr, ids)
+
+    def _valid(self, ids: Sequence[int], limit: int) -> list[int]:
+        """At most `limit` drafts, up to the first that is not a token id of the runner."""
+        out: list[int] = []
+        for t in list(ids)[:limit]:
+            if not isinstance(t, int | np.integer) or t < 0:
+                break
+            if self.vocab_size is not None and t >= self.vocab_size:
+                break
+            out.append(int(t))
+        return out
+
+
+def check_runner(rc: RunnerConfig, num_draft_tokens: int) -> None:
+    """Refuse speculation the runner cannot verify, with the reason."""
+    if rc.max_draft_tokens < 1:
+        raise ValueError(
+            "speculative decoding needs a runner that verifies drafts "
+            "(its RunnerConfig.max_draft_tokens is 0)"
+        )
+    if num_draft_tokens > rc.max_draft_tokens:
+        raise ValueError(
+            f"num_draft_tokens={num_draft_tokens} exceeds the runner's max_draft_tokens="
+            f"{rc.max_draft_tokens}"
+        )
+    if any(isinstance(g, State) for g in rc.cache_groups):
+        raise ValueError(
+            "speculative decoding is not supported for runners with State cache groups "
+            "(recurrent state would need a checkpoint after every draft token to roll back)"
+        )
+
+
+def commit_drafts(
+    plan: BatchPlan,
+    out: ForwardOutput,
+    requests: tuple[Request, ...],
+    reservation: PageReservation,
+    events: list[Event],
+    cache: CacheManager,
+    arrays: SlotStore,
+    finish: Callable[[Request, FinishReason], FinishedEvent],
+    collector: MetricsCollector | None,
+) -> tuple[int, list[float]]:
+    """Commit a validated verify step; returns (tokens generated, inter-token gaps)."""
+    slots = reservation.slots
+    indptr = np.asarray(out.token_indptr).astype(np.int64)
+    counts = np.diff(indptr).astype(np.int32)
+    ids = np.asarray(out.token_ids).astype(np.int32)
+    kept, ends = arrays.append_rows(slots, counts, ids)
+    # In the cache now: the input token and every kept token but the last (the next input).
+    totals = (plan.cached_lens + kept).astype(np.int32)
+    cache.trim(reservation, totals)
+    cache.commit(reservation, totals)
+    arrays.computed(slots, totals)
+    now = time.monotonic()
+    gaps: list[float] = []
+    for i, r in enumerate(requests):
+        r.retries = 0
+        lo, n = int(indptr[i]), int(kept[i])
+        toks = ids[lo : lo + n].tolist()
+        for tok in toks:
+            r.append_output(tok)
+        gaps.extend([(now - r.times.last_token) / n] * n)  # the step's gap, spread evenly
+        r.times.last_token = now
+        events.append(_event(r, toks, out, lo))
+        reason = ends.get(i)
+        if reason is not None:
+            events.append(finish(r, reason))
+    if collector is not None:
+        drafts = np.diff(plan.draft_indptr)
+        accepted = (counts - 1)[drafts > 0]
+        with collector.lock:
+            collector.spec_drafts += int(accepted.size)
+            collector.spec_draft_tokens += int(drafts.sum())
+            collector.spec_accepted_tokens += int(accepted.sum())
+            collector.acceptance.observe_many(accepted.astype(np.float64))
+    return int(kept.sum()), gaps
+
+
+def _event(r: Request, toks: list[int], out: ForwardOutput, lo: int) -> TokensEvent:
+    lps = tops = None
+    want = r.sampling_params.logprobs
+    if want is not None and out.logprobs is not None:
+        pairs = [token_logprobs(out, lo + j, want) for j in range(len(toks))]
+        lps = tuple(p[0][0] for p in pairs)
+        if want > 0 and all(p[1] is not None for p in pairs):
+            tops = tuple(p[1][0] for p in pairs if p[1] is not None)
+    return TokensEvent(r.id, tuple(toks), lps, tops, cached_tokens=r.cached_tokens)
