@@ -34,6 +34,7 @@ from resin_models_cuda.graphs import (
     query_buckets,
 )
 from resin_models_cuda.kernels import decode_splits
+from resin_models_cuda.kernels.sampler import argmax_rows
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
 from resin_models_cuda.models import FastModel, build_model
 from resin_models_cuda.options import RunnerOptions
@@ -293,7 +294,7 @@ class CudaRunner:
         info = DecodeInfo(v.seq_lens, splits, query, v.q_lens if query > 1 else None)
         step = StepTensors(ids, v.positions, v.groups, info)
         logits = self.model.logits(self.model.forward(step, self.kv))
-        argmax = logits.argmax(dim=-1).to(torch.int32)
+        argmax = argmax_rows(logits)
         if query == 1:
             self._prev_tokens[:rows].copy_(argmax)
         return logits, argmax

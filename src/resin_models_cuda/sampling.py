@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, ForwardOutput
-from resin_models_cuda.kernels.sampler import philox_seeds, sample_tokens
+from resin_models_cuda.kernels.sampler import argmax_rows, philox_seeds, sample_tokens
 from resin_models_torch.constraints import constrain_logits
 
 
@@ -99,7 +99,7 @@ class DeviceSampler:
         temp = np.where(s.top_k[rows] == 1, np.float32(0), temp)
         if not np.any(temp > 0):
             if argmax is None or constrained:
-                argmax = logits.argmax(dim=-1).to(torch.int32)
+                argmax = argmax_rows(logits)
             tokens = argmax
         else:
             top_k, top_p, min_p = s.top_k[rows], s.top_p[rows], s.min_p[rows]
