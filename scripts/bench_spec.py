@@ -28,7 +28,7 @@ from resin import Engine, SamplingParams
 from resin.engine.proposers import NgramProposer
 from resin.engine.speculative import Speculation
 from resin.events import TokensEvent
-from resin.loading import recipe_for
+from resin.recipe import load_recipe
 from resin.recipe.types import Message
 from resin.tokenizer import Tokenizer
 from resin_models_cuda import CudaRunner, RunnerOptions, load_runner
@@ -104,7 +104,7 @@ def main() -> None:
     args = p.parse_args()
     folder = converted_gguf_dir(args.gguf or default_gguf_path())
     tokenizer = Tokenizer.from_dir(folder)
-    recipe = recipe_for(tokenizer, None)
+    recipe = load_recipe(tokenizer, None)
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     options = RunnerOptions(max_batch=4, max_context=4096, max_draft_tokens=max(args.draft_k),
                             verify_graph_batch=4)  # fmt: skip
