@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -157,10 +158,48 @@ class Probe:
         return statistics.median(plain[3:]), statistics.median(spec[3:])
 
 
+class StepClock:
+    """Wraps a runner's submit/collect: CUDA events around each submitted step give its GPU
+    time and the GPU idle gap before it; host clocks give the time blocked in collect."""
+
+    def __init__(self, runner) -> None:  # type: ignore[no-untyped-def]
+        self.runner = runner
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.blocked = 0.0
+        self.on = False
+        submit, collect = runner.submit, runner.collect
+
+        def timed_submit(plan):  # type: ignore[no-untyped-def]
+            if not self.on:
+                return submit(plan)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            submit(plan)
+            b.record()
+            self.events.append((a, b))
+
+        def timed_collect():  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            out = collect()
+            self.blocked += time.perf_counter() - t
+            return out
+
+        runner.submit, runner.collect = timed_submit, timed_collect
+
+    def summary(self, steps: int) -> dict:  # type: ignore[type-arg]
+        torch.cuda.synchronize()
+        busy = [a.elapsed_time(b) for a, b in self.events]
+        gaps = [p[1].elapsed_time(n[0]) for p, n in itertools.pairwise(self.events)]
+        return {"gpu_ms": statistics.median(busy) if busy else 0.0,
+                "gap_ms": sum(max(g, 0.0) for g in gaps) / max(len(gaps), 1),
+                "blocked_ms": self.blocked / max(steps, 1) * 1e3}  # fmt: skip
+
+
 def engine_decode(runner, batch: int, context: int, output: int, max_ctx: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
     rng = np.random.default_rng(batch)
     vocab = runner.config.vocab_size
     params = SamplingParams(max_output_tokens=output, temperature=0.0, ignore_stop_tokens=True)
+    clock = StepClock(runner)
     engine = Engine(runner, context_length=max_ctx, max_sequences=max(batch, 1),
                     max_batch_tokens=16384, prefill_chunk_tokens=8192,
                     enable_metrics=False)  # fmt: skip
@@ -179,17 +218,14 @@ def engine_decode(runner, batch: int, context: int, output: int, max_ctx: int) -
         started.update(e.request_id for e in events if isinstance(e, TokensEvent))
         if t0 is None and len(started) == batch:
             torch.cuda.synchronize()
+            clock.on, clock.blocked = True, 0.0
             t0 = time.perf_counter()
     wall = time.perf_counter() - (t0 or time.perf_counter())
     for r in requests:
         r.take_result()
     engine.close()
-    return {
-        "tok_s": tokens / wall,
-        "ms": wall / max(steps, 1) * 1e3,
-        "tokens": tokens,
-        "steps": steps,
-    }
+    return {"tok_s": tokens / wall, "ms": wall / max(steps, 1) * 1e3, "tokens": tokens,
+            "steps": steps, **clock.summary(steps)}  # fmt: skip
 
 
 def main() -> None:
@@ -198,7 +234,7 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=_ints, default=[1, 64, 256])
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--output-tokens", type=int, default=256)
-    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--steps", type=int, default=256, help="runner figures: decode steps")
     p.add_argument("--draft-k", type=_ints, default=[4])
     p.add_argument("--skip", default="", help="comma list of parts to skip: engine,runner,verify")
     p.add_argument("--output", type=Path)
