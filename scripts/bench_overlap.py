@@ -165,6 +165,7 @@ class StepClock:
     def __init__(self, runner) -> None:  # type: ignore[no-untyped-def]
         self.runner = runner
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.plans: list[BatchPlan] = []  # the decode plans, for `replay`
         self.blocked = 0.0
         self.on = False
         submit, collect = runner.submit, runner.collect
@@ -177,6 +178,7 @@ class StepClock:
             submit(plan)
             b.record()
             self.events.append((a, b))
+            self.plans.append(plan)
 
         def timed_collect():  # type: ignore[no-untyped-def]
             t = time.perf_counter()
@@ -224,8 +226,31 @@ def engine_decode(runner, batch: int, context: int, output: int, max_ctx: int) -
     for r in requests:
         r.take_result()
     engine.close()
-    return {"tok_s": tokens / wall, "ms": wall / max(steps, 1) * 1e3, "tokens": tokens,
-            "steps": steps, **clock.summary(steps)}  # fmt: skip
+    rows = sum(p.num_sequences for p in clock.plans)
+    return {"tok_s": tokens / wall, "rows_tok_s": rows / wall, "ms": wall / max(steps, 1) * 1e3,
+            "tokens": tokens, "plans": len(clock.plans), "steps": steps,
+            **clock.summary(steps)}, clock.plans, engine.layout  # fmt: skip
+
+
+def replay(runner, plans: list[BatchPlan], overlap: bool) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    """The engine's own decode plans through the runner alone: synchronous `forward` steps,
+    or submit n+1 / collect n as the engine did. tok/s counts the rows of the plans."""
+    runner.forward(plans[0])  # the first decode plan names no previous tokens
+    plans = plans[1:]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    if overlap:
+        for i, plan in enumerate(plans):
+            runner.submit(plan)
+            if i:
+                runner.collect()
+        runner.collect()
+    else:
+        for plan in plans:
+            runner.forward(plan)
+    wall = time.perf_counter() - t
+    rows = sum(p.num_sequences for p in plans)
+    return {"tok_s": rows / wall, "ms": wall / len(plans) * 1e3, "plans": len(plans)}
 
 
 def main() -> None:
@@ -276,9 +301,16 @@ def main() -> None:
         for b in args.batch_sizes:
             torch.cuda.empty_cache()
             fresh = CudaRunner(runner.model, options)  # same weights, a new arena
-            r = engine_decode(fresh, b, args.context, args.output_tokens, max_ctx)
+            r, plans, layout = engine_decode(fresh, b, args.context, args.output_tokens, max_ctx)
             emit({"kind": "engine", "batch": b, **r})
             fresh.close()
+            again = CudaRunner(runner.model, options)  # the same plans, the runner alone
+            again.bind(layout)
+            for overlap in (False, True):
+                rec = replay(again, plans, overlap)
+                kind = "runner_replay_overlap" if overlap else "runner_replay_sync"
+                emit({"kind": kind, "batch": b, **rec})
+            again.close()
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with args.output.open("a") as f:
