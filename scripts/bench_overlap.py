@@ -197,7 +197,8 @@ class StepClock:
                 "blocked_ms": self.blocked / max(steps, 1) * 1e3}  # fmt: skip
 
 
-def engine_decode(runner, batch: int, context: int, output: int, max_ctx: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
+def engine_decode(runner, batch: int, context: int, output: int, max_ctx: int,  # type: ignore[no-untyped-def]
+                  settle_s: float = 0.0) -> tuple[dict, list[BatchPlan], CacheLayout]:  # type: ignore[type-arg]  # fmt: skip
     rng = np.random.default_rng(batch)
     vocab = runner.config.vocab_size
     params = SamplingParams(max_output_tokens=output, temperature=0.0, ignore_stop_tokens=True)
@@ -220,6 +221,7 @@ def engine_decode(runner, batch: int, context: int, output: int, max_ctx: int) -
         started.update(e.request_id for e in events if isinstance(e, TokensEvent))
         if t0 is None and len(started) == batch:
             torch.cuda.synchronize()
+            time.sleep(settle_s)  # let the card cool down from the prefill before timing
             clock.on, clock.blocked = True, 0.0
             t0 = time.perf_counter()
     wall = time.perf_counter() - (t0 or time.perf_counter())
@@ -262,6 +264,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=256, help="runner figures: decode steps")
     p.add_argument("--draft-k", type=_ints, default=[4])
     p.add_argument("--skip", default="", help="comma list of parts to skip: engine,runner,verify")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="engine runs: idle seconds between the prefill and the timed decode",
+    )
     p.add_argument("--output", type=Path)
     args = p.parse_args()
     skip = set(args.skip.split(","))
@@ -301,8 +309,10 @@ def main() -> None:
         for b in args.batch_sizes:
             torch.cuda.empty_cache()
             fresh = CudaRunner(runner.model, options)  # same weights, a new arena
-            r, plans, layout = engine_decode(fresh, b, args.context, args.output_tokens, max_ctx)
-            emit({"kind": "engine", "batch": b, **r})
+            r, plans, layout = engine_decode(
+                fresh, b, args.context, args.output_tokens, max_ctx, args.settle_s
+            )
+            emit({"kind": "engine", "batch": b, "settle_s": args.settle_s, **r})
             fresh.close()
             again = CudaRunner(runner.model, options)  # the same plans, the runner alone
             again.bind(layout)
