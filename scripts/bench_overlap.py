@@ -316,6 +316,8 @@ def main() -> None:
             fresh.close()
             again = CudaRunner(runner.model, options)  # the same plans, the runner alone
             again.bind(layout)
+            assert again.kv is not None
+            again.kv.normal_()  # not zeros: the engine's cache holds real values (power, clocks)
             for overlap in (False, True):
                 rec = replay(again, plans, overlap)
                 kind = "runner_replay_overlap" if overlap else "runner_replay_sync"
