@@ -234,13 +234,16 @@ class CudaRunner:
                 offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
                 index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
                 logits, argmax = logits[index], argmax[index]
-        else:
-            if plan.draft_ids.size:
-                raise ValueError(f"verify steps need at most {self.options.max_batch} rows")
-            rows = np.flatnonzero(plan.sample_rows)
+        else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
             hidden = self.model.forward(self._eager_step(plan), self.kv)
-            last = torch.from_numpy(plan.last_token_index[rows].astype(np.int64)).to(self.device)
-            logits = self.model.logits(hidden[last])
+            if plan.draft_ids.size:  # every query token samples
+                rows = np.repeat(np.arange(b), qlens)
+                offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
+                logits = self.model.logits(hidden)
+            else:
+                rows = np.flatnonzero(plan.sample_rows)
+                last = plan.last_token_index[rows].astype(np.int64)
+                logits = self.model.logits(hidden[torch.from_numpy(last).to(self.device)])
         if self.options.keep_logits:
             self.last_logits = logits.clone()
         tokens, lps = self._sampler.pick(plan, rows, offsets, logits, argmax)

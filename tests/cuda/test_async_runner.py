@@ -134,10 +134,11 @@ def _verify(
 
 @pytest.mark.parametrize("graphs", [False, True] if torch.cuda.is_available() else [False])
 @pytest.mark.parametrize("seeded", [False, True])
+@pytest.mark.parametrize("max_batch", [8, 2])  # 2: three rows take the varlen (eager) path
 def test_verify_returns_the_accepted_prefix_and_one_token(
-    device: str, graphs: bool, seeded: bool
+    device: str, graphs: bool, seeded: bool, max_batch: int
 ) -> None:
-    runner = _runner(device, graphs=graphs)
+    runner = _runner(device, graphs=graphs, max_batch=max_batch)
     sampling = [SEEDED if seeded else Sampling()] * len(PROMPTS)
     steps = 5
     base = _sync_run(runner, sampling, steps)  # prompt, first token, `steps` decode tokens
