@@ -272,7 +272,9 @@ class Engine:
         if self._constraints.active:
             self._constraints.advance(cohort.requests, events, self._finish_constrained)
 
-    def _reserve(self, cohort: Cohort) -> tuple[BatchPlan, PageReservation] | None:
+    def _reserve(
+        self, cohort: Cohort, chained: Pipeline | None = None
+    ) -> tuple[BatchPlan, PageReservation] | None:
         prefill = cohort.phase is Phase.PREFILL
         try:
             reservation = self._cache.reserve(cohort.slots, cohort.cached, cohort.totals, prefill)
@@ -281,7 +283,9 @@ class Engine:
             # the usual way and try again next step.
             self._scheduler.retract(self._scheduler.youngest())
             return None
-        return build_plan(self._step_id, cohort, reservation, self._slots, self._cache), reservation
+        prev = None if chained is None else chained.chained(reservation.slots)
+        plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache, prev)
+        return plan, reservation
 
     def _overlapped(self, pipe: Pipeline, cohort: Cohort, events: list[Event]) -> None:
         """Pipeline pure decode steps; drain before one that needs host tokens."""
@@ -292,10 +296,10 @@ class Engine:
                     return  # planned on in-flight rows that may have ended: schedule afresh
             self._run(cohort, events)
             return
-        reserved = self._reserve(cohort)
+        reserved = self._reserve(cohort, pipe)
         if reserved is not None:
             plan, reservation = reserved
-            pipe.launch(pipe.chain(plan, reservation.slots), cohort.requests, reservation, events)
+            pipe.launch(pipe.chain_states(plan), cohort.requests, reservation, events)
         pipe.settle(events)
 
     def _finish_constrained(
