@@ -292,7 +292,7 @@ class Engine:
         if cohort.phase is Phase.PREFILL or self._constraints.active:
             if pipe.busy:
                 pipe.drain(events)
-                if cohort.phase is Phase.DECODE:
+                if cohort.phase is Phase.DECODE or self._life.dead is not None:
                     return  # planned on in-flight rows that may have ended: schedule afresh
             self._run(cohort, events)
             return
