@@ -25,6 +25,8 @@ class LoadOptions:
     fake: bool = False
     generation_config: str = "auto"
     """auto | none | a JSON file (`resin.server.generation_defaults`)."""
+    overlap: bool | None = None
+    """Pipeline decode steps (`Engine(overlap=...)`): None = when the runner supports it."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
             prefix_cache=options.prefix_cache,
             context_length=context,
             grammar=grammar_backend(tokenizer),
+            overlap=options.overlap,
         )
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
@@ -156,7 +159,11 @@ def load_fake(options: LoadOptions) -> Loaded:
     context = options.context_length or 4096
     runner = ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0])
     engine = Engine(
-        runner, context_length=context, prefix_cache=options.prefix_cache, max_sequences=512
+        runner,
+        context_length=context,
+        prefix_cache=options.prefix_cache,
+        max_sequences=512,
+        overlap=options.overlap,
     )
     return Loaded(engine, recipe_for(tokenizer, options.recipe), tokenizer, "fake", context)
 

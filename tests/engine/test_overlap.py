@@ -345,3 +345,20 @@ def test_dead_runner_in_flight_ends_everything(kind: str) -> None:
     with pytest.raises(EngineDeadError):
         engine.submit([1], SamplingParams())
     engine.close()  # nothing left to drain from a dead runner
+
+
+def test_runner_dies_while_draining_before_a_prefill() -> None:
+    runner = _crash_once("dead-collect", at_step=4)
+    engine = _engine(runner, False)
+    first = engine.submit([1, 2, 3], SamplingParams(max_output_tokens=30))
+    events: list[Event] = []
+    while "dead-collect" not in runner.pending:  # the doomed step is in flight
+        events += engine.step()
+    late = engine.submit([5, 6, 7, 8], SamplingParams(max_output_tokens=3))
+    while engine.has_work():  # a prefill is scheduled (admitting `late`); the drain dies
+        events += engine.step()
+    assert engine.dead
+    for r in (first, late):
+        ends = [e for e in events if isinstance(e, FinishedEvent) and e.request_id == r.id]
+        assert [e.reason for e in ends] == [FinishReason.ERROR]
+    assert late.output_token_ids == []

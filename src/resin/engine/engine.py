@@ -278,7 +278,9 @@ class Engine:
         if self._constraints.active:
             self._constraints.advance(cohort.requests, events, self._finish_constrained)
 
-    def _reserve(self, cohort: Cohort) -> tuple[BatchPlan, PageReservation, Cohort] | None:
+    def _reserve(
+        self, cohort: Cohort, chained: Pipeline | None = None
+    ) -> tuple[BatchPlan, PageReservation, Cohort] | None:
         prefill = cohort.phase is Phase.PREFILL
         drafts: DraftStep | None = None
         if self._spec is not None and not prefill:
@@ -292,7 +294,8 @@ class Engine:
             self._scheduler.retract(self._scheduler.youngest())
             return None
         if drafts is None:
-            plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
+            prev = None if chained is None else chained.chained(reservation.slots)
+            plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache, prev)
         else:
             plan = drafts.plan(self._step_id, reservation, self._slots, self._cache)
         return plan, reservation, cohort
@@ -303,14 +306,14 @@ class Engine:
         if cohort.phase is Phase.PREFILL or self._constraints.active or self._spec is not None:
             if pipe.busy:
                 pipe.drain(events)
-                if cohort.phase is Phase.DECODE:
+                if cohort.phase is Phase.DECODE or self._life.dead is not None:
                     return  # planned on in-flight rows that may have ended: schedule afresh
             self._run(cohort, events)
             return
-        reserved = self._reserve(cohort)
+        reserved = self._reserve(cohort, pipe)
         if reserved is not None:
             plan, reservation, cohort = reserved
-            pipe.launch(pipe.chain(plan, reservation.slots), cohort.requests, reservation, events)
+            pipe.launch(pipe.chain_states(plan), cohort.requests, reservation, events)
         pipe.settle(events)
 
     def _finish_constrained(

@@ -82,32 +82,31 @@ class Pipeline:
         return bool(self._flights)
 
     # -- submit -----------------------------------------------------------------------------
-    def chain(self, plan: BatchPlan, slots: I32) -> BatchPlan:
-        """Rows whose slot is in the newest flight read the token it samples on the device."""
+    def chained(self, slots: I32) -> I32 | None:
+        """`prev_token_rows` for a decode plan of `slots`: the row of each slot in the newest
+        flight, whose sampled token is the row's input (None when no row chains)."""
         if not self._flights:
-            return plan
+            return None
         prev = self._row_of[slots]
-        ahead = prev >= 0
-        if not ahead.any():
+        return prev if bool((prev >= 0).any()) else None
+
+    def chain_states(self, plan: BatchPlan) -> BatchPlan:
+        """State groups: a chained row reads the ring page the step before it writes and
+        writes the other one (at decode a slot's current checkpoint is always a ring page)."""
+        if not self._states or not plan.prev_token_rows.size:
             return plan
-        groups = plan.cache_groups
-        if self._states:  # the ring page step n writes is the one step n+1 reads
-            groups = tuple(
-                replace(
-                    g,
-                    state_in=np.where(ahead, g.state_out, g.state_in).astype(np.int32),
-                    state_out=np.where(ahead, g.state_in, g.state_out).astype(np.int32),
-                )
-                if gi in self._states
-                else g
-                for gi, g in enumerate(groups)
+        ahead = plan.prev_token_rows >= 0
+        groups = tuple(
+            replace(
+                g,
+                state_in=np.where(ahead, g.state_out, g.state_in).astype(np.int32),
+                state_out=np.where(ahead, g.state_in, g.state_out).astype(np.int32),
             )
-        return replace(
-            plan,
-            input_ids=np.where(ahead, -1, plan.input_ids).astype(np.int32),
-            prev_token_rows=prev,
-            cache_groups=groups,
+            if gi in self._states
+            else g
+            for gi, g in enumerate(plan.cache_groups)
         )
+        return replace(plan, cache_groups=groups)
 
     def launch(
         self,
