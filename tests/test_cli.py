@@ -48,3 +48,20 @@ def test_serve_refuses_an_unknown_recipe_listing_the_known_ones(
     err = capsys.readouterr().err
     assert "unknown recipe 'qwen-three-typo'" in err
     assert "qwen3" in err and "chatml" in err and "jinja" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--speculative", "draft"], "--speculative draft needs --draft-model"),
+        (["--draft-model", "x"], "--draft-model needs --speculative draft"),
+        (["--fake-runner", "--speculative", "ngram"], "max_draft_tokens is 0"),
+    ],
+)
+def test_serve_refuses_speculation_it_cannot_do(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *argv, "--port", "1"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -7,6 +7,8 @@ neither torch nor any CUDA library.
 
 from resin.engine import Engine, Request
 from resin.engine.grammar import GrammarBackend
+from resin.engine.proposers import DraftModelProposer, NgramProposer
+from resin.engine.speculative import Proposer, Speculation
 from resin.errors import (
     EngineDeadError,
     InvalidRunnerOutputError,
@@ -35,6 +37,7 @@ __all__ = [
     "CacheGroupSpec",
     "CacheLayout",
     "Constraint",
+    "DraftModelProposer",
     "Engine",
     "EngineDeadError",
     "ErrorEvent",
@@ -45,7 +48,9 @@ __all__ = [
     "GrammarBackend",
     "History",
     "InvalidRunnerOutputError",
+    "NgramProposer",
     "Phase",
+    "Proposer",
     "Request",
     "ResinError",
     "RetryableRunnerError",
@@ -54,6 +59,7 @@ __all__ = [
     "RunnerDeadError",
     "SamplingArrays",
     "SamplingParams",
+    "Speculation",
     "State",
     "TokensEvent",
     "TopLogprob",

@@ -34,6 +34,15 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft"],
+        default=None,
+        help="speculative decoding: ngram (prompt lookup) or draft (a second model, "
+        "--draft-model); docs/engine.md",
+    )
+    p.add_argument("--draft-model", default=None, help="draft model name or folder")
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="drafts per step (4)")
+    p.add_argument(
         "--generation-config",
         default="auto",
         help="sampling defaults for omitted request fields: auto (the checkpoint's "
@@ -107,8 +116,9 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None)
     bench = sub.add_parser(
         "bench",
-        help="benchmark a GPU runner (scripts/bench.py), or load-test a server with --url "
-        "(scripts/bench_serve.py)",
+        help="benchmark a GPU runner (scripts/bench.py), load-test a server with --url "
+        "(scripts/bench_serve.py), or speculative decoding through the engine with "
+        "--speculative (scripts/bench_speculative.py)",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER)
     # `check` parses its own options (main() hands them over); listed here for --help.
@@ -131,6 +141,9 @@ def _load(args: argparse.Namespace) -> object:
         fake=args.fake_runner,
         generation_config=args.generation_config,
         overlap=args.overlap,
+        speculative=args.speculative,
+        draft_model=args.draft_model,
+        num_draft_tokens=args.num_draft_tokens,
     )
     try:
         return load(options)
@@ -246,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One verb, two tools: a URL means "load-test that server", anything else benchmarks a
         # runner in this process. Their options go through untouched (each has its own --help).
         serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
+        if any(a == "--speculative" or a.startswith("--speculative=") for a in argv):
+            return _run_tool("resin.tools.bench_spec", argv[1:])  # through the Engine
         return _run_tool(
             "resin.tools.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
         )

@@ -27,6 +27,10 @@ class LoadOptions:
     """auto | none | a JSON file (`resin.server.generation_defaults`)."""
     overlap: bool | None = None
     """Pipeline decode steps (`Engine(overlap=...)`): None = when the runner supports it."""
+    speculative: str | None = None
+    """None, "ngram" or "draft" (`speculation_for`)."""
+    draft_model: str | None = None
+    num_draft_tokens: int = 4
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ def check_recipe_name(name: str | None) -> None:
 
 def load(options: LoadOptions, progress: bool = True) -> Loaded:
     check_recipe_name(options.recipe)
+    check_speculative(options)
     if options.fake:
         return load_fake(options)
     from tqdm import tqdm
@@ -81,6 +86,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
             context_length=context,
             grammar=grammar_backend(tokenizer),
             overlap=options.overlap,
+            speculation=speculation_for(options, context),
         )
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
@@ -112,6 +118,38 @@ def grammar_backend(tokenizer: Any) -> Any:
         return GrammarBackend.from_tokenizer(tokenizer)
     except ImportError:
         return None
+
+
+def check_speculative(options: LoadOptions) -> None:
+    """The speculative-decoding options make sense together (checked before any weights load)."""
+    if options.speculative not in (None, "ngram", "draft"):
+        raise ValueError(f"unknown --speculative {options.speculative!r} (ngram or draft)")
+    if options.draft_model is not None and options.speculative != "draft":
+        raise ValueError("--draft-model needs --speculative draft")
+    if options.speculative == "draft" and options.draft_model is None:
+        raise ValueError("--speculative draft needs --draft-model NAME_OR_FOLDER")
+    if options.num_draft_tokens < 1:
+        raise ValueError("--num-draft-tokens must be >= 1")
+
+
+def speculation_for(options: LoadOptions, context_length: int) -> Any:
+    """The engine's `Speculation` for `--speculative ngram|draft` (None without it). A draft
+    model must share the target's tokenizer; it runs on the same device."""
+    check_speculative(options)
+    if options.speculative is None:
+        return None
+    from resin.engine.proposers import DraftModelProposer, NgramProposer
+    from resin.engine.speculative import Speculation
+
+    if options.speculative == "ngram":
+        return Speculation(NgramProposer(), options.num_draft_tokens)
+    assert options.draft_model is not None
+    from resin_models_torch.default_model import resolve_checkpoint
+    from resin_models_torch.registry import load_runner
+
+    runner = load_runner(resolve_checkpoint(options.draft_model), device=options.device)
+    proposer = DraftModelProposer(runner, context_length=context_length)
+    return Speculation(proposer, options.num_draft_tokens)
 
 
 class ZeroCostRunner:
@@ -164,6 +202,7 @@ def load_fake(options: LoadOptions) -> Loaded:
         prefix_cache=options.prefix_cache,
         max_sequences=512,
         overlap=options.overlap,
+        speculation=speculation_for(options, context),  # refused: the runner cannot verify
     )
     return Loaded(engine, recipe_for(tokenizer, options.recipe), tokenizer, "fake", context)
 
