@@ -24,6 +24,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule decode step n+1 while step n runs (default: on when the runner "
+        "supports it; --no-overlap runs one step at a time, for debugging)",
+    )
     p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument(
@@ -133,6 +140,7 @@ def _load(args: argparse.Namespace) -> object:
         recipe=args.recipe,
         fake=args.fake_runner,
         generation_config=args.generation_config,
+        overlap=args.overlap,
         speculative=args.speculative,
         draft_model=args.draft_model,
         num_draft_tokens=args.num_draft_tokens,

@@ -25,6 +25,8 @@ class LoadOptions:
     fake: bool = False
     generation_config: str = "auto"
     """auto | none | a JSON file (`resin.generation_config`)."""
+    overlap: bool | None = None
+    """Pipeline decode steps (`Engine(overlap=...)`): None = when the runner supports it."""
     speculative: str | None = None
     """None, "ngram" or "draft" (`speculation_for`)."""
     draft_model: str | None = None
@@ -83,6 +85,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
             prefix_cache=options.prefix_cache,
             context_length=context,
             grammar=grammar_backend(tokenizer),
+            overlap=options.overlap,
             speculation=speculation_for(options, context),
         )
         bar.update()
@@ -219,6 +222,7 @@ def load_fake(options: LoadOptions) -> Loaded:
         context_length=context,
         prefix_cache=options.prefix_cache,
         max_sequences=512,
+        overlap=options.overlap,
         speculation=speculation_for(options, context),  # refused: the runner cannot verify
     )
     return Loaded(engine, recipe_for(tokenizer, options.recipe), tokenizer, "fake", context)

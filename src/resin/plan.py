@@ -225,8 +225,9 @@ class BatchPlan:
       `docs/engine.md` gives the acceptance rule. Constrained rows never carry drafts.
     - `prev_token_rows` int32 [B] (empty when unused; only for runners that declare
       `RunnerConfig.overlap`): r >= 0 says the row's first query token is the token row r of the
-      *previous plan submitted to this runner* sampled (`input_ids` holds -1 there); -1 says
-      `input_ids` is given. Only draft-free decode rows use it.
+      *previous plan this runner accepted* sampled (`input_ids` holds -1 there; a `submit` that
+      raised does not count, a `forward` does); -1 says `input_ids` is given. Only draft-free
+      decode rows use it, and row r always sampled (it is the same request one step earlier).
     - `media`: the rows' images (`MediaItem`), empty for text-only steps; a runner without a
       vision encoder refuses a plan that carries any.
     """

@@ -129,7 +129,10 @@ class AsyncRunner(Protocol):
     `submit` returning means the runner accepted the plan (a later failure is post-accept);
     raising `RetryableRunnerError` from `submit` means it did not. A runner whose
     `RunnerConfig.overlap` is True accepts a second plan while one is uncollected (at most two
-    in flight); `collect()` returns outputs in submission order. Others hold one at a time.
+    in flight); `collect()` returns outputs in submission order, and it resolves
+    `BatchPlan.prev_token_rows` against the previous plan it accepted. Others hold one at a
+    time. A failure reported by `collect` is post-accept: the engine quarantines that plan's
+    requests (and drops their rows in the plan behind it, docs/engine.md "Overlap").
     """
 
     def submit(self, plan: BatchPlan) -> None: ...

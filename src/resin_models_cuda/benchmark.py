@@ -4,9 +4,10 @@
 Method (see docs/benchmarks.md): load, compilation and CUDA-graph capture happen before any
 timed step; each point runs `warmup` steps, then `iters` timed steps, each ended by the
 runner's own device-to-host read of the sampled tokens (so each is synchronized), and reports
-the median. Decode points start from contexts whose KV is random (not computed): speed does
-not depend on the values. Bandwidth counts the bytes a step must read (weights once + every
-row's KV); MFU counts 2 FLOPs per active parameter and token, plus attention.
+the median. Decode points start from contexts whose KV is random (not computed): the arena is
+filled with normal values, since the card runs faster on zeros (a batch-256 Llama-8B decode
+step 3% faster on a zero cache, H200). Bandwidth counts the bytes a step must read (weights
+once + every row's KV); MFU counts 2 FLOPs per active parameter and token, plus attention.
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ class RunnerBench:
         self.runner, self.planner, self.model, self.ceilings = runner, planner, model, ceilings
         self.weight_bytes = runner.model.nbytes()
         self._rng = np.random.default_rng(0)
+        if runner.kv is not None:  # random KV, not the arena's zeros (zeros run faster)
+            runner.kv.normal_()
 
     def _tokens(self, n: int) -> list[int]:
         return [int(t) for t in self._rng.integers(0, self.runner.config.vocab_size, size=n)]

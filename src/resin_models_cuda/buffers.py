@@ -2,12 +2,17 @@
 
 CUDA graphs replay kernels with the pointers they were captured with, so every decode step
 writes its plan into the same device tensors. All int32 arrays live in one buffer at fixed
-offsets: per-row ids, positions and lengths, then per cache group the append slots, first page
-index and page-row offsets, then the page ids of all groups back to back (group g's offsets
-are shifted by the page ids before it, so every group indexes the one page-id region). A step
-fills the pinned host mirror and copies one prefix of it (up to its last page id) in a single
-host-to-device transfer. Padding rows (graph bucket larger than the batch) get a length of 0
-and a slot of -1: they read and write no cache.
+offsets: per-token ids, positions and (per cache group) append slots, sized for `max_query`
+query slots per row; per-row lengths, real query counts and previous-token rows; per group
+the first page index and page-row offsets; then the page ids of all groups back to back
+(group g's offsets are shifted by the page ids before it, so every group indexes the one
+page-id region). A step fills a pinned host mirror and copies one prefix of it (up to its last
+page id) in a single non-blocking host-to-device transfer. Two mirrors alternate, so the host
+can stage step n+1 while step n's copy may still be queued (an event guards each mirror).
+
+A row with q real query tokens (1, or 1 + k drafts) fills its first q slots of `query`; the
+rest are padding (slot -1, position 0). Padding rows (graph bucket larger than the batch) get
+a length of 0 and a slot of -1: they read and write no cache.
 """
 
 from __future__ import annotations
@@ -20,60 +25,78 @@ import torch
 from resin.plan import BatchPlan
 from resin_models_cuda.step import GroupTensors
 
-_ROW_FIELDS = ("input_ids", "positions", "seq_lens")
+_TOKEN_FIELDS = ("input_ids", "positions")
+_ROW_FIELDS = ("seq_lens", "q_lens", "prev_rows")
 _GROUP_FIELDS = ("slots", "page_start", "page_indptr")
-_PAD = {"input_ids": 0, "positions": 0, "seq_lens": 0, "slots": -1, "page_start": 0}
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeViews:
-    """Device views of the first `rows` entries (what a bucket's graph reads)."""
+    """Device views of the first `rows` rows of `query` slots (what a graph reads)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     seq_lens: torch.Tensor
+    q_lens: torch.Tensor
+    prev_rows: torch.Tensor
     groups: tuple[GroupTensors, ...]
 
 
 class DecodeBuffers:
-    """One int32 device buffer (+ pinned host mirror) for up to `max_rows` rows, `num_groups`
-    cache groups and `max_page_ids` page ids in total over all groups."""
+    """One int32 device buffer (+ two pinned host mirrors) for up to `max_rows` rows of up to
+    `max_query` query tokens, `num_groups` cache groups and `max_page_ids` page ids in total."""
 
     def __init__(
-        self, max_rows: int, max_page_ids: int, device: torch.device | str, num_groups: int = 1
+        self,
+        max_rows: int,
+        max_page_ids: int,
+        device: torch.device | str,
+        num_groups: int = 1,
+        max_query: int = 1,
     ) -> None:
         self.max_rows, self.max_page_ids, self.num_groups = max_rows, max_page_ids, num_groups
+        self.max_query = max_query
         self._offsets: dict[tuple[str, int], int] = {}
         at = 0
+        for name in _TOKEN_FIELDS:
+            self._offsets[name, 0] = at
+            at += max_rows * max_query
         for name in _ROW_FIELDS:
             self._offsets[name, 0] = at
             at += max_rows
         for g in range(num_groups):
             for name in _GROUP_FIELDS:
                 self._offsets[name, g] = at
-                at += max_rows + (name == "page_indptr")
+                at += (
+                    max_rows * max_query if name == "slots" else max_rows + (name == "page_indptr")
+                )
         self._page_ids_at = at
         total = at + max_page_ids
-        pin = torch.device(device).type == "cuda"
-        self._host_t = torch.zeros(total, dtype=torch.int32, pin_memory=pin)
-        self._host = self._host_t.numpy()
+        self._pinned = torch.device(device).type == "cuda"
+        self._hosts = [
+            torch.zeros(total, dtype=torch.int32, pin_memory=self._pinned) for _ in range(2)
+        ]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+        self._host = self._hosts[0].numpy()
         self._device = torch.zeros(total, dtype=torch.int32, device=device)
 
     def _dev(self, name: str, group: int, n: int) -> torch.Tensor:
         at = self._offsets[name, group]
         return self._device[at : at + n]
 
-    def _host_field(self, name: str, group: int, n: int) -> np.ndarray:
+    def _field(self, name: str, group: int, n: int) -> np.ndarray:
         at = self._offsets[name, group]
         return self._host[at : at + n]
 
-    def views(self, rows: int) -> DecodeViews:
-        """Device views for a graph of `rows` rows (stable addresses)."""
-        assert rows <= self.max_rows
+    def views(self, rows: int, query: int = 1) -> DecodeViews:
+        """Device views for a graph of `rows` rows of `query` slots (stable addresses)."""
+        assert rows <= self.max_rows and query <= self.max_query
         page_ids = self._device[self._page_ids_at :]
+        t = rows * query
         groups = tuple(
             GroupTensors(
-                self._dev("slots", g, rows),
+                self._dev("slots", g, t),
                 self._dev("page_indptr", g, rows + 1),
                 page_ids,
                 self._dev("page_start", g, rows),
@@ -81,48 +104,96 @@ class DecodeBuffers:
             for g in range(self.num_groups)
         )
         return DecodeViews(
-            self._dev("input_ids", 0, rows),
-            self._dev("positions", 0, rows),
+            self._dev("input_ids", 0, t),
+            self._dev("positions", 0, t),
             self._dev("seq_lens", 0, rows),
+            self._dev("q_lens", 0, rows),
+            self._dev("prev_rows", 0, rows),
             groups,
         )
 
-    def stage(self, plan: BatchPlan, rows: int) -> None:
-        """Write `plan` (one query token per row) padded to `rows` rows, and copy it over."""
+    def _next_mirror(self) -> None:
+        """Switch to the other host mirror, once its last copy has left it."""
+        self._turn ^= 1
+        event = self._events[self._turn]
+        if event is not None:
+            event.synchronize()  # type: ignore[no-untyped-call]
+        self._host = self._hosts[self._turn].numpy()
+
+    def _send(self, upto: int) -> None:
+        host = self._hosts[self._turn]
+        self._device[:upto].copy_(host[:upto], non_blocking=self._pinned)
+        if self._pinned:
+            event = torch.cuda.Event()
+            event.record()  # type: ignore[no-untyped-call]
+            self._events[self._turn] = event
+
+    def stage(self, plan: BatchPlan, rows: int, query: int = 1) -> None:
+        """Write `plan` (decode rows of at most `query` tokens) padded to `rows` rows, and copy
+        it over. Row i's tokens go to slots `i * query ..`."""
         b = plan.num_sequences
-        if not b <= rows <= self.max_rows:
+        if not b <= rows <= self.max_rows or query > self.max_query:
             raise ValueError(f"{b} rows do not fit a buffer of {rows} (max {self.max_rows})")
         num_pages = sum(int(g.page_ids.shape[0]) for g in plan.cache_groups)
         if num_pages > self.max_page_ids:
             raise ValueError(f"{num_pages} page ids exceed the buffer ({self.max_page_ids})")
-        self.fill(self._host_field("input_ids", 0, rows), plan.input_ids, 0)
-        self.fill(self._host_field("positions", 0, rows), plan.positions, 0)
-        self.fill(self._host_field("seq_lens", 0, rows), plan.total_lens, 0)
+        self._next_mirror()
+        t = rows * query
+        if query == 1:
+            if plan.num_tokens != b:
+                raise ValueError("a one-token buffer needs one query token per row")
+            dest = None
+            self.fill(self._field("q_lens", 0, rows), np.ones(b, np.int32), 0)
+        else:
+            qlens = np.diff(plan.query_indptr)
+            if int(qlens.max(initial=1)) > query:
+                raise ValueError(f"a row has more than {query} query tokens")
+            self.fill(self._field("q_lens", 0, rows), qlens, 0)
+            starts = np.repeat(plan.query_indptr[:-1], qlens)
+            dest = np.repeat(np.arange(b) * query, qlens) + np.arange(plan.num_tokens) - starts
+        self._scatter(self._field("input_ids", 0, t), plan.input_ids, dest, 0)
+        self._scatter(self._field("positions", 0, t), plan.positions, dest, 0)
+        self.fill(self._field("seq_lens", 0, rows), plan.total_lens, 0)
+        prev = plan.prev_token_rows
+        self.fill(self._field("prev_rows", 0, rows), prev if prev.size else np.full(b, -1), -1)
         at = self._page_ids_at
         for gi, g in enumerate(plan.cache_groups):
             shift = at - self._page_ids_at
-            self.fill(self._host_field("slots", gi, rows), g.append_slots, -1)
-            self.fill(self._host_field("page_start", gi, rows), g.page_start, 0)
-            indptr = self._host_field("page_indptr", gi, rows + 1)
+            self._scatter(self._field("slots", gi, t), g.append_slots, dest, -1)
+            self.fill(self._field("page_start", gi, rows), g.page_start, 0)
+            indptr = self._field("page_indptr", gi, rows + 1)
             self.fill(indptr, g.page_indptr, int(g.page_indptr[-1]))
             indptr += shift
             n = int(g.page_ids.shape[0])
             self._host[at : at + n] = g.page_ids
             at += n
-        self._device[:at].copy_(self._host_t[:at], non_blocking=True)
+        self._send(at)
 
-    def stage_padding(self, rows: int) -> None:
+    def stage_padding(self, rows: int, query: int = 1) -> None:
         """All rows padding (for graph capture and warm-up)."""
-        for name in _ROW_FIELDS:
-            self._host_field(name, 0, rows)[:] = _PAD[name]
+        self._next_mirror()
+        t = rows * query
+        for name in _TOKEN_FIELDS:
+            self._field(name, 0, t)[:] = 0
+        self._field("seq_lens", 0, rows)[:] = 0
+        self._field("q_lens", 0, rows)[:] = 1
+        self._field("prev_rows", 0, rows)[:] = -1
         for g in range(self.num_groups):
-            self._host_field("slots", g, rows)[:] = -1
-            self._host_field("page_start", g, rows)[:] = 0
-            self._host_field("page_indptr", g, rows + 1)[:] = 0
-        self._device[: self._page_ids_at].copy_(self._host_t[: self._page_ids_at])
+            self._field("slots", g, t)[:] = -1
+            self._field("page_start", g, rows)[:] = 0
+            self._field("page_indptr", g, rows + 1)[:] = 0
+        self._send(self._page_ids_at)
 
     @staticmethod
     def fill(dst: np.ndarray, src: np.ndarray, pad: int) -> None:
         n = src.shape[0]
         dst[:n] = src
         dst[n:] = pad
+
+    @staticmethod
+    def _scatter(dst: np.ndarray, src: np.ndarray, dest: np.ndarray | None, pad: int) -> None:
+        if dest is None:
+            DecodeBuffers.fill(dst, src, pad)
+            return
+        dst[:] = pad
+        dst[dest] = src

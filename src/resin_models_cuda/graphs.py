@@ -1,8 +1,10 @@
 """CUDA-graph buckets for decode: padded batch sizes and the graph captured for each.
 
-A decode step of B rows replays the graph of the smallest bucket >= B; rows past B are
+A decode step of B rows of Q query tokens (1, or 1 + k drafts) replays the graph of the
+smallest captured shape (bucket >= B, query >= Q); rows and query slots past the plan's are
 padding (see `buffers.py`). Buckets are dense at small sizes, where padding costs the most
-relative time, and coarser above.
+relative time, and coarser above. Each graph computes the logits and their argmax, so a
+greedy step needs no launch after the replay but the token read-back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ DEFAULT_BUCKETS = (
     *(1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64),
     *(80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512),
 )
+QUERY_BUCKETS = (2, 3, 5, 9, 17, 33)
 
 
 def buckets_up_to(max_batch: int) -> tuple[int, ...]:
@@ -24,6 +27,13 @@ def buckets_up_to(max_batch: int) -> tuple[int, ...]:
     if max_batch < 1:
         raise ValueError("max_batch must be >= 1")
     return tuple(sorted({b for b in DEFAULT_BUCKETS if b < max_batch} | {max_batch}))
+
+
+def query_buckets(max_query: int) -> tuple[int, ...]:
+    """Query slots per row captured for verify steps: 1 + k up to `max_query` (and itself)."""
+    if max_query <= 1:
+        return ()
+    return tuple(sorted({q for q in QUERY_BUCKETS if q < max_query} | {max_query}))
 
 
 def pick_bucket(batch: int, buckets: tuple[int, ...]) -> int | None:
@@ -35,29 +45,30 @@ def pick_bucket(batch: int, buckets: tuple[int, ...]) -> int | None:
 @dataclass(frozen=True, slots=True)
 class CapturedStep:
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor  # the graph's static output [bucket, V]
+    logits: torch.Tensor  # the graph's static output [bucket * query, V]
+    argmax: torch.Tensor  # int32 [bucket * query]: the greedy tokens
 
 
 def capture(
-    buckets: tuple[int, ...], run: Callable[[int], torch.Tensor], prepare: Callable[[int], None]
-) -> dict[int, CapturedStep]:
-    """Capture `run(bucket)` for every bucket, largest first so smaller ones reuse its memory.
-
-    `prepare(bucket)` stages padding inputs; `run` is warmed up once eagerly (Triton compiles
-    then, outside the capture) on a side stream, as CUDA-graph capture requires.
-    """
+    shapes: list[tuple[int, int]],
+    run: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+    prepare: Callable[[int, int], None],
+) -> dict[tuple[int, int], CapturedStep]:
+    """Capture `run(rows, query)` for every shape, largest first so smaller ones reuse its
+    memory. `prepare(rows, query)` stages padding inputs; `run` is warmed up once eagerly
+    (Triton compiles then, outside the capture) on a side stream, as capture requires."""
     pool = torch.cuda.graph_pool_handle()
-    graphs: dict[int, CapturedStep] = {}
+    graphs: dict[tuple[int, int], CapturedStep] = {}
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    for bucket in sorted(buckets, reverse=True):
-        prepare(bucket)
+    for rows, query in sorted(shapes, key=lambda s: (s[0] * s[1], s), reverse=True):
+        prepare(rows, query)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            run(bucket)
+            run(rows, query)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            logits = run(bucket)
-        graphs[bucket] = CapturedStep(graph, logits)
+            logits, argmax = run(rows, query)
+        graphs[rows, query] = CapturedStep(graph, logits, argmax)
     torch.cuda.synchronize()
     return graphs

@@ -1,17 +1,22 @@
 """`CudaRunner`: any fast model (`resin_models_cuda.models`) on Triton kernels and CUDA graphs.
 
-Implements the Runner protocol: `runner_config` (one cache group per layer kind: History for
-full attention, Window for sliding layers), `bind(layout)` (allocates the KV arena, the
-persistent decode buffers and captures the decode graphs), `forward(plan)`, `close()`.
+Implements the Runner protocol (`runner_config`, `bind`, `forward`, `close`) and the
+AsyncRunner one (`submit`, `collect`) with `RunnerConfig.overlap`: `submit` only enqueues
+device work and returns, so the engine can plan step n+1 while step n runs; at most two
+plans are in flight and `collect` returns their outputs in order. The tokens a step samples
+stay on the device (`_prev_tokens`), so the next plan's `prev_token_rows` are resolved there,
+inside its decode graph.
 
-A step: copy-on-write page copies first; decode plans with one token per row replay the graph
-of their padded bucket (plan arrays go in with one host-to-device copy); other plans run
-eagerly through the varlen prefill kernels. Sampling runs on the device (`_sample`, the one
-place that turns logits into tokens); the step's only sync is reading the token ids back.
+A step: copy-on-write page copies first; decode plans (one query token per row, or 1 + k for
+rows verifying k drafts) go into the persistent buffers with one pinned host-to-device copy
+and replay the graph of their padded shape, which computes logits and their argmax; other
+plans run eagerly through the varlen prefill kernels. Sampling runs on the device
+(`sampling.py`); the step's only sync is the wait for its token read-back, in `collect`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,47 +24,36 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, ForwardOutput, Phase
-from resin.protocols import CacheLayout, History, RunnerConfig, Window
+from resin.protocols import CacheLayout, RunnerConfig
 from resin_models_cuda.buffers import DecodeBuffers
-from resin_models_cuda.graphs import CapturedStep, buckets_up_to, capture, pick_bucket
-from resin_models_cuda.kernels import decode_splits, prefill_blocks
-from resin_models_cuda.kernels.sampler import philox_seeds, sample_tokens
+from resin_models_cuda.graphs import (
+    CapturedStep,
+    buckets_up_to,
+    capture,
+    pick_bucket,
+    query_buckets,
+)
+from resin_models_cuda.kernels import decode_splits
+from resin_models_cuda.kernels.sampler import argmax_rows
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
-from resin_models_cuda.models import BuildOptions, FastModel, build_model
-from resin_models_cuda.step import DecodeInfo, GroupTensors, PrefillInfo, StepTensors
+from resin_models_cuda.models import FastModel, build_model
+from resin_models_cuda.options import RunnerOptions
+from resin_models_cuda.runner_setup import make_runner_config, prefill_step
+from resin_models_cuda.sampling import (
+    DeviceSampler,
+    Picked,
+    ReadBack,
+    plain_output,
+    speculative_output,
+)
+from resin_models_cuda.step import DecodeInfo, StepTensors
 from resin_models_torch.config import ModelConfig
-from resin_models_torch.constraints import constrain_logits
 from resin_models_torch.hf_config import load_config
 
+__all__ = ["CudaRunner", "RunnerOptions", "load_runner", "random_runner"]
 
-@dataclass(frozen=True, slots=True)
-class RunnerOptions:
-    """Knobs of a `CudaRunner`.
-
-    - `max_batch`: largest decode batch captured in a graph (bigger ones run eagerly);
-    - `max_context`: longest sequence (sizes the rope table and the page-id buffer);
-    - `cache_bytes`: KV arena size to ask the engine for (None: free device memory times
-      `memory_fraction`, measured when the runner is built);
-    - `num_pages`: exact arena size (tests); `prefill_block_m`: query rows per prefill program;
-    - `moe_gemv_max_pairs`: MoE token-expert pairs up to which the expert GEMV runs instead of
-      the grouped GEMM;
-    - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks).
-    """
-
-    page_size: int = 16
-    max_batch: int = 256
-    max_context: int = 8192
-    cuda_graphs: bool = True
-    cache_bytes: int | None = None
-    num_pages: int | None = None
-    memory_fraction: float = 0.85
-    prefill_block_m: int = 128
-    moe_gemv_max_pairs: int = 64
-    seed: int = 0
-    keep_logits: bool = False
-
-    def build_options(self) -> BuildOptions:
-        return BuildOptions(self.max_context, self.moe_gemv_max_pairs)
+MAX_IN_FLIGHT = 2
+PREV_ROWS = 4096  # rows of the previous plan whose tokens stay on the device (at least)
 
 
 def random_runner(
@@ -88,6 +82,14 @@ def load_runner(
     return CudaRunner(model, options)
 
 
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    plan: BatchPlan
+    rows: np.ndarray  # plan row of each sampled entry, in order
+    offsets: np.ndarray | None  # query offset j of each entry (verify steps), else None
+    picked: Picked
+
+
 class CudaRunner:
     def __init__(self, model: FastModel, options: RunnerOptions | None = None) -> None:
         self.model = model
@@ -96,17 +98,26 @@ class CudaRunner:
         self.device, self.dtype = model.device, model.dtype
         self._graphs_enabled = self.options.cuda_graphs and self.device.type == "cuda"
         self._max_positions = min(self.options.max_context, self.config.max_positions) + 1
-        self._rng = np.random.default_rng(self.options.seed)
         self._num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda"
             else 1  # the CPU interpreter pays per program: no split-KV there
         )
-        self._runner_config = self._make_runner_config()
+        self._runner_config = make_runner_config(model, self.options)
+        self._sampler = DeviceSampler(self.device, self.options.seed)
+        self._max_query = 1 + self.options.max_draft_tokens
         self.kv: torch.Tensor | None = None
         self._buffers: DecodeBuffers | None = None
-        self._graphs: dict[int, CapturedStep] = {}
+        self._graphs: dict[tuple[int, int], CapturedStep] = {}
         self._buckets: tuple[int, ...] = ()
+        self._verify_buckets: tuple[int, ...] = ()
+        self._queries: tuple[int, ...] = ()
+        self._inflight: deque[_InFlight] = deque()
+        self._prev_tokens = torch.zeros(
+            max(PREV_ROWS, self.options.max_batch), dtype=torch.int32, device=self.device
+        )
+        self._prev_valid = 0  # rows of the previous plan whose token is in _prev_tokens
+        self._readback = ReadBack(max(PREV_ROWS, self.options.max_batch), self.device)
         self.last_logits: torch.Tensor | None = None
 
     # ----- Runner protocol -------------------------------------------------------------------
@@ -127,175 +138,176 @@ class CudaRunner:
         planes, heads, dim = self.model.cache_token_shape()
         # Page p holds page_size tokens of every layer of the group that owns it; groups with
         # fewer layers use the first slots.
-        self.kv = torch.zeros(
-            (
-                layout.num_pages,
-                max(self.model.layers_per_group),
-                planes,
-                layout.page_size,
-                heads,
-                dim,
-            ),
-            dtype=self.dtype,
-            device=self.device,
-        )
+        shape = (layout.num_pages, max(self.model.layers_per_group), planes, layout.page_size)
+        self.kv = torch.zeros((*shape, heads, dim), dtype=self.dtype, device=self.device)
         pages_per_seq = -(-self.options.max_context // layout.page_size) + 1
         groups = len(self.model.group_kinds)
+        rows = self.options.max_batch
         self._buffers = DecodeBuffers(
-            self.options.max_batch,
-            groups * self.options.max_batch * pages_per_seq,
-            self.device,
-            groups,
+            rows, groups * rows * pages_per_seq, self.device, groups, self._max_query
         )
         if self._graphs_enabled:
-            self._buckets = buckets_up_to(self.options.max_batch)
-            self._graphs = capture(self._buckets, self._decode_logits, self._buffers.stage_padding)
+            self._buckets = buckets_up_to(rows)
+            self._verify_buckets = buckets_up_to(min(rows, self.options.verify_graph_batch))
+            self._queries = query_buckets(self._max_query)
+            shapes = [(b, 1) for b in self._buckets]
+            shapes += [(b, q) for b in self._verify_buckets for q in self._queries]
+            self._graphs = capture(shapes, self._decode_body, self._buffers.stage_padding)
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
+        if self._inflight:
+            raise RuntimeError("forward() while submitted plans are uncollected")
+        self.submit(plan)
+        return self.collect()
+
+    def submit(self, plan: BatchPlan) -> None:
+        """Enqueue `plan` on the device and return (at most two plans in flight)."""
         if self.kv is None or self._buffers is None:
-            raise RuntimeError("forward() before bind()")
+            raise RuntimeError("submit() before bind()")
+        if len(self._inflight) >= MAX_IN_FLIGHT:
+            raise RuntimeError(f"{MAX_IN_FLIGHT} plans are in flight: collect() first")
         if int(plan.total_lens.max(initial=0)) > self._max_positions:
             raise ValueError(f"context beyond max_context={self.options.max_context}")
-        for group in plan.cache_groups:
-            if group.copy_src.shape[0]:
-                src = torch.from_numpy(group.copy_src.astype(np.int64)).to(self.device)
-                dst = torch.from_numpy(group.copy_dst.astype(np.int64)).to(self.device)
-                self.kv[dst] = self.kv[src]
-        b = plan.num_sequences
-        if plan.phase is Phase.DECODE and plan.num_tokens == b and b <= self._buffers.max_rows:
-            bucket = pick_bucket(b, self._buckets) if self._graphs else None
-            self._buffers.stage(plan, bucket or b)
-            if bucket is not None:
-                self._graphs[bucket].graph.replay()
-                logits = self._graphs[bucket].logits[:b]
-            else:
-                logits = self._decode_logits(b)
-            rows = np.arange(b)
-        else:
-            rows = np.flatnonzero(plan.sample_rows)
-            hidden = self.model.forward(self._prefill_step(plan), self.kv)
-            last = torch.from_numpy(plan.last_token_index[rows].astype(np.int64)).to(self.device)
-            logits = self.model.logits(hidden[last])
-        if self.options.keep_logits:
-            self.last_logits = logits.clone()
-        return self._sample(plan, rows, logits)
+        prev = plan.prev_token_rows
+        if prev.size and int(prev.max()) >= self._prev_valid:
+            raise ValueError("prev_token_rows names a row whose token the runner does not hold")
+        if plan.draft_ids.size and plan.phase is not Phase.DECODE:
+            raise ValueError("drafts in a prefill plan")
+        if plan.draft_ids.size:
+            drafts = np.diff(plan.draft_indptr)
+            if int(drafts.max()) > self.options.max_draft_tokens:
+                raise ValueError(f"more than max_draft_tokens={self.options.max_draft_tokens}")
+            if np.any(plan.query_lens != 1 + drafts):
+                raise ValueError("a row with k drafts needs 1 + k query tokens")
+        elif plan.phase is Phase.DECODE and plan.num_tokens != plan.num_sequences:
+            raise ValueError("a decode row without drafts has one query token")
+        self._inflight.append(self._launch(plan))
+
+    def collect(self) -> ForwardOutput:
+        """The output of the oldest uncollected plan (waits for its tokens)."""
+        if not self._inflight:
+            raise RuntimeError("collect() without a submitted plan")
+        step = self._inflight.popleft()
+        tokens = step.picked.wait()
+        lps = step.picked.host_logprobs()
+        if step.offsets is None:
+            return plain_output(step.plan, step.rows, tokens, lps)
+        return speculative_output(step.plan, step.rows, step.offsets, tokens, lps)
 
     def close(self) -> None:
+        self._inflight.clear()
         self._graphs.clear()
         self.kv = None
         self._buffers = None
 
     # ----- internals -------------------------------------------------------------------------
 
-    def _make_runner_config(self) -> RunnerConfig:
-        c, ps = self.config, self.options.page_size
-        planes, heads, dim = self.model.cache_token_shape()
-        per_layer = ps * planes * heads * dim * self.dtype.itemsize
-        groups: list[History | Window] = []
-        for kind, layers in zip(self.model.group_kinds, self.model.layers_per_group, strict=True):
-            if kind == "sliding":
-                groups.append(Window(int(c.sliding_window or 0), layers * per_layer))
+    def _launch(self, plan: BatchPlan) -> _InFlight:
+        assert self.kv is not None and self._buffers is not None
+        for group in plan.cache_groups:
+            if group.copy_src.shape[0]:
+                src = torch.from_numpy(group.copy_src.astype(np.int64)).to(self.device)
+                dst = torch.from_numpy(group.copy_dst.astype(np.int64)).to(self.device)
+                self.kv[dst] = self.kv[src]
+        b = plan.num_sequences
+        qlens = plan.query_lens
+        query = int(qlens.max(initial=1))
+        offsets: np.ndarray | None = None
+        argmax: torch.Tensor | None = None
+        buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows
+        if buffered and query <= self._max_query:
+            shape = self._pick_graph(b, query) or (b, query)
+            self._buffers.stage(plan, *shape)
+            if shape in self._graphs:
+                captured = self._graphs[shape]
+                captured.graph.replay()
+                logits, argmax = captured.logits, captured.argmax
             else:
-                groups.append(History(layers * per_layer))
-        page_bytes = max(g.bytes_per_page for g in groups)
-        cache_bytes = self.options.cache_bytes
-        if cache_bytes is None and self.options.num_pages is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                cache_bytes = int(free * self.options.memory_fraction)
+                logits, argmax = self._decode_body(*shape)
+            rows = np.arange(b)
+            if query == 1:
+                logits, argmax = logits[:b], argmax[:b]
+            else:  # every query token of a row samples (verify)
+                rows = np.repeat(rows, qlens)
+                offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
+                index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
+                logits, argmax = logits[index], argmax[index]
+        else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
+            hidden = self.model.forward(self._eager_step(plan), self.kv)
+            if plan.draft_ids.size:  # every query token samples
+                rows = np.repeat(np.arange(b), qlens)
+                offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
+                logits = self.model.logits(hidden)
             else:
-                cache_bytes = 256 * page_bytes
-        return RunnerConfig(
-            vocab_size=c.vocab_size,
-            page_size=ps,
-            cache_groups=tuple(groups),
-            num_pages=self.options.num_pages,
-            cache_bytes=cache_bytes,
-            waits_for_masks=True,  # constrain_logits reads the mask through bitmask()
-        )
+                rows = np.flatnonzero(plan.sample_rows)
+                last = plan.last_token_index[rows].astype(np.int64)
+                logits = self.model.logits(hidden[torch.from_numpy(last).to(self.device)])
+        if self.options.keep_logits:
+            self.last_logits = logits.clone()
+        tokens, lps = self._sampler.pick(plan, rows, offsets, logits, argmax)
+        self._keep_tokens(plan, rows, offsets, tokens, body_kept=tokens is argmax)
+        host, event = self._readback.send(tokens)
+        asked = plan.sampling.logprobs[rows] if lps is not None else None
+        return _InFlight(plan, rows, offsets, Picked(tokens, host, event, lps, asked))
 
-    def _decode_logits(self, rows: int) -> torch.Tensor:
-        """The decode forward over the persistent buffers' first `rows` rows (graph body)."""
-        assert self._buffers is not None and self.kv is not None
-        v = self._buffers.views(rows)
-        splits = decode_splits(rows, self.config.num_kv_heads, self._num_sms)
-        step = StepTensors(v.input_ids, v.positions, v.groups, DecodeInfo(v.seq_lens, splits))
-        return self.model.logits(self.model.forward(step, self.kv))
-
-    def _prefill_step(self, plan: BatchPlan) -> StepTensors:
-        block_m = self.options.prefill_block_m if self.device.type == "cuda" else 16
-        if self.dtype == torch.float32:
-            block_m = min(block_m, 64)  # float32 tiles need twice the shared memory
-        if self.config.head_dim * self.dtype.itemsize > 512:
-            block_m = min(block_m, 32)  # wide float32 heads (Gemma's 256)
-        block_row, block_off = prefill_blocks(plan.query_indptr, block_m)
-
-        def dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.array(a, dtype=np.int32)).to(self.device)
-
-        groups = tuple(
-            GroupTensors(
-                dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids), dev(g.page_start)
-            )
-            for g in plan.cache_groups
-        )
-        info = PrefillInfo(
-            dev(plan.query_indptr), dev(plan.cached_lens), dev(block_row), dev(block_off), block_m
-        )
-        return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info)
-
-    def _sample(self, plan: BatchPlan, rows: np.ndarray, logits: torch.Tensor) -> ForwardOutput:
-        s = plan.sampling
-        logits = constrain_logits(logits, s, rows)  # mask + bias first: sampling and logprobs
-        temp = s.temperature[rows].astype(np.float32)
-        temp = np.where(s.top_k[rows] == 1, np.float32(0), temp)
-        if not np.any(temp > 0):
-            tokens = logits.argmax(dim=-1)
-        else:
-            top_k, top_p, min_p = s.top_k[rows], s.top_p[rows], s.min_p[rows]
-            needs_filter = bool(np.any((temp > 0) & ((top_k > 0) | (top_p < 1) | (min_p > 0))))
-            seeds = philox_seeds(s.seed[rows], s.output_index[rows], self._rng)
-
-            def dev(a: np.ndarray) -> torch.Tensor:
-                return torch.from_numpy(np.array(a)).to(self.device)
-
-            tokens = sample_tokens(
-                logits.contiguous(),
-                dev(temp),
-                dev(top_k.astype(np.int32)),
-                dev(top_p.astype(np.float32)),
-                dev(min_p.astype(np.float32)),
-                dev(seeds.astype(np.int64)),
-                needs_filter=needs_filter,
-            )
-        indptr = np.zeros(plan.num_sequences + 1, dtype=np.uint32)
-        indptr[1:] = np.cumsum(np.isin(np.arange(plan.num_sequences), rows))
-        out_logprobs = self._logprobs(plan, rows, logits, tokens)
-        token_ids = tokens.to(torch.int64).cpu().numpy().astype(np.uint32)
-        if out_logprobs is None:
-            return ForwardOutput(token_ids=token_ids, token_indptr=indptr)
-        chosen, top_ids, top_lp = out_logprobs
-        return ForwardOutput(
-            token_ids=token_ids,
-            token_indptr=indptr,
-            logprobs=chosen,
-            top_ids=top_ids,
-            top_logprobs=top_lp,
-        )
-
-    def _logprobs(
-        self, plan: BatchPlan, rows: np.ndarray, logits: torch.Tensor, tokens: torch.Tensor
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        asked = plan.sampling.logprobs[rows]
-        if rows.shape[0] == 0 or asked.max(initial=-1) < 0:
+    def _pick_graph(self, b: int, query: int) -> tuple[int, int] | None:
+        if not self._graphs:
             return None
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        chosen = logp.gather(1, tokens.view(-1, 1).long()).squeeze(1).cpu().numpy()
-        k = int(asked.max())
-        top_lp, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], logp[:, :0].long())
-        chosen = np.where(asked >= 0, chosen, np.nan).astype(np.float32)
-        return (
-            chosen,
-            top_ids.to(torch.int32).cpu().numpy(),
-            top_lp.cpu().numpy().astype(np.float32),
-        )
+        if query == 1:
+            bucket = pick_bucket(b, self._buckets)
+            return None if bucket is None else (bucket, 1)
+        bucket = pick_bucket(b, self._verify_buckets)
+        q = pick_bucket(query, self._queries)
+        return None if bucket is None or q is None else (bucket, q)
+
+    def _keep_tokens(
+        self,
+        plan: BatchPlan,
+        rows: np.ndarray,
+        offsets: np.ndarray | None,
+        tokens: torch.Tensor,
+        body_kept: bool,
+    ) -> None:
+        """Leave each row's sampled token in `_prev_tokens` for the next plan's prev rows
+        (a greedy decode step's graph did it already: `body_kept`)."""
+        if offsets is not None or plan.num_sequences > self._prev_tokens.shape[0]:
+            self._prev_valid = 0  # verify steps: the engine drains the pipeline after them
+            return
+        if plan.phase is Phase.DECODE and rows.shape[0] == plan.num_sequences:
+            if not body_kept:
+                self._prev_tokens[: rows.shape[0]].copy_(tokens)
+        elif rows.shape[0]:
+            index = torch.from_numpy(rows.astype(np.int64)).to(self.device)
+            self._prev_tokens.index_copy_(0, index, tokens)
+        self._prev_valid = plan.num_sequences
+
+    def _resolve_prev(self, ids: torch.Tensor, prev_rows: torch.Tensor) -> torch.Tensor:
+        """Input ids with each `prev_rows[i] >= 0` replaced by that row's previous token."""
+        gathered = self._prev_tokens[prev_rows.clamp(min=0).long()]
+        return torch.where(prev_rows >= 0, gathered, ids)
+
+    def _decode_body(self, rows: int, query: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and argmax of the persistent buffers' first `rows` rows (graph body)."""
+        assert self._buffers is not None and self.kv is not None
+        v = self._buffers.views(rows, query)
+        ids = self._resolve_prev(v.input_ids, v.prev_rows) if query == 1 else v.input_ids
+        splits = decode_splits(rows, self.config.num_kv_heads, self._num_sms)
+        info = DecodeInfo(v.seq_lens, splits, query, v.q_lens if query > 1 else None)
+        step = StepTensors(ids, v.positions, v.groups, info)
+        logits = self.model.logits(self.model.forward(step, self.kv))
+        argmax = argmax_rows(logits)
+        if query == 1:
+            self._prev_tokens[:rows].copy_(argmax)
+        return logits, argmax
+
+    def _eager_step(self, plan: BatchPlan) -> StepTensors:
+        step = prefill_step(plan, self.options, self.config, self.dtype, self.device)
+        prev = plan.prev_token_rows
+        if prev.size and int(prev.max()) >= 0:
+            rows = torch.from_numpy(np.repeat(prev, plan.query_lens)).to(self.device)
+            first = np.zeros(plan.num_tokens, dtype=bool)
+            first[plan.query_indptr[:-1]] = True
+            rows = torch.where(torch.from_numpy(first).to(self.device), rows, -1)
+            ids = self._resolve_prev(step.input_ids, rows)
+            step = StepTensors(ids, step.positions, step.groups, step.info)
+        return step

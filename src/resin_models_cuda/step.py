@@ -2,7 +2,8 @@
 
 Every cache group (History for full attention, Window for sliding layers) has its own page
 table and append slots; a layer reads the group it belongs to (`LayerSlot`). Decode steps carry
-`DecodeInfo` (one query token per row, fixed shapes: CUDA-graph safe); other steps carry
+`DecodeInfo` (`query` tokens per row: 1, or 1 + k for rows verifying k drafts; fixed shapes:
+CUDA-graph safe); other steps carry
 `PrefillInfo` (varlen query chunks over cached prefixes).
 """
 
@@ -33,8 +34,10 @@ class GroupTensors:
 
 @dataclass(frozen=True, slots=True)
 class DecodeInfo:
-    seq_lens: torch.Tensor  # int32 [B]: cached tokens including the query (0: padding row)
+    seq_lens: torch.Tensor  # int32 [B]: cached tokens including the queries (0: padding row)
     splits: int
+    query: int = 1  # query slots per row (token t belongs to row t // query)
+    q_lens: torch.Tensor | None = None  # int32 [B]: real query tokens per row (query > 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,17 @@ group (KV: [pages, layers, 2, page_size, kv_heads, head_dim]; MLA latent: [pages
 page_size, width]; conv state: [pages, layers, channels, K-1]). Each `forward(plan)` does the
 plan's page copies first, runs the model on the step's flat tokens, samples the sampling rows
 and returns a `ForwardOutput`; device results reach the host in one transfer at the end.
+
+It is also an overlapping `AsyncRunner` (`overlap=True`, the default): `submit(plan)` runs the
+step at once and keeps its sampled tokens as a tensor (one per plan row, -1 where a row did
+not sample), from which the next plan's `prev_token_rows` are resolved; `collect()` returns
+the outputs in submission order. On a CPU that hides nothing, but it runs the engine's
+pipelined path against a real model.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -62,8 +69,10 @@ class TorchRunner:
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         num_pages: int | None = None,
         seed: int = 0,
+        overlap: bool = True,
     ) -> None:
         self.model = model.eval()
+        self.overlap = overlap
         weight = model.model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.page_size = page_size
@@ -77,6 +86,9 @@ class TorchRunner:
         self._arena: torch.Tensor | None = None
         self._views: tuple[torch.Tensor, ...] = ()
         self.media = MediaEncoderCache(model)
+        self._sampled = torch.zeros(0, dtype=torch.long)
+        """Token each row of the last accepted plan sampled (-1: none), on the device."""
+        self._waiting: deque[ForwardOutput] = deque()
 
     @property
     def vocab_size(self) -> int:
@@ -110,6 +122,7 @@ class TorchRunner:
             cache_bytes=self.cache_bytes,
             max_logprobs=MAX_LOGPROBS,
             waits_for_masks=True,
+            overlap=self.overlap,
             max_draft_tokens=MAX_DRAFT_TOKENS,
         )
 
@@ -139,17 +152,43 @@ class TorchRunner:
     def close(self) -> None:
         self._arena, self._views = None, ()
 
+    def submit(self, plan: BatchPlan) -> None:
+        """Run the step now; its output waits for `collect` (at most two wait)."""
+        if len(self._waiting) >= 2:
+            raise RuntimeError("two plans are already waiting for collect()")
+        self._waiting.append(self.forward(plan))
+
+    def collect(self) -> ForwardOutput:
+        if not self._waiting:
+            raise RuntimeError("collect() without a submitted plan")
+        return self._waiting.popleft()
+
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         if self._arena is None:
             raise RuntimeError("TorchRunner.bind(layout) must be called before forward")
         if plan.num_tokens and int(plan.input_ids.max()) >= self.vocab_size:
             raise ValueError("token id out of the model's vocabulary")
         with torch.inference_mode():
+            ids = self._input_ids(plan)
             self._copy_pages(plan)
             ctx = self.media.attach(plan, self._context(plan))
-            ids = torch.from_numpy(plan.input_ids.astype(np.int64)).to(self.device)
             hidden = self.model(ids, ctx)
             return self._outputs(plan, hidden)
+
+    def _input_ids(self, plan: BatchPlan) -> torch.Tensor:
+        """The step's tokens, rows with `prev_token_rows` taken from the last plan's samples."""
+        ids = torch.from_numpy(plan.input_ids.astype(np.int64)).to(self.device)
+        prev = plan.prev_token_rows
+        if prev.size and (prev >= 0).any():
+            rows = np.flatnonzero(prev >= 0)
+            if int(prev.max()) >= self._sampled.numel():
+                raise ValueError("prev_token_rows points past the previous plan's rows")
+            src = torch.from_numpy(prev[rows].astype(np.int64)).to(self.device)
+            firsts = torch.from_numpy(plan.query_indptr[rows].astype(np.int64)).to(self.device)
+            ids[firsts] = self._sampled[src]
+        if plan.num_tokens and int(ids.min()) < 0:
+            raise ValueError("an input token is -1 and no previous row sampled it")
+        return ids
 
     def _copy_pages(self, plan: BatchPlan) -> None:
         assert self._arena is not None
@@ -187,6 +226,8 @@ class TorchRunner:
         else:
             logits = self.model.logits(hidden[last])
         result = self.sampler.sample(logits, plan.sampling, rows)
+        self._sampled = torch.full((plan.num_sequences,), -1, dtype=torch.long, device=self.device)
+        self._sampled[torch.from_numpy(rows).to(self.device)] = result.token_ids
         wants = int(plan.sampling.logprobs[rows].max(initial=-1))
         output = ForwardOutput(
             token_ids=_host(result.token_ids).astype(np.uint32),

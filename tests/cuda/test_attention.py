@@ -155,3 +155,63 @@ def test_prefill_blocks_maps_every_query_once() -> None:
     rows, offs = prefill_blocks(qi, 16)
     assert rows.tolist() == [0, 2, 2, 2, 3]
     assert offs.tolist() == [0, 0, 16, 32, 0]
+
+
+def _multi_query_case(
+    device: str, dtype: torch.dtype, atol: float, rtol: float, lens: list[int],
+    q_lens: list[int], query: int, heads: tuple[int, int], window: int, splits: int,
+) -> None:  # fmt: skip
+    """Rows of `query` query slots, the last `q_lens[b]` positions of the row real."""
+    from resin_models_cuda.kernels import decode_attention
+
+    hq, hkv = heads
+    head_dim = 32 if device == "cpu" else 128
+    page = 16
+    case = make_paged(lens, hkv, head_dim, page, dtype, device, seed=3)
+    q = torch.randn((len(lens) * query, hq, head_dim)).to(dtype).to(device)
+    out = decode_attention(
+        q, case.k_cache, case.v_cache, case.page_indptr, case.page_ids, case.page_start,
+        torch.tensor(lens, dtype=torch.int32, device=device), scale=head_dim**-0.5,
+        splits=splits, window=window, block_n=16 if device == "cpu" else 64, query=query,
+        q_lens=torch.tensor(q_lens, dtype=torch.int32, device=device),
+    )  # fmt: skip
+    for b, (n, m) in enumerate(zip(lens, q_lens, strict=True)):
+        rows = slice(b * query, b * query + m)
+        if n == 0:
+            assert torch.all(out[b * query : (b + 1) * query] == 0)
+            continue
+        pos = torch.arange(n - m, n, device=device)
+        ref = ref_attention(q[rows], case.dense_k[b], case.dense_v[b], pos, head_dim**-0.5, window)
+        torch.testing.assert_close(out[rows].float(), ref, atol=atol, rtol=rtol)
+        if m < query:  # padding slots repeat the last real query's keys
+            pad = ref_attention(q[b * query + m : (b + 1) * query], case.dense_k[b],
+                                case.dense_v[b], pos[-1:].repeat(query - m), head_dim**-0.5,
+                                window)  # fmt: skip
+            torch.testing.assert_close(out[b * query + m : (b + 1) * query].float(), pad,
+                                       atol=atol, rtol=rtol)  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), DTYPES)
+@pytest.mark.parametrize(
+    ("lens", "q_lens", "query", "heads", "window", "splits"),
+    [
+        ([9, 40, 0], [5, 3, 1], 5, (4, 2), 0, 4),
+        ([33, 70], [2, 4], 4, (8, 2), 20, 2),
+        ([17], [3], 3, (4, 4), 0, 8),
+    ],
+)
+def test_decode_attention_several_queries_per_row(
+    device: str, dtype: torch.dtype, atol: float, rtol: float, lens: list[int],
+    q_lens: list[int], query: int, heads: tuple[int, int], window: int, splits: int,
+) -> None:  # fmt: skip
+    """Speculative verify rows: each query token attends causally up to its own position."""
+    _multi_query_case(device, dtype, atol, rtol, lens, q_lens, query, heads, window, splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), GPU_DTYPES)
+def test_decode_attention_several_queries_gpu_shapes(
+    dtype: torch.dtype, atol: float, rtol: float
+) -> None:
+    _multi_query_case("cuda", dtype, atol, rtol, [1000, 4097, 7, 0], [5, 1, 5, 1], 5, (32, 8), 0, 8)
+    _multi_query_case("cuda", dtype, atol, rtol, [1000, 600], [9, 4], 9, (64, 8), 128, 4)

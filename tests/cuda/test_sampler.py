@@ -74,3 +74,18 @@ def test_frequencies_follow_softmax(device: str) -> None:
     freq = torch.bincount(out, minlength=4).float() / rows
     expect = torch.softmax(base / 0.7, -1)
     torch.testing.assert_close(freq, expect, atol=0.03 if device == "cuda" else 0.06, rtol=0)
+
+
+def test_argmax_rows_takes_the_first_maximum(device: str) -> None:
+    from resin_models_cuda.kernels.sampler import argmax_rows
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn((5, 1000), generator=gen)
+    logits[1, 17] = logits[1, 900] = 50.0  # a tie across chunks: the first wins
+    logits[2, 5] = logits[2, 6] = 40.0  # a tie inside a chunk
+    logits[3, 999] = 60.0  # the last id
+    for block in (64, 256, 4096):
+        got = argmax_rows(logits.to(device), block=block).cpu()
+        assert got.dtype == torch.int32
+        assert got.tolist() == logits.argmax(dim=-1).tolist()
+    assert argmax_rows(logits[:0].to(device)).shape == (0,)

@@ -13,6 +13,8 @@ One step is one transaction: schedule -> reserve pages -> plan -> run -> validat
 A `RetryableRunnerError` rolls the reservation back (bounded retries per request); any other
 runner failure or an invalid output quarantines exactly that plan's requests; a
 `RunnerDeadError` ends every request with an error and the engine refuses new work.
+With an overlapping `AsyncRunner` (`overlap`), pure decode steps are pipelined: plan n+1 is
+submitted before step n is collected (`engine/pipeline.py`); events equal a synchronous run's.
 One thread drives an Engine; only `metrics` may be read from other threads.
 """
 
@@ -22,13 +24,14 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
-from resin.cache.manager import CacheManager
+from resin.cache.manager import CacheManager, PageReservation
 from resin.cache.pool import OutOfPagesError
 from resin.engine.constraints import ConstraintSet
 from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
 from resin.engine.grammar import GrammarBackend
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.media import validate_media
+from resin.engine.pipeline import Pipeline, make_pipeline
 from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
 from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
@@ -39,7 +42,7 @@ from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, FinishReason
 from resin.metrics.collector import MetricsCollector, MetricsSnapshot
 from resin.params import SamplingParams
-from resin.plan import MediaItem, Phase
+from resin.plan import BatchPlan, MediaItem, Phase
 from resin.protocols import (
     AsyncRunner,
     BindableRunner,
@@ -65,6 +68,7 @@ class Engine:
         enable_metrics: bool = True,
         max_retries: int = 3,
         grammar: GrammarBackend | None = None,
+        overlap: bool | None = None,
         speculation: Speculation | None = None,
     ) -> None:
         self._config = EngineConfig(
@@ -107,13 +111,15 @@ class Engine:
             vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
         )
+        self._pipe = make_pipeline(
+            overlap, runner, self._runner_config, self._txn, self._cache, self._slots, self._life
+        )
         self._spec = (
             None
             if speculation is None
             else Speculator(speculation, self._runner_config, max_batch_tokens, self._collector)
         )
         self._pending: list[Event] = []
-        self._next_id = 0
         self._step_id = 0
         self._closed = False
         if isinstance(runner, BindableRunner):
@@ -129,6 +135,11 @@ class Engine:
     def layout(self) -> CacheLayout:
         """The one arena the runner was bound to."""
         return self._layout
+
+    @property
+    def overlap(self) -> bool:
+        """Whether decode steps are pipelined (submit n+1 before collecting n)."""
+        return self._pipe is not None
 
     @property
     def context_length(self) -> int:
@@ -175,7 +186,7 @@ class Engine:
                 f"the cache has {self._layout.num_pages}"
             )
         grammar = self._constraints.check(params)
-        rid = self._take_id(request_id)
+        rid = self._life.take_id(request_id)
         items = validate_media(media, len(prompt), self._config.prefill_chunk_tokens)
         request = Request(rid, prompt, params, items)
         request.times.arrival = time.monotonic()
@@ -185,23 +196,33 @@ class Engine:
         return request
 
     def has_work(self) -> bool:
-        return bool(self._pending) or (self._life.dead is None and self._scheduler.has_work())
+        busy = self._pipe is not None and self._pipe.busy
+        return bool(self._pending) or (
+            self._life.dead is None and (busy or self._scheduler.has_work())
+        )
 
     def step(self) -> list[Event]:
         """Run one transaction; return its events (and any from aborts since the last step)."""
         events, self._pending = self._pending, []
         if self._life.dead is not None or not self._scheduler.has_work():
+            if self._pipe is not None:  # rows of requests that ended while in flight
+                self._pipe.drain(events)
             if self._life.dead is None:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self._scheduler.num_preemptions
         cohort = self._scheduler.schedule()
         if cohort is None:
+            if self._pipe is not None:
+                self._pipe.drain(events)
             if self._scheduler.num_preemptions == preemptions:
                 self._fail_unfittable(events)
         else:
             self._step_id += 1
-            self._run(cohort, events)
+            if self._pipe is None:
+                self._run(cohort, events)
+            else:
+                self._overlapped(self._pipe, cohort, events)
         self._update_gauges()
         return events
 
@@ -219,6 +240,8 @@ class Engine:
         """Abort everything, close the runner; `submit` raises from now on. Idempotent."""
         if self._closed:
             return
+        if self._pipe is not None:  # the device finishes what it was given
+            self._pipe.drain(self._pending)
         for request in list(self._life.live.values()):
             self._pending.append(self._life.finish(request, FinishReason.ABORT))
         self._closed = True
@@ -249,6 +272,19 @@ class Engine:
 
     # -- one step -------------------------------------------------------------------------
     def _run(self, cohort: Cohort, events: list[Event]) -> None:
+        reserved = self._reserve(cohort)
+        if reserved is None:
+            return
+        plan, reservation, cohort = reserved
+        if self._constraints.active:
+            plan = self._constraints.attach(plan, cohort.requests)
+        self._txn.execute(plan, cohort.requests, reservation, events)
+        if self._constraints.active:
+            self._constraints.advance(cohort.requests, events, self._finish_constrained)
+
+    def _reserve(
+        self, cohort: Cohort, chained: Pipeline | None = None
+    ) -> tuple[BatchPlan, PageReservation, Cohort] | None:
         prefill = cohort.phase is Phase.PREFILL
         drafts: DraftStep | None = None
         if self._spec is not None and not prefill:
@@ -260,16 +296,29 @@ class Engine:
             # The scheduler's estimate was short (a bug, but not worth a crash): make room
             # the usual way and try again next step.
             self._scheduler.retract(self._scheduler.youngest())
-            return
+            return None
         if drafts is None:
-            plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache)
+            prev = None if chained is None else chained.chained(reservation.slots)
+            plan = build_plan(self._step_id, cohort, reservation, self._slots, self._cache, prev)
         else:
             plan = drafts.plan(self._step_id, reservation, self._slots, self._cache)
-        if self._constraints.active:
-            plan = self._constraints.attach(plan, cohort.requests)
-        self._txn.execute(plan, cohort.requests, reservation, events)
-        if self._constraints.active:
-            self._constraints.advance(cohort.requests, events, self._finish_constrained)
+        return plan, reservation, cohort
+
+    def _overlapped(self, pipe: Pipeline, cohort: Cohort, events: list[Event]) -> None:
+        """Pipeline pure decode steps; drain before one that needs host tokens (prefill,
+        constrained rows, speculative drafts: overlap and drafts never mix in one step)."""
+        if cohort.phase is Phase.PREFILL or self._constraints.active or self._spec is not None:
+            if pipe.busy:
+                pipe.drain(events)
+                if cohort.phase is Phase.DECODE or self._life.dead is not None:
+                    return  # planned on in-flight rows that may have ended: schedule afresh
+            self._run(cohort, events)
+            return
+        reserved = self._reserve(cohort, pipe)
+        if reserved is not None:
+            plan, reservation, cohort = reserved
+            pipe.launch(pipe.chain_states(plan), cohort.requests, reservation, events)
+        pipe.settle(events)
 
     def _finish_constrained(
         self, request: Request, reason: FinishReason, error: str | None
@@ -288,20 +337,6 @@ class Engine:
         )
         events.append(self._life.finish(head, FinishReason.ERROR, message))
 
-    def _take_id(self, request_id: int | None) -> int:
-        if request_id is None:
-            while self._next_id in self._life.live:
-                self._next_id += 1
-            rid = self._next_id
-            self._next_id += 1
-            return rid
-        if isinstance(request_id, bool) or not isinstance(request_id, int):
-            raise ValueError("request_id must be an int")
-        if request_id in self._life.live:
-            raise ValueError(f"request id {request_id} is already in use")
-        return request_id
-
-    # -- metrics --------------------------------------------------------------------------
     def _update_gauges(self) -> None:
         c = self._collector
         if c is None:

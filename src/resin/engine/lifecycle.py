@@ -32,9 +32,23 @@ class Lifecycle:
         self.live: dict[int, Request] = {}
         self.dead: str | None = None
         """Why the runner died (None while it lives)."""
+        self._next_id = 0
 
     def add(self, request: Request) -> None:
         self.live[request.id] = request
+
+    def take_id(self, request_id: int | None) -> int:
+        """`request_id` checked to be a free int, or the next free automatic id."""
+        if request_id is None:
+            while self._next_id in self.live:
+                self._next_id += 1
+            self._next_id += 1
+            return self._next_id - 1
+        if isinstance(request_id, bool) or not isinstance(request_id, int):
+            raise ValueError("request_id must be an int")
+        if request_id in self.live:
+            raise ValueError(f"request id {request_id} is already in use")
+        return request_id
 
     def finish(
         self,

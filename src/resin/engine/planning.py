@@ -29,16 +29,20 @@ def build_plan(
     reservation: PageReservation,
     arrays: SlotStore,
     cache: CacheManager,
+    prev_token_rows: I32 | None = None,
 ) -> BatchPlan:
     """The plan for the cohort's rows computing positions `cached[i] .. totals[i] - 1`.
 
-    Pages for those positions must already be reserved in `cache`.
+    Pages for those positions must already be reserved in `cache`. `prev_token_rows` (decode,
+    overlap: `engine/pipeline.py`): rows >= 0 take their input token on the device.
     """
     phase, requests, cached, totals = cohort.phase, cohort.requests, cohort.cached, cohort.totals
     slots = reservation.slots
     b = slots.size
     if phase is Phase.DECODE:
         input_ids = arrays.last_token[slots]
+        if prev_token_rows is not None:
+            input_ids[prev_token_rows >= 0] = -1
         positions = cached.copy()
         query_indptr = np.arange(b + 1, dtype=np.int32)
         tok_rows = slots
@@ -95,6 +99,7 @@ def build_plan(
         draft_indptr=np.zeros(b + 1, dtype=np.int32),
         draft_ids=_EMPTY_I32,
         media=plan_media([r.media for r in requests], totals.tolist()),
+        prev_token_rows=_EMPTY_I32 if prev_token_rows is None else prev_token_rows,
     )
 
 

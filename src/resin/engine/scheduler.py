@@ -225,7 +225,7 @@ class Scheduler:
                 (r.slot for r in chosen), dtype=np.int32, count=len(chosen)
             )
         slots = self._decode_slots
-        cached = self.arrays.num_computed[slots]
+        cached = self.arrays.position(slots)
         totals = cached + 1
         if self.cache.pages_to_allocate(slots, cached, totals, False) <= self.cache.available():
             return Cohort(Phase.DECODE, tuple(chosen), slots, cached, totals)
@@ -236,7 +236,7 @@ class Scheduler:
         """Retract the youngest admitted requests until the cohort's new pages fit."""
         while chosen:
             slots = np.fromiter((r.slot for r in chosen), dtype=np.int32, count=len(chosen))
-            lens = self.arrays.num_computed[slots]
+            lens = self.arrays.position(slots)
             totals = lens + np.asarray(chunks, dtype=np.int32)
             need = self.cache.pages_to_allocate(slots, lens, totals, phase is Phase.PREFILL)
             if need <= self.cache.available():
@@ -270,6 +270,7 @@ class Scheduler:
         if request.slot >= 0:
             n = int(self.arrays.num_computed[request.slot])
             self.cache.release(request.slot, request.cache_keys(n) if cacheable else None)
+            self.arrays.release(request.slot)
             self.free_slots.append(request.slot)
             request.slot = -1
 

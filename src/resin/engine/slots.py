@@ -42,7 +42,14 @@ class SlotStore:
         self.logprobs = np.full(max_slots, -1, dtype=np.int32)
         self.num_output = np.zeros(max_slots, dtype=np.int32)
         self.num_computed = np.zeros(max_slots, dtype=np.int32)
-        """Tokens of the slot's sequence that are in the cache."""
+        """Tokens of the slot's sequence that are in the cache (committed steps)."""
+        self.ahead = np.zeros(max_slots, dtype=np.int32)
+        """Tokens of the slot in submitted, uncollected plans (overlap, `engine/pipeline.py`):
+        the next plan computes position `num_computed + ahead` with output index
+        `num_output + ahead`."""
+        self.epoch = np.zeros(max_slots, dtype=np.int64)
+        """Bumped whenever the slot is taken or freed: a plan row whose slot's epoch changed
+        since it was submitted belongs to a request that left (`engine/pipeline.py`)."""
         self.seq_id = np.zeros(max_slots, dtype=np.int64)
         self.limit = np.zeros(max_slots, dtype=np.int32)
         self.stop_ok_from = np.zeros(max_slots, dtype=np.int32)
@@ -75,6 +82,16 @@ class SlotStore:
         self.logprobs[s] = -1 if p.logprobs is None else p.logprobs
         self.num_output[s] = len(outputs)
         self.num_computed[s] = num_computed
+        self.ahead[s] = 0
+        self.epoch[s] += 1
+
+    def release(self, slot: int) -> None:
+        """The slot's request left (finished or retracted)."""
+        self.epoch[slot] += 1
+
+    def position(self, slots: I32) -> I32:
+        """The next position each slot computes: committed plus in-flight tokens."""
+        return self.num_computed[slots] + self.ahead[slots]
 
     def sampling(self, slots: I32, prompt_k: I32 | None = None) -> SamplingArrays:
         return SamplingArrays(
@@ -83,7 +100,7 @@ class SlotStore:
             top_k=self.top_k[slots],
             min_p=self.min_p[slots],
             seed=self.seed[slots],
-            output_index=self.num_output[slots],
+            output_index=self.num_output[slots] + self.ahead[slots],
             logprobs=self.logprobs[slots],
             prompt_logprobs=_EMPTY_I32 if prompt_k is None else prompt_k,
         )

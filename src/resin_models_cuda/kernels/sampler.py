@@ -127,3 +127,48 @@ def sample_tokens(
             BLOCK=1024, num_warps=8,
         )  # fmt: skip
     return out
+
+
+@triton.jit
+def _argmax_partial_kernel(
+    x_ptr, val_ptr, idx_ptr, V, stride_x, CHUNKS, BLOCK: tl.constexpr
+):  # fmt: skip
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=offs < V, other=float("-inf"))
+    x = x.to(tl.float32)
+    top = tl.max(x, 0)
+    tl.store(val_ptr + row * CHUNKS + c, top)
+    tl.store(idx_ptr + row * CHUNKS + c, tl.min(tl.where(x == top, offs, 2147483647), 0))
+
+
+@triton.jit
+def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, CHUNKS, CHUNKS_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, CHUNKS_PAD)
+    mask = c < CHUNKS
+    v = tl.load(val_ptr + row * CHUNKS + c, mask=mask, other=float("-inf"))
+    i = tl.load(idx_ptr + row * CHUNKS + c, mask=mask, other=2147483647)
+    top = tl.max(v, 0)
+    tl.store(out_ptr + row, tl.min(tl.where(v == top, i, 2147483647), 0))
+
+
+def argmax_rows(logits: torch.Tensor, block: int = 4096) -> torch.Tensor:
+    """Greedy tokens: the first index of each row's maximum (like `torch.argmax`), int32 [B].
+
+    Two launches: every (row, chunk of `block` ids) program reduces its chunk, then one
+    program per row reduces the chunks; the whole vocabulary is read once, in parallel."""
+    assert logits.dim() == 2 and logits.stride(1) == 1
+    batch, vocab = logits.shape
+    chunks = triton.cdiv(vocab, block)
+    vals = torch.empty((batch, chunks), dtype=torch.float32, device=logits.device)
+    idx = torch.empty((batch, chunks), dtype=torch.int32, device=logits.device)
+    out = torch.empty(batch, dtype=torch.int32, device=logits.device)
+    if batch:
+        _argmax_partial_kernel[(batch, chunks)](
+            logits, vals, idx, vocab, logits.stride(0), chunks, BLOCK=block, num_warps=8
+        )
+        pad = max(2, 1 << (chunks - 1).bit_length())
+        _argmax_final_kernel[(batch,)](vals, idx, out, chunks, CHUNKS_PAD=pad, num_warps=1)
+    return out

@@ -86,6 +86,8 @@ class Attention:
                 splits=info.splits,
                 window=self.window,
                 sinks=self.sinks,
+                query=info.query,
+                q_lens=info.q_lens,
             )
         else:
             o = prefill_attention(

@@ -1,0 +1,267 @@
+"""Overlap scheduling: submit decode step n+1 before step n's tokens reach the host.
+
+With a runner that declares `RunnerConfig.overlap` (an `AsyncRunner` that holds two plans),
+a pure decode step goes: schedule -> reserve -> plan n+1 -> `submit` -> `collect` n ->
+validate -> commit n -> events. Rows of plan n+1 whose request is in plan n take their input
+token on the device (`BatchPlan.prev_token_rows`, `input_ids` -1 there); their positions,
+output indices (`SlotStore.ahead`) and State ring pages are those after step n.
+
+Everything step n+1 assumed about step n is token-independent except whether its requests go
+on. A request that leaves while its row is in flight (a stop, `length`, an abort, a
+retraction, a quarantine of step n) is detected by its slot's `SlotStore.epoch`: the row's
+token is dropped at collection and never committed. The request's pages were freed when it
+left, with only its committed tokens published (`num_computed` counts committed steps only),
+so the events, the tokens and the prefix cache are those of a synchronous run.
+
+Failures: a plan the runner refuses (`submit` raises) rolls back its reservation; the flight
+before it is collected first, then the refused plan's still-live requests are retried (or
+quarantined, for a non-retryable error), as in a synchronous step. A failed or invalid
+collected step quarantines exactly its live requests; their rows in the step behind it are
+then dropped by the epoch rule (same requests), never committed. A dead runner ends everything.
+The commit itself is the `Transaction`'s (`docs/engine.md`, "Overlap").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from resin.cache.manager import CacheManager, PageReservation
+from resin.engine.request import Request
+from resin.engine.slots import SlotStore
+from resin.engine.transaction import OutcomeSink, Transaction
+from resin.engine.validate import validate_output
+from resin.errors import RetryableRunnerError, RunnerDeadError
+from resin.events import Event
+from resin.plan import BatchPlan, ForwardOutput
+from resin.protocols import AsyncRunner, RunnerConfig, State
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Flight:
+    """A submitted, uncollected plan: row i is `requests[i]` in slot `slots[i]`, whose epoch
+    was `epochs[i]` at submission."""
+
+    plan: BatchPlan
+    requests: tuple[Request, ...]
+    reservation: PageReservation
+    epochs: I64
+
+
+class Pipeline:
+    """At most two decode plans in flight on one overlapping `AsyncRunner`."""
+
+    def __init__(
+        self,
+        runner: AsyncRunner,
+        txn: Transaction,
+        cache: CacheManager,
+        slots: SlotStore,
+        sink: OutcomeSink,
+        vocab_size: int | None,
+    ) -> None:
+        self._runner = runner
+        self._txn = txn
+        self._cache = cache
+        self._slots = slots
+        self._sink = sink
+        self._vocab_size = vocab_size
+        self._flights: deque[Flight] = deque()
+        self._row_of = np.full(slots.num_output.size, -1, dtype=np.int32)
+        """Row of each slot in the newest flight (-1: not in it)."""
+        self._states = tuple(i for i, g in enumerate(cache.layout.groups) if isinstance(g, State))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._flights)
+
+    # -- submit -----------------------------------------------------------------------------
+    def chained(self, slots: I32) -> I32 | None:
+        """`prev_token_rows` for a decode plan of `slots`: the row of each slot in the newest
+        flight, whose sampled token is the row's input (None when no row chains)."""
+        if not self._flights:
+            return None
+        prev = self._row_of[slots]
+        return prev if bool((prev >= 0).any()) else None
+
+    def chain_states(self, plan: BatchPlan) -> BatchPlan:
+        """State groups: a chained row reads the ring page the step before it writes and
+        writes the other one (at decode a slot's current checkpoint is always a ring page)."""
+        if not self._states or not plan.prev_token_rows.size:
+            return plan
+        ahead = plan.prev_token_rows >= 0
+        groups = tuple(
+            replace(
+                g,
+                state_in=np.where(ahead, g.state_out, g.state_in).astype(np.int32),
+                state_out=np.where(ahead, g.state_in, g.state_out).astype(np.int32),
+            )
+            if gi in self._states
+            else g
+            for gi, g in enumerate(plan.cache_groups)
+        )
+        return replace(plan, cache_groups=groups)
+
+    def launch(
+        self,
+        plan: BatchPlan,
+        requests: tuple[Request, ...],
+        reservation: PageReservation,
+        events: list[Event],
+    ) -> None:
+        """Submit a decode plan; on success it is in flight, else the failure is handled
+        (after collecting the flight before it, so that step's tokens count first)."""
+        try:
+            self._runner.submit(plan)
+        except RunnerDeadError as exc:
+            self._cache.rollback(reservation)
+            self._die(f"runner died: {exc}", events)
+            return
+        except RetryableRunnerError as exc:
+            self._cache.rollback(reservation)
+            self.drain(events)
+            live = _alive(requests)
+            if live:
+                self._txn._retry(live, f"runner refused step {plan.step_id}: {exc}", events)
+            return
+        except Exception as exc:  # not retryable: its requests are quarantined
+            self._cache.rollback(reservation)
+            self.drain(events)
+            live = _alive(requests)
+            if live:
+                self._txn._quarantine(
+                    live, f"runner failed at step {plan.step_id}: {exc!r}", events
+                )
+            return
+        slots = reservation.slots
+        self._slots.ahead[slots] += 1
+        if self._flights:
+            self._row_of[self._flights[-1].reservation.slots] = -1
+        self._row_of[slots] = np.arange(slots.size, dtype=np.int32)
+        self._flights.append(Flight(plan, requests, reservation, self._slots.epoch[slots]))
+
+    # -- collect ----------------------------------------------------------------------------
+    def settle(self, events: list[Event]) -> None:
+        """Collect every flight but the newest (the one the device runs now)."""
+        while len(self._flights) > 1:
+            self.land(events)
+
+    def drain(self, events: list[Event]) -> None:
+        """Collect every flight (before a step that needs host tokens, and at close)."""
+        while self._flights:
+            self.land(events)
+
+    def land(self, events: list[Event]) -> None:
+        """Collect the oldest flight, validate it and commit the rows still live."""
+        f = self._flights.popleft()
+        slots = f.reservation.slots
+        if not self._flights:
+            self._row_of[slots] = -1
+        try:
+            out = self._runner.collect()
+        except RunnerDeadError as exc:
+            self._die(f"runner died: {exc}", events)
+            return
+        except Exception as exc:  # after acceptance: only this plan's requests are affected
+            self._fail(f, f"runner failed at step {f.plan.step_id}: {exc!r}", events)
+            return
+        problem = validate_output(f.plan, out, self._vocab_size)
+        if problem is not None:
+            self._fail(f, f"invalid runner output at step {f.plan.step_id}: {problem}", events)
+            return
+        keep = self._slots.epoch[slots] == f.epochs
+        if keep.all():
+            self._slots.ahead[slots] -= 1
+            self._txn._commit(f.plan, out, f.requests, f.reservation, events)
+            return
+        if not keep.any():
+            return
+        self._slots.ahead[slots[keep]] -= 1
+        rows = np.flatnonzero(keep)
+        requests = tuple(f.requests[i] for i in rows.tolist())
+        reservation = PageReservation(slots[keep], (), None, False)
+        self._txn._commit(_rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events)
+
+    # -- failures ---------------------------------------------------------------------------
+    def _fail(self, f: Flight, message: str, events: list[Event]) -> None:
+        keep = self._slots.epoch[f.reservation.slots] == f.epochs
+        live = tuple(r for r, k in zip(f.requests, keep.tolist(), strict=True) if k)
+        self._cache.abandon(f.reservation)
+        if live:
+            self._txn._quarantine(live, message, events)
+
+    def _die(self, message: str, events: list[Event]) -> None:
+        self._flights.clear()
+        self._row_of.fill(-1)
+        self._sink.die(message, events)
+
+
+def make_pipeline(
+    overlap: bool | None,
+    runner: object,
+    config: RunnerConfig,
+    txn: Transaction,
+    cache: CacheManager,
+    slots: SlotStore,
+    sink: OutcomeSink,
+) -> Pipeline | None:
+    """The engine's pipeline: None when `overlap` is False, or None (auto) and the runner does
+    not declare `RunnerConfig.overlap`; `overlap=True` with a runner that cannot raises."""
+    able = config.overlap and isinstance(runner, AsyncRunner)
+    if overlap is None:
+        overlap = able
+    if not overlap:
+        return None
+    if not able:
+        raise ValueError("overlap=True needs an AsyncRunner whose RunnerConfig.overlap is True")
+    assert isinstance(runner, AsyncRunner)
+    return Pipeline(runner, txn, cache, slots, sink, config.vocab_size)
+
+
+def _alive(requests: tuple[Request, ...]) -> tuple[Request, ...]:
+    return tuple(r for r in requests if r.finish_reason is None)
+
+
+def _rows(plan: BatchPlan, keep: npt.NDArray[np.bool_]) -> BatchPlan:
+    """The decode plan restricted to the kept rows (one query token each), for the commit."""
+    k = int(keep.sum())
+    indptr = np.arange(k + 1, dtype=np.int32)
+    return replace(
+        plan,
+        sequence_ids=plan.sequence_ids[keep],
+        input_ids=plan.input_ids[keep],
+        query_indptr=indptr,
+        positions=plan.positions[keep],
+        cached_lens=plan.cached_lens[keep],
+        total_lens=plan.total_lens[keep],
+        sample_rows=plan.sample_rows[keep],
+        prompt_logprob_rows=plan.prompt_logprob_rows[keep],
+        target_ids=plan.target_ids[keep],
+        draft_indptr=np.zeros(k + 1, dtype=np.int32),
+        prev_token_rows=plan.prev_token_rows[keep]
+        if plan.prev_token_rows.size
+        else plan.prev_token_rows,
+    )
+
+
+def _out_rows(out: ForwardOutput, keep: npt.NDArray[np.bool_]) -> ForwardOutput:
+    """A decode output (one token per row) restricted to the kept rows."""
+    k = int(keep.sum())
+
+    def pick(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.asarray(a)[keep]
+
+    return replace(
+        out,
+        token_ids=np.asarray(out.token_ids)[keep],
+        token_indptr=np.arange(k + 1, dtype=np.uint32),
+        logprobs=pick(out.logprobs),
+        top_ids=pick(out.top_ids),
+        top_logprobs=pick(out.top_logprobs),
+    )

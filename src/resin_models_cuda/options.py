@@ -1,0 +1,48 @@
+"""`RunnerOptions`: the knobs of a `CudaRunner`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from resin_models_cuda.models import BuildOptions
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """Knobs of a `CudaRunner`.
+
+    - `max_batch`: largest decode batch captured in a graph (bigger ones run eagerly);
+    - `max_context`: longest sequence (sizes the rope table and the page-id buffer);
+    - `cache_bytes`: KV arena size to ask the engine for (None: free device memory times
+      `memory_fraction`, measured when the runner is built);
+    - `num_pages`: exact arena size (tests); `prefill_block_m`: query rows per prefill program;
+    - `moe_gemv_max_pairs`: MoE token-expert pairs up to which the expert GEMV runs instead of
+      the grouped GEMM;
+    - `max_draft_tokens`: speculative drafts per row the runner verifies (0: none);
+      `verify_graph_batch`: verify steps up to this many rows replay captured graphs (one per
+      row bucket and query size 1 + k in 2, 3, 5, 9, .. up to 1 + max_draft_tokens);
+    - `overlap`: declare `RunnerConfig.overlap` (the engine may keep two plans in flight);
+    - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks).
+    """
+
+    page_size: int = 16
+    max_batch: int = 256
+    max_context: int = 8192
+    cuda_graphs: bool = True
+    cache_bytes: int | None = None
+    num_pages: int | None = None
+    memory_fraction: float = 0.85
+    prefill_block_m: int = 128
+    moe_gemv_max_pairs: int = 64
+    max_draft_tokens: int = 8
+    verify_graph_batch: int = 16
+    overlap: bool = True
+    seed: int = 0
+    keep_logits: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_draft_tokens < 0:
+            raise ValueError("max_draft_tokens must be >= 0")
+
+    def build_options(self) -> BuildOptions:
+        return BuildOptions(self.max_context, self.moe_gemv_max_pairs)

@@ -1,0 +1,73 @@
+"""What a `CudaRunner` declares to the engine, and the tensors of an eager (varlen) step."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from resin.plan import BatchPlan
+from resin.protocols import History, RunnerConfig, Window
+from resin_models_cuda.kernels import prefill_blocks
+from resin_models_cuda.models import FastModel
+from resin_models_cuda.options import RunnerOptions
+from resin_models_cuda.step import GroupTensors, PrefillInfo, StepTensors
+from resin_models_torch.config import ModelConfig
+
+
+def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig:
+    """One cache group per layer kind (History for full attention, Window for sliding)."""
+    c, ps = model.config, options.page_size
+    planes, heads, dim = model.cache_token_shape()
+    per_layer = ps * planes * heads * dim * model.dtype.itemsize
+    groups: list[History | Window] = []
+    for kind, layers in zip(model.group_kinds, model.layers_per_group, strict=True):
+        if kind == "sliding":
+            groups.append(Window(int(c.sliding_window or 0), layers * per_layer))
+        else:
+            groups.append(History(layers * per_layer))
+    page_bytes = max(g.bytes_per_page for g in groups)
+    cache_bytes = options.cache_bytes
+    if cache_bytes is None and options.num_pages is None:
+        if model.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(model.device)
+            cache_bytes = int(free * options.memory_fraction)
+        else:
+            cache_bytes = 256 * page_bytes
+    return RunnerConfig(
+        vocab_size=c.vocab_size,
+        page_size=ps,
+        cache_groups=tuple(groups),
+        num_pages=options.num_pages,
+        cache_bytes=cache_bytes,
+        waits_for_masks=True,  # constrain_logits reads the mask through bitmask()
+        max_draft_tokens=options.max_draft_tokens,
+        overlap=options.overlap,
+    )
+
+
+def prefill_step(
+    plan: BatchPlan,
+    options: RunnerOptions,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> StepTensors:
+    """Device tensors of a varlen step (prefill chunks, or decode rows run eagerly)."""
+    block_m = options.prefill_block_m if device.type == "cuda" else 16
+    if dtype == torch.float32:
+        block_m = min(block_m, 64)  # float32 tiles need twice the shared memory
+    if config.head_dim * dtype.itemsize > 512:
+        block_m = min(block_m, 32)  # wide float32 heads (Gemma's 256)
+    block_row, block_off = prefill_blocks(plan.query_indptr, block_m)
+
+    def dev(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(a, dtype=np.int32)).to(device)
+
+    groups = tuple(
+        GroupTensors(dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids), dev(g.page_start))
+        for g in plan.cache_groups
+    )
+    info = PrefillInfo(
+        dev(plan.query_indptr), dev(plan.cached_lens), dev(block_row), dev(block_off), block_m
+    )
+    return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info)
