@@ -169,8 +169,8 @@ class Engine:
         request_id: int | None = None,
         media: Sequence[MediaItem] = (),
     ) -> Request:
-        """Validate and queue a request. Bad input raises `ValueError` and queues nothing.
-        `media`: the prompt's images (`MediaItem`s; `row` is ignored), see docs/vision.md."""
+        """Validate and queue a request (`media`: its images, docs/vision.md); bad input raises
+        `ValueError` and queues nothing."""
         if self.dead:
             raise EngineDeadError(self._life.dead or "the engine is closed")
         params = SamplingParams() if sampling_params is None else sampling_params
@@ -305,8 +305,7 @@ class Engine:
         return plan, reservation, cohort
 
     def _overlapped(self, pipe: Pipeline, cohort: Cohort, events: list[Event]) -> None:
-        """Pipeline pure decode steps; drain before one that needs host tokens (prefill,
-        constrained rows, speculative drafts: overlap and drafts never mix in one step)."""
+        """Pipeline pure decode steps; drain before prefill, constrained rows or drafts."""
         if cohort.phase is Phase.PREFILL or self._constraints.active or self._spec is not None:
             if pipe.busy:
                 pipe.drain(events)
