@@ -37,25 +37,13 @@ from resin.events import TokensEvent
 from resin.plan import BatchPlan, Phase
 from resin.protocols import CacheLayout
 from resin_models_cuda import CudaRunner, RunnerOptions, preset, random_runner
+from resin_models_cuda.bench_report import write_jsonl
 from resin_models_cuda.benchmark import RunnerBench, measure_ceilings
 from resin_models_cuda.plans import PagedPlanner
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _median_ms(fn, warmup: int, iters: int) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 class Probe:
@@ -324,10 +312,7 @@ def main() -> None:
                 emit({"kind": kind, "batch": b, **rec})
             again.close()
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        with args.output.open("a") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
+        write_jsonl(args.output, records)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from resin.recipe import load_recipe
 from resin.recipe.types import Message
 from resin.tokenizer import Tokenizer
 from resin_models_cuda import CudaRunner, RunnerOptions, load_runner
+from resin_models_cuda.bench_report import write_jsonl
 from resin_models_torch.default_model import converted_gguf_dir, default_gguf_path
 
 PARAGRAPH = (
@@ -138,10 +139,7 @@ def main() -> None:
             print(json.dumps(rec), flush=True)
         print(repr(tokenizer.decode(plain_tokens)[:300]), flush=True)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        with args.output.open("a") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
+        write_jsonl(args.output, records)
 
 
 if __name__ == "__main__":
