@@ -59,3 +59,4 @@ Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
 get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)
+DraftModelProposer  # resin.engine.proposers: a public Proposer (tests and docs use it; spec exports it)
