@@ -68,3 +68,4 @@ MtpProposer  # resin_models_torch/mtp.py: handed to the engine as a speculative 
 get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)
 _.encode_special_tokens  # tokenizer.py: a `tokenizers.Tokenizer` setting (read by the Rust side)
+DraftModelProposer  # resin.engine.proposers: a public Proposer (tests and docs use it; spec exports it)
