@@ -28,7 +28,9 @@ def _unsharded(name: str, device: str = "cpu") -> tuple[list[list[int]], dict[in
     runner = random_runner(CASES[name].config, SEED, device=device, **RUNNER_KWARGS)
     runner.record_logits = True
     params = SamplingParams(max_output_tokens=12, temperature=0.0)
-    with Engine(runner, **ENGINE_KWARGS) as engine:
+    # Step by step like the sharded leader (a DistributedRunner does not overlap), so the
+    # step ids of the recorded logits line up.
+    with Engine(runner, overlap=False, **ENGINE_KWARGS) as engine:
         requests = [engine.submit(p, params) for p in prompts()]
         while engine.has_work():
             engine.step()
