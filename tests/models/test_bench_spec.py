@@ -26,7 +26,9 @@ def test_bench_speculative_reports_plain_and_speculative_side_by_side(tmp_path: 
     rows = _bench(["--num-draft-tokens", "3"], tmp_path)
     assert [r["batch"] for r in rows] == [1, 3]
     for r in rows:
-        assert r["identical"] is True and r["plain_steps"] == 16
+        # 16 decode tokens: 16 steps, plus one to fill and one to drain the pipeline when the
+        # plain run overlaps (the reference runner overlaps by default; drafts never do).
+        assert r["identical"] is True and r["plain_steps"] in (16, 18)
         assert r["spec_steps"] <= r["plain_steps"]
 
 
