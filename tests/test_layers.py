@@ -29,6 +29,7 @@ SHARED_MODEL_DESCRIPTION = (
     "resin_models_torch.architectures",
     "resin_models_torch.constraints",  # plain-torch mask + bias, applied by both runner families
     "resin_models_torch.verify",  # speculative acceptance rule (draft_layout + accept), both
+    "resin_models_torch.routing",  # DeepSeek's expert routing rule, both
 )
 """The one module both runner families may share (the typed model description)."""
 

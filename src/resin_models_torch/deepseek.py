@@ -20,6 +20,7 @@ from resin_models_torch.batch import LayerSlot, StepContext
 from resin_models_torch.config import ModelConfig, MoeConfig
 from resin_models_torch.layers import GatedMLP, RMSNorm, Rotary
 from resin_models_torch.mla import MlaAttention
+from resin_models_torch.routing import deepseek_route
 
 
 class DeepseekRouter(nn.Module):
@@ -35,28 +36,8 @@ class DeepseekRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (weights [T, k] float32, chosen expert ids [T, k])."""
-        moe = self.moe
         logits = F.linear(x.float(), self.weight.float())
-        sigmoid = moe.scoring == "sigmoid"
-        scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
-        choice = scores
-        if self.e_score_correction_bias is not None:
-            choice = scores + self.e_score_correction_bias.float()
-        if moe.topk_groups < moe.num_groups:
-            grouped = choice.view(x.shape[0], moe.num_groups, -1)
-            if sigmoid:  # V3: a group scores the sum of its two best experts
-                group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-            else:  # V2 group_limited_greedy: its best expert
-                group_scores = grouped.max(dim=-1).values
-            kept = group_scores.topk(moe.topk_groups, dim=-1).indices
-            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-            keep = keep.repeat_interleave(moe.num_experts // moe.num_groups, dim=1)
-            choice = choice.masked_fill(~keep, float("-inf"))
-        chosen = choice.topk(moe.top_k, dim=-1).indices
-        weights = scores.gather(1, chosen)
-        if moe.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * moe.routed_scale, chosen
+        return deepseek_route(logits, self.e_score_correction_bias, self.moe)
 
 
 class DeepseekMoe(nn.Module):

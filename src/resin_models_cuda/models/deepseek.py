@@ -16,6 +16,7 @@ from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.step import StepTensors
 from resin_models_torch.config import ModelConfig, MoeConfig
+from resin_models_torch.routing import deepseek_route
 
 
 class DeepseekMoE(MoE):
@@ -34,26 +35,9 @@ class DeepseekMoE(MoE):
         self.score_bias, self.shared = score_bias, shared
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        moe = self.moe
         logits = F.linear(x.float(), self.w.router.float())
-        sigmoid = moe.scoring == "sigmoid"
-        scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
-        choice = scores if self.score_bias is None else scores + self.score_bias.float()
-        if moe.topk_groups < moe.num_groups:
-            grouped = choice.view(x.shape[0], moe.num_groups, -1)
-            if sigmoid:  # V3: a group scores the sum of its two best experts
-                group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-            else:  # V2: its best expert
-                group_scores = grouped.max(dim=-1).values
-            kept = group_scores.topk(moe.topk_groups, dim=-1).indices
-            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-            keep = keep.repeat_interleave(moe.num_experts // moe.num_groups, dim=1)
-            choice = choice.masked_fill(~keep, float("-inf"))
-        chosen = choice.topk(moe.top_k, dim=-1).indices
-        weights = scores.gather(1, chosen)
-        if moe.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * moe.routed_scale, chosen.to(torch.int32)
+        weights, chosen = deepseek_route(logits, self.score_bias, self.moe)
+        return weights, chosen.to(torch.int32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = super().__call__(x)
