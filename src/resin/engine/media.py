@@ -76,12 +76,15 @@ def chunk_end(items: Sequence[MediaItem], computed: int, n: int) -> int:
 
 
 def plan_media(
-    media: Sequence[Sequence[MediaItem]], totals: Sequence[int]
+    media: Sequence[Sequence[MediaItem]], totals: npt.NDArray[np.int32]
 ) -> tuple[MediaItem, ...]:
-    """The plan's items: per row, every item whose span starts before the row's total."""
+    """The plan's items: per row, every item whose span starts before the row's total
+    (`totals` int array [B]); nothing to do, and no per-row work, for text-only steps."""
+    if not any(media):
+        return ()
     return tuple(
         replace(item, row=row)
-        for row, (items, total) in enumerate(zip(media, totals, strict=True))
+        for row, (items, total) in enumerate(zip(media, totals.tolist(), strict=True))
         for item in items
         if item.position < total
     )

@@ -98,7 +98,7 @@ def build_plan(
         target_ids=target_ids,
         draft_indptr=np.zeros(b + 1, dtype=np.int32),
         draft_ids=_EMPTY_I32,
-        media=plan_media([r.media for r in requests], totals.tolist()),
+        media=plan_media([r.media for r in requests], totals),
         prev_token_rows=_EMPTY_I32 if prev_token_rows is None else prev_token_rows,
     )
 
