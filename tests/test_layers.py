@@ -6,6 +6,8 @@ of an Engine) -> `resin.recipe` (+ tokenizer, detokenizer, media) and `resin.eng
 `metrics`). Rules:
 - no import cycle between modules (lazy and `TYPE_CHECKING` imports count too);
 - nothing imports a higher layer; `resin.engine` imports neither the server nor recipes;
+  the server and the frontend import neither `resin.engine` nor `resin.cache` (they drive
+  any `EngineLike`; the engine's types are contracts);
   `resin.cache` never imports the engine; `resin.metrics` imports the engine only under
   `if TYPE_CHECKING`;
 - runner packages (`resin_models_torch`, `resin_models_cuda`) import from `resin` only the
@@ -147,6 +149,8 @@ def _violation(e: Edge) -> str | None:
     a, b = e.importer, e.imported
     if _under(a, "resin.engine") and _under(b, "resin.server", "resin.recipe"):
         return "the engine imports the server or a recipe"
+    if _under(a, "resin.server", "resin.frontend") and _under(b, "resin.engine", "resin.cache"):
+        return "the server or the frontend reaches into the engine (it drives any EngineLike)"
     if _under(a, "resin.cache") and _under(b, "resin.engine"):
         return "the cache imports the engine"
     if _under(a, "resin.metrics") and _under(b, "resin.engine") and not e.type_checking:
@@ -241,4 +245,5 @@ def test_the_checker_sees_violations() -> None:
     assert _violation(Edge("resin.cache.pool", "resin.server.app", False, 1))
     assert _violation(Edge("resin.frontend.actor", "resin.server.errors", False, 1))
     assert not _violation(Edge("resin.server.service", "resin.frontend.intake", False, 1))
+    assert _violation(Edge("resin.frontend.actor", "resin.engine.engine", False, 1))
     assert _cycles([Edge("a", "b", False, 1), Edge("b", "a", True, 1)]) == [["a", "b"]]
