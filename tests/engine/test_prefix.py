@@ -126,3 +126,31 @@ def test_identical_prompts_in_one_step_share_pages() -> None:
         engine.step()
         engine.check_invariants()
     assert a.take_result() == b.take_result()
+
+
+@pytest.mark.parametrize("groups", [HYBRID, (History(),)], ids=["hybrid", "history"])
+def test_cached_prefix_predicts_the_hit_and_changes_nothing(
+    groups: tuple[CacheGroupSpec, ...],
+) -> None:
+    """`Engine.cached_prefix` (the data-parallel front's routing hint) reports what admission
+    will find, and touching the cache with it evicts, locks or counts nothing."""
+    runner = CacheSimRunner(groups=groups, page_size=4, num_pages=64, vocab=50)
+    engine = Engine(runner, context_length=64, prefix_cache=True)
+    prompt = list(range(1, 23))
+    assert engine.cached_prefix(prompt) == 0
+    engine.submit(prompt, SamplingParams(max_output_tokens=1))
+    while engine.has_work():
+        engine.step()
+    before = engine.metrics
+    other = [*prompt[:10], 49, 48, 47, 46, 45]
+    hints = [engine.cached_prefix(p) for p in (prompt, other, prompt[:3], [7, 7, 7, 7, 7])]
+    assert engine.metrics == before  # no query or hit counted
+    engine.check_invariants()
+    second = engine.submit(prompt, SamplingParams(max_output_tokens=1))
+    third = engine.submit(other, SamplingParams(max_output_tokens=1))
+    while engine.has_work():
+        engine.step()
+    assert hints == [second.cached_tokens, third.cached_tokens, 0, 0]
+    assert hints[0] == 20 and hints[1] == 8
+    plain = CacheSimRunner(groups=groups, page_size=4, num_pages=64, vocab=50)
+    assert Engine(plain, context_length=64).cached_prefix(prompt) == 0  # no prefix cache

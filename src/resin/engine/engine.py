@@ -15,14 +15,14 @@ runner failure or an invalid output quarantines exactly that plan's requests; a
 `RunnerDeadError` ends every request with an error and the engine refuses new work.
 With an overlapping `AsyncRunner` (`overlap`), pure decode steps are pipelined: plan n+1 is
 submitted before step n is collected (`engine/pipeline.py`); events equal a synchronous run's.
-One thread drives an Engine; only `metrics` may be read from other threads.
+One thread drives an Engine; other threads may only read `metrics` and call `cached_prefix`
+(a lock-free trie walk: a hint that may be a step stale, for routing between replicas).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from types import TracebackType
 
 from resin.cache.manager import CacheManager, PageReservation
 from resin.cache.pool import OutOfPagesError
@@ -30,7 +30,7 @@ from resin.engine.constraints import ConstraintSet
 from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
 from resin.engine.grammar import GrammarBackend
 from resin.engine.lifecycle import Lifecycle
-from resin.engine.media import validate_media
+from resin.engine.media import prompt_keys, validate_media
 from resin.engine.pipeline import Pipeline, make_pipeline
 from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
@@ -195,6 +195,10 @@ class Engine:
         self._scheduler.add(request)
         return request
 
+    def cached_prefix(self, prompt: Sequence[int], media: Sequence[MediaItem] = ()) -> int:
+        """Prompt tokens the prefix cache holds now (0 without one): read-only, a routing hint."""
+        return self._cache.match(prompt_keys(prompt, media)).tokens
+
     def has_work(self) -> bool:
         busy = self._pipe is not None and self._pipe.busy
         return bool(self._pending) or (
@@ -262,12 +266,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- one step -------------------------------------------------------------------------

@@ -60,6 +60,12 @@ def cache_keys(tokens: I32, items: Sequence[MediaItem]) -> I32:
     return keys
 
 
+def prompt_keys(prompt: Sequence[int], items: Sequence[MediaItem] = ()) -> I32:
+    """A prompt as the prefix cache keys it (`cache_keys` over its int32 tokens)."""
+    tokens = np.asarray(prompt, dtype=np.int32)
+    return cache_keys(tokens, items) if items else tokens
+
+
 def _is_hex(text: str) -> bool:
     return len(text) >= 15 and all(c in "0123456789abcdefABCDEF" for c in text[:15])
 
