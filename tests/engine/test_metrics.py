@@ -46,6 +46,27 @@ def test_counters_match_the_workload() -> None:
     assert snap.observations[0][:2] == ("kernel_ms", snap.num_steps)
 
 
+def test_replicas_render_one_family_per_name_with_a_replica_label() -> None:
+    """A data-parallel server exports its replicas' engines as labelled series of one family."""
+    engines = [
+        Engine(Observing(page_size=4, num_pages=64, vocab=50), context_length=64) for _ in range(2)
+    ]
+    _run(engines[0], 2)
+    _run(engines[1], 3)
+    text = PrometheusExporter(engines, model_name="m").render().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert text.count("# TYPE resin:generation_tokens_total counter") == 1
+    for name in ("resin:prompt_tokens", "resin:num_requests_running", "resin:runner_observation"):
+        labels = [s.labels for s in families[name].samples if not s.name.endswith("_created")]
+        assert {(x["model_name"], x["replica"]) for x in labels} == {("m", "0"), ("m", "1")}
+    prompts = {s.labels["replica"]: s.value for s in families["resin:prompt_tokens"].samples}
+    assert prompts == {"0": 10.0, "1": 15.0}
+    success = families["resin:request_success"].samples
+    assert sum(s.value for s in success if s.labels["replica"] == "1") == 3
+    ttft = families["resin:time_to_first_token_seconds"].samples
+    assert {s.labels["replica"] for s in ttft} == {"0", "1"}
+
+
 def test_metrics_off_costs_nothing_and_reads_none() -> None:
     engine = Engine(CacheSimRunner(), enable_metrics=False)
     _run(engine, 2)

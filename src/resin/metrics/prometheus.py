@@ -3,6 +3,7 @@
 ```python
 exporter = PrometheusExporter(engine, model_name="smollm2")
 body: bytes = exporter.render()        # serve with exporter.content_type at /metrics
+PrometheusExporter([engine0, engine1])  # data-parallel replicas: one series each, replica="i"
 ```
 
 Names carry the `resin:` prefix and mirror vLLM's (see SERVING.md); counters get the
@@ -12,8 +13,9 @@ The exporter reads one `MetricsSnapshot` per render, so it never blocks the engi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from resin.metrics.collector import HistogramSnapshot, MetricsSnapshot
 
@@ -21,124 +23,156 @@ if TYPE_CHECKING:
     from resin.engine.engine import Engine
 
 PREFIX = "resin:"
+Source: TypeAlias = "Engine | Callable[[], MetricsSnapshot | None]"
+_Labelled = list[tuple[list[str], MetricsSnapshot]]
+
+_GAUGES = (
+    ("num_requests_running", "Requests admitted (prefill or decode)."),
+    ("num_requests_waiting", "Requests queued."),
+    ("kv_cache_usage_perc", "Fraction of cache pages held by live requests (0-1; evictable "
+     "prefix-cache pages excluded)."),
+    ("prefix_cache_usage_perc",
+     "Fraction of cache pages held only by the prefix cache (evictable, 0-1)."),
+)  # fmt: skip
+_COUNTERS = (
+    ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    ("prefix_cache_hits", "Prompt tokens served by the prefix cache."),
+    ("num_preemptions", "Retractions (preempt + recompute)."),
+    ("prompt_tokens", "Prompt tokens of requests that started generating."),
+    ("generation_tokens", "Generated tokens."),
+)
+_HISTOGRAMS = (
+    ("time_to_first_token_seconds", "Time to first token."),
+    ("inter_token_latency_seconds", "Time between consecutive tokens."),
+    ("e2e_request_latency_seconds", "Submit to finish."),
+    ("request_queue_time_seconds", "Submit to first admission."),
+    ("request_prefill_time_seconds", "First admission to first token."),
+    ("request_decode_time_seconds", "First token to last token."),
+    ("iteration_tokens_total", "Query tokens per engine step."),
+)
+_SPECULATION = (
+    ("spec_decode_num_drafts", "Rows that carried drafts into a step."),
+    ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified."),
+    ("spec_decode_num_accepted_tokens", "Draft tokens the runner accepted."),
+)
 
 
 class PrometheusExporter:
-    """Renders an engine's metrics snapshot in the Prometheus text format."""
+    """Renders an engine's metrics snapshot in the Prometheus text format.
+
+    `source` is an engine (or a callable returning a snapshot), or a sequence of them: the
+    replicas of a data-parallel server, each rendered as its own series labelled
+    `replica="0"`, `replica="1"`, ... under one metric family per name.
+    """
 
     content_type = "text/plain; version=0.0.4; charset=utf-8"
 
-    def __init__(
-        self,
-        source: Engine | Callable[[], MetricsSnapshot | None],
-        model_name: str | None = None,
-    ) -> None:
-        self._snapshot = source if callable(source) else (lambda: source.metrics)
-        self._labels = {} if model_name is None else {"model_name": model_name}
+    def __init__(self, source: Source | Sequence[Source], model_name: str | None = None) -> None:
+        many = isinstance(source, Sequence)
+        sources = list(source) if isinstance(source, Sequence) else [source]
+        self._names = ([] if model_name is None else ["model_name"]) + (["replica"] if many else [])
+        self._sources = [
+            (
+                ([] if model_name is None else [model_name]) + ([str(i)] if many else []),
+                _reader(src),
+            )
+            for i, src in enumerate(sources)
+        ]
 
     def render(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self._snapshot, self._labels))
+        registry.register(_Collector(self._names, self._sources))
         return bytes(generate_latest(registry))
+
+
+def _reader(source: Source) -> Callable[[], MetricsSnapshot | None]:
+    if callable(source):
+        return source
+    return lambda: source.metrics
 
 
 class _Collector:
     def __init__(
-        self, snapshot: Callable[[], MetricsSnapshot | None], labels: dict[str, str]
+        self,
+        names: list[str],
+        sources: list[tuple[list[str], Callable[[], MetricsSnapshot | None]]],
     ) -> None:
-        self._snapshot = snapshot
-        self._labels = labels
+        self._names = names
+        self._sources = sources
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-            SummaryMetricFamily,
-        )
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        snap = self._snapshot()
-        if snap is None:
+        snaps: _Labelled = [(v, s) for v, read in self._sources if (s := read()) is not None]
+        if not snaps:
             return
-        names, values = list(self._labels), list(self._labels.values())
-
-        def gauge(name: str, doc: str, value: float) -> Any:
-            g = GaugeMetricFamily(PREFIX + name, doc, labels=names)
-            g.add_metric(values, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> Any:
-            c = CounterMetricFamily(PREFIX + name, doc, labels=names)
-            c.add_metric(values, value)
-            return c
-
-        def histogram(name: str, doc: str, h: HistogramSnapshot) -> Any:
-            m = HistogramMetricFamily(PREFIX + name, doc, labels=names)
-            cumulative, buckets = 0, []
-            for bound, count in zip([*h.buckets, float("inf")], h.counts, strict=True):
-                cumulative += count
-                buckets.append((_le(bound), cumulative))
-            m.add_metric(values, buckets, h.total)
-            return m
-
-        yield gauge("num_requests_running", "Requests admitted (prefill or decode).",
-                    snap.num_requests_running)  # fmt: skip
-        yield gauge("num_requests_waiting", "Requests queued.", snap.num_requests_waiting)
-        yield gauge("kv_cache_usage_perc",
-                    "Fraction of cache pages held by live requests (0-1; evictable "
-                    "prefix-cache pages excluded).", snap.kv_cache_usage_perc)  # fmt: skip
-        yield gauge("prefix_cache_usage_perc",
-                    "Fraction of cache pages held only by the prefix cache (evictable, 0-1).",
-                    snap.prefix_cache_usage_perc)  # fmt: skip
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      snap.prefix_cache_queries)  # fmt: skip
-        yield counter("prefix_cache_hits", "Prompt tokens served by the prefix cache.",
-                      snap.prefix_cache_hits)  # fmt: skip
-        yield counter("num_preemptions", "Retractions (preempt + recompute).",
-                      snap.num_preemptions)  # fmt: skip
-        yield counter("prompt_tokens", "Prompt tokens of requests that started generating.",
-                      snap.prompt_tokens)  # fmt: skip
-        yield counter("generation_tokens", "Generated tokens.", snap.generation_tokens)
+        names = self._names
+        for name, doc in _GAUGES:
+            gauge = GaugeMetricFamily(PREFIX + name, doc, labels=names)
+            for values, snap in snaps:
+                gauge.add_metric(values, getattr(snap, name))
+            yield gauge
+        yield from _counters(names, snaps, _COUNTERS)
         success = CounterMetricFamily(
             PREFIX + "request_success", "Finished requests by reason.",
             labels=[*names, "finished_reason"],
         )  # fmt: skip
-        for reason, count in snap.request_success:
-            success.add_metric([*values, reason], count)
+        for values, snap in snaps:
+            for reason, count in snap.request_success:
+                success.add_metric([*values, reason], count)
         yield success
-        yield histogram("time_to_first_token_seconds", "Time to first token.",
-                        snap.time_to_first_token_seconds)  # fmt: skip
-        yield histogram("inter_token_latency_seconds", "Time between consecutive tokens.",
-                        snap.inter_token_latency_seconds)  # fmt: skip
-        yield histogram("e2e_request_latency_seconds", "Submit to finish.",
-                        snap.e2e_request_latency_seconds)  # fmt: skip
-        yield histogram("request_queue_time_seconds", "Submit to first admission.",
-                        snap.request_queue_time_seconds)  # fmt: skip
-        yield histogram("request_prefill_time_seconds", "First admission to first token.",
-                        snap.request_prefill_time_seconds)  # fmt: skip
-        yield histogram("request_decode_time_seconds", "First token to last token.",
-                        snap.request_decode_time_seconds)  # fmt: skip
-        yield histogram("iteration_tokens_total", "Query tokens per engine step.",
-                        snap.iteration_tokens_total)  # fmt: skip
-        if snap.spec_decode_acceptance_length is not None:  # engines that speculate
-            yield counter("spec_decode_num_drafts", "Rows that carried drafts into a step.",
-                          snap.spec_decode_num_drafts)  # fmt: skip
-            yield counter("spec_decode_num_draft_tokens", "Draft tokens proposed and verified.",
-                          snap.spec_decode_num_draft_tokens)  # fmt: skip
-            yield counter("spec_decode_num_accepted_tokens", "Draft tokens the runner accepted.",
-                          snap.spec_decode_num_accepted_tokens)  # fmt: skip
-            yield histogram("spec_decode_acceptance_length", "Accepted drafts per verified row.",
-                            snap.spec_decode_acceptance_length)  # fmt: skip
-        if snap.observations:
-            obs = SummaryMetricFamily(
-                PREFIX + "runner_observation", "Values the runner reported.",
-                labels=[*names, "name"],
-            )  # fmt: skip
-            for name, count, total, _last in snap.observations:
-                obs.add_metric([*values, name], count, total)
-            yield obs
+        for name, doc in _HISTOGRAMS:
+            yield _histogram(name, doc, names, [(v, getattr(s, name)) for v, s in snaps])
+        speculating = [(v, s) for v, s in snaps if s.spec_decode_acceptance_length is not None]
+        if speculating:  # engines that speculate
+            yield from _counters(names, speculating, _SPECULATION)
+            acceptance = attrgetter("spec_decode_acceptance_length")
+            yield _histogram("spec_decode_acceptance_length", "Accepted drafts per verified row.",
+                             names, [(v, acceptance(s)) for v, s in speculating])  # fmt: skip
+        observed = [(v, s) for v, s in snaps if s.observations]
+        if observed:
+            yield _observations(names, observed)
+
+
+def _counters(
+    names: list[str], snaps: _Labelled, table: tuple[tuple[str, str], ...]
+) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily
+
+    for name, doc in table:
+        counter = CounterMetricFamily(PREFIX + name, doc, labels=names)
+        for values, snap in snaps:
+            counter.add_metric(values, getattr(snap, name))
+        yield counter
+
+
+def _histogram(
+    name: str, doc: str, names: list[str], series: list[tuple[list[str], HistogramSnapshot]]
+) -> Any:
+    from prometheus_client.core import HistogramMetricFamily
+
+    family = HistogramMetricFamily(PREFIX + name, doc, labels=names)
+    for values, h in series:
+        cumulative, buckets = 0, []
+        for bound, count in zip([*h.buckets, float("inf")], h.counts, strict=True):
+            cumulative += count
+            buckets.append((_le(bound), cumulative))
+        family.add_metric(values, buckets, h.total)
+    return family
+
+
+def _observations(names: list[str], snaps: _Labelled) -> Any:
+    from prometheus_client.core import SummaryMetricFamily
+
+    obs = SummaryMetricFamily(
+        PREFIX + "runner_observation", "Values the runner reported.", labels=[*names, "name"]
+    )
+    for values, snap in snaps:
+        for name, count, total, _last in snap.observations:
+            obs.add_metric([*values, name], count, total)
+    return obs
 
 
 def _le(bound: float) -> str:
