@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -152,8 +153,9 @@ def _chat(url: str, max_tokens: int) -> list[object]:
         return [None, str(exc)]
 
 
-def spawned(out: Path, timeout_s: float) -> None:
-    """A single process that starts its own worker (`resin worker`) and leads it."""
+def spawned(out: Path, timeout_s: float, replicas: int = 1) -> None:
+    """A single process that starts its own workers (`resin worker`) and leads them: one
+    worker per replica; with several replicas, their engines run at once on two threads."""
     from resin.backend.launch import spawn_local
 
     case = CASES["llama-tp"]
@@ -167,15 +169,30 @@ def spawned(out: Path, timeout_s: float) -> None:
         return TorchRunner(shard_model(model, groups.model, case.style), **RUNNER_KWARGS)
 
     job = spawn_local(
-        build, worker_args, tensor_parallel=2, timeout=timedelta(seconds=timeout_s), device="cpu"
+        build,
+        worker_args,
+        tensor_parallel=2,
+        data_parallel=replicas,
+        timeout=timedelta(seconds=timeout_s),
+        device="cpu",
     )
     params = SamplingParams(max_output_tokens=12, temperature=0.0)
-    with Engine(job.runner, **ENGINE_KWARGS) as engine:
-        requests = [engine.submit(p, params) for p in prompts()]
-        while engine.has_work():
-            engine.step()
+    tokens: list[list[list[int]]] = [[] for _ in job.runners]
+
+    def run(i: int) -> None:
+        with Engine(job.runners[i], **ENGINE_KWARGS) as engine:
+            requests = [engine.submit(p, params) for p in prompts()]
+            while engine.has_work():
+                engine.step()
+        tokens[i] = [r.take_result() for r in requests]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(replicas)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     codes = job.wait()
-    report = {"tokens": [r.take_result() for r in requests], "worker_codes": codes}
+    report = {"tokens": tokens[0], "replica_tokens": tokens, "worker_codes": codes}
     (out / "result.json").write_text(json.dumps(report))
     shutdown()
 
@@ -207,8 +224,8 @@ def crash_after_two_steps(runner: DistributedRunner) -> None:
 
 
 def main(name: str, out: Path, timeout_s: float) -> None:
-    if name == "spawned":
-        spawned(out, timeout_s)
+    if name.startswith("spawned"):  # "spawned", "spawned-dp2"
+        spawned(out, timeout_s, replicas=int(name.partition("-dp")[2] or 1))
         return
     runner = start_tensor_parallel(
         lambda groups: build(name, groups),

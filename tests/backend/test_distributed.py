@@ -110,6 +110,17 @@ def test_a_leader_spawns_its_own_resin_worker(tmp_path: Path) -> None:
     assert report["tokens"] == _unsharded("llama-tp")[0]
 
 
+def test_one_leader_spawns_and_leads_two_tensor_parallel_replicas(tmp_path: Path) -> None:
+    """`spawn_local(data_parallel=2)`: one process leads two TP=2 groups (three processes in
+    all) and drives both engines at once; each gives the unsharded greedy tokens."""
+    job = run_single("spawned-dp2", tmp_path)
+    assert job.returncodes == [0], job.output
+    report = json.loads((tmp_path / "result.json").read_text())
+    assert report["worker_codes"] == [0, 0]
+    want = _unsharded("llama-tp")[0]
+    assert report["replica_tokens"] == [want, want]
+
+
 def test_heartbeats_keep_idle_workers_alive(tmp_path: Path) -> None:
     # The engine idles for 2.5x the collective timeout between two requests.
     job = launch("idle", tmp_path, collective_timeout=2.0)

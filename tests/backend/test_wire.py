@@ -75,3 +75,15 @@ def test_topology_replicas_and_leaders() -> None:
         Topology(0, 6, 0, 4)
     with pytest.raises(ValueError, match="outside world size"):
         Topology(8, 8, 0, 2)
+
+
+def test_a_shared_leader_leads_every_replica() -> None:
+    """`spawn_local`'s layout: rank 0 plus tp-1 workers per replica."""
+    lead = Topology(0, 5, 0, 3, shared_leader=True)
+    assert (lead.data_parallel, lead.leader, lead.is_leader) == (2, 0, True)
+    assert [lead.replica_ranks(i) for i in range(2)] == [[0, 1, 2], [0, 3, 4]]
+    worker = Topology(3, 5, 3, 3, shared_leader=True)
+    assert (worker.replica, worker.leader, worker.is_leader) == (1, 0, False)
+    assert Topology(1, 2, 1, 2, shared_leader=True).replica_ranks(0) == [0, 1]  # = plain TP=2
+    with pytest.raises(ValueError, match="1 \\+ a multiple"):
+        Topology(0, 4, 0, 3, shared_leader=True)

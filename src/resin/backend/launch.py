@@ -30,7 +30,13 @@ from resin.backend.distributed import (
     heartbeat_for,
     run_worker,
 )
-from resin.backend.topology import DEFAULT_TIMEOUT, ProcessGroups, Topology, init_process_groups
+from resin.backend.topology import (
+    DEFAULT_TIMEOUT,
+    ProcessGroups,
+    Topology,
+    init_process_groups,
+    init_shared_leader,
+)
 from resin.protocols import Runner
 
 
@@ -91,13 +97,20 @@ def reference_runner(
 
 @dataclass
 class LocalJob:
-    """A leader in this process and its workers as child processes (`spawn_local`)."""
+    """Leaders in this process (one `DistributedRunner` per replica) and their workers as
+    child processes (`spawn_local`)."""
 
-    runner: DistributedRunner
+    runners: list[DistributedRunner]
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
+    @property
+    def runner(self) -> DistributedRunner:
+        """The first (with one replica: the only) replica's runner."""
+        return self.runners[0]
+
     def wait(self, timeout: float = 30.0) -> list[int]:
-        """After `runner.close()`: reap the workers (killing any that outlive `timeout`)."""
+        """After every runner's `close()`: reap the workers (killing any that outlive
+        `timeout`)."""
         codes = []
         for proc in self.workers:
             try:
@@ -113,45 +126,53 @@ def spawn_local(
     worker_args: Sequence[str],
     *,
     tensor_parallel: int,
+    data_parallel: int = 1,
     device: torch.device | str | None = None,
     timeout: timedelta = DEFAULT_TIMEOUT,
     capacity: int = DEFAULT_CAPACITY,
 ) -> LocalJob:
-    """Start ranks 1..N-1 of a one-host job as `resin worker` processes (`worker_args` tell
-    them what to build; rank r uses device r), then join as the leader with `build`.
+    """Start the workers of `data_parallel` replicas of `tensor_parallel` ranks on this host
+    as `resin worker` processes (`worker_args` tell them what to build), then join as the
+    leader of every replica (`Topology.shared_leader`), calling `build` once per replica.
 
-    This is what `--tensor-parallel N` needs without torchrun: the caller keeps one process
-    and gets the `DistributedRunner` to give its Engine.
+    This is what `--tensor-parallel N` (and `--data-parallel M`) need without torchrun: the
+    caller keeps one process and gets one `DistributedRunner` per replica for its Engines.
+    Devices: replica i's rank r runs on `cuda:(K + i*N + r)` from the leader's `cuda:K`
+    (default cuda:0), or on the CPU.
     """
+    tp, dp = tensor_parallel, data_parallel
+    if tp < 2 or dp < 1:
+        raise ValueError("spawn_local starts workers: tensor_parallel >= 2, data_parallel >= 1")
+    first = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    base = first.index or 0
     port = _free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    env["WORLD_SIZE"] = str(tensor_parallel)
-    command = [sys.executable, "-m", "resin.cli", "worker", *worker_args]
-    command += [
-        "--tensor-parallel",
-        str(tensor_parallel),
-        "--timeout",
-        str(timeout.total_seconds()),
+    env["WORLD_SIZE"] = str(1 + dp * (tp - 1))
+    command = [sys.executable, "-m", "resin.cli", "worker", *worker_args, "--shared-leader"]
+    command += ["--tensor-parallel", str(tp), "--timeout", str(timeout.total_seconds())]
+    workers = []
+    for i in range(dp):
+        for r in range(1, tp):
+            rank, local = 1 + i * (tp - 1) + r - 1, base + i * tp + r
+            extra = {"RANK": str(rank), "LOCAL_RANK": str(local if first.type == "cuda" else rank)}
+            workers.append(subprocess.Popen(command, env={**env, **extra}))
+    devices = [
+        torch.device("cuda", base + i * tp) if first.type == "cuda" else first for i in range(dp)
     ]
-    workers = [
-        subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(1, tensor_parallel)
-    ]
+    topology = Topology(0, 1 + dp * (tp - 1), base, tp, shared_leader=True)
     try:
-        runner = start_tensor_parallel(
-            build,
-            device=device,
-            timeout=timeout,
-            capacity=capacity,
-            topology=Topology(0, tensor_parallel, 0, tensor_parallel),
-            init_method=f"tcp://127.0.0.1:{port}",
+        groups = init_shared_leader(
+            topology, devices, timeout=timeout, init_method=f"tcp://127.0.0.1:{port}"
         )
+        runners = []
+        for g in groups:  # each replica's heartbeat starts as soon as its shard is built
+            channel = PlanChannel(g.control, 0, capacity)
+            runners.append(DistributedRunner(build(g), channel, heartbeat=heartbeat_for(timeout)))
     except BaseException:
         for proc in workers:
             proc.kill()
         raise
-    assert runner is not None  # rank 0 leads
-    return LocalJob(runner, workers)
+    return LocalJob(runners, workers)
 
 
 def _free_port() -> int:

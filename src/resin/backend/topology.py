@@ -8,6 +8,11 @@ Each replica's first rank (its leader) owns an Engine; the replica's ranks share
 - `control`: always Gloo (CPU tensors, so a plan never takes a trip through the device); the
   leader broadcasts each step's plan on it.
 
+With `shared_leader` (what `launch.spawn_local` starts: a data-parallel front that leads every
+replica from one process) rank 0 leads every replica and the others are its workers: the world
+is `1 + data_parallel * (tensor_parallel - 1)` ranks and replica i is rank 0 plus ranks
+`1 + i*(tp-1) .. (i+1)*(tp-1)`. With one replica both layouts are the same.
+
 Every group is created with a timeout: a collective that waits longer raises instead of
 hanging (Gloo enforces it per operation; NCCL's watchdog aborts the communicator).
 """
@@ -32,18 +37,22 @@ class Topology:
     world_size: int
     local_rank: int
     tensor_parallel: int
+    shared_leader: bool = False
+    """Rank 0 leads every replica (see the module docstring)."""
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel < 1 or self.world_size % self.tensor_parallel:
-            raise ValueError(
-                f"world size {self.world_size} is not a multiple of tensor_parallel "
-                f"{self.tensor_parallel}"
-            )
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        tp, world = self.tensor_parallel, self.world_size
+        if self.shared_leader and tp > 1 and (world - 1) % (tp - 1):
+            raise ValueError(f"world size {world} is not 1 + a multiple of {tp - 1}")
+        if self.shared_leader and tp == 1 and world != 1:
+            raise ValueError("a shared leader with tensor_parallel 1 has no workers")
+        if tp < 1 or (not self.shared_leader and world % tp):
+            raise ValueError(f"world size {world} is not a multiple of tensor_parallel {tp}")
+        if not 0 <= self.rank < world:
+            raise ValueError(f"rank {self.rank} outside world size {world}")
 
     @classmethod
-    def from_env(cls, tensor_parallel: int | None = None) -> Topology:
+    def from_env(cls, tensor_parallel: int | None = None, shared_leader: bool = False) -> Topology:
         """Read `torchrun`'s variables; `tensor_parallel` defaults to the whole world."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         return cls(
@@ -51,26 +60,37 @@ class Topology:
             world_size=world,
             local_rank=int(os.environ.get("LOCAL_RANK", "0")),
             tensor_parallel=tensor_parallel or world,
+            shared_leader=shared_leader,
         )
 
     @property
     def data_parallel(self) -> int:
+        if self.shared_leader:
+            return (
+                1 if self.world_size == 1 else (self.world_size - 1) // (self.tensor_parallel - 1)
+            )
         return self.world_size // self.tensor_parallel
 
     @property
     def replica(self) -> int:
+        """This rank's replica (a shared leader: replica 0, though it leads them all)."""
+        if self.shared_leader:
+            return 0 if self.rank == 0 else (self.rank - 1) // (self.tensor_parallel - 1)
         return self.rank // self.tensor_parallel
 
     @property
     def leader(self) -> int:
         """Global rank of this replica's rank 0 (the one that owns the Engine)."""
-        return self.replica * self.tensor_parallel
+        return 0 if self.shared_leader else self.replica * self.tensor_parallel
 
     @property
     def is_leader(self) -> bool:
         return self.rank == self.leader
 
     def replica_ranks(self, replica: int) -> list[int]:
+        if self.shared_leader:
+            size = self.tensor_parallel - 1
+            return [0, *range(1 + replica * size, 1 + (replica + 1) * size)]
         start = replica * self.tensor_parallel
         return list(range(start, start + self.tensor_parallel))
 
@@ -109,6 +129,33 @@ def init_process_groups(
     """
     topology = topology or Topology.from_env(tensor_parallel)
     device = torch.device(device) if device is not None else default_device(topology)
+    groups = _join(topology, device, timeout, init_method)
+    model, control = groups[topology.replica]
+    return ProcessGroups(topology, device, model, control, timeout)
+
+
+def init_shared_leader(
+    topology: Topology,
+    devices: list[torch.device],
+    *,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    init_method: str | None = None,
+) -> list[ProcessGroups]:
+    """Rank 0 of a `shared_leader` topology joins the world: its groups in every replica,
+    replica i's shard on `devices[i]`."""
+    if not (topology.shared_leader and topology.rank == 0):
+        raise ValueError("init_shared_leader is for rank 0 of a shared-leader topology")
+    groups = _join(topology, devices[0], timeout, init_method)
+    return [
+        ProcessGroups(topology, d, m, c, timeout) for d, (m, c) in zip(devices, groups, strict=True)
+    ]
+
+
+def _join(
+    topology: Topology, device: torch.device, timeout: timedelta, init_method: str | None
+) -> list[tuple[dist.ProcessGroup, dist.ProcessGroup]]:
+    """Init the world and create every replica's (model, control) groups, in the same order
+    on every rank (groups are created collectively)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -120,16 +167,13 @@ def init_process_groups(
             timeout=timeout,
             init_method=init_method,
         )
-    model: dist.ProcessGroup | None = None
-    control: dist.ProcessGroup | None = None
+    groups = []
     for replica in range(topology.data_parallel):
         ranks = topology.replica_ranks(replica)
         group = dist.new_group(ranks, timeout=timeout, backend=backend)
         cpu_group = dist.new_group(ranks, timeout=timeout, backend="gloo")
-        if replica == topology.replica:
-            model, control = group, cpu_group
-    assert model is not None and control is not None
-    return ProcessGroups(topology, device, model, control, timeout)
+        groups.append((group, cpu_group))
+    return groups
 
 
 def shutdown() -> None:

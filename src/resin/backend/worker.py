@@ -30,6 +30,11 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--config-json", help="random weights of this config.json (tests, benches)")
     p.add_argument("--seed", type=int, default=0, help="random-weights seed (with --config-json)")
     p.add_argument("--tensor-parallel", type=int, default=None, help="default: the world size")
+    p.add_argument(
+        "--shared-leader",
+        action="store_true",
+        help="rank 0 leads every replica (launch.spawn_local's layout, docs/distributed.md)",
+    )
     p.add_argument("--expert-parallel", action="store_true")
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK if present, else cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
@@ -42,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from resin.backend.launch import reference_runner, start_tensor_parallel
+    from resin.backend.topology import Topology
 
     args = parser().parse_args(argv)
     dtype = getattr(torch, args.dtype) if args.dtype else None
@@ -57,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=args.seed,
                 page_size=args.page_size,
             ),
-            tensor_parallel=args.tensor_parallel,
+            topology=Topology.from_env(args.tensor_parallel, shared_leader=args.shared_leader),
             device=args.device,
             timeout=timedelta(seconds=args.timeout),
         )
