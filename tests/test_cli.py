@@ -65,3 +65,31 @@ def test_serve_refuses_speculation_it_cannot_do(
         main(["serve", *argv, "--port", "1"])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_with_tensor_parallel_is_the_tp_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _help_of(["bench", "--tensor-parallel", "2", "--help"], capsys)
+    assert "--preset" in out and "--expert-parallel" in out and "--skip-single" in out
+
+
+def test_bench_refuses_tensor_parallel_on_the_fast_runner(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--tensor-parallel", "2", "--runner", "cuda"]) == 2
+    assert "not sharded yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--fake-runner", "--tensor-parallel", "2"], "--fake-runner has none"),
+        (["--data-parallel", "0"], "must be >= 1"),
+    ],
+)
+def test_serve_refuses_parallelism_it_cannot_do(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *argv, "--port", "1"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -43,6 +43,22 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="draft model name or folder")
     p.add_argument("--num-draft-tokens", type=int, default=4, help="drafts per step (4)")
     p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard the model over N devices (reference runner; its N-1 workers start as "
+        "`resin worker` processes; docs/distributed.md)",
+    )
+    p.add_argument(
+        "--data-parallel",
+        type=int,
+        default=1,
+        metavar="M",
+        help="M engine replicas behind one server: a request goes to the replica with the "
+        "longest cached prefix for it, else the least loaded (docs/distributed.md)",
+    )
+    p.add_argument(
         "--generation-config",
         default="auto",
         help="sampling defaults for omitted request fields: auto (the checkpoint's "
@@ -117,8 +133,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="benchmark a GPU runner (scripts/bench.py), load-test a server with --url "
-        "(scripts/bench_serve.py), or speculative decoding through the engine with "
-        "--speculative (scripts/bench_speculative.py)",
+        "(scripts/bench_serve.py), speculative decoding through the engine with "
+        "--speculative (scripts/bench_speculative.py), or the reference runner's tensor "
+        "parallelism beside TP=1 with --tensor-parallel N (scripts/bench_tp.py)",
     )
     bench.add_argument("args", nargs=argparse.REMAINDER)
     # `check` parses its own options (main() hands them over); listed here for --help.
@@ -144,6 +161,8 @@ def _load(args: argparse.Namespace) -> object:
         speculative=args.speculative,
         draft_model=args.draft_model,
         num_draft_tokens=args.num_draft_tokens,
+        tensor_parallel=args.tensor_parallel,
+        data_parallel=args.data_parallel,
     )
     try:
         return load(options)
@@ -261,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
         if any(a == "--speculative" or a.startswith("--speculative=") for a in argv):
             return _run_tool("resin.tools.bench_spec", argv[1:])  # through the Engine
+        if not serve_bench and any(a.startswith("--tensor-parallel") for a in argv):
+            return _run_tool("resin.backend.bench_tp", argv[1:])  # starts its own workers
         return _run_tool(
             "resin.tools.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
         )

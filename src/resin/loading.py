@@ -31,16 +31,39 @@ class LoadOptions:
     """None, "ngram" or "draft" (`speculation_for`)."""
     draft_model: str | None = None
     num_draft_tokens: int = 4
+    tensor_parallel: int = 1
+    """Ranks per replica (`resin.backend.launch.spawn_local` starts the workers)."""
+    data_parallel: int = 1
+    """Engine replicas behind one server (docs/distributed.md)."""
 
 
 @dataclass(frozen=True)
 class Loaded:
     engine: Engine
+    """The first replica's engine (the only one without --data-parallel)."""
     recipe: Recipe
     tokenizer: Tokenizer
     name: str
     context_length: int
     defaults: GenerationDefaults = NO_DEFAULTS
+    replicas: tuple[Engine, ...] = ()
+    """Every replica's engine, `engine` first (empty: just `engine`)."""
+    job: Any = None
+    """The `LocalJob` of spawned tensor-parallel workers, if any."""
+
+    @property
+    def engines(self) -> tuple[Engine, ...]:
+        return self.replicas or (self.engine,)
+
+    def close(self) -> None:
+        """Close every engine, then reap the workers and leave the process group."""
+        for engine in self.engines:
+            engine.close()
+        if self.job is not None:
+            self.job.wait()
+            from resin.backend.topology import shutdown
+
+            shutdown()
 
 
 def check_recipe_name(name: str | None) -> None:
@@ -58,6 +81,7 @@ def check_recipe_name(name: str | None) -> None:
 def load(options: LoadOptions, progress: bool = True) -> Loaded:
     check_recipe_name(options.recipe)
     check_speculative(options)
+    check_parallel(options)
     if options.fake:
         return load_fake(options)
     from tqdm import tqdm
@@ -70,9 +94,14 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
         bar.update()
         bar.set_postfix_str(steps[1])
-        from resin_models_torch.registry import load_runner
+        from resin.backend.launch import checkpoint_replicas
 
-        runner = load_runner(folder, device=options.device)
+        runners, job = checkpoint_replicas(
+            folder,
+            device=options.device,
+            tensor_parallel=options.tensor_parallel,
+            data_parallel=options.data_parallel,
+        )
         bar.update()
         bar.set_postfix_str(steps[2])
         tokenizer = Tokenizer.from_dir(folder)
@@ -80,18 +109,30 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         bar.update()
         bar.set_postfix_str(steps[3])
         context = context_length_of(folder, options.context_length)
-        engine = Engine(
-            runner,
-            prefix_cache=options.prefix_cache,
-            context_length=context,
-            grammar=grammar_backend(tokenizer),
-            overlap=options.overlap,
-            speculation=speculation_for(options, context),
+        engines = tuple(
+            Engine(
+                runner,
+                prefix_cache=options.prefix_cache,
+                context_length=context,
+                grammar=grammar_backend(tokenizer),
+                overlap=options.overlap,
+                speculation=speculation_for(options, context),
+            )
+            for runner in runners
         )
         bar.update()
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
     defaults = resolve_defaults(options.generation_config, folder)
-    return Loaded(engine, recipe, tokenizer, name or DEFAULT_MODEL_NAME, context, defaults)
+    name = name or DEFAULT_MODEL_NAME
+    return Loaded(engines[0], recipe, tokenizer, name, context, defaults, engines, job)
+
+
+def check_parallel(options: LoadOptions) -> None:
+    """`--tensor-parallel` / `--data-parallel` make sense (checked before any weights load)."""
+    if options.tensor_parallel < 1 or options.data_parallel < 1:
+        raise ValueError("--tensor-parallel and --data-parallel must be >= 1")
+    if options.fake and options.tensor_parallel > 1:
+        raise ValueError("--tensor-parallel shards a model; --fake-runner has none")
 
 
 def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
@@ -216,16 +257,19 @@ def load_fake(options: LoadOptions) -> Loaded:
 
     tokenizer = Tokenizer.from_dir(default_model_dir())
     context = options.context_length or 4096
-    runner = ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0])
-    engine = Engine(
-        runner,
-        context_length=context,
-        prefix_cache=options.prefix_cache,
-        max_sequences=512,
-        overlap=options.overlap,
-        speculation=speculation_for(options, context),  # refused: the runner cannot verify
+    engines = tuple(
+        Engine(
+            ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0]),
+            context_length=context,
+            prefix_cache=options.prefix_cache,
+            max_sequences=512,
+            overlap=options.overlap,
+            speculation=speculation_for(options, context),  # refused: the runner cannot verify
+        )
+        for _ in range(options.data_parallel)
     )
-    return Loaded(engine, recipe_for(tokenizer, options.recipe), tokenizer, "fake", context)
+    recipe = recipe_for(tokenizer, options.recipe)
+    return Loaded(engines[0], recipe, tokenizer, "fake", context, replicas=engines)
 
 
 def _name_of(folder: str) -> str:

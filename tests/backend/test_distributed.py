@@ -134,3 +134,30 @@ def test_workers_exit_when_the_leader_crashes(tmp_path: Path) -> None:
     job = launch("leader-crash", tmp_path, collective_timeout=5.0, wall=60.0)
     assert job.returncodes == [3, 1], job.output  # the worker stops with an error, not a hang
     assert time.monotonic() - start < 45.0
+
+
+def test_resin_bench_tensor_parallel_starts_its_own_workers(tmp_path: Path) -> None:
+    """`resin bench --tensor-parallel 2` without torchrun: TP=2 and TP=1 rows in one run."""
+    import os
+    import subprocess
+    import sys
+
+    from launcher import SRC
+
+    output = tmp_path / "tp.jsonl"
+    argv = ["--tensor-parallel", "2", "--preset", "tiny", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--batch", "1", "2", "--context", "16", "--decode-steps", "3", "--timeout", "30"]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "resin.cli", "bench", *argv, "--output", str(output)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [(r["tp"], r["batch"]) for r in rows] == [(2, 1), (2, 2), (1, 1), (1, 2)]
+    assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in rows)
+    assert "decode TP=2 / TP=1" in done.stdout

@@ -95,6 +95,43 @@ def reference_runner(
     return TorchRunner(shard_model(model, groups.model, style), **runner_kwargs)
 
 
+def checkpoint_replicas(
+    folder: str | Path,
+    *,
+    device: str = "cpu",
+    tensor_parallel: int = 1,
+    data_parallel: int = 1,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+) -> tuple[list[Runner], LocalJob | None]:
+    """Reference runners over a checkpoint for `resin serve --tensor-parallel N
+    --data-parallel M`: one runner per replica, and the `LocalJob` of the workers when N > 1
+    (`spawn_local`: this process leads every replica). On CUDA, replica i's rank r runs on
+    `cuda:(K + i*N + r)` from `--device cuda:K`; on the CPU every rank runs on the CPU."""
+    from resin_models_torch.registry import load_runner
+
+    first = torch.device(device)
+    if tensor_parallel == 1:
+        return [
+            load_runner(folder, device=_nth(first, i) if first.type == "cuda" else first)
+            for i in range(data_parallel)
+        ], None
+    worker_args = ["--checkpoint", str(folder)]
+    worker_args += [] if first.type == "cuda" else ["--device", str(first)]
+    job = spawn_local(
+        lambda groups: reference_runner(groups, checkpoint=folder),
+        worker_args,
+        tensor_parallel=tensor_parallel,
+        data_parallel=data_parallel,
+        device=first,
+        timeout=timeout,
+    )
+    return list(job.runners), job
+
+
+def _nth(device: torch.device, offset: int) -> torch.device:
+    return torch.device(device.type, (device.index or 0) + offset)
+
+
 @dataclass
 class LocalJob:
     """Leaders in this process (one `DistributedRunner` per replica) and their workers as
@@ -156,9 +193,7 @@ def spawn_local(
             rank, local = 1 + i * (tp - 1) + r - 1, base + i * tp + r
             extra = {"RANK": str(rank), "LOCAL_RANK": str(local if first.type == "cuda" else rank)}
             workers.append(subprocess.Popen(command, env={**env, **extra}))
-    devices = [
-        torch.device("cuda", base + i * tp) if first.type == "cuda" else first for i in range(dp)
-    ]
+    devices = [_nth(first, i * tp) if first.type == "cuda" else first for i in range(dp)]
     topology = Topology(0, 1 + dp * (tp - 1), base, tp, shared_leader=True)
     try:
         groups = init_shared_leader(
