@@ -212,7 +212,7 @@ def serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its clean shutdown
         code = 130
     finally:
-        loaded.engine.close()
+        loaded.close()
     return code
 
 
@@ -256,8 +256,11 @@ def chat(args: argparse.Namespace) -> int:
         stream_interval=1,
         generation_defaults=loaded.defaults,
     )
-    with running(server) as url:
-        return chat_loop(url, None, args.max_tokens, args.system)
+    try:
+        with running(server) as url:
+            return chat_loop(url, None, args.max_tokens, args.system)
+    finally:
+        loaded.close()
 
 
 def _run_tool(module: str, argv: list[str]) -> int:

@@ -1,0 +1,156 @@
+"""`resin serve --tensor-parallel 2` on the CPU: the server starts its own worker (Gloo), a
+chat request through the openai SDK gets the same greedy answer as the unsharded model, and a
+worker killed mid-run makes the server answer 503 and stop, never hang.
+
+The model is a tiny random-weight Llama (2 KV heads, so it splits in two) with SmolLM2's real
+tokenizer and chat template, saved as a checkpoint folder and loaded as `resin serve` does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from resin.server import HttpServer
+from resin.server.launch import free_port, running
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    """A random-weight Llama small enough for 2 CPU cores, with the default model's tokenizer."""
+    import torch
+    import transformers
+
+    from resin_models_torch.default_model import default_model_dir
+
+    source = default_model_dir()
+    config = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=2048,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        initializer_range=0.2,  # varied greedy tokens, top-2 logit gaps far above 1e-5
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        return tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+    except (FileNotFoundError, ImportError) as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+
+
+def greedy_chat(url: str) -> str:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    answer = client.chat.completions.create(
+        model="default",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=8,  # type: ignore[arg-type]
+    )
+    text = answer.choices[0].message.content or ""
+    assert answer.usage is not None and answer.usage.completion_tokens == 8
+    assert len(set(text.split())) > 1  # not one token repeated: the weights matter
+    return text
+
+
+@pytest.fixture(scope="module")
+def unsharded_answer(checkpoint: Path) -> str:
+    from resin.loading import LoadOptions, load
+
+    loaded = load(LoadOptions(checkpoint=str(checkpoint), context_length=512), progress=False)
+    server = HttpServer(loaded.engine, loaded.recipe, tokenizer=loaded.tokenizer, port=free_port())
+    with running(server) as url:
+        answer = greedy_chat(url)
+    loaded.close()
+    return answer
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
+        self.proc, self.url = proc, url
+
+    def workers(self) -> list[int]:
+        """Pids of the server's children (its `resin worker` processes)."""
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.proc.pid:
+                children.append(int(stat.parent.name))
+        return children
+
+
+@pytest.fixture
+def serve_cli(checkpoint: Path) -> Iterator[Served]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "resin.cli", "serve", "--checkpoint", str(checkpoint)]
+    cmd += ["--tensor-parallel", "2", "--context-length", "512", "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the loading bar, then the banner
+            if f"http://127.0.0.1:{port}" in line:
+                break
+        else:
+            pytest.fail(f"resin serve exited early: {proc.wait()}")
+        yield Served(proc, f"http://127.0.0.1:{port}")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_tensor_parallel_serve_equals_the_unsharded_answer(
+    serve_cli: Served, unsharded_answer: str
+) -> None:
+    assert len(serve_cli.workers()) == 1  # the server started its own worker
+    assert greedy_chat(serve_cli.url) == unsharded_answer
+    serve_cli.proc.send_signal(signal.SIGTERM)
+    assert serve_cli.proc.wait(30) in (0, -signal.SIGTERM)
+    assert not serve_cli.workers()  # the worker left with the leader
+
+
+def test_a_killed_worker_makes_the_server_answer_503_and_stop(serve_cli: Served) -> None:
+    greedy_chat(serve_cli.url)
+    (worker,) = serve_cli.workers()
+    os.kill(worker, signal.SIGKILL)
+    start = time.monotonic()
+    body = {"model": "default", "messages": QUESTION, "max_tokens": 8}
+    try:
+        status = httpx.post(
+            serve_cli.url + "/v1/chat/completions", json=body, timeout=60
+        ).status_code
+    except httpx.TransportError:
+        status = None  # the listener already stopped
+    assert status in (503, None)
+    assert serve_cli.proc.wait(60) is not None  # the server stops listening and exits
+    assert time.monotonic() - start < 60
