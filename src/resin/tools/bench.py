@@ -3,7 +3,9 @@
 Random word prompts, Poisson arrivals (`--request-rate`) or a fixed number of streams
 (`--max-concurrency`), streaming chat or completions. Reports TTFT, TPOT = (e2e - ttft) /
 (output_tokens - 1), ITL (gaps between streamed chunks), e2e latency percentiles, request and
-token throughput, and goodput against optional SLOs; appends one JSON line per run.
+token throughput, and goodput against optional SLOs; appends one JSON line per run. Against a
+data-parallel server (`resin serve --data-parallel N`) it also reports how the output tokens
+split over the replicas (from `/metrics`, `replica` label).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -140,16 +143,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with sem:
             outcomes.append(await one_request(session, url, body, headers))
 
-    start = time.perf_counter()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        before = await replica_tokens(session, base, headers)
+        start = time.perf_counter()
         tasks = []
         for _ in range(args.num_prompts):
             tasks.append(asyncio.ensure_future(fire(session, make_prompt(rng, args.input_len))))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         await asyncio.gather(*tasks)
-    duration = time.perf_counter() - start
-    return summarize(args, outcomes, duration)
+        duration = time.perf_counter() - start
+        after = await replica_tokens(session, base, headers)
+    result = summarize(args, outcomes, duration)
+    result["replica_output_tokens"] = {r: after[r] - before.get(r, 0.0) for r in sorted(after)}
+    return result
+
+
+_REPLICA_TOKENS = re.compile(r'^resin:generation_tokens_total\{[^}]*replica="([^"]+)"[^}]*\} (\S+)')
+
+
+async def replica_tokens(session: Any, base: str, headers: dict[str, str]) -> dict[str, float]:
+    """Generated tokens per data-parallel replica so far (`/metrics`); {} for other servers."""
+    try:
+        async with session.get(base + "/metrics", headers=headers) as resp:
+            text = await resp.text() if resp.status == 200 else ""
+    except Exception:  # no metrics: nothing to split
+        return {}
+    found = (_REPLICA_TOKENS.match(line) for line in text.splitlines())
+    return {m.group(1): float(m.group(2)) for m in found if m}
 
 
 def summarize(args: argparse.Namespace, outcomes: list[Outcome], duration: float) -> dict[str, Any]:
@@ -201,6 +222,9 @@ def print_table(r: dict[str, Any]) -> None:
         f"requests/s {r['request_throughput']:.1f}  output tok/s {r['output_tok_s']:.0f}  "
         f"total tok/s {r['total_tok_s']:.0f}  goodput req/s {r['goodput_req_s']:.1f}"
     )
+    if r.get("replica_output_tokens"):
+        split = "  ".join(f"{k}: {v:.0f}" for k, v in r["replica_output_tokens"].items())
+        print(f"output tokens by replica  {split}")
     print(f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         row = r[key]
