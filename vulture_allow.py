@@ -6,8 +6,11 @@
 
 # -- engine / cache / contracts / metrics: justified --
 _.writeable  # numpy `arr.flags.writeable = False` freezes plan arrays (a numpy attribute)
-exc_type  # Engine.__exit__: the context-manager protocol's signature
-tb  # Engine.__exit__: the context-manager protocol's signature
+tb  # Ticket.__exit__ (server/intake.py): the context-manager protocol's signature
+# MetricsSnapshot fields the Prometheus exporter reads by name from its tables (getattr):
+kv_cache_usage_perc, prefix_cache_usage_perc, time_to_first_token_seconds
+inter_token_latency_seconds, e2e_request_latency_seconds, request_queue_time_seconds
+request_prefill_time_seconds, request_decode_time_seconds, iteration_tokens_total
 _.finished  # Request.finished: public API for callers (docs/engine.md)
 _.drop_prefix_cache  # CacheManager: empties the trie; tests use it to prove no page leaks
 _.num_nodes  # PrefixTrie.num_nodes: trie size, read by tests/engine/test_prefix.py

@@ -56,9 +56,11 @@ def test_serve_refuses_an_unknown_recipe_listing_the_known_ones(
         (["--speculative", "draft"], "--speculative draft needs --draft-model"),
         (["--draft-model", "x"], "--draft-model needs --speculative draft"),
         (["--fake-runner", "--speculative", "ngram"], "max_draft_tokens is 0"),
+        (["--fake-runner", "--tensor-parallel", "2"], "--fake-runner has none"),
+        (["--data-parallel", "0"], "must be >= 1"),
     ],
 )
-def test_serve_refuses_speculation_it_cannot_do(
+def test_serve_refuses_options_it_cannot_do(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -77,19 +79,3 @@ def test_bench_refuses_tensor_parallel_on_the_fast_runner(
 ) -> None:
     assert main(["bench", "--tensor-parallel", "2", "--runner", "cuda"]) == 2
     assert "not sharded yet" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--fake-runner", "--tensor-parallel", "2"], "--fake-runner has none"),
-        (["--data-parallel", "0"], "must be >= 1"),
-    ],
-)
-def test_serve_refuses_parallelism_it_cannot_do(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["serve", *argv, "--port", "1"])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err

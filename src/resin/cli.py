@@ -180,7 +180,7 @@ def serve(args: argparse.Namespace) -> int:
     loaded = _load(args)
     assert isinstance(loaded, Loaded)
     server = HttpServer(
-        loaded.engine,
+        list(loaded.engines),
         loaded.recipe,
         tokenizer=loaded.tokenizer,
         model=args.served_model_name or loaded.name,
@@ -248,7 +248,7 @@ def chat(args: argparse.Namespace) -> int:
     loaded = _load(args)
     assert isinstance(loaded, Loaded)
     server = HttpServer(
-        loaded.engine,
+        list(loaded.engines),
         loaded.recipe,
         tokenizer=loaded.tokenizer,
         model=loaded.name,

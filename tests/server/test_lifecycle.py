@@ -14,7 +14,7 @@ import pytest
 from resin.frontend.errors import ClientTooSlow
 from resin.frontend.stream import RequestStream
 from resin.server.launch import running
-from tests.server.conftest import MODEL, make_server
+from tests.server.conftest import MODEL, assert_stops_listening, make_server
 from tests.server.doubles import ByteTokenizer, FakeEngine
 
 CHAT = "/v1/chat/completions"
@@ -136,15 +136,7 @@ def test_engine_failure_answers_503_and_stops_listener() -> None:
         after = httpx.post(url + CHAT, json=body("y", 5), timeout=30)
         assert after.status_code == 503
         assert httpx.get(url + "/health").status_code == 503
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(url + "/health", timeout=1)
-            except httpx.TransportError:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("listener still up after the engine died")
+        assert_stops_listening(url)
 
 
 def test_shutdown_ends_open_streams_with_an_error() -> None:

@@ -8,6 +8,7 @@ tokenizer and chat template, saved as a checkpoint folder and loaded as `resin s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,8 +22,8 @@ import httpx
 import openai
 import pytest
 
-from resin.server import HttpServer
 from resin.server.launch import free_port, running
+from tests.server.conftest import serve_loaded
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -60,13 +61,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"default model unavailable: {exc}")
 
 
-def greedy_chat(url: str) -> str:
+def greedy_chat(url: str, replica: int | None = None) -> str:
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    headers = {} if replica is None else {"resin-routed-dp-rank": str(replica)}
     answer = client.chat.completions.create(
         model="default",
-        messages=QUESTION,
+        messages=QUESTION,  # type: ignore[arg-type]
         temperature=0,
-        max_tokens=8,  # type: ignore[arg-type]
+        max_tokens=8,
+        extra_headers=headers,
     )
     text = answer.choices[0].message.content or ""
     assert answer.usage is not None and answer.usage.completion_tokens == 8
@@ -79,8 +82,7 @@ def unsharded_answer(checkpoint: Path) -> str:
     from resin.loading import LoadOptions, load
 
     loaded = load(LoadOptions(checkpoint=str(checkpoint), context_length=512), progress=False)
-    server = HttpServer(loaded.engine, loaded.recipe, tokenizer=loaded.tokenizer, port=free_port())
-    with running(server) as url:
+    with running(serve_loaded(loaded)) as url:
         answer = greedy_chat(url)
     loaded.close()
     return answer
@@ -89,6 +91,13 @@ def unsharded_answer(checkpoint: Path) -> str:
 class Served:
     def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
         self.proc, self.url = proc, url
+
+    def worker_of(self, rank: int) -> int:
+        """The pid of the worker process with global rank `rank`."""
+        (pid,) = [
+            p for p in self.workers() if f"RANK={rank}\0" in Path(f"/proc/{p}/environ").read_text()
+        ]
+        return pid
 
     def workers(self) -> list[int]:
         """Pids of the server's children (its `resin worker` processes)."""
@@ -103,12 +112,13 @@ class Served:
         return children
 
 
-@pytest.fixture
-def serve_cli(checkpoint: Path) -> Iterator[Served]:
+@contextlib.contextmanager
+def served(checkpoint: Path, *options: str) -> Iterator[Served]:
+    """`resin serve --checkpoint CHECKPOINT *options` as a subprocess, once it is ready."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "resin.cli", "serve", "--checkpoint", str(checkpoint)]
-    cmd += ["--tensor-parallel", "2", "--context-length", "512", "--port", str(port)]
+    cmd += [*options, "--context-length", "512", "--port", str(port)]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -120,13 +130,17 @@ def serve_cli(checkpoint: Path) -> Iterator[Served]:
         else:
             pytest.fail(f"resin serve exited early: {proc.wait()}")
         yield Served(proc, f"http://127.0.0.1:{port}")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
+    finally:  # SIGTERM (a no-op once it exited), then SIGKILL if it does not leave
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        proc.kill()
+
+
+@pytest.fixture
+def serve_cli(checkpoint: Path) -> Iterator[Served]:
+    with served(checkpoint, "--tensor-parallel", "2") as server:
+        yield server
 
 
 def test_tensor_parallel_serve_equals_the_unsharded_answer(
@@ -154,3 +168,22 @@ def test_a_killed_worker_makes_the_server_answer_503_and_stop(serve_cli: Served)
     assert status in (503, None)
     assert serve_cli.proc.wait(60) is not None  # the server stops listening and exits
     assert time.monotonic() - start < 60
+
+
+def test_two_tensor_parallel_replicas_behind_one_front(
+    checkpoint: Path, unsharded_answer: str
+) -> None:
+    """`--tensor-parallel 2 --data-parallel 2`: one server process leads two TP=2 groups (two
+    workers). Each replica gives the unsharded answer; when replica 1's worker dies, replica 1's
+    requests get 503 and /health says degraded, while replica 0 keeps answering."""
+    with served(checkpoint, "--tensor-parallel", "2", "--data-parallel", "2") as server:
+        assert len(server.workers()) == 2
+        assert [greedy_chat(server.url, replica=i) for i in (0, 1)] == [unsharded_answer] * 2
+        os.kill(server.worker_of(2), signal.SIGKILL)  # rank 2: replica 1's worker
+        with pytest.raises(openai.InternalServerError):
+            greedy_chat(server.url, replica=1)
+        health = httpx.get(server.url + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "degraded"
+        assert [r["alive"] for r in health.json()["replicas"]] == [True, False]
+        assert greedy_chat(server.url) == unsharded_answer  # routed to replica 0
+        assert greedy_chat(server.url, replica=1) == unsharded_answer  # named, but it is dead

@@ -12,9 +12,9 @@ import anthropic
 import openai
 import pytest
 
-from resin.server import HttpServer
-from resin.server.launch import free_port, running
+from resin.server.launch import running
 from resin.tools import check
+from tests.server.conftest import serve_loaded
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +28,7 @@ def url() -> Iterator[str]:
         loaded = load(LoadOptions(context_length=2048), progress=False)
     except (FileNotFoundError, ImportError) as exc:
         pytest.skip(f"default model unavailable: {exc}")
-    server = HttpServer(
-        loaded.engine,
-        loaded.recipe,
-        tokenizer=loaded.tokenizer,
-        model=loaded.name,
-        port=free_port(),
-        context_length=loaded.context_length,
-    )
-    with running(server) as base:
+    with running(serve_loaded(loaded)) as base:
         yield base
     loaded.engine.close()
 

@@ -266,7 +266,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
     # -- one step -------------------------------------------------------------------------

@@ -2,11 +2,12 @@
 TokenizerManager are): one actor thread drives the engine (`actor.py`), each request reads
 its events from a bounded buffer (`stream.py`) as typed updates with stop strings applied
 (`generation.py`), and owns its intake slots and generations (`intake.py`). Failures are typed
-(`errors.py`); a server maps them to its protocol's answers. `resin.server` serves it over
-HTTP; nothing here imports the server.
+(`errors.py`); a server maps them to its protocol's answers. Intake slots are `slots.py`;
+several engines (data-parallel replicas) sit behind one front in `replicas.py`, each request
+routed by `routing.py`. `resin.server` serves it over HTTP; nothing here imports the server.
 """
 
-from resin.frontend.actor import EngineActor, Reservation
+from resin.frontend.actor import EngineActor
 from resin.frontend.errors import (
     ClientTooSlow,
     EngineUnavailable,
@@ -18,6 +19,8 @@ from resin.frontend.errors import (
 from resin.frontend.generation import Finish, Generation, TokenLogprob, Update
 from resin.frontend.intake import Batch, Ticket
 from resin.frontend.ports import EngineLike, OutputParser
+from resin.frontend.replicas import ReplicaSet
+from resin.frontend.slots import IntakeSlots, Reservation
 
 __all__ = [
     "Batch",
@@ -29,8 +32,10 @@ __all__ = [
     "FrontendError",
     "Generation",
     "GenerationFailed",
+    "IntakeSlots",
     "OutputParser",
     "QueueFull",
+    "ReplicaSet",
     "RequestRefused",
     "Reservation",
     "Ticket",

@@ -9,6 +9,7 @@ hands every touched request its events in one `call_soon_threadsafe` batch. Inva
 - every submitted stream gets a final item (FinishedEvent or StreamError);
 - if `engine.step()` raises, the actor is dead: every open stream gets a StreamError, new
   reservations raise `EngineUnavailable`, and `on_death` is called on the event loop.
+Several actors (data-parallel replicas, `replicas.py`) can share one `IntakeSlots`.
 """
 
 from __future__ import annotations
@@ -19,33 +20,19 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
-from resin.frontend.errors import EngineUnavailable, QueueFull
+from resin.frontend.errors import EngineUnavailable
 from resin.frontend.ports import EngineLike
+from resin.frontend.slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.stream import RequestStream, StreamError, StreamItem
 from resin.params import SamplingParams
 from resin.plan import MediaItem
 
 log = logging.getLogger("resin.frontend")
-
-
-class Reservation:
-    """One intake slot, counted against its `owner` (a client connection) too; `release()` is
-    idempotent and safe from any thread."""
-
-    def __init__(self, actor: EngineActor, owner: object = None) -> None:
-        self._actor = actor
-        self._owner = owner
-        self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._actor._release_slot(self._owner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +57,7 @@ class _Stop:
 _Message = _Submit | _Abort | _Stop
 
 
-class EngineActor:
+class EngineActor(SlotsFront):
     """Owns the engine thread; the public methods are safe to call from the event loop."""
 
     def __init__(
@@ -82,9 +69,11 @@ class EngineActor:
         admissions_per_step: int = 4,
         stream_capacity: int = 64,
         on_death: Callable[[], None] | None = None,
+        slots: IntakeSlots | None = None,
     ) -> None:
         self.engine = engine
-        self.queue_capacity = queue_capacity
+        self.slots = slots or IntakeSlots(queue_capacity)
+        """The intake queue (shared with the other replicas' actors, if any)."""
         self.max_active = max_active
         self.admissions_per_step = admissions_per_step
         self.stream_capacity = stream_capacity
@@ -92,9 +81,7 @@ class EngineActor:
         self.error: str | None = None
         self._intake: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._reserved = 0
-        self._by_owner: dict[object, int] = {}
-        self._accepting = True
+        self._open: set[RequestStream] = set()
         self._pending: deque[_Submit] = deque()
         self._active: dict[int, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,8 +101,21 @@ class EngineActor:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
     @property
-    def queued(self) -> int:
-        return self._reserved
+    def load(self) -> int:
+        """Requests submitted here whose streams are still open (event-loop side)."""
+        self._open.difference_update([s for s in self._open if s.closed])
+        return len(self._open)
+
+    @property
+    def replicas(self) -> list[EngineActor]:
+        """The actors behind this front: just this one (`ReplicaSet` has several)."""
+        return [self]
+
+    def route(
+        self, prompt: Sequence[int], media: Sequence[MediaItem] = (), replica: int | None = None
+    ) -> EngineActor:
+        """The actor a prompt goes to: this one (`ReplicaSet.route` chooses among several)."""
+        return self
 
     def reserve(self) -> Reservation:
         """Take one intake slot or raise QueueFull / EngineUnavailable (never blocks)."""
@@ -124,29 +124,10 @@ class EngineActor:
     def reserve_many(
         self, count: int, owner: object = None, owner_limit: int | None = None
     ) -> list[Reservation]:
-        """Take `count` intake slots at once, or none: QueueFull when the queue (or `owner`'s
-        share of it, `owner_limit`) has no room, EngineUnavailable when stopping (never blocks)."""
-        with self._lock:
-            if not self._accepting or self.error is not None:
-                stopped = self.error or "server is shutting down"
-                raise EngineUnavailable(f"engine unavailable: {stopped}")
-            if self._reserved + count > self.queue_capacity:
-                raise QueueFull(f"server busy: {self._reserved} requests queued")
-            mine = self._by_owner.get(owner, 0)
-            if owner is not None and owner_limit is not None and mine + count > owner_limit:
-                raise QueueFull(f"server busy: this connection already has {mine} requests queued")
-            self._reserved += count
-            if owner is not None:
-                self._by_owner[owner] = mine + count
-        return [Reservation(self, owner) for _ in range(count)]
-
-    def _release_slot(self, owner: object = None) -> None:
-        with self._lock:
-            self._reserved -= 1
-            if owner is not None:
-                left = self._by_owner.pop(owner, 1) - 1
-                if left:
-                    self._by_owner[owner] = left
+        """`IntakeSlots.reserve_many`; EngineUnavailable once the engine died too."""
+        if self.error is not None:
+            raise EngineUnavailable(f"engine unavailable: {self.error}")
+        return self.slots.reserve_many(count, owner, owner_limit)
 
     def submit(
         self,
@@ -156,7 +137,13 @@ class EngineActor:
         media: tuple[MediaItem, ...] = (),
     ) -> RequestStream:
         stream = RequestStream(self.stream_capacity)
-        self._intake.put(_Submit(stream, prompt, params, reservation, media))
+        self._open.add(stream)
+        with self._lock:  # a submit after `_die` drained the intake fails at once (no hang)
+            if self.error is None:
+                self._intake.put(_Submit(stream, prompt, params, reservation, media))
+                return stream
+        reservation.release()
+        stream.push(StreamError(self.error))
         return stream
 
     def abort(self, stream: RequestStream) -> None:
@@ -167,8 +154,7 @@ class EngineActor:
     def request_stop(self) -> None:
         """Refuse new reservations (503) from now on; tell the actor to abort open requests
         and end (non-blocking)."""
-        with self._lock:
-            self._accepting = False
+        self.slots.accepting = False
         self._intake.put(_Stop())
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -279,6 +265,10 @@ class EngineActor:
     def _die(self, message: str) -> None:
         with self._lock:
             self.error = message
+        with contextlib.suppress(queue.Empty):  # submits that raced the error fail below too
+            while True:
+                if isinstance(msg := self._intake.get_nowait(), _Submit):
+                    self._pending.append(msg)
         streams = [s.stream for s in self._pending] + list(self._active.values())
         for sub in self._pending:
             sub.reservation.release()

@@ -20,9 +20,9 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 
-from resin.frontend.actor import Reservation
 from resin.frontend.errors import ClientTooSlow, GenerationFailed
 from resin.frontend.generation import Generation, Update, merge
+from resin.frontend.slots import Reservation
 
 
 class Ticket:

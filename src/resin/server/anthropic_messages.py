@@ -131,7 +131,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
     stops = body.stop_sequences or []
-    rendered, gens = await start_chat(svc, request, lambda: setup(body), 1, stops)
+    rendered, gens = await start_chat(svc, request, lambda: setup(body), 1, stops, body)
     builder = MessageBuilder(svc, len(rendered.token_ids), gens)
     if body.stream:
         return SSEResponse(builder.stream(), on_close=gens.cancel, error_frame=anthropic_error)

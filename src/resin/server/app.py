@@ -3,6 +3,7 @@
 ```python
 server = HttpServer(engine, recipe, tokenizer=tok, model="smollm2")
 server.serve()          # blocks; SIGTERM or server.shutdown() stops it cleanly
+HttpServer([engine0, engine1], recipe, ...)   # data-parallel replicas (`replicas.py`)
 ```
 Shutdown order: stop intake (new requests get 503), abort open requests, let the actor finish
 its current step and drain, end open streams with their final events, then stop listening.
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException
 from resin.frontend.actor import EngineActor
 from resin.frontend.errors import FrontendError
 from resin.frontend.ports import EngineLike
+from resin.frontend.replicas import ReplicaSet
 from resin.generation_config import GenerationDefaults
 from resin.metrics.collector import MetricsSnapshot
 from resin.metrics.prometheus import PrometheusExporter
@@ -43,11 +45,11 @@ log = logging.getLogger("resin.server")
 
 
 class HttpServer:
-    """An OpenAI/Anthropic-compatible HTTP server around one engine."""
+    """An OpenAI/Anthropic-compatible HTTP server around one engine, or several replicas."""
 
     def __init__(
         self,
-        engine: EngineLike,
+        engine: EngineLike | Sequence[EngineLike],
         recipe: Recipe,
         *,
         tokenizer: TokenizerLike | None = None,
@@ -73,27 +75,31 @@ class HttpServer:
             raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
         self.host = host
         self.port = port
-        self.engine = engine
+        engines = list(engine) if isinstance(engine, Sequence) else [engine]
         self._uvicorn: Any = None
-        self.actor = EngineActor(
-            engine,
-            queue_capacity=request_queue_capacity,
-            max_active=max_active,
-            admissions_per_step=admissions_per_step,
-            stream_capacity=client_buffer,
-            on_death=self._on_death,
+        actor_options: dict[str, Any] = {
+            "queue_capacity": request_queue_capacity,
+            "max_active": max_active,
+            "admissions_per_step": admissions_per_step,
+            "stream_capacity": client_buffer,
+            "on_death": self._on_death,
+        }
+        self.actor: EngineActor | ReplicaSet = (
+            ReplicaSet(engines, **actor_options)
+            if len(engines) > 1
+            else EngineActor(engines[0], **actor_options)
         )
         self.metrics = ServerMetrics(
-            running=lambda: float(engine.num_running),
-            waiting=lambda: float(engine.num_waiting + self.actor.queued),
-            engine_render=_engine_exporter(engine, model, lambda: self.actor.queued),
+            running=lambda: float(sum(e.num_running for e in engines)),
+            waiting=lambda: float(sum(e.num_waiting for e in engines) + self.actor.queued),
+            engine_render=_engine_exporter(self.actor, model),
         )
         self.service = Service(
             self.actor,
             recipe,
             tokenizer,
             model,
-            context_length or engine.context_length,
+            context_length or engines[0].context_length,
             stream_interval,
             self.metrics,
             limits or Limits(),
@@ -176,20 +182,28 @@ class HttpServer:
             loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
 
 
-def _engine_exporter(
-    engine: EngineLike, model: str, intake: Callable[[], int]
-) -> Callable[[], bytes] | None:
-    """The engine's own Prometheus exporter when it keeps metrics (the real engine does);
-    `num_requests_waiting` adds the server's intake queue (`intake()`) to the engine's."""
-    if getattr(engine, "metrics", None) is None:
+def _engine_exporter(front: EngineActor | ReplicaSet, model: str) -> Callable[[], bytes] | None:
+    """The engines' own Prometheus exporter when they keep metrics (the real engine does).
+    One engine: `num_requests_waiting` adds the server's intake queue to the engine's. Several
+    replicas: one series each (`replica` label); a replica's waiting requests are those in its
+    engine's queue or routed to it and not yet admitted."""
+    actors = front.replicas
+    if any(getattr(a.engine, "metrics", None) is None for a in actors):
         return None
 
-    def snapshot() -> MetricsSnapshot | None:
-        snap: MetricsSnapshot | None = getattr(engine, "metrics", None)
-        if snap is None:
-            return None
-        return replace(snap, num_requests_waiting=snap.num_requests_waiting + intake())
+    def snapshot(actor: EngineActor) -> Callable[[], MetricsSnapshot | None]:
+        def read() -> MetricsSnapshot | None:
+            snap: MetricsSnapshot | None = getattr(actor.engine, "metrics", None)
+            if snap is None:
+                return None
+            if len(actors) == 1:
+                return replace(snap, num_requests_waiting=snap.num_requests_waiting + front.queued)
+            routed = max(snap.num_requests_waiting, actor.load - snap.num_requests_running)
+            return replace(snap, num_requests_waiting=routed)
 
-    exporter = PrometheusExporter(snapshot, model_name=model)
+        return read
+
+    sources = [snapshot(a) for a in actors]
+    exporter = PrometheusExporter(sources if len(actors) > 1 else sources[0], model_name=model)
     render: Callable[[], bytes] = exporter.render
     return render

@@ -42,10 +42,13 @@ async def start_chat(
     build: Callable[[], ChatSetup],
     n: int = 1,
     stops: Sequence[str] = (),
+    body: object = None,
 ) -> tuple[RenderedPrompt, Batch]:
     """Stop strings are checked and `n` intake slots reserved before `build()` runs (an
-    overloaded server refuses cheaply); the rendered prompt and the started batch come back."""
+    overloaded server refuses cheaply); the rendered prompt and the started batch come back.
+    `body`: where a client may name a data-parallel replica (`routed_dp_rank`)."""
     svc.check_stops(stops)
+    replica = svc.requested_replica(request, body)
     with svc.reserve(n, request) as ticket:
         s = build()
         check_images(s.messages, svc.recipe.supports_images)
@@ -59,6 +62,12 @@ async def start_chat(
         tools = list(s.tools) or None
         parser = lambda: svc.recipe.create_parser(rendered, tools=tools)  # noqa: E731
         batch = await svc.launch(
-            ticket, [(rendered.token_ids, params)], parser, stops, fmt, rendered.multimodal
+            ticket,
+            [(rendered.token_ids, params)],
+            parser,
+            stops,
+            fmt,
+            rendered.multimodal,
+            replica,
         )
     return rendered, batch

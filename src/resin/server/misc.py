@@ -46,12 +46,17 @@ async def model(model_id: str, request: Request) -> JSONResponse:
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 while the engine actor lives; 503 once it died or the server is stopping."""
+    """200 while the engine actor lives (every replica's, with data parallelism); 503 once one
+    died ("degraded" while others still serve) or the server is stopping."""
     svc: Service = request.app.state.service
+    actors = svc.actor.replicas
     ok = svc.actor.alive
-    body = {"status": "ok" if ok else "unavailable", "queued": svc.actor.queued}
+    status = "ok" if ok else "degraded" if any(a.alive for a in actors) else "unavailable"
+    body: dict[str, object] = {"status": status, "queued": svc.actor.queued}
     if svc.actor.error:
         body["error"] = svc.actor.error
+    if len(actors) > 1:
+        body["replicas"] = [{"alive": a.alive, "load": a.load} for a in actors]
     return JSONResponse(body, 200 if ok else 503)
 
 

@@ -169,7 +169,7 @@ async def openai_sse(
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
-    _, gens = await start_chat(svc, request, lambda: setup(body), body.n, body.stop_strings())
+    _, gens = await start_chat(svc, request, lambda: setup(body), body.n, body.stop_strings(), body)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

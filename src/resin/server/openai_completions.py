@@ -71,6 +71,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise ApiError(400, "suffix is not supported", "suffix")
     if not 1 <= len(body.prompts) <= MAX_PROMPTS:
         raise ApiError(400, f"between 1 and {MAX_PROMPTS} prompts", "prompt")
+    replica = svc.requested_replica(request, body)
     with svc.reserve(body.n * len(body.prompts), request) as ticket:
         prompts = await tokenized(svc, body.prompts)
         structured = openai_fields(body)
@@ -82,7 +83,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             params = svc.params(len(ids), max_tokens, sampling, eos)
             runs.append((ids, apply(params, structured, None, body.logit_bias)[0]))
         parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
-        gens = await svc.launch(ticket, runs, parser, stops, structured)
+        gens = await svc.launch(ticket, runs, parser, stops, structured, replica=replica)
     rid = f"cmpl-{uuid.uuid4().hex}"
     prompt_ids = [ids for ids in prompts for _ in range(body.n)]
     if body.stream:

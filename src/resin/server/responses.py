@@ -38,7 +38,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         prior = svc.responses.get(body.previous_response_id, "previous_response_id")
         inputs = [*prior.conversation, *inputs]
         body = body.model_copy(update={"input": inputs})
-    _, gens = await start_chat(svc, request, lambda: setup(body))
+    _, gens = await start_chat(svc, request, lambda: setup(body), body=body)
     builder = ResponseBuilder(svc, body)
     if body.store is not False:
         builder.on_done = lambda response: svc.responses.put(response, inputs)

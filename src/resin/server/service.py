@@ -23,6 +23,7 @@ from resin.frontend.errors import EngineUnavailable, FrontendError, QueueFull
 from resin.frontend.generation import Generation
 from resin.frontend.intake import Batch, Ticket
 from resin.frontend.ports import OutputParser
+from resin.frontend.replicas import ReplicaSet
 from resin.generation_config import NO_DEFAULTS, GenerationDefaults
 from resin.params import SamplingParams
 from resin.plan import MediaItem
@@ -69,7 +70,7 @@ class Limits:
 class Service:
     def __init__(
         self,
-        actor: EngineActor,
+        actor: EngineActor | ReplicaSet,
         recipe: Recipe,
         tokenizer: TokenizerLike,
         model: str,
@@ -116,6 +117,24 @@ class Service:
             error = api_error(exc, retry_after_s=self.limits.retry_after_s)
             self.metrics.rejected.labels(str(error.status)).inc()
             raise error from None
+
+    def requested_replica(self, request: Request, body: object = None) -> int | None:
+        """The data-parallel replica a client named (`routed_dp_rank` in the body, else the
+        `resin-routed-dp-rank` header), or None; a 400 when this server has no such replica."""
+        value = getattr(body, "routed_dp_rank", None)
+        param = "routed_dp_rank"
+        if value is None:
+            value, param = request.headers.get("resin-routed-dp-rank"), "resin-routed-dp-rank"
+        if value is None:
+            return None
+        count = len(self.actor.replicas)
+        try:
+            index = int(value)
+        except (TypeError, ValueError):
+            index = -1
+        if isinstance(value, bool) or not 0 <= index < count:
+            raise ApiError(400, f"{param} must be a replica index in [0, {count})", param)
+        return index
 
     def check_text(self, texts: Sequence[str], param: str = "messages") -> None:
         """Refuse user text that cannot fit the context (before paying for its tokenization)
@@ -264,25 +283,35 @@ class Service:
         stops: Sequence[str] = (),
         structured: Structured = NONE,
         media: Sequence[MediaItem] = (),
+        replica: int | None = None,
     ) -> Batch:
         """One generation per slot of `ticket`, shared evenly by `runs` (a prompt and its
         params; choice i of a prompt samples with seed + i). Everything that can fail (seeds,
-        parsers) runs before the first generation is handed to the actor; then all start
-        together, and an engine refusal of the constraint or bias is a 400 naming the field."""
+        parsers, routing) runs before the first generation is handed to an actor; then all
+        start together, and an engine refusal of the constraint or bias is a 400 naming the
+        field. With data-parallel replicas each prompt is routed once (`replica`: the one the
+        client named), so its `n` choices share one replica and its prefix cache."""
         n = len(ticket) // len(runs)
-        planned = [(tuple(ids), p) for ids, params in runs for p in self.choices(params, n)]
+        actors = [self._route(ids, media, replica) for ids, _ in runs]
+        planned = [
+            (actor, tuple(ids), p)
+            for actor, (ids, params) in zip(actors, runs, strict=True)
+            for p in self.choices(params, n)
+        ]
         parsers = [parser() for _ in planned]
         gens = [
             Generation(
-                self.actor,
-                self.actor.submit(slot, ids, p, tuple(media)),
+                actor,
+                actor.submit(slot, ids, p, tuple(media)),
                 len(ids),
                 par,
                 stops,
                 self.stream_interval,
                 on_finish=self.metrics.observe,
             )
-            for slot, (ids, p), par in zip(ticket.take(len(planned)), planned, parsers, strict=True)
+            for slot, (actor, ids, p), par in zip(
+                ticket.take(len(planned)), planned, parsers, strict=True
+            )
         ]
         batch = Batch(gens, self.actor.stream_capacity)
         try:
@@ -290,6 +319,14 @@ class Service:
         except FrontendError as exc:  # an engine refusal of the constraint or bias: a 400
             raise name_field(api_error(exc), structured) from None
         return batch
+
+    def _route(
+        self, ids: Sequence[int], media: Sequence[MediaItem], replica: int | None
+    ) -> EngineActor:
+        try:
+            return self.actor.route(ids, media, replica)
+        except EngineUnavailable as exc:
+            raise api_error(exc) from None
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], False)
