@@ -98,3 +98,28 @@ def test_abort_before_admission_and_engine_refusal() -> None:
 
     asyncio.run(main())
     assert engine.num_running == 0 and engine.num_waiting == 0
+
+
+def test_load_counts_open_requests_and_submits_after_death_fail_at_once() -> None:
+    """`load` (what data-parallel routing reads) is the submitted requests whose streams are
+    open; a submit that comes after the engine died gets its error at once, never a hang."""
+    engine = FakeEngine(lambda prompt: [97], step_delay=0.005, fail_at_step=40)
+
+    async def main() -> None:
+        actor = EngineActor(engine)
+        actor.start(asyncio.get_running_loop())
+        assert actor.load == 0
+        spare = actor.reserve()  # taken while alive, handed over after the engine died
+        short = actor.submit(actor.reserve(), (1, 2), SamplingParams(max_output_tokens=2))
+        long = actor.submit(actor.reserve(), (1, 2), SamplingParams(max_output_tokens=1000))
+        assert actor.load == 2
+        await drain(short)
+        await asyncio.sleep(0.05)  # the delivery that closed it has run
+        assert actor.load == 1
+        assert isinstance((await drain(long))[-1], StreamError)  # the engine died at step 40
+        assert actor.load == 0 and not actor.alive
+        late = actor.submit(spare, (1,), SamplingParams(max_output_tokens=2))
+        item = await asyncio.wait_for(late.get(), 1)
+        assert isinstance(item, StreamError) and actor.queued == 0 and actor.load == 0
+
+    asyncio.run(main())

@@ -103,7 +103,6 @@ class EngineActor(SlotsFront):
     @property
     def load(self) -> int:
         """Requests submitted here whose streams are still open (event-loop side)."""
-        self._open.difference_update([s for s in self._open if s.closed])
         return len(self._open)
 
     @property
@@ -137,9 +136,9 @@ class EngineActor(SlotsFront):
         media: tuple[MediaItem, ...] = (),
     ) -> RequestStream:
         stream = RequestStream(self.stream_capacity)
-        self._open.add(stream)
         with self._lock:  # a submit after `_die` drained the intake fails at once (no hang)
             if self.error is None:
+                self._open.add(stream)
                 self._intake.put(_Submit(stream, prompt, params, reservation, media))
                 return stream
         reservation.release()
@@ -306,3 +305,5 @@ class EngineActor(SlotsFront):
             for item in items:
                 if not stream.push(item):
                     self._intake.put(_Abort(stream))
+            if stream.closed:  # its last item (or an overflow): no longer this actor's load
+                self._open.discard(stream)
