@@ -83,7 +83,7 @@ class ReplicaSet(SlotsFront):
         self, count: int, owner: object = None, owner_limit: int | None = None
     ) -> list[Reservation]:
         if not any(r.alive for r in self.replicas):
-            raise EngineUnavailable(f"engine unavailable: {self.error or 'no replica is running'}")
+            raise self._unavailable()
         return self.slots.reserve_many(count, owner, owner_limit)
 
     def route(
@@ -96,7 +96,7 @@ class ReplicaSet(SlotsFront):
         ]
         pick = choose(states, len(prompt), requested=replica, turn=self._turn)
         if pick is None:
-            raise EngineUnavailable(f"engine unavailable: {self.error or 'no replica is running'}")
+            raise self._unavailable()
         self._turn += 1
         return self.replicas[pick]
 
@@ -109,6 +109,9 @@ class ReplicaSet(SlotsFront):
         for replica in self.replicas:
             replica.stop(timeout)
 
+    def _unavailable(self) -> EngineUnavailable:
+        return EngineUnavailable(f"engine unavailable: {self.error or 'no replica is running'}")
+
     def _replica_died(self) -> None:
         log.error("data-parallel replica died: %s", self.error)
         if self.on_death is not None and not any(r.alive for r in self.replicas):
@@ -116,5 +119,6 @@ class ReplicaSet(SlotsFront):
 
 
 def _cached(engine: EngineLike, prompt: Sequence[int], media: Sequence[MediaItem]) -> int:
+    """`Engine.cached_prefix`; an engine without that hint (a test double) holds nothing."""
     hint = getattr(engine, "cached_prefix", None)
     return int(hint(prompt, media)) if hint is not None else 0
