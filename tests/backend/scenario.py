@@ -234,7 +234,11 @@ def main(name: str, out: Path, timeout_s: float) -> None:
         capacity=CASES[name].capacity,
     )
     if runner is None:  # a worker: the leader closed the runner
-        return
+        # Leave at once, as `resin worker` does: interpreter teardown runs Gloo's destructors,
+        # which can abort the process (SIGABRT) once the leader's side of the sockets is gone.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     if name == "killed":
         run_until_peer_fails(runner, out, signal.SIGKILL)
     elif name == "hung":
