@@ -57,7 +57,7 @@ class City(pydantic.BaseModel):
 
 
 def test_acceptance_40_json_schema_and_40_forced_tool_calls(server: tuple[str, str]) -> None:
-    rows = asyncio.run(sample_all(server[0], server[1], 40, 100))
+    rows = asyncio.run(sample_all(server[0], server[1], 40, 100, ("json_schema", "tool_call")))
     bad = [r for r in rows if not r["valid"]]
     assert not bad, bad[:3]
     assert summary(rows) == {"json_schema": (40, 40), "tool_call": (40, 40)}

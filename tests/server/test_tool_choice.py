@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import anthropic
 import openai
@@ -239,3 +240,47 @@ def test_calls_to_tools_not_offered_come_back_as_text(url: str, only: bool) -> N
         assert "".join(b.text for b in m.content if b.type == "text").strip() == AS_TEXT
         assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == calls
         assert m.stop_reason == ("end_turn" if only else "tool_use")
+
+
+class MaskRecorder:
+    """`ZeroCostRunner` (always "a") that counts the steps whose plan carries a token mask."""
+
+    def __init__(self, vocab_size: int, token_id: int) -> None:
+        from resin.loading import ZeroCostRunner
+
+        self.inner = ZeroCostRunner(vocab_size, token_id)
+        self.runner_config = self.inner.runner_config
+        self.masked = 0
+
+    def forward(self, plan: Any) -> Any:
+        self.masked += plan.sampling.token_bitmask is not None
+        return self.inner.forward(plan)
+
+
+@pytest.mark.parametrize("with_grammar", [True, False])
+def test_auto_tools_carry_a_grammar_and_plain_requests_none(with_grammar: bool) -> None:
+    """The real engine: a request with tools (auto) is constrained when the engine has a
+    grammar backend, and still served without one; a request without tools never is."""
+    from resin import Engine, GrammarBackend
+    from resin.recipe import get_native_recipe
+    from resin.tokenizer import Tokenizer
+
+    default_model = pytest.importorskip("resin_models_torch.default_model")
+    tok = Tokenizer.from_dir(default_model.default_model_dir())
+    runner = MaskRecorder(tok.vocab_size, tok.encode("a")[0])
+    grammar = GrammarBackend.from_tokenizer(tok) if with_grammar else None
+    engine = Engine(runner, grammar=grammar)
+    recipe = get_native_recipe("chatml", tok)
+    server = HttpServer(engine, recipe, tokenizer=tok, model="smol", port=free_port())
+    with running(server) as base:
+        client = _openai(base)
+        plain = client.chat.completions.create(model="smol", messages=ASK, max_tokens=4)  # type: ignore[arg-type]
+        assert plain.choices[0].message.content == "aaaa" and runner.masked == 0
+        tools = client.chat.completions.create(
+            model="smol",
+            messages=ASK,
+            tools=TOOLS,
+            max_tokens=4,  # type: ignore[arg-type]
+        )
+        assert tools.choices[0].message.content == "aaaa"
+    assert (runner.masked > 0) == with_grammar

@@ -128,16 +128,18 @@ def apply(
     structured: Structured,
     rendered: RenderedPrompt | None = None,
     logit_bias: Any = None,
+    auto_tools: bool = True,
 ) -> tuple[SamplingParams, Structured]:
     """`params` with the constraint and the logit bias; 400 naming the field on a bad value.
     A forced tool call wins over a response format (the answer is the call); with tools and
-    `tool_choice` auto the calls are constrained unless the request has a response format
-    (one constraint per request: the output path then refuses unknown tools)."""
+    `tool_choice` auto the calls are constrained (`auto_tools`: the engine has a grammar
+    backend) unless the request has a response format (one constraint per request: the
+    output path then turns calls to unknown tools into text)."""
     if rendered is not None:
         forced = tool_structure(rendered)
         if forced.constraint is not None:
             structured = forced
-        elif structured.constraint is None:
+        elif structured.constraint is None and auto_tools:
             structured = auto_tool_structure(rendered)
     if logit_bias is not None and not isinstance(logit_bias, Mapping):
         raise ApiError(400, "logit_bias must map token ids to numbers", "logit_bias")
