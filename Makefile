@@ -38,7 +38,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_engine.py --output bench/engine.jsonl
 
 serve: $(SERVE_STAMP)
-	.venv/bin/resin serve
+	.venv/bin/resin serve $(ARGS)
 
 chat: $(SERVE_STAMP)
 	.venv/bin/resin chat

@@ -1,10 +1,13 @@
 """The import layers of `src/`, read from the source with `ast` (nothing is imported).
 
-From the top down: `resin.cli` -> `resin.server` -> `resin.recipe` (+ tokenizer, detokenizer, media)
-and `resin.engine` -> `resin.cache` -> contracts (`resin.plan`, `params`, `protocols`,
-`events`, `errors`, `metrics`). Rules:
+From the top down: `resin.cli` -> `resin.server` (HTTP) -> `resin.frontend` (the asyncio front
+of an Engine) -> `resin.recipe` (+ tokenizer, detokenizer, media) and `resin.engine` ->
+`resin.cache` -> contracts (`resin.plan`, `params`, `protocols`, `events`, `errors`,
+`metrics`). Rules:
 - no import cycle between modules (lazy and `TYPE_CHECKING` imports count too);
 - nothing imports a higher layer; `resin.engine` imports neither the server nor recipes;
+  the server and the frontend import neither `resin.engine` nor `resin.cache` (they drive
+  any `EngineLike`; the engine's types are contracts);
   `resin.cache` never imports the engine; `resin.metrics` imports the engine only under
   `if TYPE_CHECKING`;
 - runner packages (`resin_models_torch`, `resin_models_cuda`) import from `resin` only the
@@ -34,8 +37,9 @@ SHARED_MODEL_DESCRIPTION = (
 """The one module both runner families may share (the typed model description)."""
 
 LAYERS: tuple[tuple[str, int], ...] = (
-    ("resin.cli", 5),
-    ("resin.server", 4),
+    ("resin.cli", 6),
+    ("resin.server", 5),
+    ("resin.frontend", 4),
     ("resin.engine", 3),
     ("resin.recipe", 3),
     ("resin.tokenizer", 2),
@@ -130,7 +134,7 @@ def _all_edges() -> list[Edge]:
 
 def _layer(module: str) -> int | None:
     if module == "resin":
-        return 5
+        return 6
     for prefix, layer in LAYERS:
         if module == prefix or module.startswith(prefix + "."):
             return layer
@@ -145,6 +149,8 @@ def _violation(e: Edge) -> str | None:
     a, b = e.importer, e.imported
     if _under(a, "resin.engine") and _under(b, "resin.server", "resin.recipe"):
         return "the engine imports the server or a recipe"
+    if _under(a, "resin.server", "resin.frontend") and _under(b, "resin.engine", "resin.cache"):
+        return "the server or the frontend reaches into the engine (it drives any EngineLike)"
     if _under(a, "resin.cache") and _under(b, "resin.engine"):
         return "the cache imports the engine"
     if _under(a, "resin.metrics") and _under(b, "resin.engine") and not e.type_checking:
@@ -237,4 +243,7 @@ def test_the_checker_sees_violations() -> None:
     assert _violation(Edge("resin_models_cuda.runner", "resin_models_torch.layers", False, 1))
     assert not _violation(Edge("resin_models_cuda.runner", "resin_models_torch.config", False, 1))
     assert _violation(Edge("resin.cache.pool", "resin.server.app", False, 1))
+    assert _violation(Edge("resin.frontend.actor", "resin.server.errors", False, 1))
+    assert not _violation(Edge("resin.server.service", "resin.frontend.intake", False, 1))
+    assert _violation(Edge("resin.frontend.actor", "resin.engine.engine", False, 1))
     assert _cycles([Edge("a", "b", False, 1), Edge("b", "a", True, 1)]) == [["a", "b"]]

@@ -12,10 +12,32 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import tokenizers
+
+
+class TokenizerLike(Protocol):
+    """Text <-> token ids: the part of `Tokenizer` a server and the recipe helpers use (test
+    doubles implement it too)."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def special_token_strings(self) -> Sequence[str]: ...
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` with special-token matching off (their strings stay text)."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from resin.frontend.errors import ClientTooSlow
 from resin.recipe import RenderedPrompt, ToolDef
 from resin.server.asgi import SSEResponse
 from resin.server.launch import running
-from resin.server.stream import ClientTooSlow
 from tests.server.conftest import MODEL, make_server
 from tests.server.doubles import ByteTokenizer, ChatMLFormat, FakeEngine
 

@@ -11,8 +11,9 @@ import aiohttp
 import httpx
 import pytest
 
+from resin.frontend.errors import ClientTooSlow
+from resin.frontend.stream import RequestStream
 from resin.server.launch import running
-from resin.server.stream import ClientTooSlow, RequestStream
 from tests.server.conftest import MODEL, make_server
 from tests.server.doubles import ByteTokenizer, FakeEngine
 

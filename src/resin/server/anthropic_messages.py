@@ -15,13 +15,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.frontend.generation import Finish, Update
+from resin.frontend.intake import Batch
 from resin.recipe.types import Block as Part
 from resin.recipe.types import Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
 from resin.server.errors import ApiError
-from resin.server.generation import Finish, Update
-from resin.server.intake import Batch
 from resin.server.items import Item, Items
 from resin.server.media import anthropic_blocks
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest

@@ -24,19 +24,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from resin.frontend.actor import EngineActor
+from resin.frontend.errors import FrontendError
+from resin.frontend.ports import EngineLike
 from resin.generation_config import GenerationDefaults
 from resin.metrics.collector import MetricsSnapshot
 from resin.metrics.prometheus import PrometheusExporter
 from resin.recipe import Recipe
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
-from resin.server.actor import EngineActor
 from resin.server.asgi import GuardMiddleware, default_allowed_hosts
 from resin.server.errors import ApiError, ClientDisconnected, error_handler
 from resin.server.metrics import ServerMetrics
-from resin.server.ports import EngineLike, TokenizerLike
 from resin.server.protocol import ConnectionLimits, protocol_class
 from resin.server.service import Limits, Service
-from resin.server.stream import ClientTooSlow
+from resin.tokenizer import TokenizerLike
 
 log = logging.getLogger("resin.server")
 
@@ -119,7 +120,7 @@ class HttpServer:
         errors = (
             ApiError,
             ClientDisconnected,
-            ClientTooSlow,
+            FrontendError,
             RequestValidationError,
             HTTPException,
         )

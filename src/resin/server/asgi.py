@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from resin.frontend.errors import ClientTooSlow
 from resin.server.errors import ClientDisconnected, error_body
-from resin.server.stream import ClientTooSlow
 
 T = TypeVar("T")
 log = logging.getLogger("resin.server")

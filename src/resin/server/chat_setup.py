@@ -16,9 +16,9 @@ from typing import Any
 
 from starlette.requests import Request
 
+from resin.frontend.intake import Batch
 from resin.recipe import Message, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice
-from resin.server.intake import Batch
 from resin.server.media import check_images
 from resin.server.service import Sampling, Service
 from resin.server.structured import NONE, Structured, apply

@@ -1,4 +1,5 @@
-"""HTTP errors in OpenAI's shape (`/v1/*`) or Anthropic's (`/v1/messages`)."""
+"""HTTP errors in OpenAI's shape (`/v1/*`) or Anthropic's (`/v1/messages`), and the one map
+from the frontend's typed failures (`resin.frontend.errors`) to HTTP statuses."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from resin.server.stream import ClientTooSlow
+from resin.frontend.errors import (
+    ClientTooSlow,
+    EngineUnavailable,
+    FrontendError,
+    GenerationFailed,
+    QueueFull,
+    RequestRefused,
+)
 
 # status -> (OpenAI error type, OpenAI error code, Anthropic error type); others are
 # server_error / null / api_error.
@@ -46,6 +54,26 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+_FRONTEND_STATUS: dict[type[FrontendError], int] = {
+    QueueFull: 429,
+    EngineUnavailable: 503,
+    RequestRefused: 400,
+    GenerationFailed: 503,
+    ClientTooSlow: 503,
+}
+
+
+def api_error(exc: FrontendError, retry_after_s: int | None = None) -> ApiError:
+    """The HTTP answer to a frontend failure: its status by type, its message as is (a
+    reader too slow to keep up is told to retry); a 429 says when to retry."""
+    status = next((s for kind, s in _FRONTEND_STATUS.items() if isinstance(exc, kind)), 503)
+    message = "server overloaded; retry" if isinstance(exc, ClientTooSlow) else str(exc)
+    headers = None
+    if status == 429 and retry_after_s is not None:
+        headers = {"Retry-After": str(retry_after_s)}
+    return ApiError(status, message, headers=headers)
+
+
 def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
     """The error in the shape of the API `path` belongs to (Anthropic's for `/v1/messages`;
     OpenAI's `code` is a string or null: the HTTP status is not repeated there)."""
@@ -73,8 +101,9 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
         status, message = exc.status_code, str(exc.detail)
     elif isinstance(exc, ClientDisconnected):
         status, message = 499, "client disconnected"
-    elif isinstance(exc, ClientTooSlow):
-        status, message = 503, "server overloaded; retry"
+    elif isinstance(exc, FrontendError):
+        http = api_error(exc)
+        status, message, headers = http.status, http.message, http.headers
     else:
         message = f"internal error: {type(exc).__name__}"
         headers = {"connection": "close"}

@@ -10,12 +10,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.frontend.generation import Finish, TokenLogprob, Update
+from resin.frontend.intake import Batch
 from resin.recipe.deltas import ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
 from resin.recipe.types import Block, Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, openai_error_frame, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
-from resin.server.generation import Finish, TokenLogprob, Update
-from resin.server.intake import Batch
 from resin.server.items import Items
 from resin.server.media import openai_blocks
 from resin.server.schemas_openai import (

@@ -16,16 +16,16 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 from starlette.responses import JSONResponse, Response
 
+from resin.frontend.generation import TokenLogprob, Update
+from resin.frontend.intake import Batch
 from resin.recipe.deltas import TextDelta
+from resin.recipe.plain import PlainTextParser
 from resin.server.asgi import SSEResponse, until_disconnect
 from resin.server.errors import ApiError
-from resin.server.generation import TokenLogprob, Update
-from resin.server.intake import Batch
 from resin.server.openai_chat import openai_sse, sampling_of, usage
 from resin.server.schemas_openai import CompletionRequest as _Base
 from resin.server.service import Service
 from resin.server.structured import apply, openai_fields
-from resin.server.text import PlainTextParser
 
 router = APIRouter()
 MAX_PROMPTS = 64

@@ -16,10 +16,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.frontend.generation import Finish, Update
+from resin.frontend.intake import Batch
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
-from resin.server.generation import Finish, Update
-from resin.server.intake import Batch
 from resin.server.items import Change, Item, Items
 from resin.server.responses_input import ResponsesRequest, input_items, to_messages, tools_of
 from resin.server.service import Sampling, Service

@@ -18,20 +18,22 @@ from typing import Any
 
 from starlette.requests import Request
 
+from resin.frontend.actor import EngineActor
+from resin.frontend.errors import EngineUnavailable, FrontendError, QueueFull
+from resin.frontend.generation import Generation
+from resin.frontend.intake import Batch, Ticket
+from resin.frontend.ports import OutputParser
 from resin.generation_config import NO_DEFAULTS, GenerationDefaults
 from resin.params import SamplingParams
 from resin.plan import MediaItem
 from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
+from resin.recipe.special_text import LiteralSpecials, texts
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
-from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
-from resin.server.errors import ApiError
-from resin.server.generation import Generation
-from resin.server.intake import Batch, Ticket
+from resin.server.errors import ApiError, api_error
 from resin.server.metrics import ServerMetrics
-from resin.server.ports import OutputParser, TokenizerLike
 from resin.server.response_store import ResponseStore
-from resin.server.special_text import LiteralSpecials, texts
 from resin.server.structured import NONE, Structured, name_field
+from resin.tokenizer import TokenizerLike
 
 log = logging.getLogger("resin.server")
 
@@ -110,13 +112,10 @@ class Service:
             raise ApiError(400, f"at most {share} generations per connection at a time", "n")
         try:
             return Ticket(self.actor.reserve_many(n, owner, share))
-        except QueueFull as exc:
-            self.metrics.rejected.labels("429").inc()
-            headers = {"Retry-After": str(self.limits.retry_after_s)}
-            raise ApiError(429, f"server busy: {exc}", headers=headers) from None
-        except EngineUnavailable as exc:
-            self.metrics.rejected.labels("503").inc()
-            raise ApiError(503, f"engine unavailable: {exc}") from None
+        except (QueueFull, EngineUnavailable) as exc:
+            error = api_error(exc, retry_after_s=self.limits.retry_after_s)
+            self.metrics.rejected.labels(str(error.status)).inc()
+            raise error from None
 
     def check_text(self, texts: Sequence[str], param: str = "messages") -> None:
         """Refuse user text that cannot fit the context (before paying for its tokenization)
@@ -288,8 +287,8 @@ class Service:
         batch = Batch(gens, self.actor.stream_capacity)
         try:
             await batch.start()
-        except ApiError as exc:
-            raise name_field(exc, structured) from None
+        except FrontendError as exc:  # an engine refusal of the constraint or bias: a 400
+            raise name_field(api_error(exc), structured) from None
         return batch
 
     def token_text(self, token_id: int) -> str:

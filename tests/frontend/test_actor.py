@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import pytest
 
 from resin.events import FinishedEvent, FinishReason
+from resin.frontend.actor import EngineActor
+from resin.frontend.errors import EngineUnavailable, QueueFull
+from resin.frontend.stream import RequestStream, StreamError
 from resin.params import SamplingParams
-from resin.server.actor import EngineActor, EngineUnavailable, QueueFull
-from resin.server.stream import RequestStream, StreamError
 from tests.server.doubles import FakeEngine
 
 
@@ -85,13 +86,13 @@ def test_abort_before_admission_and_engine_refusal() -> None:
         second = actor.submit(actor.reserve(), (1,), params)
         actor.abort(second)  # still waiting for a slot inside the engine
         item = await second.get()
-        assert isinstance(item, StreamError) and item.status == 499
+        assert isinstance(item, StreamError) and item.kind == "aborted"
         assert await first.get()  # admitted and generating
         actor.abort(first)
         assert isinstance((await drain(first))[-1], FinishedEvent)
         too_long = actor.submit(actor.reserve(), tuple(range(100)), params)
         refused = await too_long.get()
-        assert isinstance(refused, StreamError) and refused.status == 400
+        assert isinstance(refused, StreamError) and refused.kind == "refused"
         assert actor.queued == 0
         await asyncio.to_thread(actor.stop)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from resin.recipe.protocol import RenderedPrompt
 from resin.recipe.types import Message, Reasoning, Text, ToolResult
-from resin.server.ports import TokenizerLike
+from resin.tokenizer import TokenizerLike
 
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _SLOT = re.compile(f"{_OPEN}(\\d+){_CLOSE}")

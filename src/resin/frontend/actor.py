@@ -1,10 +1,10 @@
 """The engine actor: the one thread that drives the engine.
 
-HTTP handlers never touch the engine. They `reserve()` an intake slot (before tokenizing, so
-an overloaded server refuses cheaply with 429), then `submit()` a typed message; the actor
-admits at most `admissions_per_step` requests per engine step and keeps at most `max_active`
-requests inside the engine. After each step it hands every touched request its events in one
-`call_soon_threadsafe` batch. Invariants:
+Request handlers (HTTP routes, or any asyncio code) never touch the engine. They `reserve()` an
+intake slot (before tokenizing, so an overloaded frontend refuses cheaply with `QueueFull`),
+then `submit()` a typed message; the actor admits at most `admissions_per_step` requests per
+engine step and keeps at most `max_active` requests inside the engine. After each step it
+hands every touched request its events in one `call_soon_threadsafe` batch. Invariants:
 - a reservation is released exactly once: when the request enters the engine, or unused;
 - every submitted stream gets a final item (FinishedEvent or StreamError);
 - if `engine.step()` raises, the actor is dead: every open stream gets a StreamError, new
@@ -24,20 +24,13 @@ from dataclasses import dataclass
 
 from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
+from resin.frontend.errors import EngineUnavailable, QueueFull
+from resin.frontend.ports import EngineLike
+from resin.frontend.stream import RequestStream, StreamError, StreamItem
 from resin.params import SamplingParams
 from resin.plan import MediaItem
-from resin.server.ports import EngineLike
-from resin.server.stream import RequestStream, StreamError, StreamItem
 
-log = logging.getLogger("resin.server")
-
-
-class QueueFull(Exception):
-    """The intake queue has no free slot (HTTP 429)."""
-
-
-class EngineUnavailable(Exception):
-    """The engine died or the server is shutting down (HTTP 503)."""
+log = logging.getLogger("resin.frontend")
 
 
 class Reservation:
@@ -135,12 +128,13 @@ class EngineActor:
         share of it, `owner_limit`) has no room, EngineUnavailable when stopping (never blocks)."""
         with self._lock:
             if not self._accepting or self.error is not None:
-                raise EngineUnavailable(self.error or "server is shutting down")
+                stopped = self.error or "server is shutting down"
+                raise EngineUnavailable(f"engine unavailable: {stopped}")
             if self._reserved + count > self.queue_capacity:
-                raise QueueFull(f"{self._reserved} requests queued")
+                raise QueueFull(f"server busy: {self._reserved} requests queued")
             mine = self._by_owner.get(owner, 0)
             if owner is not None and owner_limit is not None and mine + count > owner_limit:
-                raise QueueFull(f"this connection already has {mine} requests queued")
+                raise QueueFull(f"server busy: this connection already has {mine} requests queued")
             self._reserved += count
             if owner is not None:
                 self._by_owner[owner] = mine + count
@@ -227,7 +221,7 @@ class EngineActor:
             for sub in list(self._pending):
                 if sub.stream is msg.stream:
                     self._pending.remove(sub)
-                    self._reject(sub, StreamError("aborted", 499))
+                    self._reject(sub, StreamError("aborted", "aborted"))
         return False
 
     def _admit(self) -> None:
@@ -246,7 +240,7 @@ class EngineActor:
                 self._pending.appendleft(sub)
                 raise RuntimeError(str(exc)) from exc
             except ValueError as exc:
-                self._reject(sub, StreamError(str(exc), 400))
+                self._reject(sub, StreamError(str(exc), "refused"))
                 continue
             sub.reservation.release()
             sub.stream.request_id = handle.id
@@ -277,7 +271,7 @@ class EngineActor:
 
     def _abort_all(self) -> None:
         while self._pending:
-            self._reject(self._pending.popleft(), StreamError("server is shutting down", 503))
+            self._reject(self._pending.popleft(), StreamError("server is shutting down"))
         for rid, stream in list(self._active.items()):
             stream.abort_reason = "server is shutting down; the answer was cut off"
             self.engine.abort(rid)
@@ -290,7 +284,7 @@ class EngineActor:
             sub.reservation.release()
         self._pending.clear()
         self._active.clear()
-        self._post([(s, StreamError(message, 503)) for s in streams])
+        self._post([(s, StreamError(message)) for s in streams])
         if self.on_death is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(self.on_death)
 

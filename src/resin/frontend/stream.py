@@ -1,4 +1,4 @@
-"""Per-request event buffer between the engine actor (producer) and one HTTP handler.
+"""Per-request event buffer between the engine actor (producer) and one reader (a handler).
 
 Lives on the event loop: the actor hands over events with `loop.call_soon_threadsafe`
 (coalesced: one delivery per loop turn holds every step since the last one). The buffer holds
@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 from resin.events import Event, FinishedEvent
+from resin.frontend.errors import ClientTooSlow
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,15 +24,13 @@ class StreamError:
     """The request ended without a FinishedEvent: the engine died, refused it, or shut down."""
 
     message: str
-    status: int = 503
-    """HTTP status to answer with if nothing was sent yet (400 = the engine refused the input)."""
+    kind: Literal["unavailable", "refused", "aborted"] = "unavailable"
+    """`refused`: the engine refused the input (`submit` raised `ValueError`); `aborted`: the
+    reader aborted it before it reached the engine; `unavailable`: the engine died or the
+    frontend is stopping."""
 
 
 StreamItem = list[Event] | StreamError
-
-
-class ClientTooSlow(Exception):
-    """The handler fell more than `capacity` deliveries (or `capacity * 64` events) behind."""
 
 
 class RequestStream:

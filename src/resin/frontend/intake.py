@@ -7,7 +7,7 @@ the actor when its request enters the engine or is refused.
 
 `Batch` is the generations of one request (n > 1 or a prompt list). `start()` begins reading
 every generation at once, then waits until each has its first events (so an engine refusal
-is still an HTTP error before any header is sent); a generation is never left unread while
+is still an error before anything was sent); a generation is never left unread while
 another one is awaited, so none overflows its buffer because of its siblings. `updates()`
 interleaves them; if any generation is cut off (a slow client, `ClientTooSlow`) the whole
 request fails with that error instead of ending with some choices missing.
@@ -20,10 +20,9 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 
-from resin.server.actor import Reservation
-from resin.server.errors import ApiError
-from resin.server.generation import Generation, Update, merge
-from resin.server.stream import ClientTooSlow
+from resin.frontend.actor import Reservation
+from resin.frontend.errors import ClientTooSlow, GenerationFailed
+from resin.frontend.generation import Generation, Update, merge
 
 
 class Ticket:
@@ -140,14 +139,15 @@ class Batch:
 
     async def collect(self) -> list[Update]:
         """Each generation's updates merged into one (a non-streamed answer); a choice cut off,
-        or ended without a finish, is a 503: never a partial answer taken for a complete one."""
+        or ended without a finish, is a `GenerationFailed`: never a partial answer taken for a
+        complete one."""
         merged = [Update() for _ in self.gens]
         async for i, update in self.updates():
             merge(merged[i], update)
         for up in merged:
             if up.finish is None or up.finish.failed:
                 error = up.finish.error if up.finish else "generation ended without a finish"
-                raise ApiError(503, error or "generation failed; retry")
+                raise GenerationFailed(error or "generation failed; retry")
         return merged
 
     def cancel(self) -> None:

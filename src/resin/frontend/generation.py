@@ -1,4 +1,4 @@
-"""One engine request seen from an HTTP handler: events in, typed updates out.
+"""One engine request seen from its reader (an HTTP handler): events in, typed updates out.
 
 `Generation.updates()` turns the actor's event batches into `Update`s: parser deltas with stop
 strings applied to the visible text (a partial match is held back), token ids with their
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from resin.events import FinishedEvent, TokensEvent, TopLogprob
+from resin.frontend.actor import EngineActor
+from resin.frontend.errors import EngineUnavailable, RequestRefused
+from resin.frontend.ports import OutputParser
+from resin.frontend.stop_strings import StopMatcher
+from resin.frontend.stream import RequestStream, StreamError
 from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta
-from resin.server.actor import EngineActor
-from resin.server.errors import ApiError
-from resin.server.ports import OutputParser
-from resin.server.stream import RequestStream, StreamError
-from resin.server.text import StopMatcher
 
 FinishName = Literal["stop", "length", "abort", "error"]
 
@@ -82,11 +82,12 @@ class Generation:
         self._first: list[TokensEvent | FinishedEvent] | None = None
 
     async def start(self) -> None:
-        """Wait for the first batch so an engine refusal becomes an HTTP error, not a stream."""
+        """Wait for the first batch so an engine refusal is an error (`RequestRefused`,
+        `EngineUnavailable`) before anything was sent, not a stream."""
         item = await self.stream.get()
         if isinstance(item, StreamError):
             self.done = True
-            raise ApiError(item.status if item.status != 499 else 503, item.message)
+            raise (RequestRefused if item.kind == "refused" else EngineUnavailable)(item.message)
         self._first = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
 
     def cancel(self) -> None:

@@ -1,0 +1,63 @@
+"""What the frontend needs from the engine and from an output parser, as Protocols.
+
+It runs on the real `resin.Engine` and a recipe's `ResponseParser` (or
+`resin.recipe.plain.PlainTextParser`); the tests' doubles (`tests/server/doubles.py`)
+implement the same contracts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+from resin.events import Event
+from resin.params import SamplingParams
+from resin.plan import MediaItem
+from resin.recipe.deltas import Delta, ParseResult
+
+__all__ = ["EngineLike", "OutputParser", "RequestHandle"]
+
+
+class RequestHandle(Protocol):
+    """The part of `resin.Request` the frontend reads."""
+
+    @property
+    def id(self) -> int: ...
+
+
+class EngineLike(Protocol):
+    """A synchronous engine driven by exactly one thread (the frontend's actor)."""
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        media: Sequence[MediaItem] = (),
+    ) -> RequestHandle: ...
+
+    def step(self) -> list[Event]: ...
+
+    def abort(self, request: Any) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class OutputParser(Protocol):
+    """Turns generated token ids into typed deltas, incrementally (a recipe's
+    `ResponseParser`, or `resin.recipe.plain.PlainTextParser`); `finish` flushes."""
+
+    def feed(self, token_ids: Sequence[int]) -> list[Delta]: ...
+
+    def finish(self, reason: Literal["stop", "length"] = "stop") -> ParseResult: ...
