@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+from resin.frontend.ports import OutputParser
 from resin.recipe.deltas import (
     Delta,
     ParseResult,
@@ -28,7 +29,6 @@ from resin.recipe.deltas import (
 from resin.recipe.tool_choice import ToolChoice
 from resin.recipe.types import ToolDef
 from resin.server.errors import ApiError
-from resin.server.ports import OutputParser
 
 log = logging.getLogger("resin.server")
 
