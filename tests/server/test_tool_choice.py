@@ -115,6 +115,13 @@ def test_chat_bad_choices_are_400(url: str) -> None:
         client.chat.completions.create(model="smol", messages=ASK, tool_choice="required")  # type: ignore[arg-type]
 
 
+def test_responses_tool_parameters_must_be_an_object(url: str) -> None:
+    bad = [{"type": "function", "name": "f", "parameters": [1, 2]}]
+    with pytest.raises(openai.BadRequestError) as info:
+        _openai(url).responses.create(model="smol", input="hi", tools=bad)  # type: ignore[arg-type]
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "tools.0.parameters"
+
+
 def test_responses_named_and_required(url: str) -> None:
     client = _openai(url)
     tools = [{"type": "function", **t["function"]} for t in TOOLS]  # type: ignore[dict-item]
