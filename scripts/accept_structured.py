@@ -1,9 +1,11 @@
 """Acceptance of constrained decoding through the server (issue 17): N sampled responses with
-a `json_schema` response format and N forced tool calls, temperature 1, the default model
+a `json_schema` response format, N forced tool calls and N answers with tools and
+`tool_choice` auto (left out for every other one), temperature 1, the default model
 (SmolLM2-135M-Instruct) on the reference runner, all sent at once with the official `openai`
 SDK. Every JSON answer must parse and validate against its schema (`jsonschema`); every tool
 call must name an offered tool (the named one when named) and its arguments must validate
-against that tool's parameters. Prints the rates and writes one JSONL row per sample.
+against that tool's parameters (with auto, an answer without a call is valid too; the rate of
+calls is printed). Prints the rates and writes one JSONL row per sample.
 
     PYTHONPATH=src python scripts/accept_structured.py --n 200 --output bench/structured.jsonl
 
@@ -64,6 +66,11 @@ TOOLS: list[dict[str, Any]] = [
         },
     },
 ]
+ONE_SHOT = [
+    {"role": "user", "content": "What time is it in London?"},
+    {"role": "assistant",
+     "content": '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'},
+]  # fmt: skip
 QUESTIONS = ["Weather in Paris?", "What time is it in Tokyo?", "Is it raining in Oslo?",
              "Tell me about Lima."]  # fmt: skip
 
@@ -100,19 +107,35 @@ async def json_sample(client: Any, model: str, i: int, max_tokens: int) -> dict[
 async def tool_sample(client: Any, model: str, i: int, max_tokens: int) -> dict[str, Any]:
     named = TOOLS[i % 2]["function"]["name"] if i % 3 == 0 else None
     choice_arg: Any = {"type": "function", "function": {"name": named}} if named else "required"
+    extra = {"tool_choice": choice_arg}
+    return await _tool_row(client, model, i, max_tokens, "tool_call", named, extra)
+
+
+async def auto_sample(client: Any, model: str, i: int, max_tokens: int) -> dict[str, Any]:
+    """Tools with auto (or no tool_choice): the default model rarely calls a tool unprompted,
+    so the conversation shows it one call first (its own earlier turn, as plain text)."""
+    extra = {"tool_choice": "auto"} if i % 2 else {}
+    messages = [*ONE_SHOT, {"role": "user", "content": QUESTIONS[i % 4]}]
+    return await _tool_row(client, model, i, max_tokens, "tool_auto", None, extra, messages)
+
+
+async def _tool_row(
+    client: Any, model: str, i: int, max_tokens: int, kind: str, named: str | None,
+    extra: dict[str, Any], messages: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     r = await client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": QUESTIONS[i % 4]}],
+        messages=messages or [{"role": "user", "content": QUESTIONS[i % 4]}],
         tools=TOOLS,
-        tool_choice=choice_arg,
         temperature=1.0,
         max_tokens=max_tokens,
+        **extra,
     )
     msg = r.choices[0].message
     calls = msg.tool_calls or []
     error = None
     offered = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    if not calls:
+    if not calls and kind == "tool_call":
         error = f"no tool call (content {msg.content!r})"
     for call in calls:
         name = call.function.name
@@ -125,18 +148,22 @@ async def tool_sample(client: Any, model: str, i: int, max_tokens: int) -> dict[
             error = f"arguments not JSON: {exc}"
         if error:
             break
-    return {"kind": "tool_call", "i": i, "tool_choice": named or "required",
+    return {"kind": kind, "i": i, "tool_choice": named or extra.get("tool_choice", "(left out)"),
             "finish": r.choices[0].finish_reason, "content": msg.content,
             "calls": [[c.function.name, c.function.arguments] for c in calls],
             "valid": error is None, "error": error}  # fmt: skip
 
 
-async def sample_all(url: str, model: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
+SAMPLERS = {"json_schema": json_sample, "tool_call": tool_sample, "tool_auto": auto_sample}
+
+
+async def sample_all(
+    url: str, model: str, n: int, max_tokens: int, kinds: tuple[str, ...] = tuple(SAMPLERS)
+) -> list[dict[str, Any]]:
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=900)
-    jobs = [json_sample(client, model, i, max_tokens) for i in range(n)]
-    jobs += [tool_sample(client, model, i, max_tokens) for i in range(n)]
+    jobs = [SAMPLERS[kind](client, model, i, max_tokens) for kind in kinds for i in range(n)]
     try:
         return list(await asyncio.gather(*jobs))
     finally:
@@ -162,7 +189,7 @@ def default_server(context_length: int = 2048) -> Iterator[tuple[str, str]]:
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
-    for kind in ("json_schema", "tool_call"):
+    for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = [r for r in rows if r["kind"] == kind]
         out[kind] = (sum(r["valid"] for r in mine), len(mine))
     return out
@@ -174,17 +201,21 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=100)
     parser.add_argument("--url", default=None, help="a running server (else start one)")
     parser.add_argument("--model", default="default")
+    parser.add_argument("--kinds", default=",".join(SAMPLERS), help="which samples to take")
     parser.add_argument("--output", type=Path, default=None, help="JSONL file to write")
     args = parser.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
     start = time.perf_counter()
     if args.url:
-        rows = asyncio.run(sample_all(args.url, args.model, args.n, args.max_tokens))
+        rows = asyncio.run(sample_all(args.url, args.model, args.n, args.max_tokens, kinds))
     else:
         with default_server() as (url, model):
-            rows = asyncio.run(sample_all(url, model, args.n, args.max_tokens))
+            rows = asyncio.run(sample_all(url, model, args.n, args.max_tokens, kinds))
     elapsed = time.perf_counter() - start
     for kind, (ok, total) in summary(rows).items():
-        print(f"{kind:<12} valid {ok}/{total} ({100.0 * ok / max(total, 1):.1f}%)")
+        called = sum(bool(r.get("calls")) for r in rows if r["kind"] == kind)
+        print(f"{kind:<12} valid {ok}/{total} ({100.0 * ok / max(total, 1):.1f}%), "
+              f"{called} with tool calls")  # fmt: skip
     print(f"elapsed {elapsed:.1f} s")
     for row in rows:
         if not row["valid"]:

@@ -7,7 +7,12 @@ step, filling the B x ceil(V/32) int32 bitmask plus advancing every matcher by o
   (`LLExecutor`, its thread pool), the engine Resin uses (`resin.constraints`);
 - `xgrammar` (sequential `GrammarMatcher` and its `BatchGrammarMatcher`) when it is importable
   (it needs torch; install it beside Resin to compare).
-Compile time (cold, per schema) is reported too. `--engine` adds the whole engine step:
+Compile time (cold, per schema) is reported too. `--auto-tools` times the constraint a request
+with tools and `tool_choice` auto carries (the recipe's lazily triggered tool-call grammar,
+built as the server builds it for the default model: free text, then a call wherever
+`<tool_call>` appears): B matchers follow a free-text sentence, one call and more text, through
+the engine's own fill and advance (`GrammarBackend.fill_masks` / `consume_one`), timed
+separately on the free-text and the call steps. `--engine` adds the whole engine step:
 B requests decoding under a JSON schema through `Engine.step()` with a runner that costs
 nothing (it answers each row's lowest allowed token), against the same B requests without a
 constraint (the difference is the engine's constrained-decoding time per step).
@@ -134,16 +139,83 @@ def bench_xgrammar(model_dir: Path, tokens: list[int], batch: int) -> dict[str, 
     return out
 
 
-class FirstAllowedRunner:
-    """Answers each sampling row's lowest allowed token (any token 1 without a mask)."""
+AUTO_TEXT = (
+    "Let me check the weather for you, one moment. ",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","unit":"celsius"}}'
+    "\n</tool_call>",
+    "\nThat was the call; the answer follows when it returns.",
+)
 
-    def __init__(self, vocab: int, device_ms: float = 0.0, waits: bool = False) -> None:
+
+def auto_tools(tokenizer: Any) -> tuple[Any, list[int], int, int]:
+    """The default model's auto-tools constraint (as the server builds it) and a scripted
+    output: its tokens and where the call starts and ends in them."""
+    from resin.recipe import JinjaRecipe, Message, ToolDef
+    from resin.server.structured import auto_tool_structure
+
+    weather = {
+        "type": "object",
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "f"]}},
+    }
+    time_zone = {"type": "object", "properties": {"zone": {"type": "string"}}}
+    tools = [ToolDef("get_weather", "Weather in a city", weather),
+             ToolDef("get_time", "Local time", time_zone),
+             ToolDef("create_user", "Register a user", SCHEMA)]  # fmt: skip
+    prompt = JinjaRecipe(tokenizer).render([Message("user", "Weather in Paris?")], tools=tools)
+    constraint = auto_tool_structure(prompt).constraint
+    assert constraint is not None
+    text, call, rest = (tokenizer.encode(part) for part in AUTO_TEXT)
+    return constraint, [*text, *call, *rest], len(text), len(text) + len(call)
+
+
+def bench_auto_tools(tokenizer: Any, batch: int) -> dict[str, float]:
+    from resin import GrammarBackend
+
+    constraint, tokens, start, end = auto_tools(tokenizer)
+    backend = GrammarBackend.from_tokenizer(tokenizer)
+    t0 = time.perf_counter()
+    backend.state(constraint)
+    out: dict[str, float] = {"compile_ms": (time.perf_counter() - t0) * 1000}
+    states = [backend.state(constraint) for _ in range(batch)]
+    mask = np.zeros((batch, backend.mask_words), dtype=np.int32)
+    steps: list[float] = []
+    seen: list[int] = []
+    for token in tokens:
+        seen.append(token)
+        t = time.perf_counter()
+        backend.fill_masks(states, mask)
+        if batch >= 4:  # as the engine advances them
+            backend.consume_one([(s, token) for s in states])
+        else:
+            for s in states:
+                s.sync(seen)
+        steps.append(time.perf_counter() - t)
+        assert (mask[:, token >> 5] >> (token & 31) & 1).all(), "scripted token masked out"
+    assert all(s.error is None for s in states)
+    out["text_ms"] = _median_ms(steps[:start] + steps[end:])
+    out["call_ms"] = _median_ms(steps[start:end])
+    out["all_ms"] = _median_ms(steps)
+    out["call_share"] = (end - start) / len(tokens)
+    return out
+
+
+class FirstAllowedRunner:
+    """Answers each sampling row's lowest allowed token (any token 1 without a mask), or
+    with `script` the script's tokens in a loop (they must be allowed)."""
+
+    def __init__(
+        self, vocab: int, device_ms: float = 0.0, waits: bool = False, script: list[int] = ()
+    ) -> None:  # type: ignore[assignment]
         from resin import RunnerConfig
 
         self.runner_config = RunnerConfig(
             vocab_size=vocab, page_size=16, num_pages=8192, waits_for_masks=waits
         )
         self.device_s = device_ms / 1000
+        self.script = list(script)
+        self.position: dict[int, int] = {}  # sequence -> tokens of the script it wrote
 
     def forward(self, plan: Any) -> Any:
         from resin import ForwardOutput
@@ -152,7 +224,13 @@ class FirstAllowedRunner:
             time.sleep(self.device_s)
         rows = np.flatnonzero(plan.sample_rows)
         mask = plan.sampling.bitmask()
-        if mask is None:
+        if self.script:
+            seqs = [int(plan.sequence_ids[r]) for r in rows]
+            for seq in seqs:
+                self.position[seq] = self.position.get(seq, -1) + 1
+            n = len(self.script)
+            ids = np.asarray([self.script[self.position[q] % n] for q in seqs], dtype=np.uint32)
+        elif mask is None:
             ids = np.ones(rows.size, dtype=np.uint32)
         else:
             words = mask[rows].view(np.uint32)
@@ -166,20 +244,28 @@ class FirstAllowedRunner:
 
 
 def bench_engine(
-    tokenizer: Any, batch: int, device_ms: float = 0.0, steps: int = 48
+    tokenizer: Any, batch: int, device_ms: float = 0.0, steps: int = 48, auto: bool = False
 ) -> dict[str, float]:
+    """Engine.step() without and with the constraint; `auto`: the auto-tools constraint and
+    the scripted output of `--auto-tools` (looped), else a JSON schema."""
     from resin import Constraint, Engine, GrammarBackend, SamplingParams
 
     backend = GrammarBackend.from_tokenizer(tokenizer)
-    schema = Constraint.json_schema({"type": "object", "properties": {"notes": {"type": "string"}}})
+    script: list[int] = []
+    if auto:
+        constraint, script, _, _ = auto_tools(tokenizer)
+    else:
+        constraint = Constraint.json_schema(
+            {"type": "object", "properties": {"notes": {"type": "string"}}}
+        )
     out: dict[str, float] = {"device_ms": device_ms}
-    cases = (("plain", None, False), ("inline", schema, False), ("overlap", schema, True))
-    for name, constraint, waits in cases:
-        runner = FirstAllowedRunner(tokenizer.vocab_size, device_ms, waits)
+    cases = (("plain", None, False), ("inline", constraint, False), ("overlap", constraint, True))
+    for name, c, waits in cases:
+        runner = FirstAllowedRunner(tokenizer.vocab_size, device_ms, waits, script)
         engine = Engine(runner, grammar=backend)
         for i in range(batch):
-            engine.submit([5, 6, 7 + i], SamplingParams(max_output_tokens=steps + 8,
-                                                        constraint=constraint))  # fmt: skip
+            engine.submit([5, 6, 7 + i], SamplingParams(max_output_tokens=steps * 4,
+                                                        constraint=c))  # fmt: skip
         while engine.num_waiting or any(len(r.output_token_ids) == 0
                                         for r in engine._life.live.values()):  # fmt: skip
             engine.step()
@@ -188,6 +274,7 @@ def bench_engine(
             t = time.perf_counter()
             engine.step()
             times.append(time.perf_counter() - t)
+        assert all(r.error is None for r in engine._life.live.values())
         engine.close()
         out[f"{name}_step_ms"] = _median_ms(times)
     for name in ("inline", "overlap"):
@@ -200,6 +287,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--output", type=Path, default=None, help="JSONL file to append to")
     parser.add_argument("--engine", action="store_true", help="also time Engine.step()")
+    parser.add_argument(
+        "--auto-tools", action="store_true", help="the tool_choice auto constraint instead"
+    )
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0])
     parser.add_argument(
         "--tokenizer-dir", type=Path, default=None, help="default: the default model's folder"
@@ -222,7 +312,17 @@ def main() -> int:
     }
     rows = []
     print(f"cpu cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, {len(tokens)} steps")
-    print(f"{'engine':<11} {'batch':>5} {'compile ms':>10} {'seq ms/step':>12} {'par ms/step':>12}")
+    if args.auto_tools:
+        engines = {}
+        print("auto tools  batch  compile ms  text ms/step  call ms/step  all ms/step")
+        for b in args.batch:
+            r = bench_auto_tools(tokenizer, b)
+            rows.append({"engine": "llguidance-auto-tools", "batch": b, **r})
+            print(f"{'':<11} {b:>5} {r['compile_ms']:>11.2f} {r['text_ms']:>13.3f}"
+                  f" {r['call_ms']:>13.3f} {r['all_ms']:>12.3f}")  # fmt: skip
+    else:
+        print(f"{'engine':<11} {'batch':>5} {'compile ms':>10} {'seq ms/step':>12} "
+              f"{'par ms/step':>12}")  # fmt: skip
     for name, run in engines.items():
         for b in args.batch:
             result = run(b)
@@ -240,8 +340,9 @@ def main() -> int:
         print("engine step  batch  device ms   plain ms  inline +ms  overlap +ms")
         for device_ms in args.device_ms:
             for b in args.batch:
-                r = bench_engine(tokenizer, b, device_ms)
-                rows.append({"engine": "resin-engine", "batch": b, **r})
+                r = bench_engine(tokenizer, b, device_ms, auto=args.auto_tools)
+                kind = "resin-engine-auto-tools" if args.auto_tools else "resin-engine"
+                rows.append({"engine": kind, "batch": b, **r})
                 print(
                     f"{'':<11} {b:>6} {device_ms:>10.2f} {r['plain_step_ms']:>10.3f}"
                     f" {r['inline_extra_ms']:>11.3f} {r['overlap_extra_ms']:>12.3f}"

@@ -39,7 +39,9 @@ class Constraint:
     - `grammar`: `spec` is a Lark grammar (llguidance's dialect) or a GBNF/EBNF grammar;
     - `structural_tag`: `spec` is JSON `{"triggers": [...], "structures": [{"begin", "schema",
       "end"}]}`: free text in which each trigger starts a structure whose body follows the
-      schema (tool calls); `{"prefix_forced": true}` makes one structure mandatory at once.
+      schema (tool calls); `"at_start": true` makes the output exactly one structure,
+      `"anchored": true` allows one only at the start (`resin.engine.structural_tag`);
+      `strict=False` ignores schema keywords the engine cannot enforce.
 
     A constraint is hashable and compares by value: the engine's compile cache is keyed by it.
     Whether the grammar engine accepts it is checked at `Engine.submit` (a `ValueError` naming

@@ -348,3 +348,78 @@ def test_runner_failure_while_the_mask_fills_in_the_background(
     for r in later:
         jsonschema.validate(json.loads(tokenizer.decode(r.output_token_ids)), SCHEMA)
     assert engine._constraints._worker is None  # close() stopped the mask thread
+
+
+# -- tool calls inside free text (tool_choice auto) --------------------------------------------
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+           "required": ["city"], "additionalProperties": False}  # fmt: skip
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}  # fmt: skip
+CALLS = [
+    {"begin": f'<tool_call>\n{{"name": "{name}", "arguments": ', "schema": schema,
+     "end": "}\n</tool_call>"}
+    for name, schema in (("get_weather", WEATHER), ("get_time", TIME))
+]  # fmt: skip
+AUTO_TOOLS = Constraint(
+    "structural_tag", json.dumps({"triggers": ["<tool_call>"], "structures": CALLS}), strict=False
+)
+
+
+class ScriptedRunner(UniformAllowedRunner):
+    """A model that writes `script` token by token while the mask allows it (one request at
+    a time), then draws uniformly among the allowed tokens."""
+
+    def __init__(self, vocab: int, script: Sequence[int], seed: int = 0) -> None:
+        super().__init__(vocab, seed=seed)
+        self.script = list(script)
+
+    def forward(self, plan: BatchPlan) -> ForwardOutput:
+        out = super().forward(plan)
+        if not plan.sample_rows.any():
+            return out
+        mask = plan.sampling.token_bitmask
+        if self.script and (mask is None or self.script[0] in allowed(mask[0], self.vocab)):
+            out.token_ids[0] = self.script.pop(0)
+        else:
+            self.script = []  # off the script for good
+        return out
+
+
+def test_auto_tool_calls_free_text_then_only_offered_tools(
+    tokenizer: Tokenizer, backend: GrammarBackend
+) -> None:
+    """A lazily triggered structural tag: text (with braces, markup, a special token) passes
+    untouched; after the trigger the model that wanted to call "Paris" must call an offered
+    tool with valid arguments, and free text follows again."""
+    state = backend.state(AUTO_TOOLS)
+    mask = np.zeros((1, backend.mask_words), dtype=np.int32)
+    state.fill_mask(mask[0])
+    assert len(allowed(mask[0], backend.vocab_size)) > 0.99 * backend.vocab_size
+    text = 'Sure! {"a": [1]} <b>x</b>\n<tool_call'  # no trigger yet
+    assert state.sync([*tokenizer.encode(text), 1])  # 1: <|im_start|>, another special token
+    state = backend.state(AUTO_TOOLS)
+    assert state.sync(tokenizer.encode('Hi <tool_call>\n{"name": "get_'))
+    state.fill_mask(mask[0])
+    firsts = {tokenizer.decode([int(t)]) for t in allowed(mask[0], backend.vocab_size)}
+    assert firsts and all("weather".startswith(f) or "time".startswith(f) for f in firsts)
+    assert not backend.state(AUTO_TOOLS).sync(tokenizer.encode('<tool_call>\n{"name": "Paris"'))
+
+    eos = tokenizer.eos_token_ids[0]
+    wants = 'Let me check. <tool_call>\n{"name": "Paris", "arguments": {"city": "Oslo"}}'
+    free = "No tool needed: {braces} and <tags> stay."
+    outputs = []
+    for script in (wants, free):
+        runner = ScriptedRunner(tokenizer.vocab_size, [*tokenizer.encode(script), eos], seed=5)
+        with Engine(runner, grammar=backend) as engine:
+            outputs.append(engine.submit([1, 2, 3], params(tokenizer, AUTO_TOOLS)))
+            run(engine)
+            assert engine._constraints.active == 0
+    called, plain = (tokenizer.decode(r.output_token_ids, True) for r in outputs)
+    assert plain == free and outputs[1].finish_reason is FinishReason.STOP
+    head, _, rest = called.partition("<tool_call>\n")
+    assert head == "Let me check. "
+    body, end, _ = rest.partition("\n</tool_call>")
+    assert end, called
+    call = json.loads(body)
+    schema = {"get_weather": WEATHER, "get_time": TIME}[call["name"]]
+    jsonschema.validate(call["arguments"], schema)

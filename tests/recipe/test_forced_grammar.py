@@ -1,11 +1,14 @@
-"""Forced tool calls are grammar-constrained in every call format that can be forced.
+"""Forced tool calls, and tool calls inside free text (tool_choice auto), are
+grammar-constrained in every call format that can be forced.
 
 The worst model there is, a sampler drawing uniformly among the tokens the grammar allows
 (it ignores the forcing prefix as much as it can), runs on the real Engine with llguidance and
 each family's real tokenizer; every answer must parse as exactly one call of an offered tool
 (the named one when named) whose arguments validate, with no text, no error and no leaked
 prefix. Covers the JSON marker formats, Llama 3's bare JSON, DeepSeek's
-`name<｜tool▁sep｜>{json}` and LFM2's pythonic calls (keyword arguments)."""
+`name<｜tool▁sep｜>{json}` and LFM2's pythonic calls (keyword arguments). With auto, free text
+passes and the same sampler, once the format's trigger is written, can only finish a valid call.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +16,14 @@ import json
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 
 from resin import Engine, FinishReason, GrammarBackend, SamplingParams
 from resin.recipe import JinjaRecipe, Message, ToolChoice, ToolDef, get_native_recipe
-from resin.server.structured import tool_structure
-from tests.engine.test_constraints import UniformAllowedRunner, run
-from tests.recipe.assets import TEMPLATES, extended_qwen3, npm_tokenizer
+from resin.server.structured import auto_tool_structure, tool_structure
+from tests.engine.test_constraints import UniformAllowedRunner, allowed, run
+from tests.recipe.assets import TEMPLATES, extended_qwen3, npm_tokenizer, smollm2_tokenizer
 
 WEATHER = ToolDef(
     "get_weather",
@@ -55,6 +59,8 @@ ASK = [Message("user", "Weather in Paris?")]
 
 
 def _recipe(name: str) -> Any:
+    if name == "smollm2":  # its template has no tools: the generic Hermes prompt
+        return JinjaRecipe(smollm2_tokenizer())
     if name in ("deepseek_v3", "lfm2"):
         return get_native_recipe(name, extended_qwen3(name)[0])
     if name in ("jinja:deepseek_v3", "jinja:lfm2"):
@@ -115,3 +121,51 @@ def test_pythonic_arguments_may_be_written_in_json_syntax() -> None:
     assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [
         ("lookup", {"exact": True, "limit": None, "word": "gléam"})
     ]
+
+
+AUTO = ["smollm2", "qwen3", "llama3", "deepseek_v3", "lfm2", "jinja:lfm2"]
+LEAD = 'Let me look: {"a": [1]} <b>ok</b>\n'
+
+
+@pytest.mark.parametrize("name", AUTO)
+def test_auto_calls_are_free_text_then_a_valid_call(name: str) -> None:
+    recipe = _recipe(name)
+    tok = recipe.tokenizer
+    backend = GrammarBackend.from_tokenizer(tok)
+    prompt = recipe.render(ASK, tools=TOOLS)
+    auto = prompt.auto_calls
+    constraint = auto_tool_structure(prompt).constraint
+    assert auto is not None and constraint is not None
+    lead = "" if auto.anchored else LEAD  # Llama 3: a call only opens the answer
+    (trigger,) = auto.triggers
+    wanted = auto.structures[0].begin
+    assert backend.state(constraint).sync(tok.encode(lead + wanted))
+    assert not backend.state(constraint).sync(
+        tok.encode(lead + wanted.replace("get_weather", "Paris"))
+    )
+    schemas = {t.name: t.parameters for t in TOOLS}
+    rng = np.random.default_rng(11)
+    mask = np.zeros(backend.mask_words, dtype=np.int32)
+    for _ in range(6):
+        state = backend.state(constraint)
+        out = tok.encode(lead + trigger)
+        assert state.sync(out)
+        while len(out) < 300 and not state.stopped:  # the uniform sampler writes the call
+            state.fill_mask(mask)
+            out.append(int(rng.choice(allowed(mask, backend.vocab_size))))
+            assert state.sync(out)
+            tail = tok.decode(out, skip_special_tokens=False)[len(lead) :]
+            if any(s.end in tail for s in auto.structures if len(s.end) > 1):
+                break  # (the last token may run past the end: free text again)
+        parser = recipe.create_parser(prompt, tools=TOOLS)
+        parser.feed(out)
+        result = parser.finish()
+        raw = tok.decode(out, skip_special_tokens=False)
+        assert result.error is None and result.text.startswith(lead), raw
+        (call,) = result.tool_calls
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+    if auto.anchored:  # free text that does not open with the trigger, and no special token
+        assert backend.state(constraint).sync(tok.encode("Sure: {x}"))
+        assert not backend.state(constraint).sync(tok.encode(" {x}"))
+    elif name == "qwen3":  # reasoning markers (special tokens) stay free
+        assert backend.state(constraint).sync(tok.encode("<think>\nhm\n</think>\n\nHi"))

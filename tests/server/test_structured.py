@@ -2,7 +2,8 @@
 real Engine with the llguidance backend) behind the server, driven by the official SDKs.
 
 Acceptance at test scale: 40 json_schema answers and 40 forced tool calls at temperature 1,
-sent concurrently, all valid (`scripts/accept_structured.py` runs the full 200 + 200).
+sent concurrently, all valid, and 32 answers with tools and `tool_choice` auto whose every call
+is valid (`scripts/accept_structured.py` runs the full 200 of each).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import openai
 import pydantic
 import pytest
 
-from scripts.accept_structured import SCHEMA, TOOLS, default_server, sample_all, summary
+from scripts.accept_structured import (
+    ONE_SHOT,
+    SCHEMA,
+    TOOLS,
+    default_server,
+    sample_all,
+    summary,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -49,12 +57,64 @@ class City(pydantic.BaseModel):
 
 
 def test_acceptance_40_json_schema_and_40_forced_tool_calls(server: tuple[str, str]) -> None:
-    rows = asyncio.run(sample_all(server[0], server[1], 40, 100))
+    rows = asyncio.run(sample_all(server[0], server[1], 40, 100, ("json_schema", "tool_call")))
     bad = [r for r in rows if not r["valid"]]
     assert not bad, bad[:3]
     assert summary(rows) == {"json_schema": (40, 40), "tool_call": (40, 40)}
     assert {r["finish"] for r in rows if r["kind"] == "tool_call"} == {"tool_calls"}
     assert all(r["content"] is None for r in rows if r["kind"] == "tool_call")  # no prefix leak
+
+
+def test_auto_tool_calls_name_offered_tools_with_valid_arguments(server: tuple[str, str]) -> None:
+    """tool_choice auto (and left out) at temperature 1: the model shown one call of its own
+    calls tools often, and free-running it names tools nobody offered or breaks their schema
+    (39 of 100 answers before the grammar); the triggered grammar makes every call valid."""
+    rows = asyncio.run(sample_all(server[0], server[1], 32, 64, ("tool_auto",)))
+    bad = [r for r in rows if not r["valid"]]
+    assert not bad, bad[:3]
+    assert sum(bool(r["calls"]) for r in rows) >= 8  # the calls are there to be checked
+
+
+def test_auto_tools_through_responses_and_anthropic_streams(server: tuple[str, str]) -> None:
+    offered = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    oai = openai.OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0, timeout=300)
+    claude = anthropic.Anthropic(base_url=server[0], api_key="x", max_retries=0)
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    atools = [{"name": name, "input_schema": schema} for name, schema in offered.items()]
+    calls = []
+    for seed in range(2):
+        with oai.responses.stream(
+            model=server[1], input=[*ONE_SHOT, *ask("Weather in Oslo?")], tools=tools,  # type: ignore[arg-type,list-item]
+            temperature=1.0, max_output_tokens=64, extra_body={"seed": seed},
+        ) as stream:  # fmt: skip
+            response = stream.get_final_response()
+        calls += [
+            (o.name, json.loads(o.arguments)) for o in response.output if o.type == "function_call"
+        ]
+        with claude.messages.stream(
+            model=server[1], max_tokens=64, tools=atools,  # type: ignore[arg-type]
+            messages=[*ONE_SHOT, *ask("Time in Tokyo?")],  # type: ignore[list-item]
+        ) as stream:  # fmt: skip
+            message = stream.get_final_message()
+        calls += [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+    assert calls
+    for name, arguments in calls:
+        jsonschema.validate(arguments, offered[name])
+
+
+def test_auto_tools_keep_unenforceable_schemas_and_yield_to_a_response_format(
+    oai: openai.OpenAI,
+) -> None:
+    odd = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+            "properties": {"a": {"type": "array", "uniqueItems": True}}}}}]  # fmt: skip
+    r = oai.chat.completions.create(model="default", messages=ask("x"), max_tokens=5, tools=odd)  # type: ignore[arg-type]
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")  # no 400 with auto
+    r = oai.chat.completions.create(
+        model="default", messages=[*ONE_SHOT, *ask("Weather in Oslo?")], tools=TOOLS,  # type: ignore[arg-type,list-item]
+        max_tokens=100, temperature=1.0,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}},
+    )  # fmt: skip
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMA)
 
 
 def test_chat_completions_parse_with_pydantic(oai: openai.OpenAI) -> None:

@@ -100,6 +100,7 @@ class Engine:
         self._constraints = ConstraintSet(
             grammar, self._runner_config.vocab_size, self._runner_config.waits_for_masks
         )
+        self.grammar = grammar  # read-only: None means a constraint is refused at submit
         self._life = Lifecycle(self._scheduler, self._collector, self._constraints.release)
         self._txn = Transaction(
             runner,
@@ -259,9 +260,8 @@ class Engine:
         live = self._life.live
         for r in live.values():
             assert r.status is not Status.FINISHED
-        assert len(live) == (len(self._scheduler.waiting) + self._scheduler.num_admitted), (
-            "a live request is in no queue"
-        )
+        queued = len(self._scheduler.waiting) + self._scheduler.num_admitted
+        assert len(live) == queued, "a live request is in no queue"
 
     def __enter__(self) -> Engine:
         return self

@@ -15,22 +15,18 @@ llguidance is imported lazily: an engine without constraints never loads it.
 from __future__ import annotations
 
 import json
-import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from resin.engine.structural_tag import JSON_DEFAULTS, structural_tag_grammar
 from resin.params import Constraint
 
 if TYPE_CHECKING:
     import llguidance
-
-JSON_DEFAULTS: Any = {"whitespace_flexible": False}
-"""JSON is generated compact (`{"a":1,"b":[2]}`) unless the schema's `x-guidance` says
-otherwise: free whitespace lets a small model pad until `max_tokens`."""
 
 
 class TokenizerSource(Protocol):
@@ -115,6 +111,7 @@ class GrammarBackend:
         if not eos:
             raise ValueError("a grammar backend needs at least one EOS / stop token id")
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, eos_token=eos)
+        self.eos_token_ids = frozenset(eos)
         # Added tokens llguidance treats as special: a grammar literal cannot produce them,
         # so structural tags refer to them by id (`<[id]>`).
         added = json.loads(tokenizer_json).get("added_tokens") or []
@@ -206,103 +203,8 @@ class GrammarBackend:
             return m.grammar_from_regex(c.spec)
         if c.kind == "grammar":
             return self._llg.grammar_from("grammar", c.spec)
-        return structural_tag_grammar(json.loads(c.spec), self.special_tokens)
-
-
-def structural_tag_grammar(
-    spec: dict[str, Any], special_tokens: Mapping[str, int] | None = None
-) -> str:
-    """Lark text for a structural tag (see `Constraint`).
-
-    `structures`: [{"begin": str, "schema": dict, "end": str, "syntax": "json" | "pythonic"},
-    ...] (pythonic: the schema's properties as Python keyword arguments). With `at_start` true the
-    output is exactly one structure (a forced tool call after the recipe's forcing prefix);
-    otherwise free text in which a structure starts wherever one of `triggers` appears
-    (each structure's `begin` starts with one of them), any number of times. Text of
-    `special_tokens` (content -> id) in `begin` / `end` must be that token.
-    """
-    specials = special_tokens or {}
-    structures = spec.get("structures")
-    if not isinstance(structures, list) or not structures:
-        raise ValueError("structural_tag needs a non-empty list of structures")
-    triggers = [t for t in spec.get("triggers", []) if isinstance(t, str) and t]
-    bodies: list[tuple[str, str, str]] = []
-    for i, item in enumerate(structures):
-        if not isinstance(item, dict) or not isinstance(item.get("begin"), str):
-            raise ValueError(f"structural_tag structures[{i}] needs a string 'begin'")
-        schema = item.get("schema", {"type": "object"})
-        if not isinstance(schema, dict):
-            raise ValueError(f"structural_tag structures[{i}].schema must be an object")
-        if item.get("syntax", "json") == "pythonic":
-            body = _kwargs(schema)
-        else:
-            body = "%json " + json.dumps({"x-guidance": JSON_DEFAULTS, **schema})  # compact
-        bodies.append((item["begin"], body, str(item.get("end", ""))))
-    if spec.get("at_start"):
-        rules = [
-            f"s{i}: {_lit(b, specials)} {s} {_lit(e, specials)}"
-            for i, (b, s, e) in enumerate(bodies)
-        ]
-        options = " | ".join(f"s{i}" for i in range(len(bodies)))
-        return "%llguidance {}\nstart: " + options + "\n" + "\n".join(rules) + "\n"
-    lines = ["%llguidance {}", "start: (" + " | ".join(f"t{i}" for i in range(len(bodies)))]
-    lines[-1] += ")* TEXT"
-    lines.append("TEXT: /(.|\\n)*/")
-    for i, (begin, schema, end) in enumerate(bodies):
-        trigger = next((t for t in triggers if begin.startswith(t)), None)
-        if trigger is None:
-            raise ValueError(f"structural_tag structures[{i}].begin starts with no trigger")
-        lines.append(f"t{i}_trig[lazy]: TEXT {_lit(trigger)}")
-        lines.append(f"t{i}: t{i}_trig {_lit(begin[len(trigger) :])} {schema} {_lit(end)}")
-    return "\n".join(lines) + "\n"
-
-
-def _kwargs(schema: dict[str, Any]) -> str:
-    """Lark for Python keyword arguments whose values (in JSON syntax) follow the properties
-    of an object `schema`: the required ones first, then any of the optional ones, in the
-    schema's order, each at most once, separated by ", ". No properties: no arguments."""
-    props = schema.get("properties")
-    if not isinstance(props, dict) or not props:
-        return ""
-    bad = [name for name in props if not str(name).isidentifier()]
-    if bad:
-        raise ValueError(f"property {bad[0]!r} cannot be a Python keyword argument")
-    needed = set(schema.get("required") or ())
-
-    def kv(name: str) -> str:
-        value = {"x-guidance": JSON_DEFAULTS, **props[name]}
-        return f"{_lit(name + '=')} %json {json.dumps(value)}"
-
-    required = [kv(n) for n in props if n in needed]
-    optional = [kv(n) for n in props if n not in needed]
-
-    def then(items: list[str]) -> str:
-        return "".join(f' ("," " " {item})?' for item in items)
-
-    if required:
-        return ' "," " " '.join(required) + then(optional)
-    starts = [item + then(optional[j + 1 :]) for j, item in enumerate(optional)]
-    return "(" + " | ".join(starts) + ")?"
-
-
-def _lit(text: str, special_tokens: Mapping[str, int] | None = None) -> str:
-    """Lark for the literal `text`; the special tokens in it by id."""
-    found = [s for s in special_tokens or () if s in text]
-    if not found:
-        return json.dumps(text) if text else ""
-    assert special_tokens is not None
-    parts: list[str] = []
-    pos = 0
-    for m in re.finditer(
-        "|".join(re.escape(s) for s in sorted(found, key=len, reverse=True)), text
-    ):
-        if m.start() > pos:
-            parts.append(json.dumps(text[pos : m.start()]))
-        parts.append(f"<[{special_tokens[m.group()]}]>")
-        pos = m.end()
-    if pos < len(text):
-        parts.append(json.dumps(text[pos:]))
-    return " ".join(parts)
+        spec = json.loads(c.spec)
+        return structural_tag_grammar(spec, self.special_tokens, self.eos_token_ids, not c.strict)
 
 
 def _first_line(message: str) -> str:

@@ -18,7 +18,7 @@ from resin.recipe.harmony_tools import tool_namespace
 from resin.recipe.native import NativeRecipe
 from resin.recipe.protocol import RenderedPrompt, ResponseParser
 from resin.recipe.tagged import TagSpec
-from resin.recipe.tool_choice import ToolChoice, unsupported
+from resin.recipe.tool_choice import AutoCalls, ToolChoice, unsupported
 from resin.recipe.types import Message, Role, ToolDef
 from resin.tokenizer import Tokenizer
 
@@ -133,6 +133,9 @@ class GptOssRecipe(NativeRecipe):
         # The model may first reason on the analysis channel; forcing the commentary channel
         # needs a harmony-aware parser priming that is not written yet.
         raise unsupported(choice)
+
+    def auto_calls(self, tools: list[ToolDef]) -> AutoCalls | None:
+        return None  # harmony calls are messages on a channel: the output path checks them
 
     def starts_in_reasoning(self, prompt: RenderedPrompt) -> bool:
         return False

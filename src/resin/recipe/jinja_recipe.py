@@ -22,6 +22,7 @@ from resin.recipe.registry import get_native_recipe, native_recipe_names
 from resin.recipe.tagged import TaggedParser, TagSpec
 from resin.recipe.tool_choice import (
     ToolChoice,
+    auto_calls,
     check_tool_choice,
     forced_prefix,
     forced_structures,
@@ -119,18 +120,19 @@ class JinjaRecipe:
                 return RenderedPrompt(self.tokenizer.encode(text), text, prefill=prefill)
             return replace(self.vision.render(self.tokenizer, text, images), prefill=prefill)
         text = render_text(messages, add_generation_prompt)
+        spec = self.family.spec
         if tool_choice is not None:
             check_tool_choice(tool_choice, tools)
-            spec = self.family.spec
             if spec is None or self.family.name not in FORCEABLE_FAMILIES:
                 raise unsupported(tool_choice)
             prefix = forced_prefix(spec, tool_choice)
             structures = forced_structures(spec, tool_choice, tools or ())
             text += prefix
             return RenderedPrompt(self.tokenizer.encode(text), text, (), prefix, structures)
+        auto = auto_calls(spec, tools) if tools and spec is not None else None
         if self.vision is None or not images:
-            return RenderedPrompt(token_ids=self.tokenizer.encode(text), text=text)
-        return self.vision.render(self.tokenizer, text, images)
+            return RenderedPrompt(self.tokenizer.encode(text), text, auto_calls=auto)
+        return replace(self.vision.render(self.tokenizer, text, images), auto_calls=auto)
 
     def _render_text(
         self,

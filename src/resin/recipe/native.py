@@ -13,8 +13,10 @@ from resin.recipe.prefill import check_prefill, continue_final
 from resin.recipe.protocol import RenderedPrompt, ResponseParser
 from resin.recipe.tagged import TaggedParser, TagSpec
 from resin.recipe.tool_choice import (
+    AutoCalls,
     ForcedStructure,
     ToolChoice,
+    auto_calls,
     check_tool_choice,
     forced_prefix,
     forced_structures,
@@ -88,22 +90,31 @@ class NativeRecipe:
             text = render_text(messages, add_generation_prompt)
         prefix = ""
         structures: tuple[ForcedStructure, ...] = ()
+        auto = None
         if tool_choice is not None:
             check_tool_choice(tool_choice, tools)
             prefix = self.tool_choice_prefix(tool_choice, list(tools or ()))
             text += prefix
             structures = forced_structures(self.parser_spec(tools), tool_choice, tools or ())
+        elif tools and not continue_final_message:
+            auto = self.auto_calls(list(tools))
         return RenderedPrompt(
             token_ids=self.tokenizer.encode(text),
             text=text,
             forced_prefix=prefix,
             forced_structures=structures,
+            auto_calls=auto,
             prefill=prefill,
         )
 
     def tool_choice_prefix(self, choice: ToolChoice, tools: list[ToolDef]) -> str:
         """The forced start of the assistant turn for `choice` (`resin.recipe.tool_choice`)."""
         return forced_prefix(self.parser_spec(tools), choice)
+
+    def auto_calls(self, tools: list[ToolDef]) -> AutoCalls | None:
+        """How a call looks inside free text (`tool_choice` auto), for a grammar; None when
+        the format cannot be described (`resin.recipe.tool_choice.auto_calls`)."""
+        return auto_calls(self.parser_spec(tools), tools)
 
     def render_text(
         self,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from resin.recipe.deltas import Delta, ParseResult
-from resin.recipe.tool_choice import ForcedStructure, ToolChoice
+from resin.recipe.tool_choice import AutoCalls, ForcedStructure, ToolChoice
 from resin.recipe.types import Message, ToolDef
 
 
@@ -34,6 +34,8 @@ class RenderedPrompt:
     forced_prefix: str = ""
     # What may follow the forced prefix (tool name and arguments schema), for a grammar.
     forced_structures: tuple[ForcedStructure, ...] = ()
+    # Tools without a forced choice (auto): how a call looks inside free text, for a grammar.
+    auto_calls: AutoCalls | None = None
     # The start of the assistant's answer the prompt already holds: a continued final message
     # (`resin.recipe.prefill`); `text` ends with it and the parser is primed with it.
     prefill: str = ""

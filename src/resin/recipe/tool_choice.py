@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from resin.recipe.tagged import TagSpec
@@ -58,13 +58,14 @@ def unsupported(choice: ToolChoice) -> UnsupportedToolChoice:
     return UnsupportedToolChoice(f"tool_choice {what} is not supported by this model's chat format")
 
 
-def forced_prefix(spec: TagSpec, choice: ToolChoice, *, newline: bool = True) -> str:
+def forced_prefix(spec: TagSpec, choice: ToolChoice, *, list_markers: bool = True) -> str:
     """The text that opens a tool call in the format `spec` describes (see module docstring).
 
     JSON marker formats (`<tool_call>` ...): the marker (plus "\\n", as Hermes templates
     write it) and for a named tool `{"name": "X", "arguments": `. Llama 3's bare JSON:
     `{"name": "` / `{"name": "X", "parameters": `. LFM2's pythonic calls: the marker and
-    `[X(`. DeepSeek: the call-list and call markers and `X<｜tool▁sep｜>`."""
+    `[X(`. DeepSeek: the call-list and call markers and `X<｜tool▁sep｜>` (without the
+    call-list marker when `list_markers` is false)."""
     name = choice.name
     if spec.bare_json_tools:
         if name is None:
@@ -72,9 +73,9 @@ def forced_prefix(spec: TagSpec, choice: ToolChoice, *, newline: bool = True) ->
         return f'{{"name": {json.dumps(name, ensure_ascii=False)}, "parameters": '
     if not spec.tool_start or not spec.tool_end:
         raise unsupported(choice)
-    start = "".join(spec.ignored[:1]) + spec.tool_start
+    start = "".join(spec.ignored[:1] if list_markers else ()) + spec.tool_start
     if spec.tool_body is parse_json_calls:
-        head = start + ("\n" if newline else "")
+        head = start + "\n"
         if name is None:
             return head
         return f'{head}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
@@ -104,13 +105,14 @@ class ForcedStructure:
 
 
 def forced_structures(
-    spec: TagSpec, choice: ToolChoice, tools: Sequence[ToolDef]
+    spec: TagSpec, choice: ToolChoice, tools: Sequence[ToolDef], *, list_markers: bool = True
 ) -> tuple[ForcedStructure, ...]:
-    """What may follow `forced_prefix(spec, choice)`, one alternative per eligible tool:
-    the name (for "required") and the arguments, then the format's closing markers. JSON
-    marker formats, Llama 3's bare JSON and DeepSeek's `name<｜tool▁sep｜>{json}` take JSON
-    arguments; LFM2's pythonic calls take keyword arguments (tools whose name is not a Python
-    name cannot be called that way and are left out)."""
+    """What may follow `forced_prefix(spec, choice, list_markers=...)`, one alternative per
+    eligible tool: the name (for "required") and the arguments, then the format's closing
+    markers (DeepSeek's call-list end only with `list_markers`). JSON marker formats, Llama 3's
+    bare JSON and DeepSeek's `name<｜tool▁sep｜>{json}` take JSON arguments; LFM2's pythonic
+    calls take keyword arguments (tools whose name is not a Python name cannot be called that
+    way and are left out)."""
     eligible = [t for t in tools if choice.name is None or t.name == choice.name]
     named = choice.name is not None
     if spec.tool_body is parse_pythonic_calls and spec.tool_end:
@@ -122,7 +124,7 @@ def forced_structures(
             if t.name.replace(".", "_").isidentifier()
         )
     if spec.tool_body is parse_deepseek_call and spec.tool_end:
-        end = spec.tool_end + "".join(spec.ignored[1:2])  # the call's end, then the list's
+        end = spec.tool_end + "".join(spec.ignored[1:2] if list_markers else ())
         return tuple(
             ForcedStructure("" if named else f"{t.name}{DEEPSEEK_SEP}", _params(t), end)
             for t in eligible
@@ -143,6 +145,38 @@ def forced_structures(
             )
         out.append(ForcedStructure(begin, _params(t), end))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class AutoCalls:
+    """Tool calls inside free text (`tool_choice` auto), described for a grammar: a call
+    starts where one of `triggers` appears in the answer (with `anchored`, only at its start,
+    after whitespace: Llama 3's bare JSON answer) and is then one of `structures`, whose
+    `begin` starts with that trigger. The server turns this into a lazily triggered
+    constraint (`docs/constraints.md`): free text stays free, a call names an offered tool
+    and its arguments follow that tool's schema."""
+
+    triggers: tuple[str, ...]
+    structures: tuple[ForcedStructure, ...]
+    anchored: bool = False
+
+
+def auto_calls(spec: TagSpec, tools: Sequence[ToolDef]) -> AutoCalls | None:
+    """The calls `spec`'s parser reads, as forcing "required" describes them: each structure
+    is the forced prefix (the trigger: the call's opening marker, or Llama 3's `{`) followed
+    by one of the forced structures. DeepSeek's call-list markers stay outside (free special
+    tokens), so a list may hold several calls. None when the format cannot be described."""
+    choice = ToolChoice()
+    try:
+        prefix = forced_prefix(spec, choice, list_markers=False)
+    except UnsupportedToolChoice:
+        return None
+    forced = forced_structures(spec, choice, tools, list_markers=False)
+    trigger = "{" if spec.bare_json_tools else spec.tool_start
+    if not forced or not trigger:
+        return None
+    structures = tuple(replace(s, begin=prefix + s.begin) for s in forced)
+    return AutoCalls((trigger,), structures, anchored=spec.bare_json_tools)
 
 
 def _params(tool: ToolDef) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Each route maps its body onto one `ChatSetup` (messages, tools, tool choice, thinking, token
 budget, sampling, structured output, stop strings, generation count) and calls `start_chat`,
 which reserves intake slots, renders, builds the SamplingParams (constraint and logit bias
-included), creates the recipe's parsers and starts the generations. Only the answer's shape
-differs between the routes.
+included), creates the recipe's parsers (behind `KnownTools`: no call to a tool the request
+did not offer) and starts the generations. Only the answer's shape differs between the
+routes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from resin.recipe.tool_choice import ToolChoice
 from resin.server.media import check_images
 from resin.server.service import Sampling, Service
 from resin.server.structured import NONE, Structured, apply
+from resin.server.tool_choice import KnownTools
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ async def start_chat(
         params = svc.params(
             len(rendered.token_ids), s.max_tokens, s.sampling, svc.recipe.stop_token_ids
         )
-        params, fmt = apply(params, s.structured, rendered, s.logit_bias)
+        grammar = getattr(svc.actor.engine, "grammar", None) is not None
+        params, fmt = apply(params, s.structured, rendered, s.logit_bias, grammar)
         tools = list(s.tools) or None
-        parser = lambda: svc.recipe.create_parser(rendered, tools=tools)  # noqa: E731
+        parser = lambda: KnownTools(svc.recipe.create_parser(rendered, tools=tools), s.tools)  # noqa: E731
         batch = await svc.launch(
             ticket,
             [(rendered.token_ids, params)],

@@ -87,5 +87,8 @@ def tools_of(body: ResponsesRequest) -> list[ToolDef]:
     for i, t in enumerate(body.tools):
         if t.get("type") != "function" or not isinstance(t.get("name"), str):
             raise ApiError(400, "only function tools are supported", f"tools.{i}")
-        specs.append(ToolDef(t["name"], t.get("description") or None, t.get("parameters") or {}))
+        parameters = t.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise ApiError(400, "parameters must be a JSON schema object", f"tools.{i}.parameters")
+        specs.append(ToolDef(t["name"], t.get("description") or None, parameters))
     return specs

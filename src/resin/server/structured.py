@@ -8,6 +8,9 @@
 - Anthropic Messages: `output_format` (`{"type": "json_schema", "schema": ...}`).
 - A forced `tool_choice` (required / named, every API): the recipe's forced structures (tool
   name + the tool's parameters schema after the forcing prefix) become a `structural_tag`.
+- Tools with `tool_choice` auto (or left out): the recipe's `auto_calls` become a lazily
+  triggered `structural_tag` (free text; each call names an offered tool and follows its
+  schema), unless the request has one of the fields above.
 A spec that is malformed, or that the grammar engine cannot enforce, is a 400 naming the field
 (`strict: false` does not turn that into a silent pass). See `docs/constraints.md`.
 """
@@ -15,12 +18,13 @@ A spec that is malformed, or that the grammar engine cannot enforce, is a 400 na
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 from resin.params import Constraint, SamplingParams
 from resin.recipe import RenderedPrompt
+from resin.recipe.tool_choice import ForcedStructure
 from resin.server.errors import ApiError
 
 VLLM_FIELDS = (
@@ -93,14 +97,30 @@ def tool_structure(rendered: RenderedPrompt) -> Structured:
     structures = getattr(rendered, "forced_structures", ())
     if not structures:
         return NONE
+    return _tag(structures, {"at_start": True}, strict=True)
+
+
+def auto_tool_structure(rendered: RenderedPrompt) -> Structured:
+    """Tools with `tool_choice` auto: free text, and wherever the recipe's call trigger
+    appears a call that names an offered tool with arguments that follow its schema (empty
+    when the recipe cannot describe its calls). Schema keywords the engine cannot enforce
+    are ignored here (the client asked for no constraint), not refused."""
+    auto = getattr(rendered, "auto_calls", None)
+    if auto is None or not auto.structures:
+        return NONE
+    mode = {"triggers": list(auto.triggers), "anchored": auto.anchored}
+    return _tag(auto.structures, mode, strict=False)
+
+
+def _tag(structures: Sequence[ForcedStructure], mode: dict[str, Any], strict: bool) -> Structured:
     spec = {
-        "at_start": True,
+        **mode,
         "structures": [
             {"begin": s.begin, "schema": s.schema, "end": s.end, "syntax": s.syntax}
             for s in structures
         ],
     }
-    return Structured(Constraint("structural_tag", json.dumps(spec)), "tools")
+    return Structured(Constraint("structural_tag", json.dumps(spec), strict), "tools")
 
 
 def apply(
@@ -108,12 +128,19 @@ def apply(
     structured: Structured,
     rendered: RenderedPrompt | None = None,
     logit_bias: Any = None,
+    auto_tools: bool = True,
 ) -> tuple[SamplingParams, Structured]:
-    """`params` with the constraint (a forced tool call wins over a response format: the
-    answer is the call) and the logit bias; 400 naming the field on a bad value."""
+    """`params` with the constraint and the logit bias; 400 naming the field on a bad value.
+    A forced tool call wins over a response format (the answer is the call); with tools and
+    `tool_choice` auto the calls are constrained (`auto_tools`: the engine has a grammar
+    backend) unless the request has a response format (one constraint per request: the
+    output path then turns calls to unknown tools into text)."""
     if rendered is not None:
         forced = tool_structure(rendered)
-        structured = forced if forced.constraint is not None else structured
+        if forced.constraint is not None:
+            structured = forced
+        elif structured.constraint is None and auto_tools:
+            structured = auto_tool_structure(rendered)
     if logit_bias is not None and not isinstance(logit_bias, Mapping):
         raise ApiError(400, "logit_bias must map token ids to numbers", "logit_bias")
     try:
