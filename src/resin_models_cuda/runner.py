@@ -17,7 +17,7 @@ plans run eagerly through the varlen prefill kernels. Sampling runs on the devic
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,7 @@ from resin_models_cuda.sampling import (
 from resin_models_cuda.step import DecodeInfo, StepTensors
 from resin_models_torch.config import ModelConfig
 from resin_models_torch.hf_config import load_config
+from resin_models_torch.media_cache import MediaFeatures
 
 __all__ = ["CudaRunner", "RunnerOptions", "load_runner", "random_runner"]
 
@@ -119,6 +120,7 @@ class CudaRunner:
         self._prev_valid = 0  # rows of the previous plan whose token is in _prev_tokens
         self._readback = ReadBack(max(PREV_ROWS, self.options.max_batch), self.device)
         self.last_logits: torch.Tensor | None = None
+        self.media = MediaFeatures(model)  # image features by content hash (vision models)
 
     # ----- Runner protocol -------------------------------------------------------------------
 
@@ -204,6 +206,7 @@ class CudaRunner:
 
     def _launch(self, plan: BatchPlan) -> _InFlight:
         assert self.kv is not None and self._buffers is not None
+        media = self.media.gather(plan)  # refuses media without an encoder
         for group in plan.cache_groups:
             if group.copy_src.shape[0]:
                 src = torch.from_numpy(group.copy_src.astype(np.int64)).to(self.device)
@@ -214,7 +217,7 @@ class CudaRunner:
         query = int(qlens.max(initial=1))
         offsets: np.ndarray | None = None
         argmax: torch.Tensor | None = None
-        buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows
+        buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows and media is None
         if buffered and query <= self._max_query:
             shape = self._pick_graph(b, query) or (b, query)
             self._buffers.stage(plan, *shape)
@@ -233,7 +236,10 @@ class CudaRunner:
                 index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
                 logits, argmax = logits[index], argmax[index]
         else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
-            hidden = self.model.forward(self._eager_step(plan), self.kv)
+            step_tensors = prefill_step(
+                plan, self.options, self.config, self.dtype, self.device, media
+            )
+            hidden = self.model.forward(self._with_prev(plan, step_tensors), self.kv)
             if plan.draft_ids.size:  # every query token samples
                 rows = np.repeat(np.arange(b), qlens)
                 offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
@@ -300,8 +306,8 @@ class CudaRunner:
             self._prev_tokens[:rows].copy_(argmax)
         return logits, argmax
 
-    def _eager_step(self, plan: BatchPlan) -> StepTensors:
-        step = prefill_step(plan, self.options, self.config, self.dtype, self.device)
+    def _with_prev(self, plan: BatchPlan, step: StepTensors) -> StepTensors:
+        """`step` with each row's first input resolved from `prev_token_rows`."""
         prev = plan.prev_token_rows
         if prev.size and int(prev.max()) >= 0:
             rows = torch.from_numpy(np.repeat(prev, plan.query_lens)).to(self.device)
@@ -309,5 +315,5 @@ class CudaRunner:
             first[plan.query_indptr[:-1]] = True
             rows = torch.where(torch.from_numpy(first).to(self.device), rows, -1)
             ids = self._resolve_prev(step.input_ids, rows)
-            step = StepTensors(ids, step.positions, step.groups, step.info)
+            step = replace(step, input_ids=ids)
         return step

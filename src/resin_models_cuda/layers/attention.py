@@ -104,6 +104,7 @@ class Attention:
                 scale=self.scale,
                 window=self.window,
                 sinks=self.sinks,
+                span_end=info.span_end,
                 block_m=info.block_m,
             )
         return F.linear(o.view(t, qs), self.o_proj, self.o_bias)
