@@ -16,9 +16,19 @@ host thread waits, as it does on a CUDA sync), which shows how much of the mask 
 engine hides behind the device when the runner lets it (`waits_for_masks`, "overlap") and
 how much it adds when it does not ("inline"). 7.3 ms is Resin's Llama-3.1-8B decode step at
 batch 64 on the H200 (docs/benchmarks.md).
+`--cuda-preset NAME` (a GPU; `resin_models_cuda.presets`, e.g. llama-8b) replaces the emulation
+by a real `CudaRunner` on random bf16 weights of that shape, through the Engine: per round, B
+requests decode `--output-tokens` greedy tokens unconstrained (overlapped steps, as served),
+unconstrained with `overlap=False`, and under a JSON schema whose one string field has a
+`minLength` no output reaches (so no row finishes early: every constrained step fills B masks,
+and every request ends by length after the same number of steps); decode tok/s from the step
+where every request has its first token; medians over `--rounds`, plus the mask fill and the
+grammar advance per constrained step (their share of the step).
 Prints a table and writes JSONL.
 
     PYTHONPATH=src python scripts/bench_grammar.py --output bench/grammar.jsonl
+    PYTHONPATH=src python scripts/bench_grammar.py --batch 64 --cuda-preset llama-8b \
+        --tokenizer-dir DIR --output docs/bench/gpu/grammar_cuda.jsonl
 """
 
 from __future__ import annotations
@@ -195,12 +205,116 @@ def bench_engine(
     return out
 
 
+LONG_STRING = {
+    "type": "object",
+    "properties": {"notes": {"type": "string", "minLength": 100_000}},
+    "required": ["notes"],
+    "additionalProperties": False,
+}
+
+
+class _Timed:
+    """Wall time of each call of one method of an object (the grammar backend's work)."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.samples: list[float] = []
+        inner = getattr(obj, name)
+
+        def timed(*args: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return inner(*args)
+            finally:
+                self.samples.append(time.perf_counter() - t)
+
+        setattr(obj, name, timed)
+
+
+def _decode(runner: Any, backend: Any, batch: int, args: argparse.Namespace,
+            constrained: bool, overlap: bool) -> dict[str, float]:  # fmt: skip
+    """One Engine run: decode tok/s and ms/step over the steps after every first token."""
+    import torch
+
+    from resin import Constraint, Engine, SamplingParams
+
+    constraint = Constraint.json_schema(LONG_STRING) if constrained else None
+    params = SamplingParams(max_output_tokens=args.output_tokens, temperature=0.0,
+                            ignore_stop_tokens=True, constraint=constraint)  # fmt: skip
+    engine = Engine(runner, grammar=backend, context_length=args.prompt + args.output_tokens + 64,
+                    max_sequences=batch, max_batch_tokens=16384, prefill_chunk_tokens=8192,
+                    enable_metrics=False, overlap=overlap)  # fmt: skip
+    rng = np.random.default_rng(batch)
+    requests = [
+        engine.submit(rng.integers(0, backend.vocab_size, args.prompt).tolist(), params)
+        for _ in range(batch)
+    ]
+    t0 = None
+    tokens = steps = 0
+    while engine.has_work():
+        events = engine.step()
+        if t0 is not None:
+            tokens += sum(len(getattr(e, "token_ids", ())) for e in events)
+            steps += 1
+        elif all(r.output_token_ids for r in requests):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+    wall = time.perf_counter() - (t0 or time.perf_counter())
+    lengths = {len(r.take_result()) for r in requests}
+    assert lengths == {args.output_tokens}, f"requests finished early: {lengths}"
+    engine.close()
+    return {"tok_s": tokens / wall, "ms_per_step": wall / max(steps, 1) * 1e3, "steps": steps}
+
+
+def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Plain vs json_schema decoding through the Engine on a real `CudaRunner` (module doc)."""
+    from resin import GrammarBackend
+    from resin_models_cuda import CudaRunner, RunnerOptions, preset, random_runner
+
+    options = RunnerOptions(max_batch=batch, max_context=args.prompt + args.output_tokens + 64)
+    model = random_runner(preset(args.cuda_preset), options).model
+    backend = GrammarBackend.from_tokenizer(tokenizer)
+    fill, advance = _Timed(backend, "fill_masks"), _Timed(backend, "consume_one")
+    cases = (("plain", False, None), ("plain_sync", False, False), ("json_schema", True, None))
+    rows: list[dict[str, Any]] = []
+    for rnd in range(args.rounds + 1):  # round 0 warms up (Triton compiles, graph capture)
+        for name, constrained, overlap in cases:
+            fill.samples.clear()
+            advance.samples.clear()
+            runner = CudaRunner(model, options)  # same weights, a fresh arena
+            r = _decode(runner, backend, batch, args, constrained, overlap)
+            if constrained:  # the last output_tokens calls are the decode steps' fills
+                r["fill_ms"] = _median_ms(fill.samples[-r["steps"] :])
+                r["advance_ms"] = _median_ms(advance.samples[-r["steps"] :])
+            if rnd:
+                rows.append({"engine": "resin-cuda", "case": name, "batch": batch,
+                             "round": rnd, "preset": args.cuda_preset, **r})  # fmt: skip
+    summary: dict[str, Any] = {
+        "engine": "resin-cuda", "case": "summary", "batch": batch, "preset": args.cuda_preset,
+        "rounds": args.rounds, "prompt": args.prompt, "output_tokens": args.output_tokens,
+    }  # fmt: skip
+    for name, _, _ in cases:
+        mine = [r for r in rows if r["case"] == name]
+        summary[f"{name}_tok_s"] = statistics.median(r["tok_s"] for r in mine)
+        summary[f"{name}_ms"] = statistics.median(r["ms_per_step"] for r in mine)
+    constrained_rows = [r for r in rows if r["case"] == "json_schema"]
+    summary["fill_ms"] = statistics.median(r["fill_ms"] for r in constrained_rows)
+    summary["advance_ms"] = statistics.median(r["advance_ms"] for r in constrained_rows)
+    summary["ratio"] = summary["json_schema_tok_s"] / summary["plain_tok_s"]
+    summary["ratio_vs_sync"] = summary["json_schema_tok_s"] / summary["plain_sync_tok_s"]
+    summary["fill_share"] = summary["fill_ms"] / summary["json_schema_ms"]
+    return [*rows, summary]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--output", type=Path, default=None, help="JSONL file to append to")
     parser.add_argument("--engine", action="store_true", help="also time Engine.step()")
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0])
+    parser.add_argument("--cuda-preset", default=None, help="a real CudaRunner of this shape")
+    parser.add_argument("--rounds", type=int, default=5, help="--cuda-preset: timed rounds")
+    parser.add_argument("--prompt", type=int, default=256, help="--cuda-preset: prompt tokens")
+    parser.add_argument("--output-tokens", type=int, default=256, help="--cuda-preset: per request")
     parser.add_argument(
         "--tokenizer-dir", type=Path, default=None, help="default: the default model's folder"
     )
@@ -246,6 +360,18 @@ def main() -> int:
                     f"{'':<11} {b:>6} {device_ms:>10.2f} {r['plain_step_ms']:>10.3f}"
                     f" {r['inline_extra_ms']:>11.3f} {r['overlap_extra_ms']:>12.3f}"
                 )
+    if args.cuda_preset:
+        print("cuda engine  batch  plain tok/s  plain-sync tok/s  json tok/s  ratio  fill ms"
+              "  advance ms  json ms/step")  # fmt: skip
+        for b in args.batch:
+            summary = bench_cuda(tokenizer, b, args)
+            rows += summary
+            r = summary[-1]
+            print(
+                f"{'':<11} {b:>6} {r['plain_tok_s']:>12.0f} {r['plain_sync_tok_s']:>17.0f}"
+                f" {r['json_schema_tok_s']:>11.0f} {r['ratio']:>6.3f} {r['fill_ms']:>8.3f}"
+                f" {r['advance_ms']:>11.3f} {r['json_schema_ms']:>13.3f}"
+            )
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with args.output.open("a", encoding="utf-8") as f:
