@@ -270,7 +270,8 @@ def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dic
     from resin import GrammarBackend
     from resin_models_cuda import CudaRunner, RunnerOptions, preset, random_runner
 
-    options = RunnerOptions(max_batch=batch, max_context=args.prompt + args.output_tokens + 64)
+    context = args.prompt + args.output_tokens + 64
+    options = RunnerOptions(max_batch=batch, max_context=context, cache_bytes=16 << 30)
     model = random_runner(preset(args.cuda_preset), options).model
     backend = GrammarBackend.from_tokenizer(tokenizer)
     fill, advance = _Timed(backend, "fill_masks"), _Timed(backend, "consume_one")
