@@ -34,6 +34,7 @@ Prints a table and writes JSONL.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -107,6 +108,19 @@ def bench_llguidance(tokenizer_json: str, tokens: list[int], batch: int) -> dict
             assert (mask[:, token >> 5] >> (token & 31) & 1).all(), "document token masked out"
         assert all(m.is_accepting() for m in matchers)
         out[f"{mode}_ms"] = _median_ms(steps)
+        consume: list[float] = []  # advancing alone: a loop vs llguidance's pool
+        walker = first.deep_copy()
+        for token in tokens:
+            copies = [walker.deep_copy() for _ in range(batch)]
+            t = time.perf_counter()
+            if mode == "parallel":
+                executor.consume_token_par([(m, token) for m in copies])
+            else:
+                for m in copies:
+                    m.consume_token(token)
+            consume.append(time.perf_counter() - t)
+            walker.consume_token(token)
+        out[f"{mode}_consume_ms"] = _median_ms(consume)
         out[f"{mode}_p90_ms"] = 1000.0 * float(np.percentile(steps, 90))
     return out
 
@@ -214,25 +228,77 @@ LONG_STRING = {
 
 
 class _Timed:
-    """Wall time of each call of one method of an object (the grammar backend's work)."""
+    """Wall time of each call of one method of an object; with `events`, CUDA events recorded
+    before and after each call too (where the device reaches that point of the stream)."""
 
-    def __init__(self, obj: Any, name: str) -> None:
+    def __init__(self, obj: Any, name: str, events: bool = False) -> None:
         self.samples: list[float] = []
+        self.events: list[tuple[Any, Any]] = []
         inner = getattr(obj, name)
 
         def timed(*args: Any) -> Any:
+            import torch
+
+            pair = None
+            if events:
+                pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                pair[0].record()
             t = time.perf_counter()
             try:
                 return inner(*args)
             finally:
                 self.samples.append(time.perf_counter() - t)
+                if pair is not None:
+                    pair[1].record()
+                    self.events.append(pair)
 
         setattr(obj, name, timed)
 
+    def clear(self) -> None:
+        self.samples.clear()
+        self.events.clear()
+
+
+class _Probe:
+    """Where a decode step's time goes: host time in the engine's constraint hooks, the
+    runner's submit / collect / sampling, the grammar backend's fill and advance; device time
+    of each submitted step, of its sampling, and the idle gap between steps."""
+
+    def __init__(self, engine: Any, runner: Any, backend: Any) -> None:
+        self.timers = {
+            "submit": _Timed(runner, "submit", events=True),
+            "pick": _Timed(runner._sampler, "pick", events=True),
+            "collect": _Timed(runner, "collect"),
+            "attach": _Timed(engine._constraints, "attach"),
+            "advance_all": _Timed(engine._constraints, "advance"),
+            "fill": _Timed(backend, "fill_masks"),
+            "advance": _Timed(backend, "consume_one"),
+        }
+
+    def start(self) -> None:
+        for timer in self.timers.values():
+            timer.clear()
+
+    def summary(self) -> dict[str, float]:
+        import torch
+
+        torch.cuda.synchronize()
+        out = {f"{k}_ms": _median_ms(t.samples) for k, t in self.timers.items() if t.samples}
+        steps = self.timers["submit"].events
+        picks = self.timers["pick"].events
+        if steps:
+            out["gpu_step_ms"] = statistics.median(a.elapsed_time(b) for a, b in steps)
+            gaps = [p[1].elapsed_time(n[0]) for p, n in itertools.pairwise(steps)]
+            out["gpu_idle_ms"] = statistics.median(max(g, 0.0) for g in gaps) if gaps else 0.0
+        if picks:
+            out["gpu_sample_ms"] = statistics.median(a.elapsed_time(b) for a, b in picks)
+        return out
+
 
 def _decode(runner: Any, backend: Any, batch: int, args: argparse.Namespace,
-            constrained: bool, overlap: bool) -> dict[str, float]:  # fmt: skip
-    """One Engine run: decode tok/s and ms/step over the steps after every first token."""
+            constrained: bool, overlap: bool | None) -> dict[str, float]:  # fmt: skip
+    """One Engine run: decode tok/s and ms/step over the steps after every first token, and
+    where a step's time goes (`_Probe`)."""
     import torch
 
     from resin import Constraint, Engine, SamplingParams
@@ -243,6 +309,7 @@ def _decode(runner: Any, backend: Any, batch: int, args: argparse.Namespace,
     engine = Engine(runner, grammar=backend, context_length=args.prompt + args.output_tokens + 64,
                     max_sequences=batch, max_batch_tokens=16384, prefill_chunk_tokens=8192,
                     enable_metrics=False, overlap=overlap)  # fmt: skip
+    probe = _Probe(engine, runner, backend)
     rng = np.random.default_rng(batch)
     requests = [
         engine.submit(rng.integers(0, backend.vocab_size, args.prompt).tolist(), params)
@@ -257,12 +324,14 @@ def _decode(runner: Any, backend: Any, batch: int, args: argparse.Namespace,
             steps += 1
         elif all(r.output_token_ids for r in requests):
             torch.cuda.synchronize()
+            probe.start()
             t0 = time.perf_counter()
     wall = time.perf_counter() - (t0 or time.perf_counter())
     lengths = {len(r.take_result()) for r in requests}
     assert lengths == {args.output_tokens}, f"requests finished early: {lengths}"
     engine.close()
-    return {"tok_s": tokens / wall, "ms_per_step": wall / max(steps, 1) * 1e3, "steps": steps}
+    return {"tok_s": tokens / wall, "ms_per_step": wall / max(steps, 1) * 1e3, "steps": steps,
+            **probe.summary()}  # fmt: skip
 
 
 def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -274,18 +343,12 @@ def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dic
     options = RunnerOptions(max_batch=batch, max_context=context, cache_bytes=16 << 30)
     model = random_runner(preset(args.cuda_preset), options).model
     backend = GrammarBackend.from_tokenizer(tokenizer)
-    fill, advance = _Timed(backend, "fill_masks"), _Timed(backend, "consume_one")
     cases = (("plain", False, None), ("plain_sync", False, False), ("json_schema", True, None))
     rows: list[dict[str, Any]] = []
     for rnd in range(args.rounds + 1):  # round 0 warms up (Triton compiles, graph capture)
         for name, constrained, overlap in cases:
-            fill.samples.clear()
-            advance.samples.clear()
             runner = CudaRunner(model, options)  # same weights, a fresh arena
             r = _decode(runner, backend, batch, args, constrained, overlap)
-            if constrained:  # the last output_tokens calls are the decode steps' fills
-                r["fill_ms"] = _median_ms(fill.samples[-r["steps"] :])
-                r["advance_ms"] = _median_ms(advance.samples[-r["steps"] :])
             if rnd:
                 rows.append({"engine": "resin-cuda", "case": name, "batch": batch,
                              "round": rnd, "preset": args.cuda_preset, **r})  # fmt: skip
@@ -297,9 +360,11 @@ def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dic
         mine = [r for r in rows if r["case"] == name]
         summary[f"{name}_tok_s"] = statistics.median(r["tok_s"] for r in mine)
         summary[f"{name}_ms"] = statistics.median(r["ms_per_step"] for r in mine)
-    constrained_rows = [r for r in rows if r["case"] == "json_schema"]
-    summary["fill_ms"] = statistics.median(r["fill_ms"] for r in constrained_rows)
-    summary["advance_ms"] = statistics.median(r["advance_ms"] for r in constrained_rows)
+    for name in ("plain_sync", "json_schema"):
+        mine = [r for r in rows if r["case"] == name]
+        for key in sorted({k for r in mine for k in r if k.endswith("_ms") and k != "ms"}):
+            prefix = "" if name == "json_schema" else f"{name}_"
+            summary[prefix + key] = statistics.median(r[key] for r in mine if key in r)
     summary["ratio"] = summary["json_schema_tok_s"] / summary["plain_tok_s"]
     summary["ratio_vs_sync"] = summary["json_schema_tok_s"] / summary["plain_sync_tok_s"]
     summary["fill_share"] = summary["fill_ms"] / summary["json_schema_ms"]
