@@ -157,7 +157,7 @@ class ConstraintSet:
         self.settle()
         live = [r for r in requests if r.grammar is not None and not r.finished]
         if len(live) >= OVERLAP_MIN_ROWS and self.backend is not None:
-            # the common case, one new token each, in llguidance's pool (GIL released)
+            # the common case, one new token each, consumed in one pass
             one = [
                 (g, r.output_token_ids[-1])
                 for r in live
