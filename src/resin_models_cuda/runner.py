@@ -11,13 +11,15 @@ A step: copy-on-write page copies first; decode plans (one query token per row, 
 rows verifying k drafts) go into the persistent buffers with one pinned host-to-device copy
 and replay the graph of their padded shape, which computes logits and their argmax; other
 plans run eagerly through the varlen prefill kernels. Sampling runs on the device
-(`sampling.py`); the step's only sync is the wait for its token read-back, in `collect`.
+(`sampling.py`), for a plan whose mask is pending at the next `submit` or its `collect`;
+the step's only sync is the wait for its token read-back, in `collect`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -113,7 +115,7 @@ class CudaRunner:
         self._buckets: tuple[int, ...] = ()
         self._verify_buckets: tuple[int, ...] = ()
         self._queries: tuple[int, ...] = ()
-        self._inflight: deque[_InFlight] = deque()
+        self._inflight: deque[_InFlight | partial[_InFlight] | Exception] = deque()
         self._prev_tokens = torch.zeros(
             max(PREV_ROWS, self.options.max_batch), dtype=torch.int32, device=self.device
         )
@@ -166,6 +168,7 @@ class CudaRunner:
         """Enqueue `plan` on the device and return (at most two plans in flight)."""
         if self.kv is None or self._buffers is None:
             raise RuntimeError("submit() before bind()")
+        self._sample_deferred()
         if len(self._inflight) >= MAX_IN_FLIGHT:
             raise RuntimeError(f"{MAX_IN_FLIGHT} plans are in flight: collect() first")
         if int(plan.total_lens.max(initial=0)) > self._max_positions:
@@ -189,7 +192,11 @@ class CudaRunner:
         """The output of the oldest uncollected plan (waits for its tokens)."""
         if not self._inflight:
             raise RuntimeError("collect() without a submitted plan")
+        if isinstance(self._inflight[0], partial):
+            self._sample_deferred()
         step = self._inflight.popleft()
+        if not isinstance(step, _InFlight):  # its deferred sampling failed
+            raise step if isinstance(step, Exception) else RuntimeError("unsampled step")
         tokens = step.picked.wait()
         lps = step.picked.host_logprobs()
         if step.offsets is None:
@@ -204,7 +211,19 @@ class CudaRunner:
 
     # ----- internals -------------------------------------------------------------------------
 
-    def _launch(self, plan: BatchPlan) -> _InFlight:
+    def _sample_deferred(self) -> None:
+        """Sample the newest plan if its sampling waited for its mask (waits for it now)."""
+        pick = self._inflight[-1] if self._inflight else None
+        if not isinstance(pick, partial):
+            return
+        self._inflight.pop()
+        try:
+            self._inflight.append(pick())
+        except Exception as exc:  # reported by its collect; nothing may chain on it
+            self._prev_valid = 0
+            self._inflight.append(exc)
+
+    def _launch(self, plan: BatchPlan) -> _InFlight | partial[_InFlight]:
         assert self.kv is not None and self._buffers is not None
         media = self.media.gather(plan)  # refuses media without an encoder
         for group in plan.cache_groups:
@@ -250,6 +269,18 @@ class CudaRunner:
                 logits = self.model.logits(hidden[torch.from_numpy(last).to(self.device)])
         if self.options.keep_logits:
             self.last_logits = logits.clone()
+        if plan.sampling.mask_pending is not None:
+            return partial(self._pick, plan, rows, offsets, logits, argmax)
+        return self._pick(plan, rows, offsets, logits, argmax)
+
+    def _pick(
+        self,
+        plan: BatchPlan,
+        rows: np.ndarray,
+        offsets: np.ndarray | None,
+        logits: torch.Tensor,
+        argmax: torch.Tensor | None,
+    ) -> _InFlight:
         tokens, lps = self._sampler.pick(plan, rows, offsets, logits, argmax)
         self._keep_tokens(plan, rows, offsets, tokens, body_kept=tokens is argmax)
         host, event = self._readback.send(tokens)
