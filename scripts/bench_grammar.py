@@ -236,7 +236,7 @@ class _Timed:
         self.events: list[tuple[Any, Any]] = []
         inner = getattr(obj, name)
 
-        def timed(*args: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
             import torch
 
             pair = None
@@ -245,7 +245,7 @@ class _Timed:
                 pair[0].record()
             t = time.perf_counter()
             try:
-                return inner(*args)
+                return inner(*args, **kwargs)
             finally:
                 self.samples.append(time.perf_counter() - t)
                 if pair is not None:
