@@ -185,7 +185,7 @@ class ConstraintSet:
             return
         # Inline: the device runs the gated plan's forward meanwhile, and a worker thread
         # waited up to a GIL switch interval (5 ms) to return its fill to a busy main thread
-        # (3.4 ms per fill on the H200 host against 1.0 ms inline; docs/benchmarks.md).
+        # (3.4 ms per fill on the H200 host against 2.7 ms inline; docs/benchmarks.md).
         self._fill_gated(g)
 
     def _fill_gated(self, g: _Gated) -> None:
