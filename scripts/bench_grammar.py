@@ -21,14 +21,25 @@ host thread waits, as it does on a CUDA sync), which shows how much of the mask 
 engine hides behind the device when the runner lets it (`waits_for_masks`, "overlap") and
 how much it adds when it does not ("inline"). 7.3 ms is Resin's Llama-3.1-8B decode step at
 batch 64 on the H200 (docs/benchmarks.md).
+`--cuda-preset NAME` (a GPU; `resin_models_cuda.presets`, e.g. llama-8b) replaces the emulation
+by a real `CudaRunner` on random bf16 weights of that shape, through the Engine: per round, B
+requests decode `--output-tokens` greedy tokens unconstrained (overlapped steps, as served),
+unconstrained with `overlap=False`, and under a JSON schema whose one string field has a
+`minLength` no output reaches (so no row finishes early: every constrained step fills B masks,
+and every request ends by length after the same number of steps); decode tok/s from the step
+where every request has its first token; medians over `--rounds`, plus the mask fill and the
+grammar advance per constrained step (their share of the step).
 Prints a table and writes JSONL.
 
     PYTHONPATH=src python scripts/bench_grammar.py --output bench/grammar.jsonl
+    PYTHONPATH=src python scripts/bench_grammar.py --batch 64 --cuda-preset llama-8b \
+        --tokenizer-dir DIR --output docs/bench/gpu/grammar_cuda.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -102,6 +113,19 @@ def bench_llguidance(tokenizer_json: str, tokens: list[int], batch: int) -> dict
             assert (mask[:, token >> 5] >> (token & 31) & 1).all(), "document token masked out"
         assert all(m.is_accepting() for m in matchers)
         out[f"{mode}_ms"] = _median_ms(steps)
+        consume: list[float] = []  # advancing alone: a loop vs llguidance's pool
+        walker = first.deep_copy()
+        for token in tokens:
+            copies = [walker.deep_copy() for _ in range(batch)]
+            t = time.perf_counter()
+            if mode == "parallel":
+                executor.consume_token_par([(m, token) for m in copies])
+            else:
+                for m in copies:
+                    m.consume_token(token)
+            consume.append(time.perf_counter() - t)
+            walker.consume_token(token)
+        out[f"{mode}_consume_ms"] = _median_ms(consume)
         out[f"{mode}_p90_ms"] = 1000.0 * float(np.percentile(steps, 90))
     return out
 
@@ -282,6 +306,158 @@ def bench_engine(
     return out
 
 
+LONG_STRING = {
+    "type": "object",
+    "properties": {"notes": {"type": "string", "minLength": 100_000}},
+    "required": ["notes"],
+    "additionalProperties": False,
+}
+
+
+class _Timed:
+    """Wall time of each call of one method of an object; with `events`, CUDA events recorded
+    before and after each call too (where the device reaches that point of the stream)."""
+
+    def __init__(self, obj: Any, name: str, events: bool = False) -> None:
+        self.samples: list[float] = []
+        self.events: list[tuple[Any, Any]] = []
+        inner = getattr(obj, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            import torch
+
+            pair = None
+            if events:
+                pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                pair[0].record()
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.samples.append(time.perf_counter() - t)
+                if pair is not None:
+                    pair[1].record()
+                    self.events.append(pair)
+
+        setattr(obj, name, timed)
+
+    def clear(self) -> None:
+        self.samples.clear()
+        self.events.clear()
+
+
+class _Probe:
+    """Where a decode step's time goes: host time in the engine's constraint hooks, the
+    runner's submit / collect / sampling, the grammar backend's fill and advance; device time
+    of each submitted step, of its sampling, and the idle gap between steps."""
+
+    def __init__(self, engine: Any, runner: Any, backend: Any) -> None:
+        self.timers = {
+            "submit": _Timed(runner, "submit", events=True),
+            "pick": _Timed(runner._sampler, "pick", events=True),
+            "collect": _Timed(runner, "collect"),
+            "attach": _Timed(engine._constraints, "attach"),
+            "advance_all": _Timed(engine._constraints, "advance"),
+            "fill": _Timed(backend, "fill_masks"),
+            "advance": _Timed(backend, "consume_one"),
+        }
+
+    def start(self) -> None:
+        for timer in self.timers.values():
+            timer.clear()
+
+    def summary(self) -> dict[str, float]:
+        import torch
+
+        torch.cuda.synchronize()
+        out = {f"{k}_ms": _median_ms(t.samples) for k, t in self.timers.items() if t.samples}
+        steps = self.timers["submit"].events
+        picks = self.timers["pick"].events
+        if steps:
+            out["gpu_step_ms"] = statistics.median(a.elapsed_time(b) for a, b in steps)
+            gaps = [p[1].elapsed_time(n[0]) for p, n in itertools.pairwise(steps)]
+            out["gpu_idle_ms"] = statistics.median(max(g, 0.0) for g in gaps) if gaps else 0.0
+        if picks:
+            out["gpu_sample_ms"] = statistics.median(a.elapsed_time(b) for a, b in picks)
+        return out
+
+
+def _decode(runner: Any, backend: Any, batch: int, args: argparse.Namespace,
+            constrained: bool, overlap: bool | None) -> dict[str, float]:  # fmt: skip
+    """One Engine run: decode tok/s and ms/step over the steps after every first token, and
+    where a step's time goes (`_Probe`)."""
+    import torch
+
+    from resin import Constraint, Engine, SamplingParams
+
+    constraint = Constraint.json_schema(LONG_STRING) if constrained else None
+    params = SamplingParams(max_output_tokens=args.output_tokens, temperature=0.0,
+                            ignore_stop_tokens=True, constraint=constraint)  # fmt: skip
+    engine = Engine(runner, grammar=backend, context_length=args.prompt + args.output_tokens + 64,
+                    max_sequences=batch, max_batch_tokens=16384, prefill_chunk_tokens=8192,
+                    enable_metrics=False, overlap=overlap)  # fmt: skip
+    probe = _Probe(engine, runner, backend)
+    rng = np.random.default_rng(batch)
+    requests = [
+        engine.submit(rng.integers(0, backend.vocab_size, args.prompt).tolist(), params)
+        for _ in range(batch)
+    ]
+    t0 = None
+    tokens = steps = 0
+    while engine.has_work():
+        events = engine.step()
+        if t0 is not None:
+            tokens += sum(len(getattr(e, "token_ids", ())) for e in events)
+            steps += 1
+        elif all(r.output_token_ids for r in requests):
+            torch.cuda.synchronize()
+            probe.start()
+            t0 = time.perf_counter()
+    wall = time.perf_counter() - (t0 or time.perf_counter())
+    lengths = {len(r.take_result()) for r in requests}
+    assert lengths == {args.output_tokens}, f"requests finished early: {lengths}"
+    engine.close()
+    return {"tok_s": tokens / wall, "ms_per_step": wall / max(steps, 1) * 1e3, "steps": steps,
+            **probe.summary()}  # fmt: skip
+
+
+def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Plain vs json_schema decoding through the Engine on a real `CudaRunner` (module doc)."""
+    from resin import GrammarBackend
+    from resin_models_cuda import CudaRunner, RunnerOptions, preset, random_runner
+
+    context = args.prompt + args.output_tokens + 64
+    options = RunnerOptions(max_batch=batch, max_context=context, cache_bytes=16 << 30)
+    model = random_runner(preset(args.cuda_preset), options).model
+    backend = GrammarBackend.from_tokenizer(tokenizer)
+    cases = (("plain", False, None), ("plain_sync", False, False), ("json_schema", True, None))
+    rows: list[dict[str, Any]] = []
+    for rnd in range(args.rounds + 1):  # round 0 warms up (Triton compiles, graph capture)
+        for name, constrained, overlap in cases:
+            runner = CudaRunner(model, options)  # same weights, a fresh arena
+            r = _decode(runner, backend, batch, args, constrained, overlap)
+            if rnd:
+                rows.append({"engine": "resin-cuda", "case": name, "batch": batch,
+                             "round": rnd, "preset": args.cuda_preset, **r})  # fmt: skip
+    summary: dict[str, Any] = {
+        "engine": "resin-cuda", "case": "summary", "batch": batch, "preset": args.cuda_preset,
+        "rounds": args.rounds, "prompt": args.prompt, "output_tokens": args.output_tokens,
+    }  # fmt: skip
+    for name, _, _ in cases:
+        mine = [r for r in rows if r["case"] == name]
+        summary[f"{name}_tok_s"] = statistics.median(r["tok_s"] for r in mine)
+        summary[f"{name}_ms"] = statistics.median(r["ms_per_step"] for r in mine)
+    for name in ("plain_sync", "json_schema"):
+        mine = [r for r in rows if r["case"] == name]
+        for key in sorted({k for r in mine for k in r if k.endswith("_ms") and k != "ms"}):
+            prefix = "" if name == "json_schema" else f"{name}_"
+            summary[prefix + key] = statistics.median(r[key] for r in mine if key in r)
+    summary["ratio"] = summary["json_schema_tok_s"] / summary["plain_tok_s"]
+    summary["ratio_vs_sync"] = summary["json_schema_tok_s"] / summary["plain_sync_tok_s"]
+    summary["fill_share"] = summary["fill_ms"] / summary["json_schema_ms"]
+    return [*rows, summary]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
@@ -291,6 +467,10 @@ def main() -> int:
         "--auto-tools", action="store_true", help="the tool_choice auto constraint instead"
     )
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0])
+    parser.add_argument("--cuda-preset", default=None, help="a real CudaRunner of this shape")
+    parser.add_argument("--rounds", type=int, default=5, help="--cuda-preset: timed rounds")
+    parser.add_argument("--prompt", type=int, default=256, help="--cuda-preset: prompt tokens")
+    parser.add_argument("--output-tokens", type=int, default=256, help="--cuda-preset: per request")
     parser.add_argument(
         "--tokenizer-dir", type=Path, default=None, help="default: the default model's folder"
     )
@@ -347,6 +527,18 @@ def main() -> int:
                     f"{'':<11} {b:>6} {device_ms:>10.2f} {r['plain_step_ms']:>10.3f}"
                     f" {r['inline_extra_ms']:>11.3f} {r['overlap_extra_ms']:>12.3f}"
                 )
+    if args.cuda_preset:
+        print("cuda engine  batch  plain tok/s  plain-sync tok/s  json tok/s  ratio  fill ms"
+              "  advance ms  json ms/step")  # fmt: skip
+        for b in args.batch:
+            summary = bench_cuda(tokenizer, b, args)
+            rows += summary
+            r = summary[-1]
+            print(
+                f"{'':<11} {b:>6} {r['plain_tok_s']:>12.0f} {r['plain_sync_tok_s']:>17.0f}"
+                f" {r['json_schema_tok_s']:>11.0f} {r['ratio']:>6.3f} {r['fill_ms']:>8.3f}"
+                f" {r['advance_ms']:>11.3f} {r['json_schema_ms']:>13.3f}"
+            )
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with args.output.open("a", encoding="utf-8") as f:

@@ -258,6 +258,12 @@ def main() -> None:
         default=0.0,
         help="engine runs: idle seconds between the prefill and the timed decode",
     )
+    p.add_argument(
+        "--ab-fuse-append",
+        type=int,
+        default=0,
+        help="engine runs: N rounds alternating the KV append fused into rope and not",
+    )
     p.add_argument("--output", type=Path)
     args = p.parse_args()
     skip = set(args.skip.split(","))
@@ -293,14 +299,19 @@ def main() -> None:
                       "ratio": spec / plain})  # fmt: skip
         runner.close()
         del probe
+    settings: list[bool | None] = [True, False] * args.ab_fuse_append or [None]
     if "engine" not in skip:
-        for b in args.batch_sizes:
+        for b, fuse in itertools.product(args.batch_sizes, settings):
+            if fuse is not None:  # the next CudaRunner captures its graphs with this setting
+                for layer in runner.model.layers:
+                    layer.attn.fuse_append = fuse
             torch.cuda.empty_cache()
             fresh = CudaRunner(runner.model, options)  # same weights, a new arena
             r, plans, layout = engine_decode(
                 fresh, b, args.context, args.output_tokens, max_ctx, args.settle_s
             )
-            emit({"kind": "engine", "batch": b, "settle_s": args.settle_s, **r})
+            emit({"kind": "engine", "batch": b, "settle_s": args.settle_s, "fuse_append": fuse,
+                  **r})  # fmt: skip
             fresh.close()
             again = CudaRunner(runner.model, options)  # the same plans, the runner alone
             again.bind(layout)
@@ -309,7 +320,7 @@ def main() -> None:
             for overlap in (False, True):
                 rec = replay(again, plans, overlap)
                 kind = "runner_replay_overlap" if overlap else "runner_replay_sync"
-                emit({"kind": kind, "batch": b, **rec})
+                emit({"kind": kind, "batch": b, "fuse_append": fuse, **rec})
             again.close()
     if args.output:
         write_jsonl(args.output, records)

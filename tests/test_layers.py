@@ -33,6 +33,9 @@ SHARED_MODEL_DESCRIPTION = (
     "resin_models_torch.constraints",  # plain-torch mask + bias, applied by both runner families
     "resin_models_torch.verify",  # speculative acceptance rule (draft_layout + accept), both
     "resin_models_torch.routing",  # DeepSeek's expert routing rule, both
+    "resin_models_torch.checkpoint_names",  # checkpoint tensor names -> model names, both
+    "resin_models_torch.media_cache",  # image features by content hash, both
+    "resin_models_torch.gemma3_encoder",  # Gemma 3's SigLIP tower + projector (eager), both
 )
 """The one module both runner families may share (the typed model description)."""
 

@@ -11,13 +11,15 @@ A step: copy-on-write page copies first; decode plans (one query token per row, 
 rows verifying k drafts) go into the persistent buffers with one pinned host-to-device copy
 and replay the graph of their padded shape, which computes logits and their argmax; other
 plans run eagerly through the varlen prefill kernels. Sampling runs on the device
-(`sampling.py`); the step's only sync is the wait for its token read-back, in `collect`.
+(`sampling.py`), for a plan whose mask is pending at the next `submit` or its `collect`;
+the step's only sync is the wait for its token read-back, in `collect`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +51,7 @@ from resin_models_cuda.sampling import (
 from resin_models_cuda.step import DecodeInfo, StepTensors
 from resin_models_torch.config import ModelConfig
 from resin_models_torch.hf_config import load_config
+from resin_models_torch.media_cache import MediaFeatures
 
 __all__ = ["CudaRunner", "RunnerOptions", "load_runner", "random_runner"]
 
@@ -112,13 +115,14 @@ class CudaRunner:
         self._buckets: tuple[int, ...] = ()
         self._verify_buckets: tuple[int, ...] = ()
         self._queries: tuple[int, ...] = ()
-        self._inflight: deque[_InFlight] = deque()
+        self._inflight: deque[_InFlight | partial[_InFlight] | Exception] = deque()
         self._prev_tokens = torch.zeros(
             max(PREV_ROWS, self.options.max_batch), dtype=torch.int32, device=self.device
         )
         self._prev_valid = 0  # rows of the previous plan whose token is in _prev_tokens
         self._readback = ReadBack(max(PREV_ROWS, self.options.max_batch), self.device)
         self.last_logits: torch.Tensor | None = None
+        self.media = MediaFeatures(model)  # image features by content hash (vision models)
 
     # ----- Runner protocol -------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class CudaRunner:
         """Enqueue `plan` on the device and return (at most two plans in flight)."""
         if self.kv is None or self._buffers is None:
             raise RuntimeError("submit() before bind()")
+        self._sample_deferred()
         if len(self._inflight) >= MAX_IN_FLIGHT:
             raise RuntimeError(f"{MAX_IN_FLIGHT} plans are in flight: collect() first")
         if int(plan.total_lens.max(initial=0)) > self._max_positions:
@@ -187,7 +192,11 @@ class CudaRunner:
         """The output of the oldest uncollected plan (waits for its tokens)."""
         if not self._inflight:
             raise RuntimeError("collect() without a submitted plan")
+        if isinstance(self._inflight[0], partial):
+            self._sample_deferred()
         step = self._inflight.popleft()
+        if not isinstance(step, _InFlight):  # its deferred sampling failed
+            raise step if isinstance(step, Exception) else RuntimeError("unsampled step")
         tokens = step.picked.wait()
         lps = step.picked.host_logprobs()
         if step.offsets is None:
@@ -202,8 +211,21 @@ class CudaRunner:
 
     # ----- internals -------------------------------------------------------------------------
 
-    def _launch(self, plan: BatchPlan) -> _InFlight:
+    def _sample_deferred(self) -> None:
+        """Sample the newest plan if its sampling waited for its mask (waits for it now)."""
+        pick = self._inflight[-1] if self._inflight else None
+        if not isinstance(pick, partial):
+            return
+        self._inflight.pop()
+        try:
+            self._inflight.append(pick())
+        except Exception as exc:  # reported by its collect; nothing may chain on it
+            self._prev_valid = 0
+            self._inflight.append(exc)
+
+    def _launch(self, plan: BatchPlan) -> _InFlight | partial[_InFlight]:
         assert self.kv is not None and self._buffers is not None
+        media = self.media.gather(plan)  # refuses media without an encoder
         for group in plan.cache_groups:
             if group.copy_src.shape[0]:
                 src = torch.from_numpy(group.copy_src.astype(np.int64)).to(self.device)
@@ -214,7 +236,7 @@ class CudaRunner:
         query = int(qlens.max(initial=1))
         offsets: np.ndarray | None = None
         argmax: torch.Tensor | None = None
-        buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows
+        buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows and media is None
         if buffered and query <= self._max_query:
             shape = self._pick_graph(b, query) or (b, query)
             self._buffers.stage(plan, *shape)
@@ -233,7 +255,10 @@ class CudaRunner:
                 index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
                 logits, argmax = logits[index], argmax[index]
         else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
-            hidden = self.model.forward(self._eager_step(plan), self.kv)
+            step_tensors = prefill_step(
+                plan, self.options, self.config, self.dtype, self.device, media
+            )
+            hidden = self.model.forward(self._with_prev(plan, step_tensors), self.kv)
             if plan.draft_ids.size:  # every query token samples
                 rows = np.repeat(np.arange(b), qlens)
                 offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
@@ -244,6 +269,18 @@ class CudaRunner:
                 logits = self.model.logits(hidden[torch.from_numpy(last).to(self.device)])
         if self.options.keep_logits:
             self.last_logits = logits.clone()
+        if plan.sampling.mask_pending is not None:
+            return partial(self._pick, plan, rows, offsets, logits, argmax)
+        return self._pick(plan, rows, offsets, logits, argmax)
+
+    def _pick(
+        self,
+        plan: BatchPlan,
+        rows: np.ndarray,
+        offsets: np.ndarray | None,
+        logits: torch.Tensor,
+        argmax: torch.Tensor | None,
+    ) -> _InFlight:
         tokens, lps = self._sampler.pick(plan, rows, offsets, logits, argmax)
         self._keep_tokens(plan, rows, offsets, tokens, body_kept=tokens is argmax)
         host, event = self._readback.send(tokens)
@@ -300,8 +337,8 @@ class CudaRunner:
             self._prev_tokens[:rows].copy_(argmax)
         return logits, argmax
 
-    def _eager_step(self, plan: BatchPlan) -> StepTensors:
-        step = prefill_step(plan, self.options, self.config, self.dtype, self.device)
+    def _with_prev(self, plan: BatchPlan, step: StepTensors) -> StepTensors:
+        """`step` with each row's first input resolved from `prev_token_rows`."""
         prev = plan.prev_token_rows
         if prev.size and int(prev.max()) >= 0:
             rows = torch.from_numpy(np.repeat(prev, plan.query_lens)).to(self.device)
@@ -309,5 +346,5 @@ class CudaRunner:
             first[plan.query_indptr[:-1]] = True
             rows = torch.where(torch.from_numpy(first).to(self.device), rows, -1)
             ids = self._resolve_prev(step.input_ids, rows)
-            step = StepTensors(ids, step.positions, step.groups, step.info)
+            step = replace(step, input_ids=ids)
         return step

@@ -10,8 +10,9 @@ from resin.protocols import History, RunnerConfig, Window
 from resin_models_cuda.kernels import prefill_blocks
 from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
-from resin_models_cuda.step import GroupTensors, PrefillInfo, StepTensors
+from resin_models_cuda.step import GroupTensors, MediaTensors, PrefillInfo, StepTensors
 from resin_models_torch.config import ModelConfig
+from resin_models_torch.media_cache import StepMedia
 
 
 def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig:
@@ -51,8 +52,10 @@ def prefill_step(
     config: ModelConfig,
     dtype: torch.dtype,
     device: torch.device,
+    media: StepMedia | None = None,
 ) -> StepTensors:
-    """Device tensors of a varlen step (prefill chunks, or decode rows run eagerly)."""
+    """Device tensors of a varlen step (prefill chunks, or decode rows run eagerly), with the
+    step's image features and each query token's bidirectional span end (`media`)."""
     block_m = options.prefill_block_m if device.type == "cuda" else 16
     if dtype == torch.float32:
         block_m = min(block_m, 64)  # float32 tiles need twice the shared memory
@@ -67,7 +70,22 @@ def prefill_step(
         GroupTensors(dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids), dev(g.page_start))
         for g in plan.cache_groups
     )
+    span_end = tensors = None
+    if media is not None:
+        index = torch.from_numpy(media.token_index).to(device)
+        tensors = MediaTensors(index, media.features.to(device))
+        if media.spans:
+            ends = np.full(plan.num_tokens, -1, dtype=np.int32)
+            for row, lo, hi in media.spans:  # the span's last sequence position
+                first = int(plan.query_indptr[row])
+                ends[first + lo : first + hi] = int(plan.cached_lens[row]) + hi - 1
+            span_end = dev(ends)
     info = PrefillInfo(
-        dev(plan.query_indptr), dev(plan.cached_lens), dev(block_row), dev(block_off), block_m
+        dev(plan.query_indptr),
+        dev(plan.cached_lens),
+        dev(block_row),
+        dev(block_off),
+        block_m,
+        span_end,
     )
-    return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info)
+    return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info, tensors)

@@ -4,7 +4,9 @@ Every cache group (History for full attention, Window for sliding layers) has it
 table and append slots; a layer reads the group it belongs to (`LayerSlot`). Decode steps carry
 `DecodeInfo` (`query` tokens per row: 1, or 1 + k for rows verifying k drafts; fixed shapes:
 CUDA-graph safe); other steps carry
-`PrefillInfo` (varlen query chunks over cached prefixes).
+`PrefillInfo` (varlen query chunks over cached prefixes; with images, each query token's
+bidirectional span end) and, when the step computes image tokens, their encoder features
+(`MediaTensors`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ class PrefillInfo:
     block_row: torch.Tensor
     block_off: torch.Tensor
     block_m: int
+    span_end: torch.Tensor | None = None  # int32 [T]: see kernels/prefill_attention.py
+
+
+@dataclass(frozen=True, slots=True)
+class MediaTensors:
+    """`features[i]` replaces the (scaled) embedding of flat query token `token_index[i]`."""
+
+    token_index: torch.Tensor
+    features: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +66,4 @@ class StepTensors:
     positions: torch.Tensor  # int32 [T]
     groups: tuple[GroupTensors, ...]
     info: DecodeInfo | PrefillInfo
+    media: MediaTensors | None = None

@@ -42,7 +42,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gemma3_text": Architecture(
         "resin_models_torch.gemma3:Gemma3ForCausalLM", "resin_models_cuda.models.gemma3:Gemma3"
     ),
-    "gemma3": Architecture("resin_models_torch.gemma3_vision:Gemma3ForConditionalGeneration"),
+    "gemma3": Architecture(
+        "resin_models_torch.gemma3_vision:Gemma3ForConditionalGeneration",
+        "resin_models_cuda.models.gemma3:Gemma3Vision",
+    ),
     "gpt_oss": Architecture(
         "resin_models_torch.gpt_oss:GptOssForCausalLM", "resin_models_cuda.models.gpt_oss:GptOss"
     ),

@@ -14,8 +14,8 @@ from resin_models_torch.batch import (
     LayerSlot,
     StepContext,
 )
+from resin_models_torch.checkpoint_names import default_names
 from resin_models_torch.config import ModelConfig
-from resin_models_torch.loader import default_names
 
 
 def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[LayerSlot, ...]]:

@@ -39,7 +39,10 @@ def constrain_logits(
             out.index_put_(index, values, accumulate=True)
     mask = params.bitmask()  # waits when the engine fills it while the model ran
     if mask is not None:
-        words = torch.from_numpy(np.ascontiguousarray(mask[rows])).to(dev)
+        words = torch.from_numpy(np.ascontiguousarray(mask[rows]))
+        if dev.type == "cuda":  # pinned: the upload queues behind the model, the host goes on
+            words = words.pin_memory()
+        words = words.to(dev, non_blocking=True)
         shifts = torch.arange(32, device=dev, dtype=torch.int32)
         allowed = ((words[:, :, None] >> shifts) & 1).view(n, -1).bool()
         if allowed.shape[1] < vocab:

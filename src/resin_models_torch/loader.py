@@ -16,34 +16,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from resin_models_torch.checkpoint_names import default_names
+
 NameMap = Callable[[str], str | None]
-
-
-# Multimodal checkpoints nest the text model; their parts map onto the reference model's
-# `model.*` (text), `vision_tower.*` / `visual.*` and `multi_modal_projector.*` attributes.
-_PREFIXES = (
-    ("model.language_model.", "model."),
-    ("language_model.model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-    ("model.vision_tower.vision_model.", "vision_tower."),
-    ("vision_tower.vision_model.", "vision_tower."),
-    ("model.vision_tower.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-    ("model.visual.", "visual."),
-)
-
-
-def default_names(name: str) -> str | None:
-    """Skip non-parameter buffers and unused heads; unnest multimodal layouts."""
-    if name.endswith(("rotary_emb.inv_freq", ".embed_scale")):
-        return None
-    for old, new in _PREFIXES:
-        if name.startswith(old):
-            name = new + name[len(old) :]
-            break
-    if name.startswith("vision_tower.head."):  # SigLIP's pooling head: Gemma 3 does not use it
-        return None
-    return name
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:

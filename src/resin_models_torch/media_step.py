@@ -1,11 +1,6 @@
-"""Images in the reference runner: encode each plan `MediaItem` once, hand the layers the
-features of this step's placeholder tokens, and widen the causal mask over bidirectional spans.
-
-Encoder outputs are cached by content hash while a span is being consumed: a chunked prefill
-that cuts an image in three encodes it once. An entry leaves when its span ends in a step (and
-no other row of that step still needs it), and the cache never holds more than `max_entries`
-(an aborted request cannot pin features forever; a later chunk would re-encode).
-"""
+"""Images in the reference runner: the step's encoder features (`media_cache.MediaFeatures`:
+each image encoded once, by content hash) go to the layers, and the causal mask widens over
+bidirectional spans."""
 
 from __future__ import annotations
 
@@ -15,15 +10,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from resin.plan import BatchPlan, MediaItem
+from resin.plan import BatchPlan
 from resin_models_torch.batch import AttentionBatch, MediaBatch, StateBatch, StepContext
-
-
-@runtime_checkable
-class MultimodalModel(Protocol):
-    def encode_media(self, item: MediaItem) -> torch.Tensor:
-        """[item.length, hidden] features (in the embedding dtype)."""
-        ...
+from resin_models_torch.media_cache import MediaFeatures
 
 
 @runtime_checkable
@@ -33,63 +22,27 @@ class MropeModel(Protocol):
         ...
 
 
-class MediaEncoderCache:
-    def __init__(self, model: object, max_entries: int = 64) -> None:
-        self.model = model if isinstance(model, MultimodalModel) else None
-        self.max_entries = max_entries
-        self.features: dict[str, torch.Tensor] = {}
-        self.encoded = 0  # encoder calls so far (tests read it)
-
+class MediaEncoderCache(MediaFeatures):
     def attach(self, plan: BatchPlan, ctx: StepContext) -> StepContext:
+        media = self.gather(plan)
         if not plan.media:
             return ctx
-        if self.model is None:
-            raise ValueError("this model has no vision encoder; the plan carries media")
-        index: list[np.ndarray] = []
-        rows: list[torch.Tensor] = []
-        spans: list[tuple[int, int, int]] = []
-        done: set[str] = set()
-        pending: set[str] = set()
-        for item in plan.media:
-            cached, total = int(plan.cached_lens[item.row]), int(plan.total_lens[item.row])
-            lo, hi = max(item.position, cached), min(item.end, total)
-            if hi <= lo:
-                continue
-            features = self._features(item)
-            first = int(plan.query_indptr[item.row]) + lo - cached
-            index.append(np.arange(first, first + hi - lo))
-            rows.append(features[lo - item.position : hi - item.position])
-            if item.bidirectional:
-                spans.append((item.row, lo - cached, hi - cached))
-            (done if item.end <= total else pending).add(item.content_hash)
-        for key in done - pending:
-            self.features.pop(key, None)
         device = ctx.positions.device
         rope = None
         if isinstance(self.model, MropeModel):
             rope = torch.from_numpy(self.model.rope_positions(plan)).to(device)
-        if not rows:
+        if media is None:
             empty = torch.zeros(0, dtype=torch.long, device=device)
             return replace(ctx, media=MediaBatch(empty, torch.zeros(0, device=device), rope))
-        token_index = torch.from_numpy(np.concatenate(index)).to(device)
-        batches = tuple(_widen(b, spans) for b in ctx.batches) if spans else ctx.batches
-        media = MediaBatch(token_index, torch.cat(rows), rope)
-        return replace(ctx, batches=batches, media=media)
-
-    def _features(self, item: MediaItem) -> torch.Tensor:
-        features = self.features.get(item.content_hash)
-        if features is None:
-            assert self.model is not None
-            features = self.model.encode_media(item)
-            self.encoded += 1
-            if len(self.features) >= self.max_entries:
-                self.features.pop(next(iter(self.features)))
-            self.features[item.content_hash] = features
-        return features
+        token_index = torch.from_numpy(media.token_index).to(device)
+        batches = ctx.batches
+        if media.spans:
+            batches = tuple(_widen(b, media.spans) for b in ctx.batches)
+        return replace(ctx, batches=batches, media=MediaBatch(token_index, media.features, rope))
 
 
 def _widen(
-    batch: AttentionBatch | StateBatch, spans: list[tuple[int, int, int]]
+    batch: AttentionBatch | StateBatch, spans: tuple[tuple[int, int, int], ...]
 ) -> AttentionBatch | StateBatch:
     """Let each span's query tokens see the span's later tokens of this step (k > q)."""
     if not isinstance(batch, AttentionBatch):

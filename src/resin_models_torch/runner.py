@@ -88,7 +88,10 @@ class TorchRunner:
         self.media = MediaEncoderCache(model)
         self._sampled = torch.zeros(0, dtype=torch.long)
         """Token each row of the last accepted plan sampled (-1: none), on the device."""
-        self._waiting: deque[ForwardOutput] = deque()
+        self._waiting: deque[ForwardOutput | Exception] = deque()
+        self._deferred: BatchPlan | None = None
+        """A submitted plan whose mask the engine fills later (it runs at the next submit or
+        collect, in order)."""
 
     @property
     def vocab_size(self) -> int:
@@ -153,15 +156,34 @@ class TorchRunner:
         self._arena, self._views = None, ()
 
     def submit(self, plan: BatchPlan) -> None:
-        """Run the step now; its output waits for `collect` (at most two wait)."""
+        """Run the step now (a plan whose mask is still pending: at the next submit or
+        collect, as the engine fills it only after the step before it is committed); its
+        output waits for `collect` (at most two wait)."""
+        self._run_deferred()
         if len(self._waiting) >= 2:
             raise RuntimeError("two plans are already waiting for collect()")
-        self._waiting.append(self.forward(plan))
+        if plan.sampling.mask_pending is not None:
+            self._deferred = plan
+        else:
+            self._waiting.append(self.forward(plan))
 
     def collect(self) -> ForwardOutput:
         if not self._waiting:
+            self._run_deferred()
+        if not self._waiting:
             raise RuntimeError("collect() without a submitted plan")
-        return self._waiting.popleft()
+        out = self._waiting.popleft()
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def _run_deferred(self) -> None:
+        plan, self._deferred = self._deferred, None
+        if plan is not None:
+            try:
+                self._waiting.append(self.forward(plan))
+            except Exception as exc:  # reported by its collect
+                self._waiting.append(exc)
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         if self._arena is None:

@@ -6,12 +6,17 @@
 - A verify step (rows with 1 + k query tokens) returns the accepted draft prefix + one token,
   the same tokens as plain decode steps: all drafts right, a wrong draft in the middle,
   rows with different k, seeded sampling.
+- A plan whose mask is still being filled (`mask_pending`) is sampled only at the next
+  `submit` or its `collect`, never before its mask is ready, with the tokens of a
+  synchronous run that had the mask up front.
 - Misuse gets a clear error.
 On CPU the kernels run in the Triton interpreter; on a GPU the same tests run compiled."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,23 +64,35 @@ def _decode_plan(
     return plan
 
 
-def _sync_run(runner: Any, sampling: list[Sampling], steps: int) -> list[list[int]]:
+Decorate = Callable[[BatchPlan], BatchPlan]
+
+
+def _sync_run(
+    runner: Any, sampling: list[Sampling], steps: int, decorate: Decorate = lambda p: p
+) -> list[list[int]]:
     planner = PagedPlanner(160, 4)
     seqs = _prefill(runner, planner, sampling)
     for _ in range(steps):
-        out = runner.forward(_decode_plan(planner, seqs, sampling, [0, 1, 2]))
+        out = runner.forward(decorate(_decode_plan(planner, seqs, sampling, [0, 1, 2])))
         for s, t in zip(seqs, out.token_ids.tolist(), strict=True):
             s.tokens.append(int(t))
     return [s.tokens for s in seqs]
 
 
-def _overlapped_run(runner: Any, sampling: list[Sampling], steps: int) -> list[list[int]]:
+def _overlapped_run(
+    runner: Any,
+    sampling: list[Sampling],
+    steps: int,
+    decorate: Decorate = lambda p: p,
+    landed: Callable[[], None] = lambda: None,
+) -> list[list[int]]:
     """Step n+1 is submitted before step n is collected; its inputs come from the device.
-    The rows change order every step (prev_token_rows maps them)."""
+    The rows change order every step (prev_token_rows maps them). `landed` runs after each
+    collect (where the engine advances grammars and opens the next plan's mask)."""
     planner = PagedPlanner(160, 4)
     seqs = _prefill(runner, planner, sampling)
     orders = [[0, 1, 2], [2, 0, 1]]
-    runner.submit(_decode_plan(planner, seqs, sampling, orders[0]))
+    runner.submit(decorate(_decode_plan(planner, seqs, sampling, orders[0])))
     for step in range(steps):
         order = orders[step % 2]
         if step + 1 < steps:
@@ -85,8 +102,10 @@ def _overlapped_run(runner: Any, sampling: list[Sampling], steps: int) -> list[l
             plan = _decode_plan(planner, seqs, sampling, nxt)
             prev = np.array([order.index(i) for i in nxt], dtype=np.int32)
             ids = np.full(len(seqs), -1, dtype=np.int32)
-            runner.submit(dataclasses.replace(plan, input_ids=ids, prev_token_rows=prev))
+            plan = dataclasses.replace(plan, input_ids=ids, prev_token_rows=prev)
+            runner.submit(decorate(plan))
         out = runner.collect()
+        landed()
         for row, i in enumerate(order):
             if step + 1 < steps:
                 seqs[i].tokens[-1] = int(out.token_ids[row])  # the placeholder
@@ -106,6 +125,49 @@ def test_overlapped_steps_give_the_synchronous_tokens(
     steps = 5 if device == "cuda" else 3
     want = _sync_run(runner, sampling, steps)
     assert _overlapped_run(runner, sampling, steps) == want
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_pending_masks_are_sampled_after_they_are_ready(device: str, seeded: bool) -> None:
+    runner = _runner(device, graphs=torch.cuda.is_available())
+    vocab = runner.runner_config.vocab_size
+    allowed = np.random.default_rng(3).choice(vocab, size=17, replace=False)
+    bits = np.zeros(-(-vocab // 32) * 32, dtype=np.uint8)
+    bits[allowed] = 1
+    row = np.packbits(bits, bitorder="little").view(np.int32)
+    sampling = [SEEDED if seeded else Sampling()] * len(PROMPTS)
+    steps = 5 if device == "cuda" else 3
+
+    def masked(plan: BatchPlan) -> BatchPlan:
+        mask = np.tile(row, (plan.num_sequences, 1))
+        return dataclasses.replace(
+            plan, sampling=dataclasses.replace(plan.sampling, token_bitmask=mask)
+        )
+
+    gates: list[threading.Event] = []
+
+    def gated(plan: BatchPlan) -> BatchPlan:
+        gate = threading.Event()
+        if not gates:
+            gate.set()  # the first plan's mask is filled before it is submitted
+        gates.append(gate)
+
+        def wait() -> None:
+            assert gate.is_set(), "a plan was sampled before its mask was ready"
+
+        plan = masked(plan)
+        return dataclasses.replace(
+            plan, sampling=dataclasses.replace(plan.sampling, mask_pending=wait)
+        )
+
+    def landed() -> None:  # step n landed: plan n+1's mask is complete now
+        for gate in gates:
+            gate.set()
+
+    want = _sync_run(runner, sampling, steps, masked)
+    assert all(t in set(allowed.tolist()) for s, p in zip(want, PROMPTS, strict=True)
+               for t in s[len(p) + 1 :])  # fmt: skip
+    assert _overlapped_run(runner, sampling, steps, gated, landed) == want
 
 
 def _verify(

@@ -152,3 +152,34 @@ def test_kv_append_writes_exact_slots(
     written = torch.zeros(pages * page, dtype=torch.bool, device=device)
     written[slots[1:]] = True
     assert torch.all(flat_k[~written] == 0) and torch.all(arena[:, 0] == 0)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_rope_with_fused_kv_append(device: str, norm: bool) -> None:
+    """`apply_rope(..., append=...)` writes what rope then `kv_append` would: the rotated k
+    and v at their slots (a padding slot writes nothing), q rotated in place as before."""
+    from resin_models_cuda.kernels import apply_rope, kv_append, rope_cache
+
+    tokens, hq, hk, dim, page, pages = 11, 6, 3, 32, 4, 8
+    cos, sin = rope_cache(RopeConfig(10000.0), dim, 64, device)
+    pos = torch.randint(0, 64, (tokens,), dtype=torch.int32).to(device)
+    slots = torch.randperm(pages * page)[:tokens].to(device)
+    slots[3] = -1
+    qkv = torch.randn((tokens, (hq + 2 * hk) * dim), device=device)
+    norms = (torch.randn(dim, device=device), torch.randn(dim, device=device)) if norm else None
+    results = []
+    for fused in (False, True):
+        x = qkv.clone()
+        q = x[:, : hq * dim].view(tokens, hq, dim)
+        k = x[:, hq * dim : (hq + hk) * dim].view(tokens, hk, dim)
+        v = x[:, (hq + hk) * dim :].view(tokens, hk, dim)
+        arena = torch.zeros((pages, 1, 2, page, hk, dim), device=device)
+        caches = (arena[:, 0, 0], arena[:, 0, 1])
+        append = (v, *caches, slots) if fused else None
+        apply_rope(q, k, pos, cos, sin, norms, append=append)
+        if not fused:
+            kv_append(k, v, *caches, slots)
+        results.append((x, arena))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=0, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=0, rtol=0)
+    assert torch.count_nonzero(results[1][1]) > 0

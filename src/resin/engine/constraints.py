@@ -14,6 +14,13 @@ worker thread (llguidance releases the GIL while it computes); the runner runs t
 waits (`SamplingArrays.bitmask()`) only when it samples. `advance` waits for that fill before it
 moves any grammar state, so a matcher is never read and written at once.
 
+Pipelined steps (`engine/pipeline.py`): a decode plan submitted while the step before it is
+still in flight reads grammar states that step has not advanced yet, so `attach(gated=True)`
+only reserves its mask; `open_gate` (after that step's commit and `advance`) fills it inline,
+`discard_gate` drops it when the plan never runs. The runner defers that plan's masked
+sampling until then (`waits_for_masks`). A state that stopped or failed meanwhile gets an
+all-allowed row: its request ended, so the row's token is dropped and never consumed.
+
 Zero overhead without constraints: the engine calls `attach` / `advance` only while `active`
 (a live request has a grammar or a bias), so plain traffic never enters this module.
 Retraction keeps a request's generated tokens (the recompute path re-prefills them), so its
@@ -27,6 +34,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,6 +50,16 @@ OVERLAP_MIN_ROWS = 4
 """Fewer constrained rows fill their masks inline (a thread hop costs more than the masks)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Gated:
+    """A plan's mask whose fill waits for the step before it to be advanced."""
+
+    states: list[GrammarState]
+    base: np.ndarray
+    rows: list[int]
+    done: Future[None]
+
+
 class ConstraintSet:
     """The engine's constrained requests and how their masks and biases enter plans."""
 
@@ -53,6 +71,7 @@ class ConstraintSet:
         self.overlap = overlap and backend is not None
         self._worker: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
+        self._gated: _Gated | None = None
         if backend is not None and vocab_size is not None and backend.vocab_size > vocab_size:
             raise ValueError(
                 f"the grammar tokenizer has {backend.vocab_size} tokens, "
@@ -95,8 +114,22 @@ class ConstraintSet:
             self.active -= 1
 
     # -- per step ----------------------------------------------------------------------------
-    def attach(self, plan: BatchPlan, requests: tuple[Request, ...]) -> BatchPlan:
-        """`plan` with the bitmask / bias arrays of its constrained rows filled in."""
+    @property
+    def drains(self) -> bool:
+        """Whether the overlap pipeline must drain before a step (constrained rows and a
+        runner that cannot wait for masks filled after submission)."""
+        return self.active > 0 and not self.overlap
+
+    @property
+    def hooked(self) -> bool:
+        """Whether a landed step needs `advance` + `open_gate`."""
+        return self.active > 0 or self._gated is not None
+
+    def attach(
+        self, plan: BatchPlan, requests: tuple[Request, ...], gated: bool = False
+    ) -> BatchPlan:
+        """`plan` with the bitmask / bias arrays of its constrained rows filled in (`gated`:
+        the mask is filled at `open_gate`)."""
         b = plan.num_sequences
         rows = [
             i
@@ -109,7 +142,11 @@ class ConstraintSet:
             base = np.full((b, self.mask_words), -1, dtype=np.int32)
             mask = base.view()  # the plan freezes this view; the filler writes `base`
             states = [g for i in rows if (g := requests[i].grammar) is not None]
-            if self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
+            if gated:
+                self.discard_gate()
+                self._gated = _Gated(states, base, rows, Future())
+                pending = self._gated.done.result
+            elif self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
                 if self._worker is None:
                     self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
                 self._pending = self._worker.submit(self._fill, states, base, rows)
@@ -135,9 +172,37 @@ class ConstraintSet:
 
     def _fill(self, states: Sequence[GrammarState], base: np.ndarray, rows: list[int]) -> None:
         assert self.backend is not None
+        if not rows:
+            return
         sub = np.zeros((len(rows), self.mask_words), dtype=np.int32)
         self.backend.fill_masks(states, sub)
         base[rows] = sub
+
+    def open_gate(self) -> None:
+        """Start the gated fill (the step before its plan is committed and advanced)."""
+        g, self._gated = self._gated, None
+        if g is None:
+            return
+        # Inline: the device runs the gated plan's forward meanwhile, and a worker thread
+        # waited up to a GIL switch interval (5 ms) to return its fill to a busy main thread
+        # (3.4 ms per fill on the H200 host against 2.7 ms inline; docs/benchmarks.md).
+        self._fill_gated(g)
+
+    def _fill_gated(self, g: _Gated) -> None:
+        """Fill a gated mask and report it through `g.done` (what the runner waits on)."""
+        try:
+            keep = [i for i, s in enumerate(g.states) if s.error is None and not s.stopped]
+            self._fill([g.states[i] for i in keep], g.base, [g.rows[i] for i in keep])
+        except Exception as exc:  # the runner that waits for this mask reports it
+            g.done.set_exception(exc)
+            return
+        g.done.set_result(None)
+
+    def discard_gate(self) -> None:
+        """The gated plan will not run (refused, or the runner died): nobody waits for it."""
+        g, self._gated = self._gated, None
+        if g is not None:
+            g.done.set_exception(RuntimeError("the plan's mask was discarded"))
 
     def settle(self) -> None:
         """Wait for a background mask fill (its errors already reached the runner)."""
@@ -147,6 +212,7 @@ class ConstraintSet:
                 pending.result()
 
     def close(self) -> None:
+        self.discard_gate()
         self.settle()
         if self._worker is not None:
             self._worker.shutdown(wait=True)
@@ -157,7 +223,7 @@ class ConstraintSet:
         self.settle()
         live = [r for r in requests if r.grammar is not None and not r.finished]
         if len(live) >= OVERLAP_MIN_ROWS and self.backend is not None:
-            # the common case, one new token each, in llguidance's pool (GIL released)
+            # the common case, one new token each, consumed in one pass
             one = [
                 (g, r.output_token_ids[-1])
                 for r in live

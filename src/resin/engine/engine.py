@@ -13,8 +13,8 @@ One step is one transaction: schedule -> reserve pages -> plan -> run -> validat
 A `RetryableRunnerError` rolls the reservation back (bounded retries per request); any other
 runner failure or an invalid output quarantines exactly that plan's requests; a
 `RunnerDeadError` ends every request with an error and the engine refuses new work.
-With an overlapping `AsyncRunner` (`overlap`), pure decode steps are pipelined: plan n+1 is
-submitted before step n is collected (`engine/pipeline.py`); events equal a synchronous run's.
+With an overlapping `AsyncRunner` (`overlap`), pure decode steps (constrained ones too) are
+pipelined: plan n+1 is submitted before step n is collected (`engine/pipeline.py`).
 One thread drives an Engine; other threads may only read `metrics` and call `cached_prefix`
 (a lock-free trie walk: a hint that may be a step stale, for routing between replicas).
 """
@@ -112,9 +112,8 @@ class Engine:
             vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
         )
-        self._pipe = make_pipeline(
-            overlap, runner, self._runner_config, self._txn, self._cache, self._slots, self._life
-        )
+        self._pipe = make_pipeline(overlap, runner, self._runner_config, self._txn, self._cache,
+                                   self._slots, self._life, self._constraints)  # fmt: skip
         self._spec = (
             None
             if speculation is None
@@ -304,8 +303,9 @@ class Engine:
         return plan, reservation, cohort
 
     def _overlapped(self, pipe: Pipeline, cohort: Cohort, events: list[Event]) -> None:
-        """Pipeline pure decode steps; drain before prefill, constrained rows or drafts."""
-        if cohort.phase is Phase.PREFILL or self._constraints.active or self._spec is not None:
+        """Pipeline pure decode steps; drain before prefill, drafts, or constrained rows
+        a runner cannot wait masks for."""
+        if cohort.phase is Phase.PREFILL or self._constraints.drains or self._spec is not None:
             if pipe.busy:
                 pipe.drain(events)
                 if cohort.phase is Phase.DECODE or self._life.dead is not None:

@@ -164,15 +164,12 @@ class GrammarBackend:
             mask[:, : self.mask_words] = target
 
     def consume_one(self, pairs: Sequence[tuple[GrammarState, int]]) -> None:
-        """Each state consumes its token, in llguidance's thread pool; a rejected token
-        leaves that state failed (`error`), as `GrammarState.sync` would."""
-        if not pairs:
-            return
-        if self._executor is None:
-            self._executor = self._llg.LLExecutor()
-        ok = self._executor.consume_token_par([(s.matcher, t) for s, t in pairs])
-        for (state, token), good in zip(pairs, ok, strict=True):
-            if good:
+        """Each state consumes its token; a rejected token leaves that state failed (`error`),
+        as `GrammarState.sync` would. One at a time: one token costs a matcher a few
+        microseconds, and llguidance's pool (`consume_token_par`) was slower at every batch
+        measured on the H200 host (docs/benchmarks.md, constrained decoding)."""
+        for state, token in pairs:
+            if state.matcher.consume_token(token):
                 state.consumed += 1
             else:
                 first = state.matcher.get_error().strip().splitlines()

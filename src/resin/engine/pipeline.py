@@ -19,6 +19,13 @@ quarantined, for a non-retryable error), as in a synchronous step. A failed or i
 collected step quarantines exactly its live requests; their rows in the step behind it are
 then dropped by the epoch rule (same requests), never committed. A dead runner ends everything.
 The commit itself is the `Transaction`'s (`docs/engine.md`, "Overlap").
+
+Constrained steps pipeline too when the runner `waits_for_masks`: plan n+1's mask is gated
+(`ConstraintSet.attach(gated=True)`) and filled only after step n landed, was committed and
+its grammars advanced (`open_gate`, on every landing, failed ones included); a refused plan
+or a dead runner discards the gate. A row whose request ended at step n (a grammar that
+stopped, a stop token, a quarantine) is dropped by the epoch rule, so its late token never
+reaches a grammar.
 """
 
 from __future__ import annotations
@@ -30,12 +37,13 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.cache.manager import CacheManager, PageReservation
+from resin.engine.constraints import ConstraintSet
 from resin.engine.request import Request
 from resin.engine.slots import SlotStore
 from resin.engine.transaction import OutcomeSink, Transaction
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
-from resin.events import Event
+from resin.events import Event, FinishedEvent, FinishReason
 from resin.plan import BatchPlan, ForwardOutput
 from resin.protocols import AsyncRunner, RunnerConfig, State
 
@@ -65,6 +73,7 @@ class Pipeline:
         slots: SlotStore,
         sink: OutcomeSink,
         vocab_size: int | None,
+        constraints: ConstraintSet | None = None,
     ) -> None:
         self._runner = runner
         self._txn = txn
@@ -72,6 +81,7 @@ class Pipeline:
         self._slots = slots
         self._sink = sink
         self._vocab_size = vocab_size
+        self._constraints = constraints
         self._flights: deque[Flight] = deque()
         self._row_of = np.full(slots.num_output.size, -1, dtype=np.int32)
         """Row of each slot in the newest flight (-1: not in it)."""
@@ -117,6 +127,9 @@ class Pipeline:
     ) -> None:
         """Submit a decode plan; on success it is in flight, else the failure is handled
         (after collecting the flight before it, so that step's tokens count first)."""
+        c = self._constraints
+        if c is not None and c.active:
+            plan = c.attach(plan, requests, gated=bool(self._flights))
         try:
             self._runner.submit(plan)
         except RunnerDeadError as exc:
@@ -125,6 +138,7 @@ class Pipeline:
             return
         except RetryableRunnerError as exc:
             self._cache.rollback(reservation)
+            self._discard()
             self.drain(events)
             live = _alive(requests)
             if live:
@@ -132,6 +146,7 @@ class Pipeline:
             return
         except Exception as exc:  # not retryable: its requests are quarantined
             self._cache.rollback(reservation)
+            self._discard()
             self.drain(events)
             live = _alive(requests)
             if live:
@@ -158,8 +173,19 @@ class Pipeline:
             self.land(events)
 
     def land(self, events: list[Event]) -> None:
-        """Collect the oldest flight, validate it and commit the rows still live."""
+        """Collect the oldest flight, validate it and commit the rows still live; then its
+        grammars advance and the next plan's mask may fill."""
         f = self._flights.popleft()
+        self._land(f, events)
+        c = self._constraints
+        if c is not None and c.hooked:
+            c.advance(f.requests, events, self._finish)
+            c.open_gate()
+
+    def _finish(self, request: Request, reason: FinishReason, error: str | None) -> FinishedEvent:
+        return self._sink.finish(request, reason, error, cacheable=reason is not FinishReason.ERROR)
+
+    def _land(self, f: Flight, events: list[Event]) -> None:
         slots = f.reservation.slots
         if not self._flights:
             self._row_of[slots] = -1
@@ -196,7 +222,12 @@ class Pipeline:
         if live:
             self._txn._quarantine(live, message, events)
 
+    def _discard(self) -> None:
+        if self._constraints is not None:
+            self._constraints.discard_gate()
+
     def _die(self, message: str, events: list[Event]) -> None:
+        self._discard()
         self._flights.clear()
         self._row_of.fill(-1)
         self._sink.die(message, events)
@@ -210,6 +241,7 @@ def make_pipeline(
     cache: CacheManager,
     slots: SlotStore,
     sink: OutcomeSink,
+    constraints: ConstraintSet | None = None,
 ) -> Pipeline | None:
     """The engine's pipeline: None when `overlap` is False, or None (auto) and the runner does
     not declare `RunnerConfig.overlap`; `overlap=True` with a runner that cannot raises."""
@@ -221,7 +253,7 @@ def make_pipeline(
     if not able:
         raise ValueError("overlap=True needs an AsyncRunner whose RunnerConfig.overlap is True")
     assert isinstance(runner, AsyncRunner)
-    return Pipeline(runner, txn, cache, slots, sink, config.vocab_size)
+    return Pipeline(runner, txn, cache, slots, sink, config.vocab_size, constraints)
 
 
 def _alive(requests: tuple[Request, ...]) -> tuple[Request, ...]:

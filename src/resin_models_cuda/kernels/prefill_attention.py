@@ -6,6 +6,12 @@ K/V must already be appended to the cache, so the kernel reads the cached prefix
 chunk the same way, from pages. Program `(block, head)` handles `BLOCK_M` query tokens of one
 row (the host maps blocks to rows with `prefill_blocks`) and walks KV tiles up to its last
 query position (causal) with an online softmax.
+
+With `span_end` (int32 per flat query token: the sequence position of the last token of the
+bidirectional span the token sits in, -1 outside spans) a query at position q sees keys up to
+max(q, span_end): an image's tokens attend to each other both ways (Gemma 3); a window still
+bounds keys from below (transformers: AND(window, OR(causal, same image))). A span must lie
+within its row's chunk (the engine never cuts one).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ def _prefill_kernel(
     block_row_ptr,  # int32 [NB]: row of each query block
     block_off_ptr,  # int32 [NB]: first query index of the block inside its row
     sinks_ptr,  # fp32 [Hq]: sink logits (read when HAS_SINKS)
+    span_end_ptr,  # int32 [T]: last visible key of each query inside a span (HAS_SPANS)
     stride_qt,
     stride_qh,
     stride_kp,
@@ -45,6 +52,7 @@ def _prefill_kernel(
     qk_scale,  # softmax scale * log2(e)
     window,  # 0 = full attention
     HAS_SINKS: tl.constexpr,
+    HAS_SPANS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
@@ -74,6 +82,11 @@ def _prefill_kernel(
         other=0.0,
     )
     kv_hi = cached + tl.minimum(q_off + BLOCK_M, q_len)
+    limit = q_pos  # last key each query sees
+    if HAS_SPANS:
+        span = tl.load(span_end_ptr + tok_q, mask=mmask, other=-1)
+        limit = tl.maximum(q_pos, span)
+        kv_hi = tl.minimum(tl.maximum(kv_hi, tl.max(span, 0) + 1), cached + q_len)
     kv_lo = page_start * PAGE
     if window > 0:
         kv_lo = tl.maximum(kv_lo, cached + q_off - window + 1)
@@ -89,7 +102,7 @@ def _prefill_kernel(
         tok = page.to(tl.int64) * stride_kp + (offs % PAGE) * stride_kt + kvh * stride_kh
         k = tl.load(k_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * qk_scale
-        keep = nmask[None, :] & (offs[None, :] <= q_pos[:, None])
+        keep = nmask[None, :] & (offs[None, :] <= limit[:, None])
         if window > 0:
             keep = keep & (offs[None, :] > q_pos[:, None] - window)
         qk = tl.where(keep, qk, float("-inf"))
@@ -147,13 +160,15 @@ def prefill_attention(
     scale: float,
     window: int = 0,
     sinks: torch.Tensor | None = None,
+    span_end: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     block_m: int = 64,
     block_n: int = 64,
 ) -> torch.Tensor:
     """Causal attention of flat query tokens `q` [T, Hq, D] over each row's paged KV.
 
-    `block_row` / `block_off` come from `prefill_blocks(query_indptr, block_m)` (same block_m).
+    `block_row` / `block_off` come from `prefill_blocks(query_indptr, block_m)` (same block_m);
+    `span_end` [T] int32 widens each query's causal limit to the end of its span (module doc).
     """
     check_cache(k_cache, "k_cache")
     assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
@@ -175,11 +190,15 @@ def prefill_attention(
         block_n = min(block_n, 32)
     if sinks is not None:
         assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
+    if span_end is not None:
+        assert span_end.shape == (q.shape[0],) and span_end.dtype == torch.int32
     _prefill_kernel[(num_blocks, num_q_heads)](
         q, k_cache, v_cache, out, query_indptr, cached_lens, page_indptr, page_ids, page_start,
         block_row, block_off, block_row if sinks is None else sinks,
+        block_row if span_end is None else span_end,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), scale * LOG2E, window, HAS_SINKS=sinks is not None,
+        HAS_SPANS=span_end is not None,
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
         BLOCK_M=block_m, BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

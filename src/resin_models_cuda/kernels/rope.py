@@ -3,7 +3,9 @@
 
 `rope_cache` builds float32 `cos`/`sin` tables `[max_positions, head_dim // 2]` once (any
 `RopeConfig` of the shared model config); `apply_rope` rotates the query and key
-heads of every token at its own position in one launch.
+heads of every token at its own position in one launch, and with `append` also writes the
+rotated K and the V of each token into its paged-cache slot (the KV append fused in: one
+launch fewer per layer; a negative slot, CUDA-graph padding, writes nothing).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.paged import check_cache, next_pow2
 from resin_models_torch.config import RopeConfig
 
 
@@ -34,7 +36,8 @@ def _norm_rope_heads(
     HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
 ):  # fmt: skip
     """Heads [NUM, 2 * HALF] of token t: optional per-head RMS norm (rounded to the storage
-    dtype, as the unfused norm does), then the half-split rotation, in place."""
+    dtype, as the unfused norm does), then the half-split rotation, in place; returns the two
+    rotated halves (as stored)."""
     dtype = ptr.dtype.element_ty
     j = tl.arange(0, HALF)
     h = tl.arange(0, PAD)[:, None]
@@ -52,8 +55,11 @@ def _norm_rope_heads(
         else:
             x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
             x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-    tl.store(p, (x1 * c - x2 * s).to(dtype), mask=m)
-    tl.store(p + HALF, (x2 * c + x1 * s).to(dtype), mask=m)
+    y1 = (x1 * c - x2 * s).to(dtype)
+    y2 = (x2 * c + x1 * s).to(dtype)
+    tl.store(p, y1, mask=m)
+    tl.store(p + HALF, y2, mask=m)
+    return y1, y2
 
 
 @triton.jit
@@ -65,10 +71,19 @@ def _rope_kernel(
     sin_ptr,  # fp32 [max_positions, D // 2] contiguous
     qw_ptr,  # [D]: q norm weight (read when HAS_NORM)
     kw_ptr,  # [D]: k norm weight (read when HAS_NORM)
+    v_ptr,  # [T, Hk, D], strides (stride_vt, stride_vh, 1) (HAS_APPEND)
+    k_cache_ptr,  # [pages, PAGE, Hk, D], strides (stride_cp, stride_ct, stride_ch, 1)
+    v_cache_ptr,  # same layout and strides as k_cache
+    slots_ptr,  # int32 or int64 [T]: cache slot of each token (< 0: none)
     stride_qt,
     stride_qh,
     stride_kt,
     stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cp,
+    stride_ct,
+    stride_ch,
     eps,
     NUM_Q: tl.constexpr,
     NUM_K: tl.constexpr,
@@ -77,6 +92,8 @@ def _rope_kernel(
     HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
+    HAS_APPEND: tl.constexpr,
+    PAGE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -85,8 +102,22 @@ def _rope_kernel(
     s = tl.load(sin_ptr + pos * HALF + j)[None, :]
     _norm_rope_heads(q_ptr, stride_qt, stride_qh, t, qw_ptr, c, s, eps, NUM_Q, Q_PAD, HALF,
                      HAS_NORM, UNIT_OFFSET)  # fmt: skip
-    _norm_rope_heads(k_ptr, stride_kt, stride_kh, t, kw_ptr, c, s, eps, NUM_K, K_PAD, HALF,
-                     HAS_NORM, UNIT_OFFSET)  # fmt: skip
+    k1, k2 = _norm_rope_heads(k_ptr, stride_kt, stride_kh, t, kw_ptr, c, s, eps, NUM_K, K_PAD,
+                              HALF, HAS_NORM, UNIT_OFFSET)  # fmt: skip
+    if HAS_APPEND:
+        slot = tl.load(slots_ptr + t).to(tl.int64)
+        if slot >= 0:
+            h = tl.arange(0, K_PAD)[:, None]
+            m = h < NUM_K
+            dst = (
+                (slot // PAGE) * stride_cp + (slot % PAGE) * stride_ct + h * stride_ch + j[None, :]
+            )
+            dt = k_cache_ptr.dtype.element_ty
+            tl.store(k_cache_ptr + dst, k1.to(dt), mask=m)
+            tl.store(k_cache_ptr + dst + HALF, k2.to(dt), mask=m)
+            src = v_ptr + t * stride_vt + h * stride_vh + j[None, :]
+            tl.store(v_cache_ptr + dst, tl.load(src, mask=m).to(dt), mask=m)
+            tl.store(v_cache_ptr + dst + HALF, tl.load(src + HALF, mask=m).to(dt), mask=m)
 
 
 def apply_rope(
@@ -98,10 +129,12 @@ def apply_rope(
     norms: tuple[torch.Tensor, torch.Tensor] | None = None,
     eps: float = 1e-6,
     unit_offset: bool = False,
+    append: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Rotate `q` [T, Hq, D] and `k` [T, Hk, D] in place at `positions` (int32 [T]); with
     `norms` = (q weight [D], k weight [D]), RMS-norm every head first (Qwen3 / Gemma q/k norm,
-    fused: one read and one write of q and k)."""
+    fused: one read and one write of q and k); with `append` = (v, k_cache, v_cache, slots),
+    also store the rotated k and v at `slots` of the paged caches (`kv_append`, fused)."""
     num_tokens, num_q, head_dim = q.shape
     assert k.shape[0] == num_tokens and k.shape[2] == head_dim
     assert q.stride(2) == 1 and k.stride(2) == 1
@@ -114,8 +147,20 @@ def apply_rope(
     if num_tokens == 0:
         return
     qw, kw = norms if norms is not None else (cos, cos)
+    if append is not None:
+        v, k_cache, v_cache, slots = append
+        check_cache(k_cache, "k_cache")
+        assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+        assert v.shape == k.shape and v.stride(2) == 1 and tuple(k_cache.shape[2:]) == k.shape[1:]
+        assert slots.dtype in (torch.int32, torch.int64) and slots.shape[0] >= num_tokens
+    else:
+        v, k_cache, v_cache, slots = k, k.unsqueeze(0), k.unsqueeze(0), positions  # unread
     _rope_kernel[(num_tokens,)](
-        q, k, positions, cos, sin, qw, kw, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q, k, positions, cos, sin, qw, kw, v, k_cache, v_cache, slots,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         eps, NUM_Q=num_q, NUM_K=k.shape[1], Q_PAD=next_pow2(num_q), K_PAD=next_pow2(k.shape[1]),
-        HALF=head_dim // 2, HAS_NORM=norms is not None, UNIT_OFFSET=unit_offset, num_warps=4,
+        HALF=head_dim // 2, HAS_NORM=norms is not None, UNIT_OFFSET=unit_offset,
+        HAS_APPEND=append is not None, PAGE=k_cache.shape[1] if append is not None else 1,
+        num_warps=4,
     )  # fmt: skip

@@ -1,6 +1,7 @@
 """Paged self-attention as a layer: fused qkv projection (optional bias), q/k RMS norm per
 head or over the whole width, rotary, KV append into this layer's cache group, paged decode or
-prefill attention (full, sliding window, attention sinks), output projection."""
+prefill attention (full, sliding window, attention sinks), output projection. The KV append
+runs inside the rotary kernel (`fuse_append`, one launch fewer per layer)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Attention:
             self.q_norm = RMSNorm(w, f"{prefix}q_norm.weight", qw, c.norm_eps, unit_offset_norms)
             self.k_norm = RMSNorm(w, f"{prefix}k_norm.weight", kw, c.norm_eps, unit_offset_norms)
         self.sinks = w.get(f"{prefix}sinks", (c.num_heads,)).float() if c.sinks else None
+        self.fuse_append = True  # KV append inside the rotary kernel (False: its own launch)
 
     def __call__(self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         t, d = x.shape[0], self.config.head_dim
@@ -61,17 +63,19 @@ class Attention:
         qs, ks = self.q_size, self.kv_size
         q, k = qkv[:, :qs], qkv[:, qs : qs + ks]
         v = qkv[:, qs + ks :].view(t, -1, d)
+        group = step.groups[self.slot.group]
+        k_cache, v_cache = kv[:, self.slot.index, 0], kv[:, self.slot.index, 1]
+        append = (v, k_cache, v_cache, group.slots) if self.fuse_append else None
         if self.q_norm is not None and self.k_norm is not None and self.config.qk_norm_per_head:
             q, k = q.view(t, -1, d), k.view(t, -1, d)
-            self.rotary(q, k, step.positions, (self.q_norm, self.k_norm))
+            self.rotary(q, k, step.positions, (self.q_norm, self.k_norm), append)
         else:
             if self.q_norm is not None and self.k_norm is not None:  # whole-width (OLMo 2)
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = q.view(t, -1, d), k.view(t, -1, d)
-            self.rotary(q, k, step.positions)
-        group = step.groups[self.slot.group]
-        k_cache, v_cache = kv[:, self.slot.index, 0], kv[:, self.slot.index, 1]
-        kv_append(k, v, k_cache, v_cache, group.slots)
+            self.rotary(q, k, step.positions, append=append)
+        if append is None:
+            kv_append(k, v, k_cache, v_cache, group.slots)
         info = step.info
         if isinstance(info, DecodeInfo):
             o = decode_attention(
@@ -104,6 +108,7 @@ class Attention:
                 scale=self.scale,
                 window=self.window,
                 sinks=self.sinks,
+                span_end=info.span_end,
                 block_m=info.block_m,
             )
         return F.linear(o.view(t, qs), self.o_proj, self.o_bias)

@@ -1,6 +1,6 @@
 """Rotary embedding as a layer: cos/sin tables of one `RopeConfig` (default, linear, Llama-3,
 YaRN), applied in place to q and k (half-split layout) in one launch, with the per-head q/k
-RMS norms fused in when the model has them."""
+RMS norms fused in when the model has them, and the KV append too when asked (`append`)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,15 @@ class Rotary:
         k: torch.Tensor,
         positions: torch.Tensor,
         norms: tuple[RMSNorm, RMSNorm] | None = None,
+        append: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        """Rotate in place; `norms` (per-head q and k norms) are fused into the same kernel."""
+        """Rotate in place; `norms` (per-head q and k norms) and `append` (v, k_cache, v_cache,
+        slots: store k and v in the paged cache) are fused into the same kernel."""
         if norms is None:
-            apply_rope(q, k, positions, self.cos, self.sin)
+            apply_rope(q, k, positions, self.cos, self.sin, append=append)
             return
         qn, kn = norms
+        weights = (qn.weight, kn.weight)
         apply_rope(
-            q, k, positions, self.cos, self.sin, (qn.weight, kn.weight), qn.eps, qn.unit_offset
+            q, k, positions, self.cos, self.sin, weights, qn.eps, qn.unit_offset, append=append
         )

@@ -18,6 +18,8 @@ from typing import Protocol
 
 import torch
 
+from resin_models_torch.checkpoint_names import default_names
+
 Init = str  # "normal" | "out" (writes into the residual stream) | "ones" | "zeros"
 
 
@@ -57,17 +59,21 @@ class StateDictWeights:
 
 
 class SafetensorsWeights:
-    """Tensors from the `*.safetensors` shards of a Hugging Face checkpoint folder."""
+    """Tensors from the `*.safetensors` shards of a Hugging Face checkpoint folder, under the
+    names the models ask for (`checkpoint_names.default_names`: a multimodal checkpoint's
+    `model.language_model.*` is `model.*`)."""
 
     def __init__(self, folder: str, device: torch.device | str, dtype: torch.dtype) -> None:
         from safetensors import safe_open
 
         self.device, self.dtype = torch.device(device), dtype
-        self._index: dict[str, str] = {}
+        self._index: dict[str, tuple[str, str]] = {}  # name -> (shard, checkpoint name)
         for shard in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
             with safe_open(shard, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                    self._index[name] = shard
+                for raw in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                    name = default_names(raw)
+                    if name is not None:
+                        self._index[name] = (shard, raw)
         if not self._index:
             raise FileNotFoundError(f"no *.safetensors in {folder}")
 
@@ -79,8 +85,9 @@ class SafetensorsWeights:
 
         if name not in self._index:
             raise KeyError(f"checkpoint has no tensor {name!r}")
-        with safe_open(self._index[name], framework="pt") as f:
-            tensor: torch.Tensor = f.get_tensor(name)
+        shard, raw = self._index[name]
+        with safe_open(shard, framework="pt") as f:
+            tensor: torch.Tensor = f.get_tensor(raw)
         return _checked(name, tensor, shape).to(device=self.device, dtype=self.dtype)
 
 

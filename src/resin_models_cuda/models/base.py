@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from resin_models_cuda.layers import RMSNorm, Rotary, WeightSource
-from resin_models_cuda.step import LayerSlot, StepTensors
+from resin_models_cuda.step import LayerSlot, MediaTensors, StepTensors
 from resin_models_torch.config import LayerKind, ModelConfig
 
 GROUP_KINDS: tuple[LayerKind, ...] = ("full", "sliding")  # the reference runner's group order
@@ -71,10 +71,15 @@ class FastModel:
     def rotary(self, layer: int) -> Rotary:
         return self._rotary[self.config.layer_types[layer]]
 
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(
+        self, input_ids: torch.Tensor, media: MediaTensors | None = None
+    ) -> torch.Tensor:
+        """Token embeddings (scaled), image features over their placeholders (`media`)."""
         x = F.embedding(input_ids.long(), self.embed)
         if self.config.embed_scale != 1.0:  # Gemma scales in the weight dtype, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        if media is not None:
+            x.index_copy_(0, media.token_index, media.features.to(x.dtype))
         return x
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:

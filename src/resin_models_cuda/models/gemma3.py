@@ -2,16 +2,22 @@
 layers (a Window and a History cache group, each with its own rope base), `(1 + w)` RMS norms,
 four norms per layer (the sublayer outputs are normed before they join the residual: each
 boundary is one fused "post-norm, add, pre-norm" kernel), per-head q/k norms, scores scaled by
-`query_pre_attn_scalar`, embeddings scaled by sqrt(hidden), GELU-tanh MLP."""
+`query_pre_attn_scalar`, embeddings scaled by sqrt(hidden), GELU-tanh MLP.
+
+`Gemma3Vision` ("gemma3" with a `vision_config`) adds the image encoder of the reference runner
+(`resin_models_torch.gemma3_encoder`, eager PyTorch): its features replace the placeholder
+embeddings after the scale, and the step's `span_end` lets an image's tokens see each other."""
 
 from __future__ import annotations
 
 import torch
 
+from resin.plan import MediaItem
 from resin_models_cuda.layers import Attention, GatedMLP, RMSNorm, WeightSource
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
 from resin_models_torch.config import ModelConfig
+from resin_models_torch.gemma3_encoder import Gemma3ImageEncoder
 
 
 class Gemma3Layer:
@@ -46,7 +52,7 @@ class Gemma3(FastModel):
         self.layers = [Gemma3Layer(self, i, w) for i in range(config.num_layers)]
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
-        residual = self.embed_tokens(step.input_ids)
+        residual = self.embed_tokens(step.input_ids, step.media)
         x = self.layers[0].input_norm(residual)
         for i, layer in enumerate(self.layers):
             x = layer.attn(x, step, kv)
@@ -55,3 +61,19 @@ class Gemma3(FastModel):
             nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             nxt.add_post_norm(x, residual, layer.post_ff_norm)
         return x
+
+
+class Gemma3Vision(Gemma3):
+    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
+        super().__init__(config, w, options)
+        if config.vision is None:
+            raise ValueError("gemma3 needs a vision_config")
+        with torch.device(w.device):
+            encoder = Gemma3ImageEncoder(config.vision, config.hidden_size).to(w.dtype)
+        weights = {n: w.get(n, tuple(p.shape)) for n, p in encoder.state_dict().items()}
+        encoder.load_state_dict(weights)
+        self.encoder = encoder.eval()
+
+    def encode_media(self, item: MediaItem) -> torch.Tensor:
+        """[item.length, hidden] features of one image (eager PyTorch)."""
+        return self.encoder.encode_media(item)
