@@ -176,3 +176,24 @@ def test_the_front_stops_when_the_last_replica_died() -> None:
         health = httpx.get(base + "/health")
         assert health.status_code == 503 and health.json()["status"] == "unavailable"
         assert_stops_listening(base)
+
+
+def test_tools_with_auto_choice_are_served_by_replicas(oai: openai.OpenAI) -> None:
+    """Auto tool calls carry a grammar: the front asks every replica whether it has one."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    answer = oai.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="auto",
+        max_tokens=24,
+        temperature=0,
+    )
+    calls = answer.choices[0].message.tool_calls or []
+    assert all(c.function.name == "get_weather" for c in calls)  # type: ignore[union-attr]

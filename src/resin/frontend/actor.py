@@ -97,6 +97,11 @@ class EngineActor(SlotsFront):
         self._thread.start()
 
     @property
+    def has_grammar(self) -> bool:
+        """Whether the engine can enforce constraints (it has a grammar backend)."""
+        return getattr(self.engine, "grammar", None) is not None
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 

@@ -71,6 +71,10 @@ class ReplicaSet(SlotsFront):
         return all(r.alive for r in self.replicas)
 
     @property
+    def has_grammar(self) -> bool:
+        return all(r.has_grammar for r in self.replicas)
+
+    @property
     def error(self) -> str | None:
         dead = [f"replica {i}: {r.error}" for i, r in enumerate(self.replicas) if r.error]
         return "; ".join(dead) or None
