@@ -11,7 +11,7 @@ Compile time (cold, per schema) is reported too. `--auto-tools` times the constr
 with tools and `tool_choice` auto carries (the recipe's lazily triggered tool-call grammar,
 built as the server builds it for the default model: free text, then a call wherever
 `<tool_call>` appears): B matchers follow a free-text sentence, one call and more text, through
-the engine's own fill and advance (`GrammarBackend.fill_masks` / `consume_one`), timed
+the engine's own fill and advance (`GrammarBackend.fill_masks` / `GrammarState.sync`), timed
 separately on the free-text and the call steps. `--engine` adds the whole engine step:
 B requests decoding under a JSON schema through `Engine.step()` with a runner that costs
 nothing (it answers each row's lowest allowed token), against the same B requests without a
@@ -210,11 +210,8 @@ def bench_auto_tools(tokenizer: Any, batch: int) -> dict[str, float]:
         seen.append(token)
         t = time.perf_counter()
         backend.fill_masks(states, mask)
-        if batch >= 4:  # as the engine advances them
-            backend.consume_one([(s, token) for s in states])
-        else:
-            for s in states:
-                s.sync(seen)
+        for s in states:  # as the engine advances them
+            s.sync(seen)
         steps.append(time.perf_counter() - t)
         assert (mask[:, token >> 5] >> (token & 31) & 1).all(), "scripted token masked out"
     assert all(s.error is None for s in states)
@@ -357,9 +354,8 @@ class _Probe:
             "pick": _Timed(runner._sampler, "pick", events=True),
             "collect": _Timed(runner, "collect"),
             "attach": _Timed(engine._constraints, "attach"),
-            "advance_all": _Timed(engine._constraints, "advance"),
             "fill": _Timed(backend, "fill_masks"),
-            "advance": _Timed(backend, "consume_one"),
+            "advance": _Timed(engine._constraints, "advance"),
         }
 
     def start(self) -> None:

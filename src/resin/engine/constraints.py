@@ -222,14 +222,9 @@ class ConstraintSet:
         """Feed each constrained request's state the tokens committed since the last call."""
         self.settle()
         live = [r for r in requests if r.grammar is not None and not r.finished]
-        if len(live) >= OVERLAP_MIN_ROWS and self.backend is not None:
-            # the common case, one new token each, consumed in one pass
-            one = [
-                (g, r.output_token_ids[-1])
-                for r in live
-                if (g := r.grammar) is not None and g.behind(r.output_token_ids) == 1
-            ]
-            self.backend.consume_one(one)
+        # One matcher after another: a token costs a matcher microseconds, and llguidance's
+        # pool (`consume_token_par`) was slower at every batch measured on the H200 host
+        # (docs/benchmarks.md, constrained decoding).
         for r in live:
             state = r.grammar
             assert state is not None

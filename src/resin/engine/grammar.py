@@ -77,10 +77,6 @@ class GrammarState:
             self.consumed += 1
         return True
 
-    def behind(self, tokens: Sequence[int]) -> int:
-        """How many of `tokens` are not consumed yet (negative: consumed ones are gone)."""
-        return len(tokens) - self.consumed if self.error is None else 0
-
     def rollback(self, k: int) -> None:
         """Take back the last `k` consumed tokens (rejected drafts, retracted output)."""
         if k < 0 or k > self.consumed:
@@ -162,18 +158,6 @@ class GrammarBackend:
         self._executor.unsafe_compute_mask_ptr(pairs, target.ctypes.data, nbytes, len(states))
         if target is not mask:
             mask[:, : self.mask_words] = target
-
-    def consume_one(self, pairs: Sequence[tuple[GrammarState, int]]) -> None:
-        """Each state consumes its token; a rejected token leaves that state failed (`error`),
-        as `GrammarState.sync` would. One at a time: one token costs a matcher a few
-        microseconds, and llguidance's pool (`consume_token_par`) was slower at every batch
-        measured on the H200 host (docs/benchmarks.md, constrained decoding)."""
-        for state, token in pairs:
-            if state.matcher.consume_token(token):
-                state.consumed += 1
-            else:
-                first = state.matcher.get_error().strip().splitlines()
-                state.error = f"token {token} violates the constraint: {first[0] if first else ''}"
 
     # -- compilation ------------------------------------------------------------------------
     def _compile(self, c: Constraint) -> llguidance.LLMatcher:
