@@ -45,11 +45,11 @@ def structural_tag_grammar(
     options = {**JSON_DEFAULTS, "lenient": True} if lenient else JSON_DEFAULTS
     bodies = _bodies(spec, options)
     if spec.get("at_start"):
-        rules = [f"s{i}: {_lit(b, specials)} {s} {_lit(e, specials)}" for i, (b, s, e) in bodies]
-        return _grammar("start: " + " | ".join(f"s{i}" for i, _ in bodies), rules)
+        one_of, rules = _structures(bodies, specials)
+        return _grammar("start: " + one_of, rules)
     triggers = [t for t in spec.get("triggers", []) if isinstance(t, str) and t]
     starts = []
-    for i, (begin, _, _) in bodies:
+    for i, (begin, _, _) in enumerate(bodies):
         trigger = next((t for t in triggers if begin.startswith(t)), None)
         if trigger is None:
             raise ValueError(f"structural_tag structures[{i}].begin starts with no trigger")
@@ -57,7 +57,7 @@ def structural_tag_grammar(
     if spec.get("anchored"):
         return _anchored(bodies, starts, specials)
     rules = [_TEXT]
-    for (i, (begin, body, end)), trigger in zip(bodies, starts, strict=True):
+    for i, ((begin, body, end), trigger) in enumerate(zip(bodies, starts, strict=True)):
         rest = f"{_lit(begin[len(trigger) :], specials)} {body} {_lit(end, specials)}"
         if trigger in specials:
             rules.append(f"t{i}: TEXT <[{specials[trigger]}]> {rest}")
@@ -68,7 +68,7 @@ def structural_tag_grammar(
         else:
             rules.append(f"t{i}_trig[lazy]: TEXT {_lit(trigger)}")
             rules.append(f"t{i}: t{i}_trig {rest}")
-    alternatives = [f"t{i}" for i, _ in bodies]
+    alternatives = [f"t{i}" for i in range(len(bodies))]
     others = set(specials.values()) - {specials[t] for t in starts if t in specials}
     others -= set(eos_token_ids)
     if others:
@@ -77,8 +77,8 @@ def structural_tag_grammar(
     return _grammar(f"start: ({' | '.join(alternatives)})* TEXT", rules)
 
 
-def _bodies(spec: dict[str, Any], options: Any) -> list[tuple[int, tuple[str, str, str]]]:
-    """(index, (begin, Lark of the body, end)) of each structure."""
+def _bodies(spec: dict[str, Any], options: Any) -> list[tuple[str, str, str]]:
+    """(begin, Lark of the body, end) of each structure."""
     structures = spec.get("structures")
     if not isinstance(structures, list) or not structures:
         raise ValueError("structural_tag needs a non-empty list of structures")
@@ -93,23 +93,29 @@ def _bodies(spec: dict[str, Any], options: Any) -> list[tuple[int, tuple[str, st
             body = _kwargs(schema, options)
         else:
             body = "%json " + json.dumps({"x-guidance": options, **schema})  # compact
-        out.append((i, (item["begin"], body, str(item.get("end", "")))))
+        out.append((item["begin"], body, str(item.get("end", ""))))
     return out
 
 
 def _anchored(
-    bodies: list[tuple[int, tuple[str, str, str]]], starts: list[str], specials: Mapping[str, int]
+    bodies: list[tuple[str, str, str]], starts: list[str], specials: Mapping[str, int]
 ) -> str:
     """One structure after optional whitespace, or free text that does not start with a
     trigger (llguidance's `&` / `~` on terminals)."""
     triggers = " | ".join(_lit(t) for t in dict.fromkeys(starts))
+    one_of, rules = _structures(bodies, specials)
+    rules = ["WS: /\\s+/", f"FREE: /(?s:.*)/ & ~(/\\s*/ ({triggers}) /(?s:.*)/)", *rules]
+    return _grammar(f"start: WS? ({one_of}) | FREE", rules)
+
+
+def _structures(
+    bodies: list[tuple[str, str, str]], specials: Mapping[str, int]
+) -> tuple[str, list[str]]:
+    """("s0 | s1 | ...", the rule of each structure): one structure, begin to end."""
     rules = [
-        "WS: /\\s+/",
-        f"FREE: /(?s:.*)/ & ~(/\\s*/ ({triggers}) /(?s:.*)/)",
-        *(f"s{i}: {_lit(b, specials)} {s} {_lit(e, specials)}" for i, (b, s, e) in bodies),
+        f"s{i}: {_lit(b, specials)} {s} {_lit(e, specials)}" for i, (b, s, e) in enumerate(bodies)
     ]
-    alternatives = " | ".join(f"s{i}" for i, _ in bodies)
-    return _grammar(f"start: WS? ({alternatives}) | FREE", rules)
+    return " | ".join(f"s{i}" for i in range(len(bodies))), rules
 
 
 def _grammar(start: str, rules: list[str]) -> str:
