@@ -39,21 +39,20 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class Loaded:
-    engine: Engine
-    """The first replica's engine (the only one without --data-parallel)."""
+    engines: tuple[Engine, ...]
+    """Every replica's engine (one without --data-parallel)."""
     recipe: Recipe
     tokenizer: Tokenizer
     name: str
     context_length: int
     defaults: GenerationDefaults = NO_DEFAULTS
-    replicas: tuple[Engine, ...] = ()
-    """Every replica's engine, `engine` first (empty: just `engine`)."""
     job: Any = None
     """The `LocalJob` of spawned tensor-parallel workers, if any."""
 
     @property
-    def engines(self) -> tuple[Engine, ...]:
-        return self.replicas or (self.engine,)
+    def engine(self) -> Engine:
+        """The first replica's engine (the only one without --data-parallel)."""
+        return self.engines[0]
 
     def close(self) -> None:
         """Close every engine, then reap the workers and leave the process group."""
@@ -124,7 +123,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
     name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
     defaults = resolve_defaults(options.generation_config, folder)
     name = name or DEFAULT_MODEL_NAME
-    return Loaded(engines[0], recipe, tokenizer, name, context, defaults, engines, job)
+    return Loaded(engines, recipe, tokenizer, name, context, defaults, job)
 
 
 def check_parallel(options: LoadOptions) -> None:
@@ -269,7 +268,7 @@ def load_fake(options: LoadOptions) -> Loaded:
         for _ in range(options.data_parallel)
     )
     recipe = recipe_for(tokenizer, options.recipe)
-    return Loaded(engines[0], recipe, tokenizer, "fake", context, replicas=engines)
+    return Loaded(engines, recipe, tokenizer, "fake", context)
 
 
 def _name_of(folder: str) -> str:
