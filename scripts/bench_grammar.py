@@ -425,12 +425,21 @@ def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dic
     context = args.prompt + args.output_tokens + 64
     options = RunnerOptions(max_batch=batch, max_context=context, cache_bytes=16 << 30)
     model = random_runner(preset(args.cuda_preset), options).model
-    backend = GrammarBackend.from_tokenizer(tokenizer)
-    cases = (("plain", False, None), ("plain_sync", False, False), ("json_schema", True, None))
+    # One json_schema case per --fill-threads value (0: llguidance's default pool), named
+    # json_schema for the first and json_schema_t<n> for the others.
+    threads = args.fill_threads
+    backends = {
+        t: GrammarBackend.from_tokenizer(tokenizer, fill_threads=t or None) for t in threads
+    }
+    json_cases = [("json_schema" if i == 0 else f"json_schema_t{t}", True, t)
+                  for i, t in enumerate(threads)]  # fmt: skip
+    cases = [("plain", False, None), ("plain_sync", False, False), *json_cases]
     rows: list[dict[str, Any]] = []
     for rnd in range(args.rounds + 1):  # round 0 warms up (Triton compiles, graph capture)
-        for name, constrained, overlap in cases:
+        for name, constrained, knob in cases:
             runner = CudaRunner(model, options)  # same weights, a fresh arena
+            backend = backends[knob if constrained else threads[0]]
+            overlap = None if constrained else knob
             r = _decode(runner, backend, batch, args, constrained, overlap)
             if rnd:
                 rows.append({"engine": "resin-cuda", "case": name, "batch": batch,
@@ -443,13 +452,16 @@ def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dic
         mine = [r for r in rows if r["case"] == name]
         summary[f"{name}_tok_s"] = statistics.median(r["tok_s"] for r in mine)
         summary[f"{name}_ms"] = statistics.median(r["ms_per_step"] for r in mine)
-    for name in ("plain_sync", "json_schema"):
+    for name, _, _ in cases[1:]:
         mine = [r for r in rows if r["case"] == name]
         for key in sorted({k for r in mine for k in r if k.endswith("_ms") and k != "ms"}):
             prefix = "" if name == "json_schema" else f"{name}_"
             summary[prefix + key] = statistics.median(r[key] for r in mine if key in r)
-    summary["ratio"] = summary["json_schema_tok_s"] / summary["plain_tok_s"]
-    summary["ratio_vs_sync"] = summary["json_schema_tok_s"] / summary["plain_sync_tok_s"]
+    summary["fill_threads"] = threads
+    for name, _, _ in json_cases:
+        suffix = "" if name == "json_schema" else f"_{name}"
+        summary[f"ratio{suffix}"] = summary[f"{name}_tok_s"] / summary["plain_tok_s"]
+        summary[f"ratio_vs_sync{suffix}"] = summary[f"{name}_tok_s"] / summary["plain_sync_tok_s"]
     summary["fill_share"] = summary["fill_ms"] / summary["json_schema_ms"]
     return [*rows, summary]
 
@@ -465,6 +477,9 @@ def main() -> int:
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0])
     parser.add_argument("--cuda-preset", default=None, help="a real CudaRunner of this shape")
     parser.add_argument("--rounds", type=int, default=5, help="--cuda-preset: timed rounds")
+    parser.add_argument("--fill-threads", type=int, nargs="+", default=[0],
+                        help="--cuda-preset: mask-fill threads, one json_schema case each "
+                        "(0: llguidance's default)")  # fmt: skip
     parser.add_argument("--prompt", type=int, default=256, help="--cuda-preset: prompt tokens")
     parser.add_argument("--output-tokens", type=int, default=256, help="--cuda-preset: per request")
     parser.add_argument(
@@ -535,6 +550,11 @@ def main() -> int:
                 f" {r['json_schema_tok_s']:>11.0f} {r['ratio']:>6.3f} {r['fill_ms']:>8.3f}"
                 f" {r['advance_ms']:>11.3f} {r['json_schema_ms']:>13.3f}"
             )
+            for t in args.fill_threads[1:]:
+                name = f"json_schema_t{t}"
+                print(f"{'':<11} {name:>40} {r[f'{name}_tok_s']:>11.0f} {r[f'ratio_{name}']:>6.3f}"
+                      f" {r[f'{name}_fill_ms']:>8.3f} {r[f'{name}_advance_ms']:>11.3f}"
+                      f" {r[f'{name}_ms']:>13.3f}")  # fmt: skip
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with args.output.open("a", encoding="utf-8") as f:

@@ -90,15 +90,27 @@ class GrammarState:
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
 
+FILL_THREADS: int | None = 1
+"""Threads for a batch's mask fill. One: on the H200 host (16 cores, CUDA and torch threads
+busy) 64 rows took 0.78 ms on one thread against 3.1 ms on llguidance's default pool of 12,
+and json_schema decode at batch 64 went from 0.87x to 0.96x of plain (docs/benchmarks.md)."""
+
+
 class GrammarBackend:
     """Compiles `Constraint`s for one tokenizer; the engine asks it for per-request states.
 
     `eos_token_ids` are the tokens a complete grammar allows (the recipe's stop tokens).
     The compile cache holds up to `cache_size` specs (LRU); a hit costs one matcher copy.
+    `fill_threads`: the threads that fill a batch's masks (`FILL_THREADS`; None = llguidance's
+    default pool, 80% of the cores).
     """
 
     def __init__(
-        self, tokenizer_json: str, eos_token_ids: Sequence[int], cache_size: int = 256
+        self,
+        tokenizer_json: str,
+        eos_token_ids: Sequence[int],
+        cache_size: int = 256,
+        fill_threads: int | None = FILL_THREADS,
     ) -> None:
         import llguidance
 
@@ -120,11 +132,17 @@ class GrammarBackend:
         self.mask_words = (self.vocab_size + 31) // 32
         self._cache: OrderedDict[Constraint, llguidance.LLMatcher] = OrderedDict()
         self._cache_size = cache_size
+        self.fill_threads = fill_threads
         self._executor: llguidance.LLExecutor | None = None
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: TokenizerSource, cache_size: int = 256) -> GrammarBackend:
-        return cls(tokenizer.to_json(), tokenizer.eos_token_ids, cache_size)
+    def from_tokenizer(
+        cls,
+        tokenizer: TokenizerSource,
+        cache_size: int = 256,
+        fill_threads: int | None = FILL_THREADS,
+    ) -> GrammarBackend:
+        return cls(tokenizer.to_json(), tokenizer.eos_token_ids, cache_size, fill_threads)
 
     def state(self, constraint: Constraint) -> GrammarState:
         """A fresh state for `constraint`; `ValueError` naming the problem when the grammar
@@ -143,8 +161,9 @@ class GrammarBackend:
         """Row i of `mask` gets states[i]'s bitmask (the first `mask_words` words of a row;
         words beyond the tokenizer's vocabulary stay as they are: 0 = disallowed).
 
-        One row is filled directly; several go through llguidance's thread pool, which also
-        releases the GIL (so a fill on a worker thread overlaps the runner's Python)."""
+        One row is filled directly; several go in one call to llguidance's executor, which
+        releases the GIL once for the whole batch (one matcher call per row would hand the GIL
+        over 64 times a step, and a busy server thread can hold it for milliseconds each time)."""
         if len(states) == 1:
             states[0].fill_mask(mask[0, : self.mask_words])
             return
@@ -152,7 +171,7 @@ class GrammarBackend:
         if mask.shape[1] != self.mask_words or not mask.flags.c_contiguous:
             target = np.zeros((len(states), self.mask_words), dtype=np.int32)
         if self._executor is None:
-            self._executor = self._llg.LLExecutor()
+            self._executor = self._llg.LLExecutor(self.fill_threads)
         pairs = [(s.matcher, i) for i, s in enumerate(states)]
         nbytes = self.mask_words * 4
         self._executor.unsafe_compute_mask_ptr(pairs, target.ctypes.data, nbytes, len(states))
