@@ -4,6 +4,7 @@ sandbox; load_recipe picks a native recipe only when it renders the template's w
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -33,10 +34,34 @@ def _expect(hf: Any, case: Case, **kwargs: Any) -> list[int] | type[Exception]:
 
 def _hf_case(recipe: JinjaRecipe, case: Case) -> Case:
     """What transformers must render to match the recipe: a template without a tool section
-    gets the tools as the generic system block (`resin.recipe.generic_tools`)."""
-    if not case.tools or recipe.native_tools:
+    gets the tools as the generic system block (`resin.recipe.generic_tools`), earlier calls as
+    `<tool_call>` text and results as user turns of `<tool_response>` blocks."""
+    if not recipe.generic_tools:
         return case
-    messages = [dict(m) for m in case.messages]
+    messages: list[dict[str, Any]] = []
+    for m in case.messages:
+        if m["role"] == "tool":
+            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if messages and messages[-1]["content"].endswith("</tool_response>"):
+                messages[-1]["content"] += "\n" + block
+            else:
+                messages.append({"role": "user", "content": block})
+        elif m.get("tool_calls"):
+            calls = [c["function"] for c in m["tool_calls"]]
+            bodies = [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
+            text = "\n".join(
+                f"<tool_call>\n{json.dumps(b, ensure_ascii=False)}\n</tool_call>" for b in bodies
+            )
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": (m["content"] + "\n" if m["content"] else "") + text,
+                }
+            )
+        else:
+            messages.append(dict(m))
+    if not case.tools:
+        return dataclasses.replace(case, messages=messages)
     block = tool_prompt(case.tools)
     if messages and messages[0]["role"] == "system":
         messages[0]["content"] = messages[0]["content"] + "\n\n" + block

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from resin.recipe.families import FAMILIES, detect_family
-from resin.recipe.generic_tools import with_tool_prompt
+from resin.recipe.generic_tools import tool_history_as_text, with_tool_prompt
 from resin.recipe.harmony_parser import HarmonyParser
 from resin.recipe.hf_messages import to_hf_messages, to_hf_tools
 from resin.recipe.prefill import check_prefill, continue_final
@@ -108,6 +108,8 @@ class JinjaRecipe:
             hf_tools = None
         else:
             hf_tools = to_hf_tools(tools)
+        if self.generic_tools:
+            messages = tool_history_as_text(messages)
 
         def render_text(ms: Sequence[Message], generation_prompt: bool) -> str:
             return self._render_text(ms, hf_tools, generation_prompt, enable_thinking)
