@@ -23,7 +23,7 @@ SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "gpt-oss-20b": (32, 2880, 2880, 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--tokens", default="1,8,64,256,4096")
+    p.add_argument("--tokens", help="token counts (default 1,8,64,256,4096; --gemv: 1)")
     p.add_argument("--output", type=Path)
     p.add_argument("--gemv", action="store_true", help="sweep the expert GEMV instead")
     args = p.parse_args()
@@ -33,7 +33,7 @@ def main() -> None:
     for name, (e, h, inner, k) in SHAPES.items():
         w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
         w_down = torch.randn(e, h, inner, device="cuda", dtype=torch.bfloat16) * 0.02
-        for t in [int(x) for x in args.tokens.split(",")]:
+        for t in [int(x) for x in (args.tokens or "1,8,64,256,4096").split(",")]:
             x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
             ids = torch.randint(0, e, (t * k,), device="cuda")
             act = torch.randn(t * k, inner, device="cuda", dtype=torch.bfloat16)
@@ -89,59 +89,89 @@ def main() -> None:
                 f.write(json.dumps(r) + "\n")
 
 
+GEMV_SHAPES = {  # experts (routed + shared), hidden, expert width, pairs per token, bias
+    "qwen3-30b-a3b": (128, 2048, 768, 8, False),
+    "gpt-oss-20b": (32, 2880, 2880, 4, True),
+    "deepseek-v2-lite": (66, 2048, 1408, 8, False),
+}
+DENSE_SHAPES = {  # (N, K) of batch-1 projections: qkv, o, and the dense MLP where there is one
+    "qwen3-30b-a3b": [(5120, 2048), (2048, 4096)],
+    "gpt-oss-20b": [(5120, 2880), (2880, 4096)],
+    "deepseek-v2-lite": [(3648, 2048), (2048, 2048)],
+    "llama-8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+}
+
+
 def tune_gemv(args: argparse.Namespace) -> None:
-    """Expert GEMV tiles (the small-batch path): time gate_up + down per configuration."""
-    from resin_models_cuda.kernels.moe_gemv import expert_gemv
+    """Expert GEMV tiles (the small-batch path): gate_up (+ activation) and down (+ combine),
+    each kernel on its own, every tile; then dense batch-1 projections through the down
+    kernel (one expert, weight 1) against cuBLAS. do_bench flushes the L2 between runs."""
+    from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up
 
     rows: list[dict[str, Any]] = []
-    for name, (e, h, inner, k) in SHAPES.items():
+    tiles = [
+        GemvTiles(bn, bk, warps, stages)
+        for bn, bk, warps, stages in itertools.product(
+            (4, 8, 16, 32), (128, 256, 512), (4, 8), (1, 3)
+        )
+        if bn * bk <= 8192
+    ]
+
+    def sweep(label: str, model: str, tokens: int, gb: float, fns: dict[GemvTiles, Any]) -> None:
+        best = None
+        for t, fn in fns.items():
+            try:
+                ms = do_bench(fn, warmup=5, rep=25)
+            except Exception as exc:  # a tile that does not compile or fit
+                print(model, label, t, "failed", type(exc).__name__)
+                continue
+            row = {"model": model, "tokens": tokens, "kernel": label, **t._asdict(),
+                   "us": ms * 1e3, "tb_s": gb / ms}  # fmt: skip
+            rows.append(row)
+            if best is None or ms * 1e3 < best["us"]:
+                best = row
+        default = [r for r in rows if r["kernel"] == label and r["model"] == model
+                   and r["tokens"] == tokens and "block_n" in r and GemvTiles(*[r[f] for f in GemvTiles._fields])
+                   == GemvTiles()]  # fmt: skip
+        print("best", json.dumps(best))
+        if default:
+            print("  default", json.dumps(default[0]))
+
+    for name, (e, h, inner, k, bias) in GEMV_SHAPES.items():
         w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
         w_down = torch.randn(e, h, inner, device="cuda", dtype=torch.bfloat16) * 0.02
-        for t in [int(x) for x in args.tokens.split(",")]:
+        b_up = torch.randn(e, 2 * inner, device="cuda", dtype=torch.bfloat16) if bias else None
+        b_dn = torch.randn(e, h, device="cuda", dtype=torch.bfloat16) if bias else None
+        act_kind = "swiglu_clamp" if bias else "silu"
+        for t in [int(x) for x in (args.tokens or "1").split(",")]:
             x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
-            ids = torch.randint(0, e, (t * k,), device="cuda", dtype=torch.int32)
+            ids = torch.randperm(e, device="cuda")[: t * k].to(torch.int32)
+            if ids.numel() < t * k:
+                ids = torch.randint(0, e, (t * k,), device="cuda", dtype=torch.int32)
             act = torch.randn(t * k, inner, device="cuda", dtype=torch.bfloat16)
             scale = torch.rand(t * k, device="cuda")
-            out_up = torch.empty(t * k, 2 * inner, device="cuda", dtype=torch.bfloat16)
-            out_dn = torch.zeros(t, h, device="cuda", dtype=torch.float32)
-            best: dict[str, Any] | None = None
-            for bn, bk, warps in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8)):
-                kw: dict[str, Any] = dict(block_n=bn, block_k=bk, num_warps=warps)
-                up = functools.partial(expert_gemv, x, w_up, ids, out=out_up, row_div=k, **kw)
-                down = functools.partial(
-                    expert_gemv,
-                    act,
-                    w_down,
-                    ids,
-                    out=out_dn,
-                    scale=scale,
-                    topk=k,
-                    **kw,
-                )
-                ms = do_bench(up, warmup=5, rep=30) + do_bench(down, warmup=5, rep=30)
-                gb = len(set(ids.tolist())) * 3 * h * inner * 2 / 1e9
-                row = {
-                    "model": name,
-                    "tokens": t,
-                    "kernel": "gemv",
-                    "block_n": bn,
-                    "block_k": bk,
-                    "warps": warps,
-                    "ms": ms,
-                    "tb_s": gb / ms,
-                }
-                rows.append(row)
-                if best is None or ms < best["ms"]:
-                    best = row
-            print(json.dumps(best))
-            current = [
-                r
-                for r in rows
-                if r["model"] == name
-                and r["tokens"] == t
-                and (r["block_n"], r["block_k"], r["warps"]) == (16, 256, 4)
-            ]
-            print("current", json.dumps(current[0]))
+            touched = len(set(ids.tolist()))
+            gb_up, gb_dn = touched * 2 * h * inner * 2 / 1e9, touched * h * inner * 2 / 1e9
+            up = {tl: functools.partial(expert_gate_up, x, w_up, ids, act=act_kind, bias=b_up,
+                                        row_div=k, tiles=tl) for tl in tiles}  # fmt: skip
+            down = {tl: functools.partial(expert_down, act, w_down, ids, scale, k, bias=b_dn,
+                                          tiles=tl) for tl in tiles}  # fmt: skip
+            sweep("gate_up", name, t, gb_up, up)
+            sweep("down", name, t, gb_dn, down)
+    one = torch.zeros(1, device="cuda", dtype=torch.int32)
+    ones = torch.ones(1, device="cuda")
+    for name, shapes in DENSE_SHAPES.items():
+        for n, kk in shapes:
+            w = torch.randn(1, n, kk, device="cuda", dtype=torch.bfloat16) * 0.02
+            x = torch.randn(1, kk, device="cuda", dtype=torch.bfloat16)
+            gb = n * kk * 2 / 1e9
+            label = f"dense_{n}x{kk}"
+            ms = do_bench(lambda w=w, x=x: torch.nn.functional.linear(x, w[0]), warmup=5, rep=25)
+            rows.append({"model": name, "tokens": 1, "kernel": label, "impl": "cublas",
+                         "us": ms * 1e3, "tb_s": gb / ms})  # fmt: skip
+            print("cublas", json.dumps(rows[-1]))
+            fns = {tl: functools.partial(expert_down, x, w, one, ones, 1, tiles=tl) for tl in tiles}
+            sweep(label, name, 1, gb, fns)
     if args.output:
         with args.output.open("a") as f:
             for r in rows:

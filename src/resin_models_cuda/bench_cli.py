@@ -77,7 +77,7 @@ def _trace(path: Path, fn) -> None:  # type: ignore[no-untyped-def]
     prof.export_chrome_trace(str(path))
     print(f"== {path.name}: top device kernels")
     print(
-        prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=28, max_name_column_width=70)
     )
 
 

@@ -34,9 +34,11 @@ def test_mla_decode_matches_torch(
     case = make_paged(lens, 1, LATENT + ROPE, 4, dtype, device)
     q = torch.randn((len(lens), heads, LATENT + ROPE)).to(dtype).to(device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    # The two query parts from separate strided views, the output into a head-major buffer.
+    out_heads = torch.empty((heads, len(lens), LATENT), dtype=dtype, device=device)
     out = mla_decode(
-        q, case.k_cache, case.page_indptr, case.page_ids, case.page_start, seq_lens,
-        latent=LATENT, scale=0.2, splits=splits,
+        q[..., :LATENT], q[..., LATENT:], case.k_cache, case.page_indptr, case.page_ids,
+        case.page_start, seq_lens, scale=0.2, splits=splits, out=out_heads.transpose(0, 1),
     )  # fmt: skip
     assert out.shape == (len(lens), heads, LATENT)
     for b, n in enumerate(lens):
@@ -123,8 +125,8 @@ def test_mla_decode_real_dims_gpu(dtype: torch.dtype, heads: int) -> None:
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     for splits in (1, 8, 32):
         out = mla_decode(
-            q, case.k_cache, case.page_indptr, case.page_ids, case.page_start, seq_lens,
-            latent=512, scale=192**-0.5, splits=splits,
+            q[..., :512], q[..., 512:], case.k_cache, case.page_indptr, case.page_ids,
+            case.page_start, seq_lens, scale=192**-0.5, splits=splits,
         )  # fmt: skip
         for b, n in enumerate(lens):
             if n:

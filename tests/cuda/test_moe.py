@@ -93,3 +93,65 @@ def test_align_pairs_blocks_hold_one_expert(
             assert torch.all(ids.cpu()[real.long()] == block_expert[b])
         seen += real.tolist()
     assert sorted(seen) == list(range(pairs))
+
+
+ROUTES = {
+    "qwen": dict(num_experts=12, top_k=3, norm_topk_prob=True),
+    "no_renorm": dict(num_experts=12, top_k=3, norm_topk_prob=False),
+    "sigmoid": dict(num_experts=12, top_k=2, norm_topk_prob=False, scoring="sigmoid"),
+    # DeepSeek V3: sigmoid, correction bias, 4 of 8 groups by their two best, renorm, scale.
+    "v3": dict(num_experts=32, top_k=4, norm_topk_prob=True, scoring="sigmoid",
+               num_groups=8, topk_groups=4, routed_scale=2.5, score_bias=True),
+    # DeepSeek V2: softmax, group-limited greedy over groups that are no power of two.
+    "v2_groups": dict(num_experts=30, top_k=3, norm_topk_prob=False, num_groups=5,
+                      topk_groups=2, routed_scale=16.0),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shared", [0, 2])
+@pytest.mark.parametrize("name", sorted(ROUTES))
+def test_router_kernel_is_the_routing_rule(device: str, name: str, shared: int) -> None:
+    """The router kernel chooses the experts and weights of `deepseek_route` (the shared
+    routing rule; with one group and no bias, plain top-k), shared experts appended."""
+    from resin_models_cuda.kernels.router import router_topk
+    from resin_models_torch.routing import deepseek_route
+
+    spec: dict = dict(ROUTES[name])
+    moe = MoeConfig(intermediate_size=8, sparse_layers=(True,), **spec)
+    torch.manual_seed(len(name) + shared)
+    logits = torch.randn(9, moe.num_experts).to(device)
+    bias = torch.randn(moe.num_experts).to(device) * 0.1 if moe.score_bias else None
+    weight, expert = router_topk(logits, moe, bias, shared)
+    ref_weight, ref_expert = deepseek_route(logits, bias, moe)
+    k = moe.top_k
+    assert torch.equal(expert[:, :k].long().cpu(), ref_expert.cpu())
+    torch.testing.assert_close(weight[:, :k], ref_weight, atol=1e-6, rtol=1e-5)
+    e = moe.num_experts
+    assert torch.equal(expert[:, k:].cpu(), torch.arange(e, e + shared).expand(9, shared).int())
+    assert torch.all(weight[:, k:] == 1.0)
+
+
+def test_shared_experts_fold_into_the_expert_stack(device: str) -> None:
+    """`with_shared`: a dense gated MLP twice the expert width runs as two always-on experts
+    (DeepSeek's shared experts), on both MoE paths."""
+    from resin_models_cuda.layers import ExpertWeights, MoE
+
+    torch.manual_seed(0)
+    e, h, inner, k = 6, 32, 8, 2
+    moe = MoeConfig(e, k, inner, True, (True,), shared_intermediate_size=2 * inner)
+
+    def r(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape) * 0.5).to(device)
+
+    routed = ExpertWeights(r(e, h), None, r(e, 2 * inner, h), None, r(e, h, inner), None)
+    shared_gate_up, shared_down = r(4 * inner, h), r(h, 2 * inner)
+    folded = routed.with_shared(shared_gate_up, shared_down)
+    assert folded.shared == 2 and folded.gate_up.shape[0] == e + 2
+    x = r(5, h)
+    weight, expert = MoE(moe, routed, "silu").route(x)
+    gate, up = F.linear(x, shared_gate_up).chunk(2, dim=-1)
+    dense = F.linear(F.silu(gate) * up, shared_down)
+    expect = _reference(moe, routed, x, weight, expert) + dense
+    for pairs in (10**6, 0):  # expert GEMV, grouped GEMM
+        layer = MoE(moe, folded, "silu", gemv_max_pairs=pairs)
+        torch.testing.assert_close(layer(x).float(), expect, atol=2e-3, rtol=2e-3)

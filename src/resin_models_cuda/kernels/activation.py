@@ -14,7 +14,24 @@ import triton
 import triton.language as tl
 
 Activation = Literal["silu", "gelu_tanh", "swiglu_clamp"]
-_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
+
+
+@triton.jit
+def gated(gate, up, alpha, limit, ACT: tl.constexpr, dtype: tl.constexpr):
+    """act(gate) * up of float32 values read from `dtype` storage (0 silu, 1 gelu_tanh,
+    2 swiglu_clamp), rounded as the unfused PyTorch code rounds; float32 result."""
+    if ACT == 2:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        return (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    if ACT == 1:  # 0.5 * (1 + tanh(z)) == sigmoid(2z)
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        act = gate * tl.sigmoid(2.0 * z)
+    else:
+        act = gate * tl.sigmoid(gate)
+    # Round the activation to the storage dtype first, as the unfused PyTorch code does.
+    return act.to(dtype).to(tl.float32) * up
 
 
 @triton.jit
@@ -35,18 +52,7 @@ def _gated_kernel(
     dtype = out_ptr.dtype.element_ty
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + INTER + cols, mask=mask, other=0.0).to(tl.float32)
-    if ACT == 2:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        out = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
-    else:
-        if ACT == 1:  # 0.5 * (1 + tanh(z)) == sigmoid(2z)
-            z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-            act = gate * tl.sigmoid(2.0 * z)
-        else:
-            act = gate * tl.sigmoid(gate)
-        # Round the activation to the storage dtype first, as the unfused PyTorch code does.
-        out = act.to(dtype).to(tl.float32) * up
+    out = gated(gate, up, alpha, limit, ACT, dtype)
     tl.store(out_ptr + row * stride_o + cols, out.to(dtype), mask=mask)
 
 
@@ -67,7 +73,7 @@ def gated_activation(
     if x.shape[0]:
         _gated_kernel[(x.shape[0], triton.cdiv(inter, block))](
             x, out, x.stride(0), out.stride(0), alpha, limit,
-            INTER=inter, BLOCK=block, ACT=_CODES[act], num_warps=4,
+            INTER=inter, BLOCK=block, ACT=ACTIVATION_CODES[act], num_warps=4,
         )  # fmt: skip
     return out
 

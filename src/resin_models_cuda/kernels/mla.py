@@ -4,8 +4,9 @@ the normed KV latent, C = kv_lora_rank, then the rotated shared rotary key, R = 
 
 - `latent_append`: store each token's latent at its append slot (slot -1: padding, skipped).
 - `mla_decode`: absorbed decode attention, one query token per row. The query arrives already
-  absorbed, `[q_nope @ W_uk ; q_rope]` per head (C + R), so a score is `q . entry` over the
-  whole vector and the output is `sum p * latent` (C); `W_uv` is applied after. Split-KV like
+  absorbed, `q_nope @ W_uk` (C) and `q_rope` (R) per head, read where they lie (no
+  concatenation), so a score is `[q_latent ; q_rope] . entry` over the whole vector and the
+  output is `sum p * latent` (C); `W_uv` is applied after. Split-KV like
   `decode_attention` (grid `(B, head blocks, S)`, fixed for a batch size: CUDA-graph safe),
   each program loads a latent tile once for a block of 16 heads; the same merge kernel
   combines the splits by their log-sum-exp.
@@ -61,7 +62,8 @@ def latent_append(x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> 
 
 @triton.jit
 def _mla_decode_partial_kernel(
-    q_ptr,  # [B, H, C + R], strides (stride_qb, stride_qh, 1): absorbed query
+    q_ptr,  # [B, H, C], strides (stride_qb, stride_qh, 1): the absorbed q_nope
+    qr_ptr,  # [B, H, R], strides (stride_rb, stride_rh, 1): the rotated q_rope
     cache_ptr,  # [pages, PAGE, 1, C + R], strides (stride_cp, stride_ct, ., 1)
     page_indptr_ptr,  # int32 [B+1]
     page_ids_ptr,  # int32 [P]
@@ -71,6 +73,8 @@ def _mla_decode_partial_kernel(
     lse_ptr,  # fp32 [B, H, S] contiguous: per-split log2-sum-exp (-inf when empty)
     stride_qb,
     stride_qh,
+    stride_rb,
+    stride_rh,
     stride_cp,
     stride_ct,
     qk_scale,  # softmax scale * log2(e)
@@ -97,7 +101,8 @@ def _mla_decode_partial_kernel(
     r = tl.arange(0, ROPE)
     q_row = q_ptr + b * stride_qb + heads[:, None] * stride_qh
     q_c = tl.load(q_row + c[None, :], mask=hmask[:, None], other=0.0)
-    q_r = tl.load(q_row + LATENT + r[None, :], mask=hmask[:, None], other=0.0)
+    qr_row = qr_ptr + b * stride_rb + heads[:, None] * stride_rh
+    q_r = tl.load(qr_row + r[None, :], mask=hmask[:, None], other=0.0)
     row_base = tl.load(page_indptr_ptr + b)
     page_start = tl.load(page_start_ptr + b)
     m_i = tl.full([HEADS], float("-inf"), tl.float32)
@@ -131,41 +136,49 @@ def _mla_decode_partial_kernel(
 
 
 def mla_decode(
-    q: torch.Tensor,
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
     cache: torch.Tensor,
     page_indptr: torch.Tensor,
     page_ids: torch.Tensor,
     page_start: torch.Tensor,
     seq_lens: torch.Tensor,
     *,
-    latent: int,
     scale: float,
     splits: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed MLA attention of one query per row over its paged latents; returns the latent
     output `[B, H, C]` (the query's own latent must already be appended).
 
-    `q` [B, H, C + R] (`[q_nope @ W_uk ; q_rope]`); `cache` [pages, page_size, 1, C + R];
-    `seq_lens[b]` counts the row's cached tokens including the query (0: padding, zeros out).
+    `q_latent` [B, H, C] (`q_nope @ W_uk`) and `q_rope` [B, H, R], any row and head strides;
+    `cache` [pages, page_size, 1, C + R]; `seq_lens[b]` counts the row's cached tokens
+    including the query (0: padding, zeros out). `out` may be any [B, H, C] view with
+    contiguous rows (e.g. a head-major buffer for the batched `W_uv` product after).
     """
     assert cache.dim() == 4 and cache.shape[2] == 1 and cache.stride(3) == 1
-    batch, num_heads, width = q.shape
-    rope = width - latent
-    assert q.stride(2) == 1 and width == cache.shape[3]
+    batch, num_heads, latent = q_latent.shape
+    rope = q_rope.shape[2]
+    assert q_rope.shape[:2] == (batch, num_heads) and q_latent.stride(2) == q_rope.stride(2) == 1
+    assert latent + rope == cache.shape[3]
     assert latent == next_pow2(latent) and rope == next_pow2(rope), "C and R: powers of two"
     for t in (page_indptr, page_ids, page_start, seq_lens):
         assert t.dtype == torch.int32, "page tables and lengths are int32"
-    block_n = 16 if q.element_size() == 4 else 32  # a [BLOCK_N, C] tile in shared memory
-    o_part = torch.empty((batch, num_heads, splits, latent), dtype=torch.float32, device=q.device)
-    lse = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
-    out = torch.empty((batch, num_heads, latent), dtype=q.dtype, device=q.device)
+    dtype, device = q_latent.dtype, q_latent.device
+    block_n = 16 if q_latent.element_size() == 4 else 32  # a [BLOCK_N, C] tile in shared memory
+    o_part = torch.empty((batch, num_heads, splits, latent), dtype=torch.float32, device=device)
+    lse = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=device)
+    if out is None:
+        out = torch.empty((batch, num_heads, latent), dtype=dtype, device=device)
+    assert out.shape == (batch, num_heads, latent) and out.stride(2) == 1
     grid = (batch, triton.cdiv(num_heads, HEAD_BLOCK), splits)
     _mla_decode_partial_kernel[grid](
-        q, cache, page_indptr, page_ids, page_start, seq_lens, o_part, lse,
-        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), scale * LOG2E,
+        q_latent, q_rope, cache, page_indptr, page_ids, page_start, seq_lens, o_part, lse,
+        q_latent.stride(0), q_latent.stride(1), q_rope.stride(0), q_rope.stride(1),
+        cache.stride(0), cache.stride(1), scale * LOG2E,
         NUM_HEADS=num_heads, HEADS=HEAD_BLOCK, LATENT=latent, ROPE=rope,
         PAGE=cache.shape[1], BLOCK_N=block_n, SPLITS=splits,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         num_warps=8, num_stages=2,
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_heads)](

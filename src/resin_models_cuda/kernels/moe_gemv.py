@@ -1,100 +1,189 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
-"""Expert GEMV for small-batch MoE: every (token, expert) pair multiplies its own expert's
-matrix (plus its bias), read straight from the stacked expert weights (no gather copy, no host
+"""Expert GEMV for small-batch MoE, two launches per layer: every (token, expert) pair reads
+its own expert's matrices straight from the stacked expert weights (no gather copy, no host
 sync, fixed grid: CUDA-graph safe).
 
-`out[p, n] = sum_k x[p // row_div, k] * w[expert[p], n, k]`, optionally scaled by `scale[p]` and
-accumulated into `out[row_out[p], n]` with an atomic add (the weighted combine of the top-k
-experts, fused). Each pair reads its expert's weights once; at decode batch sizes, where
-pairs rarely share an expert, that is the minimum traffic. Larger batches use the grouped GEMM
-(`moe_grouped.py`).
+- `expert_gate_up`: `act[p] = gated(W_gu[e_p] @ x[p // row_div] + b)`, the gate and up rows of
+  one output tile read by one program and the activation applied before the store (no
+  `[P, 2I]` intermediate, no activation launch).
+- `expert_down`: `out[t] = sum_j s[t, j] * (W_d[e_tj] @ act[t * k + j] + b)`, one program per
+  (token, output tile) looping over the token's k experts, accumulated in float32 and stored in
+  the output dtype (no zeroed float32 buffer, no atomics, no cast launch).
+
+At decode batch sizes pairs rarely share an expert, so each pair reading its expert once is
+the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). Programs keep a
+2-D float32 accumulator and reduce it once after the K loop (one cross-lane reduction per
+program instead of one per K tile).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
+
+
+class GemvTiles(NamedTuple):
+    """Launch shape of one expert-GEMV kernel (tuned by `scripts/tune_moe.py --gemv`)."""
+
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+DEFAULT_TILES = GemvTiles()
+
 
 @triton.jit
-def _expert_gemv_kernel(
+def _dot_rows(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
+                    other=0.0)  # fmt: skip
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _gate_up_kernel(
     x_ptr,  # [R, K], row stride stride_x, last dim contiguous
-    w_ptr,  # [E, N, K] contiguous
+    w_ptr,  # [E, 2I, K] contiguous: gate rows, then up rows
     expert_ptr,  # int32/int64 [P]: expert of each pair
-    scale_ptr,  # fp32 [P] (read when ACCUMULATE)
-    bias_ptr,  # [E, N] (read when HAS_BIAS)
-    out_ptr,  # ACCUMULATE: fp32 [T, N] (pair p adds into row p // TOPK); else [P, N]
+    bias_ptr,  # [E, 2I] (read when HAS_BIAS)
+    out_ptr,  # [P, I], row stride stride_o
     stride_x,
     stride_o,
-    N,
+    INTER,
     K,
+    alpha,
+    limit,
     ROW_DIV: tl.constexpr,  # x row of pair p: p // ROW_DIV
-    TOPK: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
+    ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     p = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
-    row = (p // ROW_DIV).to(tl.int64)
+    nmask = n < INTER
     e = tl.load(expert_ptr + p).to(tl.int64)
-    w_base = w_ptr + e * N * K
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        x = tl.load(x_ptr + row * stride_x + k, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(w_base + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
-                    other=0.0)  # fmt: skip
-        acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+    x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
+    w_gate = w_ptr + e * 2 * INTER * K
+    gate = _dot_rows(x_row, w_gate, n, nmask, K, BLOCK_N, BLOCK_K)
+    up = _dot_rows(x_row, w_gate + INTER * K, n, nmask, K, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
-    if ACCUMULATE:
-        s = tl.load(scale_ptr + p)
-        tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, acc * s, mask=nmask)
-    else:
-        tl.store(out_ptr + p * stride_o + n, acc.to(out_ptr.dtype.element_ty), mask=nmask)
+        gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
+        up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    # Round gate and up to the storage dtype first, as the unfused [P, 2I] store did.
+    out = gated(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), alpha, limit, ACT,
+                dtype)  # fmt: skip
+    tl.store(out_ptr + p.to(tl.int64) * stride_o + n, out.to(dtype), mask=nmask)
 
 
-def expert_gemv(
+@triton.jit
+def _down_kernel(
+    act_ptr,  # [T * TOPK, K], row stride stride_a: pair rows, token-major
+    w_ptr,  # [E, N, K] contiguous
+    expert_ptr,  # int32/int64 [T * TOPK]
+    scale_ptr,  # fp32 [T * TOPK]: routing weights
+    bias_ptr,  # [E, N] (read when HAS_BIAS)
+    out_ptr,  # [T, N], row stride stride_o
+    stride_a,
+    stride_o,
+    N,
+    K,
+    TOPK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    out = tl.zeros([BLOCK_N], tl.float32)
+    for j in range(TOPK):
+        p = t * TOPK + j
+        e = tl.load(expert_ptr + p).to(tl.int64)
+        y = _dot_rows(act_ptr + p * stride_a, w_ptr + e * N * K, n, nmask, K, BLOCK_N, BLOCK_K)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
+        out += tl.load(scale_ptr + p) * y
+    tl.store(out_ptr + t * stride_o + n, out.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+def expert_gate_up(
     x: torch.Tensor,
     w: torch.Tensor,
     experts: torch.Tensor,
     *,
-    out: torch.Tensor,
-    scale: torch.Tensor | None = None,
-    topk: int = 1,
+    act: Activation = "silu",
     bias: torch.Tensor | None = None,
     row_div: int = 1,
-    block_n: int = 16,
-    block_k: int = 256,
-    num_warps: int = 8,  # H200 sweep (scripts/tune_moe.py --gemv): 8 warps beat 4 by 5-25%
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    out: torch.Tensor | None = None,
+    tiles: GemvTiles = DEFAULT_TILES,
 ) -> torch.Tensor:
-    """Per-pair expert matrix-vector products (see the module docstring).
-
-    With `scale` (fp32 [P]), pair p adds `scale[p] * (W[e_p] @ x[p // row_div])` into the float32
-    `out[p // topk]`; without it, `out[p] = W[e_p] @ x[p // row_div]`.
-    """
+    """`x` [R, H], `w` [E, 2I, H], `experts` [P] -> activated `[P, I]` (pair p reads row
+    `p // row_div` of `x`)."""
     assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
+    _, two_inner, k = w.shape
+    assert x.shape[1] == k and two_inner % 2 == 0 and experts.dim() == 1
+    inner, pairs = two_inner // 2, experts.shape[0]
+    if bias is not None:
+        assert bias.shape == (w.shape[0], two_inner) and bias.is_contiguous()
+    if out is None:
+        out = torch.empty((pairs, inner), dtype=x.dtype, device=x.device)
+    assert out.shape == (pairs, inner) and out.stride(1) == 1
+    if pairs:
+        _gate_up_kernel[(pairs, triton.cdiv(inner, tiles.block_n))](
+            x, w, experts, w if bias is None else bias, out, x.stride(0), out.stride(0),
+            inner, k, alpha, limit, ROW_DIV=row_div, ACT=ACTIVATION_CODES[act],
+            HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )  # fmt: skip
+    return out
+
+
+def expert_down(
+    act: torch.Tensor,
+    w: torch.Tensor,
+    experts: torch.Tensor,
+    scale: torch.Tensor,
+    topk: int,
+    *,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    tiles: GemvTiles = DEFAULT_TILES,
+) -> torch.Tensor:
+    """`act` [T * topk, I] (token-major pairs), `w` [E, H, I], `scale` fp32 [T * topk] ->
+    `[T, H]` in `act`'s dtype: each token's weighted sum over its experts."""
+    assert act.dim() == 2 and act.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
     _, n, k = w.shape
-    assert x.shape[1] == k and experts.dim() == 1 and out.stride(1) == 1
     pairs = experts.shape[0]
+    assert act.shape == (pairs, k) and pairs % topk == 0
+    assert scale.dtype == torch.float32 and scale.shape == (pairs,) and scale.is_contiguous()
     if bias is not None:
         assert bias.shape == (w.shape[0], n) and bias.is_contiguous()
-    accumulate = scale is not None
-    if accumulate:
-        assert out.dtype == torch.float32 and out.shape[1] == n
-        assert scale is not None and scale.dtype == torch.float32 and scale.shape[0] == pairs
-    else:
-        assert out.shape == (pairs, n)
-    if pairs:
-        # Narrow N tiles: a decode step has few pairs, so parallelism must come from N.
-        _expert_gemv_kernel[(pairs, triton.cdiv(n, block_n))](
-            x, w, experts, scale if accumulate else out, w if bias is None else bias, out,
-            x.stride(0), out.stride(0), n, k, ROW_DIV=row_div, TOPK=topk, ACCUMULATE=accumulate,
-            HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+    tokens = pairs // topk
+    if out is None:
+        out = torch.empty((tokens, n), dtype=act.dtype, device=act.device)
+    assert out.shape == (tokens, n) and out.stride(1) == 1
+    if tokens:
+        _down_kernel[(tokens, triton.cdiv(n, tiles.block_n))](
+            act, w, experts, scale, w if bias is None else bias, out, act.stride(0),
+            out.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
+            BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages,
         )  # fmt: skip
     return out

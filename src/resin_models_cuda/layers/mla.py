@@ -1,8 +1,9 @@
 """DeepSeek multi-head latent attention as a layer, over the paged latent cache (one
 `[kv_lora_rank + rope_dim]` vector per token per layer, `kernels/mla.py`).
 
-- Projections: q (direct, or `q_a` -> norm -> `q_b`), `kv_a_proj_with_mqa` -> latent (normed)
-  and the shared rotary key; both rotated by the half-split rope kernel in place. Interleaved
+- Projections: q (direct, or `q_a` -> norm -> `q_b`) and `kv_a_proj_with_mqa` -> latent
+  (normed in place) and the shared rotary key, the two that read the layer input in one
+  matmul; both rotated by the half-split rope kernel in place. Interleaved
   checkpoints (V2, V3's `rope_interleave`) get their rotary rows de-interleaved once at load,
   which turns pair-wise rotation into the half-split one with every score unchanged.
 - Decode (graph-safe): absorbed. `q_nope` is multiplied into latent space by `W_uk` (from
@@ -63,7 +64,10 @@ class MlaAttention:
         if mla.rope_interleave:
             q = _deinterleave(q, mla.nope_dim, mla.rope_dim, self.qk)
             kv_a = _deinterleave(kv_a, mla.kv_lora_rank, mla.rope_dim, mla.latent_dim)
-        self.q, self.kv_a = q, kv_a
+        # Everything that reads the layer input in one matmul: [q (or q_a) ; kv_a].
+        first = q if self.q_a is None else self.q_a
+        self.q_size, self.in_proj = first.shape[0], torch.cat((first, kv_a))
+        self.q_b = None if self.q_a is None else q
         self.kv_a_norm = RMSNorm(
             w, f"{prefix}kv_a_layernorm.weight", mla.kv_lora_rank, LATENT_NORM_EPS
         )
@@ -74,39 +78,46 @@ class MlaAttention:
         self.kv_b = kv_b
         per_head = kv_b.view(heads, mla.nope_dim + mla.v_head_dim, mla.kv_lora_rank)
         self.w_uk = per_head[:, : mla.nope_dim].contiguous()  # [H, nope, C]
-        self.w_uv = per_head[:, mla.nope_dim :].contiguous()  # [H, v, C]
+        self.w_uv_t = per_head[:, mla.nope_dim :].transpose(1, 2).contiguous()  # [H, C, v]
         self.o_proj = w.get(f"{prefix}o_proj.weight", (h, heads * mla.v_head_dim), "out")
 
     def __call__(
         self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor, rows: PrefillRows | None
     ) -> torch.Tensor:
         """`rows`: the prefill step's row bounds on the host (None for decode steps)."""
-        mla, t = self.mla, x.shape[0]
-        q_in = x if self.q_a is None else self.q_a_norm(F.linear(x, self.q_a))  # type: ignore[misc]
-        q = F.linear(q_in, self.q).view(t, self.heads, self.qk)
-        entry = F.linear(x, self.kv_a)  # [T, C + R]
-        entry[:, : mla.kv_lora_rank] = self.kv_a_norm(entry[:, : mla.kv_lora_rank].contiguous())
+        mla, t, c = self.mla, x.shape[0], self.mla.kv_lora_rank
+        projected = F.linear(x, self.in_proj)
+        q_in, entry = projected[:, : self.q_size], projected[:, self.q_size :]  # [T, C + R]
+        if self.q_b is not None:
+            assert self.q_a_norm is not None
+            q_in = F.linear(self.q_a_norm(q_in), self.q_b)
+        q = q_in.view(t, self.heads, self.qk)
+        self.kv_a_norm(entry[:, :c], out=entry[:, :c])  # in place, strided rows
         q_rope = q[:, :, mla.nope_dim :]
-        self.rotary(q_rope, entry[:, None, mla.kv_lora_rank :], step.positions)
+        self.rotary(q_rope, entry[:, None, c:], step.positions)
         group = step.groups[self.slot.group]
         cache = kv[:, self.slot.index, 0]  # [pages, page_size, 1, C + R]
         latent_append(entry, cache, group.slots)
         info = step.info
         if isinstance(info, DecodeInfo):
             assert rows is None
-            absorbed = torch.einsum("thn,hnc->thc", q[:, :, : mla.nope_dim], self.w_uk)
-            out_latent = mla_decode(
-                torch.cat((absorbed, q_rope), dim=-1),
+            # Head-major batched products: [H, T, nope] @ [H, nope, C], then the latent
+            # output [H, T, C] @ [H, C, v]; the attention reads and writes those layouts.
+            absorbed = torch.bmm(q[:, :, : mla.nope_dim].transpose(0, 1), self.w_uk)
+            out_latent = torch.empty((self.heads, t, c), dtype=x.dtype, device=x.device)
+            mla_decode(
+                absorbed.transpose(0, 1),
+                q_rope,
                 cache,
                 group.page_indptr,
                 group.page_ids,
                 group.page_start,
                 info.seq_lens,
-                latent=mla.kv_lora_rank,
                 scale=self.scale,
                 splits=info.splits,
+                out=out_latent.transpose(0, 1),
             )
-            out = torch.einsum("thc,hvc->thv", out_latent, self.w_uv)
+            out = torch.bmm(out_latent, self.w_uv_t).transpose(0, 1)  # [T, H, v]
         else:
             assert rows is not None
             out = self._prefill(q, cache, group, rows)

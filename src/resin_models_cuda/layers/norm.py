@@ -18,8 +18,9 @@ class RMSNorm:
         self.weight = w.get(name, (dim,), "zeros" if unit_offset else "ones")
         self.eps, self.unit_offset = eps, unit_offset
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return rmsnorm(x, self.weight, self.eps, unit_offset=self.unit_offset)
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """`out` may be `x` itself (in place); rows may be strided."""
+        return rmsnorm(x, self.weight, self.eps, out, unit_offset=self.unit_offset)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """Pre-norm boundary, in place: `residual += x; x = norm(residual)`."""

@@ -1,47 +1,34 @@
 """DeepSeek V2 / V2-Lite / V3 on the fast layer library: multi-head latent attention over the
 latent cache (`layers/mla.py`: absorbed decode, expanded prefill), dense first
-`first_k_dense_replace` layers, then the MoE layer with DeepSeek's grouped routing (softmax or
-sigmoid scores, V3's correction bias, `routed_scaling_factor`) plus shared experts. MTP layers
+`first_k_dense_replace` layers, then the library MoE with DeepSeek's grouped routing (softmax or
+sigmoid scores, V3's correction bias, `routed_scaling_factor`: the router kernel) and the shared
+experts folded into the expert stack as always-chosen experts. MTP layers
 in the checkpoint are not loaded here (the reference runner's `MtpRunner` drafts with them)."""
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from dataclasses import replace
 
-from resin_models_cuda.layers import ExpertWeights, GatedMLP, MoE, RMSNorm, Rotary, WeightSource
+import torch
+
+from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.layers import activation_of as activation
 from resin_models_cuda.layers.mla import MlaAttention, prefill_rows
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.step import StepTensors
-from resin_models_torch.config import ModelConfig, MoeConfig
-from resin_models_torch.routing import deepseek_route
+from resin_models_torch.config import ModelConfig
 
 
-class DeepseekMoE(MoE):
-    """The library MoE with DeepSeek's router (plain torch, no host sync) and shared experts."""
+class SharedExpertsMoE:
+    """A routed MoE plus a dense shared MLP whose width is no multiple of the experts' (the
+    usual case folds the shared MLP into the experts: `ExpertWeights.with_shared`)."""
 
-    def __init__(
-        self,
-        moe: MoeConfig,
-        weights: ExpertWeights,
-        score_bias: torch.Tensor | None,
-        shared: GatedMLP | None,
-        gemv_max_pairs: int,
-        act: str,
-    ) -> None:
-        super().__init__(moe, weights, activation(act), gemv_max_pairs)
-        self.score_bias, self.shared = score_bias, shared
-
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x.float(), self.w.router.float())
-        weights, chosen = deepseek_route(logits, self.score_bias, self.moe)
-        return weights, chosen.to(torch.int32)
+    def __init__(self, routed: MoE, shared: GatedMLP) -> None:
+        self.routed, self.shared = routed, shared
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().__call__(x)
-        return out if self.shared is None else out + self.shared(x)
+        return self.routed(x) + self.shared(x)
 
 
 class DeepseekLayer:
@@ -67,27 +54,25 @@ class Deepseek(FastModel):
     def cache_token_shape(self) -> tuple[int, int, int]:
         return 1, 1, self.mla.latent_dim  # one latent per token per layer
 
-    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE:
+    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE | SharedExpertsMoE:
         c, p = self.config, f"model.layers.{i}.mlp."
         if not c.is_sparse(i):
             return GatedMLP(w, p, c.hidden_size, c.intermediate_size, c.hidden_act)
         moe = c.moe
         assert moe is not None
-        bias = None
+        experts = qwen_experts(c, w, p)
         if moe.score_bias:
             bias = w.get(f"{p}gate.e_score_correction_bias", (moe.num_experts,), "zeros")
+            experts = replace(experts, score_bias=bias.float())
         shared = None
         if moe.shared_intermediate_size:
             inner = moe.shared_intermediate_size
             shared = GatedMLP(w, f"{p}shared_experts.", c.hidden_size, inner, c.hidden_act)
-        return DeepseekMoE(
-            moe,
-            qwen_experts(c, w, p),
-            bias,
-            shared,
-            self.options.moe_gemv_max_pairs,
-            c.hidden_act,
-        )
+            if inner % moe.intermediate_size == 0:
+                experts, shared = experts.with_shared(shared.gate_up, shared.down), None
+        act, pairs = activation(c.hidden_act), self.options.moe_gemv_max_pairs
+        routed = MoE(moe, experts, act, pairs, fp32_router=True)
+        return routed if shared is None else SharedExpertsMoE(routed, shared)
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         rows = prefill_rows(step)
