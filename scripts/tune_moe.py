@@ -130,9 +130,12 @@ def tune_gemv(args: argparse.Namespace) -> None:
             rows.append(row)
             if best is None or ms * 1e3 < best["us"]:
                 best = row
+
+        def is_default(r: dict[str, Any]) -> bool:
+            return "block_n" in r and GemvTiles(*[r[f] for f in GemvTiles._fields]) == GemvTiles()
+
         default = [r for r in rows if r["kernel"] == label and r["model"] == model
-                   and r["tokens"] == tokens and "block_n" in r and GemvTiles(*[r[f] for f in GemvTiles._fields])
-                   == GemvTiles()]  # fmt: skip
+                   and r["tokens"] == tokens and is_default(r)]  # fmt: skip
         print("best", json.dumps(best))
         if default:
             print("  default", json.dumps(default[0]))
