@@ -26,9 +26,13 @@ def main() -> None:
     p.add_argument("--tokens", help="token counts (default 1,8,64,256,4096; --gemv: 1)")
     p.add_argument("--output", type=Path)
     p.add_argument("--gemv", action="store_true", help="sweep the expert GEMV instead")
+    p.add_argument("--graph", action="store_true",
+                   help="expert + batch-1 dense GEMV tiles in CUDA graphs")  # fmt: skip
     args = p.parse_args()
     if args.gemv:
         return tune_gemv(args)
+    if args.graph:
+        return tune_graph(args)
     rows: list[dict[str, Any]] = []
     for name, (e, h, inner, k) in SHAPES.items():
         w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -175,6 +179,108 @@ def tune_gemv(args: argparse.Namespace) -> None:
             print("cublas", json.dumps(rows[-1]))
             fns = {tl: functools.partial(expert_down, x, w, one, ones, 1, tiles=tl) for tl in tiles}
             sweep(label, name, 1, gb, fns)
+    if args.output:
+        with args.output.open("a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+def tune_graph(args: argparse.Namespace) -> None:
+    """Expert GEMV and batch-1 dense tiles timed as the model runs them: `LAYERS` layers of
+    distinct weights (so each reads DRAM, not L2) captured in one CUDA graph, replayed; per
+    layer us. `down` with `split` includes its zero fill and cast. Writes every row, and a
+    `best` row per (kernel, shape) for `bench.py --gemv-tiles` / the `TUNED` table; a dense
+    shape gets one only where the GEMV beats cuBLAS by 3%."""
+    from resin_models_cuda.kernels.moe_gemv import (
+        GemvTiles,
+        dense_gemv,
+        expert_down,
+        expert_gate_up,
+    )
+
+    layers, replays = 12, 20
+    rows: list[dict[str, Any]] = []
+
+    def per_layer_us(fn: Any) -> float:
+        fn()  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(3):
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / (replays * layers))
+        return sorted(times)[1]
+
+    def emit(kernel: str, model: str, n: int, k: int, per_token: int, results: list) -> None:
+        results.sort(key=lambda r: r[1])
+        for tiles, us in results:
+            rows.append({"model": model, "kernel": kernel, "n": n, "k": k, "per_token": per_token,
+                         **({} if tiles is None else tiles._asdict()), "us": us,
+                         "impl": "cublas" if tiles is None else "triton"})  # fmt: skip
+        best_tiles, best_us = results[0]
+        cublas = [us for t, us in results if t is None]
+        if best_tiles is not None and (not cublas or best_us < 0.97 * cublas[0]):
+            rows.append({"model": model, "kernel": kernel, "n": n, "k": k,
+                         "per_token": per_token, **best_tiles._asdict(), "us": best_us,
+                         "best": True, "cublas_us": cublas[0] if cublas else None})  # fmt: skip
+        print(json.dumps(rows[-1]))
+
+    base = [(bn, bk, w, acc) for bn in (4, 8, 16, 32) for bk in (128, 256, 512) for w in (8,)
+            for acc in (False, True) if not (acc and bn * bk > 4096)]  # fmt: skip
+    up_tiles = [GemvTiles(bn, bk, w, 1, acc) for bn, bk, w, acc in base]
+    down_tiles = [GemvTiles(bn, bk, w, 1, acc, split) for bn, bk, w, acc in base
+                  for split in (False, True)]  # fmt: skip
+
+    def up_layers(x, ws, ids, *, tiles, **kw) -> None:  # type: ignore[no-untyped-def]
+        for w, i in zip(ws, ids, strict=True):
+            expert_gate_up(x, w, i, tiles=tiles, **kw)
+
+    def down_layers(act, ws, ids, scale, k, tiles, **kw) -> None:  # type: ignore[no-untyped-def]
+        for w, i in zip(ws, ids, strict=True):
+            expert_down(act, w, i, scale, k, tiles=tiles, **kw)
+
+    def dense_layers(x, ws, tiles) -> None:  # type: ignore[no-untyped-def]
+        for w in ws:
+            if tiles is None:
+                torch.nn.functional.linear(x, w)
+            else:
+                dense_gemv(x, w, None, tiles)
+
+    bf = torch.bfloat16
+    for name, (e, h, inner, k, bias) in GEMV_SHAPES.items():
+        w_up = [torch.randn(e, 2 * inner, h, device="cuda", dtype=bf) * 0.02 for _ in range(layers)]
+        w_dn = [torch.randn(e, h, inner, device="cuda", dtype=bf) * 0.02 for _ in range(layers)]
+        b_up = torch.randn(e, 2 * inner, device="cuda", dtype=bf) if bias else None
+        b_dn = torch.randn(e, h, device="cuda", dtype=bf) if bias else None
+        kind = "swiglu_clamp" if bias else "silu"
+        x = torch.randn(1, h, device="cuda", dtype=bf)
+        ids = [torch.randperm(e, device="cuda")[:k].to(torch.int32) for _ in range(layers)]
+        act = torch.randn(k, inner, device="cuda", dtype=bf)
+        scale = torch.rand(k, device="cuda")
+        run = functools.partial(up_layers, x, w_up, ids, act=kind, bias=b_up, row_div=k)
+        up = [(t, per_layer_us(functools.partial(run, tiles=t))) for t in up_tiles]
+        emit("gate_up", name, 2 * inner, h, k, up)
+        down = [(t, per_layer_us(functools.partial(down_layers, act, w_dn, ids, scale, k, t,
+                                                   bias=b_dn))) for t in down_tiles]  # fmt: skip
+        emit("down", name, h, inner, k, down)
+        del w_up, w_dn
+    dense_tiles = [GemvTiles(bn, bk, w, 1, acc) for bn, bk, w, acc in base if bn <= 8]
+    for name, shapes in DENSE_SHAPES.items():
+        for n, kk in shapes:
+            ws = [torch.randn(n, kk, device="cuda", dtype=bf) * 0.02 for _ in range(layers)]
+            x = torch.randn(1, kk, device="cuda", dtype=bf)
+            dense = [(t, per_layer_us(functools.partial(dense_layers, x, ws, t)))
+                     for t in [None, *dense_tiles]]  # fmt: skip
+            emit("dense", name, n, kk, 1, dense)
+            del ws
     if args.output:
         with args.output.open("a") as f:
             for r in rows:

@@ -47,11 +47,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--moe-gemv-max-pairs", type=int, default=64,
                    help="MoE: token-expert pairs up to which the expert GEMV runs")  # fmt: skip
+    p.add_argument("--gemv-tiles", type=Path,
+                   help="tuned GEMV tiles, JSONL (scripts/tune_moe.py --graph)")  # fmt: skip
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
                    help="weights and KV dtype")  # fmt: skip
     p.add_argument("--output", type=Path, help="append JSONL records here")
     p.add_argument("--plot", action="store_true", help="PNG charts next to --output")
     p.add_argument("--trace-dir", type=Path, help="write torch-profiler Chrome traces here")
+    p.add_argument("--trace-batch", type=int, default=64,
+                   help="trace the decode batch size nearest this")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
     return p.parse_args(argv)
 
@@ -89,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from resin_models_cuda.benchmark import Ceilings, measure_ceilings
 
     device = torch.device(args.device)
+    if args.gemv_tiles:
+        from resin_models_cuda.kernels.moe_gemv import load_tiles
+
+        print(f"loaded {load_tiles(str(args.gemv_tiles))} tuned GEMV tiles")
     if device.type == "cuda" and not torch.cuda.is_available():
         print("resin bench: no CUDA device (use --device cpu for an interpreter smoke test)")
         return 2
@@ -153,7 +161,7 @@ def _bench_model(args, name: str, device, dtype, ceilings):  # type: ignore[no-u
     if args.trace_dir:
         ctx = min(args.context_lengths, key=lambda c: abs(c - 4096))
         _trace(args.trace_dir / f"{name}_prefill_{ctx}.json", lambda: bench.prefill(ctx, 0, 1))
-        b = min(args.batch_sizes, key=lambda x: abs(x - 64))
+        b = min(args.batch_sizes, key=lambda x: abs(x - args.trace_batch))
         _trace(args.trace_dir / f"{name}_decode_b{b}.json",
                lambda: bench.decode(b, args.decode_contexts[0], 0, 3))  # fmt: skip
     env = {

@@ -155,3 +155,40 @@ def test_shared_experts_fold_into_the_expert_stack(device: str) -> None:
     for pairs in (10**6, 0):  # expert GEMV, grouped GEMM
         layer = MoE(moe, folded, "silu", gemv_max_pairs=pairs)
         torch.testing.assert_close(layer(x).float(), expect, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [(4, 128, 4, 1, False, False), (16, 64, 4, 1, True, False), (8, 32, 4, 2, False, True),
+     (4, 64, 4, 1, True, True)],
+)  # fmt: skip
+def test_expert_gemv_launch_shapes_agree(device: str, tiles: tuple) -> None:
+    """Every launch shape of the expert GEMV computes the same thing (tile sizes, the 2-D
+    accumulator, down's per-pair split with its atomic sum), biases and odd sizes included."""
+    from resin_models_cuda.kernels.moe_gemv import (
+        GemvTiles,
+        dense_gemv,
+        expert_down,
+        expert_gate_up,
+    )
+
+    torch.manual_seed(1)
+    e, h, inner, k, t = 5, 40, 24, 3, 2
+    t_ = GemvTiles(*tiles)
+    x, w_up, w_dn = torch.randn(t, h), torch.randn(e, 2 * inner, h), torch.randn(e, h, inner)
+    b_up, b_dn = torch.randn(e, 2 * inner), torch.randn(e, h)
+    ids, scale = torch.randint(0, e, (t * k,), dtype=torch.int32), torch.rand(t * k)
+    gate, up = torch.einsum("ph,pnh->pn", x.repeat_interleave(k, 0), w_up[ids.long()]).add(
+        b_up[ids.long()]).chunk(2, dim=-1)  # fmt: skip
+    act_ref = F.silu(gate) * up
+    down_ref = torch.einsum("pi,phi->ph", act_ref, w_dn[ids.long()]) + b_dn[ids.long()]
+    out_ref = (down_ref * scale[:, None]).view(t, k, h).sum(1)
+    d = device
+    act = expert_gate_up(x.to(d), w_up.to(d), ids.to(d), bias=b_up.to(d), row_div=k, tiles=t_)
+    torch.testing.assert_close(act.cpu(), act_ref, atol=1e-3, rtol=1e-3)
+    out = expert_down(act_ref.to(d), w_dn.to(d), ids.to(d), scale.to(d), k, bias=b_dn.to(d),
+                      tiles=t_)  # fmt: skip
+    torch.testing.assert_close(out.cpu(), out_ref, atol=1e-3, rtol=1e-3)
+    dense = dense_gemv(x.to(d), w_dn[0, :, :20].T.contiguous().to(d), b_up[0, :20].to(d), t_)
+    torch.testing.assert_close(dense.cpu(), x @ w_dn[0, :, :20] + b_up[0, :20], atol=1e-3,
+                               rtol=1e-3)  # fmt: skip

@@ -11,9 +11,10 @@ sync, fixed grid: CUDA-graph safe).
   the output dtype (no zeroed float32 buffer, no atomics, no cast launch).
 
 At decode batch sizes pairs rarely share an expert, so each pair reading its expert once is
-the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). Programs keep a
-2-D float32 accumulator and reduce it once after the K loop (one cross-lane reduction per
-program instead of one per K tile).
+the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). `GemvTiles` picks
+the launch shape per layer shape (`moe_tiles`, from `scripts/tune_moe.py --graph` on the
+H200): tile sizes, a 2-D accumulator reduced once after the K loop, and for `down` whether
+each pair gets its own programs (atomic float32 sum: more parallelism, two more launches).
 """
 
 from __future__ import annotations
@@ -33,24 +34,36 @@ class GemvTiles(NamedTuple):
     block_n: int = 16
     block_k: int = 256
     num_warps: int = 8
-    num_stages: int = 3
+    num_stages: int = 1
+    acc_2d: bool = False  # reduce once after the K loop instead of once per K tile
+    split: bool = False  # down: one program per pair, atomic add into float32 (then a cast)
 
 
 DEFAULT_TILES = GemvTiles()
 
 
 @triton.jit
-def _dot_rows(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dot_rows(
+    x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACC_2D: tl.constexpr
+):
     """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    if ACC_2D:
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
         x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
                     other=0.0)  # fmt: skip
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, 1)
+        if ACC_2D:
+            acc2 += w.to(tl.float32) * x[None, :]
+        else:
+            acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+    if ACC_2D:
+        return tl.sum(acc2, 1)
+    return acc
 
 
 @triton.jit
@@ -71,6 +84,7 @@ def _gate_up_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ACC_2D: tl.constexpr,
 ):
     p = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -78,8 +92,8 @@ def _gate_up_kernel(
     e = tl.load(expert_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
     w_gate = w_ptr + e * 2 * INTER * K
-    gate = _dot_rows(x_row, w_gate, n, nmask, K, BLOCK_N, BLOCK_K)
-    up = _dot_rows(x_row, w_gate + INTER * K, n, nmask, K, BLOCK_N, BLOCK_K)
+    gate = _dot_rows(x_row, w_gate, n, nmask, K, BLOCK_N, BLOCK_K, ACC_2D)
+    up = _dot_rows(x_row, w_gate + INTER * K, n, nmask, K, BLOCK_N, BLOCK_K, ACC_2D)
     if HAS_BIAS:
         gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
         up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
@@ -97,7 +111,7 @@ def _down_kernel(
     expert_ptr,  # int32/int64 [T * TOPK]
     scale_ptr,  # fp32 [T * TOPK]: routing weights
     bias_ptr,  # [E, N] (read when HAS_BIAS)
-    out_ptr,  # [T, N], row stride stride_o
+    out_ptr,  # [T, N], row stride stride_o (SPLIT: float32, zeroed, added into)
     stride_a,
     stride_o,
     N,
@@ -106,19 +120,31 @@ def _down_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ACC_2D: tl.constexpr,
+    SPLIT: tl.constexpr,  # program axis 0 is the pair (atomic add), else the token (k loop)
 ):
-    t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
+    if SPLIT:
+        p = tl.program_id(0).to(tl.int64)
+        t = p // TOPK
+        first, count = p, 1
+    else:
+        t = tl.program_id(0).to(tl.int64)
+        first, count = t * TOPK, TOPK
     out = tl.zeros([BLOCK_N], tl.float32)
-    for j in range(TOPK):
-        p = t * TOPK + j
+    for j in range(count):
+        p = first + j
         e = tl.load(expert_ptr + p).to(tl.int64)
-        y = _dot_rows(act_ptr + p * stride_a, w_ptr + e * N * K, n, nmask, K, BLOCK_N, BLOCK_K)
+        w_e = w_ptr + e * N * K
+        y = _dot_rows(act_ptr + p * stride_a, w_e, n, nmask, K, BLOCK_N, BLOCK_K, ACC_2D)
         if HAS_BIAS:
             y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
         out += tl.load(scale_ptr + p) * y
-    tl.store(out_ptr + t * stride_o + n, out.to(out_ptr.dtype.element_ty), mask=nmask)
+    if SPLIT:
+        tl.atomic_add(out_ptr + t * stride_o + n, out, mask=nmask)
+    else:
+        tl.store(out_ptr + t * stride_o + n, out.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
 def expert_gate_up(
@@ -150,7 +176,7 @@ def expert_gate_up(
             x, w, experts, w if bias is None else bias, out, x.stride(0), out.stride(0),
             inner, k, alpha, limit, ROW_DIV=row_div, ACT=ACTIVATION_CODES[act],
             HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            ACC_2D=tiles.acc_2d, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip
     return out
 
@@ -179,11 +205,53 @@ def expert_down(
     if out is None:
         out = torch.empty((tokens, n), dtype=act.dtype, device=act.device)
     assert out.shape == (tokens, n) and out.stride(1) == 1
-    if tokens:
-        _down_kernel[(tokens, triton.cdiv(n, tiles.block_n))](
-            act, w, experts, scale, w if bias is None else bias, out, act.stride(0),
-            out.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
-            BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages,
-        )  # fmt: skip
+    if not tokens:
+        return out
+    # Split: more programs (one per pair) for an atomic float32 sum, zeroed first, cast after.
+    target = (
+        torch.zeros((tokens, n), dtype=torch.float32, device=act.device) if tiles.split else out
+    )
+    _down_kernel[(pairs if tiles.split else tokens, triton.cdiv(n, tiles.block_n))](
+        act, w, experts, scale, w if bias is None else bias, target, act.stride(0),
+        target.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, ACC_2D=tiles.acc_2d, SPLIT=tiles.split,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if tiles.split:
+        out.copy_(target)
     return out
+
+
+# Measured best launch shapes, keyed by (kernel, N, K, pairs per token); `dense` is a batch-1
+# projection (`dense_gemv`), which only runs where a shape is listed (else cuBLAS). From
+# `scripts/tune_moe.py --graph` on the H200 (docs/gpu.md); `load_tiles` adds a sweep's file.
+TUNED: dict[tuple[str, int, int, int], GemvTiles] = {}
+
+
+def tiles_for(kernel: str, n: int, k: int, per_token: int) -> GemvTiles | None:
+    return TUNED.get((kernel, n, k, per_token))
+
+
+def load_tiles(path: str) -> int:
+    """Add the `best` lines of a `tune_moe.py --graph` JSONL file to `TUNED`; returns how many."""
+    import json
+
+    count = 0
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("best"):
+                key = (row["kernel"], row["n"], row["k"], row["per_token"])
+                TUNED[key] = GemvTiles(*(row[name] for name in GemvTiles._fields))
+                count += 1
+    return count
+
+
+def dense_gemv(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tiles: GemvTiles
+) -> torch.Tensor:
+    """`x @ w.T + bias` for a few rows through the down kernel (one expert of weight 1)."""
+    one = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    unit = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
+    b = None if bias is None else bias[None]
+    return expert_down(x, w[None], one, unit, 1, bias=b, tiles=tiles)

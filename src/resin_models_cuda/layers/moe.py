@@ -22,7 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from resin_models_cuda.kernels.activation import Activation, gated_activation
-from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up
+from resin_models_cuda.kernels.moe_gemv import (
+    DEFAULT_TILES,
+    GemvTiles,
+    expert_down,
+    expert_gate_up,
+    tiles_for,
+)
 from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
 from resin_models_cuda.kernels.router import router_topk
 from resin_models_torch.config import MoeConfig
@@ -80,7 +86,6 @@ class MoE:
         self.gemv_max_pairs = gemv_max_pairs
         self.router = weights.router.float() if fp32_router else weights.router
         self.per_token = moe.top_k + weights.shared  # pairs per token
-        self.gate_up_tiles = self.down_tiles = GemvTiles()
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights fp32 [T, k + shared], experts int32 [T, k + shared]): one linear, one
@@ -116,11 +121,17 @@ class MoE:
             row_div=k,
             alpha=self.moe.swiglu_alpha,
             limit=limit if limit is not None else 0.0,
-            tiles=self.gate_up_tiles,
+            tiles=self._tiles("gate_up", w.gate_up),
         )
+        down_tiles = self._tiles("down", w.down)
         return expert_down(
-            act, w.down, experts, weight.flatten(), k, bias=w.down_bias, tiles=self.down_tiles
+            act, w.down, experts, weight.flatten(), k, bias=w.down_bias, tiles=down_tiles
         )
+
+    def _tiles(self, kernel: str, w: torch.Tensor) -> GemvTiles:
+        """The tuned launch shape for this layer's shape (looked up at call time, so a sweep's
+        file loaded after the build still applies; a graph captures the choice)."""
+        return tiles_for(kernel, w.shape[1], w.shape[2], self.per_token) or DEFAULT_TILES
 
     def _grouped(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         k, w = self.per_token, self.w
