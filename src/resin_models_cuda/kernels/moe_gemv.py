@@ -43,27 +43,41 @@ DEFAULT_TILES = GemvTiles()
 
 
 @triton.jit
-def _dot_rows(
-    x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACC_2D: tl.constexpr
-):
-    """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
-    if ACC_2D:
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_N], tl.float32)
+def _dot_rows_1d(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
         x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
                     other=0.0)  # fmt: skip
-        if ACC_2D:
-            acc2 += w.to(tl.float32) * x[None, :]
-        else:
-            acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-    if ACC_2D:
-        return tl.sum(acc2, 1)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
     return acc
+
+
+@triton.jit
+def _dot_rows_2d(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
+                    other=0.0)  # fmt: skip
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _dot_rows(
+    x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACC_2D: tl.constexpr
+):
+    """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
+    if ACC_2D:
+        y = _dot_rows_2d(x_ptr, w_ptr, n, nmask, K, BLOCK_N, BLOCK_K)
+    else:
+        y = _dot_rows_1d(x_ptr, w_ptr, n, nmask, K, BLOCK_N, BLOCK_K)
+    return y
 
 
 @triton.jit
