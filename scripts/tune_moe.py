@@ -191,12 +191,11 @@ def tune_graph(args: argparse.Namespace) -> None:
     layer us. `down` with `split` includes its zero fill and cast. Writes every row, and a
     `best` row per (kernel, shape) for `bench.py --gemv-tiles` / the `TUNED` table; a dense
     shape gets one only where the GEMV beats cuBLAS by 3%."""
-    from resin_models_cuda.kernels.moe_gemv import (
-        GemvTiles,
-        dense_gemv,
-        expert_down,
-        expert_gate_up,
-    )
+    from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up
+
+    def dense_gemv(x: torch.Tensor, w: torch.Tensor, tiles: GemvTiles) -> torch.Tensor:
+        one = torch.zeros(1, dtype=torch.int32, device=x.device)
+        return expert_down(x, w[None], one, torch.ones(1, device=x.device), 1, tiles=tiles)
 
     layers, replays = 12, 20
     rows: list[dict[str, Any]] = []
@@ -259,7 +258,7 @@ def tune_graph(args: argparse.Namespace) -> None:
             if tiles is None:
                 torch.nn.functional.linear(x, w)
             else:
-                dense_gemv(x, w, None, tiles)
+                dense_gemv(x, w, tiles)
 
     bf = torch.bfloat16
     for name, (e, h, inner, k, bias) in GEMV_SHAPES.items():

@@ -167,7 +167,6 @@ def test_expert_gemv_launch_shapes_agree(device: str, tiles: tuple) -> None:
     accumulator, down's per-pair split with its atomic sum), biases and odd sizes included."""
     from resin_models_cuda.kernels.moe_gemv import (
         GemvTiles,
-        dense_gemv,
         expert_down,
         expert_gate_up,
     )
@@ -189,6 +188,8 @@ def test_expert_gemv_launch_shapes_agree(device: str, tiles: tuple) -> None:
     out = expert_down(act_ref.to(d), w_dn.to(d), ids.to(d), scale.to(d), k, bias=b_dn.to(d),
                       tiles=t_)  # fmt: skip
     torch.testing.assert_close(out.cpu(), out_ref, atol=1e-3, rtol=1e-3)
-    dense = dense_gemv(x.to(d), w_dn[0, :, :20].T.contiguous().to(d), b_up[0, :20].to(d), t_)
+    one, unit = torch.zeros(t, dtype=torch.int32).to(d), torch.ones(t).to(d)
+    w_dense = w_dn[0, :, :20].T.contiguous()[None].to(d)
+    dense = expert_down(x.to(d), w_dense, one, unit, 1, bias=b_up[None, 0, :20].to(d), tiles=t_)
     torch.testing.assert_close(dense.cpu(), x @ w_dn[0, :, :20] + b_up[0, :20], atol=1e-3,
                                rtol=1e-3)  # fmt: skip

@@ -39,9 +39,6 @@ class GemvTiles(NamedTuple):
     split: bool = False  # down: one program per pair, atomic add into float32 (then a cast)
 
 
-DEFAULT_TILES = GemvTiles()
-
-
 @triton.jit
 def _dot_rows_1d(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -172,10 +169,11 @@ def expert_gate_up(
     alpha: float = 1.702,
     limit: float = 7.0,
     out: torch.Tensor | None = None,
-    tiles: GemvTiles = DEFAULT_TILES,
+    tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """`x` [R, H], `w` [E, 2I, H], `experts` [P] -> activated `[P, I]` (pair p reads row
-    `p // row_div` of `x`)."""
+    `p // row_div` of `x`); `tiles` default: `GATE_UP_DEFAULT`."""
+    tiles = tiles or GATE_UP_DEFAULT
     assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
     _, two_inner, k = w.shape
     assert x.shape[1] == k and two_inner % 2 == 0 and experts.dim() == 1
@@ -204,10 +202,12 @@ def expert_down(
     *,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    tiles: GemvTiles = DEFAULT_TILES,
+    tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """`act` [T * topk, I] (token-major pairs), `w` [E, H, I], `scale` fp32 [T * topk] ->
-    `[T, H]` in `act`'s dtype: each token's weighted sum over its experts."""
+    `[T, H]` in `act`'s dtype: each token's weighted sum over its experts (`tiles` default:
+    `DOWN_DEFAULT`; one expert of weight 1 makes it a dense GEMV)."""
+    tiles = tiles or DOWN_DEFAULT
     assert act.dim() == 2 and act.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
     _, n, k = w.shape
     pairs = experts.shape[0]
@@ -236,14 +236,25 @@ def expert_down(
     return out
 
 
-# Measured best launch shapes, keyed by (kernel, N, K, pairs per token); `dense` is a batch-1
-# projection (`dense_gemv`), which only runs where a shape is listed (else cuBLAS). From
-# `scripts/tune_moe.py --graph` on the H200 (docs/gpu.md); `load_tiles` adds a sweep's file.
-TUNED: dict[tuple[str, int, int, int], GemvTiles] = {}
+# Measured best launch shapes at batch 1, keyed by (kernel, N, K, pairs per token); other
+# shapes take the kernel's default. From `scripts/tune_moe.py --graph` on the H200 (12 layers of
+# distinct weights in one CUDA graph; docs/benchmarks.md), microseconds per layer in comments.
+# `load_tiles` adds a sweep's file (`resin bench --gemv-tiles`).
+GATE_UP_DEFAULT = GemvTiles(16, 128, 8, 1, acc_2d=True)
+DOWN_DEFAULT = GemvTiles(32, 128, 8, 1, acc_2d=True, split=True)
+TUNED: dict[tuple[str, int, int, int], GemvTiles] = {
+    ("gate_up", 1536, 2048, 8): GemvTiles(8, 128, 8, 1, acc_2d=True),  # Qwen3-30B-A3B, 15.5
+    ("down", 2048, 768, 8): DOWN_DEFAULT,  # 11.4
+    ("gate_up", 5760, 2880, 4): GATE_UP_DEFAULT,  # gpt-oss-20b, 37.8
+    ("down", 2880, 2880, 4): GemvTiles(16, 128, 8, 1, acc_2d=True, split=True),  # 24.0
+    ("gate_up", 2816, 2048, 8): GATE_UP_DEFAULT,  # DeepSeek-V2-Lite (6 + 2 shared), 25.9
+    ("down", 2048, 1408, 8): DOWN_DEFAULT,  # 16.6
+}
 
 
-def tiles_for(kernel: str, n: int, k: int, per_token: int) -> GemvTiles | None:
-    return TUNED.get((kernel, n, k, per_token))
+def tiles_for(kernel: str, n: int, k: int, per_token: int) -> GemvTiles:
+    default = GATE_UP_DEFAULT if kernel == "gate_up" else DOWN_DEFAULT
+    return TUNED.get((kernel, n, k, per_token), default)
 
 
 def load_tiles(path: str) -> int:
@@ -254,18 +265,8 @@ def load_tiles(path: str) -> int:
     with open(path) as f:
         for line in f:
             row = json.loads(line)
-            if row.get("best"):
+            if row.get("best") and row["kernel"] in ("gate_up", "down"):
                 key = (row["kernel"], row["n"], row["k"], row["per_token"])
                 TUNED[key] = GemvTiles(*(row[name] for name in GemvTiles._fields))
                 count += 1
     return count
-
-
-def dense_gemv(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, tiles: GemvTiles
-) -> torch.Tensor:
-    """`x @ w.T + bias` for a few rows through the down kernel (one expert of weight 1)."""
-    one = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
-    unit = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)
-    b = None if bias is None else bias[None]
-    return expert_down(x, w[None], one, unit, 1, bias=b, tiles=tiles)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from resin_models_cuda.kernels import decode_attention, kv_append, prefill_attention
-from resin_models_cuda.kernels.moe_gemv import dense_gemv, tiles_for
 from resin_models_cuda.layers.norm import RMSNorm
 from resin_models_cuda.layers.rotary import Rotary
 from resin_models_cuda.layers.weights import WeightSource
@@ -112,10 +111,4 @@ class Attention:
                 span_end=info.span_end,
                 block_m=info.block_m,
             )
-        o = o.view(t, qs)
-        tiles = (
-            tiles_for("dense", self.o_proj.shape[0], self.o_proj.shape[1], 1) if t == 1 else None
-        )
-        if tiles is not None:  # batch-1 decode where a GEMV measured faster than cuBLAS
-            return dense_gemv(o, self.o_proj, self.o_bias, tiles)
-        return F.linear(o, self.o_proj, self.o_bias)
+        return F.linear(o.view(t, qs), self.o_proj, self.o_bias)

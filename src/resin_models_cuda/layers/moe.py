@@ -22,13 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from resin_models_cuda.kernels.activation import Activation, gated_activation
-from resin_models_cuda.kernels.moe_gemv import (
-    DEFAULT_TILES,
-    GemvTiles,
-    expert_down,
-    expert_gate_up,
-    tiles_for,
-)
+from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up, tiles_for
 from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
 from resin_models_cuda.kernels.router import router_topk
 from resin_models_torch.config import MoeConfig
@@ -131,7 +125,7 @@ class MoE:
     def _tiles(self, kernel: str, w: torch.Tensor) -> GemvTiles:
         """The tuned launch shape for this layer's shape (looked up at call time, so a sweep's
         file loaded after the build still applies; a graph captures the choice)."""
-        return tiles_for(kernel, w.shape[1], w.shape[2], self.per_token) or DEFAULT_TILES
+        return tiles_for(kernel, w.shape[1], w.shape[2], self.per_token)
 
     def _grouped(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         k, w = self.per_token, self.w
