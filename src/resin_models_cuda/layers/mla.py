@@ -127,10 +127,11 @@ class MlaAttention:
     def _prefill(
         self, q: torch.Tensor, cache: torch.Tensor, group: GroupTensors, rows: PrefillRows
     ) -> torch.Tensor:
-        """Expanded causal attention row by row. SDPA picks its math backend (float32 scores
-        of the whole square: 235 of 275 ms in a 4k prefill on the H200) for a boolean mask or
-        unequal q / v head dims, so values are zero-padded to the query width and a row with
-        nothing cached before it is plain causal (flash); other rows take an additive mask."""
+        """Expanded causal attention row by row. SDPA falls back to its math backend (float32
+        scores of the whole square: 235 of 275 ms in a 4k prefill on the H200) for 3-D inputs
+        or unequal q / v head dims, so inputs are 4-D, values zero-padded to the query width,
+        and a row with nothing cached before it is plain causal; other rows take an additive
+        mask."""
         mla, page = self.mla, cache.shape[1]
         out = torch.empty((q.shape[0], self.heads, mla.v_head_dim), dtype=q.dtype, device=q.device)
         for b in range(len(rows.bounds) - 1):
@@ -146,7 +147,8 @@ class MlaAttention:
             values = kv[..., mla.nope_dim :]
             if values.shape[-1] < self.qk:  # equal head dims: the flash kernel, not math
                 values = F.pad(values, (0, self.qk - values.shape[-1]))
-            q_row = q[q0:q1].transpose(0, 1)
+            # 4-D [1, H, T, D]: SDPA's fused kernels take no 3-D inputs.
+            q_row, keys, values = q[q0:q1].transpose(0, 1)[None], keys[None], values[None]
             if first == 0 and rows.cached[b] == 0:  # keys == queries: plain causal
                 o = F.scaled_dot_product_attention(
                     q_row, keys, values, is_causal=True, scale=self.scale
@@ -156,7 +158,7 @@ class MlaAttention:
                 mask = torch.zeros((q1 - q0, pos.shape[0]), dtype=q.dtype, device=q.device)
                 mask.masked_fill_(pos[None, :] > q_pos[:, None], float("-inf"))
                 o = F.scaled_dot_product_attention(q_row, keys, values, mask, scale=self.scale)
-            o = o[..., : mla.v_head_dim]
+            o = o[0, ..., : mla.v_head_dim]
             out[q0:q1] = o.transpose(0, 1)
         return out
 
