@@ -139,10 +139,13 @@ def test_bench_serve_jsonl(tmp_path: Path) -> None:
 
 
 @contextmanager
-def foreign_server(answer: dict[str, Any], long_status: int = 500) -> Iterator[str]:
+def foreign_server(
+    answer: dict[str, Any], long_status: int = 500, eval_status: int = 200
+) -> Iterator[str]:
     """An OpenAI-style server `resin check` knows nothing about (it reports no capabilities):
-    every chat request gets `answer` as its one choice, streamed when asked, and a prompt of
-    over 100 words gets HTTP `long_status`. Real HTTP on a thread, like any server out there."""
+    every chat request gets `answer` as its one choice, streamed when asked; a prompt of over
+    100 words gets HTTP `long_status`, an eval question `eval_status`. Real HTTP on a thread,
+    like any server out there."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -155,8 +158,11 @@ def foreign_server(answer: dict[str, Any], long_status: int = 500) -> Iterator[s
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            if len(json.dumps(body["messages"]).split()) > 100:
-                return self._json({"error": {"message": "boom"}}, long_status)
+            said = json.dumps(body["messages"])
+            status = long_status if len(said.split()) > 100 else 200
+            status = eval_status if "Answer with the letter" in said else status
+            if status != 200:
+                return self._json({"error": {"message": "boom"}}, status)
             usage = {"prompt_tokens": 9, "completion_tokens": 3}
             choice = {"index": 0, **answer}
             if not body.get("stream"):
@@ -230,3 +236,19 @@ def test_ttft_case_fails_when_a_size_gets_a_server_error(tmp_path: Path) -> None
     assert rows[500].startswith("| TTFT vs context size | FAIL |"), rows[500]
     assert "200 words -> HTTP 500" in rows[500]
     assert rows[400].startswith("| TTFT vs context size | PASS |"), rows[400]
+
+
+def test_eval_case_fails_when_questions_go_unanswered(tmp_path: Path) -> None:
+    """Accuracy is measured, never judged (0% wrong answers pass), but a question the server
+    answered with a 500 fails the case: it passed whenever the file had rows."""
+    answer = {"message": {"role": "assistant", "content": "OK"}, "finish_reason": "stop"}
+    argv = ["--burst", "2", "--ttft-sizes", "8", "--eval-file", str(DATA / "mini_mmlu.jsonl")]
+    rows = {}
+    for status in (200, 500):
+        report = tmp_path / f"{status}.md"
+        with foreign_server(answer, eval_status=status) as url:
+            check.main([url, "--output", str(report), *argv])
+        (rows[status],) = [x for x in report.read_text().splitlines() if x.startswith("| acc")]
+    assert rows[200].startswith("| accuracy on mini_mmlu.jsonl | PASS | 0/"), rows[200]
+    assert rows[500].startswith("| accuracy on mini_mmlu.jsonl | FAIL |"), rows[500]
+    assert "requests failed" in rows[500]
