@@ -5,7 +5,8 @@ a `json_schema` response format, N forced tool calls and N answers with tools an
 SDK. Every JSON answer must parse and validate against its schema (`jsonschema`); every tool
 call must name an offered tool (the named one when named) and its arguments must validate
 against that tool's parameters (with auto, an answer without a call is valid too; the rate of
-calls is printed). Prints the rates and writes one JSONL row per sample.
+calls is printed, and so is the count of last calls cut by max_tokens, which with auto's free
+text first cannot be complete). Prints the rates and writes one JSONL row per sample.
 
     PYTHONPATH=src python scripts/accept_structured.py --n 200 --output bench/structured.jsonl
 
@@ -137,7 +138,9 @@ async def _tool_row(
     offered = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     if not calls and kind == "tool_call":
         error = f"no tool call (content {msg.content!r})"
-    for call in calls:
+    finish = r.choices[0].finish_reason
+    cut = False
+    for n, call in enumerate(calls, 1):
         name = call.function.name
         if name not in offered or (named and name != named):
             error = f"called {name!r}"
@@ -145,13 +148,16 @@ async def _tool_row(
         try:
             error = _validate(json.loads(call.function.arguments), offered[name])
         except ValueError as exc:
-            error = f"arguments not JSON: {exc}"
+            # With auto, free text may use up max_tokens before the last call is written: a
+            # call cut there cannot validate and says nothing of the grammar (counted apart).
+            cut = kind == "tool_auto" and finish == "length" and n == len(calls)
+            error = None if cut else f"arguments not JSON: {exc}"
         if error:
             break
     return {"kind": kind, "i": i, "tool_choice": named or extra.get("tool_choice", "(left out)"),
-            "finish": r.choices[0].finish_reason, "content": msg.content,
+            "finish": finish, "content": msg.content,
             "calls": [[c.function.name, c.function.arguments] for c in calls],
-            "valid": error is None, "error": error}  # fmt: skip
+            "valid": error is None, "cut": cut, "error": error}  # fmt: skip
 
 
 SAMPLERS = {"json_schema": json_sample, "tool_call": tool_sample, "tool_auto": auto_sample}
@@ -214,8 +220,9 @@ def main() -> int:
     elapsed = time.perf_counter() - start
     for kind, (ok, total) in summary(rows).items():
         called = sum(bool(r.get("calls")) for r in rows if r["kind"] == kind)
+        cut = sum(bool(r.get("cut")) for r in rows if r["kind"] == kind)
         print(f"{kind:<12} valid {ok}/{total} ({100.0 * ok / max(total, 1):.1f}%), "
-              f"{called} with tool calls")  # fmt: skip
+              f"{called} with tool calls, {cut} cut by max_tokens")  # fmt: skip
     print(f"elapsed {elapsed:.1f} s")
     for row in rows:
         if not row["valid"]:

@@ -105,6 +105,24 @@ def test_unterminated_tool_call_at_length(data: st.DataObject) -> None:
 
 @SETTINGS
 @given(data=st.data())
+def test_call_cut_inside_its_end_marker_is_whole(data: st.DataObject) -> None:
+    """max_tokens fell inside `</tool_call>` (several tokens where it is not a special token):
+    the call's JSON is complete, so it is a valid call, not raw arguments with `}` and
+    `</tool` glued on (seen with tool_choice auto on the default model)."""
+    recipe = _recipe()
+    for call, args in [
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}}', '{"city": "Paris"}'),
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}', '{"city": "Paris"}'),
+        ('{"name": "get_weather", "parameters": {"city": "Oslo"}}', '{"city": "Oslo"}'),
+    ]:
+        out = f"Checking.<tool_call>\n{call}\n</tool"
+        result = check_all_splits(recipe, _prompt(recipe), out, data, stop=False, reason="length")
+        assert result.calls == (("get_weather", args),) and not result.has_error, call
+        assert result.text == "Checking."
+
+
+@SETTINGS
+@given(data=st.data())
 def test_no_thinking_prompt_and_chatml(data: st.DataObject) -> None:
     for name in ("qwen3", "chatml"):
         recipe = _recipe(name)

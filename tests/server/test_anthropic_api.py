@@ -125,6 +125,11 @@ def test_input_tokens_exclude_cache_reads(client: anthropic.Anthropic) -> None:
     assert cached > 0 and again.usage.cache_creation_input_tokens == 0
     assert again.usage.input_tokens + cached == counted.input_tokens
     assert again.usage.input_tokens < counted.input_tokens
+    # message_start says the same before any token (litellm's stream usage reads it).
+    with client.messages.stream(model=MODEL, max_tokens=2, messages=messages) as stream:  # type: ignore[arg-type]
+        start = next(e for e in stream if e.type == "message_start").message.usage
+    assert start.input_tokens == again.usage.input_tokens
+    assert start.cache_read_input_tokens == cached
 
 
 def test_unknown_model_is_404_as_on_the_openai_routes(client: anthropic.Anthropic) -> None:

@@ -197,6 +197,7 @@ def test_responses_previous_response_id_get_and_delete(client: openai.OpenAI) ->
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.create(model=MODEL, input="x", previous_response_id=first.id)
     assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert err.value.code is None  # not the unknown model's `model_not_found`
 
 
 def test_response_store_evicts_the_oldest() -> None:
@@ -222,6 +223,8 @@ def test_models_and_errors(url: str, client: openai.OpenAI) -> None:
     # OpenAI's error.code is a string or null, never the HTTP status again.
     assert missing.value.code == "model_not_found"
     assert bad.value.code is None
+    route = httpx.get(url + "/v1/no-such-route").json()["error"]
+    assert route["code"] is None and route["type"] == "not_found_error"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=user("x" * 5000))  # > context
     r = httpx.post(url + "/v1/chat/completions", json={"messages": "nope"})

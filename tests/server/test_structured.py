@@ -72,7 +72,9 @@ def test_auto_tool_calls_name_offered_tools_with_valid_arguments(server: tuple[s
     rows = asyncio.run(sample_all(server[0], server[1], 32, 64, ("tool_auto",)))
     bad = [r for r in rows if not r["valid"]]
     assert not bad, bad[:3]
-    assert sum(bool(r["calls"]) for r in rows) >= 8  # the calls are there to be checked
+    # A last call that max_tokens cut inside its arguments is not checked (it cannot be whole:
+    # about 1 in 100 answers here); the whole ones are there to be checked.
+    assert sum(bool(r["calls"]) and not r["cut"] for r in rows) >= 8
 
 
 END_EVENTS = ("response.completed", "response.incomplete")

@@ -89,6 +89,9 @@ class Generation:
             self.done = True
             raise (RequestRefused if item.kind == "refused" else EngineUnavailable)(item.message)
         self._first = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
+        # The prefix-cache hit is known from the first events on: a stream's opening event
+        # (Anthropic's message_start) reports it before any token is read.
+        self.cached_tokens = max((e.cached_tokens for e in self._first), default=0)
 
     def cancel(self) -> None:
         """Abort the engine request unless it already finished (idempotent)."""

@@ -263,23 +263,35 @@ class TaggedParser(StreamParser):
         elif self._mode is _Mode.REASONING:
             body = buf.lstrip("\n") if self._strip_newlines else buf
             out.append(ReasoningDelta(body.rstrip("\n")))
-        elif self._mode is _Mode.TOOL and self._streaming is not None:
-            out.extend(self._close_streamed(buf))
         elif self._mode is _Mode.TOOL:
-            raw = f"{self._spec.tool_start}{buf}"
-            try:  # a model may stop right after the JSON without the end marker
-                calls = self._spec.tool_body(buf)
-            except ValueError as exc:
-                self._error(f"unterminated tool call ({exc}); returned as text")
-                out.append(TextDelta(raw))
-            else:
-                for name, arguments in calls:
-                    out.extend(self._tool_call(name, arguments))
+            out.extend(self._flush_call(buf))
         else:  # BARE_TOOL: the whole response is one JSON tool call, or plain text after all
             try:
                 calls = parse_llama3_calls(buf)
             except ValueError:
                 out.append(TextDelta(buf))
+            else:
+                for name, arguments in calls:
+                    out.extend(self._tool_call(name, arguments))
+        return out
+
+    def _flush_call(self, text: str) -> list[Delta]:
+        """A call the output ended inside (no end marker). A cut that fell inside the end
+        marker (`...}}` then a newline and `</tool`) leaves a whole call: the start of the
+        marker after the closing brace is not part of it."""
+        end = self._spec.tool_end or ""
+        head = text[: len(text) - partial_marker_len(text, [end])] if end else text
+        buf = head if head.rstrip().endswith("}") else text
+        out: list[Delta] = []
+        if self._streaming is not None:
+            out.extend(self._close_streamed(buf))
+        else:
+            raw = f"{self._spec.tool_start}{text}"
+            try:  # a model may stop right after the JSON without the end marker
+                calls = self._spec.tool_body(buf)
+            except ValueError as exc:
+                self._error(f"unterminated tool call ({exc}); returned as text")
+                out.append(TextDelta(raw))
             else:
                 for name, arguments in calls:
                     out.extend(self._tool_call(name, arguments))

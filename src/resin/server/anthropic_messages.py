@@ -85,11 +85,11 @@ def stop_reason(finish: Finish, stop_hit: str | None, has_tools: bool) -> str:
     return "tool_use" if has_tools else "end_turn"
 
 
-def usage(finish: Finish | None, prompt_tokens: int) -> dict[str, Any]:
+def usage(finish: Finish | None, prompt_tokens: int, cached: int) -> dict[str, Any]:
     """Anthropic's meaning: `input_tokens` excludes the prompt tokens read from the cache, so
     the prompt is input + cache_read + cache_creation (the last is 0: pages are cached as a
-    side effect, never billed as a write)."""
-    cached = finish.cached_tokens if finish else 0
+    side effect, never billed as a write). `cached` counts before the finish (message_start)."""
+    cached = finish.cached_tokens if finish else cached
     return {
         "input_tokens": prompt_tokens - cached,
         "output_tokens": finish.completion_tokens if finish else 0,
@@ -176,7 +176,7 @@ class MessageBuilder:
             "content": [_block(it) for it in self.items.all],
             "stop_reason": None if finish is None else stop_reason(finish, matched, has_tools),
             "stop_sequence": matched,
-            "usage": usage(finish, self.input_tokens),
+            "usage": usage(finish, self.input_tokens, self.gens.gens[0].cached_tokens),
         }
 
     def _frames(self, up: Update) -> Iterator[str]:

@@ -20,12 +20,13 @@ from resin.frontend.errors import (
 )
 
 # status -> (OpenAI error type, OpenAI error code, Anthropic error type); others are
-# server_error / null / api_error.
+# server_error / null / api_error. A 404's code is null here: only the unknown-model 404 says
+# `model_not_found` (its ApiError carries the code), not an unknown response id or route.
 _KINDS: dict[int, tuple[str, str | None, str]] = {
     400: ("invalid_request_error", None, "invalid_request_error"),
     401: ("authentication_error", "invalid_api_key", "authentication_error"),
     403: ("permission_error", None, "permission_error"),
-    404: ("not_found_error", "model_not_found", "not_found_error"),
+    404: ("not_found_error", None, "not_found_error"),
     405: ("invalid_request_error", None, "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large", "request_too_large"),
     429: ("rate_limit_exceeded", "rate_limit_exceeded", "rate_limit_error"),
@@ -38,7 +39,8 @@ class ClientDisconnected(Exception):
 
 
 class ApiError(Exception):
-    """An error answer. `param` names the offending request field when known."""
+    """An error answer. `param` names the offending request field when known; `code` is
+    OpenAI's `error.code` when it is not the status's usual one."""
 
     def __init__(
         self,
@@ -46,12 +48,14 @@ class ApiError(Exception):
         message: str,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.headers = headers or {}
+        self.code = code
 
 
 _FRONTEND_STATUS: dict[type[FrontendError], int] = {
@@ -74,10 +78,13 @@ def api_error(exc: FrontendError, retry_after_s: int | None = None) -> ApiError:
     return ApiError(status, message, headers=headers)
 
 
-def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, Any]:
+def error_body(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """The error in the shape of the API `path` belongs to (Anthropic's for `/v1/messages`;
     OpenAI's `code` is a string or null: the HTTP status is not repeated there)."""
-    kind, code, anthropic = _KINDS.get(status, ("server_error", None, "api_error"))
+    kind, usual, anthropic = _KINDS.get(status, ("server_error", None, "api_error"))
+    code = code or usual
     if path.startswith("/v1/messages"):
         return {"type": "error", "error": {"type": anthropic, "message": message}}
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
@@ -89,9 +96,10 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
     nobody reads, which keeps it out of the error log; an answer that fell too far behind the
     engine is a 503; a bug is a 500 that closes the connection *announced* (`Connection:
     close`), so a client reusing it does not run into a reset."""
-    status, param, headers = 500, None, None
+    status, param, headers, code = 500, None, None, None
     if isinstance(exc, ApiError):
         status, message, param, headers = exc.status, exc.message, exc.param, exc.headers
+        code = exc.code
     elif isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
@@ -107,5 +115,5 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
     else:
         message = f"internal error: {type(exc).__name__}"
         headers = {"connection": "close"}
-    body = error_body(request.url.path, status, message, param)
+    body = error_body(request.url.path, status, message, param, code)
     return JSONResponse(body, status, headers=headers)

@@ -212,7 +212,8 @@ class Service:
     def check_model(self, name: str | None) -> None:
         # Clients often send a placeholder; only a clearly different name is an error.
         if name and name != self.model and name not in ("default", "resin"):
-            raise ApiError(404, f"model {name!r} not found; this server serves {self.model!r}")
+            message = f"model {name!r} not found; this server serves {self.model!r}"
+            raise ApiError(404, message, code="model_not_found")
 
     def check_stops(self, stops: Sequence[str]) -> None:
         if len(stops) > self.limits.max_stop_strings:

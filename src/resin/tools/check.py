@@ -90,9 +90,15 @@ def check_ttft(c: Client, sizes: Sequence[int]) -> Check:
                 "ttft_ms": round(ttft * 1000, 1),
             }
         )
-    ok = any("ttft_ms" in r for r in rows)
+    # Every size must answer; only a 400 (the prompt is longer than the context) is a fair
+    # refusal. One answered size among 5xx's is a fail, not a pass.
+    refused = [r for r in rows if "ttft_ms" not in r and r.get("status") != 400]
+    ok = any("ttft_ms" in r for r in rows) and not refused
     detail = "; ".join(
-        f"{r.get('prompt_tokens', '?')} tok -> {r.get('ttft_ms', r.get('status'))} ms" for r in rows
+        f"{r.get('prompt_tokens', '?')} tok -> {r['ttft_ms']} ms"
+        if "ttft_ms" in r
+        else f"{r['words']} words -> HTTP {r['status']}"
+        for r in rows
     )
     return verdict("TTFT vs context size", ok, detail, {"rows": rows})
 

@@ -46,11 +46,14 @@ def eval_prompt(question: str, choices: list[str]) -> str:
     return "\n".join(lines) + "\nAnswer with the letter of the correct choice only."
 
 
-async def _eval(c: Client, rows: list[tuple[str, list[str], int]], concurrency: int) -> list[bool]:
+async def _eval(
+    c: Client, rows: list[tuple[str, list[str], int]], concurrency: int
+) -> list[bool | None]:
+    """Per question: answered right, wrong, or None when the request failed."""
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=c.url, headers=c.headers, timeout=c.timeout) as ac:
 
-        async def one(q: str, choices: list[str], gold: int) -> bool:
+        async def one(q: str, choices: list[str], gold: int) -> bool | None:
             body = {
                 "model": c.model,
                 "temperature": 0,
@@ -59,9 +62,9 @@ async def _eval(c: Client, rows: list[tuple[str, list[str], int]], concurrency: 
             }
             async with sem:
                 r = await ac.post("/v1/chat/completions", json=body)
-            text = (
-                (r.json()["choices"][0]["message"]["content"] or "") if r.status_code == 200 else ""
-            )
+            if r.status_code != 200:
+                return None
+            text = r.json()["choices"][0]["message"]["content"] or ""
             m = re.search(r"\b([ABCD])\b", text.upper())
             return m is not None and LETTERS.index(m.group(1)) == gold
 
@@ -72,11 +75,15 @@ def check_eval(c: Client, path: Path, limit: int, concurrency: int) -> Check:
     rows = load_eval(path)[:limit]
     start = time.perf_counter()
     results = asyncio.run(_eval(c, rows, concurrency))
-    acc = sum(results) / max(1, len(results))
+    right = sum(r is True for r in results)
+    failed = sum(r is None for r in results)
+    acc = right / max(1, len(results))
+    # Accuracy is measured, not judged (a small model may score below chance); a question
+    # the server did not answer is a failure of the server.
     return verdict(
         f"accuracy on {path.name}",
-        bool(rows),
-        f"{sum(results)}/{len(results)} = {acc:.1%} in {time.perf_counter() - start:.1f}s "
-        f"(chance 25%)",
-        {"accuracy": acc, "n": len(results)},
+        bool(rows) and not failed,
+        f"{right}/{len(results)} = {acc:.1%} in {time.perf_counter() - start:.1f}s "
+        f"(chance 25%)" + (f"; {failed} requests failed" if failed else ""),
+        {"accuracy": acc, "n": len(results), "failed": failed},
     )
