@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from resin_models_cuda.kernels.paged import PagedKV
+
 
 @dataclass(frozen=True)
 class PagedCase:
@@ -20,6 +22,10 @@ class PagedCase:
     lens: list[int]
     dense_k: list[torch.Tensor]
     dense_v: list[torch.Tensor]
+
+    @property
+    def kv(self) -> PagedKV:
+        return PagedKV(self.k_cache, self.v_cache, self.page_indptr, self.page_ids, self.page_start)
 
 
 def make_paged(

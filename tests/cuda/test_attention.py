@@ -33,8 +33,8 @@ def _decode_case(
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     scale = head_dim**-0.5
     out = decode_attention(
-        q, case.k_cache, case.v_cache, case.page_indptr, case.page_ids, case.page_start,
-        seq_lens, scale=scale, splits=splits, window=window, block_n=16 if device == "cpu" else 64,
+        q, case.kv, seq_lens, scale=scale, splits=splits, window=window,
+        block_n=16 if device == "cpu" else 64,
     )  # fmt: skip
     for b, n in enumerate(lens):
         if n == 0:
@@ -103,10 +103,9 @@ def _prefill_case(
     scale = head_dim**-0.5
     i32 = dict(dtype=torch.int32, device=device)
     out = prefill_attention(
-        q, case.k_cache, case.v_cache, torch.tensor(qi, **i32), torch.tensor(cached, **i32),
-        case.page_indptr, case.page_ids, case.page_start, torch.tensor(rows, **i32),
-        torch.tensor(offs, **i32), scale=scale, window=window, block_m=block_m,
-        block_n=16 if device == "cpu" else 64,
+        q, case.kv, torch.tensor(qi, **i32), torch.tensor(cached, **i32),
+        torch.tensor(rows, **i32), torch.tensor(offs, **i32), scale=scale, window=window,
+        block_m=block_m, block_n=16 if device == "cpu" else 64,
     )  # fmt: skip
     for b, (c, n) in enumerate(zip(cached, q_lens, strict=True)):
         pos = torch.arange(c, c + n, device=device)
@@ -170,8 +169,7 @@ def _multi_query_case(
     case = make_paged(lens, hkv, head_dim, page, dtype, device, seed=3)
     q = torch.randn((len(lens) * query, hq, head_dim)).to(dtype).to(device)
     out = decode_attention(
-        q, case.k_cache, case.v_cache, case.page_indptr, case.page_ids, case.page_start,
-        torch.tensor(lens, dtype=torch.int32, device=device), scale=head_dim**-0.5,
+        q, case.kv, torch.tensor(lens, dtype=torch.int32, device=device), scale=head_dim**-0.5,
         splits=splits, window=window, block_n=16 if device == "cpu" else 64, query=query,
         q_lens=torch.tensor(q_lens, dtype=torch.int32, device=device),
     )  # fmt: skip

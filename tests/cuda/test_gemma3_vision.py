@@ -18,7 +18,7 @@ import torch
 from resin import Engine, SamplingParams
 from resin.plan import BatchPlan, MediaItem, Phase
 from resin.protocols import CacheLayout
-from resin_models_cuda.kernels import prefill_attention, prefill_blocks
+from resin_models_cuda.kernels import PagedKV, prefill_attention, prefill_blocks
 from resin_models_cuda.plans import PagedPlanner
 from resin_models_cuda.presets import TINY
 from tests.cuda.test_vs_reference import reference_and_fast
@@ -179,8 +179,9 @@ def test_prefill_attention_span_limit(device: str) -> None:
     page_indptr = i32(np.concatenate([[0], np.cumsum(pages_per_row)]))
     for window in (0, 6):
         out = prefill_attention(
-            q, k_cache, v_cache, i32(indptr), i32(cached), page_indptr, page_ids.to(device),
-            i32([0, 0]), i32(block_row), i32(block_off), scale=dim**-0.5, window=window,
+            q, PagedKV(k_cache, v_cache, page_indptr, page_ids.to(device), i32([0, 0])),
+            i32(indptr), i32(cached), i32(block_row), i32(block_off), scale=dim**-0.5,
+            window=window,
             span_end=i32(ends), block_m=16,
         )  # fmt: skip
         for row in range(2):

@@ -8,12 +8,14 @@ when no GPU is present), with float32 / float16 tensors.
 from resin_models_cuda.kernels.activation import silu_and_mul
 from resin_models_cuda.kernels.decode_attention import decode_attention, decode_splits
 from resin_models_cuda.kernels.kv_append import kv_append
+from resin_models_cuda.kernels.paged import PagedKV
 from resin_models_cuda.kernels.prefill_attention import prefill_attention, prefill_blocks
 from resin_models_cuda.kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
 from resin_models_cuda.kernels.rope import apply_rope, rope_cache
 from resin_models_cuda.kernels.sampler import sample_tokens
 
 __all__ = [
+    "PagedKV",
     "apply_rope",
     "decode_attention",
     "decode_splits",

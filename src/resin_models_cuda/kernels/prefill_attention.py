@@ -5,7 +5,7 @@ Row i's `q_len` query tokens sit at positions `cached_len .. cached_len + q_len 
 K/V must already be appended to the cache, so the kernel reads the cached prefix and the new
 chunk the same way, from pages. Program `(block, head)` handles `BLOCK_M` query tokens of one
 row (the host maps blocks to rows with `prefill_blocks`) and walks KV tiles up to its last
-query position (causal) with an online softmax.
+query position (causal) with the online softmax it shares with decode (`paged.paged_attend`).
 
 With `span_end` (int32 per flat query token: the sequence position of the last token of the
 bidirectional span the token sits in, -1 outside spans) a query at position q sees keys up to
@@ -22,54 +22,40 @@ import torch
 import triton
 import triton.language as tl
 
-from resin_models_cuda.kernels.paged import check_cache, next_pow2
+from resin_models_cuda.kernels.paged import PagedKV, paged_attend
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr,  # [T, Hq, D], strides (stride_qt, stride_qh, 1)
-    k_ptr,  # [pages, PAGE, Hkv, D], strides (stride_kp, stride_kt, stride_kh, 1)
-    v_ptr,  # same layout and strides as k
-    o_ptr,  # [T, Hq, D], strides (stride_ot, stride_oh, 1)
+    q_ptr,  # [T, Hq, D], strides (q_strides[0], q_strides[1], 1)
+    kv,  # PagedKV (paged.py): K/V [pages, PAGE, Hkv, D] and the page table
+    kv_strides,  # PagedKV.strides
+    o_ptr,  # [T, Hq, D], strides (o_strides[0], o_strides[1], 1)
     query_indptr_ptr,  # int32 [B+1]
     cached_lens_ptr,  # int32 [B]
-    page_indptr_ptr,  # int32 [B+1]
-    page_ids_ptr,  # int32 [P]
-    page_start_ptr,  # int32 [B]
     block_row_ptr,  # int32 [NB]: row of each query block
     block_off_ptr,  # int32 [NB]: first query index of the block inside its row
-    sinks_ptr,  # fp32 [Hq]: sink logits (read when HAS_SINKS)
-    span_end_ptr,  # int32 [T]: last visible key of each query inside a span (HAS_SPANS)
-    stride_qt,
-    stride_qh,
-    stride_kp,
-    stride_kt,
-    stride_kh,
-    stride_ot,
-    stride_oh,
+    sinks_ptr,  # fp32 [Hq]: sink logits, or None
+    span_end_ptr,  # int32 [T]: last visible key of each query inside a span, or None
+    q_strides,
+    o_strides,
     qk_scale,  # softmax scale * log2(e)
     window,  # 0 = full attention
-    HAS_SINKS: tl.constexpr,
-    HAS_SPANS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs (no TF32 rounding)
 ):
     blk = tl.program_id(0)
     h = tl.program_id(1)
-    kvh = h // GROUP
     row = tl.load(block_row_ptr + blk)
     q_off = tl.load(block_off_ptr + blk)
     q_begin = tl.load(query_indptr_ptr + row)
     q_len = tl.load(query_indptr_ptr + row + 1) - q_begin
     cached = tl.load(cached_lens_ptr + row)
-    row_base = tl.load(page_indptr_ptr + row)
-    page_start = tl.load(page_start_ptr + row)
 
     m_idx = q_off + tl.arange(0, BLOCK_M)
     mmask = m_idx < q_len
@@ -77,47 +63,25 @@ def _prefill_kernel(
     d = tl.arange(0, HEAD_DIM)
     tok_q = (q_begin + m_idx).to(tl.int64)
     q = tl.load(
-        q_ptr + tok_q[:, None] * stride_qt + h * stride_qh + d[None, :],
+        q_ptr + tok_q[:, None] * q_strides[0] + h * q_strides[1] + d[None, :],
         mask=mmask[:, None],
         other=0.0,
     )
     kv_hi = cached + tl.minimum(q_off + BLOCK_M, q_len)
     limit = q_pos  # last key each query sees
-    if HAS_SPANS:
+    if span_end_ptr is not None:
         span = tl.load(span_end_ptr + tok_q, mask=mmask, other=-1)
         limit = tl.maximum(q_pos, span)
         kv_hi = tl.minimum(tl.maximum(kv_hi, tl.max(span, 0) + 1), cached + q_len)
-    kv_lo = page_start * PAGE
+    kv_lo = tl.load(kv.page_start + row) * PAGE  # the row's first page held
     if window > 0:
         kv_lo = tl.maximum(kv_lo, cached + q_off - window + 1)
-    kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for start in range(kv_lo, kv_hi, BLOCK_N):
-        offs = start + tl.arange(0, BLOCK_N)
-        nmask = (offs < kv_hi) & (offs >= page_start * PAGE)
-        page = tl.load(page_ids_ptr + row_base + offs // PAGE - page_start, mask=nmask, other=0)
-        tok = page.to(tl.int64) * stride_kp + (offs % PAGE) * stride_kt + kvh * stride_kh
-        k = tl.load(k_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * qk_scale
-        keep = nmask[None, :] & (offs[None, :] <= limit[:, None])
-        if window > 0:
-            keep = keep & (offs[None, :] > q_pos[:, None] - window)
-        qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # Rows whose whole tile is masked keep m = -inf; shift by 0 then to avoid inf - inf.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + tok[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION).to(
-            tl.float32
-        )
-        m_i = m_new
-    if HAS_SINKS:
+    key_lo = tl.where(window > 0, q_pos - window + 1, 0)
+    acc, m_i, l_i = paged_attend(
+        q, kv, kv_strides, row, h // GROUP, kv_lo, kv_hi, key_lo, limit + 1, qk_scale,
+        HEAD_DIM, PAGE, BLOCK_N,
+    )  # fmt: skip
+    if sinks_ptr is not None:
         sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
         m_safe = tl.where(m_i == float("-inf"), sink, m_i)
         # Rescale to a common maximum so a large sink cannot overflow exp2.
@@ -127,7 +91,7 @@ def _prefill_kernel(
         l_i = l_i * scale_acc + tl.exp2(sink - m_all)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
-        o_ptr + tok_q[:, None] * stride_ot + h * stride_oh + d[None, :],
+        o_ptr + tok_q[:, None] * o_strides[0] + h * o_strides[1] + d[None, :],
         out.to(o_ptr.dtype.element_ty),
         mask=mmask[:, None],
     )
@@ -147,13 +111,9 @@ def prefill_blocks(
 
 def prefill_attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv: PagedKV,
     query_indptr: torch.Tensor,
     cached_lens: torch.Tensor,
-    page_indptr: torch.Tensor,
-    page_ids: torch.Tensor,
-    page_start: torch.Tensor,
     block_row: torch.Tensor,
     block_off: torch.Tensor,
     *,
@@ -165,19 +125,14 @@ def prefill_attention(
     block_m: int = 64,
     block_n: int = 64,
 ) -> torch.Tensor:
-    """Causal attention of flat query tokens `q` [T, Hq, D] over each row's paged KV.
+    """Causal attention of flat query tokens `q` [T, Hq, D] over each row's paged KV `kv`.
 
     `block_row` / `block_off` come from `prefill_blocks(query_indptr, block_m)` (same block_m);
     `span_end` [T] int32 widens each query's causal limit to the end of its span (module doc).
     """
-    check_cache(k_cache, "k_cache")
-    assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     _, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    assert q.stride(2) == 1 and head_dim == k_cache.shape[3]
-    assert num_q_heads % num_kv_heads == 0
-    assert head_dim == next_pow2(head_dim), "head_dim must be a power of two"
-    for t in (query_indptr, cached_lens, page_indptr, page_ids, page_start, block_row, block_off):
+    kv.check(q, query_indptr.shape[0] - 1)
+    for t in (query_indptr, cached_lens, block_row, block_off):
         assert t.dtype == torch.int32, "indices are int32"
     assert block_row.shape == block_off.shape
     if out is None:
@@ -193,15 +148,10 @@ def prefill_attention(
     if span_end is not None:
         assert span_end.shape == (q.shape[0],) and span_end.dtype == torch.int32
     _prefill_kernel[(num_blocks, num_q_heads)](
-        q, k_cache, v_cache, out, query_indptr, cached_lens, page_indptr, page_ids, page_start,
-        block_row, block_off, block_row if sinks is None else sinks,
-        block_row if span_end is None else span_end,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        out.stride(0), out.stride(1), scale * LOG2E, window, HAS_SINKS=sinks is not None,
-        HAS_SPANS=span_end is not None,
-        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4 if block_m <= 64 else 8, num_stages=2,
+        q, kv, kv.strides, out, query_indptr, cached_lens, block_row, block_off,
+        sinks, span_end, (q.stride(0), q.stride(1)), (out.stride(0), out.stride(1)),
+        scale * LOG2E, window,
+        GROUP=num_q_heads // kv.num_kv_heads, HEAD_DIM=head_dim, PAGE=kv.page_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4 if block_m <= 64 else 8, num_stages=2,
     )  # fmt: skip
     return out

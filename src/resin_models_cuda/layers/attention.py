@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from resin_models_cuda.kernels import decode_attention, kv_append, prefill_attention
+from resin_models_cuda.kernels import PagedKV, decode_attention, kv_append, prefill_attention
 from resin_models_cuda.layers.norm import RMSNorm
 from resin_models_cuda.layers.rotary import Rotary
 from resin_models_cuda.layers.weights import WeightSource
@@ -76,39 +76,17 @@ class Attention:
             self.rotary(q, k, step.positions, append=append)
         if append is None:
             kv_append(k, v, k_cache, v_cache, group.slots)
+        pages = PagedKV(k_cache, v_cache, group.page_indptr, group.page_ids, group.page_start)
         info = step.info
         if isinstance(info, DecodeInfo):
             o = decode_attention(
-                q,
-                k_cache,
-                v_cache,
-                group.page_indptr,
-                group.page_ids,
-                group.page_start,
-                info.seq_lens,
-                scale=self.scale,
-                splits=info.splits,
-                window=self.window,
-                sinks=self.sinks,
-                query=info.query,
-                q_lens=info.q_lens,
-            )
+                q, pages, info.seq_lens, scale=self.scale, splits=info.splits,
+                window=self.window, sinks=self.sinks, query=info.query, q_lens=info.q_lens,
+            )  # fmt: skip
         else:
             o = prefill_attention(
-                q,
-                k_cache,
-                v_cache,
-                info.query_indptr,
-                info.cached_lens,
-                group.page_indptr,
-                group.page_ids,
-                group.page_start,
-                info.block_row,
-                info.block_off,
-                scale=self.scale,
-                window=self.window,
-                sinks=self.sinks,
-                span_end=info.span_end,
+                q, pages, info.query_indptr, info.cached_lens, info.block_row, info.block_off,
+                scale=self.scale, window=self.window, sinks=self.sinks, span_end=info.span_end,
                 block_m=info.block_m,
-            )
+            )  # fmt: skip
         return F.linear(o.view(t, qs), self.o_proj, self.o_bias)
