@@ -1,7 +1,8 @@
-"""Time the fused MoE grouped GEMM over a few tile shapes for real MoE shapes and batch sizes
-(random routing), print a table and append JSONL: which tiles `layers/moe.py` should use.
+"""Time the MoE kernels over tile shapes for real MoE shapes, print the best and append JSONL:
+which tiles `layers/moe.py` should use.
 
-    python scripts/tune_moe.py --output bench/tune_moe.jsonl
+    python scripts/tune_moe.py --output bench/tune_moe.jsonl   # grouped GEMM, random routing
+    python scripts/tune_moe.py --graph --output bench/tiles.jsonl   # expert GEMV (batch 1)
 """
 
 from __future__ import annotations
@@ -23,21 +24,18 @@ SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "gpt-oss-20b": (32, 2880, 2880, 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--tokens", help="token counts (default 1,8,64,256,4096; --gemv: 1)")
+    p.add_argument("--tokens", default="1,8,64,256,4096", help="token counts (grouped GEMM)")
     p.add_argument("--output", type=Path)
-    p.add_argument("--gemv", action="store_true", help="sweep the expert GEMV instead")
     p.add_argument("--graph", action="store_true",
                    help="expert + batch-1 dense GEMV tiles in CUDA graphs")  # fmt: skip
     args = p.parse_args()
-    if args.gemv:
-        return tune_gemv(args)
     if args.graph:
         return tune_graph(args)
     rows: list[dict[str, Any]] = []
     for name, (e, h, inner, k) in SHAPES.items():
         w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
         w_down = torch.randn(e, h, inner, device="cuda", dtype=torch.bfloat16) * 0.02
-        for t in [int(x) for x in (args.tokens or "1,8,64,256,4096").split(",")]:
+        for t in [int(x) for x in args.tokens.split(",")]:
             x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
             ids = torch.randint(0, e, (t * k,), device="cuda")
             act = torch.randn(t * k, inner, device="cuda", dtype=torch.bfloat16)
@@ -106,89 +104,11 @@ DENSE_SHAPES = {  # (N, K) of batch-1 projections: qkv, o, and the dense MLP whe
 }
 
 
-def tune_gemv(args: argparse.Namespace) -> None:
-    """Expert GEMV tiles (the small-batch path): gate_up (+ activation) and down (+ combine),
-    each kernel on its own, every tile; then dense batch-1 projections through the down
-    kernel (one expert, weight 1) against cuBLAS. do_bench flushes the L2 between runs."""
-    from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up
-
-    rows: list[dict[str, Any]] = []
-    tiles = [
-        GemvTiles(bn, bk, warps, stages)
-        for bn, bk, warps, stages in itertools.product(
-            (4, 8, 16, 32), (128, 256, 512), (4, 8), (1, 3)
-        )
-        if bn * bk <= 8192
-    ]
-
-    def sweep(label: str, model: str, tokens: int, gb: float, fns: dict[GemvTiles, Any]) -> None:
-        best = None
-        for t, fn in fns.items():
-            try:
-                ms = do_bench(fn, warmup=5, rep=25)
-            except Exception as exc:  # a tile that does not compile or fit
-                print(model, label, t, "failed", type(exc).__name__)
-                continue
-            row = {"model": model, "tokens": tokens, "kernel": label, **t._asdict(),
-                   "us": ms * 1e3, "tb_s": gb / ms}  # fmt: skip
-            rows.append(row)
-            if best is None or ms * 1e3 < best["us"]:
-                best = row
-
-        def is_default(r: dict[str, Any]) -> bool:
-            return "block_n" in r and GemvTiles(*[r[f] for f in GemvTiles._fields]) == GemvTiles()
-
-        default = [r for r in rows if r["kernel"] == label and r["model"] == model
-                   and r["tokens"] == tokens and is_default(r)]  # fmt: skip
-        print("best", json.dumps(best))
-        if default:
-            print("  default", json.dumps(default[0]))
-
-    for name, (e, h, inner, k, bias) in GEMV_SHAPES.items():
-        w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
-        w_down = torch.randn(e, h, inner, device="cuda", dtype=torch.bfloat16) * 0.02
-        b_up = torch.randn(e, 2 * inner, device="cuda", dtype=torch.bfloat16) if bias else None
-        b_dn = torch.randn(e, h, device="cuda", dtype=torch.bfloat16) if bias else None
-        act_kind = "swiglu_clamp" if bias else "silu"
-        for t in [int(x) for x in (args.tokens or "1").split(",")]:
-            x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
-            ids = torch.randperm(e, device="cuda")[: t * k].to(torch.int32)
-            if ids.numel() < t * k:
-                ids = torch.randint(0, e, (t * k,), device="cuda", dtype=torch.int32)
-            act = torch.randn(t * k, inner, device="cuda", dtype=torch.bfloat16)
-            scale = torch.rand(t * k, device="cuda")
-            touched = len(set(ids.tolist()))
-            gb_up, gb_dn = touched * 2 * h * inner * 2 / 1e9, touched * h * inner * 2 / 1e9
-            up = {tl: functools.partial(expert_gate_up, x, w_up, ids, act=act_kind, bias=b_up,
-                                        row_div=k, tiles=tl) for tl in tiles}  # fmt: skip
-            down = {tl: functools.partial(expert_down, act, w_down, ids, scale, k, bias=b_dn,
-                                          tiles=tl) for tl in tiles}  # fmt: skip
-            sweep("gate_up", name, t, gb_up, up)
-            sweep("down", name, t, gb_dn, down)
-    one = torch.zeros(1, device="cuda", dtype=torch.int32)
-    ones = torch.ones(1, device="cuda")
-    for name, shapes in DENSE_SHAPES.items():
-        for n, kk in shapes:
-            w = torch.randn(1, n, kk, device="cuda", dtype=torch.bfloat16) * 0.02
-            x = torch.randn(1, kk, device="cuda", dtype=torch.bfloat16)
-            gb = n * kk * 2 / 1e9
-            label = f"dense_{n}x{kk}"
-            ms = do_bench(lambda w=w, x=x: torch.nn.functional.linear(x, w[0]), warmup=5, rep=25)
-            rows.append({"model": name, "tokens": 1, "kernel": label, "impl": "cublas",
-                         "us": ms * 1e3, "tb_s": gb / ms})  # fmt: skip
-            print("cublas", json.dumps(rows[-1]))
-            fns = {tl: functools.partial(expert_down, x, w, one, ones, 1, tiles=tl) for tl in tiles}
-            sweep(label, name, 1, gb, fns)
-    if args.output:
-        with args.output.open("a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-
-
 def tune_graph(args: argparse.Namespace) -> None:
     """Expert GEMV and batch-1 dense tiles timed as the model runs them: `LAYERS` layers of
     distinct weights (so each reads DRAM, not L2) captured in one CUDA graph, replayed; per
-    layer us. `down` with `split` includes its zero fill and cast. Writes every row, and a
+    layer us (`down` with its zero fill and cast). Timing kernels one at a time (`do_bench`)
+    ranked the tiles differently and picked slower ones for the model. Writes every row, and a
     `best` row per (kernel, shape) for `bench.py --gemv-tiles` / the `TUNED` table; a dense
     shape gets one only where the GEMV beats cuBLAS by 3%."""
     from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up
@@ -239,11 +159,8 @@ def tune_graph(args: argparse.Namespace) -> None:
                          "best": True, "cublas_us": cublas[0] if cublas else None})  # fmt: skip
         print(json.dumps(rows[-1]))
 
-    base = [(bn, bk, w, acc) for bn in (4, 8, 16, 32) for bk in (128, 256, 512) for w in (8,)
-            for acc in (False, True) if not (acc and bn * bk > 4096)]  # fmt: skip
-    up_tiles = [GemvTiles(bn, bk, w, 1, acc) for bn, bk, w, acc in base]
-    down_tiles = [GemvTiles(bn, bk, w, 1, acc, split) for bn, bk, w, acc in base
-                  for split in (False, True)]  # fmt: skip
+    tiles = [GemvTiles(bn, bk, 8) for bn in (4, 8, 16, 32) for bk in (128, 256, 512)
+             if bn * bk <= 4096]  # fmt: skip
 
     def up_layers(x, ws, ids, *, tiles, **kw) -> None:  # type: ignore[no-untyped-def]
         for w, i in zip(ws, ids, strict=True):
@@ -272,13 +189,13 @@ def tune_graph(args: argparse.Namespace) -> None:
         act = torch.randn(k, inner, device="cuda", dtype=bf)
         scale = torch.rand(k, device="cuda")
         run = functools.partial(up_layers, x, w_up, ids, act=kind, bias=b_up, row_div=k)
-        up = [(t, per_layer_us(functools.partial(run, tiles=t))) for t in up_tiles]
+        up = [(t, per_layer_us(functools.partial(run, tiles=t))) for t in tiles]
         emit("gate_up", name, 2 * inner, h, k, up)
         down = [(t, per_layer_us(functools.partial(down_layers, act, w_dn, ids, scale, k, t,
-                                                   bias=b_dn))) for t in down_tiles]  # fmt: skip
+                                                   bias=b_dn))) for t in tiles]  # fmt: skip
         emit("down", name, h, inner, k, down)
         del w_up, w_dn
-    dense_tiles = [GemvTiles(bn, bk, w, 1, acc) for bn, bk, w, acc in base if bn <= 8]
+    dense_tiles = [t for t in tiles if t.block_n <= 8]
     for name, shapes in DENSE_SHAPES.items():
         for n, kk in shapes:
             ws = [torch.randn(n, kk, device="cuda", dtype=bf) * 0.02 for _ in range(layers)]

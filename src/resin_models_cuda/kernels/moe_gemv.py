@@ -1,20 +1,21 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
-"""Expert GEMV for small-batch MoE, two launches per layer: every (token, expert) pair reads
-its own expert's matrices straight from the stacked expert weights (no gather copy, no host
-sync, fixed grid: CUDA-graph safe).
+"""Expert GEMV for small-batch MoE: every (token, expert) pair reads its own expert's
+matrices straight from the stacked expert weights (no gather copy, no host sync, fixed grid:
+CUDA-graph safe).
 
 - `expert_gate_up`: `act[p] = gated(W_gu[e_p] @ x[p // row_div] + b)`, the gate and up rows of
   one output tile read by one program and the activation applied before the store (no
   `[P, 2I]` intermediate, no activation launch).
 - `expert_down`: `out[t] = sum_j s[t, j] * (W_d[e_tj] @ act[t * k + j] + b)`, one program per
-  (token, output tile) looping over the token's k experts, accumulated in float32 and stored in
-  the output dtype (no zeroed float32 buffer, no atomics, no cast launch).
+  (pair, output tile) adding its weighted rows into a zeroed float32 buffer (atomics), then
+  one cast to the output dtype: per-pair programs keep a batch-1 step's few pairs spread over
+  the whole GPU.
 
 At decode batch sizes pairs rarely share an expert, so each pair reading its expert once is
-the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). `GemvTiles` picks
-the launch shape per layer shape (`moe_tiles`, from `scripts/tune_moe.py --graph` on the
-H200): tile sizes, a 2-D accumulator reduced once after the K loop, and for `down` whether
-each pair gets its own programs (atomic float32 sum: more parallelism, two more launches).
+the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). Programs keep a
+2-D float32 accumulator and reduce it once after the K loop. The tile shape (`GemvTiles`)
+depends on the layer's shape: `tiles_for` reads `TUNED`, the H200's best from
+`scripts/tune_moe.py --graph`.
 """
 
 from __future__ import annotations
@@ -29,31 +30,17 @@ from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, g
 
 
 class GemvTiles(NamedTuple):
-    """Launch shape of one expert-GEMV kernel (tuned by `scripts/tune_moe.py --gemv`)."""
+    """Launch shape of one expert-GEMV kernel (tuned by `scripts/tune_moe.py --graph`)."""
 
-    block_n: int = 16
-    block_k: int = 256
-    num_warps: int = 8
+    block_n: int
+    block_k: int
+    num_warps: int
     num_stages: int = 1
-    acc_2d: bool = False  # reduce once after the K loop instead of once per K tile
-    split: bool = False  # down: one program per pair, atomic add into float32 (then a cast)
 
 
 @triton.jit
-def _dot_rows_1d(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
-                    other=0.0)  # fmt: skip
-        acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-    return acc
-
-
-@triton.jit
-def _dot_rows_2d(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dot_rows(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -63,18 +50,6 @@ def _dot_rows_2d(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
                     other=0.0)  # fmt: skip
         acc += w.to(tl.float32) * x[None, :]
     return tl.sum(acc, 1)
-
-
-@triton.jit
-def _dot_rows(
-    x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACC_2D: tl.constexpr
-):
-    """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
-    if ACC_2D:
-        y = _dot_rows_2d(x_ptr, w_ptr, n, nmask, K, BLOCK_N, BLOCK_K)
-    else:
-        y = _dot_rows_1d(x_ptr, w_ptr, n, nmask, K, BLOCK_N, BLOCK_K)
-    return y
 
 
 @triton.jit
@@ -95,7 +70,6 @@ def _gate_up_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ACC_2D: tl.constexpr,
 ):
     p = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,8 +77,8 @@ def _gate_up_kernel(
     e = tl.load(expert_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
     w_gate = w_ptr + e * 2 * INTER * K
-    gate = _dot_rows(x_row, w_gate, n, nmask, K, BLOCK_N, BLOCK_K, ACC_2D)
-    up = _dot_rows(x_row, w_gate + INTER * K, n, nmask, K, BLOCK_N, BLOCK_K, ACC_2D)
+    gate = _dot_rows(x_row, w_gate, n, nmask, K, BLOCK_N, BLOCK_K)
+    up = _dot_rows(x_row, w_gate + INTER * K, n, nmask, K, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
         up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
@@ -122,7 +96,7 @@ def _down_kernel(
     expert_ptr,  # int32/int64 [T * TOPK]
     scale_ptr,  # fp32 [T * TOPK]: routing weights
     bias_ptr,  # [E, N] (read when HAS_BIAS)
-    out_ptr,  # [T, N], row stride stride_o (SPLIT: float32, zeroed, added into)
+    out_ptr,  # fp32 [T, N], row stride stride_o, zeroed: pair p adds into row p // TOPK
     stride_a,
     stride_o,
     N,
@@ -131,31 +105,15 @@ def _down_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ACC_2D: tl.constexpr,
-    SPLIT: tl.constexpr,  # program axis 0 is the pair (atomic add), else the token (k loop)
 ):
+    p = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
-    if SPLIT:
-        p = tl.program_id(0).to(tl.int64)
-        t = p // TOPK
-        first, count = p, 1
-    else:
-        t = tl.program_id(0).to(tl.int64)
-        first, count = t * TOPK, TOPK
-    out = tl.zeros([BLOCK_N], tl.float32)
-    for j in range(count):
-        p = first + j
-        e = tl.load(expert_ptr + p).to(tl.int64)
-        w_e = w_ptr + e * N * K
-        y = _dot_rows(act_ptr + p * stride_a, w_e, n, nmask, K, BLOCK_N, BLOCK_K, ACC_2D)
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
-        out += tl.load(scale_ptr + p) * y
-    if SPLIT:
-        tl.atomic_add(out_ptr + t * stride_o + n, out, mask=nmask)
-    else:
-        tl.store(out_ptr + t * stride_o + n, out.to(out_ptr.dtype.element_ty), mask=nmask)
+    e = tl.load(expert_ptr + p).to(tl.int64)
+    y = _dot_rows(act_ptr + p * stride_a, w_ptr + e * N * K, n, nmask, K, BLOCK_N, BLOCK_K)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
+    tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, tl.load(scale_ptr + p) * y, mask=nmask)
 
 
 def expert_gate_up(
@@ -188,7 +146,7 @@ def expert_gate_up(
             x, w, experts, w if bias is None else bias, out, x.stride(0), out.stride(0),
             inner, k, alpha, limit, ROW_DIV=row_div, ACT=ACTIVATION_CODES[act],
             HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            ACC_2D=tiles.acc_2d, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         )  # fmt: skip
     return out
 
@@ -221,32 +179,27 @@ def expert_down(
     assert out.shape == (tokens, n) and out.stride(1) == 1
     if not tokens:
         return out
-    # Split: more programs (one per pair) for an atomic float32 sum, zeroed first, cast after.
-    target = (
-        torch.zeros((tokens, n), dtype=torch.float32, device=act.device) if tiles.split else out
-    )
-    _down_kernel[(pairs if tiles.split else tokens, triton.cdiv(n, tiles.block_n))](
-        act, w, experts, scale, w if bias is None else bias, target, act.stride(0),
-        target.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
-        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, ACC_2D=tiles.acc_2d, SPLIT=tiles.split,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    summed = torch.zeros((tokens, n), dtype=torch.float32, device=act.device)
+    _down_kernel[(pairs, triton.cdiv(n, tiles.block_n))](
+        act, w, experts, scale, w if bias is None else bias, summed, act.stride(0),
+        summed.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )  # fmt: skip
-    if tiles.split:
-        out.copy_(target)
-    return out
+    return out.copy_(summed)
 
 
 # Measured best launch shapes at batch 1, keyed by (kernel, N, K, pairs per token); other
 # shapes take the kernel's default. From `scripts/tune_moe.py --graph` on the H200 (12 layers of
 # distinct weights in one CUDA graph; docs/benchmarks.md), microseconds per layer in comments.
 # `load_tiles` adds a sweep's file (`resin bench --gemv-tiles`).
-GATE_UP_DEFAULT = GemvTiles(16, 128, 8, 1, acc_2d=True)
-DOWN_DEFAULT = GemvTiles(32, 128, 8, 1, acc_2d=True, split=True)
+GATE_UP_DEFAULT = GemvTiles(16, 128, 8)
+DOWN_DEFAULT = GemvTiles(32, 128, 8)
 TUNED: dict[tuple[str, int, int, int], GemvTiles] = {
-    ("gate_up", 1536, 2048, 8): GemvTiles(8, 128, 8, 1, acc_2d=True),  # Qwen3-30B-A3B, 15.5
+    ("gate_up", 1536, 2048, 8): GemvTiles(8, 128, 8),  # Qwen3-30B-A3B, 15.5
     ("down", 2048, 768, 8): DOWN_DEFAULT,  # 11.4
     ("gate_up", 5760, 2880, 4): GATE_UP_DEFAULT,  # gpt-oss-20b, 37.8
-    ("down", 2880, 2880, 4): GemvTiles(16, 128, 8, 1, acc_2d=True, split=True),  # 24.0
+    ("down", 2880, 2880, 4): GemvTiles(16, 128, 8),  # 24.0
     ("gate_up", 2816, 2048, 8): GATE_UP_DEFAULT,  # DeepSeek-V2-Lite (6 + 2 shared), 25.9
     ("down", 2048, 1408, 8): DOWN_DEFAULT,  # 16.6
 }

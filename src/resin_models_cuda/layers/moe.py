@@ -5,8 +5,8 @@ paths with the same result (no host sync in either, so decode CUDA graphs cover 
   score bias (DeepSeek), top-k, optional renormalization and scale, in one kernel; shared
   experts ride along as always-chosen experts of weight 1 (`ExpertWeights.with_shared`).
 - Few pairs (`pairs <= gemv_max_pairs`): the expert GEMV (`kernels/moe_gemv.py`), each pair
-  reading its expert in place: gate_up with the activation fused, then down with the weighted
-  combine over each token's experts fused (two launches).
+  reading its expert in place: gate_up with the activation fused, then down adding each
+  weighted pair into a zeroed float32 sum (and a cast).
 - Otherwise: pairs sorted by expert on the device and the fused grouped GEMM
   (`kernels/moe_grouped.py`), one launch per projection, then a sum over each token's k rows.
 
@@ -80,6 +80,7 @@ class MoE:
         self.gemv_max_pairs = gemv_max_pairs
         self.router = weights.router.float() if fp32_router else weights.router
         self.per_token = moe.top_k + weights.shared  # pairs per token
+        self.limit = moe.swiglu_limit if moe.swiglu_limit is not None else 0.0  # clamped SwiGLU
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights fp32 [T, k + shared], experts int32 [T, k + shared]): one linear, one
@@ -88,13 +89,7 @@ class MoE:
         return router_topk(logits, self.moe, self.w.score_bias, self.w.shared)
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
-        limit = self.moe.swiglu_limit
-        return gated_activation(
-            gate_up,
-            self.act,
-            alpha=self.moe.swiglu_alpha,
-            limit=limit if limit is not None else 0.0,
-        )
+        return gated_activation(gate_up, self.act, alpha=self.moe.swiglu_alpha, limit=self.limit)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, expert = self.route(x)
@@ -105,7 +100,6 @@ class MoE:
     def _gemv(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         k, w = self.per_token, self.w
         experts = expert.flatten()
-        limit = self.moe.swiglu_limit
         act = expert_gate_up(
             x,
             w.gate_up,
@@ -114,7 +108,7 @@ class MoE:
             bias=w.gate_up_bias,
             row_div=k,
             alpha=self.moe.swiglu_alpha,
-            limit=limit if limit is not None else 0.0,
+            limit=self.limit,
             tiles=self._tiles("gate_up", w.gate_up),
         )
         down_tiles = self._tiles("down", w.down)
