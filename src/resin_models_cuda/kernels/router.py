@@ -60,13 +60,14 @@ def _router_topk_kernel(
         if SIGMOID:  # a group scores the sum of its two best experts
             first = tl.min(tl.where(choice == best[:, None], e, E), 1)
             group_score += tl.max(tl.where(e == first[:, None], float("-inf"), choice), 1)
-        group_score = tl.where(tl.arange(0, G_PAD) < GROUPS, group_score, float("-inf"))
+        gi = tl.arange(0, G_PAD)
+        group_score = tl.where(gi < GROUPS, group_score, float("-inf"))
         keep = tl.zeros([G_PAD], tl.int1)
         for _ in tl.static_range(TOPK_GROUPS):
             top = tl.max(group_score, 0)
-            idx = tl.min(tl.where(group_score == top, tl.arange(0, G_PAD), G_PAD), 0)
-            keep = keep | (tl.arange(0, G_PAD) == idx)
-            group_score = tl.where(tl.arange(0, G_PAD) == idx, float("-inf"), group_score)
+            idx = tl.min(tl.where(group_score == top, gi, G_PAD), 0)
+            keep = keep | (gi == idx)
+            group_score = tl.where(gi == idx, float("-inf"), group_score)
         choice = tl.where(keep[:, None], choice, float("-inf"))
     col = tl.arange(0, OUT_PAD)
     chosen = tl.zeros([OUT_PAD], tl.int32)

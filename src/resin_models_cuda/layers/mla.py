@@ -52,13 +52,13 @@ class MlaAttention:
         self.mla, self.slot, self.rotary, self.scale = mla, slot, rotary, config.scale
         h, heads = config.hidden_size, config.num_heads
         self.heads, self.qk = heads, mla.nope_dim + mla.rope_dim
-        self.q_a: torch.Tensor | None = None
+        q_a: torch.Tensor | None = None
         self.q_a_norm: RMSNorm | None = None
         if mla.q_lora_rank is None:
             q = w.get(f"{prefix}q_proj.weight", (heads * self.qk, h))
         else:
             rank = mla.q_lora_rank
-            self.q_a = w.get(f"{prefix}q_a_proj.weight", (rank, h))
+            q_a = w.get(f"{prefix}q_a_proj.weight", (rank, h))
             self.q_a_norm = RMSNorm(w, f"{prefix}q_a_layernorm.weight", rank, LATENT_NORM_EPS)
             q = w.get(f"{prefix}q_b_proj.weight", (heads * self.qk, rank))
         kv_a = w.get(f"{prefix}kv_a_proj_with_mqa.weight", (mla.latent_dim, h))
@@ -66,9 +66,9 @@ class MlaAttention:
             q = _deinterleave(q, mla.nope_dim, mla.rope_dim, self.qk)
             kv_a = _deinterleave(kv_a, mla.kv_lora_rank, mla.rope_dim, mla.latent_dim)
         # Everything that reads the layer input in one matmul: [q (or q_a) ; kv_a].
-        first = q if self.q_a is None else self.q_a
+        first = q if q_a is None else q_a
         self.q_size, self.in_proj = first.shape[0], torch.cat((first, kv_a))
-        self.q_b = None if self.q_a is None else q
+        self.q_b = None if q_a is None else q
         self.kv_a_norm = RMSNorm(
             w, f"{prefix}kv_a_layernorm.weight", mla.kv_lora_rank, LATENT_NORM_EPS
         )

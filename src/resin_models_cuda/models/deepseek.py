@@ -20,17 +20,6 @@ from resin_models_cuda.step import StepTensors
 from resin_models_torch.config import ModelConfig
 
 
-class SharedExpertsMoE:
-    """A routed MoE plus a dense shared MLP whose width is no multiple of the experts' (the
-    usual case folds the shared MLP into the experts: `ExpertWeights.with_shared`)."""
-
-    def __init__(self, routed: MoE, shared: GatedMLP) -> None:
-        self.routed, self.shared = routed, shared
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.routed(x) + self.shared(x)
-
-
 class DeepseekLayer:
     def __init__(self, model: Deepseek, i: int, w: WeightSource) -> None:
         c, p = model.config, f"model.layers.{i}."
@@ -54,7 +43,7 @@ class Deepseek(FastModel):
     def cache_token_shape(self) -> tuple[int, int, int]:
         return 1, 1, self.mla.latent_dim  # one latent per token per layer
 
-    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE | SharedExpertsMoE:
+    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE:
         c, p = self.config, f"model.layers.{i}.mlp."
         if not c.is_sparse(i):
             return GatedMLP(w, p, c.hidden_size, c.intermediate_size, c.hidden_act)
@@ -64,15 +53,12 @@ class Deepseek(FastModel):
         if moe.score_bias:
             bias = w.get(f"{p}gate.e_score_correction_bias", (moe.num_experts,), "zeros")
             experts = replace(experts, score_bias=bias.float())
-        shared = None
-        if moe.shared_intermediate_size:
+        if moe.shared_intermediate_size:  # n_shared_experts x the expert width, by definition
             inner = moe.shared_intermediate_size
             shared = GatedMLP(w, f"{p}shared_experts.", c.hidden_size, inner, c.hidden_act)
-            if inner % moe.intermediate_size == 0:
-                experts, shared = experts.with_shared(shared.gate_up, shared.down), None
+            experts = experts.with_shared(shared.gate_up, shared.down)
         act, pairs = activation(c.hidden_act), self.options.moe_gemv_max_pairs
-        routed = MoE(moe, experts, act, pairs, fp32_router=True)
-        return routed if shared is None else SharedExpertsMoE(routed, shared)
+        return MoE(moe, experts, act, pairs, fp32_router=True)
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         rows = prefill_rows(step)
