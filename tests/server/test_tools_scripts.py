@@ -222,17 +222,23 @@ def test_forced_tool_case_fails_a_server_that_does_not_call_the_tool(
     assert row.startswith("| tool-call case (forced) | FAIL |") and problem in row, row
 
 
+def _report_row(path: Path, answer: dict, argv: list[str], prefix: str, **server: int) -> str:
+    """Run `resin check` against a foreign server; the report's row that starts with `prefix`."""
+    with foreign_server(answer, **server) as url:
+        check.main([url, "--output", str(path), *argv])
+    (row,) = [x for x in path.read_text().splitlines() if x.startswith(prefix)]
+    return row
+
+
 def test_ttft_case_fails_when_a_size_gets_a_server_error(tmp_path: Path) -> None:
     """One short prompt answered and the long ones a 500 is a FAIL; a 400 for a prompt longer
     than the context is a fair refusal."""
     answer = {"message": {"role": "assistant", "content": "OK"}, "finish_reason": "stop"}
     argv = ["--burst", "2", "--ttft-sizes", "8,200", "--no-expect-tools", "--no-expect-reasoning"]
-    rows = {}
-    for status in (500, 400):
-        report = tmp_path / f"{status}.md"
-        with foreign_server(answer, long_status=status) as url:
-            check.main([url, "--output", str(report), *argv])
-        (rows[status],) = [x for x in report.read_text().splitlines() if x.startswith("| TTFT")]
+    rows = {
+        status: _report_row(tmp_path / f"{status}.md", answer, argv, "| TTFT", long_status=status)
+        for status in (500, 400)
+    }
     assert rows[500].startswith("| TTFT vs context size | FAIL |"), rows[500]
     assert "200 words -> HTTP 500" in rows[500]
     assert rows[400].startswith("| TTFT vs context size | PASS |"), rows[400]
@@ -243,12 +249,10 @@ def test_eval_case_fails_when_questions_go_unanswered(tmp_path: Path) -> None:
     answered with a 500 fails the case: it passed whenever the file had rows."""
     answer = {"message": {"role": "assistant", "content": "OK"}, "finish_reason": "stop"}
     argv = ["--burst", "2", "--ttft-sizes", "8", "--eval-file", str(DATA / "mini_mmlu.jsonl")]
-    rows = {}
-    for status in (200, 500):
-        report = tmp_path / f"{status}.md"
-        with foreign_server(answer, eval_status=status) as url:
-            check.main([url, "--output", str(report), *argv])
-        (rows[status],) = [x for x in report.read_text().splitlines() if x.startswith("| acc")]
+    rows = {
+        status: _report_row(tmp_path / f"{status}.md", answer, argv, "| acc", eval_status=status)
+        for status in (200, 500)
+    }
     assert rows[200].startswith("| accuracy on mini_mmlu.jsonl | PASS | 0/"), rows[200]
     assert rows[500].startswith("| accuracy on mini_mmlu.jsonl | FAIL |"), rows[500]
     assert "requests failed" in rows[500]
