@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from resin_models_cuda.layers import RMSNorm, Rotary, WeightSource
+from resin_models_cuda.layers import Attention, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.step import LayerSlot, MediaTensors, StepTensors
 from resin_models_torch.config import LayerKind, ModelConfig
 
@@ -32,11 +32,11 @@ class FastModel:
 
     unit_offset_norms = False  # Gemma's (1 + w) RMSNorm weights
 
-    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
+    def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         if "conv" in config.layer_types:
             raise ValueError(f"{config.model_type}: conv layers have no fast implementation")
         self.config, self.options = config, options
-        self.device, self.dtype = w.device, w.dtype
+        self.device, self.dtype = weights.device, weights.dtype
         self.group_kinds = tuple(k for k in GROUP_KINDS if k in config.layer_types)
         seen = dict.fromkeys(self.group_kinds, 0)
         slots = []
@@ -45,18 +45,18 @@ class FastModel:
             seen[kind] += 1
         self.slots = tuple(slots)
         self.layers_per_group = tuple(seen[k] for k in self.group_kinds)
-        max_pos = min(options.max_positions, config.max_positions) + 1
+        positions = min(options.max_positions, config.max_positions) + 1
         self._rotary = {
-            kind: Rotary(config.rope_of(kind), config.head_dim, max_pos, self.device)
+            kind: Rotary(config.rope_of(kind), config.head_dim, positions, self.device)
             for kind in self.group_kinds
         }
-        h = config.hidden_size
-        self.embed = w.get("model.embed_tokens.weight", (config.vocab_size, h))
+        hidden, vocab = config.hidden_size, config.vocab_size
+        self.embed = weights.get("model.embed_tokens.weight", (vocab, hidden))
         self.final_norm = RMSNorm(
-            w, "model.norm.weight", h, config.norm_eps, self.unit_offset_norms
+            weights, "model.norm.weight", hidden, config.norm_eps, self.unit_offset_norms
         )
         tied = config.tie_embeddings
-        self.lm_head = self.embed if tied else w.get("lm_head.weight", (config.vocab_size, h))
+        self.lm_head = self.embed if tied else weights.get("lm_head.weight", (vocab, hidden))
 
     def cache_token_shape(self) -> tuple[int, int, int]:
         """(planes, heads, dim) cached per token per layer: K and V of every KV head here; an
@@ -70,6 +70,18 @@ class FastModel:
 
     def rotary(self, layer: int) -> Rotary:
         return self._rotary[self.config.layer_types[layer]]
+
+    def attention(self, weights: WeightSource, layer: int) -> Attention:
+        """Layer `layer`'s paged attention: its cache slot, window and rotary table."""
+        return Attention(
+            self.config,
+            weights,
+            f"model.layers.{layer}.self_attn.",
+            self.slots[layer],
+            self.window(layer),
+            self.rotary(layer),
+            unit_offset_norms=self.unit_offset_norms,
+        )
 
     def embed_tokens(
         self, input_ids: torch.Tensor, media: MediaTensors | None = None

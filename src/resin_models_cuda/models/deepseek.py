@@ -21,54 +21,79 @@ from resin_models_torch.config import ModelConfig
 
 
 class DeepseekLayer:
-    def __init__(self, model: Deepseek, i: int, w: WeightSource) -> None:
-        c, p = model.config, f"model.layers.{i}."
-        h = c.hidden_size
-        self.input_norm = RMSNorm(w, f"{p}input_layernorm.weight", h, c.norm_eps)
-        self.attn = MlaAttention(c, w, f"{p}self_attn.", model.slots[i], model.rope)
-        self.post_norm = RMSNorm(w, f"{p}post_attention_layernorm.weight", h, c.norm_eps)
-        self.mlp = model.make_mlp(w, i)
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: WeightSource,
+        prefix: str,
+        attention: MlaAttention,
+        mlp: GatedMLP | MoE,
+    ) -> None:
+        hidden, eps = config.hidden_size, config.norm_eps
+        self.input_norm = RMSNorm(weights, f"{prefix}input_layernorm.weight", hidden, eps)
+        self.attn = attention
+        self.post_norm = RMSNorm(weights, f"{prefix}post_attention_layernorm.weight", hidden, eps)
+        self.mlp = mlp
 
 
 class Deepseek(FastModel):
-    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
+    def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         if config.mla is None or config.moe is None:
             raise ValueError("deepseek models need MLA and MoE configs")
-        super().__init__(config, w, options)
+        super().__init__(config, weights, options)
         self.mla = config.mla
-        max_pos = min(options.max_positions, config.max_positions) + 1
-        self.rope = Rotary(config.rope, config.mla.rope_dim, max_pos, self.device)
-        self.layers = [DeepseekLayer(self, i, w) for i in range(config.num_layers)]
+        positions = min(options.max_positions, config.max_positions) + 1
+        self.rope = Rotary(config.rope, config.mla.rope_dim, positions, self.device)
+        self.layers = [
+            DeepseekLayer(
+                config,
+                weights,
+                f"model.layers.{layer}.",
+                MlaAttention(
+                    config,
+                    weights,
+                    f"model.layers.{layer}.self_attn.",
+                    self.slots[layer],
+                    self.rope,
+                ),
+                self.make_mlp(weights, layer),
+            )
+            for layer in range(config.num_layers)
+        ]
 
     def cache_token_shape(self) -> tuple[int, int, int]:
         return 1, 1, self.mla.latent_dim  # one latent per token per layer
 
-    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE:
-        c, p = self.config, f"model.layers.{i}.mlp."
-        if not c.is_sparse(i):
-            return GatedMLP(w, p, c.hidden_size, c.intermediate_size, c.hidden_act)
-        moe = c.moe
+    def make_mlp(self, weights: WeightSource, layer: int) -> GatedMLP | MoE:
+        config, prefix = self.config, f"model.layers.{layer}.mlp."
+        hidden = config.hidden_size
+        if not config.is_sparse(layer):
+            inner = config.intermediate_size
+            return GatedMLP(weights, prefix, hidden, inner, config.hidden_act)
+        moe = config.moe
         assert moe is not None
-        experts = qwen_experts(c, w, p)
+        experts = qwen_experts(config, weights, prefix)
         if moe.score_bias:
-            bias = w.get(f"{p}gate.e_score_correction_bias", (moe.num_experts,), "zeros")
+            name = f"{prefix}gate.e_score_correction_bias"
+            bias = weights.get(name, (moe.num_experts,), "zeros")
             experts = replace(experts, score_bias=bias.float())
         if moe.shared_intermediate_size:  # n_shared_experts x the expert width, by definition
             inner = moe.shared_intermediate_size
-            shared = GatedMLP(w, f"{p}shared_experts.", c.hidden_size, inner, c.hidden_act)
+            name = f"{prefix}shared_experts."
+            shared = GatedMLP(weights, name, hidden, inner, config.hidden_act)
             experts = experts.with_shared(shared.gate_up, shared.down)
-        act, pairs = activation(c.hidden_act), self.options.moe_gemv_max_pairs
-        return MoE(moe, experts, act, pairs, fp32_router=True)
+        pairs = self.options.moe_gemv_max_pairs
+        return MoE(moe, experts, activation(config.hidden_act), pairs, fp32_router=True)
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         rows = prefill_rows(step)
         residual = self.embed_tokens(step.input_ids)
         x = self.layers[0].input_norm(residual)
-        for i, layer in enumerate(self.layers):
-            if i > 0:
-                layer.input_norm.add_norm(x, residual)
+        for index, layer in enumerate(self.layers):
+            if index > 0:
+                x, residual = layer.input_norm(x, residual)
             x = layer.attn(x, step, kv, rows)
-            layer.post_norm.add_norm(x, residual)
+            x, residual = layer.post_norm(x, residual)
             x = layer.mlp(x)
-        self.final_norm.add_norm(x, residual)
+        x, residual = self.final_norm(x, residual)
         return x

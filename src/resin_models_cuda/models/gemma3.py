@@ -21,57 +21,54 @@ from resin_models_torch.gemma3_encoder import Gemma3ImageEncoder
 
 
 class Gemma3Layer:
-    def __init__(self, model: Gemma3, i: int, w: WeightSource) -> None:
-        c, p = model.config, f"model.layers.{i}."
-        h, eps = c.hidden_size, c.norm_eps
+    def __init__(
+        self, config: ModelConfig, weights: WeightSource, prefix: str, attention: Attention
+    ) -> None:
+        hidden, eps = config.hidden_size, config.norm_eps
 
         def norm(name: str) -> RMSNorm:
-            return RMSNorm(w, f"{p}{name}.weight", h, eps, unit_offset=True)
+            return RMSNorm(weights, f"{prefix}{name}.weight", hidden, eps, unit_offset=True)
 
         self.input_norm = norm("input_layernorm")
-        self.attn = Attention(
-            c,
-            w,
-            f"{p}self_attn.",
-            model.slots[i],
-            model.window(i),
-            model.rotary(i),
-            unit_offset_norms=True,
-        )
+        self.attn = attention
         self.post_attn_norm = norm("post_attention_layernorm")
         self.pre_ff_norm = norm("pre_feedforward_layernorm")
-        self.mlp = GatedMLP(w, f"{p}mlp.", h, c.intermediate_size, c.hidden_act)
+        inner = config.intermediate_size
+        self.mlp = GatedMLP(weights, f"{prefix}mlp.", hidden, inner, config.hidden_act)
         self.post_ff_norm = norm("post_feedforward_layernorm")
 
 
 class Gemma3(FastModel):
     unit_offset_norms = True
 
-    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
-        super().__init__(config, w, options)
-        self.layers = [Gemma3Layer(self, i, w) for i in range(config.num_layers)]
+    def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
+        super().__init__(config, weights, options)
+        self.layers = [
+            Gemma3Layer(config, weights, f"model.layers.{layer}.", self.attention(weights, layer))
+            for layer in range(config.num_layers)
+        ]
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         residual = self.embed_tokens(step.input_ids, step.media)
         x = self.layers[0].input_norm(residual)
-        for i, layer in enumerate(self.layers):
+        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.final_norm]
+        for layer, next_norm in zip(self.layers, next_norms, strict=True):
             x = layer.attn(x, step, kv)
-            layer.pre_ff_norm.add_post_norm(x, residual, layer.post_attn_norm)
+            x, residual = layer.pre_ff_norm(x, residual, sublayer_norm=layer.post_attn_norm)
             x = layer.mlp(x)
-            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
-            nxt.add_post_norm(x, residual, layer.post_ff_norm)
+            x, residual = next_norm(x, residual, sublayer_norm=layer.post_ff_norm)
         return x
 
 
 class Gemma3Vision(Gemma3):
-    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
-        super().__init__(config, w, options)
+    def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
+        super().__init__(config, weights, options)
         if config.vision is None:
             raise ValueError("gemma3 needs a vision_config")
-        with torch.device(w.device):
-            encoder = Gemma3ImageEncoder(config.vision, config.hidden_size).to(w.dtype)
-        weights = {n: w.get(n, tuple(p.shape)) for n, p in encoder.state_dict().items()}
-        encoder.load_state_dict(weights)
+        with torch.device(weights.device):
+            encoder = Gemma3ImageEncoder(config.vision, config.hidden_size).to(weights.dtype)
+        state = encoder.state_dict()
+        encoder.load_state_dict({n: weights.get(n, tuple(t.shape)) for n, t in state.items()})
         self.encoder = encoder.eval()
 
     def encode_media(self, item: MediaItem) -> torch.Tensor:

@@ -23,20 +23,21 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
 
 
 class GptOss(Llama):
-    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE:
-        c, p = self.config, f"model.layers.{i}.mlp."
-        assert c.moe is not None
-        h, inner, e = c.hidden_size, c.moe.intermediate_size, c.moe.num_experts
-        gate_up = w.get(f"{p}experts.gate_up_proj", (e, h, 2 * inner))
+    def make_mlp(self, weights: WeightSource, layer: int) -> GatedMLP | MoE:
+        config, prefix = self.config, f"model.layers.{layer}.mlp."
+        assert config.moe is not None
+        hidden, inner = config.hidden_size, config.moe.intermediate_size
+        experts = config.moe.num_experts
+        gate_up = weights.get(f"{prefix}experts.gate_up_proj", (experts, hidden, 2 * inner))
         gate_up = _deinterleave(gate_up).transpose(1, 2).contiguous()
-        gate_up_bias = _deinterleave(w.get(f"{p}experts.gate_up_proj_bias", (e, 2 * inner)))
-        down = w.get(f"{p}experts.down_proj", (e, inner, h), "out").transpose(1, 2).contiguous()
-        experts = ExpertWeights(
-            w.get(f"{p}router.weight", (e, h)),
-            w.get(f"{p}router.bias", (e,)),
+        gate_up_bias = weights.get(f"{prefix}experts.gate_up_proj_bias", (experts, 2 * inner))
+        down = weights.get(f"{prefix}experts.down_proj", (experts, inner, hidden), "out")
+        expert_weights = ExpertWeights(
+            weights.get(f"{prefix}router.weight", (experts, hidden)),
+            weights.get(f"{prefix}router.bias", (experts,)),
             gate_up,
-            gate_up_bias.contiguous(),
-            down,
-            w.get(f"{p}experts.down_proj_bias", (e, h)),
+            _deinterleave(gate_up_bias).contiguous(),
+            down.transpose(1, 2).contiguous(),
+            weights.get(f"{prefix}experts.down_proj_bias", (experts, hidden)),
         )
-        return MoE(c.moe, experts, "swiglu_clamp", self.options.moe_gemv_max_pairs)
+        return MoE(config.moe, expert_weights, "swiglu_clamp", self.options.moe_gemv_max_pairs)

@@ -16,74 +16,91 @@ from resin_models_cuda.layers import (
     WeightSource,
     activation_of,
 )
+from resin_models_cuda.layers.weights import Init
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
 from resin_models_torch.config import ModelConfig
 
 
-def qwen_experts(c: ModelConfig, w: WeightSource, p: str) -> ExpertWeights:
+def qwen_experts(config: ModelConfig, weights: WeightSource, prefix: str) -> ExpertWeights:
     """Qwen3-MoE names: `mlp.gate` router; experts per expert as checkpoints store them
     (`mlp.experts.{j}.{gate,up,down}_proj`) or fused as transformers 5 holds them in memory
     (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I])."""
-    assert c.moe is not None
-    h, i, e = c.hidden_size, c.moe.intermediate_size, c.moe.num_experts
-    router = w.get(f"{p}gate.weight", (e, h))
-    if w.has(f"{p}experts.gate_up_proj"):
-        gate_up = w.get(f"{p}experts.gate_up_proj", (e, 2 * i, h))
-        down = w.get(f"{p}experts.down_proj", (e, h, i), "out")
+    assert config.moe is not None
+    hidden, inner = config.hidden_size, config.moe.intermediate_size
+    experts = config.moe.num_experts
+    router = weights.get(f"{prefix}gate.weight", (experts, hidden))
+    if weights.has(f"{prefix}experts.gate_up_proj"):
+        gate_up = weights.get(f"{prefix}experts.gate_up_proj", (experts, 2 * inner, hidden))
+        down = weights.get(f"{prefix}experts.down_proj", (experts, hidden, inner), "out")
         return ExpertWeights(router, None, gate_up, None, down, None)
+
+    def expert(j: int, name: str, shape: tuple[int, int], init: Init = "normal") -> torch.Tensor:
+        return weights.get(f"{prefix}experts.{j}.{name}.weight", shape, init)
+
     gate_up = torch.stack(
         [
             torch.cat(
-                [
-                    w.get(f"{p}experts.{j}.gate_proj.weight", (i, h)),
-                    w.get(f"{p}experts.{j}.up_proj.weight", (i, h)),
-                ]
+                [expert(j, "gate_proj", (inner, hidden)), expert(j, "up_proj", (inner, hidden))]
             )
-            for j in range(e)
+            for j in range(experts)
         ]
     )
-    down = torch.stack([w.get(f"{p}experts.{j}.down_proj.weight", (h, i), "out") for j in range(e)])
+    down = torch.stack([expert(j, "down_proj", (hidden, inner), "out") for j in range(experts)])
     return ExpertWeights(router, None, gate_up, None, down, None)
 
 
 class LlamaLayer:
-    def __init__(self, model: Llama, i: int, w: WeightSource) -> None:
-        c, p = model.config, f"model.layers.{i}."
-        h = c.hidden_size
-        self.input_norm = RMSNorm(w, f"{p}input_layernorm.weight", h, c.norm_eps)
-        self.attn = Attention(
-            c, w, f"{p}self_attn.", model.slots[i], model.window(i), model.rotary(i)
-        )
-        self.post_norm = RMSNorm(w, f"{p}post_attention_layernorm.weight", h, c.norm_eps)
-        self.mlp = model.make_mlp(w, i)
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: WeightSource,
+        prefix: str,
+        attention: Attention,
+        mlp: GatedMLP | MoE,
+    ) -> None:
+        hidden, eps = config.hidden_size, config.norm_eps
+        self.input_norm = RMSNorm(weights, f"{prefix}input_layernorm.weight", hidden, eps)
+        self.attn = attention
+        self.post_norm = RMSNorm(weights, f"{prefix}post_attention_layernorm.weight", hidden, eps)
+        self.mlp = mlp
 
 
 class Llama(FastModel):
-    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
-        super().__init__(config, w, options)
-        self.layers = [LlamaLayer(self, i, w) for i in range(config.num_layers)]
+    def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
+        super().__init__(config, weights, options)
+        self.layers = [
+            LlamaLayer(
+                config,
+                weights,
+                f"model.layers.{layer}.",
+                self.attention(weights, layer),
+                self.make_mlp(weights, layer),
+            )
+            for layer in range(config.num_layers)
+        ]
 
-    def make_mlp(self, w: WeightSource, i: int) -> GatedMLP | MoE:
-        c, p = self.config, f"model.layers.{i}.mlp."
-        if c.is_sparse(i):
-            assert c.moe is not None
+    def make_mlp(self, weights: WeightSource, layer: int) -> GatedMLP | MoE:
+        config, prefix = self.config, f"model.layers.{layer}.mlp."
+        if config.is_sparse(layer):
+            assert config.moe is not None
             return MoE(
-                c.moe,
-                qwen_experts(c, w, p),
-                activation_of(c.hidden_act),
+                config.moe,
+                qwen_experts(config, weights, prefix),
+                activation_of(config.hidden_act),
                 self.options.moe_gemv_max_pairs,
             )
-        return GatedMLP(w, p, c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias)
+        hidden, inner = config.hidden_size, config.intermediate_size
+        return GatedMLP(weights, prefix, hidden, inner, config.hidden_act, config.mlp_bias)
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         residual = self.embed_tokens(step.input_ids)
         x = self.layers[0].input_norm(residual)
-        for i, layer in enumerate(self.layers):
-            if i > 0:
-                layer.input_norm.add_norm(x, residual)
+        for index, layer in enumerate(self.layers):
+            if index > 0:
+                x, residual = layer.input_norm(x, residual)
             x = layer.attn(x, step, kv)
-            layer.post_norm.add_norm(x, residual)
+            x, residual = layer.post_norm(x, residual)
             x = layer.mlp(x)
-        self.final_norm.add_norm(x, residual)
+        x, residual = self.final_norm(x, residual)
         return x

@@ -15,27 +15,35 @@ from resin_models_torch.config import ModelConfig
 
 
 class Olmo2Layer:
-    def __init__(self, model: Olmo2, i: int, w: WeightSource) -> None:
-        c, p = model.config, f"model.layers.{i}."
-        h = c.hidden_size
-        self.attn = Attention(
-            c, w, f"{p}self_attn.", model.slots[i], model.window(i), model.rotary(i)
+    def __init__(
+        self, config: ModelConfig, weights: WeightSource, prefix: str, attention: Attention
+    ) -> None:
+        hidden, inner, eps = config.hidden_size, config.intermediate_size, config.norm_eps
+        self.attn = attention
+        self.post_attn_norm = RMSNorm(
+            weights, f"{prefix}post_attention_layernorm.weight", hidden, eps
         )
-        self.post_attn_norm = RMSNorm(w, f"{p}post_attention_layernorm.weight", h, c.norm_eps)
-        self.mlp = GatedMLP(w, f"{p}mlp.", h, c.intermediate_size, c.hidden_act, c.mlp_bias)
-        self.post_ff_norm = RMSNorm(w, f"{p}post_feedforward_layernorm.weight", h, c.norm_eps)
+        self.mlp = GatedMLP(
+            weights, f"{prefix}mlp.", hidden, inner, config.hidden_act, config.mlp_bias
+        )
+        self.post_ff_norm = RMSNorm(
+            weights, f"{prefix}post_feedforward_layernorm.weight", hidden, eps
+        )
 
 
 class Olmo2(FastModel):
-    def __init__(self, config: ModelConfig, w: WeightSource, options: BuildOptions) -> None:
-        super().__init__(config, w, options)
-        self.layers = [Olmo2Layer(self, i, w) for i in range(config.num_layers)]
+    def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
+        super().__init__(config, weights, options)
+        self.layers = [
+            Olmo2Layer(config, weights, f"model.layers.{layer}.", self.attention(weights, layer))
+            for layer in range(config.num_layers)
+        ]
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(step.input_ids)
         for layer in self.layers:
-            h = layer.attn(x, step, kv)
-            x += layer.post_attn_norm(h, out=h)
-            h = layer.mlp(x)
-            x += layer.post_ff_norm(h, out=h)
+            sublayer = layer.attn(x, step, kv)
+            x += layer.post_attn_norm(sublayer, out=sublayer)
+            sublayer = layer.mlp(x)
+            x += layer.post_ff_norm(sublayer, out=sublayer)
         return self.final_norm(x)
