@@ -11,8 +11,9 @@ Cases: Llama-3.1-8B's dense projections (qkv, o, gate_up, down) at 1, 64 and 4,0
 (bf16 cuBLAS; FP8 per-channel weight-only Triton GEMM / GEMV, w8a8 per token through the
 Triton GEMM or cuBLASLt `torch._scaled_mm`; FP8 128x128 blocks weight-only, and w8a8 with the
 activation quantization fused into the GEMM); Qwen3-30B-A3B's experts in block FP8 and
-gpt-oss-120b's in MXFP4 at batch 1 (expert GEMV) and 64 (grouped GEMM), uniform random
-routing, each token's experts distinct. Weights are random of the real shapes (speed only).
+gpt-oss-120b's in MXFP4 at batch 1 (expert GEMV and grouped GEMM) and 64 (grouped GEMM),
+uniform random routing, each token's experts distinct; MXFP4 through `tl.dot_scaled` with fast
+math (the default), without it (`_exact`) and dequantized in registers (`_regs`). Weights are random of the real shapes (speed only).
 `bytes` is the least traffic (weights of the touched experts and their scales, activations
 in, outputs out); `frac` is TB/s over `--copy-tbs` (the H200's measured copy bandwidth).
 """
@@ -192,6 +193,11 @@ def _w8a8_token(x: torch.Tensor, w: DenseWeights, t: GemmTiles, i: int) -> torch
     return fp8_gemm(x_q, w.q[i], w.channel[i], (1, x.shape[1]), x_scale=x_s, tiles=t)
 
 
+def _w8a8_group(x: torch.Tensor, w: DenseWeights, t: GemmTiles, i: int) -> torch.Tensor:
+    x_q, x_s = quantize_fp8_rows(x, 128)
+    return fp8_gemm(x_q, w.q[i], w.block[i], (128, 128), x_scale=x_s, x_group=128, tiles=t)
+
+
 def _w8a8_fused(x: torch.Tensor, w: DenseWeights, t: GemmTiles, i: int) -> torch.Tensor:
     return fp8_gemm(x, w.q[i], w.block[i], (128, 128), quantize_group=128, tiles=t)
 
@@ -209,8 +215,9 @@ def _dense_gemv(
 def _gemm_tiles(m: int) -> list[GemmTiles]:
     if m <= 64:
         small = [GemmTiles(16, 64, 128, 8, 4, 4), GemmTiles(16, 32, 128, 8, 4, 4),
+                 GemmTiles(16, 64, 128, 8, 4, 4, 4), GemmTiles(16, 32, 128, 8, 4, 4, 2),
                  GemmTiles(64, 64, 128, 8, 4, 4)]  # fmt: skip
-        return small[:2] if m == 1 else small
+        return small[:4] if m == 1 else small
     return [GemmTiles(128, 128, 128, 8, 8, 3), GemmTiles(128, 256, 128, 8, 8, 3),
             GemmTiles(64, 128, 128, 8, 4, 4)]  # fmt: skip
 
@@ -221,17 +228,21 @@ def dense_variants(x: torch.Tensor, w: DenseWeights) -> list[Variant]:
            Variant("fp8_channel", "scaled_mm_w8a8", "-", partial(_scaled_mm, x, w))]  # fmt: skip
     for t in _gemm_tiles(m):
         name = "x".join(map(str, t[:3])) + f"/g{t.group_m}w{t.num_warps}s{t.num_stages}"
+        name += f"k{t.split_k}" if t.split_k > 1 else ""
         if m <= 64:
             for scheme in ("fp8_channel", "fp8_block"):
                 out.append(Variant(scheme, "triton_w8a16", name, partial(_w8a16, x, w, scheme, t)))
         if m >= 64:
             out.append(Variant("fp8_channel", "triton_w8a8_token", name,
                                partial(_w8a8_token, x, w, t)))  # fmt: skip
-            out.append(Variant("fp8_block", "triton_w8a8_fused", name,
-                               partial(_w8a8_fused, x, w, t)))  # fmt: skip
+            if t.split_k == 1:
+                out.append(Variant("fp8_block", "triton_w8a8_group", name,
+                                   partial(_w8a8_group, x, w, t)))  # fmt: skip
+                out.append(Variant("fp8_block", "triton_w8a8_fused", name,
+                                   partial(_w8a8_fused, x, w, t)))  # fmt: skip
     if m == 1:
-        for bn, warps in ((4, 4), (8, 8), (16, 8)):
-            for scheme, bk in (("fp8_channel", 256), ("fp8_block", 128)):
+        for bn, warps in ((4, 4), (16, 8), (32, 8)):
+            for scheme, bk in (("fp8_channel", 512), ("fp8_block", 128)):
                 gemv = GemvTiles(bn, bk, warps)
                 out.append(Variant(scheme, "triton_gemv", f"{bn}x{bk}/w{warps}",
                                    partial(_dense_gemv, x, w, scheme, gemv)))  # fmt: skip
@@ -316,23 +327,25 @@ GROUPED: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _gemv(src: torch.Tensor, w: Experts, r: Routing, fmt: str, t: GemvTiles, i: int) -> Any:
+def _gemv(src: torch.Tensor, w: Experts, r: Routing, fmt: str, t: GemvTiles, i: int,
+          **kw: Any) -> Any:  # fmt: skip
     c, fn = w.case, GEMV[fmt, w.proj]
     weights = w.bf[i] if fmt == "bf16" else w.q[i]
     if w.proj == "gate_up":
-        return fn(src, weights, r.ids[i], act=c.act, bias=w.bias, row_div=c.top_k, tiles=t)
-    return fn(src, weights, r.ids[i], r.weight, c.top_k, bias=w.bias, tiles=t)
+        return fn(src, weights, r.ids[i], act=c.act, bias=w.bias, row_div=c.top_k, tiles=t, **kw)
+    return fn(src, weights, r.ids[i], r.weight, c.top_k, bias=w.bias, tiles=t, **kw)
 
 
-def _grouped(src: torch.Tensor, w: Experts, r: Routing, fmt: str, tiles: tuple[int, int, int],
-             i: int) -> Any:  # fmt: skip
+def _grouped(src: torch.Tensor, w: Experts, r: Routing, fmt: str, tiles: tuple[int, ...],
+             i: int, **kw: Any) -> Any:  # fmt: skip
     pairs, gate_up = r.ids[i].numel(), w.proj == "gate_up"
     out = torch.empty(pairs, w.n, device="cuda", dtype=BF if gate_up else torch.float32)
-    bn, bk, stages = tiles
+    bn, bk, stages, warps = tiles
     return GROUPED[fmt](
         src, w.bf[i] if fmt == "bf16" else w.q[i], r.aligned[i], num_pairs=pairs,
         row_div=w.case.top_k if gate_up else 1, out=out, bias=w.bias,
         scale=None if gate_up else r.weight, block_n=bn, block_k=bk, num_stages=stages,
+        num_warps=warps, **kw,
     )  # fmt: skip
 
 
@@ -344,18 +357,30 @@ def moe_variants(src: torch.Tensor, w: Experts, r: Routing) -> list[Variant]:
                            partial(_gemv, src, w, r, "bf16", bf_tiles)))  # fmt: skip
         sweep = ([GemvTiles(8, 128, 8), GemvTiles(16, 128, 8), GemvTiles(32, 128, 8)]
                  if c.fmt == "fp8_block" else
-                 [GemvTiles(8, 256, 8), GemvTiles(16, 256, 8), GemvTiles(16, 512, 8)])  # fmt: skip
+                 [GemvTiles(32, 128, 4), GemvTiles(64, 128, 4), GemvTiles(64, 256, 8)])  # fmt: skip
         for t in sweep:
             out.append(Variant(c.fmt, "triton_gemv", str(tuple(t)),
                                partial(_gemv, src, w, r, c.fmt, t)))  # fmt: skip
-        return out
-    for tiles in ((64, 64, 3), (64, 128, 4), (128, 64, 3)):
-        name = "16x{}x{}/s{}".format(*tiles)
+        if c.fmt == "mxfp4":  # in registers instead of tl.dot_scaled; without fast math
+            regs = partial(_gemv, src, w, r, c.fmt, sweep[1], dot_scaled=False)
+            out.append(Variant(c.fmt, "triton_gemv_regs", str(tuple(sweep[1])), regs))
+            exact = partial(_gemv, src, w, r, c.fmt, sweep[1], fast_math=False)
+            out.append(Variant(c.fmt, "triton_gemv_exact", str(tuple(sweep[1])), exact))
+    for tiles in ((64, 64, 3, 4), (64, 128, 4, 4), (128, 64, 3, 4), (128, 128, 3, 8)):
+        name = "16x{}x{}/s{}w{}".format(*tiles)
         out.append(Variant("bf16", "triton_grouped", name,
                            partial(_grouped, src, w, r, "bf16", tiles)))  # fmt: skip
         if c.fmt == "mxfp4" or tiles[1] == 128:  # FP8: K tiles of a whole 128-column block
             out.append(Variant(c.fmt, "triton_grouped", name,
                                partial(_grouped, src, w, r, c.fmt, tiles)))  # fmt: skip
+    if c.fmt == "mxfp4":
+        tiles = (64, 256, 3, 4)
+        out.append(Variant(c.fmt, "triton_grouped", "16x64x256/s3w4",
+                           partial(_grouped, src, w, r, c.fmt, tiles)))  # fmt: skip
+        regs = partial(_grouped, src, w, r, c.fmt, (64, 64, 3, 4), dot_scaled=False)
+        out.append(Variant(c.fmt, "triton_grouped_regs", "16x64x64/s3w4", regs))
+        exact = partial(_grouped, src, w, r, c.fmt, (64, 128, 4, 4), fast_math=False)
+        out.append(Variant(c.fmt, "triton_grouped_exact", "16x64x128/s4w4", exact))
     return out
 
 

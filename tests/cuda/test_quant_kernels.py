@@ -3,8 +3,9 @@ matmul in float32. FP8 (block, per-channel, per-tensor scales; weight-only, pre-
 fused-quantized activations), the `torch._scaled_mm` path, and the FP8 and MXFP4 MoE kernels
 (grouped GEMM, expert GEMV) over odd shapes, biases, routing weights and tile shapes.
 
-On the CPU these run through the Triton interpreter in float32 and float16; bf16 runs on the
-GPU only (the interpreter's `tl.dot` on bf16 operands returns garbage in Triton 3.9, and its
+On the CPU these run through the Triton interpreter in float32 and float16 (MXFP4: float32
+dequantizes in registers, 16-bit activations go through `tl.dot_scaled`); bf16 runs on the GPU
+only (the interpreter's `tl.dot` on bf16 operands returns garbage in Triton 3.9, and its
 float32 -> e4m3 cast mis-rounds, which `quant_tiles.to_fp8` works around there)."""
 
 from __future__ import annotations
@@ -98,16 +99,19 @@ def test_fp8_gemm_matches_dequantized_matmul(device: str, scheme: str, mode: str
 
 
 def test_fp8_gemm_tile_shapes_agree(device: str) -> None:
-    """Tile sizes, row grouping, warps and stages compute the same result; the output dtype
-    follows `x` unless named."""
+    """Tile sizes, row grouping, warps, stages and K splits (with a bias added once) compute
+    the same result; the output dtype follows `x` unless named."""
     from resin_models_cuda.kernels.fp8_gemm import GemmTiles, fp8_gemm
 
     torch.manual_seed(5)
     x, (w_q, w_s) = torch.randn(45, 256), quantize_fp8(torch.randn(50, 256), (128, 128))
-    want = x @ dequantize_fp8(w_q, w_s, (128, 128)).T
-    for tiles in [GemmTiles(16, 16, 128, 1, 4, 1), GemmTiles(32, 64, 64, 2, 4, 2),
-                  GemmTiles(64, 32, 128, 8, 8, 3)]:  # fmt: skip
-        got = fp8_gemm(x.to(device), w_q.to(device), w_s.to(device), (128, 128), tiles=tiles)
+    bias = torch.randn(50)
+    want = x @ dequantize_fp8(w_q, w_s, (128, 128)).T + bias
+    sweep = [GemmTiles(16, 16, 128, 1, 4, 1), GemmTiles(32, 64, 64, 2, 4, 2),
+             GemmTiles(64, 32, 128, 8, 8, 3), GemmTiles(16, 32, 64, 1, 4, 1, 3)]  # fmt: skip
+    for tiles in sweep:
+        got = fp8_gemm(x.to(device), w_q.to(device), w_s.to(device), (128, 128),
+                       bias=bias.to(device), tiles=tiles)  # fmt: skip
         assert got.dtype == torch.float32
         _close(got, want, torch.float32)
 
@@ -240,6 +244,32 @@ def test_grouped_gemm_matches_dequantized(device: str, fmt: str, tokens: int) ->
         grouped(x.to(d), _to(w, d), aligned, num_pairs=tokens * k, row_div=k, out=out,
                 bias=bias.to(dtype).to(d), scale=route.to(d), block_n=32, block_k=32,
                 num_stages=1)  # fmt: skip
+        _close(out, want, dtype)
+
+
+def test_mxfp4_register_and_dot_scaled_paths_agree(device: str) -> None:
+    """16-bit activations take `tl.dot_scaled` unless asked not to; both match the
+    dequantized weights (GEMV and grouped GEMM)."""
+    from resin_models_cuda.kernels.moe_gemv import GemvTiles
+    from resin_models_cuda.kernels.moe_grouped import align_pairs
+    from resin_models_cuda.kernels.moe_mxfp4 import mxfp4_expert_down, mxfp4_grouped_gemm
+
+    torch.manual_seed(4)
+    e, n, kk, t = 3, 40, 128, 5
+    w, w_ref = _experts("mxfp4", e, n, kk)
+    ids, unit = torch.randint(0, e, (t,)), torch.ones(t)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    x = torch.randn(t, kk).to(dtype)
+    want = torch.einsum("pk,pnk->pn", x.float(), w_ref[ids])
+    d, wd = device, _to(w, device)
+    aligned = align_pairs(ids.to(d), e, 16)
+    for dot_scaled in (True, False):
+        got = mxfp4_expert_down(x.to(d), wd, ids.int().to(d), unit.to(d), 1,
+                                tiles=GemvTiles(16, 64, 4), dot_scaled=dot_scaled)  # fmt: skip
+        _close(got, want, dtype)
+        out = torch.full((t, n), float("nan"), dtype=dtype, device=d)
+        mxfp4_grouped_gemm(x.to(d), wd, aligned, num_pairs=t, row_div=1, out=out, block_n=32,
+                           block_k=64, num_stages=1, dot_scaled=dot_scaled)  # fmt: skip
         _close(out, want, dtype)
 
 

@@ -40,6 +40,7 @@ class GemmTiles(NamedTuple):
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1  # > 1: K split over programs adding into a float32 sum (small M)
 
 
 @triton.jit
@@ -64,6 +65,7 @@ def _fp8_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # Programs walk GROUP_M row tiles per column tile, so neighbours share weight tiles in L2.
@@ -78,7 +80,9 @@ def _fp8_gemm_kernel(
     mmask, nmask = m < M, n < N
     w_scale_row = ws_ptr + (n // QN) * tl.cdiv(K, QK)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = tl.program_id(1) * span
+    for k0 in range(k_lo, tl.minimum(k_lo + span, K), BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
         a = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_x + k[None, :],
@@ -94,10 +98,14 @@ def _fp8_gemm_kernel(
             a_q, a_scale = fp8_quantize_rows(a.to(tl.float32))
             part = tl.dot(a_q, b) * a_scale[:, None]
         acc += part * tl.load(w_scale_row + k0 // QK, mask=nmask, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:  # added once: by the first K split
+        first = (tl.program_id(1) == 0).to(tl.float32)
+        acc += first * tl.load(bias_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + m[:, None].to(tl.int64) * stride_o + n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+    if SPLIT_K > 1:  # out: a zeroed float32 sum
+        tl.atomic_add(out, acc, mask=mmask[:, None] & nmask[None, :])
+    else:
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
 def check_fp8_weight(w: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int]) -> None:
@@ -153,16 +161,19 @@ def fp8_gemm(
     assert out.shape == (m, n) and out.stride(1) == 1
     if m == 0:
         return out
-    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
+    dest = out
+    if tiles.split_k > 1:
+        dest = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n), tiles.split_k)
     _fp8_gemm_kernel[grid](
         x, w_scale if x_scale is None else x_scale, w, w_scale, w if bias is None else bias,
-        out, m, n, k, x.stride(0), out.stride(0), A_MODE=a_mode, QN=block[0], QK=block[1],
+        dest, m, n, k, x.stride(0), dest.stride(0), A_MODE=a_mode, QN=block[0], QK=block[1],
         GK=gk, HAS_BIAS=bias is not None, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+        BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SPLIT_K=tiles.split_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
-    return out
+    return out if dest is out else out.copy_(dest)
 
 
 def scaled_mm_fp8(

@@ -64,9 +64,15 @@ def _fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN: tl.constexpr, QK: tl.con
         x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
                     other=0.0)  # fmt: skip
-        s = tl.load(scale_row + k0 // QK, mask=nmask, other=0.0)
-        acc += w.to(tl.float32) * (x[None, :] * s[:, None])
-    return tl.sum(acc, 1)
+        if QK >= K:  # per-channel / per-tensor: one scale per row, applied after the loop
+            acc += w.to(tl.float32) * x[None, :]
+        else:  # measured faster on the H200 than a per-block reduction in the loop
+            s = tl.load(scale_row + k0 // QK, mask=nmask, other=0.0)
+            acc += w.to(tl.float32) * (x[None, :] * s[:, None])
+    y = tl.sum(acc, 1)
+    if QK >= K:
+        y *= tl.load(scale_row, mask=nmask, other=0.0)
+    return y
 
 
 @triton.jit

@@ -11,10 +11,14 @@ dtype (bf16; float32 / float16 under the interpreter); the e2m1 decode is intege
 (`quant_tiles.e2m1_x4`) and the scale is built from its exponent bits, so every dequantized
 weight is exact in bf16.
 
-- `mxfp4_grouped_gemm`: even and odd columns of a K tile are two dots (low and high nibbles),
-  so the bytes never need interleaving; scales multiply the decoded tile.
-- `mxfp4_expert_gate_up` / `mxfp4_expert_down`: per-pair GEMV, a 3-D tile [rows, groups, 16
-  bytes] summed per group before its scale multiplies once.
+- bf16 / fp16 activations go to `tl.dot_scaled` (packed e2m1 tile + e8m0 scales; Triton
+  upcasts in registers on Hopper), with `fast_math` (e8m0's NaN code 255 is not propagated:
+  no weight uses it; 1.3-1.4x faster on the H200 than without). float32 activations, or
+  `dot_scaled=False`, decode in registers here: `mxfp4_grouped_gemm` runs the even and odd
+  columns of a K tile as two dots (low and high nibbles) so the bytes never interleave.
+- `mxfp4_expert_gate_up` / `mxfp4_expert_down`: per-pair GEMV (through `tl.dot_scaled` on
+  the row padded to 16, or in registers: a 3-D tile [rows, groups, 16 bytes] summed per group
+  before its scale multiplies once).
 Fixed grids, no host sync: CUDA-graph safe.
 """
 
@@ -78,6 +82,39 @@ def _mxfp4_rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
+    """`_mxfp4_rows_dot` on the tensor cores: `tl.dot_scaled` of the row (padded to 16 rows
+    of zeros) with the packed e2m1 tile and its e8m0 scales (bf16 / fp16 `x`)."""
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    first = tl.arange(0, 16)[:, None] == 0
+    for g0 in range(0, K // 32, BLOCK_G):
+        k = g0 * 32 + tl.arange(0, BLOCK_G * 32)
+        x = tl.load(x_ptr + k[None, :] + tl.zeros([16, 1], tl.int32), mask=first & (k < K)[None, :],
+                    other=0.0)  # fmt: skip
+        byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
+        g = g0 + tl.arange(0, BLOCK_G)
+        w = tl.load(b_ptr + n[None, :] * (K // 2) + byte[:, None],
+                    mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
+        scale = tl.load(s_ptr + n[:, None] * (K // 32) + g[None, :],
+                        mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
+        acc = tl.dot_scaled(x, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
+              BLOCK_N: tl.constexpr,
+              BLOCK_G: tl.constexpr):  # fmt: skip
+    if FMT == "fp32":
+        y = _mxfp4_rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_G)
+    else:
+        y = _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT, FAST, BLOCK_N,
+                                   BLOCK_G)  # fmt: skip
+    return y
+
+
+@triton.jit
 def _mxfp4_gate_up_kernel(
     x_ptr,  # [R, K], row stride stride_x
     b_ptr,  # uint8 [E, 2I, K / 2]: gate rows, then up rows
@@ -94,6 +131,8 @@ def _mxfp4_gate_up_kernel(
     ROW_DIV: tl.constexpr,
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FMT: tl.constexpr,
+    FAST: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
@@ -104,8 +143,8 @@ def _mxfp4_gate_up_kernel(
     x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
     b_e = b_ptr + e * 2 * INTER * (K // 2)
     s_e = s_ptr + e * 2 * INTER * (K // 32)
-    gate = _mxfp4_rows_dot(x_row, b_e, s_e, n, nmask, K, BLOCK_N, BLOCK_G)
-    up = _mxfp4_rows_dot(x_row, b_e, s_e, n + INTER, nmask, K, BLOCK_N, BLOCK_G)
+    gate = _rows_dot(x_row, b_e, s_e, n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
+    up = _rows_dot(x_row, b_e, s_e, n + INTER, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
     if HAS_BIAS:
         gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
         up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
@@ -130,6 +169,8 @@ def _mxfp4_down_kernel(
     K,
     TOPK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    FMT: tl.constexpr,
+    FAST: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
@@ -137,8 +178,8 @@ def _mxfp4_down_kernel(
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     e = tl.load(expert_ptr + p).to(tl.int64)
-    y = _mxfp4_rows_dot(act_ptr + p * stride_a, b_ptr + e * N * (K // 2),
-                        s_ptr + e * N * (K // 32), n, nmask, K, BLOCK_N, BLOCK_G)  # fmt: skip
+    y = _rows_dot(act_ptr + p * stride_a, b_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32),
+                  n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)  # fmt: skip
     if HAS_BIAS:
         y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
     tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, tl.load(scale_ptr + p) * y, mask=nmask)
@@ -183,6 +224,8 @@ def _mxfp4_grouped_kernel(
     ROW_DIV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    FMT: tl.constexpr,
+    FAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -200,16 +243,27 @@ def _mxfp4_grouped_kernel(
     s_e = s_ptr + e.to(tl.int64) * N * (K // 32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for g0 in range(0, K // 32, BLOCK_G):
-        byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
-        amask = valid[:, None] & (byte < K // 2)[None, :]
-        a_ptr = x_ptr + rows[:, None] * stride_x + 2 * byte[None, :]
-        a_even = tl.load(a_ptr, mask=amask, other=0.0)
-        a_odd = tl.load(a_ptr + 1, mask=amask, other=0.0)
-        dtype = a_even.dtype
-        low = _mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, False).to(dtype)
-        acc += tl.dot(a_even, low, input_precision=DOT_PRECISION)
-        high = _mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, True).to(dtype)
-        acc += tl.dot(a_odd, high, input_precision=DOT_PRECISION)
+        if FMT == "fp32":  # dequantize in registers; even and odd columns as two dots
+            byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
+            amask = valid[:, None] & (byte < K // 2)[None, :]
+            a_ptr = x_ptr + rows[:, None] * stride_x + 2 * byte[None, :]
+            a_even = tl.load(a_ptr, mask=amask, other=0.0)
+            a_odd = tl.load(a_ptr + 1, mask=amask, other=0.0)
+            low = _mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, False)
+            acc += tl.dot(a_even, low.to(a_even.dtype), input_precision=DOT_PRECISION)
+            high = _mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, True)
+            acc += tl.dot(a_odd, high.to(a_odd.dtype), input_precision=DOT_PRECISION)
+        else:  # the packed tile and its scales straight to tl.dot_scaled
+            k = g0 * 32 + tl.arange(0, BLOCK_G * 32)
+            a = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :],
+                        mask=valid[:, None] & (k < K)[None, :], other=0.0)  # fmt: skip
+            byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
+            g = g0 + tl.arange(0, BLOCK_G)
+            w = tl.load(b_e + n[None, :].to(tl.int64) * (K // 2) + byte[:, None],
+                        mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
+            scale = tl.load(s_e + n[:, None].to(tl.int64) * (K // 32) + g[None, :],
+                            mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
+            acc = tl.dot_scaled(a, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0).to(tl.float32)[
             None, :
@@ -218,6 +272,13 @@ def _mxfp4_grouped_kernel(
         acc *= tl.load(scale_ptr + pairs, mask=valid, other=0.0)[:, None]
     out = out_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+
+
+def _dot_format(x: torch.Tensor, dot_scaled: bool) -> str:
+    """`tl.dot_scaled`'s name for `x`'s dtype, or "fp32": dequantize in registers instead."""
+    if not dot_scaled or x.dtype == torch.float32:
+        return "fp32"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
 
 
 def mxfp4_grouped_gemm(
@@ -230,6 +291,8 @@ def mxfp4_grouped_gemm(
     out: torch.Tensor,
     bias: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
+    dot_scaled: bool = True,
+    fast_math: bool = True,
     block_n: int = 64,
     block_k: int = 64,
     num_warps: int = 4,
@@ -250,7 +313,8 @@ def mxfp4_grouped_gemm(
         x, w.blocks, w.scales, w.blocks if bias is None else bias,
         out if scale is None else scale, out, aligned.sorted_pairs, aligned.block_expert,
         num_pairs, n, k, x.stride(0), out.stride(0), ROW_DIV=row_div,
-        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, BLOCK_M=aligned.block_m,
+        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None,
+        FMT=_dot_format(x, dot_scaled), FAST=fast_math, BLOCK_M=aligned.block_m,
         BLOCK_N=block_n, BLOCK_G=block_k // GROUP,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
@@ -270,6 +334,8 @@ def mxfp4_expert_gate_up(
     limit: float = 7.0,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
+    dot_scaled: bool = True,
+    fast_math: bool = True,
 ) -> torch.Tensor:
     """`x` [R, H], `w` [E, 2I, H] MXFP4, `experts` [P] -> activated [P, I], as
     `moe_gemv.expert_gate_up` (`tiles.block_k`: a multiple of 32)."""
@@ -287,7 +353,8 @@ def mxfp4_expert_gate_up(
         _mxfp4_gate_up_kernel[(pairs, triton.cdiv(inner, tiles.block_n))](
             x, w.blocks, w.scales, experts, w.blocks if bias is None else bias, out,
             x.stride(0), out.stride(0), inner, k, alpha, limit, ROW_DIV=row_div,
-            ACT=ACTIVATION_CODES[act], HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
+            ACT=ACTIVATION_CODES[act], HAS_BIAS=bias is not None,
+            FMT=_dot_format(x, dot_scaled), FAST=fast_math, BLOCK_N=tiles.block_n,
             BLOCK_G=tiles.block_k // GROUP, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
         )  # fmt: skip
@@ -304,6 +371,8 @@ def mxfp4_expert_down(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
+    dot_scaled: bool = True,
+    fast_math: bool = True,
 ) -> torch.Tensor:
     """`act` [T * topk, I] (token-major pairs), `w` [E, H, I] MXFP4, `scale` float32
     [T * topk] -> [T, H], as `moe_gemv.expert_down`."""
@@ -325,7 +394,7 @@ def mxfp4_expert_down(
     _mxfp4_down_kernel[(pairs, triton.cdiv(n, tiles.block_n))](
         act, w.blocks, w.scales, experts, scale, w.blocks if bias is None else bias, summed,
         act.stride(0), summed.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
-        BLOCK_N=tiles.block_n, BLOCK_G=tiles.block_k // GROUP, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        FMT=_dot_format(act, dot_scaled), FAST=fast_math, BLOCK_N=tiles.block_n,
+        BLOCK_G=tiles.block_k // GROUP, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out.copy_(summed)
