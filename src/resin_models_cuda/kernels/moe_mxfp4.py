@@ -33,7 +33,7 @@ import triton.language as tl
 from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
 from resin_models_cuda.kernels.moe_gemv import DOWN_DEFAULT, GATE_UP_DEFAULT, GemvTiles
 from resin_models_cuda.kernels.moe_grouped import AlignedPairs
-from resin_models_cuda.kernels.quant_tiles import e2m1_x4, e8m0_quarter
+from resin_models_cuda.kernels.quant_tiles import mxfp4_rows_dot, mxfp4_tile
 
 GROUP = 32
 
@@ -56,62 +56,6 @@ class Mxfp4Experts(NamedTuple):
         assert block_k % GROUP == 0, block_k
         e, n, g = s.shape
         return e, n, g * GROUP
-
-
-@triton.jit
-def _mxfp4_rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
-                    BLOCK_G: tl.constexpr):  # fmt: skip
-    """float32 `W[n, :] @ x` for rows `n` of one expert's MXFP4 matrix (bytes [N, K / 2],
-    scales [N, K / 32]), `BLOCK_G` groups of 32 values per step."""
-    groups = K // 32
-    acc = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)
-    j = tl.arange(0, 16)
-    for g0 in range(0, groups, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        gmask = g < groups
-        byte = g[:, None] * 16 + j[None, :]  # [G, 16] byte index in the row
-        x_even = tl.load(x_ptr + 2 * byte, mask=gmask[:, None], other=0.0).to(tl.float32)
-        x_odd = tl.load(x_ptr + 2 * byte + 1, mask=gmask[:, None], other=0.0).to(tl.float32)
-        wmask = nmask[:, None] & gmask[None, :]
-        w = tl.load(b_ptr + n[:, None, None] * (K // 2) + byte[None, :, :],
-                    mask=wmask[:, :, None], other=0).to(tl.int32)  # fmt: skip
-        part = e2m1_x4(w & 15) * x_even[None, :, :] + e2m1_x4(w >> 4) * x_odd[None, :, :]
-        code = tl.load(s_ptr + n[:, None] * groups + g[None, :], mask=wmask, other=0)
-        acc += tl.sum(part, 2) * e8m0_quarter(code.to(tl.int32))
-    return tl.sum(acc, 1)
-
-
-@triton.jit
-def _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
-    """`_mxfp4_rows_dot` on the tensor cores: `tl.dot_scaled` of the row (padded to 16 rows
-    of zeros) with the packed e2m1 tile and its e8m0 scales (bf16 / fp16 `x`)."""
-    acc = tl.zeros([16, BLOCK_N], tl.float32)
-    first = tl.arange(0, 16)[:, None] == 0
-    for g0 in range(0, K // 32, BLOCK_G):
-        k = g0 * 32 + tl.arange(0, BLOCK_G * 32)
-        x = tl.load(x_ptr + k[None, :] + tl.zeros([16, 1], tl.int32), mask=first & (k < K)[None, :],
-                    other=0.0)  # fmt: skip
-        byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
-        g = g0 + tl.arange(0, BLOCK_G)
-        w = tl.load(b_ptr + n[None, :] * (K // 2) + byte[:, None],
-                    mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
-        scale = tl.load(s_ptr + n[:, None] * (K // 32) + g[None, :],
-                        mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
-        acc = tl.dot_scaled(x, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
-    return tl.sum(acc, 0)
-
-
-@triton.jit
-def _rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
-              BLOCK_N: tl.constexpr,
-              BLOCK_G: tl.constexpr):  # fmt: skip
-    if FMT == "fp32":
-        y = _mxfp4_rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_G)
-    else:
-        y = _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT, FAST, BLOCK_N,
-                                   BLOCK_G)  # fmt: skip
-    return y
 
 
 @triton.jit
@@ -143,8 +87,8 @@ def _mxfp4_gate_up_kernel(
     x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
     b_e = b_ptr + e * 2 * INTER * (K // 2)
     s_e = s_ptr + e * 2 * INTER * (K // 32)
-    gate = _rows_dot(x_row, b_e, s_e, n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
-    up = _rows_dot(x_row, b_e, s_e, n + INTER, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
+    gate = mxfp4_rows_dot(x_row, b_e, s_e, n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
+    up = mxfp4_rows_dot(x_row, b_e, s_e, n + INTER, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
     if HAS_BIAS:
         gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
         up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
@@ -178,32 +122,11 @@ def _mxfp4_down_kernel(
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     e = tl.load(expert_ptr + p).to(tl.int64)
-    y = _rows_dot(act_ptr + p * stride_a, b_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32),
-                  n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)  # fmt: skip
+    b_e, s_e = b_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32)
+    y = mxfp4_rows_dot(act_ptr + p * stride_a, b_e, s_e, n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
     if HAS_BIAS:
         y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
     tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, tl.load(scale_ptr + p) * y, mask=nmask)
-
-
-@triton.jit
-def _mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                HIGH: tl.constexpr):  # fmt: skip
-    """One nibble of a [BLOCK_G * 16, BLOCK_N] weight tile (columns 2j or 2j + 1 of the K
-    tile starting at group g0), dequantized to float32."""
-    groups = K // 32
-    g = g0 + tl.arange(0, BLOCK_G)
-    gmask = g < groups
-    byte = g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [G, 16]
-    mask = gmask[:, None, None] & nmask[None, None, :]
-    w = tl.load(b_e + n[None, None, :].to(tl.int64) * (K // 2) + byte[:, :, None], mask=mask,
-                other=0).to(tl.int32)  # fmt: skip
-    if HIGH:
-        w = w >> 4
-    w = e2m1_x4(w & 15)
-    code = tl.load(s_e + n[None, :].to(tl.int64) * groups + g[:, None],
-                   mask=gmask[:, None] & nmask[None, :], other=0)  # fmt: skip
-    w = w * e8m0_quarter(code.to(tl.int32))[:, None, :]
-    return tl.reshape(w, [BLOCK_G * 16, BLOCK_N])
 
 
 @triton.jit
@@ -249,9 +172,9 @@ def _mxfp4_grouped_kernel(
             a_ptr = x_ptr + rows[:, None] * stride_x + 2 * byte[None, :]
             a_even = tl.load(a_ptr, mask=amask, other=0.0)
             a_odd = tl.load(a_ptr + 1, mask=amask, other=0.0)
-            low = _mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, False)
+            low = mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, False)
             acc += tl.dot(a_even, low.to(a_even.dtype), input_precision=DOT_PRECISION)
-            high = _mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, True)
+            high = mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, True)
             acc += tl.dot(a_odd, high.to(a_odd.dtype), input_precision=DOT_PRECISION)
         else:  # the packed tile and its scales straight to tl.dot_scaled
             k = g0 * 32 + tl.arange(0, BLOCK_G * 32)

@@ -7,7 +7,10 @@ shared by the FP8 and MXFP4 kernels:
   saturating, round-to-nearest-even cast it ends with;
 - `e2m1_x4`: an e2m1 code (0..15) as float32, times 4 (integer arithmetic, exact);
 - `e8m0_quarter`: an e8m0 exponent as float32 `2 ** (code - 127) / 4`, by building its bits
-  (codes 0..2 flush to 0: their true values are below 2**-125, far under any weight's scale).
+  (codes 0..2 flush to 0: their true values are below 2**-125, far under any weight's scale);
+- `mxfp4_rows_dot`: float32 `W[n, :] @ x` over MXFP4 rows (the expert GEMV's inner loop),
+  through `tl.dot_scaled` or decoded here; `mxfp4_tile`: one nibble of a K tile decoded for
+  `tl.dot` (the grouped GEMM's register path).
 """
 
 from __future__ import annotations
@@ -60,3 +63,82 @@ def e2m1_x4(code):
 def e8m0_quarter(code):
     """int32 e8m0 codes -> float32 2 ** (code - 129) (the 4 of `e2m1_x4` folded in)."""
     return (tl.maximum(code - 2, 0) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
+                    BLOCK_G: tl.constexpr):  # fmt: skip
+    """float32 `W[n, :] @ x` for rows `n` of one expert's MXFP4 matrix (bytes [N, K / 2],
+    scales [N, K / 32]), `BLOCK_G` groups of 32 values per step."""
+    groups = K // 32
+    acc = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)
+    j = tl.arange(0, 16)
+    for g0 in range(0, groups, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        gmask = g < groups
+        byte = g[:, None] * 16 + j[None, :]  # [G, 16] byte index in the row
+        x_even = tl.load(x_ptr + 2 * byte, mask=gmask[:, None], other=0.0).to(tl.float32)
+        x_odd = tl.load(x_ptr + 2 * byte + 1, mask=gmask[:, None], other=0.0).to(tl.float32)
+        wmask = nmask[:, None] & gmask[None, :]
+        w = tl.load(b_ptr + n[:, None, None] * (K // 2) + byte[None, :, :],
+                    mask=wmask[:, :, None], other=0).to(tl.int32)  # fmt: skip
+        part = e2m1_x4(w & 15) * x_even[None, :, :] + e2m1_x4(w >> 4) * x_odd[None, :, :]
+        code = tl.load(s_ptr + n[:, None] * groups + g[None, :], mask=wmask, other=0)
+        acc += tl.sum(part, 2) * e8m0_quarter(code.to(tl.int32))
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
+    """`_mxfp4_rows_regs` on the tensor cores: `tl.dot_scaled` of the row (padded to 16 rows
+    of zeros) with the packed e2m1 tile and its e8m0 scales (bf16 / fp16 `x`)."""
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    first = tl.arange(0, 16)[:, None] == 0
+    for g0 in range(0, K // 32, BLOCK_G):
+        k = g0 * 32 + tl.arange(0, BLOCK_G * 32)
+        x = tl.load(x_ptr + k[None, :] + tl.zeros([16, 1], tl.int32), mask=first & (k < K)[None, :],
+                    other=0.0)  # fmt: skip
+        byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
+        g = g0 + tl.arange(0, BLOCK_G)
+        w = tl.load(b_ptr + n[None, :] * (K // 2) + byte[:, None],
+                    mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
+        scale = tl.load(s_ptr + n[:, None] * (K // 32) + g[None, :],
+                        mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
+        acc = tl.dot_scaled(x, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def mxfp4_rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
+    """float32 `W[n, :] @ x` for rows `n` of one expert's MXFP4 matrix (bytes [N, K / 2],
+    scales [N, K / 32]): through `tl.dot_scaled` (FMT "bf16" / "fp16", fast math when FAST),
+    or decoded in registers (FMT "fp32")."""
+    if FMT == "fp32":
+        y = _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_G)
+    else:
+        y = _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT, FAST, BLOCK_N,
+                                   BLOCK_G)  # fmt: skip
+    return y
+
+
+@triton.jit
+def mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+               HIGH: tl.constexpr):  # fmt: skip
+    """One nibble of a [BLOCK_G * 16, BLOCK_N] weight tile (columns 2j or 2j + 1 of the K
+    tile starting at group g0), dequantized to float32."""
+    groups = K // 32
+    g = g0 + tl.arange(0, BLOCK_G)
+    gmask = g < groups
+    byte = g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [G, 16]
+    mask = gmask[:, None, None] & nmask[None, None, :]
+    w = tl.load(b_e + n[None, None, :].to(tl.int64) * (K // 2) + byte[:, :, None], mask=mask,
+                other=0).to(tl.int32)  # fmt: skip
+    if HIGH:
+        w = w >> 4
+    w = e2m1_x4(w & 15)
+    code = tl.load(s_e + n[None, :].to(tl.int64) * groups + g[:, None],
+                   mask=gmask[:, None] & nmask[None, :], other=0)  # fmt: skip
+    w = w * e8m0_quarter(code.to(tl.int32))[:, None, :]
+    return tl.reshape(w, [BLOCK_G * 16, BLOCK_N])
