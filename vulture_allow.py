@@ -72,3 +72,7 @@ get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)
 _.encode_special_tokens  # tokenizer.py: a `tokenizers.Tokenizer` setting (read by the Rust side)
 DraftModelProposer  # resin.engine.proposers: a public Proposer (tests and docs use it; spec exports it)
+# resin_model/quant.py, quant_config.py: the quantized formats' math and QuantConfig, read by the
+# checkpoint loaders that come next (tests/models/test_quant*.py, tests/cuda/test_quant_kernels.py)
+dequantize_fp8, quantize_fp8_activations, dequantize_mxfp4, quantize_mxfp4, parse_quant_config
+scale_name, activation_group, _.quantizes, _.weight_block

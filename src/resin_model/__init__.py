@@ -1,0 +1,1 @@
+"""The model description both runner families share: typed config, checkpoint formats."""

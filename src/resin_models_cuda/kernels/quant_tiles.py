@@ -1,0 +1,144 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+"""In-register pieces of the quantized formats (`resin_model.quant` has their definitions),
+shared by the FP8 and MXFP4 kernels:
+
+- `fp8_quantize_rows`: one tile's rows to e4m3 with a scale per row (amax / 448), the dynamic
+  activation quantization of block FP8 (a tile of 128 columns is one group); `to_fp8`: the
+  saturating, round-to-nearest-even cast it ends with;
+- `e2m1_x4`: an e2m1 code (0..15) as float32, times 4 (integer arithmetic, exact);
+- `e8m0_quarter`: an e8m0 exponent as float32 `2 ** (code - 127) / 4`, by building its bits
+  (codes 0..2 flush to 0: their true values are below 2**-125, far under any weight's scale);
+- `mxfp4_rows_dot`: float32 `W[n, :] @ x` over MXFP4 rows (the expert GEMV's inner loop),
+  through `tl.dot_scaled` or decoded here; `mxfp4_tile`: one nibble of a K tile decoded for
+  `tl.dot` (the grouped GEMM's register path).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)
+# Triton's interpreter (3.9, checked) narrows float32 to e4m3 by truncating and adding the
+# cut-off bit with an OR: no ties-to-even, and a carry out of the mantissa can halve the value
+# (7.75 -> 4). Under the interpreter the value is first rounded onto the e4m3 grid in float32,
+# so its cast is exact; compiled code keeps the hardware conversion (cvt.rn.satfinite).
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def to_fp8(v):
+    """float32 -> float8e4nv, saturating at +-448, rounding to nearest even."""
+    v = tl.minimum(tl.maximum(v, -FP8_MAX), FP8_MAX)
+    if INTERPRETED:
+        # One e4m3 step at v's binade (2**-9 in the subnormal range), and the float32 add of
+        # 1.5 * 2**23 steps rounds v to a multiple of it, ties to even.
+        binade = tl.maximum((v.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
+        step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
+        magic = step * 12582912.0
+        v = (v + magic) - magic
+    return v.to(tl.float8e4nv)
+
+
+@triton.jit
+def fp8_quantize_rows(a):
+    """float32 tile [R, C] -> (float8e4nv tile, float32 scale [R]) with `a ~= q * scale`."""
+    scale = tl.maximum(tl.max(tl.abs(a), 1) / FP8_MAX, 1e-12)
+    return to_fp8(a / scale[:, None]), scale
+
+
+@triton.jit
+def e2m1_x4(code):
+    """int32 e2m1 codes -> float32 value * 4: exponent bits e = (code >> 1) & 3, mantissa bit
+    m; magnitude m / 2 when e == 0, else (1 + m / 2) * 2 ** (e - 1); sign bit 3."""
+    e = (code >> 1) & 3
+    m = code & 1
+    mag = tl.where(e == 0, 2 * m, (2 + m) << e).to(tl.float32)
+    return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def e8m0_quarter(code):
+    """int32 e8m0 codes -> float32 2 ** (code - 129) (the 4 of `e2m1_x4` folded in)."""
+    return (tl.maximum(code - 2, 0) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
+                    BLOCK_G: tl.constexpr):  # fmt: skip
+    """float32 `W[n, :] @ x` for rows `n` of one expert's MXFP4 matrix (bytes [N, K / 2],
+    scales [N, K / 32]), `BLOCK_G` groups of 32 values per step."""
+    groups = K // 32
+    acc = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)
+    j = tl.arange(0, 16)
+    for g0 in range(0, groups, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        gmask = g < groups
+        byte = g[:, None] * 16 + j[None, :]  # [G, 16] byte index in the row
+        x_even = tl.load(x_ptr + 2 * byte, mask=gmask[:, None], other=0.0).to(tl.float32)
+        x_odd = tl.load(x_ptr + 2 * byte + 1, mask=gmask[:, None], other=0.0).to(tl.float32)
+        wmask = nmask[:, None] & gmask[None, :]
+        w = tl.load(b_ptr + n[:, None, None] * (K // 2) + byte[None, :, :],
+                    mask=wmask[:, :, None], other=0).to(tl.int32)  # fmt: skip
+        part = e2m1_x4(w & 15) * x_even[None, :, :] + e2m1_x4(w >> 4) * x_odd[None, :, :]
+        code = tl.load(s_ptr + n[:, None] * groups + g[None, :], mask=wmask, other=0)
+        acc += tl.sum(part, 2) * e8m0_quarter(code.to(tl.int32))
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
+    """`_mxfp4_rows_regs` on the tensor cores: `tl.dot_scaled` of the row (padded to 16 rows
+    of zeros) with the packed e2m1 tile and its e8m0 scales (bf16 / fp16 `x`)."""
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    first = tl.arange(0, 16)[:, None] == 0
+    for g0 in range(0, K // 32, BLOCK_G):
+        k = g0 * 32 + tl.arange(0, BLOCK_G * 32)
+        x = tl.load(x_ptr + k[None, :] + tl.zeros([16, 1], tl.int32), mask=first & (k < K)[None, :],
+                    other=0.0)  # fmt: skip
+        byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
+        g = g0 + tl.arange(0, BLOCK_G)
+        w = tl.load(b_ptr + n[None, :] * (K // 2) + byte[:, None],
+                    mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
+        scale = tl.load(s_ptr + n[:, None] * (K // 32) + g[None, :],
+                        mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
+        acc = tl.dot_scaled(x, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def mxfp4_rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
+    """float32 `W[n, :] @ x` for rows `n` of one expert's MXFP4 matrix (bytes [N, K / 2],
+    scales [N, K / 32]): through `tl.dot_scaled` (FMT "bf16" / "fp16", fast math when FAST),
+    or decoded in registers (FMT "fp32")."""
+    if FMT == "fp32":
+        y = _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_G)
+    else:
+        y = _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT, FAST, BLOCK_N,
+                                   BLOCK_G)  # fmt: skip
+    return y
+
+
+@triton.jit
+def mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+               HIGH: tl.constexpr):  # fmt: skip
+    """One nibble of a [BLOCK_G * 16, BLOCK_N] weight tile (columns 2j or 2j + 1 of the K
+    tile starting at group g0), dequantized to float32."""
+    groups = K // 32
+    g = g0 + tl.arange(0, BLOCK_G)
+    gmask = g < groups
+    byte = g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [G, 16]
+    mask = gmask[:, None, None] & nmask[None, None, :]
+    w = tl.load(b_e + n[None, None, :].to(tl.int64) * (K // 2) + byte[:, :, None], mask=mask,
+                other=0).to(tl.int32)  # fmt: skip
+    if HIGH:
+        w = w >> 4
+    w = e2m1_x4(w & 15)
+    code = tl.load(s_e + n[None, :].to(tl.int64) * groups + g[:, None],
+                   mask=gmask[:, None] & nmask[None, :], other=0)  # fmt: skip
+    w = w * e8m0_quarter(code.to(tl.int32))[:, None, :]
+    return tl.reshape(w, [BLOCK_G * 16, BLOCK_N])
