@@ -18,7 +18,8 @@ before it is collected first, then the refused plan's still-live requests are re
 quarantined, for a non-retryable error), as in a synchronous step. A failed or invalid
 collected step quarantines exactly its live requests; their rows in the step behind it are
 then dropped by the epoch rule (same requests), never committed. A dead runner ends everything.
-The commit itself is the `Transaction`'s (`docs/engine.md`, "Overlap").
+The validation, the commit and the failure policy are the `Transaction`'s public ones, the
+same the synchronous step uses (`docs/engine.md`, "Overlap").
 
 Constrained steps pipeline too when the runner `waits_for_masks`: plan n+1's mask is gated
 (`ConstraintSet.attach(gated=True)`) and filled only after step n landed, was committed and
@@ -40,9 +41,7 @@ from resin.cache.manager import CacheManager, PageReservation
 from resin.engine.constraints import ConstraintSet
 from resin.engine.request import Request
 from resin.engine.slots import SlotStore
-from resin.engine.transaction import OutcomeSink, Transaction
-from resin.engine.validate import validate_output
-from resin.errors import RetryableRunnerError, RunnerDeadError
+from resin.engine.transaction import OutcomeSink, StepFailure, Transaction, Verdict
 from resin.events import Event, FinishedEvent, FinishReason
 from resin.plan import BatchPlan, ForwardOutput
 from resin.protocols import AsyncRunner, RunnerConfig, State
@@ -72,7 +71,6 @@ class Pipeline:
         cache: CacheManager,
         slots: SlotStore,
         sink: OutcomeSink,
-        vocab_size: int | None,
         constraints: ConstraintSet | None = None,
     ) -> None:
         self._runner = runner
@@ -80,7 +78,6 @@ class Pipeline:
         self._cache = cache
         self._slots = slots
         self._sink = sink
-        self._vocab_size = vocab_size
         self._constraints = constraints
         self._flights: deque[Flight] = deque()
         self._row_of = np.full(slots.num_output.size, -1, dtype=np.int32)
@@ -132,27 +129,15 @@ class Pipeline:
             plan = c.attach(plan, requests, gated=bool(self._flights))
         try:
             self._runner.submit(plan)
-        except RunnerDeadError as exc:
-            self._cache.rollback(reservation)
-            self._die(f"runner died: {exc}", events)
-            return
-        except RetryableRunnerError as exc:
-            self._cache.rollback(reservation)
-            self._discard()
-            self.drain(events)
-            live = _alive(requests)
-            if live:
-                self._txn._retry(live, f"runner refused step {plan.step_id}: {exc}", events)
-            return
-        except Exception as exc:  # not retryable: its requests are quarantined
-            self._cache.rollback(reservation)
-            self._discard()
-            self.drain(events)
-            live = _alive(requests)
-            if live:
-                self._txn._quarantine(
-                    live, f"runner failed at step {plan.step_id}: {exc!r}", events
-                )
+        except Exception as exc:
+            failure = StepFailure.of(plan.step_id, exc, accepted=False)
+            self._txn.undo(reservation, failure)
+            if failure.verdict is Verdict.DEAD:
+                self._forget()
+            else:
+                self._discard()
+                self.drain(events)
+            self._txn.fail(failure, _alive(requests), events)
             return
         slots = reservation.slots
         self._slots.ahead[slots] += 1
@@ -191,20 +176,17 @@ class Pipeline:
             self._row_of[slots] = -1
         try:
             out = self._runner.collect()
-        except RunnerDeadError as exc:
-            self._die(f"runner died: {exc}", events)
-            return
         except Exception as exc:  # after acceptance: only this plan's requests are affected
-            self._fail(f, f"runner failed at step {f.plan.step_id}: {exc!r}", events)
+            self._fail(f, StepFailure.of(f.plan.step_id, exc, accepted=True), events)
             return
-        problem = validate_output(f.plan, out, self._vocab_size)
-        if problem is not None:
-            self._fail(f, f"invalid runner output at step {f.plan.step_id}: {problem}", events)
+        failure = self._txn.check(f.plan, out)
+        if failure is not None:
+            self._fail(f, failure, events)
             return
         keep = self._slots.epoch[slots] == f.epochs
         if keep.all():
             self._slots.ahead[slots] -= 1
-            self._txn._commit(f.plan, out, f.requests, f.reservation, events)
+            self._txn.commit(f.plan, out, f.requests, f.reservation, events)
             return
         if not keep.any():
             return
@@ -212,25 +194,28 @@ class Pipeline:
         rows = np.flatnonzero(keep)
         requests = tuple(f.requests[i] for i in rows.tolist())
         reservation = PageReservation(slots[keep], (), None, False)
-        self._txn._commit(_rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events)
+        self._txn.commit(_rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events)
 
     # -- failures ---------------------------------------------------------------------------
-    def _fail(self, f: Flight, message: str, events: list[Event]) -> None:
+    def _fail(self, f: Flight, failure: StepFailure, events: list[Event]) -> None:
+        """A collected step failed: the policy applies to its rows still live (the others'
+        requests left while it was in flight)."""
         keep = self._slots.epoch[f.reservation.slots] == f.epochs
         live = tuple(r for r, k in zip(f.requests, keep.tolist(), strict=True) if k)
-        self._cache.abandon(f.reservation)
-        if live:
-            self._txn._quarantine(live, message, events)
+        self._txn.undo(f.reservation, failure)
+        if failure.verdict is Verdict.DEAD:
+            self._forget()
+        self._txn.fail(failure, live, events)
 
     def _discard(self) -> None:
         if self._constraints is not None:
             self._constraints.discard_gate()
 
-    def _die(self, message: str, events: list[Event]) -> None:
+    def _forget(self) -> None:
+        """The runner died: uncollected plans are gone."""
         self._discard()
         self._flights.clear()
         self._row_of.fill(-1)
-        self._sink.die(message, events)
 
 
 def make_pipeline(
@@ -253,7 +238,7 @@ def make_pipeline(
     if not able:
         raise ValueError("overlap=True needs an AsyncRunner whose RunnerConfig.overlap is True")
     assert isinstance(runner, AsyncRunner)
-    return Pipeline(runner, txn, cache, slots, sink, config.vocab_size, constraints)
+    return Pipeline(runner, txn, cache, slots, sink, constraints)
 
 
 def _alive(requests: tuple[Request, ...]) -> tuple[Request, ...]:

@@ -1,15 +1,22 @@
-"""One step's transaction: run the plan, then commit, retry or quarantine.
+"""One step's transaction: run the plan, then commit it or apply the failure policy.
 
-reserve (done by the engine) -> runner -> validate -> commit. Outcomes:
+reserve (done by the engine) -> runner -> validate -> commit. The synchronous step
+(`Transaction.execute`) and the overlapped one (`engine/pipeline.py`) share the public parts:
+`check` (validation), `commit`, and the failure policy, `StepFailure.of` (the one ladder) plus
+`undo` (the reservation) and `fail` (the requests). Outcomes:
 - `RetryableRunnerError` before acceptance: roll the reservation back; the requests stay where
   they were and run again; after `max_retries` consecutive failures a request ends with `error`.
 - `RunnerDeadError`: the engine dies (every request ends with `error`).
-- any other exception after acceptance, or an invalid output: the plan's requests are
-  quarantined (end with `error`, pages freed, never cached); other requests go on.
+- any other exception, or an invalid output: the plan's requests are quarantined (end with
+  `error`, pages freed, never cached); other requests go on.
+A failure while handing the plan over (`forward` refusing it, `submit` raising) rolls the
+reservation back; once the runner has the plan (`forward` failing after acceptance, `collect`
+raising, an invalid output) the reservation is abandoned: its pages go with the requests.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -48,6 +55,38 @@ class OutcomeSink(Protocol):
     def die(self, message: str, events: list[Event]) -> None: ...
 
 
+class Verdict(enum.Enum):
+    """What a failed step means for its requests."""
+
+    RETRY = "retry"
+    """Refused before acceptance: the requests run again later (bounded)."""
+    QUARANTINE = "quarantine"
+    """Failed after acceptance, or answered invalidly: the requests end with `error`."""
+    DEAD = "dead"
+    """The runner is gone: every live request ends with `error`."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailure:
+    """A step that did not commit: the verdict, the message its events carry, and whether the
+    runner had accepted the plan (which decides how the reservation is undone)."""
+
+    verdict: Verdict
+    message: str
+    accepted: bool
+
+    @staticmethod
+    def of(step_id: int, exc: Exception, *, accepted: bool) -> StepFailure:
+        """The failure ladder: what an exception from the runner means."""
+        if isinstance(exc, RunnerDeadError):
+            return StepFailure(Verdict.DEAD, f"runner died: {exc}", accepted)
+        if isinstance(exc, RetryableRunnerError) and not accepted:
+            return StepFailure(Verdict.RETRY, f"runner refused step {step_id}: {exc}", False)
+        return StepFailure(
+            Verdict.QUARANTINE, f"runner failed at step {step_id}: {exc!r}", accepted
+        )
+
+
 @dataclass(slots=True)
 class _StepStats:
     """What one commit adds to the metrics."""
@@ -56,11 +95,6 @@ class _StepStats:
     first_prompt: int = 0
     itl: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
-
-
-class _Retry(Exception):
-    def __init__(self, cause: BaseException) -> None:
-        self.cause = cause
 
 
 class Transaction:
@@ -98,44 +132,65 @@ class Transaction:
         reservation: PageReservation,
         events: list[Event],
     ) -> None:
-        try:
-            out = self._call(plan)
-        except _Retry as exc:
-            self._cache.rollback(reservation)
-            self._retry(requests, f"runner refused step {plan.step_id}: {exc.cause}", events)
+        """The synchronous step: run the plan, then commit it or apply the failure policy."""
+        out = self._run(plan)
+        failure = out if isinstance(out, StepFailure) else self.check(plan, out)
+        if failure is None:
+            assert isinstance(out, ForwardOutput)
+            self.commit(plan, out, requests, reservation, events)
             return
-        except RunnerDeadError as exc:
-            self._cache.rollback(reservation)
-            self._sink.die(f"runner died: {exc}", events)
-            return
-        except Exception as exc:  # post-accept failure: only this plan's requests are affected
-            self._cache.abandon(reservation)
-            self._quarantine(requests, f"runner failed at step {plan.step_id}: {exc!r}", events)
-            return
-        problem = validate_output(plan, out, self._vocab_size)
-        if problem is not None:
-            self._cache.abandon(reservation)
-            self._quarantine(
-                requests, f"invalid runner output at step {plan.step_id}: {problem}", events
-            )
-            return
-        self._commit(plan, out, requests, reservation, events)
+        self.undo(reservation, failure)
+        self.fail(failure, requests, events)
 
-    def _call(self, plan: BatchPlan) -> ForwardOutput:
+    def _run(self, plan: BatchPlan) -> ForwardOutput | StepFailure:
         runner = self._runner
-        if self._async:
-            assert isinstance(runner, AsyncRunner)
+        if not self._async:
             try:
-                runner.submit(plan)
-            except RetryableRunnerError as exc:
-                raise _Retry(exc) from exc
-            return runner.collect()
+                return runner.forward(plan)
+            except Exception as exc:  # refused (retryable) or dead: nothing was accepted
+                refused = isinstance(exc, RetryableRunnerError | RunnerDeadError)
+                return StepFailure.of(plan.step_id, exc, accepted=not refused)
+        assert isinstance(runner, AsyncRunner)
         try:
-            return runner.forward(plan)
-        except RetryableRunnerError as exc:
-            raise _Retry(exc) from exc
+            runner.submit(plan)
+        except Exception as exc:
+            return StepFailure.of(plan.step_id, exc, accepted=False)
+        try:
+            return runner.collect()
+        except Exception as exc:
+            return StepFailure.of(plan.step_id, exc, accepted=True)
 
-    # -- outcomes ---------------------------------------------------------------------------
+    def check(self, plan: BatchPlan, out: ForwardOutput) -> StepFailure | None:
+        """None when `out` is a valid answer to `plan`, else the quarantine it calls for."""
+        problem = validate_output(plan, out, self._vocab_size)
+        if problem is None:
+            return None
+        message = f"invalid runner output at step {plan.step_id}: {problem}"
+        return StepFailure(Verdict.QUARANTINE, message, accepted=True)
+
+    # -- the failure policy -----------------------------------------------------------------
+    def undo(self, reservation: PageReservation, failure: StepFailure) -> None:
+        """Return a failed step's reservation: rolled back exactly when the runner never had
+        the plan, else abandoned (its pages are freed with the requests' slots)."""
+        if failure.accepted:
+            self._cache.abandon(reservation)
+        else:
+            self._cache.rollback(reservation)
+
+    def fail(
+        self, failure: StepFailure, requests: tuple[Request, ...], events: list[Event]
+    ) -> None:
+        """The requests of a failed step: retried (bounded), quarantined, or, with a dead
+        runner, every live request ends. Empty `requests` (all left meanwhile): nothing."""
+        if failure.verdict is Verdict.DEAD:
+            self._sink.die(failure.message, events)
+        elif not requests:
+            return
+        elif failure.verdict is Verdict.RETRY:
+            self._retry(requests, failure.message, events)
+        else:
+            self._quarantine(requests, failure.message, events)
+
     def _retry(self, requests: tuple[Request, ...], message: str, events: list[Event]) -> None:
         again: list[Request] = []
         failed: list[Request] = []
@@ -155,7 +210,8 @@ class Transaction:
         for r in requests:
             events.append(self._sink.finish(r, FinishReason.ERROR, message, cacheable=False))
 
-    def _commit(
+    # -- the commit -------------------------------------------------------------------------
+    def commit(
         self,
         plan: BatchPlan,
         out: ForwardOutput,
