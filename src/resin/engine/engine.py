@@ -34,7 +34,7 @@ from resin.engine.media import prompt_keys, validate_media
 from resin.engine.pipeline import Pipeline, make_pipeline
 from resin.engine.planning import build_plan
 from resin.engine.request import Request, Status
-from resin.engine.scheduler import Cohort, Scheduler, SchedulerConfig
+from resin.engine.scheduler import Cohort, Scheduler
 from resin.engine.slots import SlotStore
 from resin.engine.speculative import DraftStep, Speculation, Speculator
 from resin.engine.transaction import Transaction
@@ -86,17 +86,14 @@ class Engine:
         rc = getattr(runner, "runner_config", None)
         self._runner_config = rc if isinstance(rc, RunnerConfig) else RunnerConfig()
         self._layout = resolve_layout(self._runner_config, self._config)
-        max_pages = self._config.pages_per_sequence(self._layout.page_size)
+        config = self._config
+        max_pages = config.pages_per_sequence(self._layout.page_size)
         self._cache = CacheManager(
-            self._layout, max_sequences, max_pages, prefix_cache=prefix_cache
+            self._layout, config.max_sequences, max_pages, prefix_cache=config.prefix_cache
         )
-        self._slots = SlotStore(max_sequences, context_length)
-        self._scheduler = Scheduler(
-            SchedulerConfig(max_batch_tokens, max_sequences, prefill_chunk_tokens),
-            self._cache,
-            self._slots,
-        )
-        self._collector = MetricsCollector() if enable_metrics else None
+        self._slots = SlotStore(config.max_sequences, config.context_length)
+        self._scheduler = Scheduler(config, self._cache, self._slots)
+        self._collector = MetricsCollector() if config.enable_metrics else None
         self._constraints = ConstraintSet(
             grammar, self._runner_config.vocab_size, self._runner_config.waits_for_masks
         )
@@ -108,7 +105,7 @@ class Engine:
             self._scheduler,
             self._slots,
             self._life,
-            max_retries=max_retries,
+            max_retries=config.max_retries,
             vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
         )
@@ -117,7 +114,9 @@ class Engine:
         self._spec = (
             None
             if speculation is None
-            else Speculator(speculation, self._runner_config, max_batch_tokens, self._collector)
+            else Speculator(
+                speculation, self._runner_config, config.max_batch_tokens, self._collector
+            )
         )
         self._pending: list[Event] = []
         self._step_id = 0

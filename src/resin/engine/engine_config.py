@@ -15,13 +15,23 @@ MAX_DEFAULT_PAGES = 1 << 18
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
+    """Every engine knob, once: the `Engine`'s keywords land here and each part (scheduler,
+    cache, slot store, transaction, speculation) reads its knobs from this object."""
+
     context_length: int
+    """The longest sequence, prompt + output, in tokens."""
     prefix_cache: bool
     max_batch_tokens: int
+    """Query tokens per step (a decode step: its row cap too)."""
     max_sequences: int
+    """Sequences admitted at once (the slot count)."""
     prefill_chunk_tokens: int
     enable_metrics: bool
     max_retries: int
+    max_prefill_streak: int = 4
+    """Consecutive prefill steps allowed while decodes wait (the queue-age rule)."""
+    max_decode_wait_s: float = 0.5
+    """...or seconds since the last decode step, whichever comes first."""
 
     def __post_init__(self) -> None:
         for name in ("context_length", "max_batch_tokens", "max_sequences", "prefill_chunk_tokens"):

@@ -27,23 +27,13 @@ import numpy.typing as npt
 
 from resin.cache.manager import CacheManager
 from resin.cache.matching import NO_MATCH, Match
+from resin.engine.engine_config import EngineConfig
 from resin.engine.media import chunk_end
 from resin.engine.request import Request, Status
 from resin.engine.slots import SlotStore
 from resin.plan import Phase
 
 I32 = npt.NDArray[np.int32]
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    max_batch_tokens: int
-    max_sequences: int
-    prefill_chunk_tokens: int
-    max_prefill_streak: int = 4
-    """Consecutive prefill steps allowed while decodes wait."""
-    max_decode_wait_s: float = 0.5
-    """...or seconds since the last decode step, whichever comes first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +51,7 @@ class Cohort:
 class Scheduler:
     """Owns the queues and slots; asks the `CacheManager` for capacity."""
 
-    def __init__(self, config: SchedulerConfig, cache: CacheManager, arrays: SlotStore) -> None:
+    def __init__(self, config: EngineConfig, cache: CacheManager, arrays: SlotStore) -> None:
         self.config = config
         self.cache = cache
         self.arrays = arrays
