@@ -34,6 +34,13 @@ class PageReservation:
     checkpoints: Checkpoints | None
     prefill: bool
 
+    def rows(self, keep: npt.NDArray[np.bool_]) -> PageReservation:
+        """A decode reservation restricted to the kept rows (a pipelined step some of whose
+        requests left while it was in flight)."""
+        assert not self.prefill and self.checkpoints is None, "only decode steps are pipelined"
+        olds = tuple(None if old is None else old[keep] for old in self.old_npages)
+        return PageReservation(self.slots[keep], olds, None, False)
+
 
 class CacheManager:
     """Pages for every slot in every group, from one `PagePool`."""

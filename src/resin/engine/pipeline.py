@@ -37,12 +37,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, PageReservation
-from resin.engine.constraints import ConstraintSet
+from resin.cache.manager import PageReservation
+from resin.engine.constraints import ConstraintSet, Finish
 from resin.engine.request import Request
 from resin.engine.slots import SlotStore
-from resin.engine.transaction import OutcomeSink, StepFailure, Transaction, Verdict
-from resin.events import Event, FinishedEvent, FinishReason
+from resin.engine.transaction import StepFailure, Transaction, Verdict
+from resin.events import Event
 from resin.plan import BatchPlan, ForwardOutput
 from resin.protocols import AsyncRunner, RunnerConfig, State
 
@@ -68,21 +68,21 @@ class Pipeline:
         self,
         runner: AsyncRunner,
         txn: Transaction,
-        cache: CacheManager,
-        slots: SlotStore,
-        sink: OutcomeSink,
+        slot_store: SlotStore,
+        config: RunnerConfig,
+        finish: Finish,
         constraints: ConstraintSet | None = None,
     ) -> None:
         self._runner = runner
         self._txn = txn
-        self._cache = cache
-        self._slots = slots
-        self._sink = sink
+        self._slot_store = slot_store
+        self._finish = finish
+        """Ends a request whose grammar stopped or failed (`Lifecycle.finish_constrained`)."""
         self._constraints = constraints
         self._flights: deque[Flight] = deque()
-        self._row_of = np.full(slots.num_output.size, -1, dtype=np.int32)
+        self._row_of = np.full(slot_store.num_slots, -1, dtype=np.int32)
         """Row of each slot in the newest flight (-1: not in it)."""
-        self._states = tuple(i for i, g in enumerate(cache.layout.groups) if isinstance(g, State))
+        self._states = tuple(i for i, g in enumerate(config.cache_groups) if isinstance(g, State))
 
     @property
     def busy(self) -> bool:
@@ -140,11 +140,11 @@ class Pipeline:
             self._txn.fail(failure, _alive(requests), events)
             return
         slots = reservation.slots
-        self._slots.ahead[slots] += 1
+        self._slot_store.launched(slots)
         if self._flights:
             self._row_of[self._flights[-1].reservation.slots] = -1
         self._row_of[slots] = np.arange(slots.size, dtype=np.int32)
-        self._flights.append(Flight(plan, requests, reservation, self._slots.epoch[slots]))
+        self._flights.append(Flight(plan, requests, reservation, self._slot_store.epoch[slots]))
 
     # -- collect ----------------------------------------------------------------------------
     def settle(self, events: list[Event]) -> None:
@@ -167,9 +167,6 @@ class Pipeline:
             c.advance(f.requests, events, self._finish)
             c.open_gate()
 
-    def _finish(self, request: Request, reason: FinishReason, error: str | None) -> FinishedEvent:
-        return self._sink.finish(request, reason, error, cacheable=reason is not FinishReason.ERROR)
-
     def _land(self, f: Flight, events: list[Event]) -> None:
         slots = f.reservation.slots
         if not self._flights:
@@ -183,24 +180,24 @@ class Pipeline:
         if failure is not None:
             self._fail(f, failure, events)
             return
-        keep = self._slots.epoch[slots] == f.epochs
+        keep = self._slot_store.epoch[slots] == f.epochs
         if keep.all():
-            self._slots.ahead[slots] -= 1
+            self._slot_store.landed(slots)
             self._txn.commit(f.plan, out, f.requests, f.reservation, events)
             return
         if not keep.any():
             return
-        self._slots.ahead[slots[keep]] -= 1
+        self._slot_store.landed(slots[keep])
         rows = np.flatnonzero(keep)
         requests = tuple(f.requests[i] for i in rows.tolist())
-        reservation = PageReservation(slots[keep], (), None, False)
+        reservation = f.reservation.rows(keep)
         self._txn.commit(_rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events)
 
     # -- failures ---------------------------------------------------------------------------
     def _fail(self, f: Flight, failure: StepFailure, events: list[Event]) -> None:
         """A collected step failed: the policy applies to its rows still live (the others'
         requests left while it was in flight)."""
-        keep = self._slots.epoch[f.reservation.slots] == f.epochs
+        keep = self._slot_store.epoch[f.reservation.slots] == f.epochs
         live = tuple(r for r, k in zip(f.requests, keep.tolist(), strict=True) if k)
         self._txn.undo(f.reservation, failure)
         if failure.verdict is Verdict.DEAD:
@@ -223,9 +220,8 @@ def make_pipeline(
     runner: object,
     config: RunnerConfig,
     txn: Transaction,
-    cache: CacheManager,
-    slots: SlotStore,
-    sink: OutcomeSink,
+    slot_store: SlotStore,
+    finish: Finish,
     constraints: ConstraintSet | None = None,
 ) -> Pipeline | None:
     """The engine's pipeline: None when `overlap` is False, or None (auto) and the runner does
@@ -238,7 +234,7 @@ def make_pipeline(
     if not able:
         raise ValueError("overlap=True needs an AsyncRunner whose RunnerConfig.overlap is True")
     assert isinstance(runner, AsyncRunner)
-    return Pipeline(runner, txn, cache, slots, sink, constraints)
+    return Pipeline(runner, txn, slot_store, config, finish, constraints)
 
 
 def _alive(requests: tuple[Request, ...]) -> tuple[Request, ...]:

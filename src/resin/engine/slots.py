@@ -3,7 +3,8 @@
 One row per scheduler slot, in preallocated numpy arrays, written when a request is admitted
 and at every commit, gathered when a plan is built: a decode plan is a handful of gathers and
 the stop rule is vectorized over the step's sampled rows. This is the only place that decides
-`stop` / `length`.
+`stop` / `length`, and the one record of an admitted request's progress (`num_computed`,
+`num_output`, in-flight `ahead`, `epoch`); its arrays are written only through its methods.
 """
 
 from __future__ import annotations
@@ -85,9 +86,21 @@ class SlotStore:
         self.ahead[s] = 0
         self.epoch[s] += 1
 
+    @property
+    def num_slots(self) -> int:
+        return self.epoch.size
+
     def release(self, slot: int) -> None:
         """The slot's request left (finished or retracted)."""
         self.epoch[slot] += 1
+
+    def launched(self, slots: I32) -> None:
+        """A plan computing one more token of each slot was submitted (overlap)."""
+        self.ahead[slots] += 1
+
+    def landed(self, slots: I32) -> None:
+        """A submitted plan of these slots was collected (its tokens commit now, or never)."""
+        self.ahead[slots] -= 1
 
     def position(self, slots: I32) -> I32:
         """The next position each slot computes: committed plus in-flight tokens."""

@@ -24,11 +24,10 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, PageReservation
+from resin.cache.manager import PageReservation
 from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
 from resin.engine.request import Request
 from resin.engine.scheduler import Scheduler
-from resin.engine.slots import SlotStore
 from resin.engine.speculative import commit_drafts
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
@@ -98,15 +97,14 @@ class _StepStats:
 
 
 class Transaction:
-    """Executes plans against one runner, cache, scheduler and slot store; reports requests
-    that end to `sink`. It holds no per-step state between calls."""
+    """Executes plans against one runner; commits and undoes pages through the `Scheduler`
+    (the cache's one owner); reports requests that end to `sink`. It holds no per-step state
+    between calls."""
 
     def __init__(
         self,
         runner: Runner,
-        cache: CacheManager,
         scheduler: Scheduler,
-        slots: SlotStore,
         sink: OutcomeSink,
         *,
         max_retries: int,
@@ -114,9 +112,8 @@ class Transaction:
         collector: MetricsCollector | None,
     ) -> None:
         self._runner = runner
-        self._cache = cache
         self._scheduler = scheduler
-        self._slots = slots
+        self._slot_store = scheduler.slot_store
         self._sink = sink
         self._max_retries = max_retries
         self._vocab_size = vocab_size
@@ -173,9 +170,9 @@ class Transaction:
         """Return a failed step's reservation: rolled back exactly when the runner never had
         the plan, else abandoned (its pages are freed with the requests' slots)."""
         if failure.accepted:
-            self._cache.abandon(reservation)
+            self._scheduler.abandon(reservation)
         else:
-            self._cache.rollback(reservation)
+            self._scheduler.rollback(reservation)
 
     def fail(
         self, failure: StepFailure, requests: tuple[Request, ...], events: list[Event]
@@ -221,24 +218,19 @@ class Transaction:
     ) -> None:
         """The step is valid: the cache and slot store take it, then tokens, events, metrics."""
         if plan.draft_ids.size:  # a verify step (engine/speculative.py)
+            finish, collector = self._sink.finish, self._collector
             generated, itl = commit_drafts(
-                plan, out, requests, reservation, events,
-                self._cache, self._slots, self._sink.finish, self._collector,
-            )  # fmt: skip
+                plan, out, requests, reservation, events, self._scheduler, finish, collector
+            )
             if self._collector is not None:
                 self._record(plan, out, _StepStats(generated, itl=itl))
             return
-        slots, totals = reservation.slots, plan.total_lens
+        totals = plan.total_lens
         prefill = plan.phase is Phase.PREFILL
-        tokens = (
-            [r.cache_keys(t) for r, t in zip(requests, totals.tolist(), strict=True)]
-            if prefill
-            else []
-        )
-        self._cache.commit(reservation, totals, tokens)
-        self._slots.computed(slots, totals)
+        self._scheduler.commit(requests, reservation, totals)
         ids = np.asarray(out.token_ids).astype(np.int32)
-        ends = self._slots.append(slots[plan.sample_rows] if prefill else slots, ids)
+        slots = reservation.slots
+        ends = self._slot_store.append(slots[plan.sample_rows] if prefill else slots, ids)
         stats = self._append(plan, out, requests, ids, ends, events)
         if self._collector is not None:
             self._record(plan, out, stats)
