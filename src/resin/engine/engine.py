@@ -108,13 +108,8 @@ class Engine:
             self._life.finish_constrained,
             self._constraints,
         )
-        self._spec = (
-            None
-            if speculation is None
-            else Speculator(
-                speculation, self._runner_config, config.max_batch_tokens, self._collector
-            )
-        )
+        self._speculator: Speculator | None = None
+        self.speculation = speculation
         self._pending: list[Event] = []
         self._step_id = 0
         self._closed = False
@@ -136,6 +131,22 @@ class Engine:
     def overlap(self) -> bool:
         """Whether decode steps are pipelined (submit n+1 before collecting n)."""
         return self._pipe is not None
+
+    @property
+    def speculation(self) -> Speculation | None:
+        """Speculative decoding's knob (None: off). It may be set between steps, from the next
+        decode step on (a benchmark compares both ways on one bound runner)."""
+        return None if self._speculator is None else self._speculator.speculation
+
+    @speculation.setter
+    def speculation(self, speculation: Speculation | None) -> None:
+        self._speculator = (
+            None
+            if speculation is None
+            else Speculator(
+                speculation, self._runner_config, self._config.max_batch_tokens, self._collector
+            )
+        )
 
     @property
     def context_length(self) -> int:
@@ -276,8 +287,8 @@ class Engine:
     ) -> tuple[BatchPlan, ReservedCohort] | None:
         """Drafts (speculation), pages, then the plan; None when the pages did not fit."""
         drafts: DraftStep | None = None
-        if self._spec is not None and cohort.phase is Phase.DECODE:
-            drafts = self._spec.extend(cohort, self._scheduler)
+        if self._speculator is not None and cohort.phase is Phase.DECODE:
+            drafts = self._speculator.extend(cohort, self._scheduler)
             cohort = cohort if drafts is None else drafts.cohort
         reserved = self._scheduler.reserve(cohort)
         if reserved is None:
@@ -293,7 +304,11 @@ class Engine:
     def _overlapped(self, pipe: Pipeline, cohort: Cohort, events: list[Event]) -> None:
         """Pipeline pure decode steps; drain before prefill, drafts, or constrained rows
         a runner cannot wait masks for."""
-        if cohort.phase is Phase.PREFILL or self._constraints.drains or self._spec is not None:
+        if (
+            cohort.phase is Phase.PREFILL
+            or self._constraints.drains
+            or self._speculator is not None
+        ):
             if pipe.busy:
                 pipe.drain(events)
                 if cohort.phase is Phase.DECODE or self._life.dead is not None:

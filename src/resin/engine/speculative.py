@@ -113,6 +113,7 @@ class Speculator:
         collector: MetricsCollector | None,
     ) -> None:
         check_runner(runner_config, spec.num_draft_tokens)
+        self.speculation = spec
         self.proposer = spec.proposer
         self.k = spec.num_draft_tokens
         self.vocab_size = runner_config.vocab_size
