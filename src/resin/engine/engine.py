@@ -90,22 +90,22 @@ class Engine:
             grammar, self._runner_config.vocab_size, self._runner_config.waits_for_masks
         )
         self.grammar = grammar  # read-only: None means a constraint is refused at submit
-        self._life = Lifecycle(self._scheduler, self._collector, self._constraints.release)
-        self._txn = Transaction(
+        self._lifecycle = Lifecycle(self._scheduler, self._collector, self._constraints.release)
+        self._transaction = Transaction(
             runner,
             self._scheduler,
-            self._life,
+            self._lifecycle,
             max_retries=config.max_retries,
             vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
         )
-        self._pipe = make_pipeline(
+        self._pipeline = make_pipeline(
             overlap,
             runner,
             self._runner_config,
-            self._txn,
+            self._transaction,
             self._scheduler.slot_store,
-            self._life.finish_constrained,
+            self._lifecycle.finish_constrained,
             self._constraints,
         )
         self._speculator: Speculator | None = None
@@ -130,7 +130,7 @@ class Engine:
     @property
     def overlap(self) -> bool:
         """Whether decode steps are pipelined (submit n+1 before collecting n)."""
-        return self._pipe is not None
+        return self._pipeline is not None
 
     @property
     def speculation(self) -> Speculation | None:
@@ -167,7 +167,7 @@ class Engine:
 
     @property
     def dead(self) -> bool:
-        return self._life.dead is not None or self._closed
+        return self._lifecycle.dead is not None or self._closed
 
     def submit(
         self,
@@ -179,7 +179,7 @@ class Engine:
         """Validate and queue a request (`media`: its images, docs/vision.md); bad input raises
         `ValueError` and queues nothing."""
         if self.dead:
-            raise EngineDeadError(self._life.dead or "the engine is closed")
+            raise EngineDeadError(self._lifecycle.dead or "the engine is closed")
         params = SamplingParams() if sampling_params is None else sampling_params
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
@@ -193,7 +193,7 @@ class Engine:
                 f"the cache has {self._layout.num_pages}"
             )
         grammar = self._constraints.check(params)
-        rid = self._life.take_id(request_id)
+        rid = self._lifecycle.take_id(request_id)
         items = validate_media(media, len(prompt), self._config.prefill_chunk_tokens)
         request = Request(rid, prompt, params, items)
         request.times.arrival = time.monotonic()
@@ -206,33 +206,33 @@ class Engine:
         return self._scheduler.cached_prefix(prompt_keys(prompt, media))
 
     def has_work(self) -> bool:
-        busy = self._pipe is not None and self._pipe.busy
+        busy = self._pipeline is not None and self._pipeline.busy
         return bool(self._pending) or (
-            self._life.dead is None and (busy or self._scheduler.has_work())
+            self._lifecycle.dead is None and (busy or self._scheduler.has_work())
         )
 
     def step(self) -> list[Event]:
         """Run one transaction; return its events (and any from aborts since the last step)."""
         events, self._pending = self._pending, []
-        if self._life.dead is not None or not self._scheduler.has_work():
-            if self._pipe is not None:  # rows of requests that ended while in flight
-                self._pipe.drain(events)
-            if self._life.dead is None:
+        if self._lifecycle.dead is not None or not self._scheduler.has_work():
+            if self._pipeline is not None:  # rows of requests that ended while in flight
+                self._pipeline.drain(events)
+            if self._lifecycle.dead is None:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self._scheduler.num_preemptions
         cohort = self._scheduler.schedule()
         if cohort is None:
-            if self._pipe is not None:
-                self._pipe.drain(events)
+            if self._pipeline is not None:
+                self._pipeline.drain(events)
             if self._scheduler.num_preemptions == preemptions:
                 self._fail_unfittable(events)
         else:
             self._step_id += 1
-            if self._pipe is None:
+            if self._pipeline is None:
                 self._run(cohort, events)
             else:
-                self._overlapped(self._pipe, cohort, events)
+                self._overlapped(self._pipeline, cohort, events)
         self._update_gauges()
         return events
 
@@ -244,16 +244,16 @@ class Engine:
         live = self._scheduler.live.get(rid)
         if live is None:
             return
-        self._pending.append(self._life.finish(live, FinishReason.ABORT))
+        self._pending.append(self._lifecycle.finish(live, FinishReason.ABORT))
 
     def close(self) -> None:
         """Abort everything, close the runner; `submit` raises from now on. Idempotent."""
         if self._closed:
             return
-        if self._pipe is not None:  # the device finishes what it was given
-            self._pipe.drain(self._pending)
+        if self._pipeline is not None:  # the device finishes what it was given
+            self._pipeline.drain(self._pending)
         for request in list(self._scheduler.live.values()):
-            self._pending.append(self._life.finish(request, FinishReason.ABORT))
+            self._pending.append(self._lifecycle.finish(request, FinishReason.ABORT))
         self._closed = True
         self._constraints.close()
         if isinstance(self._runner, ClosableRunner):
@@ -278,9 +278,9 @@ class Engine:
         requests = reserved.requests
         if self._constraints.active:
             plan = self._constraints.attach(plan, requests)
-        self._txn.execute(plan, requests, reserved.pages, events)
+        self._transaction.execute(plan, requests, reserved.pages, events)
         if self._constraints.active:
-            self._constraints.advance(requests, events, self._life.finish_constrained)
+            self._constraints.advance(requests, events, self._lifecycle.finish_constrained)
 
     def _plan(
         self, cohort: Cohort, chained: Pipeline | None = None
@@ -311,7 +311,7 @@ class Engine:
         ):
             if pipe.busy:
                 pipe.drain(events)
-                if cohort.phase is Phase.DECODE or self._life.dead is not None:
+                if cohort.phase is Phase.DECODE or self._lifecycle.dead is not None:
                     return  # planned on in-flight rows that may have ended: schedule afresh
             self._run(cohort, events)
             return
@@ -331,7 +331,7 @@ class Engine:
             f"request {head.id} needs more cache pages than the engine has "
             f"({self._layout.num_pages}); it cannot continue"
         )
-        events.append(self._life.finish(head, FinishReason.ERROR, message))
+        events.append(self._lifecycle.finish(head, FinishReason.ERROR, message))
 
     def _update_gauges(self) -> None:
         c = self._collector

@@ -41,7 +41,7 @@ class EngineConfig:
         if self.max_retries < 0:
             raise ValueError("max_retries must be >= 0")
 
-    def pages_per_sequence(self, page_size: int) -> int:
+    def page_table_width(self, page_size: int) -> int:
         """Page-table width: a sequence holds at most `context_length` tokens (prompt +
         output; `submit` refuses longer prompts and `SlotStore` ends a request there), plus
         one position of slack for the token sampled last."""
@@ -57,7 +57,7 @@ def resolve_layout(rc: RunnerConfig, config: EngineConfig) -> CacheLayout:
     elif rc.cache_bytes is not None and page_bytes > 0:
         num_pages = rc.cache_bytes // page_bytes
     else:
-        per_seq = config.pages_per_sequence(rc.page_size)
+        per_seq = config.page_table_width(rc.page_size)
         per_seq = per_seq * sum(not isinstance(g, State) for g in rc.cache_groups)
         per_seq += 2 * sum(isinstance(g, State) for g in rc.cache_groups)
         num_pages = min(MAX_DEFAULT_PAGES, per_seq * config.max_sequences)

@@ -67,14 +67,14 @@ class Pipeline:
     def __init__(
         self,
         runner: AsyncRunner,
-        txn: Transaction,
+        transaction: Transaction,
         slot_store: SlotStore,
         config: RunnerConfig,
         finish: Finish,
         constraints: ConstraintSet | None = None,
     ) -> None:
         self._runner = runner
-        self._txn = txn
+        self._transaction = transaction
         self._slot_store = slot_store
         self._finish = finish
         """Ends a request whose grammar stopped or failed (`Lifecycle.finish_constrained`)."""
@@ -131,13 +131,13 @@ class Pipeline:
             self._runner.submit(plan)
         except Exception as exc:
             failure = StepFailure.of(plan.step_id, exc, accepted=False)
-            self._txn.undo(reservation, failure)
+            self._transaction.undo(reservation, failure)
             if failure.verdict is Verdict.DEAD:
                 self._forget()
             else:
                 self._discard()
                 self.drain(events)
-            self._txn.fail(failure, _alive(requests), events)
+            self._transaction.fail(failure, _alive(requests), events)
             return
         slots = reservation.slots
         self._slot_store.launched(slots)
@@ -176,14 +176,14 @@ class Pipeline:
         except Exception as exc:  # after acceptance: only this plan's requests are affected
             self._fail(f, StepFailure.of(f.plan.step_id, exc, accepted=True), events)
             return
-        failure = self._txn.check(f.plan, out)
+        failure = self._transaction.check(f.plan, out)
         if failure is not None:
             self._fail(f, failure, events)
             return
         keep = self._slot_store.epoch[slots] == f.epochs
         if keep.all():
             self._slot_store.landed(slots)
-            self._txn.commit(f.plan, out, f.requests, f.reservation, events)
+            self._transaction.commit(f.plan, out, f.requests, f.reservation, events)
             return
         if not keep.any():
             return
@@ -191,7 +191,9 @@ class Pipeline:
         rows = np.flatnonzero(keep)
         requests = tuple(f.requests[i] for i in rows.tolist())
         reservation = f.reservation.rows(keep)
-        self._txn.commit(_rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events)
+        self._transaction.commit(
+            _rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events
+        )
 
     # -- failures ---------------------------------------------------------------------------
     def _fail(self, f: Flight, failure: StepFailure, events: list[Event]) -> None:
@@ -199,10 +201,10 @@ class Pipeline:
         requests left while it was in flight)."""
         keep = self._slot_store.epoch[f.reservation.slots] == f.epochs
         live = tuple(r for r, k in zip(f.requests, keep.tolist(), strict=True) if k)
-        self._txn.undo(f.reservation, failure)
+        self._transaction.undo(f.reservation, failure)
         if failure.verdict is Verdict.DEAD:
             self._forget()
-        self._txn.fail(failure, live, events)
+        self._transaction.fail(failure, live, events)
 
     def _discard(self) -> None:
         if self._constraints is not None:
@@ -219,7 +221,7 @@ def make_pipeline(
     overlap: bool | None,
     runner: object,
     config: RunnerConfig,
-    txn: Transaction,
+    transaction: Transaction,
     slot_store: SlotStore,
     finish: Finish,
     constraints: ConstraintSet | None = None,
@@ -234,7 +236,7 @@ def make_pipeline(
     if not able:
         raise ValueError("overlap=True needs an AsyncRunner whose RunnerConfig.overlap is True")
     assert isinstance(runner, AsyncRunner)
-    return Pipeline(runner, txn, slot_store, config, finish, constraints)
+    return Pipeline(runner, transaction, slot_store, config, finish, constraints)
 
 
 def _alive(requests: tuple[Request, ...]) -> tuple[Request, ...]:

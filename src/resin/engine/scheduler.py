@@ -102,7 +102,7 @@ class Scheduler:
         self.cache = CacheManager(
             layout,
             config.max_sequences,
-            config.pages_per_sequence(layout.page_size),
+            config.page_table_width(layout.page_size),
             prefix_cache=config.prefix_cache,
         )
         self.slot_store = SlotStore(config.max_sequences, config.context_length)
@@ -198,8 +198,8 @@ class Scheduler:
         cache, chunk = self.cache, self.config.prefill_chunk_tokens
         return max(
             0,
-            cache.pages_per_sequence(request.num_tokens, chunk)
-            - cache.pages_per_sequence(int(self.slot_store.num_computed[request.slot]), chunk),
+            cache.max_pages_for(request.num_tokens, chunk)
+            - cache.max_pages_for(int(self.slot_store.num_computed[request.slot]), chunk),
         )
 
     def _admissible(self, request: Request, outstanding: int) -> Match | None:
@@ -219,7 +219,7 @@ class Scheduler:
 
     def _room_for(self, request: Request, match: Match, outstanding: int) -> bool:
         cache = self.cache
-        need = cache.pages_per_sequence(request.num_tokens, self.config.prefill_chunk_tokens)
+        need = cache.max_pages_for(request.num_tokens, self.config.prefill_chunk_tokens)
         spare = (
             cache.available()
             - cache.lock_cost(match)
@@ -381,7 +381,7 @@ class Scheduler:
     # -- read-only facts --------------------------------------------------------------------
     def max_pages_for(self, num_tokens: int) -> int:
         """Upper bound on the pages a sequence of `num_tokens` tokens holds while computed."""
-        return self.cache.pages_per_sequence(num_tokens, self.config.prefill_chunk_tokens)
+        return self.cache.max_pages_for(num_tokens, self.config.prefill_chunk_tokens)
 
     def cached_prefix(self, keys: I32) -> int:
         """Tokens of `keys` the prefix cache holds now (a lock-free read: a routing hint)."""

@@ -115,7 +115,7 @@ class Speculator:
         check_runner(runner_config, spec.num_draft_tokens)
         self.speculation = spec
         self.proposer = spec.proposer
-        self.k = spec.num_draft_tokens
+        self.num_draft_tokens = spec.num_draft_tokens
         self.vocab_size = runner_config.vocab_size
         self.max_batch_tokens = max_batch_tokens
         if collector is not None:
@@ -128,7 +128,7 @@ class Speculator:
         store = scheduler.slot_store
         room = store.limit[slots] - store.num_output[slots] - 1  # k + 1 tokens must fit
         eligible = np.fromiter((not r.constrained for r in cohort.requests), np.bool_, count=b)
-        limits = np.where(eligible, np.clip(room, 0, self.k), 0)
+        limits = np.where(eligible, np.clip(room, 0, self.num_draft_tokens), 0)
         budget = self.max_batch_tokens - b
         limits = np.clip(budget - (np.cumsum(limits) - limits), 0, limits)
         rows = np.flatnonzero(limits > 0)
