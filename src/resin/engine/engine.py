@@ -68,7 +68,7 @@ class Engine:
         overlap: bool | None = None,
         speculation: Speculation | None = None,
     ) -> None:
-        self._config = EngineConfig(
+        config = self._config = EngineConfig(
             context_length=context_length,
             prefix_cache=prefix_cache,
             max_batch_tokens=max_batch_tokens,
@@ -82,8 +82,7 @@ class Engine:
         self._runner = runner
         rc = getattr(runner, "runner_config", None)
         self._runner_config = rc if isinstance(rc, RunnerConfig) else RunnerConfig()
-        self._layout = resolve_layout(self._runner_config, self._config)
-        config = self._config
+        self._layout = resolve_layout(self._runner_config, config)
         self._scheduler = Scheduler(config, self._layout)
         self._collector = MetricsCollector() if config.enable_metrics else None
         self._constraints = ConstraintSet(
