@@ -410,7 +410,7 @@ def _query_layout(cohort: Cohort) -> tuple[I32, I32, I32]:
     b = slots.size
     lens = totals - cached
     query_indptr = np.zeros(b + 1, dtype=np.int32)
-    np.cumsum(lens, out=query_indptr[1:])
+    lens.cumsum(out=query_indptr[1:])
     t = int(query_indptr[-1])
     if t == b:  # one token per row (decode)
         return query_indptr, cached.copy(), slots

@@ -131,11 +131,14 @@ class Transaction:
     ) -> None:
         """The synchronous step: run the plan, then commit it or apply the failure policy."""
         out = self._run(plan)
-        failure = out if isinstance(out, StepFailure) else self.check(plan, out)
-        if failure is None:
-            assert isinstance(out, ForwardOutput)
-            self.commit(plan, out, requests, reservation, events)
-            return
+        failure: StepFailure | None
+        if isinstance(out, StepFailure):
+            failure = out
+        else:
+            failure = self.check(plan, out)
+            if failure is None:
+                self.commit(plan, out, requests, reservation, events)
+                return
         self.undo(reservation, failure)
         self.fail(failure, requests, events)
 
