@@ -288,14 +288,14 @@ def bench_engine(
             engine.submit([5, 6, 7 + i], SamplingParams(max_output_tokens=steps * 4,
                                                         constraint=c))  # fmt: skip
         while engine.num_waiting or any(len(r.output_token_ids) == 0
-                                        for r in engine._life.live.values()):  # fmt: skip
+                                        for r in engine._scheduler.live.values()):  # fmt: skip
             engine.step()
         times = []
         for _ in range(steps):
             t = time.perf_counter()
             engine.step()
             times.append(time.perf_counter() - t)
-        assert all(r.error is None for r in engine._life.live.values())
+        assert all(r.error is None for r in engine._scheduler.live.values())
         engine.close()
         out[f"{name}_step_ms"] = _median_ms(times)
     for name in ("inline", "overlap"):

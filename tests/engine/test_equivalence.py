@@ -82,8 +82,8 @@ def check_equal(runner: CacheSimRunner, knobs: dict[str, object], jobs: list[Job
             job.abort_at is not None,
         )
     engine.check_invariants()
-    engine._cache.drop_prefix_cache()
-    assert engine._cache.pool.num_free == engine.layout.num_pages, "pages leaked"
+    engine._scheduler.cache.drop_prefix_cache()
+    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages, "pages leaked"
     return engine
 
 
@@ -107,7 +107,7 @@ HITS: list[int] = []
 @given(setups([(History(),), *GROUP_MIXES], prefix_cache=True, shared_prefix=SHARED))
 def test_prefix_cache_engine_equals_naive_loop(setup: Setup) -> None:
     engine = check_equal(*setup)
-    HITS.append(engine._cache.prefix_hits)
+    HITS.append(engine._scheduler.cache.prefix_hits)
 
 
 def test_prefix_cache_workloads_did_hit() -> None:

@@ -106,8 +106,8 @@ def test_random_faults_lose_nothing_and_leave_others_exact(prefix_cache: bool) -
         want, reason = naive_generate(groups, prompt, params, VOCAB, 64)
         assert (request.take_result(), request.finish_reason) == (want, reason)
     assert 0 < errors < 1000
-    engine._cache.drop_prefix_cache()
-    assert engine._cache.pool.num_free == engine.layout.num_pages
+    engine._scheduler.cache.drop_prefix_cache()
+    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages
 
 
 class AlwaysRetry(SampleZeroRunner):
@@ -124,7 +124,7 @@ def test_bounded_retries_then_error() -> None:
     retryable = [e for e in events if isinstance(e, ErrorEvent) and e.retryable]
     assert len(retryable) == 3
     assert request.finish_reason is FinishReason.ERROR and "gave up" in (request.error or "")
-    assert engine._cache.pool.num_free == engine.layout.num_pages
+    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages
 
 
 class DiesAtStep(SampleZeroRunner):
@@ -237,4 +237,4 @@ def test_garbage_outputs_never_crash_the_engine(
         engine.step()
         engine.check_invariants()
     assert all(r.finished for r in requests)
-    assert engine._cache.pool.num_free == engine.layout.num_pages
+    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages

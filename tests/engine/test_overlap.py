@@ -155,8 +155,8 @@ def test_retraction_of_rows_in_flight_stays_exact(groups: str) -> None:
 
 def _no_leak(engine: Engine) -> None:
     engine.check_invariants()
-    engine._cache.drop_prefix_cache()
-    pool = engine._cache.pool
+    engine._scheduler.cache.drop_prefix_cache()
+    pool = engine._scheduler.cache.pool
     assert pool.num_free == pool.num_pages
 
 
@@ -175,7 +175,7 @@ def test_late_stops_publish_nothing_extra(groups: str) -> None:
         while engine.has_work():
             engine.step()
             engine.check_invariants()
-        trie = engine._cache.prefix.trie  # type: ignore[union-attr]
+        trie = engine._scheduler.cache.prefix.trie  # type: ignore[union-attr]
         tries.append((trie.num_nodes, trie.held_pages().size, [r.output_token_ids for r in reqs]))
     assert tries[0] == tries[1]
 

@@ -78,9 +78,12 @@ def test_unreferenced_entries_are_evicted_when_live_requests_need_pages() -> Non
                 runner.groups, list(range(start, start + 9)), r.sampling_params, 50, 64
             )[0]
         )
-    assert engine._cache.prefix is not None and engine._cache.prefix.trie.num_nodes > 0
-    engine._cache.drop_prefix_cache()
-    assert engine._cache.pool.num_free == 12
+    assert (
+        engine._scheduler.cache.prefix is not None
+        and engine._scheduler.cache.prefix.trie.num_nodes > 0
+    )
+    engine._scheduler.cache.drop_prefix_cache()
+    assert engine._scheduler.cache.pool.num_free == 12
 
 
 @pytest.mark.parametrize(
@@ -121,7 +124,7 @@ def test_identical_prompts_in_one_step_share_pages() -> None:
     engine.step()  # both prefill together: neither could hit the other
     assert a.cached_tokens == b.cached_tokens == 0
     # b's 4 full pages were swapped for a's: 4 shared + one partial page each.
-    assert engine._cache.pool.num_used == 4 + 2
+    assert engine._scheduler.cache.pool.num_used == 4 + 2
     while engine.has_work():
         engine.step()
         engine.check_invariants()

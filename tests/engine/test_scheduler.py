@@ -100,7 +100,10 @@ def test_abort_in_every_state() -> None:
     prefilling = engine.submit([4, 5, 6, 7, 8, 9], params)
     waiting = engine.submit([9, 9], params, request_id=99)
     engine.step()
-    assert prefilling.status is Status.PREFILL and engine._slots.num_computed[prefilling.slot] == 2
+    assert (
+        prefilling.status is Status.PREFILL
+        and engine._scheduler.slot_store.num_computed[prefilling.slot] == 2
+    )
     assert waiting.status is Status.WAITING
     engine.abort(prefilling)
     engine.abort(99)
@@ -111,7 +114,7 @@ def test_abort_in_every_state() -> None:
     assert reasons[prefilling.id] is FinishReason.ABORT and reasons[99] is FinishReason.ABORT
     engine.abort(decoding)  # finished: no-op
     assert engine.step() == [] and decoding.finish_reason is FinishReason.LENGTH
-    assert engine._cache.pool.num_free == 14
+    assert engine._scheduler.cache.pool.num_free == 14
 
     # Retracted (waiting with generated tokens), then aborted.
     longer = SamplingParams(max_output_tokens=16, ignore_stop_tokens=True)
@@ -125,7 +128,7 @@ def test_abort_in_every_state() -> None:
     assert [e.reason for e in events if isinstance(e, FinishedEvent) and e.request_id == b.id] == [
         FinishReason.ABORT
     ]
-    assert a.finish_reason is FinishReason.LENGTH and engine._cache.pool.num_free == 14
+    assert a.finish_reason is FinishReason.LENGTH and engine._scheduler.cache.pool.num_free == 14
 
 
 def test_window_storage_per_sequence_is_bounded() -> None:
@@ -136,6 +139,6 @@ def test_window_storage_per_sequence_is_bounded() -> None:
     while engine.has_work():
         engine.step()
         if request.slot >= 0:
-            assert engine._cache.groups[0].held(request.slot).size <= 6 // 2 + 1
+            assert engine._scheduler.cache.groups[0].held(request.slot).size <= 6 // 2 + 1
     want, _ = naive_generate((Window(6),), list(range(30)), params, VOCAB, 400)
     assert request.take_result() == want

@@ -86,8 +86,8 @@ def check_equal(engine: Engine, runner: SpecCacheSimRunner, jobs: list[Job]) -> 
             job.abort_at is not None,
         )
     engine.check_invariants()
-    engine._cache.drop_prefix_cache()
-    assert engine._cache.pool.num_free == engine.layout.num_pages, "pages leaked"
+    engine._scheduler.cache.drop_prefix_cache()
+    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages, "pages leaked"
     VERIFIED.extend(runner.verified)
 
 

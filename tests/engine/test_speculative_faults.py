@@ -102,8 +102,8 @@ def test_faults_in_verify_steps_quarantine_exactly_their_requests(prefix_cache: 
             groups, prompt, params, VOCAB, 64
         )
     assert 0 < errors < 400
-    engine._cache.drop_prefix_cache()
-    assert engine._cache.pool.num_free == engine.layout.num_pages
+    engine._scheduler.cache.drop_prefix_cache()
+    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages
 
 
 def test_refusals_say_why() -> None:

@@ -72,7 +72,7 @@ def _run(
                 streams[e.request_id].append(("end", e.reason, e.num_output_tokens))
         engine.check_invariants()
     preempted = engine._scheduler.num_preemptions
-    hits = engine._cache.prefix_hits
+    hits = engine._scheduler.cache.prefix_hits
     engine.close()
     return streams, preempted, hits
 

@@ -107,7 +107,7 @@ def test_disconnecting_clients_leave_no_pages_held(kind: str) -> None:
             assert engine.kv_cache_usage == 0.0
             assert engine.steps < 1500  # aborted long before their 2,000 tokens
         else:
-            assert engine._cache.pool.num_used == 0  # type: ignore[attr-defined]
+            assert engine._scheduler.cache.pool.num_used == 0  # type: ignore[attr-defined]
             engine.check_invariants()  # type: ignore[attr-defined]
         if isinstance(engine, FakeEngine):
             gauges = httpx.get(url + "/metrics").text

@@ -45,15 +45,20 @@ class PagedGroup:
     """
 
     def __init__(
-        self, spec: History | Window, pool: PagePool, max_slots: int, max_pages: int, page_size: int
+        self,
+        spec: History | Window,
+        pool: PagePool,
+        max_sequences: int,
+        table_width: int,
+        page_size: int,
     ) -> None:
         self.spec = spec
         self.window = spec.size if isinstance(spec, Window) else None
         self.pool = pool
         self.page_size = page_size
-        self.table = np.full((max_slots, max_pages), -1, dtype=np.int32)
-        self.npages = np.zeros(max_slots, dtype=np.int32)
-        self.live_from = np.zeros(max_slots, dtype=np.int32)
+        self.table = np.full((max_sequences, table_width), -1, dtype=np.int32)
+        self.npages = np.zeros(max_sequences, dtype=np.int32)
+        self.live_from = np.zeros(max_sequences, dtype=np.int32)
 
     # -- sizing ---------------------------------------------------------------------------
     def first_visible_page(self, positions: I32) -> I32:
@@ -169,12 +174,12 @@ class StateGroup:
     is not `current` (`state_out`), so a rollback simply keeps `current`.
     """
 
-    def __init__(self, spec: State, pool: PagePool, max_slots: int) -> None:
+    def __init__(self, spec: State, pool: PagePool, max_sequences: int) -> None:
         self.spec = spec
         self.pool = pool
-        self.ring = np.full((max_slots, 2), -1, dtype=np.int32)
-        self.current = np.full(max_slots, -1, dtype=np.int32)
-        self.borrowed = np.full(max_slots, -1, dtype=np.int32)
+        self.ring = np.full((max_sequences, 2), -1, dtype=np.int32)
+        self.current = np.full(max_sequences, -1, dtype=np.int32)
+        self.borrowed = np.full(max_sequences, -1, dtype=np.int32)
 
     def attach(self, slot: int, ring: I32, borrowed: int) -> None:
         """Start a slot with its own two pages and an optional borrowed starting checkpoint."""

@@ -34,6 +34,13 @@ class PageReservation:
     checkpoints: Checkpoints | None
     prefill: bool
 
+    def rows(self, keep: npt.NDArray[np.bool_]) -> PageReservation:
+        """A decode reservation restricted to the kept rows (a pipelined step some of whose
+        requests left while it was in flight)."""
+        assert not self.prefill and self.checkpoints is None, "only decode steps are pipelined"
+        olds = tuple(None if old is None else old[keep] for old in self.old_npages)
+        return PageReservation(self.slots[keep], olds, None, False)
+
 
 class CacheManager:
     """Pages for every slot in every group, from one `PagePool`."""
@@ -41,8 +48,8 @@ class CacheManager:
     def __init__(
         self,
         layout: CacheLayout,
-        max_slots: int,
-        max_pages_per_seq: int,
+        max_sequences: int,
+        table_width: int,
         prefix_cache: bool = False,
     ) -> None:
         self.layout = layout
@@ -51,10 +58,10 @@ class CacheManager:
         self.groups: list[PagedGroup | StateGroup] = []
         for spec in layout.groups:
             if isinstance(spec, State):
-                self.groups.append(StateGroup(spec, self.pool, max_slots))
+                self.groups.append(StateGroup(spec, self.pool, max_sequences))
             else:
                 self.groups.append(
-                    PagedGroup(spec, self.pool, max_slots, max_pages_per_seq, layout.page_size)
+                    PagedGroup(spec, self.pool, max_sequences, table_width, layout.page_size)
                 )
         self.paged = [g for g in self.groups if isinstance(g, PagedGroup)]
         self.states = [g for g in self.groups if isinstance(g, StateGroup)]
@@ -75,7 +82,7 @@ class CacheManager:
             self.prefix.trie.evict(short)
         return self.pool.num_free >= n
 
-    def pages_per_sequence(self, length: int, chunk: int) -> int:
+    def max_pages_for(self, length: int, chunk: int) -> int:
         """Upper bound on pages a sequence of `length` tokens holds while it is computed."""
         total = 2 * len(self.states)
         if self.prefix is not None:  # transient State checkpoints of one chunk
@@ -111,7 +118,7 @@ class CacheManager:
         return NO_MATCH if self.prefix is None else self.prefix.match(tokens)
 
     def hit_pages(self, match: Match) -> int:
-        """Pages a hit attaches (they count towards `pages_per_sequence` but are not new)."""
+        """Pages a hit attaches (they count towards `max_pages_for` but are not new)."""
         k, total = len(match.nodes), 0
         for g in self.paged:
             first = 0 if g.window is None else max(0, match.tokens - g.window + 1) // g.page_size

@@ -15,13 +15,23 @@ MAX_DEFAULT_PAGES = 1 << 18
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
+    """Every engine knob, once: the `Engine`'s keywords land here and each part (scheduler,
+    cache, slot store, transaction, speculation) reads its knobs from this object."""
+
     context_length: int
+    """The longest sequence, prompt + output, in tokens."""
     prefix_cache: bool
     max_batch_tokens: int
+    """Query tokens per step (a decode step: its row cap too)."""
     max_sequences: int
+    """Sequences admitted at once (the slot count)."""
     prefill_chunk_tokens: int
     enable_metrics: bool
     max_retries: int
+    max_prefill_streak: int = 4
+    """Consecutive prefill steps allowed while decodes wait (the queue-age rule)."""
+    max_decode_wait_s: float = 0.5
+    """...or seconds since the last decode step, whichever comes first."""
 
     def __post_init__(self) -> None:
         for name in ("context_length", "max_batch_tokens", "max_sequences", "prefill_chunk_tokens"):
@@ -31,7 +41,7 @@ class EngineConfig:
         if self.max_retries < 0:
             raise ValueError("max_retries must be >= 0")
 
-    def pages_per_sequence(self, page_size: int) -> int:
+    def page_table_width(self, page_size: int) -> int:
         """Page-table width: a sequence holds at most `context_length` tokens (prompt +
         output; `submit` refuses longer prompts and `SlotStore` ends a request there), plus
         one position of slack for the token sampled last."""
@@ -47,7 +57,7 @@ def resolve_layout(rc: RunnerConfig, config: EngineConfig) -> CacheLayout:
     elif rc.cache_bytes is not None and page_bytes > 0:
         num_pages = rc.cache_bytes // page_bytes
     else:
-        per_seq = config.pages_per_sequence(rc.page_size)
+        per_seq = config.page_table_width(rc.page_size)
         per_seq = per_seq * sum(not isinstance(g, State) for g in rc.cache_groups)
         per_seq += 2 * sum(isinstance(g, State) for g in rc.cache_groups)
         num_pages = min(MAX_DEFAULT_PAGES, per_seq * config.max_sequences)

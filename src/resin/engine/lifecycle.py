@@ -1,8 +1,10 @@
-"""Live requests and how they end: the one place a request is finished (or the engine dies).
+"""How requests end: the one place a request is finished (or the engine dies).
 
 `Lifecycle` is the outcome sink the `Transaction` reports to; the `Engine` uses it for aborts,
-`close` and unfittable requests. Finishing frees the request's pages (through the scheduler),
-records its metrics and returns its one `FinishedEvent`.
+`close` and unfittable requests, the `ConstraintSet` for grammars that stop or fail. Finishing
+takes the request out of the scheduler (its live table, its queue, its slot and pages:
+`Scheduler.drop`), drops its grammar, records its metrics and returns its one
+`FinishedEvent`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from resin.metrics.collector import MetricsCollector
 
 
 class Lifecycle:
-    """Owns the live-request table and the dead flag."""
+    """Request ids, finishing, and the dead flag (the live requests are the scheduler's)."""
 
     def __init__(
         self,
@@ -29,24 +31,21 @@ class Lifecycle:
         self._collector = collector
         self._release = release
         """Drops per-request state other owners keep (the grammar of a constrained request)."""
-        self.live: dict[int, Request] = {}
         self.dead: str | None = None
         """Why the runner died (None while it lives)."""
         self._next_id = 0
 
-    def add(self, request: Request) -> None:
-        self.live[request.id] = request
-
     def take_id(self, request_id: int | None) -> int:
         """`request_id` checked to be a free int, or the next free automatic id."""
+        live = self._scheduler.live
         if request_id is None:
-            while self._next_id in self.live:
+            while self._next_id in live:
                 self._next_id += 1
             self._next_id += 1
             return self._next_id - 1
         if isinstance(request_id, bool) or not isinstance(request_id, int):
             raise ValueError("request_id must be an int")
-        if request_id in self.live:
+        if request_id in live:
             raise ValueError(f"request id {request_id} is already in use")
         return request_id
 
@@ -61,10 +60,9 @@ class Lifecycle:
         """End a request: free its pages, record metrics, return its one `FinishedEvent`.
 
         `cacheable=False` (quarantine) keeps its pages out of the prefix cache."""
-        self._scheduler.finish(request, cacheable=cacheable)
+        self._scheduler.drop(request, cacheable=cacheable)
         if self._release is not None:
             self._release(request)
-        self.live.pop(request.id, None)
         request.finish_reason = reason
         request.error = error
         if self._collector is not None:
@@ -78,11 +76,19 @@ class Lifecycle:
             error,
         )
 
+    def finish_constrained(
+        self, request: Request, reason: FinishReason, error: str | None
+    ) -> FinishedEvent:
+        """A grammar ended the request (`ConstraintSet.advance`): a grammar that refused the
+        token (`error`) keeps its pages out of the prefix cache."""
+        return self.finish(request, reason, error, cacheable=reason is not FinishReason.ERROR)
+
     def die(self, message: str, events: list[Event]) -> None:
         """The runner is gone: every live request ends with an error; `submit` raises."""
         self.dead = message
-        events.append(ErrorEvent(message, tuple(self.live), retryable=False))
-        for request in list(self.live.values()):
+        live = self._scheduler.live
+        events.append(ErrorEvent(message, tuple(live), retryable=False))
+        for request in list(live.values()):
             events.append(self.finish(request, FinishReason.ERROR, message))
 
     def _record(self, request: Request, reason: FinishReason) -> None:

@@ -18,7 +18,8 @@ before it is collected first, then the refused plan's still-live requests are re
 quarantined, for a non-retryable error), as in a synchronous step. A failed or invalid
 collected step quarantines exactly its live requests; their rows in the step behind it are
 then dropped by the epoch rule (same requests), never committed. A dead runner ends everything.
-The commit itself is the `Transaction`'s (`docs/engine.md`, "Overlap").
+The validation, the commit and the failure policy are the `Transaction`'s public ones, the
+same the synchronous step uses (`docs/engine.md`, "Overlap").
 
 Constrained steps pipeline too when the runner `waits_for_masks`: plan n+1's mask is gated
 (`ConstraintSet.attach(gated=True)`) and filled only after step n landed, was committed and
@@ -36,14 +37,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, PageReservation
-from resin.engine.constraints import ConstraintSet
+from resin.cache.manager import PageReservation
+from resin.engine.constraints import ConstraintSet, Finish
 from resin.engine.request import Request
 from resin.engine.slots import SlotStore
-from resin.engine.transaction import OutcomeSink, Transaction
-from resin.engine.validate import validate_output
-from resin.errors import RetryableRunnerError, RunnerDeadError
-from resin.events import Event, FinishedEvent, FinishReason
+from resin.engine.transaction import StepFailure, Transaction, Verdict
+from resin.events import Event
 from resin.plan import BatchPlan, ForwardOutput
 from resin.protocols import AsyncRunner, RunnerConfig, State
 
@@ -68,24 +67,22 @@ class Pipeline:
     def __init__(
         self,
         runner: AsyncRunner,
-        txn: Transaction,
-        cache: CacheManager,
-        slots: SlotStore,
-        sink: OutcomeSink,
-        vocab_size: int | None,
+        transaction: Transaction,
+        slot_store: SlotStore,
+        config: RunnerConfig,
+        finish: Finish,
         constraints: ConstraintSet | None = None,
     ) -> None:
         self._runner = runner
-        self._txn = txn
-        self._cache = cache
-        self._slots = slots
-        self._sink = sink
-        self._vocab_size = vocab_size
+        self._transaction = transaction
+        self._slot_store = slot_store
+        self._finish = finish
+        """Ends a request whose grammar stopped or failed (`Lifecycle.finish_constrained`)."""
         self._constraints = constraints
         self._flights: deque[Flight] = deque()
-        self._row_of = np.full(slots.num_output.size, -1, dtype=np.int32)
+        self._row_of = np.full(slot_store.num_slots, -1, dtype=np.int32)
         """Row of each slot in the newest flight (-1: not in it)."""
-        self._states = tuple(i for i, g in enumerate(cache.layout.groups) if isinstance(g, State))
+        self._states = tuple(i for i, g in enumerate(config.cache_groups) if isinstance(g, State))
 
     @property
     def busy(self) -> bool:
@@ -132,34 +129,22 @@ class Pipeline:
             plan = c.attach(plan, requests, gated=bool(self._flights))
         try:
             self._runner.submit(plan)
-        except RunnerDeadError as exc:
-            self._cache.rollback(reservation)
-            self._die(f"runner died: {exc}", events)
-            return
-        except RetryableRunnerError as exc:
-            self._cache.rollback(reservation)
-            self._discard()
-            self.drain(events)
-            live = _alive(requests)
-            if live:
-                self._txn._retry(live, f"runner refused step {plan.step_id}: {exc}", events)
-            return
-        except Exception as exc:  # not retryable: its requests are quarantined
-            self._cache.rollback(reservation)
-            self._discard()
-            self.drain(events)
-            live = _alive(requests)
-            if live:
-                self._txn._quarantine(
-                    live, f"runner failed at step {plan.step_id}: {exc!r}", events
-                )
+        except Exception as exc:
+            failure = StepFailure.of(plan.step_id, exc, accepted=False)
+            self._transaction.undo(reservation, failure)
+            if failure.verdict is Verdict.DEAD:
+                self._forget()
+            else:
+                self._discard()
+                self.drain(events)
+            self._transaction.fail(failure, _alive(requests), events)
             return
         slots = reservation.slots
-        self._slots.ahead[slots] += 1
+        self._slot_store.launched(slots)
         if self._flights:
             self._row_of[self._flights[-1].reservation.slots] = -1
         self._row_of[slots] = np.arange(slots.size, dtype=np.int32)
-        self._flights.append(Flight(plan, requests, reservation, self._slots.epoch[slots]))
+        self._flights.append(Flight(plan, requests, reservation, self._slot_store.epoch[slots]))
 
     # -- collect ----------------------------------------------------------------------------
     def settle(self, events: list[Event]) -> None:
@@ -182,65 +167,63 @@ class Pipeline:
             c.advance(f.requests, events, self._finish)
             c.open_gate()
 
-    def _finish(self, request: Request, reason: FinishReason, error: str | None) -> FinishedEvent:
-        return self._sink.finish(request, reason, error, cacheable=reason is not FinishReason.ERROR)
-
     def _land(self, f: Flight, events: list[Event]) -> None:
         slots = f.reservation.slots
         if not self._flights:
             self._row_of[slots] = -1
         try:
             out = self._runner.collect()
-        except RunnerDeadError as exc:
-            self._die(f"runner died: {exc}", events)
-            return
         except Exception as exc:  # after acceptance: only this plan's requests are affected
-            self._fail(f, f"runner failed at step {f.plan.step_id}: {exc!r}", events)
+            self._fail(f, StepFailure.of(f.plan.step_id, exc, accepted=True), events)
             return
-        problem = validate_output(f.plan, out, self._vocab_size)
-        if problem is not None:
-            self._fail(f, f"invalid runner output at step {f.plan.step_id}: {problem}", events)
+        failure = self._transaction.check(f.plan, out)
+        if failure is not None:
+            self._fail(f, failure, events)
             return
-        keep = self._slots.epoch[slots] == f.epochs
+        keep = self._slot_store.epoch[slots] == f.epochs
         if keep.all():
-            self._slots.ahead[slots] -= 1
-            self._txn._commit(f.plan, out, f.requests, f.reservation, events)
+            self._slot_store.landed(slots)
+            self._transaction.commit(f.plan, out, f.requests, f.reservation, events)
             return
         if not keep.any():
             return
-        self._slots.ahead[slots[keep]] -= 1
+        self._slot_store.landed(slots[keep])
         rows = np.flatnonzero(keep)
         requests = tuple(f.requests[i] for i in rows.tolist())
-        reservation = PageReservation(slots[keep], (), None, False)
-        self._txn._commit(_rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events)
+        reservation = f.reservation.rows(keep)
+        self._transaction.commit(
+            _rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events
+        )
 
     # -- failures ---------------------------------------------------------------------------
-    def _fail(self, f: Flight, message: str, events: list[Event]) -> None:
-        keep = self._slots.epoch[f.reservation.slots] == f.epochs
+    def _fail(self, f: Flight, failure: StepFailure, events: list[Event]) -> None:
+        """A collected step failed: the policy applies to its rows still live (the others'
+        requests left while it was in flight)."""
+        keep = self._slot_store.epoch[f.reservation.slots] == f.epochs
         live = tuple(r for r, k in zip(f.requests, keep.tolist(), strict=True) if k)
-        self._cache.abandon(f.reservation)
-        if live:
-            self._txn._quarantine(live, message, events)
+        self._transaction.undo(f.reservation, failure)
+        if failure.verdict is Verdict.DEAD:
+            self._forget()
+        self._transaction.fail(failure, live, events)
 
     def _discard(self) -> None:
         if self._constraints is not None:
             self._constraints.discard_gate()
 
-    def _die(self, message: str, events: list[Event]) -> None:
+    def _forget(self) -> None:
+        """The runner died: uncollected plans are gone."""
         self._discard()
         self._flights.clear()
         self._row_of.fill(-1)
-        self._sink.die(message, events)
 
 
 def make_pipeline(
     overlap: bool | None,
     runner: object,
     config: RunnerConfig,
-    txn: Transaction,
-    cache: CacheManager,
-    slots: SlotStore,
-    sink: OutcomeSink,
+    transaction: Transaction,
+    slot_store: SlotStore,
+    finish: Finish,
     constraints: ConstraintSet | None = None,
 ) -> Pipeline | None:
     """The engine's pipeline: None when `overlap` is False, or None (auto) and the runner does
@@ -253,7 +236,7 @@ def make_pipeline(
     if not able:
         raise ValueError("overlap=True needs an AsyncRunner whose RunnerConfig.overlap is True")
     assert isinstance(runner, AsyncRunner)
-    return Pipeline(runner, txn, cache, slots, sink, config.vocab_size, constraints)
+    return Pipeline(runner, transaction, slot_store, config, finish, constraints)
 
 
 def _alive(requests: tuple[Request, ...]) -> tuple[Request, ...]:

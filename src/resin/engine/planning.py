@@ -1,7 +1,8 @@
-"""A cohort's token ranges -> the frozen `BatchPlan`, as a pure function of its inputs.
+"""A reserved cohort -> the frozen `BatchPlan`, as a pure function of its inputs.
 
 Decode rows are gathers from the `SlotStore` (last token, sampling policy, output count); a
-prefill plan concatenates one token slice per request. No Python loop per token anywhere, and
+prefill plan concatenates one token slice per request. The query layout and the cache rows
+come with the `ReservedCohort` the scheduler returned. No Python loop per token anywhere, and
 nothing here writes engine state.
 """
 
@@ -10,10 +11,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, PageReservation
 from resin.engine.media import plan_media
 from resin.engine.request import Request
-from resin.engine.scheduler import Cohort
+from resin.engine.scheduler import ReservedCohort
 from resin.engine.slots import SlotStore
 from resin.plan import BatchPlan, Phase
 
@@ -25,35 +25,28 @@ _EMPTY_I32.flags.writeable = False
 
 def build_plan(
     step_id: int,
-    cohort: Cohort,
-    reservation: PageReservation,
-    arrays: SlotStore,
-    cache: CacheManager,
+    reserved: ReservedCohort,
+    slot_store: SlotStore,
     prev_token_rows: I32 | None = None,
 ) -> BatchPlan:
     """The plan for the cohort's rows computing positions `cached[i] .. totals[i] - 1`.
 
-    Pages for those positions must already be reserved in `cache`. `prev_token_rows` (decode,
-    overlap: `engine/pipeline.py`): rows >= 0 take their input token on the device.
+    `prev_token_rows` (decode, overlap: `engine/pipeline.py`): rows >= 0 take their input
+    token on the device.
     """
+    cohort = reserved.cohort
     phase, requests, cached, totals = cohort.phase, cohort.requests, cohort.cached, cohort.totals
-    slots = reservation.slots
+    slots, query_indptr = cohort.slots, reserved.query_indptr
     b = slots.size
     if phase is Phase.DECODE:
-        input_ids = arrays.last_token[slots]
+        input_ids = slot_store.last_token[slots]
         if prev_token_rows is not None:
             input_ids[prev_token_rows >= 0] = -1
-        positions = cached.copy()
-        query_indptr = np.arange(b + 1, dtype=np.int32)
-        tok_rows = slots
         sample_rows = np.ones(b, dtype=np.bool_)
         prompt_rows = np.zeros(b, dtype=np.bool_)
         target_ids = np.full(b, -1, dtype=np.int32)
         prompt_k = None
     else:
-        lens = totals - cached
-        query_indptr = np.zeros(b + 1, dtype=np.int32)
-        np.cumsum(lens, out=query_indptr[1:])
         t = int(query_indptr[-1])
         input_ids = np.concatenate(
             [
@@ -61,10 +54,6 @@ def build_plan(
                 for r, c, e in zip(requests, cached.tolist(), totals.tolist(), strict=True)
             ]
         )
-        positions = (
-            np.arange(t, dtype=np.int32) - np.repeat(query_indptr[:-1] - cached, lens)
-        ).astype(np.int32)
-        tok_rows = np.repeat(slots, lens)
         known = np.fromiter((r.num_tokens for r in requests), dtype=np.int32, count=b)
         sample_rows = totals == known
         prompt_rows = np.fromiter(
@@ -81,19 +70,18 @@ def build_plan(
                 dtype=np.int32,
                 count=b,
             )
-    groups = cache.group_plans(reservation, cached, totals, tok_rows, positions)
     return BatchPlan(
         step_id=step_id,
         phase=phase,
-        sequence_ids=arrays.seq_id[slots],
+        sequence_ids=slot_store.seq_id[slots],
         input_ids=input_ids,
         query_indptr=query_indptr,
-        positions=positions,
+        positions=reserved.positions,
         cached_lens=cached,
         total_lens=totals,
         sample_rows=sample_rows,
-        sampling=arrays.sampling(slots, prompt_k),
-        cache_groups=groups,
+        sampling=slot_store.sampling(slots, prompt_k),
+        cache_groups=reserved.cache_groups,
         prompt_logprob_rows=prompt_rows,
         target_ids=target_ids,
         draft_indptr=np.zeros(b + 1, dtype=np.int32),

@@ -36,7 +36,7 @@ class Request:
 
     Engine side (written only inside `resin.engine`, each by one owner):
     - `status`, `slot` (-1 unless admitted), `arrival` (submit order): the `Scheduler`'s;
-      how many tokens are in the cache is the `SlotStore`'s (`num_computed[slot]`);
+      its progress (tokens in the cache, outputs, in flight) is the `SlotStore`'s row `slot`;
     - `num_tokens` (prompt + output), `token_array(end)`, `append_output(token)`: the sequence;
     - `retries`: consecutive failed attempts (the `Transaction`'s);
     - `started` (its first `TokensEvent` was sent) and `prompt_lp` (prompt logprobs collected

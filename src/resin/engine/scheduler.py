@@ -14,36 +14,37 @@ Policy (sticky continuous batching, phase-homogeneous steps):
   retracted: its pages are freed, it keeps its generated tokens and goes back to the head of the
   queue to recompute later. Victims are always the youngest, so the oldest keeps making
   progress, and the headroom rule keeps a retracted request out until it fits again: no thrash.
+
+Ownership: the scheduler is the one owner of the `CacheManager` and the `SlotStore`, and the one
+table of live requests. Every page operation goes through it: admission (`schedule`),
+`reserve` (a `ReservedCohort`: the cohort, its pages and its plan rows), `commit` (the cache
+takes the step, the slot store its progress), `rollback` / `abandon` (a failed step), `retract`
+and `drop` (a request leaves: its slot and pages are freed). Other engine modules never see
+the cache; they read facts from what it returns.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager
+from resin.cache.manager import CacheManager, PageReservation
 from resin.cache.matching import NO_MATCH, Match
+from resin.cache.pool import OutOfPagesError
+from resin.engine.engine_config import EngineConfig
 from resin.engine.media import chunk_end
 from resin.engine.request import Request, Status
 from resin.engine.slots import SlotStore
-from resin.plan import Phase
+from resin.plan import CacheGroupPlan, Phase
+from resin.protocols import CacheLayout
 
 I32 = npt.NDArray[np.int32]
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    max_batch_tokens: int
-    max_sequences: int
-    prefill_chunk_tokens: int
-    max_prefill_streak: int = 4
-    """Consecutive prefill steps allowed while decodes wait."""
-    max_decode_wait_s: float = 0.5
-    """...or seconds since the last decode step, whichever comes first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +59,55 @@ class Cohort:
     totals: I32
 
 
-class Scheduler:
-    """Owns the queues and slots; asks the `CacheManager` for capacity."""
+@dataclass(frozen=True, slots=True)
+class ReservedCohort:
+    """A cohort whose pages are reserved: what one step computes, laid out for its plan.
 
-    def __init__(self, config: SchedulerConfig, cache: CacheManager, arrays: SlotStore) -> None:
+    Query tokens are flat: row i's are `query_indptr[i] .. query_indptr[i+1] - 1`, at
+    `positions`; `cache_groups` are the plan's rows per cache group (pages, append slots for
+    every query token, State slots and checkpoints); `pages` is what `reserve` took."""
+
+    cohort: Cohort
+    pages: PageReservation
+    query_indptr: I32
+    positions: I32
+    cache_groups: tuple[CacheGroupPlan, ...]
+
+    @property
+    def slots(self) -> I32:
+        return self.cohort.slots
+
+    @property
+    def requests(self) -> tuple[Request, ...]:
+        return self.cohort.requests
+
+
+class CacheUsage(NamedTuple):
+    """The cache's gauges (`Engine.metrics`)."""
+
+    live: float
+    """Pages held by live requests, 0-1 (evictable prefix-cache pages not counted)."""
+    prefix: float
+    """Pages held only by the prefix cache (evictable on demand), 0-1."""
+    prefix_queries: int
+    prefix_hits: int
+
+
+class Scheduler:
+    """Owns the live requests, their queues and slots, the `SlotStore` and the
+    `CacheManager` (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, layout: CacheLayout) -> None:
         self.config = config
-        self.cache = cache
-        self.arrays = arrays
+        self.cache = CacheManager(
+            layout,
+            config.max_sequences,
+            config.page_table_width(layout.page_size),
+            prefix_cache=config.prefix_cache,
+        )
+        self.slot_store = SlotStore(config.max_sequences, config.context_length)
+        self.live: dict[int, Request] = {}
+        """Every request submitted and not finished, by id (queued or admitted)."""
         self._decode_slots: I32 | None = None
         """Slots of `running` in order, cached while `running` does not change."""
         self.waiting: deque[Request] = deque()
@@ -75,17 +118,17 @@ class Scheduler:
         self._last_decode = time.monotonic()
         self.num_preemptions = 0
         self._arrivals = 0
-        watermark = max(1, cache.pool.num_pages // 100)
-        self._watermark = watermark
+        self._watermark = max(1, layout.num_pages // 100)
 
     @property
     def num_admitted(self) -> int:
         return len(self.prefilling) + len(self.running)
 
     def add(self, request: Request) -> None:
-        """Queue a new request; its arrival order is what retraction ranks by."""
+        """Register and queue a new request; its arrival order is what retraction ranks by."""
         request.arrival = self._arrivals
         self._arrivals += 1
+        self.live[request.id] = request
         self.waiting.append(request)
 
     def has_work(self) -> bool:
@@ -145,18 +188,18 @@ class Scheduler:
         n = min(self._remaining(request), self.config.prefill_chunk_tokens, budget)
         if not request.media:
             return n
-        return chunk_end(request.media, int(self.arrays.num_computed[request.slot]), n)
+        return chunk_end(request.media, int(self.slot_store.num_computed[request.slot]), n)
 
     def _remaining(self, request: Request) -> int:
-        return request.num_tokens - int(self.arrays.num_computed[request.slot])
+        return request.num_tokens - int(self.slot_store.num_computed[request.slot])
 
     def _outstanding(self, request: Request) -> int:
         """Pages an admitted prefill may still take before its known tokens are computed."""
         cache, chunk = self.cache, self.config.prefill_chunk_tokens
         return max(
             0,
-            cache.pages_per_sequence(request.num_tokens, chunk)
-            - cache.pages_per_sequence(int(self.arrays.num_computed[request.slot]), chunk),
+            cache.max_pages_for(request.num_tokens, chunk)
+            - cache.max_pages_for(int(self.slot_store.num_computed[request.slot]), chunk),
         )
 
     def _admissible(self, request: Request, outstanding: int) -> Match | None:
@@ -168,15 +211,15 @@ class Scheduler:
             if request.sampling_params.prompt_logprobs is not None
             else self.cache.match(request.cache_keys(request.num_tokens))
         )
-        if self._fits(request, match, outstanding):
+        if self._room_for(request, match, outstanding):
             return match
-        if match.nodes and self._fits(request, NO_MATCH, outstanding):
+        if match.nodes and self._room_for(request, NO_MATCH, outstanding):
             return NO_MATCH
         return None
 
-    def _fits(self, request: Request, match: Match, outstanding: int) -> bool:
+    def _room_for(self, request: Request, match: Match, outstanding: int) -> bool:
         cache = self.cache
-        need = cache.pages_per_sequence(request.num_tokens, self.config.prefill_chunk_tokens)
+        need = cache.max_pages_for(request.num_tokens, self.config.prefill_chunk_tokens)
         spare = (
             cache.available()
             - cache.lock_cost(match)
@@ -193,7 +236,7 @@ class Scheduler:
         n = request.num_tokens
         hit = self.cache.admit(request.slot, n, match)
         request.cached_tokens = hit
-        self.arrays.admit(
+        self.slot_store.admit(
             request.slot,
             request.id,
             request.sampling_params,
@@ -225,10 +268,10 @@ class Scheduler:
                 (r.slot for r in chosen), dtype=np.int32, count=len(chosen)
             )
         slots = self._decode_slots
-        cached = self.arrays.position(slots)
-        totals = cached + 1
-        if self.cache.pages_to_allocate(slots, cached, totals, False) <= self.cache.available():
-            return Cohort(Phase.DECODE, tuple(chosen), slots, cached, totals)
+        cached = self.slot_store.position(slots)
+        cohort = Cohort(Phase.DECODE, tuple(chosen), slots, cached, cached + 1)
+        if self.fits(cohort):
+            return cohort
         return self._fit(Phase.DECODE, list(chosen), [1] * len(chosen))
 
     # -- retraction -----------------------------------------------------------------------
@@ -236,11 +279,11 @@ class Scheduler:
         """Retract the youngest admitted requests until the cohort's new pages fit."""
         while chosen:
             slots = np.fromiter((r.slot for r in chosen), dtype=np.int32, count=len(chosen))
-            lens = self.arrays.position(slots)
+            lens = self.slot_store.position(slots)
             totals = lens + np.asarray(chunks, dtype=np.int32)
-            need = self.cache.pages_to_allocate(slots, lens, totals, phase is Phase.PREFILL)
-            if need <= self.cache.available():
-                return Cohort(phase, tuple(chosen), slots, lens, totals)
+            cohort = Cohort(phase, tuple(chosen), slots, lens, totals)
+            if self.fits(cohort):
+                return cohort
             victim = self.youngest()
             if victim in chosen:
                 i = chosen.index(victim)
@@ -254,12 +297,20 @@ class Scheduler:
 
     def retract(self, request: Request) -> None:
         """Free the request's pages; it keeps its tokens and waits at the head of the queue."""
-        self._drop(request)
+        self._free(request)
         request.status = Status.WAITING
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def _drop(self, request: Request, cacheable: bool = True) -> None:
+    def drop(self, request: Request, cacheable: bool = True) -> None:
+        """The request ends (`Lifecycle.finish` is the one caller): out of the live table and
+        its queue, its slot and pages freed (`cacheable=False`: nothing enters the prefix
+        cache)."""
+        self._free(request, cacheable)
+        self.live.pop(request.id, None)
+        request.status = Status.FINISHED
+
+    def _free(self, request: Request, cacheable: bool = True) -> None:
         if request.status is Status.PREFILL:
             self.prefilling.remove(request)
         elif request.status is Status.DECODE:
@@ -268,16 +319,100 @@ class Scheduler:
         elif request.status is Status.WAITING:
             self.waiting.remove(request)
         if request.slot >= 0:
-            n = int(self.arrays.num_computed[request.slot])
+            n = int(self.slot_store.num_computed[request.slot])
             self.cache.release(request.slot, request.cache_keys(n) if cacheable else None)
-            self.arrays.release(request.slot)
+            self.slot_store.release(request.slot)
             self.free_slots.append(request.slot)
             request.slot = -1
 
-    def finish(self, request: Request, cacheable: bool = True) -> None:
-        """Remove a request from whatever queue holds it and free its pages."""
-        self._drop(request, cacheable)
-        request.status = Status.FINISHED
-
     def admitted(self) -> list[Request]:
         return self.prefilling + self.running
+
+    # -- pages: every step's transaction goes through here ----------------------------------
+    def fits(self, cohort: Cohort) -> bool:
+        """Whether the cohort's new pages can be reserved now."""
+        c = cohort
+        need = self.cache.pages_to_allocate(c.slots, c.cached, c.totals, c.phase is Phase.PREFILL)
+        return need <= self.cache.available()
+
+    def reserve(self, cohort: Cohort) -> ReservedCohort | None:
+        """Reserve the cohort's pages and lay out its plan rows; None when they did not fit
+        after all (the estimate was short: a bug, not worth a crash), in which case the
+        youngest request was retracted to make room for the next step."""
+        c = cohort
+        try:
+            pages = self.cache.reserve(c.slots, c.cached, c.totals, c.phase is Phase.PREFILL)
+        except OutOfPagesError:
+            self.retract(self.youngest())
+            return None
+        indptr, positions, token_slots = _query_layout(c)
+        groups = self.cache.group_plans(pages, c.cached, c.totals, token_slots, positions)
+        return ReservedCohort(c, pages, indptr, positions, groups)
+
+    def commit(
+        self,
+        requests: Sequence[Request],
+        pages: PageReservation,
+        totals: I32,
+        *,
+        trim: bool = False,
+    ) -> None:
+        """A validated step computed each row up to `totals`: the cache takes it (State rings
+        flip, a prefill's full pages enter the prefix cache, Windows slide) and the slot store
+        records the progress. `trim` (a verify step kept fewer positions than it reserved):
+        the pages wholly past `totals` go back first."""
+        if trim:
+            self.cache.trim(pages, totals)
+        tokens: list[I32] = []
+        if pages.prefill and self.config.prefix_cache:
+            tokens = [r.cache_keys(t) for r, t in zip(requests, totals.tolist(), strict=True)]
+        self.cache.commit(pages, totals, tokens)
+        self.slot_store.computed(pages.slots, totals)
+
+    def rollback(self, pages: PageReservation) -> None:
+        """A step the runner never had: return exactly what `reserve` took."""
+        self.cache.rollback(pages)
+
+    def abandon(self, pages: PageReservation) -> None:
+        """A step the runner had failed: free what only the step held (its requests are being
+        quarantined, and their pages go with their slots)."""
+        self.cache.abandon(pages)
+
+    # -- read-only facts --------------------------------------------------------------------
+    def max_pages_for(self, num_tokens: int) -> int:
+        """Upper bound on the pages a sequence of `num_tokens` tokens holds while computed."""
+        return self.cache.max_pages_for(num_tokens, self.config.prefill_chunk_tokens)
+
+    def cached_prefix(self, keys: I32) -> int:
+        """Tokens of `keys` the prefix cache holds now (a lock-free read: a routing hint)."""
+        return self.cache.match(keys).tokens
+
+    def cache_usage(self) -> CacheUsage:
+        cache = self.cache
+        return CacheUsage(
+            cache.usage(), cache.prefix_usage(), cache.prefix_queries, cache.prefix_hits
+        )
+
+    def check_invariants(self) -> None:
+        """Cache refcounts match what admitted requests (and the prefix trie) hold; every live
+        request is in exactly one queue."""
+        self.cache.check_invariants([r.slot for r in self.admitted()])
+        for r in self.live.values():
+            assert r.status is not Status.FINISHED
+        queued = len(self.waiting) + self.num_admitted
+        assert len(self.live) == queued, "a live request is in no queue"
+
+
+def _query_layout(cohort: Cohort) -> tuple[I32, I32, I32]:
+    """(query_indptr [B+1], positions [T], slot of each query token [T]) for the cohort's
+    rows computing `cached[i] .. totals[i] - 1`."""
+    slots, cached, totals = cohort.slots, cohort.cached, cohort.totals
+    b = slots.size
+    lens = totals - cached
+    query_indptr = np.zeros(b + 1, dtype=np.int32)
+    lens.cumsum(out=query_indptr[1:])
+    t = int(query_indptr[-1])
+    if t == b:  # one token per row (decode)
+        return query_indptr, cached.copy(), slots
+    positions = np.arange(t, dtype=np.int32) - np.repeat(query_indptr[:-1] - cached, lens)
+    return query_indptr, positions.astype(np.int32), np.repeat(slots, lens)

@@ -3,7 +3,8 @@
 One row per scheduler slot, in preallocated numpy arrays, written when a request is admitted
 and at every commit, gathered when a plan is built: a decode plan is a handful of gathers and
 the stop rule is vectorized over the step's sampled rows. This is the only place that decides
-`stop` / `length`.
+`stop` / `length`, and the one record of an admitted request's progress (`num_computed`,
+`num_output`, in-flight `ahead`, `epoch`); its arrays are written only through its methods.
 """
 
 from __future__ import annotations
@@ -31,30 +32,30 @@ class SlotStore:
     than the context); a stop token ends it from `stop_ok_from` outputs on.
     """
 
-    def __init__(self, max_slots: int, context_length: int) -> None:
+    def __init__(self, max_sequences: int, context_length: int) -> None:
         self.context_length = context_length
-        self.last_token = np.zeros(max_slots, dtype=np.int32)
-        self.temperature = np.ones(max_slots, dtype=np.float32)
-        self.top_p = np.ones(max_slots, dtype=np.float32)
-        self.top_k = np.zeros(max_slots, dtype=np.int32)
-        self.min_p = np.zeros(max_slots, dtype=np.float32)
-        self.seed = np.full(max_slots, -1, dtype=np.int64)
-        self.logprobs = np.full(max_slots, -1, dtype=np.int32)
-        self.num_output = np.zeros(max_slots, dtype=np.int32)
-        self.num_computed = np.zeros(max_slots, dtype=np.int32)
+        self.last_token = np.zeros(max_sequences, dtype=np.int32)
+        self.temperature = np.ones(max_sequences, dtype=np.float32)
+        self.top_p = np.ones(max_sequences, dtype=np.float32)
+        self.top_k = np.zeros(max_sequences, dtype=np.int32)
+        self.min_p = np.zeros(max_sequences, dtype=np.float32)
+        self.seed = np.full(max_sequences, -1, dtype=np.int64)
+        self.logprobs = np.full(max_sequences, -1, dtype=np.int32)
+        self.num_output = np.zeros(max_sequences, dtype=np.int32)
+        self.num_computed = np.zeros(max_sequences, dtype=np.int32)
         """Tokens of the slot's sequence that are in the cache (committed steps)."""
-        self.ahead = np.zeros(max_slots, dtype=np.int32)
+        self.ahead = np.zeros(max_sequences, dtype=np.int32)
         """Tokens of the slot in submitted, uncollected plans (overlap, `engine/pipeline.py`):
         the next plan computes position `num_computed + ahead` with output index
         `num_output + ahead`."""
-        self.epoch = np.zeros(max_slots, dtype=np.int64)
+        self.epoch = np.zeros(max_sequences, dtype=np.int64)
         """Bumped whenever the slot is taken or freed: a plan row whose slot's epoch changed
         since it was submitted belongs to a request that left (`engine/pipeline.py`)."""
-        self.seq_id = np.zeros(max_slots, dtype=np.int64)
-        self.limit = np.zeros(max_slots, dtype=np.int32)
-        self.stop_ok_from = np.zeros(max_slots, dtype=np.int32)
-        self.has_stops = np.zeros(max_slots, dtype=np.bool_)
-        self.stops: list[frozenset[int]] = [frozenset()] * max_slots
+        self.seq_id = np.zeros(max_sequences, dtype=np.int64)
+        self.limit = np.zeros(max_sequences, dtype=np.int32)
+        self.stop_ok_from = np.zeros(max_sequences, dtype=np.int32)
+        self.has_stops = np.zeros(max_sequences, dtype=np.bool_)
+        self.stops: list[frozenset[int]] = [frozenset()] * max_sequences
 
     def admit(
         self,
@@ -85,9 +86,21 @@ class SlotStore:
         self.ahead[s] = 0
         self.epoch[s] += 1
 
+    @property
+    def num_slots(self) -> int:
+        return self.epoch.size
+
     def release(self, slot: int) -> None:
         """The slot's request left (finished or retracted)."""
         self.epoch[slot] += 1
+
+    def launched(self, slots: I32) -> None:
+        """A plan computing one more token of each slot was submitted (overlap)."""
+        self.ahead[slots] += 1
+
+    def landed(self, slots: I32) -> None:
+        """A submitted plan of these slots was collected (its tokens commit now, or never)."""
+        self.ahead[slots] -= 1
 
     def position(self, slots: I32) -> I32:
         """The next position each slot computes: committed plus in-flight tokens."""

@@ -7,8 +7,9 @@ asks the `Proposer` for up to k drafts per eligible row (not constrained; room l
 to `cached + 1 + k`, so pages and append slots are reserved for every draft like any query
 token. The runner returns 1..k+1 tokens per row; `commit_drafts` appends them through the
 `SlotStore` stop rule (a stop token or the length limit inside the accepted run cuts it where
-one-token steps would have), returns the pages past the kept positions (`CacheManager.trim`),
-and commits only the kept positions, so the prefix cache never sees a rejected draft.
+one-token steps would have) and commits only the kept positions through the scheduler, which
+first returns the pages past them (`Scheduler.commit(trim=True)`), so the prefix cache never
+sees a rejected draft.
 A failed or refused verify step rolls back or quarantines like any other step.
 """
 
@@ -23,10 +24,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, PageReservation
+from resin.cache.manager import PageReservation
 from resin.engine.outputs import token_logprobs
 from resin.engine.request import Request
-from resin.engine.scheduler import Cohort
+from resin.engine.scheduler import Cohort, ReservedCohort, Scheduler
 from resin.engine.slots import SlotStore
 from resin.events import Event, FinishedEvent, FinishReason, TokensEvent
 from resin.metrics.collector import MetricsCollector
@@ -72,39 +73,28 @@ class DraftStep:
     draft_indptr: I32
     draft_ids: I32
 
-    def plan(
-        self, step_id: int, reservation: PageReservation, arrays: SlotStore, cache: CacheManager
-    ) -> BatchPlan:
+    def plan(self, step_id: int, reserved: ReservedCohort, slot_store: SlotStore) -> BatchPlan:
         """The verify plan: row i's query tokens are its last token then its drafts."""
-        c = self.cohort
-        b, slots = c.slots.size, reservation.slots
-        lens = (np.diff(self.draft_indptr) + 1).astype(np.int32)
-        query_indptr = np.zeros(b + 1, dtype=np.int32)
-        np.cumsum(lens, out=query_indptr[1:])
+        c = reserved.cohort
+        b, slots, query_indptr = c.slots.size, c.slots, reserved.query_indptr
         t = int(query_indptr[-1])
         input_ids = np.empty(t, dtype=np.int32)
         is_draft = np.ones(t, dtype=np.bool_)
         is_draft[query_indptr[:-1]] = False
-        input_ids[query_indptr[:-1]] = arrays.last_token[slots]
+        input_ids[query_indptr[:-1]] = slot_store.last_token[slots]
         input_ids[is_draft] = self.draft_ids
-        positions = (
-            np.arange(t, dtype=np.int32) - np.repeat(query_indptr[:-1] - c.cached, lens)
-        ).astype(np.int32)
-        groups = cache.group_plans(
-            reservation, c.cached, c.totals, np.repeat(slots, lens), positions
-        )
         return BatchPlan(
             step_id=step_id,
             phase=Phase.DECODE,
-            sequence_ids=arrays.seq_id[slots],
+            sequence_ids=slot_store.seq_id[slots],
             input_ids=input_ids,
             query_indptr=query_indptr,
-            positions=positions,
+            positions=reserved.positions,
             cached_lens=c.cached,
             total_lens=c.totals,
             sample_rows=np.ones(b, dtype=np.bool_),
-            sampling=arrays.sampling(slots),
-            cache_groups=groups,
+            sampling=slot_store.sampling(slots),
+            cache_groups=reserved.cache_groups,
             prompt_logprob_rows=np.zeros(b, dtype=np.bool_),
             target_ids=np.full(t, -1, dtype=np.int32),
             draft_indptr=self.draft_indptr,
@@ -123,20 +113,22 @@ class Speculator:
         collector: MetricsCollector | None,
     ) -> None:
         check_runner(runner_config, spec.num_draft_tokens)
+        self.speculation = spec
         self.proposer = spec.proposer
-        self.k = spec.num_draft_tokens
+        self.num_draft_tokens = spec.num_draft_tokens
         self.vocab_size = runner_config.vocab_size
         self.max_batch_tokens = max_batch_tokens
         if collector is not None:
             with collector.lock:
                 collector.speculative = True
 
-    def extend(self, cohort: Cohort, cache: CacheManager, arrays: SlotStore) -> DraftStep | None:
+    def extend(self, cohort: Cohort, scheduler: Scheduler) -> DraftStep | None:
         """The cohort with drafts, or None when no row gets any (or their pages do not fit)."""
         slots, b = cohort.slots, cohort.slots.size
-        room = arrays.limit[slots] - arrays.num_output[slots] - 1  # k + 1 tokens must fit
+        store = scheduler.slot_store
+        room = store.limit[slots] - store.num_output[slots] - 1  # k + 1 tokens must fit
         eligible = np.fromiter((not r.constrained for r in cohort.requests), np.bool_, count=b)
-        limits = np.where(eligible, np.clip(room, 0, self.k), 0)
+        limits = np.where(eligible, np.clip(room, 0, self.num_draft_tokens), 0)
         budget = self.max_batch_tokens - b
         limits = np.clip(budget - (np.cumsum(limits) - limits), 0, limits)
         rows = np.flatnonzero(limits > 0)
@@ -158,12 +150,12 @@ class Speculator:
         if not k.any():
             return None
         totals = (cohort.cached + 1 + k).astype(np.int32)
-        if cache.pages_to_allocate(slots, cohort.cached, totals, False) > cache.available():
+        grown = Cohort(Phase.DECODE, cohort.requests, slots, cohort.cached, totals)
+        if not scheduler.fits(grown):
             return None  # no room for the drafts: an ordinary decode step instead
         indptr = np.zeros(b + 1, dtype=np.int32)
         np.cumsum(k, out=indptr[1:])
         ids = np.fromiter((t for d in drafts for t in d), dtype=np.int32, count=int(indptr[-1]))
-        grown = Cohort(Phase.DECODE, cohort.requests, slots, cohort.cached, totals)
         return DraftStep(grown, indptr, ids)
 
     def _valid(self, ids: Sequence[int], limit: int) -> list[int]:
@@ -203,22 +195,18 @@ def commit_drafts(
     requests: tuple[Request, ...],
     reservation: PageReservation,
     events: list[Event],
-    cache: CacheManager,
-    arrays: SlotStore,
+    scheduler: Scheduler,
     finish: Callable[[Request, FinishReason], FinishedEvent],
     collector: MetricsCollector | None,
 ) -> tuple[int, list[float]]:
     """Commit a validated verify step; returns (tokens generated, inter-token gaps)."""
-    slots = reservation.slots
     indptr = np.asarray(out.token_indptr).astype(np.int64)
     counts = np.diff(indptr).astype(np.int32)
     ids = np.asarray(out.token_ids).astype(np.int32)
-    kept, ends = arrays.append_rows(slots, counts, ids)
+    kept, ends = scheduler.slot_store.append_rows(reservation.slots, counts, ids)
     # In the cache now: the input token and every kept token but the last (the next input).
     totals = (plan.cached_lens + kept).astype(np.int32)
-    cache.trim(reservation, totals)
-    cache.commit(reservation, totals)
-    arrays.computed(slots, totals)
+    scheduler.commit(requests, reservation, totals, trim=True)
     now = time.monotonic()
     gaps: list[float] = []
     for i, r in enumerate(requests):

@@ -1,15 +1,22 @@
-"""One step's transaction: run the plan, then commit, retry or quarantine.
+"""One step's transaction: run the plan, then commit it or apply the failure policy.
 
-reserve (done by the engine) -> runner -> validate -> commit. Outcomes:
+reserve (done by the engine) -> runner -> validate -> commit. The synchronous step
+(`Transaction.execute`) and the overlapped one (`engine/pipeline.py`) share the public parts:
+`check` (validation), `commit`, and the failure policy, `StepFailure.of` (the one ladder) plus
+`undo` (the reservation) and `fail` (the requests). Outcomes:
 - `RetryableRunnerError` before acceptance: roll the reservation back; the requests stay where
   they were and run again; after `max_retries` consecutive failures a request ends with `error`.
 - `RunnerDeadError`: the engine dies (every request ends with `error`).
-- any other exception after acceptance, or an invalid output: the plan's requests are
-  quarantined (end with `error`, pages freed, never cached); other requests go on.
+- any other exception, or an invalid output: the plan's requests are quarantined (end with
+  `error`, pages freed, never cached); other requests go on.
+A failure while handing the plan over (`forward` refusing it, `submit` raising) rolls the
+reservation back; once the runner has the plan (`forward` failing after acceptance, `collect`
+raising, an invalid output) the reservation is abandoned: its pages go with the requests.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -17,11 +24,10 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, PageReservation
+from resin.cache.manager import PageReservation
 from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
 from resin.engine.request import Request
 from resin.engine.scheduler import Scheduler
-from resin.engine.slots import SlotStore
 from resin.engine.speculative import commit_drafts
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
@@ -48,6 +54,38 @@ class OutcomeSink(Protocol):
     def die(self, message: str, events: list[Event]) -> None: ...
 
 
+class Verdict(enum.Enum):
+    """What a failed step means for its requests."""
+
+    RETRY = "retry"
+    """Refused before acceptance: the requests run again later (bounded)."""
+    QUARANTINE = "quarantine"
+    """Failed after acceptance, or answered invalidly: the requests end with `error`."""
+    DEAD = "dead"
+    """The runner is gone: every live request ends with `error`."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailure:
+    """A step that did not commit: the verdict, the message its events carry, and whether the
+    runner had accepted the plan (which decides how the reservation is undone)."""
+
+    verdict: Verdict
+    message: str
+    accepted: bool
+
+    @staticmethod
+    def of(step_id: int, exc: Exception, *, accepted: bool) -> StepFailure:
+        """The failure ladder: what an exception from the runner means."""
+        if isinstance(exc, RunnerDeadError):
+            return StepFailure(Verdict.DEAD, f"runner died: {exc}", accepted)
+        if isinstance(exc, RetryableRunnerError) and not accepted:
+            return StepFailure(Verdict.RETRY, f"runner refused step {step_id}: {exc}", False)
+        return StepFailure(
+            Verdict.QUARANTINE, f"runner failed at step {step_id}: {exc!r}", accepted
+        )
+
+
 @dataclass(slots=True)
 class _StepStats:
     """What one commit adds to the metrics."""
@@ -58,21 +96,15 @@ class _StepStats:
     ttft: list[float] = field(default_factory=list)
 
 
-class _Retry(Exception):
-    def __init__(self, cause: BaseException) -> None:
-        self.cause = cause
-
-
 class Transaction:
-    """Executes plans against one runner, cache, scheduler and slot store; reports requests
-    that end to `sink`. It holds no per-step state between calls."""
+    """Executes plans against one runner; commits and undoes pages through the `Scheduler`
+    (the cache's one owner); reports requests that end to `sink`. It holds no per-step state
+    between calls."""
 
     def __init__(
         self,
         runner: Runner,
-        cache: CacheManager,
         scheduler: Scheduler,
-        slots: SlotStore,
         sink: OutcomeSink,
         *,
         max_retries: int,
@@ -80,9 +112,8 @@ class Transaction:
         collector: MetricsCollector | None,
     ) -> None:
         self._runner = runner
-        self._cache = cache
         self._scheduler = scheduler
-        self._slots = slots
+        self._slot_store = scheduler.slot_store
         self._sink = sink
         self._max_retries = max_retries
         self._vocab_size = vocab_size
@@ -98,44 +129,68 @@ class Transaction:
         reservation: PageReservation,
         events: list[Event],
     ) -> None:
-        try:
-            out = self._call(plan)
-        except _Retry as exc:
-            self._cache.rollback(reservation)
-            self._retry(requests, f"runner refused step {plan.step_id}: {exc.cause}", events)
-            return
-        except RunnerDeadError as exc:
-            self._cache.rollback(reservation)
-            self._sink.die(f"runner died: {exc}", events)
-            return
-        except Exception as exc:  # post-accept failure: only this plan's requests are affected
-            self._cache.abandon(reservation)
-            self._quarantine(requests, f"runner failed at step {plan.step_id}: {exc!r}", events)
-            return
-        problem = validate_output(plan, out, self._vocab_size)
-        if problem is not None:
-            self._cache.abandon(reservation)
-            self._quarantine(
-                requests, f"invalid runner output at step {plan.step_id}: {problem}", events
-            )
-            return
-        self._commit(plan, out, requests, reservation, events)
+        """The synchronous step: run the plan, then commit it or apply the failure policy."""
+        out = self._run(plan)
+        failure: StepFailure | None
+        if isinstance(out, StepFailure):
+            failure = out
+        else:
+            failure = self.check(plan, out)
+            if failure is None:
+                self.commit(plan, out, requests, reservation, events)
+                return
+        self.undo(reservation, failure)
+        self.fail(failure, requests, events)
 
-    def _call(self, plan: BatchPlan) -> ForwardOutput:
+    def _run(self, plan: BatchPlan) -> ForwardOutput | StepFailure:
         runner = self._runner
-        if self._async:
-            assert isinstance(runner, AsyncRunner)
+        if not self._async:
             try:
-                runner.submit(plan)
-            except RetryableRunnerError as exc:
-                raise _Retry(exc) from exc
-            return runner.collect()
+                return runner.forward(plan)
+            except Exception as exc:  # refused (retryable) or dead: nothing was accepted
+                refused = isinstance(exc, RetryableRunnerError | RunnerDeadError)
+                return StepFailure.of(plan.step_id, exc, accepted=not refused)
+        assert isinstance(runner, AsyncRunner)
         try:
-            return runner.forward(plan)
-        except RetryableRunnerError as exc:
-            raise _Retry(exc) from exc
+            runner.submit(plan)
+        except Exception as exc:
+            return StepFailure.of(plan.step_id, exc, accepted=False)
+        try:
+            return runner.collect()
+        except Exception as exc:
+            return StepFailure.of(plan.step_id, exc, accepted=True)
 
-    # -- outcomes ---------------------------------------------------------------------------
+    def check(self, plan: BatchPlan, out: ForwardOutput) -> StepFailure | None:
+        """None when `out` is a valid answer to `plan`, else the quarantine it calls for."""
+        problem = validate_output(plan, out, self._vocab_size)
+        if problem is None:
+            return None
+        message = f"invalid runner output at step {plan.step_id}: {problem}"
+        return StepFailure(Verdict.QUARANTINE, message, accepted=True)
+
+    # -- the failure policy -----------------------------------------------------------------
+    def undo(self, reservation: PageReservation, failure: StepFailure) -> None:
+        """Return a failed step's reservation: rolled back exactly when the runner never had
+        the plan, else abandoned (its pages are freed with the requests' slots)."""
+        if failure.accepted:
+            self._scheduler.abandon(reservation)
+        else:
+            self._scheduler.rollback(reservation)
+
+    def fail(
+        self, failure: StepFailure, requests: tuple[Request, ...], events: list[Event]
+    ) -> None:
+        """The requests of a failed step: retried (bounded), quarantined, or, with a dead
+        runner, every live request ends. Empty `requests` (all left meanwhile): nothing."""
+        if failure.verdict is Verdict.DEAD:
+            self._sink.die(failure.message, events)
+        elif not requests:
+            return
+        elif failure.verdict is Verdict.RETRY:
+            self._retry(requests, failure.message, events)
+        else:
+            self._quarantine(requests, failure.message, events)
+
     def _retry(self, requests: tuple[Request, ...], message: str, events: list[Event]) -> None:
         again: list[Request] = []
         failed: list[Request] = []
@@ -155,7 +210,8 @@ class Transaction:
         for r in requests:
             events.append(self._sink.finish(r, FinishReason.ERROR, message, cacheable=False))
 
-    def _commit(
+    # -- the commit -------------------------------------------------------------------------
+    def commit(
         self,
         plan: BatchPlan,
         out: ForwardOutput,
@@ -165,24 +221,19 @@ class Transaction:
     ) -> None:
         """The step is valid: the cache and slot store take it, then tokens, events, metrics."""
         if plan.draft_ids.size:  # a verify step (engine/speculative.py)
+            finish, collector = self._sink.finish, self._collector
             generated, itl = commit_drafts(
-                plan, out, requests, reservation, events,
-                self._cache, self._slots, self._sink.finish, self._collector,
-            )  # fmt: skip
+                plan, out, requests, reservation, events, self._scheduler, finish, collector
+            )
             if self._collector is not None:
                 self._record(plan, out, _StepStats(generated, itl=itl))
             return
-        slots, totals = reservation.slots, plan.total_lens
+        totals = plan.total_lens
         prefill = plan.phase is Phase.PREFILL
-        tokens = (
-            [r.cache_keys(t) for r, t in zip(requests, totals.tolist(), strict=True)]
-            if prefill
-            else []
-        )
-        self._cache.commit(reservation, totals, tokens)
-        self._slots.computed(slots, totals)
+        self._scheduler.commit(requests, reservation, totals)
         ids = np.asarray(out.token_ids).astype(np.int32)
-        ends = self._slots.append(slots[plan.sample_rows] if prefill else slots, ids)
+        slots = reservation.slots
+        ends = self._slot_store.append(slots[plan.sample_rows] if prefill else slots, ids)
         stats = self._append(plan, out, requests, ids, ends, events)
         if self._collector is not None:
             self._record(plan, out, stats)

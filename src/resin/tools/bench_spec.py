@@ -121,7 +121,7 @@ def run_once(engine: Engine, prompts: list[list[int]], output_len: int) -> dict[
     before = engine.metrics
     assert before is not None
     handles = [engine.submit(p, params) for p in prompts]
-    while engine._scheduler.waiting or engine._scheduler.prefilling:  # prefill, untimed
+    while engine.num_waiting or not all(h.output_token_ids for h in handles):  # prefill, untimed
         engine.step()
     first = sum(len(h.output_token_ids) for h in handles)
     steps: list[float] = []
@@ -172,13 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         context += len(_prompts(args, folder, vocab, 1)[0])
     engine = Engine(runner, context_length=context, max_sequences=max(args.batch_sizes),
                     speculation=Speculation(proposer, k))  # fmt: skip
-    speculator = engine._spec
+    speculation = engine.speculation
     records = []
     for b in args.batch_sizes:
         prompts = _prompts(args, folder, vocab, b)
-        engine._spec = None
+        engine.speculation = None
         plain = run_once(engine, prompts, args.output_len)
-        engine._spec = speculator
+        engine.speculation = speculation
         if args.accepted_drafts is not None:
             runner.accept_first = args.accepted_drafts
         try:

@@ -1,0 +1,181 @@
+"""Who may touch what, read from the source with `ast` (nothing is imported).
+
+1. The scheduler owns the cache: outside `resin.cache` itself, only `resin.engine.scheduler`
+   names `CacheManager` (imports it, annotates with it, builds one) or reaches a member of it.
+   A member is reached as `<receiver>.<member>` where the receiver's last name is `cache` or
+   ends in `_cache` (`self.cache`, `self._cache`, `cache`), or as `<...scheduler>.cache`
+   (borrowing the scheduler's cache to call it elsewhere). Members are read from the
+   `CacheManager` class: its public methods and properties and the attributes it sets.
+2. No module calls another's privates: any `x._name` (load, store or delete; `_name` starting
+   with one underscore, dunders excepted) where `x` is not `self`, `cls` or `super()`, and any
+   `getattr`/`setattr`/`hasattr`/`delattr(x, "_name")`, counts, unless `ALLOWED_PRIVATE` lists
+   it with the reason it is a true necessity.
+Both cover every module under `src/`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MANAGER = SRC / "resin" / "cache" / "manager.py"
+CACHE_OWNER = "resin.engine.scheduler"
+CACHE_RECEIVER = re.compile(r"(^|_)cache$")
+
+ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
+    # (receiver as written, attribute): why it is no private reach.
+    ("os", "_exit"): "the worker's hard exit after a fatal collective (no cleanup may run)",
+    ("sys", "_getframe"): "the standard library's documented frame access",
+}
+NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults"})
+"""`NamedTuple`'s public API is spelled with one underscore; allowed on any receiver."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(SRC.rglob("*.py"))}
+
+
+def _last_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+# -- 1. the cache's one caller ----------------------------------------------------------------
+def cache_members(manager: ast.Module) -> frozenset[str]:
+    """Public methods, properties and attributes of `CacheManager`."""
+    cls = next(n for n in manager.body if isinstance(n, ast.ClassDef) and n.name == "CacheManager")
+    names = {
+        n.name
+        for n in cls.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and not n.name.startswith("_")
+    }
+    for node in ast.walk(cls):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and not node.attr.startswith("_")
+        ):
+            names.add(node.attr)
+    return frozenset(names)
+
+
+def cache_reaches(tree: ast.Module, members: frozenset[str]) -> list[str]:
+    """Every place the module names `CacheManager` or reaches into a cache (rule 1)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "CacheManager" for a in node.names):
+            found.append(f"line {node.lineno}: imports CacheManager")
+        elif isinstance(node, ast.Name) and node.id == "CacheManager":
+            found.append(f"line {node.lineno}: names CacheManager")
+        elif isinstance(node, ast.Attribute):
+            receiver = _last_name(node.value) or ""
+            if node.attr in members and CACHE_RECEIVER.search(receiver):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+            elif node.attr == "cache" and "scheduler" in receiver:
+                found.append(f"line {node.lineno}: borrows {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_scheduler_calls_the_cache_manager() -> None:
+    members = cache_members(ast.parse(MANAGER.read_text()))
+    assert {"reserve", "commit", "rollback", "release", "admit", "match"} <= members
+    bad = {
+        name: found
+        for name, tree in _modules().items()
+        if name != CACHE_OWNER and not (name == "resin.cache" or name.startswith("resin.cache."))
+        for found in [cache_reaches(tree, members)]
+        if found
+    }
+    assert not bad, f"only {CACHE_OWNER} may drive the CacheManager: {bad}"
+
+
+def test_the_cache_rule_sees_each_form() -> None:
+    members = frozenset({"reserve", "pool", "match"})
+
+    def reaches(code: str) -> list[str]:
+        return cache_reaches(ast.parse(code), members)
+
+    assert reaches("from resin.cache.manager import CacheManager")
+    assert reaches("def f(c: 'x') -> None:\n    CacheManager(layout, 1, 2)")
+    assert reaches("self._cache.reserve(slots)")
+    assert reaches("n = cache.pool.num_free")
+    assert reaches("engine._scheduler.cache")
+    assert reaches("self.scheduler.cache.match(keys)")
+    assert not reaches("self._cache.get(key)")  # a member name it does not have
+    assert not reaches("re.match(pattern, text)")  # not a cache receiver
+    assert not reaches("self.scheduler.reserve(cohort)")  # through the owner
+
+
+# -- 2. nobody's privates but one's own -------------------------------------------------------
+def private_reaches(tree: ast.Module) -> list[str]:
+    """Every `x._name` with `x` not `self`/`cls`/`super()`, and string forms (rule 2)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            if _own(node.value) or node.attr in NAMEDTUPLE_API:
+                continue
+            receiver = ast.unparse(node.value)
+            if (receiver, node.attr) not in ALLOWED_PRIVATE:
+                found.append(f"line {node.lineno}: {receiver}.{node.attr}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _is_private(node.args[1].value)
+            and not _own(node.args[0])
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _own(receiver: ast.expr) -> bool:
+    if isinstance(receiver, ast.Name):
+        return receiver.id in ("self", "cls")
+    return (
+        isinstance(receiver, ast.Call)
+        and isinstance(receiver.func, ast.Name)
+        and receiver.func.id == "super"
+    )
+
+
+def test_no_module_reaches_another_modules_privates() -> None:
+    bad = {name: found for name, tree in _modules().items() if (found := private_reaches(tree))}
+    assert not bad, f"underscored names are their class's own: {bad}"
+
+
+def test_the_private_rule_sees_each_form() -> None:
+    def reaches(code: str) -> list[str]:
+        return private_reaches(ast.parse(code))
+
+    assert reaches("self._txn._commit(plan)")
+    assert reaches("engine._scheduler.waiting")
+    assert reaches("x._y = 1")
+    assert reaches("getattr(engine, '_spec')")
+    assert not reaches("self._commit(plan)")
+    assert not reaches("cls._registry[name] = f")
+    assert not reaches("super()._outputs(plan, hidden)")
+    assert not reaches("point._replace(x=1); Tiles._fields")
+    assert not reaches("os._exit(1)")
+    assert not reaches("obj.__class__.__name__")
+    assert not reaches("getattr(obj, '__dict__')")
