@@ -33,16 +33,16 @@ media_type  # server/asgi.py:108: Starlette response class attribute (read by St
 _.background  # server/asgi.py:114: Starlette response attribute (read by Starlette)
 budget_tokens  # server/schemas_anthropic.py: a request-body field (pydantic parses it)
 add_bos_token  # TODO(tokenizer) tokenizer.py:28
-_.bos_token_id  # TODO(tokenizer) tokenizer.py:95; resin_models_torch/config.py:84
-bos_token_id  # TODO(gpu) resin_models_torch/config.py:84
+_.bos_token_id  # TODO(tokenizer) tokenizer.py:95; resin_model/config.py:84
+bos_token_id  # TODO(gpu) resin_model/config.py:84
 mean_agreed_prefix  # TODO(gpu) resin_models_cuda/validate.py:38
 mismatch_margins  # TODO(gpu) resin_models_cuda/validate.py:42
 _.agree_fraction  # TODO(gpu) resin_models_cuda/validate.py:49
 np_index  # TODO(gpu) resin_models_torch/batch.py:27
-_.pre_tokenizer  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
-_.decoder  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
-_.post_processor  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
-_.normalizer  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.pre_tokenizer  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.decoder  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.post_processor  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.normalizer  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
 random_runner  # TODO(gpu) resin_models_torch/registry.py: public helper, used by tests only
 _.accepting  # engine/grammar.py: GrammarState's public read of the matcher (tests assert it)
 response_format  # server/schemas_openai.py: a request-body field (structured.py reads it by name)
@@ -53,7 +53,7 @@ _.out_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true
 _.in_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
 _.weight_bytes  # resin_models_cuda/benchmark.py: a benchmark record field read by reports
 _.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (tests/cuda read it)
-expert_bias  # resin_models_torch/config.py: a config field (layers read it through MoeConfig)
+expert_bias  # resin_model/config.py: a config field (layers read it through MoeConfig)
 GptOss  # resin_models_cuda/models: loaded by name through resin_models_torch.architectures
 Gemma3ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen2_5_VLForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py

@@ -28,7 +28,7 @@ import torch
 
 from resin import Engine, SamplingParams, TokensEvent
 from resin.tokenizer import Tokenizer
-from resin_models_torch.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when movable type "

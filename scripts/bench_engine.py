@@ -191,14 +191,14 @@ def _runner_factory(args: argparse.Namespace) -> tuple[RunnerFactory, str]:
     import torch
 
     if args.runner == "torch":
-        from resin_models_cuda.presets import preset
+        from resin_model.presets import preset
         from resin_models_torch.registry import random_runner
 
         def ref(b: int, pages: int) -> Any:
             return random_runner(preset(args.model_config), num_pages=pages, device=args.device)
 
         return ref, f"reference runner, {args.model_config} on {args.device}"
-    from resin_models_cuda.presets import preset
+    from resin_model.presets import preset
     from resin_models_cuda.runner import RunnerOptions, random_runner
 
     def cuda(b: int, pages: int) -> Any:

@@ -21,7 +21,7 @@ host thread waits, as it does on a CUDA sync), which shows how much of the mask 
 engine hides behind the device when the runner lets it (`waits_for_masks`, "overlap") and
 how much it adds when it does not ("inline"). 7.3 ms is Resin's Llama-3.1-8B decode step at
 batch 64 on the H200 (docs/benchmarks.md).
-`--cuda-preset NAME` (a GPU; `resin_models_cuda.presets`, e.g. llama-8b) replaces the emulation
+`--cuda-preset NAME` (a GPU; `resin_model.presets`, e.g. llama-8b) replaces the emulation
 by a real `CudaRunner` on random bf16 weights of that shape, through the Engine: per round, B
 requests decode `--output-tokens` greedy tokens unconstrained (overlapped steps, as served),
 unconstrained with `overlap=False`, and under a JSON schema whose one string field has a
@@ -420,7 +420,8 @@ def _decode(runner: Any, backend: Any, batch: int, args: argparse.Namespace,
 def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Plain vs json_schema decoding through the Engine on a real `CudaRunner` (module doc)."""
     from resin import GrammarBackend
-    from resin_models_cuda import CudaRunner, RunnerOptions, preset, random_runner
+    from resin_model.presets import preset
+    from resin_models_cuda import CudaRunner, RunnerOptions, random_runner
 
     context = args.prompt + args.output_tokens + 64
     options = RunnerOptions(max_batch=batch, max_context=context, cache_bytes=16 << 30)
@@ -491,7 +492,7 @@ def main() -> int:
     if args.tokenizer_dir is not None:
         model_dir = args.tokenizer_dir
     else:
-        from resin_models_torch.default_model import default_model_dir
+        from resin_model.default_model import default_model_dir
 
         model_dir = default_model_dir()
     tokenizer = Tokenizer.from_dir(model_dir)

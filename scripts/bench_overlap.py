@@ -36,7 +36,8 @@ from resin import Engine, SamplingParams
 from resin.events import TokensEvent
 from resin.plan import BatchPlan, Phase
 from resin.protocols import CacheLayout
-from resin_models_cuda import CudaRunner, RunnerOptions, preset, random_runner
+from resin_model.presets import preset
+from resin_models_cuda import CudaRunner, RunnerOptions, random_runner
 from resin_models_cuda.bench_report import write_jsonl
 from resin_models_cuda.benchmark import RunnerBench, measure_ceilings
 from resin_models_cuda.plans import PagedPlanner

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from resin import Engine, FinishedEvent, SamplingParams, TokensEvent
 from resin.recipe import Message, Recipe, TextDelta, get_native_recipe
 from resin.tokenizer import Tokenizer
-from resin_models_torch.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 

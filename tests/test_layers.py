@@ -26,16 +26,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 CONTRACTS = ("resin.plan", "resin.params", "resin.protocols", "resin.events", "resin.errors")
 RUNNER_PACKAGES = ("resin_models_torch", "resin_models_cuda")
 SHARED_MODEL_DESCRIPTION = (
-    "resin_models_torch.config",
-    "resin_models_torch.hf_config",  # config.json -> ModelConfig (with hf_reader)
-    "resin_models_torch.hf_reader",
+    "resin_model.config",
+    "resin_model.hf_config",  # config.json -> ModelConfig (with hf_reader)
+    "resin_model.hf_reader",
     "resin_models_torch.architectures",
-    "resin_models_torch.constraints",  # plain-torch mask + bias, applied by both runner families
+    "resin_model.constraints",  # plain-torch mask + bias, applied by both runner families
     "resin_models_torch.verify",  # speculative acceptance rule (draft_layout + accept), both
-    "resin_models_torch.routing",  # DeepSeek's expert routing rule, both
-    "resin_models_torch.checkpoint_names",  # checkpoint tensor names -> model names, both
-    "resin_models_torch.media_cache",  # image features by content hash, both
-    "resin_models_torch.gemma3_encoder",  # Gemma 3's SigLIP tower + projector (eager), both
+    "resin_model.routing",  # DeepSeek's expert routing rule, both
+    "resin_model.checkpoint_names",  # checkpoint tensor names -> model names, both
+    "resin_model.media_cache",  # image features by content hash, both
+    "resin_model.gemma3_encoder",  # Gemma 3's SigLIP tower + projector (eager), both
 )
 """The one module both runner families may share (the typed model description)."""
 
@@ -244,7 +244,7 @@ def test_the_checker_sees_violations() -> None:
     assert not _violation(Edge("resin.metrics.prometheus", "resin.engine.engine", True, 1))
     assert _violation(Edge("resin_models_cuda.runner", "resin.engine.engine", False, 1))
     assert _violation(Edge("resin_models_cuda.runner", "resin_models_torch.layers", False, 1))
-    assert not _violation(Edge("resin_models_cuda.runner", "resin_models_torch.config", False, 1))
+    assert not _violation(Edge("resin_models_cuda.runner", "resin_model.config", False, 1))
     assert _violation(Edge("resin.cache.pool", "resin.server.app", False, 1))
     assert _violation(Edge("resin.frontend.actor", "resin.server.errors", False, 1))
     assert not _violation(Edge("resin.server.service", "resin.frontend.intake", False, 1))

@@ -88,7 +88,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
     steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine"]
     with tqdm(total=len(steps), desc="loading", disable=not progress, unit="step") as bar:
         bar.set_postfix_str(steps[0])
-        from resin_models_torch.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+        from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
         folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
         bar.update()
@@ -205,7 +205,7 @@ def speculation_for(options: LoadOptions, context_length: int) -> Any:
     if options.speculative == "ngram":
         return Speculation(NgramProposer(), options.num_draft_tokens)
     assert options.draft_model is not None
-    from resin_models_torch.default_model import resolve_checkpoint
+    from resin_model.default_model import resolve_checkpoint
     from resin_models_torch.registry import load_runner
 
     runner = load_runner(resolve_checkpoint(options.draft_model), device=options.device)
@@ -252,7 +252,7 @@ class ZeroCostRunner:
 def load_fake(options: LoadOptions) -> Loaded:
     """`resin serve --fake-runner`: the real engine with `ZeroCostRunner` (it answers the
     token for "a" forever), the default model's tokenizer and recipe (`--recipe` applies)."""
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
 
     tokenizer = Tokenizer.from_dir(default_model_dir())
     context = options.context_length or 4096

@@ -125,9 +125,9 @@ def _bench_model(args, name: str, device, dtype, ceilings):  # type: ignore[no-u
     import torch
 
     from resin.protocols import CacheLayout
+    from resin_model.presets import preset
     from resin_models_cuda.benchmark import RunnerBench
     from resin_models_cuda.plans import PagedPlanner
-    from resin_models_cuda.presets import preset
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
     steps = args.warmup + args.iters

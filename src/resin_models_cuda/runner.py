@@ -27,6 +27,9 @@ import torch
 
 from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import CacheLayout, RunnerConfig
+from resin_model.config import ModelConfig
+from resin_model.hf_config import load_config
+from resin_model.media_cache import MediaFeatures
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.graphs import (
     CapturedStep,
@@ -49,9 +52,6 @@ from resin_models_cuda.sampling import (
     speculative_output,
 )
 from resin_models_cuda.step import DecodeInfo, StepTensors
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.hf_config import load_config
-from resin_models_torch.media_cache import MediaFeatures
 
 __all__ = ["CudaRunner", "RunnerOptions", "load_runner", "random_runner"]
 

@@ -1,4 +1,5 @@
-"""Speculative verification in plain torch on any device (shared by both runner families).
+"""Speculative verification in plain torch on any device (the reference runner's; `CudaRunner`
+samples every query token on the device, `resin_models_cuda.sampling`, under the same rule).
 
 A decode row with k drafts d_0..d_{k-1} has 1 + k query tokens; the logits after query token j
 give the target distribution p_j of output position m = output_index + j. Verification:
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, ForwardOutput
-from resin_models_torch.constraints import constrain_logits
+from resin_model.constraints import constrain_logits
 from resin_models_torch.sampler import Sampler
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from resin.plan import Phase
+from resin_model.presets import PRESETS, preset
 from resin_models_cuda.graphs import buckets_up_to, pick_bucket
-from resin_models_cuda.presets import PRESETS, preset
 
 
 def test_decode_buffers_stage_plan_and_padding() -> None:
@@ -71,7 +71,7 @@ def test_graph_buckets() -> None:
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets_parse_and_count(name: str) -> None:
-    from resin_models_cuda.presets import param_counts, weight_bytes_read
+    from resin_model.presets import param_counts, weight_bytes_read
 
     config = preset(name)
     active, total = param_counts(config)
@@ -80,7 +80,7 @@ def test_presets_parse_and_count(name: str) -> None:
 
 
 def test_preset_parameter_counts_match_the_published_sizes() -> None:
-    from resin_models_cuda.presets import param_counts
+    from resin_model.presets import param_counts
 
     billions = {name: param_counts(preset(name))[1] / 1e9 for name in
                 ("llama-8b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma3-12b")}  # fmt: skip

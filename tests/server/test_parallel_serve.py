@@ -37,7 +37,7 @@ def tiny_checkpoint(folder: Path) -> Path:
     import torch
     import transformers
 
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
 
     source = default_model_dir()
     config = transformers.LlamaConfig(

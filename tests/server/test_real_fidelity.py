@@ -44,7 +44,7 @@ TOOL = {
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    default_model = pytest.importorskip("resin_models_torch.default_model")
+    default_model = pytest.importorskip("resin_model.default_model")
     try:
         default_model.default_model_dir()
     except (FileNotFoundError, ImportError) as exc:

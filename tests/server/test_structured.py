@@ -175,7 +175,7 @@ def test_logit_bias_steers_and_bans(oai: openai.OpenAI, server: tuple[str, str])
     )
     first = base.choices[0].message.content or ""
     from resin.tokenizer import Tokenizer
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
 
     banned = Tokenizer.from_dir(default_model_dir()).encode(first)[0]
     r = oai.chat.completions.create(

@@ -37,7 +37,7 @@ AS_TEXT = 'Sure. {"name": "Paris", "arguments": {"x": 1}}'
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    default_model = pytest.importorskip("resin_models_torch.default_model")
+    default_model = pytest.importorskip("resin_model.default_model")
     from resin.recipe import get_native_recipe
     from resin.tokenizer import Tokenizer
 
@@ -272,7 +272,7 @@ def test_auto_tools_carry_a_grammar_and_plain_requests_none(with_grammar: bool) 
     from resin.recipe import get_native_recipe
     from resin.tokenizer import Tokenizer
 
-    default_model = pytest.importorskip("resin_models_torch.default_model")
+    default_model = pytest.importorskip("resin_model.default_model")
     tok = Tokenizer.from_dir(default_model.default_model_dir())
     runner = MaskRecorder(tok.vocab_size, tok.encode("a")[0])
     grammar = GrammarBackend.from_tokenizer(tok) if with_grammar else None

@@ -85,7 +85,7 @@ def _runner(args: argparse.Namespace, name: str | None, folder: Any) -> Any:
         from resin_models_torch.registry import load_runner as load_torch
 
         return load_torch(folder, device=args.device)
-    from resin_models_cuda.presets import preset
+    from resin_model.presets import preset
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
     options = RunnerOptions(max_batch=max(args.batch_sizes),
@@ -98,7 +98,7 @@ def _runner(args: argparse.Namespace, name: str | None, folder: Any) -> Any:
 def _folder(name: str | None) -> Any:
     if name is None:
         return None
-    from resin_models_torch.default_model import resolve_checkpoint
+    from resin_model.default_model import resolve_checkpoint
 
     return resolve_checkpoint(name)
 

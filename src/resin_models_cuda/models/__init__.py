@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
+from resin_model.config import ModelConfig
 from resin_models_cuda.layers import WeightSource
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_torch.architectures import fast_model
-from resin_models_torch.config import ModelConfig
 
 
 def build_model(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from resin_model.config import ModelConfig
 from resin_models_cuda.layers import (
     Attention,
     ExpertWeights,
@@ -18,7 +19,6 @@ from resin_models_cuda.layers import (
 )
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
-from resin_models_torch.config import ModelConfig
 
 
 def qwen_experts(c: ModelConfig, w: WeightSource, p: str) -> ExpertWeights:

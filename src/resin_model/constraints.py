@@ -1,6 +1,6 @@
 """The plan's allowed-token bitmask and logit biases applied to logits, in plain torch on any
-device: shared by both runner families (the reference sampler and `CudaRunner`), so it lives
-beside the shared model description rather than in one of them."""
+device: shared by both runner families (the reference sampler and `CudaRunner`), so it lives in
+the shared model description rather than in one of them."""
 
 from __future__ import annotations
 

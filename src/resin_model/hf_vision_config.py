@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from resin_models_torch.config import ModelConfig, VisionConfig
-from resin_models_torch.hf_reader import Reader
+from resin_model.config import ModelConfig, VisionConfig
+from resin_model.hf_reader import Reader
 
 TextParser = Callable[[Reader], ModelConfig]
 

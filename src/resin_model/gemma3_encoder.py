@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from resin.plan import MediaItem
-from resin_models_torch.config import VisionConfig
-from resin_models_torch.layers import RMSNorm
-from resin_models_torch.siglip import SiglipVisionTower, avg_pool_tokens
+from resin_model.config import VisionConfig
+from resin_model.nn import RMSNorm
+from resin_model.siglip import SiglipVisionTower, avg_pool_tokens
 
 
 class Gemma3Projector(nn.Module):

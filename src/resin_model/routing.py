@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from resin_models_torch.config import MoeConfig
+from resin_model.config import MoeConfig
 
 
 def deepseek_route(

@@ -16,16 +16,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from resin_models_torch.config import ModelConfig, MoeConfig, RopeConfig
-from resin_models_torch.hf_deepseek import parse_deepseek
-from resin_models_torch.hf_reader import (
+from resin_model.config import ModelConfig, MoeConfig, RopeConfig
+from resin_model.hf_deepseek import parse_deepseek
+from resin_model.hf_reader import (
     Reader,
     common_fields,
     global_rope,
     layer_types,
     rope_config,
 )
-from resin_models_torch.hf_vision_config import gemma3_vlm, qwen2_5_vl
+from resin_model.hf_vision_config import gemma3_vlm, qwen2_5_vl
 
 
 def load_config(folder: str | Path) -> ModelConfig:

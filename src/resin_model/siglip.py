@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resin_models_torch.config import VisionConfig
-from resin_models_torch.layers import activation
+from resin_model.config import VisionConfig
+from resin_model.nn import activation
 
 
 class SiglipAttention(nn.Module):

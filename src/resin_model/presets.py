@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.hf_config import parse_config
+from resin_model.config import ModelConfig
+from resin_model.hf_config import parse_config
 
 _LLAMA_8B: dict[str, Any] = {
     "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from resin_models_torch.config import MlaConfig, ModelConfig, MoeConfig
-from resin_models_torch.hf_reader import Reader, common_fields, global_rope, yarn_mscale
+from resin_model.config import MlaConfig, ModelConfig, MoeConfig
+from resin_model.hf_reader import Reader, common_fields, global_rope, yarn_mscale
 
 # DeepSeek's own configs carry these; none changes inference math.
 _HARMLESS = ("aux_loss_alpha", "seq_aux", "ep_size", "qk_head_dim")

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from resin_models_torch.gguf_tokenizer import build_tokenizer_files
+from resin_model.gguf_tokenizer import build_tokenizer_files
 
 GGUF_MAGIC = b"GGUF"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from resin_models_torch.config import LayerKind, RopeConfig
+from resin_model.config import LayerKind, RopeConfig
 
 LAYER_KINDS: dict[str, LayerKind] = {
     "full_attention": "full",

