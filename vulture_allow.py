@@ -54,7 +54,7 @@ _.in_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true 
 _.weight_bytes  # resin_models_cuda/benchmark.py: a benchmark record field read by reports
 _.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (tests/cuda read it)
 expert_bias  # resin_model/config.py: a config field (layers read it through MoeConfig)
-GptOss  # resin_models_cuda/models: loaded by name through resin_models_torch.architectures
+GptOss  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
 Gemma3ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen2_5_VLForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
 Gemma3ForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
@@ -72,3 +72,6 @@ get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)
 _.encode_special_tokens  # tokenizer.py: a `tokenizers.Tokenizer` setting (read by the Rust side)
 DraftModelProposer  # resin.engine.proposers: a public Proposer (tests and docs use it; spec exports it)
+FAMILY  # resin_models_torch/family.py, resin_models_cuda/family.py: `resin.runners` entry points (pyproject.toml)
+family_names  # resin_app/runners.py: public API (the installed families' names without importing them)
+build_runner  # resin_app/runners.py: public API (tests/app); resin_app/loading.py calls it

@@ -1,8 +1,8 @@
 """Optimized NVIDIA GPU runners: a fast layer library (`layers/`), model files on it
 (`models/`), Triton kernels (`kernels/`), CUDA graphs.
 
-`CudaRunner(model, RunnerOptions(...))` runs any architecture the shared registry
-(`resin_models_torch.architectures`) gives a fast model: Llama family (Llama 2/3, Mistral,
+`CudaRunner(model, RunnerOptions(...))` runs any architecture its registry
+(`resin_models_cuda.architectures`) gives a fast model: Llama family (Llama 2/3, Mistral,
 Qwen2/3, SmolLM2), Qwen3-MoE, Gemma 3, gpt-oss, OLMo 2. `load_runner(folder)` builds one from a
 Hugging Face checkpoint, `random_runner(config)` from random weights (say of a
 `resin_model.presets` shape).

@@ -1,13 +1,13 @@
 """Fast model files, one per architecture family, each a short straight-line composition of
 `resin_models_cuda.layers`; `build_model` picks the class from the shared registry
-(`resin_models_torch.architectures`)."""
+(`resin_models_cuda.architectures`)."""
 
 from __future__ import annotations
 
 from resin_model.config import ModelConfig
+from resin_models_cuda.architectures import fast_model
 from resin_models_cuda.layers import WeightSource
 from resin_models_cuda.models.base import BuildOptions, FastModel
-from resin_models_torch.architectures import fast_model
 
 
 def build_model(
