@@ -51,7 +51,7 @@ _.persistent_load  # backend/distributed.py: pickle.Unpickler hook (pickle calls
 spawn_local  # backend/launch.py: public API (docs/distributed.md), used by tests
 _.out_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
 _.in_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
-_.weight_bytes  # resin_models_cuda/benchmark.py: a benchmark record field read by reports
+_.weight_bytes  # resin_app/bench/runner_bench.py: a benchmark record field read by reports
 _.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (tests/cuda read it)
 expert_bias  # resin_model/config.py: a config field (layers read it through MoeConfig)
 GptOss  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
@@ -74,4 +74,3 @@ _.encode_special_tokens  # tokenizer.py: a `tokenizers.Tokenizer` setting (read 
 DraftModelProposer  # resin.engine.proposers: a public Proposer (tests and docs use it; spec exports it)
 FAMILY  # resin_models_torch/family.py, resin_models_cuda/family.py: `resin.runners` entry points (pyproject.toml)
 family_names  # resin_app/runners.py: public API (the installed families' names without importing them)
-build_runner  # resin_app/runners.py: public API (tests/app); resin_app/loading.py calls it

@@ -179,9 +179,9 @@ async def sample_all(
 @contextmanager
 def default_server(context_length: int = 2048) -> Iterator[tuple[str, str]]:
     """The default model behind an in-process server: (base url, model name)."""
-    from resin.loading import LoadOptions, load
     from resin.server import HttpServer
     from resin.server.launch import free_port, running
+    from resin_app.loading import LoadOptions, load
 
     loaded = load(LoadOptions(context_length=context_length), progress=False)
     server = HttpServer(loaded.engine, loaded.recipe, tokenizer=loaded.tokenizer, model=loaded.name,

@@ -5,7 +5,7 @@ For each running-sequence count (default 1, 64, 256, 1024) at a 2k-token context
 - prefill: engine time of one prefill step that computes a 2k-token prompt chunk per sequence;
 each with prefix caching off and on (on: unique prompts, so a 0% hit rate: the overhead).
 With `--drafts K` every decode step is a speculative verify step instead: the n-gram proposer
-(padded to K drafts, `resin.tools.bench_spec.PaddedProposer`) proposes, the zero-cost runner
+(padded to K drafts, `resin_app.bench.speculative.PaddedProposer`) proposes, the zero-cost runner
 accepts every draft, and the engine commits K + 1 tokens per sequence and step.
 "Engine time" is the wall time of `Engine.step()` minus nothing: the runner returns a
 preallocated answer, so the step is all engine work (scheduling, planning, validation, commit,
@@ -49,7 +49,7 @@ from resin import (
     SamplingParams,
     Speculation,
 )
-from resin.tools.bench_spec import PaddedProposer
+from resin_app.bench.speculative import PaddedProposer
 
 H200_LLAMA_8B_MS = {1: 4.84, 64: 7.25, 256: 16.2}
 """The CudaRunner's own decode step times (docs/benchmarks.md, issue 11) for `--runner sim`."""

@@ -36,11 +36,11 @@ from resin import Engine, SamplingParams
 from resin.events import TokensEvent
 from resin.plan import BatchPlan, Phase
 from resin.protocols import CacheLayout
+from resin_app.bench.plans import PagedPlanner
+from resin_app.bench.report import write_jsonl
+from resin_app.bench.runner_bench import RunnerBench, measure_ceilings
 from resin_model.presets import preset
 from resin_models_cuda import CudaRunner, RunnerOptions, random_runner
-from resin_models_cuda.bench_report import write_jsonl
-from resin_models_cuda.benchmark import RunnerBench, measure_ceilings
-from resin_models_cuda.plans import PagedPlanner
 
 
 def _ints(text: str) -> list[int]:

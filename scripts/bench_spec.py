@@ -31,9 +31,9 @@ from resin.events import TokensEvent
 from resin.recipe import load_recipe
 from resin.recipe.types import Message
 from resin.tokenizer import Tokenizer
+from resin_app.bench.report import write_jsonl
 from resin_model.default_model import converted_gguf_dir, default_gguf_path
 from resin_models_cuda import CudaRunner, RunnerOptions, load_runner
-from resin_models_cuda.bench_report import write_jsonl
 
 PARAGRAPH = (
     "The old lighthouse stood at the edge of the northern cliffs for more than two hundred "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resin.cli import main
+from resin_app.cli import main
 
 
 def _help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

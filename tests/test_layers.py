@@ -1,6 +1,6 @@
 """The import layers of `src/`, read from the source with `ast` (nothing is imported).
 
-From the top down: `resin.cli` -> `resin.server` (HTTP) -> `resin.frontend` (the asyncio front
+From the top down: `resin_app.cli` -> `resin.server` (HTTP) -> `resin.frontend` (the asyncio front
 of an Engine) -> `resin.recipe` (+ tokenizer, detokenizer, media) and `resin.engine` ->
 `resin.cache` -> contracts (`resin.plan`, `params`, `protocols`, `events`, `errors`,
 `metrics`). Rules:
@@ -40,7 +40,7 @@ SHARED_MODEL_DESCRIPTION = (
 """The one module both runner families may share (the typed model description)."""
 
 LAYERS: tuple[tuple[str, int], ...] = (
-    ("resin.cli", 6),
+    ("resin_app.cli", 6),
     ("resin.server", 5),
     ("resin.frontend", 4),
     ("resin.engine", 3),

@@ -14,8 +14,8 @@ from resin_models_cuda.graphs import buckets_up_to, pick_bucket
 
 
 def test_decode_buffers_stage_plan_and_padding() -> None:
+    from resin_app.bench.plans import PagedPlanner
     from resin_models_cuda.buffers import DecodeBuffers
-    from resin_models_cuda.plans import PagedPlanner
 
     planner = PagedPlanner(num_pages=32, page_size=4)
     seqs = [planner.new_sequence(list(range(n))) for n in (5, 9)]
@@ -38,8 +38,8 @@ def test_decode_buffers_stage_plan_and_padding() -> None:
 
 
 def test_decode_buffers_two_groups_share_one_page_id_region() -> None:
+    from resin_app.bench.plans import PagedPlanner
     from resin_models_cuda.buffers import DecodeBuffers
-    from resin_models_cuda.plans import PagedPlanner
 
     planner = PagedPlanner(num_pages=32, page_size=4, num_groups=2)
     seqs = [planner.new_sequence(list(range(n))) for n in (5, 9)]
@@ -94,8 +94,8 @@ def test_preset_parameter_counts_match_the_published_sizes() -> None:
 
 def test_runner_rejects_context_beyond_its_tables(device: str) -> None:
     from resin.protocols import CacheLayout
+    from resin_app.bench.plans import PagedPlanner
     from resin_models_cuda import RunnerOptions, random_runner
-    from resin_models_cuda.plans import PagedPlanner
 
     runner = random_runner(preset("tiny"), RunnerOptions(page_size=4, max_batch=2, max_context=16),
                            device, torch.float32)  # fmt: skip

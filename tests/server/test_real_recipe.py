@@ -102,9 +102,9 @@ def test_anthropic_tool_use(url: str) -> None:
 
 def test_default_model_keeps_its_default_system_prompt() -> None:
     default_model = pytest.importorskip("resin_model.default_model")
-    from resin.loading import recipe_for
     from resin.recipe import Message
     from resin.tokenizer import Tokenizer
+    from resin_app.loading import recipe_for
 
     try:
         tok = Tokenizer.from_dir(default_model.default_model_dir())

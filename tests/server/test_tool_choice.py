@@ -253,7 +253,7 @@ class MaskRecorder:
     """`ZeroCostRunner` (always "a") that counts the steps whose plan carries a token mask."""
 
     def __init__(self, vocab_size: int, token_id: int) -> None:
-        from resin.loading import ZeroCostRunner
+        from resin_app.loading import ZeroCostRunner
 
         self.inner = ZeroCostRunner(vocab_size, token_id)
         self.runner_config = self.inner.runner_config

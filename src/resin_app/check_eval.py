@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from resin.tools.check_client import Check, Client, verdict
+from resin_app.check_client import Check, Client, verdict
 
 LETTERS = "ABCD"
 

@@ -32,7 +32,7 @@ class LoadOptions:
     draft_model: str | None = None
     num_draft_tokens: int = 4
     tensor_parallel: int = 1
-    """Ranks per replica (`resin.backend.launch.spawn_local` starts the workers)."""
+    """Ranks per replica (`resin_app.worker.checkpoint_replicas` starts the workers)."""
     data_parallel: int = 1
     """Engine replicas behind one server (docs/distributed.md)."""
 
@@ -93,7 +93,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
         bar.update()
         bar.set_postfix_str(steps[1])
-        from resin.backend.launch import checkpoint_replicas
+        from resin_app.worker import checkpoint_replicas
 
         runners, job = checkpoint_replicas(
             folder,
@@ -205,10 +205,12 @@ def speculation_for(options: LoadOptions, context_length: int) -> Any:
     if options.speculative == "ngram":
         return Speculation(NgramProposer(), options.num_draft_tokens)
     assert options.draft_model is not None
+    from resin_app.runners import build_runner
     from resin_model.default_model import resolve_checkpoint
-    from resin_models_torch.registry import load_runner
+    from resin_model.family import BuildRequest
 
-    runner = load_runner(resolve_checkpoint(options.draft_model), device=options.device)
+    folder = resolve_checkpoint(options.draft_model)
+    runner = build_runner(folder, "torch", BuildRequest(options.device))
     proposer = DraftModelProposer(runner, context_length=context_length)
     return Speculation(proposer, options.num_draft_tokens)
 

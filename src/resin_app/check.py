@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
-from resin.tools.check_client import Capabilities, Check, Client, verdict
-from resin.tools.check_eval import check_eval
+from resin_app.check_client import Capabilities, Check, Client, verdict
+from resin_app.check_eval import check_eval
 
 
 def check_basics(c: Client) -> Check:

@@ -16,8 +16,14 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from resin_app.bench.runner_bench import BenchRecord, Ceilings
 
 
 def _ints(text: str) -> list[int]:
@@ -60,16 +66,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _progress(items: list, desc: str):  # type: ignore[no-untyped-def]
+def _progress(items: list[int], desc: str) -> Iterable[int]:
     try:
         from tqdm import tqdm
 
-        return tqdm(items, desc=desc, file=sys.stderr)
+        progress: Iterable[int] = tqdm(items, desc=desc, file=sys.stderr)
+        return progress
     except ImportError:
         return items
 
 
-def _trace(path: Path, fn) -> None:  # type: ignore[no-untyped-def]
+def _trace(path: Path, fn: Callable[[], object]) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -89,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from resin_models_cuda.bench_report import plot, print_table, write_jsonl
-    from resin_models_cuda.benchmark import Ceilings, measure_ceilings
+    from resin_app.bench.report import plot, print_table, write_jsonl
+    from resin_app.bench.runner_bench import Ceilings, measure_ceilings
 
     device = torch.device(args.device)
     if args.gemv_tiles:
@@ -121,13 +128,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _bench_model(args, name: str, device, dtype, ceilings):  # type: ignore[no-untyped-def]
+def _bench_model(
+    args: argparse.Namespace,
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    ceilings: Ceilings,
+) -> tuple[list[BenchRecord], dict[str, Any]]:
     import torch
 
     from resin.protocols import CacheLayout
     from resin_model.presets import preset
-    from resin_models_cuda.benchmark import RunnerBench
-    from resin_models_cuda.plans import PagedPlanner
+    from resin_app.bench.runner_bench import RunnerBench
+    from resin_app.bench.plans import PagedPlanner
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
     steps = args.warmup + args.iters

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from resin_models_cuda.benchmark import BenchRecord
+from resin_app.bench.runner_bench import BenchRecord
 
 _HEAD = (
     "model",

@@ -38,6 +38,7 @@ from resin.backend.distributed import DistributedRunner
 from resin.backend.launch import spawn_local, start_tensor_parallel
 from resin.backend.topology import ProcessGroups, shutdown
 from resin.protocols import Runner
+from resin_app.worker import worker_command
 from resin_models_torch.parallel import ParallelStyle, shard_model
 from resin_models_torch.registry import random_runner
 from resin_models_torch.runner import TorchRunner
@@ -276,7 +277,7 @@ def _start(
         worker_args += ["--device", args.device]
     job = spawn_local(
         build,
-        worker_args,
+        worker_command(*worker_args),
         tensor_parallel=args.tensor_parallel,
         device=args.device,
         timeout=timeout,

@@ -146,7 +146,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> object:
-    from resin.loading import LoadOptions, load
+    from resin_app.loading import LoadOptions, load
 
     options = LoadOptions(
         checkpoint=args.checkpoint,
@@ -172,10 +172,10 @@ def _load(args: argparse.Namespace) -> object:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from resin.loading import Loaded
     from resin.server import HttpServer
     from resin.server.protocol import ConnectionLimits
     from resin.server.service import Limits
+    from resin_app.loading import Loaded
 
     loaded = _load(args)
     assert isinstance(loaded, Loaded)
@@ -237,13 +237,13 @@ def _announce_when_ready(uv: object, url: str, name: str) -> None:
 
 
 def chat(args: argparse.Namespace) -> int:
-    from resin.tools.terminal import chat_loop
+    from resin_app.terminal import chat_loop
 
     if args.url:
         return chat_loop(args.url, args.api_key, args.max_tokens, args.system)
-    from resin.loading import Loaded
     from resin.server import HttpServer
     from resin.server.launch import free_port, running
+    from resin_app.loading import Loaded
 
     loaded = _load(args)
     assert isinstance(loaded, Loaded)
@@ -276,20 +276,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The checker parses its own options (`resin check --help` shows them); a leading
         # `--` only separates them from ours.
         rest = argv[2:] if argv[1:2] == ["--"] else argv[1:]
-        return _run_tool("resin.tools.check", rest)
+        return _run_tool("resin_app.check", rest)
     if argv[:1] == ["bench"]:
         # One verb, two tools: a URL means "load-test that server", anything else benchmarks a
         # runner in this process. Their options go through untouched (each has its own --help).
         serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
         if any(a == "--speculative" or a.startswith("--speculative=") for a in argv):
-            return _run_tool("resin.tools.bench_spec", argv[1:])  # through the Engine
+            return _run_tool("resin_app.bench.speculative", argv[1:])  # through the Engine
         if not serve_bench and any(a.startswith("--tensor-parallel") for a in argv):
-            return _run_tool("resin.backend.bench_tp", argv[1:])  # starts its own workers
+            return _run_tool("resin_app.bench.tp", argv[1:])  # starts its own workers
         return _run_tool(
-            "resin.tools.bench" if serve_bench else "resin_models_cuda.bench_cli", argv[1:]
+            "resin_app.bench.serve" if serve_bench else "resin_app.bench.runner", argv[1:]
         )
     if argv[:1] == ["worker"]:  # its own options (docs/distributed.md)
-        return _run_tool("resin.backend.worker", argv[1:])
+        return _run_tool("resin_app.worker", argv[1:])
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
