@@ -1,4 +1,4 @@
-# Names `vulture src scripts vulture_allow.py --min-confidence 60` (make lint) reports as unused
+# Names `vulture src vulture_allow.py --min-confidence 60` (make lint) reports as unused
 # but that are used: each entry says by whom. This file is read by vulture, never executed.
 # Entries marked `TODO(owner area)` are findings outside engine/cache/contracts/metrics that the
 # owner of that area should delete or justify.
@@ -21,7 +21,7 @@ checkpoint_indptr  # CacheGroupPlan field: runner contract (tests/engine/fakes.p
 content_type  # PrometheusExporter.content_type: public, what to serve /metrics with
 
 # -- other areas --
-load_average  # scripts/bench_cpu.py:51: a dataclass field written to the JSONL record
+load_average  # resin_app/bench/cpu.py: a dataclass field written to the JSONL record
 multimodal  # TODO(recipe) recipe/protocol.py:31: a rendered-prompt field nothing reads yet
 _.feed_text  # TODO(recipe) recipe/protocol.py, recipe/stream.py: parser API unused in src
 _.unsafe_undefined  # recipe/sandbox.py: a jinja2 sandbox override (jinja2 calls it)

@@ -1,5 +1,5 @@
 """Check a running OpenAI-compatible server and write a Markdown report
-(`resin check URL`, scripts/check_server.py).
+(`resin check URL`, resin check).
 
 Checks: health and models; stream == non-stream at temperature 0; prefix-cache reuse visible
 in `usage.prompt_tokens_details.cached_tokens`; TTFT against context size; a reasoning case

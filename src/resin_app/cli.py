@@ -130,14 +130,8 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--api-key", default=None)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--system", default=None)
-    bench = sub.add_parser(
-        "bench",
-        help="benchmark a GPU runner (scripts/bench.py), load-test a server with --url "
-        "(scripts/bench_serve.py), speculative decoding through the engine with "
-        "--speculative (scripts/bench_speculative.py), or the reference runner's tensor "
-        "parallelism beside TP=1 with --tensor-parallel N (scripts/bench_tp.py)",
-    )
-    bench.add_argument("args", nargs=argparse.REMAINDER)
+    # `bench TOOL` parses its own options too: `resin bench --help` lists the tools.
+    sub.add_parser("bench", help="run one benchmark tool (`resin bench --help` lists them)")
     # `check` parses its own options (main() hands them over); listed here for --help.
     sub.add_parser("check", help="check a running server (`resin check --help`)")
     # `worker` parses its own options too (docs/distributed.md).
@@ -263,33 +257,22 @@ def chat(args: argparse.Namespace) -> int:
         loaded.close()
 
 
-def _run_tool(module: str, argv: list[str]) -> int:
-    import importlib
-
-    tool = importlib.import_module(module)
-    return int(tool.main(argv))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:
         # The checker parses its own options (`resin check --help` shows them); a leading
         # `--` only separates them from ours.
-        rest = argv[2:] if argv[1:2] == ["--"] else argv[1:]
-        return _run_tool("resin_app.check", rest)
-    if argv[:1] == ["bench"]:
-        # One verb, two tools: a URL means "load-test that server", anything else benchmarks a
-        # runner in this process. Their options go through untouched (each has its own --help).
-        serve_bench = any(a == "--url" or a.startswith("--url=") for a in argv)
-        if any(a == "--speculative" or a.startswith("--speculative=") for a in argv):
-            return _run_tool("resin_app.bench.speculative", argv[1:])  # through the Engine
-        if not serve_bench and any(a.startswith("--tensor-parallel") for a in argv):
-            return _run_tool("resin_app.bench.tp", argv[1:])  # starts its own workers
-        return _run_tool(
-            "resin_app.bench.serve" if serve_bench else "resin_app.bench.runner", argv[1:]
-        )
+        from resin_app import check
+
+        return check.main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
+    if argv[:1] == ["bench"]:  # `resin bench TOOL ...`: the tool's options go through untouched
+        from resin_app import bench
+
+        return bench.main(argv[1:])
     if argv[:1] == ["worker"]:  # its own options (docs/distributed.md)
-        return _run_tool("resin_app.worker", argv[1:])
+        from resin_app import worker
+
+        return worker.main(argv[1:])
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)

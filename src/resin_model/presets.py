@@ -101,7 +101,7 @@ TINY: dict[str, dict[str, Any]] = {
     "olmo2": {**_TINY, "model_type": "olmo2"},
 }  # fmt: skip
 PRESETS.update({f"tiny-{name}": raw for name, raw in TINY.items()})
-PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `resin bench`)
+PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `resin bench runner`)
     **PRESETS["deepseek-v2-lite"], "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
     "kv_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,

@@ -16,9 +16,10 @@ rejection rule: d_j is accepted with probability p_j(d_j), and at the first reje
 draw from p_j conditioned on x_j != d_j, i.e. p_j with d_j removed and renormalized. It also
 makes a seeded row's tokens identical with and without speculation (greedy rows trivially so).
 
-`accept_first` (bench only: `resin bench --accepted-drafts K`) forces the first K drafts of each
-row to be accepted whatever the model says, so a benchmark can measure the cost of verifying
-and committing K tokens per step independently of draft quality. Its output is not the model's.
+`accept_first` (bench only: `resin bench speculative --accepted-drafts K`) forces the first K
+drafts of each row to be accepted whatever the model says, so a benchmark can measure the cost
+of verifying and committing K tokens per step independently of draft quality. Its output is
+not the model's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`resin bench --speculative` on a tiny model (reference runner, CPU): plain and speculative
-runs side by side, identical greedy outputs, and the bench-only forced acceptance."""
+"""`resin bench speculative` on a tiny model (reference runner, CPU): plain and speculative runs
+side by side, identical greedy outputs, and the bench-only forced acceptance."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from resin_app.cli import main
 def _bench(extra: list[str], tmp_path: Path) -> list[dict[str, object]]:
     folder, _ = checkpoint("smollm2")
     out = tmp_path / "spec.jsonl"
-    argv = ["bench", "--speculative", "ngram", "--checkpoint", str(folder),
+    argv = ["bench", "speculative", "--speculative", "ngram", "--checkpoint", str(folder),
             "--batch-sizes", "1,3", "--input-len", "24", "--output-len", "17",
             "--output", str(out), *extra]  # fmt: skip
     assert main(argv) == 0

@@ -23,7 +23,7 @@ import openai
 import pydantic
 import pytest
 
-from scripts.accept_structured import default_server
+from resin_app.bench.structured import default_server
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""scripts/check_server.py and scripts/bench_serve.py against a live fake server."""
+"""`resin check` and `resin bench serve` against a live fake server."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""`resin bench`: prefill and decode sweeps of the Triton runner, several models side by side.
+"""`resin bench runner`: prefill and decode sweeps of the Triton runner, models side by side.
 
-    python scripts/bench.py --random-weights --model-config llama-8b,qwen3-30b-a3b,gpt-oss-20b \
+    resin bench runner --random-weights --model-config llama-8b,qwen3-30b-a3b,gpt-oss-20b \
         --context-lengths 1024,4096 --batch-sizes 1,64,256 --output bench/gpu.jsonl
 
 Models run one after the other in one process (one set of in-run ceilings); prints one table,
 appends JSONL (one line per point plus an `env` line per model), writes PNG charts next to the
 JSONL with `--plot`, and Chrome/Perfetto traces with `--trace-dir`. `main(argv)` is what
-`resin bench` calls.
+`resin bench runner` calls.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _ints(text: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resin bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="resin bench runner", description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["local"], default="local",
                    help="local: run the Triton runner in this process")  # fmt: skip
     src = p.add_mutually_exclusive_group(required=True)
@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--moe-gemv-max-pairs", type=int, default=64,
                    help="MoE: token-expert pairs up to which the expert GEMV runs")  # fmt: skip
     p.add_argument("--gemv-tiles", type=Path,
-                   help="tuned GEMV tiles, JSONL (scripts/tune_moe.py --graph)")  # fmt: skip
+                   help="tuned GEMV tiles, JSONL (resin bench tune-moe --graph)")  # fmt: skip
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
                    help="weights and KV dtype")  # fmt: skip
     p.add_argument("--output", type=Path, help="append JSONL records here")
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"loaded {load_tiles(str(args.gemv_tiles))} tuned GEMV tiles")
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("resin bench: no CUDA device (use --device cpu for an interpreter smoke test)")
+        print("resin bench runner: no CUDA device (use --device cpu for an interpreter smoke test)")
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
     ceilings = measure_ceilings(device) if device.type == "cuda" else Ceilings(1e11, 1e12)
@@ -138,9 +138,9 @@ def _bench_model(
     import torch
 
     from resin.protocols import CacheLayout
-    from resin_model.presets import preset
-    from resin_app.bench.runner_bench import RunnerBench
     from resin_app.bench.plans import PagedPlanner
+    from resin_app.bench.runner_bench import RunnerBench
+    from resin_model.presets import preset
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
     steps = args.warmup + args.iters

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, Phase
+from resin_app.bench.plans import PagedPlanner, Sequence
 from resin_model.config import ModelConfig
 from resin_model.presets import kv_bytes_read, param_counts, weight_bytes_read
-from resin_app.bench.plans import PagedPlanner, Sequence
 from resin_models_cuda.runner import CudaRunner
 
 

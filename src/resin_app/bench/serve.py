@@ -1,4 +1,4 @@
-"""Load generator for an OpenAI-compatible server (`resin bench`, scripts/bench_serve.py).
+"""Load generator for an OpenAI-compatible server (`resin bench serve --url URL`).
 
 Random word prompts, Poisson arrivals (`--request-rate`) or a fixed number of streams
 (`--max-concurrency`), streaming chat or completions. Reports TTFT, TPOT = (e2e - ttft) /
@@ -232,7 +232,7 @@ def print_table(r: dict[str, Any]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_serve", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="resin bench serve", description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default="default")
     p.add_argument("--api-key", default=None)

@@ -1,5 +1,5 @@
-"""Speculative decoding through the Engine: `resin bench --speculative ngram|draft ...`
-(= scripts/bench_speculative.py).
+"""Speculative decoding through the Engine, plain vs speculative side by side:
+`resin bench speculative --speculative ngram|draft ...`.
 
 For each batch size, the same requests run twice through a fresh Engine on the same runner:
 plain decode, then with speculation. Reported per run: decode tokens/s (first token to last),
@@ -11,9 +11,10 @@ whatever the model says (`TorchRunner.accept_first`; a runner without that knob 
 pads proposals to K tokens, so each verify step commits K + 1 tokens: the cost of verifying K
 drafts, independent of draft quality. Its text is not the model's.
 
-    resin bench --speculative ngram --checkpoint DIR --prompt-text "Repeat: ..." --batch-sizes 1
-    resin bench --speculative ngram --model-config llama-1b --random-weights --runner cuda \
-        --accepted-drafts 4 --batch-sizes 1,64 --output bench/spec.jsonl
+    resin bench speculative --speculative ngram --checkpoint DIR --prompt-text "Repeat: ..." \
+        --batch-sizes 1
+    resin bench speculative --speculative ngram --model-config llama-1b --random-weights \
+        --runner cuda --accepted-drafts 4 --batch-sizes 1,64 --output bench/spec.jsonl
 """
 
 from __future__ import annotations
@@ -41,9 +42,7 @@ def _ints(text: str) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="resin bench --speculative", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="resin bench speculative", description=__doc__.split("\n")[0])
     p.add_argument("--speculative", choices=["ngram", "draft"], required=True)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="model folder (or a default-model name)")
@@ -152,12 +151,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = _folder(args.checkpoint)
     runner = _runner(args, args.model_config if args.random_weights else None, folder)
     if args.accepted_drafts is not None and not hasattr(runner, "accept_first"):
-        print("resin bench: this runner has no bench-only forced acceptance", file=sys.stderr)
+        print(
+            "resin bench speculative: this runner has no bench-only forced acceptance",
+            file=sys.stderr,
+        )
         return 2
     proposer: Proposer = NgramProposer()
     if args.speculative == "draft":
         if args.draft_model is None:
-            print("resin bench: --speculative draft needs --draft-model", file=sys.stderr)
+            print(
+                "resin bench speculative: --speculative draft needs --draft-model", file=sys.stderr
+            )
             return 2
         draft_folder = _folder(args.draft_model)
         draft = _runner(args, None, draft_folder)

@@ -1,4 +1,4 @@
-"""`resin bench --tensor-parallel N`: the reference runner's TP / EP beside TP=1 in one run.
+"""`resin bench tp --tensor-parallel N`: the reference runner's TP / EP beside TP=1 in one run.
 
 The leader (rank 0) drives a real Engine over a `DistributedRunner` (random weights of a
 preset shape, the same on every rank), measures prefill and decode throughput per batch
@@ -6,9 +6,9 @@ size, closes the group, then measures the unsharded model alone on its own devic
 table and appends JSONL rows (one per parallel size and batch) to --output. Without torchrun
 the leader starts its own workers (`spawn_local`); under torchrun every rank runs this.
 
-    resin bench --tensor-parallel 2 --preset llama-8b --batch 1 64
-    resin bench --tensor-parallel 2 --preset tiny --device cpu --dtype float32   # smoke test
-    torchrun --nproc-per-node 2 scripts/bench_tp.py --preset qwen3-30b-a3b --expert-parallel
+    resin bench tp --tensor-parallel 2 --preset llama-8b --batch 1 64
+    resin bench tp --tensor-parallel 2 --preset tiny --device cpu --dtype float32   # smoke test
+    torchrun --nproc-per-node 2 -m resin_app.bench.tp --preset qwen3-30b-a3b --expert-parallel
 
 Figures are the plain-PyTorch reference runner's (gathered paged attention, per-expert loops):
 they prove the sharded path end to end on the device. The fast runner (`resin_models_cuda`)
@@ -116,7 +116,7 @@ PAGE_SIZE = 16
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resin bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="resin bench tp", description=__doc__.splitlines()[0])
     p.add_argument(
         "--tensor-parallel",
         type=int,
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _args(list(sys.argv[1:] if argv is None else argv))
     if args.runner == "cuda":
         print(
-            "resin bench: --tensor-parallel runs the reference runner; the fast runner "
+            "resin bench tp: --tensor-parallel runs the reference runner; the fast runner "
             "(resin_models_cuda, --runner cuda) is not sharded yet",
             file=sys.stderr,
         )

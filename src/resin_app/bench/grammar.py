@@ -31,8 +31,8 @@ where every request has its first token; medians over `--rounds`, plus the mask 
 grammar advance per constrained step (their share of the step).
 Prints a table and writes JSONL.
 
-    PYTHONPATH=src python scripts/bench_grammar.py --output bench/grammar.jsonl
-    PYTHONPATH=src python scripts/bench_grammar.py --batch 64 --cuda-preset llama-8b \
+    resin bench grammar --output bench/grammar.jsonl
+    resin bench grammar --batch 64 --cuda-preset llama-8b \
         --tokenizer-dir DIR --output docs/bench/gpu/grammar_cuda.jsonl
 """
 
@@ -45,7 +45,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +136,7 @@ def bench_xgrammar(model_dir: Path, tokens: list[int], batch: int) -> dict[str, 
         from transformers import PreTrainedTokenizerFast
     except ImportError:
         return None
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))  # type: ignore[no-untyped-call]
     info = xgr.TokenizerInfo.from_huggingface(hf)
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
     t0 = time.perf_counter()
@@ -227,8 +227,8 @@ class FirstAllowedRunner:
     with `script` the script's tokens in a loop (they must be allowed)."""
 
     def __init__(
-        self, vocab: int, device_ms: float = 0.0, waits: bool = False, script: list[int] = ()
-    ) -> None:  # type: ignore[assignment]
+        self, vocab: int, device_ms: float = 0.0, waits: bool = False, script: Sequence[int] = ()
+    ) -> None:
         from resin import RunnerConfig
 
         self.runner_config = RunnerConfig(
@@ -325,7 +325,7 @@ class _Timed:
 
             pair = None
             if events:
-                pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
                 pair[0].record()
             t = time.perf_counter()
             try:
@@ -467,8 +467,10 @@ def bench_cuda(tokenizer: Any, batch: int, args: argparse.Namespace) -> list[dic
     return [*rows, summary]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="resin bench grammar", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--output", type=Path, default=None, help="JSONL file to append to")
     parser.add_argument("--engine", action="store_true", help="also time Engine.step()")
@@ -486,7 +488,7 @@ def main() -> int:
     parser.add_argument(
         "--tokenizer-dir", type=Path, default=None, help="default: the default model's folder"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from resin.tokenizer import Tokenizer
 
     if args.tokenizer_dir is not None:

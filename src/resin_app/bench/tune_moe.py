@@ -1,8 +1,8 @@
 """Time the MoE kernels over tile shapes for real MoE shapes, print the best and append JSONL:
 which tiles `layers/moe.py` should use.
 
-    python scripts/tune_moe.py --output bench/tune_moe.jsonl   # grouped GEMM, random routing
-    python scripts/tune_moe.py --graph --output bench/tiles.jsonl   # expert GEMV (batch 1)
+    resin bench tune-moe --output bench/tune_moe.jsonl   # grouped GEMM, random routing
+    resin bench tune-moe --graph --output bench/tiles.jsonl   # expert GEMV (batch 1)
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import argparse
 import functools
 import itertools
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +24,16 @@ from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
 SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "gpt-oss-20b": (32, 2880, 2880, 4)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="resin bench tune-moe")
     p.add_argument("--tokens", default="1,8,64,256,4096", help="token counts (grouped GEMM)")
     p.add_argument("--output", type=Path)
     p.add_argument("--graph", action="store_true",
                    help="expert + batch-1 dense GEMV tiles in CUDA graphs")  # fmt: skip
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.graph:
-        return tune_graph(args)
+        tune_graph(args)
+        return 0
     rows: list[dict[str, Any]] = []
     for name, (e, h, inner, k) in SHAPES.items():
         w_up = torch.randn(e, 2 * inner, h, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -89,6 +92,7 @@ def main() -> None:
         with args.output.open("a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+    return 0
 
 
 GEMV_SHAPES = {  # experts (routed + shared), hidden, expert width, pairs per token, bias
@@ -109,8 +113,8 @@ def tune_graph(args: argparse.Namespace) -> None:
     distinct weights (so each reads DRAM, not L2) captured in one CUDA graph, replayed; per
     layer us (`down` with its zero fill and cast). Timing kernels one at a time (`do_bench`)
     ranked the tiles differently and picked slower ones for the model. Writes every row, and a
-    `best` row per (kernel, shape) for `bench.py --gemv-tiles` / the `TUNED` table; a dense
-    shape gets one only where the GEMV beats cuBLAS by 3%."""
+    `best` row per (kernel, shape) for `resin bench runner --gemv-tiles` / the `TUNED` table;
+    a dense shape gets one only where the GEMV beats cuBLAS by 3%."""
     from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up
 
     def dense_gemv(x: torch.Tensor, w: torch.Tensor, tiles: GemvTiles) -> torch.Tensor:
@@ -134,7 +138,7 @@ def tune_graph(args: argparse.Namespace) -> None:
         with torch.cuda.graph(graph):
             fn()
         graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         times = []
         for _ in range(3):
             start.record()
@@ -143,9 +147,9 @@ def tune_graph(args: argparse.Namespace) -> None:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / (replays * layers))
-        return sorted(times)[1]
+        return float(sorted(times)[1])
 
-    def emit(kernel: str, model: str, n: int, k: int, per_token: int, results: list) -> None:
+    def emit(kernel: str, model: str, n: int, k: int, per_token: int, results: list[Any]) -> None:
         results.sort(key=lambda r: r[1])
         for tiles, us in results:
             rows.append({"model": model, "kernel": kernel, "n": n, "k": k, "per_token": per_token,
@@ -211,4 +215,4 @@ def tune_graph(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

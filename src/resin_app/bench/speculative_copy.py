@@ -1,6 +1,6 @@
-"""Issue 13, real weights: n-gram speculative decoding vs plain decoding at batch 1 on the GPU.
+"""Real weights: n-gram speculative decoding vs plain decoding at batch 1 on the GPU.
 
-    python scripts/bench_spec.py --draft-k 4,8 --output docs/bench/gpu/issue13.jsonl
+    resin bench speculative-copy --draft-k 4,8 --output docs/bench/gpu/issue13.jsonl
 
 SmolLM2-135M-Instruct from its packaged GGUF (converted by Resin; `--gguf` for another path),
 `CudaRunner` through the Engine (overlap on for the plain runs), chat-templated prompts whose
@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,8 @@ def generate(runner: CudaRunner, prompt: list[int], params: SamplingParams,
     return tokens, (n - 1) / max(last - first, 1e-9), stats
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="resin bench speculative-copy")
     p.add_argument("--gguf", type=Path, help="a GGUF file (default: the packaged SmolLM2)")
     p.add_argument("--draft-k", type=_ints, default=[4, 8])
     p.add_argument("--max-tokens", type=int, default=300)
@@ -102,7 +103,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
     p.add_argument("--output", type=Path)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     folder = converted_gguf_dir(args.gguf or default_gguf_path())
     tokenizer = Tokenizer.from_dir(folder)
     recipe = load_recipe(tokenizer, None)
@@ -140,7 +141,8 @@ def main() -> None:
         print(repr(tokenizer.decode(plain_tokens)[:300]), flush=True)
     if args.output:
         write_jsonl(args.output, records)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

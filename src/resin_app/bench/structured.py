@@ -1,4 +1,4 @@
-"""Acceptance of constrained decoding through the server (issue 17): N sampled responses with
+"""Acceptance of constrained decoding through the server: N sampled responses with
 a `json_schema` response format, N forced tool calls and N answers with tools and
 `tool_choice` auto (left out for every other one), temperature 1, the default model
 (SmolLM2-135M-Instruct) on the reference runner, all sent at once with the official `openai`
@@ -8,7 +8,7 @@ against that tool's parameters (with auto, an answer without a call is valid too
 calls is printed, and so is the count of last calls cut by max_tokens, which with auto's free
 text first cannot be complete). Prints the rates and writes one JSONL row per sample.
 
-    PYTHONPATH=src python scripts/accept_structured.py --n 200 --output bench/structured.jsonl
+    resin bench structured --n 200 --output bench/structured.jsonl
 
 `--url` targets a running `resin serve` instead of starting one in-process.
 """
@@ -20,7 +20,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ def _validate(instance: Any, schema: dict[str, Any]) -> str | None:
     try:
         jsonschema.validate(instance, schema)
     except jsonschema.ValidationError as exc:
-        return exc.message
+        return str(exc.message)
     return None
 
 
@@ -201,15 +201,17 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="resin bench structured", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--n", type=int, default=200, help="samples of each kind")
     parser.add_argument("--max-tokens", type=int, default=100)
     parser.add_argument("--url", default=None, help="a running server (else start one)")
     parser.add_argument("--model", default="default")
     parser.add_argument("--kinds", default=",".join(SAMPLERS), help="which samples to take")
     parser.add_argument("--output", type=Path, default=None, help="JSONL file to write")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     start = time.perf_counter()
     if args.url:

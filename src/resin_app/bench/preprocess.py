@@ -3,7 +3,7 @@
 Both sides start from the same encoded bytes (JPEG and PNG photos-sized images) and end with
 the model's input tensor: decode + convert + resize + normalize (+ patching for Qwen2-VL).
 Prints images/s per family and side and appends JSONL rows (--output). Run:
-PYTHONPATH=src python scripts/bench_preprocess.py --output bench/preprocess.jsonl
+resin bench preprocess --output bench/preprocess.jsonl
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,11 @@ def _rate(work: Callable[[bytes], Any], images: list[bytes], seconds: float) -> 
     return done / (time.perf_counter() - start)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="resin bench preprocess")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from PIL import Image as PILImage
     from transformers import Gemma3ImageProcessorPil, Qwen2VLImageProcessorPil
 
@@ -86,7 +87,8 @@ def main() -> None:
         with args.output.open("a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """CPU tokens/s: Resin's reference runner (through the Engine) vs `transformers.generate`.
 
-    PYTHONPATH=src python scripts/bench_cpu.py --output bench/cpu.jsonl
-    PYTHONPATH=src python scripts/bench_cpu.py --batch-sizes 1 8 --prompt-tokens 64 \
+    resin bench cpu --output bench/cpu.jsonl
+    resin bench cpu --batch-sizes 1 8 --prompt-tokens 64 \
         --new-tokens 64 --runs 3 --threads 2
 
 Both sides run the same converted checkpoint (SmolLM2-135M-Instruct by default), float32, greedy,
@@ -18,8 +18,9 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -148,8 +149,8 @@ def print_table(results: list[Result]) -> None:
         )
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="resin bench cpu", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME, help="name, folder or .gguf")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -157,11 +158,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--output", type=Path, default=None, help="append JSONL results here")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
@@ -171,13 +172,13 @@ def main() -> None:
     folder = resolve_checkpoint(args.model)
     tokenizer = Tokenizer.from_dir(folder)
     runner = load_runner(folder, device="cpu", dtype=torch.float32)
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
     context = args.prompt_tokens + args.new_tokens + 16
     results: list[Result] = []
     with Engine(runner, context_length=context, prefix_cache=False) as engine:
         for batch in args.batch_sizes:
             prompts = make_prompts(tokenizer, batch, args.prompt_tokens)
-            runs = {
+            runs: dict[str, Callable[[], tuple[float, float]]] = {
                 "resin": partial(time_resin, engine, prompts, args.new_tokens),
                 "transformers": partial(time_transformers, reference, prompts, args.new_tokens),
             }
@@ -190,7 +191,8 @@ def main() -> None:
         with args.output.open("a", encoding="utf-8") as out:
             for r in results:
                 out.write(json.dumps({"model": folder.name, **asdict(r)}) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,7 +11,7 @@ accepts every draft, and the engine commits K + 1 tokens per sequence and step.
 preallocated answer, so the step is all engine work (scheduling, planning, validation, commit,
 events). The thread CPU time is reported beside it. Prints a table and writes JSONL.
 
-    PYTHONPATH=src python scripts/bench_engine.py --output bench/engine.jsonl
+    resin bench engine --output bench/engine.jsonl
 
 `--overlap` compares end-to-end decode through the Engine with overlap off and on against the
 runner's own figure (the same decode plans replayed on the runner alone, back to back), per
@@ -21,7 +21,7 @@ that spends `--device-ms` per step (one value per batch size; defaults: the H200
 runner figures); `--runner torch` is the reference runner on a random `--model-config` preset;
 `--runner cuda` is `CudaRunner` on random weights of the preset (the H200 acceptance):
 
-    PYTHONPATH=src python scripts/bench_engine.py --overlap --runner cuda \
+    resin bench engine --overlap --runner cuda \
         --model-config llama-8b --sequences 1 64 256 --context 1024 --output bench/overlap.jsonl
 """
 
@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ from resin import (
 from resin_app.bench.speculative import PaddedProposer
 
 H200_LLAMA_8B_MS = {1: 4.84, 64: 7.25, 256: 16.2}
-"""The CudaRunner's own decode step times (docs/benchmarks.md, issue 11) for `--runner sim`."""
+"""The CudaRunner's own decode step times (docs/benchmarks.md) for `--runner sim`."""
 
 
 class ZeroCostRunner:
@@ -199,14 +199,15 @@ def _runner_factory(args: argparse.Namespace) -> tuple[RunnerFactory, str]:
 
         return ref, f"reference runner, {args.model_config} on {args.device}"
     from resin_model.presets import preset
-    from resin_models_cuda.runner import RunnerOptions, random_runner
+    from resin_models_cuda.runner import RunnerOptions
+    from resin_models_cuda.runner import random_runner as random_cuda_runner
 
     def cuda(b: int, pages: int) -> Any:
         torch.cuda.empty_cache()
         options = RunnerOptions(
             max_batch=b, max_context=args.context + args.decode_steps + 16, num_pages=pages
         )
-        return random_runner(preset(args.model_config), options, args.device, torch.bfloat16)
+        return random_cuda_runner(preset(args.model_config), options, args.device, torch.bfloat16)
 
     return cuda, f"CudaRunner, {args.model_config} bf16 random weights"
 
@@ -244,7 +245,10 @@ def e2e(make: RunnerFactory, b: int, context: int, steps: int, overlap: bool) ->
         wall, cpu = time.perf_counter() - w, time.thread_time() - c
     finally:
         gc.enable()
-    own = _replay(runner.forward, recorder.plans) if recorder is not None else None
+    own = None
+    if recorder is not None:
+        assert recorder.plans is not None
+        own = _replay(runner.forward, recorder.plans)
     engine.close()
     return {"wall_ms": wall / steps * 1e3, "cpu_ms": cpu / steps * 1e3, "own_ms": own}
 
@@ -322,8 +326,8 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> None:
     print(f"wrote {len(rows)} rows to {path}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="resin bench engine", description=__doc__.split("\n")[0])
     parser.add_argument("--sequences", type=int, nargs="+", default=None)
     parser.add_argument("--context", type=int, default=None)
     parser.add_argument("--decode-steps", type=int, default=64)
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ("seqs", "prefix", "decode ms", "dec cpu ms", "us/seq", "prefill ms")
     print("{:>6} {:>6} {:>10} {:>10} {:>8} {:>11}".format(*header))
     for r in rows:
-        per_seq = float(r["decode_ms_median"]) * 1e3 / int(r["sequences"])  # type: ignore[arg-type]
+        per_seq = float(r["decode_ms_median"]) * 1e3 / int(r["sequences"])  # type: ignore[arg-type,call-overload]
         print(
             f"{r['sequences']:>6} {'on' if r['prefix_cache'] else 'off':>6} "
             f"{r['decode_ms_median']:>10.3f} {r['decode_cpu_ms_median']:>10.3f} {per_seq:>8.2f} "
@@ -371,4 +375,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -1,14 +1,16 @@
 """Recipe throughput: render a conversation, and parse a long response token by token.
 
 Prints a table and appends JSONL rows (--output). Needs the npm tokenizers
-(scripts/fetch_test_assets.sh). Run: PYTHONPATH=src python scripts/bench_recipes.py
+(scripts/fetch_test_assets.sh). Run: resin bench recipes
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from resin.recipe import Message, Recipe, get_native_recipe
@@ -47,10 +49,10 @@ def _bench(name: str, recipe: Recipe, tokenizer: Tokenizer) -> dict[str, float |
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="resin bench recipes", description=__doc__)
     parser.add_argument("--output", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = []
     for name, package in PACKAGES.items():
         tokenizer = Tokenizer.from_dir(NPM / f"tokenizer-{package}" / "package" / "models")
@@ -66,7 +68,8 @@ def main() -> None:
         with args.output.open("a", encoding="utf-8") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

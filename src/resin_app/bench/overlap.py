@@ -1,6 +1,6 @@
-"""Issue 13 on the GPU: the Engine end to end vs the runner's own decode, overlap, verify cost.
+"""On the GPU: the Engine end to end vs the runner's own decode, overlap, verify cost.
 
-    python scripts/bench_overlap.py --model-config llama-8b --batch-sizes 1,64,256 \
+    resin bench overlap --model-config llama-8b --batch-sizes 1,64,256 \
         --output docs/bench/gpu/issue13.jsonl
 
 Per batch size (rows decoding from `--context` tokens, random bf16 weights):
@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +110,7 @@ class Probe:
         seqs, plans = self._plans(batch, context, 1)
         self.runner.forward(plans[0])
         graph = self.runner._graphs[self.runner._pick_graph(batch, 1)].graph
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         graph.replay()
         start.record()
         for _ in range(steps):
@@ -117,13 +118,14 @@ class Probe:
         end.record()
         end.synchronize()
         self._free(seqs)
-        return start.elapsed_time(end) / steps
+        return float(start.elapsed_time(end) / steps)
 
     def verify(self, k: int, context: int, iters: int) -> tuple[float, float]:
         """(plain decode ms, verify-with-k-drafts ms) at batch 1, synchronous steps."""
         seqs = self._seqs(1, context, 2 * (k + 1) * (iters + 3))
         vocab = self.runner.config.vocab_size
-        plain, spec = [], []
+        plain: list[float] = []
+        spec: list[float] = []
         for _ in range(iters + 3):
             for want, out in ((1, plain), (1 + k, spec)):
                 rows = [(seqs[0], want)]
@@ -162,7 +164,7 @@ class StepClock:
         def timed_submit(plan):  # type: ignore[no-untyped-def]
             if not self.on:
                 return submit(plan)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             a.record()
             submit(plan)
             b.record()
@@ -244,8 +246,8 @@ def replay(runner, plans: list[BatchPlan], overlap: bool) -> dict:  # type: igno
     return {"tok_s": rows / wall, "ms": wall / len(plans) * 1e3, "plans": len(plans)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="resin bench overlap")
     p.add_argument("--model-config", default="llama-8b")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 64, 256])
     p.add_argument("--context", type=int, default=1024)
@@ -266,7 +268,7 @@ def main() -> None:
         help="engine runs: N rounds alternating the KV append fused into rope and not",
     )
     p.add_argument("--output", type=Path)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     skip = set(args.skip.split(","))
     config = preset(args.model_config)
     max_ctx = args.context + args.output_tokens + 64
@@ -274,6 +276,7 @@ def main() -> None:
     runner = random_runner(config, options)
     records = []
     cfg = runner.runner_config
+    assert cfg.cache_bytes is not None  # CudaRunner sizes its arena from free memory
     pages = cfg.cache_bytes // cfg.page_bytes
 
     def emit(rec: dict) -> None:  # type: ignore[type-arg]
@@ -304,7 +307,7 @@ def main() -> None:
     if "engine" not in skip:
         for b, fuse in itertools.product(args.batch_sizes, settings):
             if fuse is not None:  # the next CudaRunner captures its graphs with this setting
-                for layer in runner.model.layers:
+                for layer in runner.model.layers:  # type: ignore[attr-defined]
                     layer.attn.fuse_append = fuse
             torch.cuda.empty_cache()
             fresh = CudaRunner(runner.model, options)  # same weights, a new arena
@@ -325,7 +328,8 @@ def main() -> None:
             again.close()
     if args.output:
         write_jsonl(args.output, records)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

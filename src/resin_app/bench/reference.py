@@ -1,20 +1,22 @@
 """Decode throughput of the reference TorchRunner (through the Engine) vs `transformers.generate`
 on the same random-weight model of SmolLM2-135M's shape, on CPU or a GPU, any dtype.
 
-No checkpoint package is needed, so it runs on a bare GPU machine too (scripts/bench_cpu.py
+No checkpoint package is needed, so it runs on a bare GPU machine too (resin bench cpu
 measures the real SmolLM2 on CPU). Each cell: batch x 64-token prompts, 64 greedy tokens, stop
 tokens ignored, one warm-up then one timed run; tok/s = batch * new tokens / wall time.
 
-    PYTHONPATH=src python scripts/bench_reference_runner.py --device cpu --threads 16
-    PYTHONPATH=src python scripts/bench_reference_runner.py --device cuda --dtype bfloat16
+    resin bench reference --device cpu --threads 16
+    resin bench reference --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -23,7 +25,7 @@ import transformers
 from resin import Engine, SamplingParams
 from resin_models_torch.registry import load_runner
 
-SMOLLM2_135M_SHAPE = transformers.LlamaConfig(
+SMOLLM2_135M_SHAPE = transformers.LlamaConfig(  # type: ignore[call-arg]
     vocab_size=49152,
     hidden_size=576,
     intermediate_size=1536,
@@ -81,9 +83,11 @@ def bench_hf(model: torch.nn.Module, device: str, prompts: list[list[int]], new:
     return len(prompts) * new / elapsed
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="resin bench reference",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -92,12 +96,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--output", type=Path, default=None, help="append JSONL rows here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(SMOLLM2_135M_SHAPE).eval()
+    model = transformers.LlamaForCausalLM(SMOLLM2_135M_SHAPE).eval()  # type: ignore[no-untyped-call]
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
@@ -130,7 +134,8 @@ def main() -> None:
         with args.output.open("a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
