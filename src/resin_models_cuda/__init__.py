@@ -9,7 +9,8 @@ Hugging Face checkpoint, `random_runner(config)` from random weights (say of a
 Importing this package imports torch and triton; `resin` itself never imports it.
 """
 
-from resin_models_cuda.models import BuildOptions, FastModel, build_model
+from resin_models_cuda.architectures import build_model
+from resin_models_cuda.models import BuildOptions, FastModel
 from resin_models_cuda.runner import CudaRunner, RunnerOptions, load_runner, random_runner
 
 __all__ = [

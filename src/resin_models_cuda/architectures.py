@@ -1,12 +1,15 @@
 """The fast runner's architectures: `model_type -> fast model class`, as `module:Class` paths
-resolved on first use (so the family can say what it serves without importing Triton code).
-Adding a fast architecture is one line here."""
+resolved on first use, and `build_model`, which builds a config's. Adding a fast architecture
+is one line here."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from resin_model.config import ModelConfig
 from resin_model.family import load_object
+from resin_models_cuda.layers import WeightSource
+from resin_models_cuda.models.base import BuildOptions, FastModel
 
 _LLAMA = "resin_models_cuda.models.llama:Llama"
 _DEEPSEEK = "resin_models_cuda.models.deepseek:Deepseek"
@@ -34,3 +37,11 @@ def fast_model(model_type: str) -> Any:
             f"known: {sorted(ARCHITECTURES)}"
         )
     return load_object(ARCHITECTURES[model_type])
+
+
+def build_model(
+    config: ModelConfig, weights: WeightSource, options: BuildOptions | None = None
+) -> FastModel:
+    """The fast model of `config.model_type`, its weights taken from `weights`."""
+    model: FastModel = fast_model(config.model_type)(config, weights, options or BuildOptions())
+    return model

@@ -30,6 +30,7 @@ from resin.protocols import CacheLayout, RunnerConfig
 from resin_model.config import ModelConfig
 from resin_model.hf_config import load_config
 from resin_model.media_cache import MediaFeatures
+from resin_models_cuda.architectures import build_model
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.graphs import (
     CapturedStep,
@@ -41,7 +42,7 @@ from resin_models_cuda.graphs import (
 from resin_models_cuda.kernels import decode_splits
 from resin_models_cuda.kernels.sampler import argmax_rows
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
-from resin_models_cuda.models import FastModel, build_model
+from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
 from resin_models_cuda.runner_setup import make_runner_config, prefill_step
 from resin_models_cuda.sampling import (
