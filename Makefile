@@ -28,14 +28,14 @@ lint: $(STAMP)
 	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
 	.venv/bin/mypy
-	.venv/bin/vulture src scripts vulture_allow.py --min-confidence 60
+	.venv/bin/vulture src vulture_allow.py --min-confidence 60
 
 format: $(STAMP)
 	.venv/bin/ruff format .
 	.venv/bin/ruff check --fix .
 
 bench: $(STAMP)
-	$(PY) scripts/bench_engine.py --output bench/engine.jsonl
+	.venv/bin/resin bench engine --output bench/engine.jsonl
 
 serve: $(SERVE_STAMP)
 	.venv/bin/resin serve $(ARGS)

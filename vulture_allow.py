@@ -1,4 +1,4 @@
-# Names `vulture src scripts vulture_allow.py --min-confidence 60` (make lint) reports as unused
+# Names `vulture src vulture_allow.py --min-confidence 60` (make lint) reports as unused
 # but that are used: each entry says by whom. This file is read by vulture, never executed.
 # Entries marked `TODO(owner area)` are findings outside engine/cache/contracts/metrics that the
 # owner of that area should delete or justify.
@@ -21,7 +21,7 @@ checkpoint_indptr  # CacheGroupPlan field: runner contract (tests/engine/fakes.p
 content_type  # PrometheusExporter.content_type: public, what to serve /metrics with
 
 # -- other areas --
-load_average  # scripts/bench_cpu.py:51: a dataclass field written to the JSONL record
+load_average  # resin_app/bench/cpu.py: a dataclass field written to the JSONL record
 multimodal  # TODO(recipe) recipe/protocol.py:31: a rendered-prompt field nothing reads yet
 _.feed_text  # TODO(recipe) recipe/protocol.py, recipe/stream.py: parser API unused in src
 _.unsafe_undefined  # recipe/sandbox.py: a jinja2 sandbox override (jinja2 calls it)
@@ -33,16 +33,16 @@ media_type  # server/asgi.py:108: Starlette response class attribute (read by St
 _.background  # server/asgi.py:114: Starlette response attribute (read by Starlette)
 budget_tokens  # server/schemas_anthropic.py: a request-body field (pydantic parses it)
 add_bos_token  # TODO(tokenizer) tokenizer.py:28
-_.bos_token_id  # TODO(tokenizer) tokenizer.py:95; resin_models_torch/config.py:84
-bos_token_id  # TODO(gpu) resin_models_torch/config.py:84
+_.bos_token_id  # TODO(tokenizer) tokenizer.py:95; resin_model/config.py:84
+bos_token_id  # TODO(gpu) resin_model/config.py:84
 mean_agreed_prefix  # TODO(gpu) resin_models_cuda/validate.py:38
 mismatch_margins  # TODO(gpu) resin_models_cuda/validate.py:42
 _.agree_fraction  # TODO(gpu) resin_models_cuda/validate.py:49
 np_index  # TODO(gpu) resin_models_torch/batch.py:27
-_.pre_tokenizer  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
-_.decoder  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
-_.post_processor  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
-_.normalizer  # resin_models_torch/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.pre_tokenizer  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.decoder  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.post_processor  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
+_.normalizer  # resin_model/gguf_tokenizer.py: `tokenizers` settings (assigned)
 random_runner  # TODO(gpu) resin_models_torch/registry.py: public helper, used by tests only
 _.accepting  # engine/grammar.py: GrammarState's public read of the matcher (tests assert it)
 response_format  # server/schemas_openai.py: a request-body field (structured.py reads it by name)
@@ -51,10 +51,10 @@ _.persistent_load  # backend/distributed.py: pickle.Unpickler hook (pickle calls
 spawn_local  # backend/launch.py: public API (docs/distributed.md), used by tests
 _.out_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
 _.in_features  # resin_models_torch/parallel.py: nn.Linear attributes kept true after sharding
-_.weight_bytes  # resin_models_cuda/benchmark.py: a benchmark record field read by reports
+_.weight_bytes  # resin_app/bench/runner_bench.py: a benchmark record field read by reports
 _.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (tests/cuda read it)
-expert_bias  # resin_models_torch/config.py: a config field (layers read it through MoeConfig)
-GptOss  # resin_models_cuda/models: loaded by name through resin_models_torch.architectures
+expert_bias  # resin_model/config.py: a config field (layers read it through MoeConfig)
+GptOss  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
 Gemma3ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen2_5_VLForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
 Gemma3ForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
@@ -76,3 +76,5 @@ DraftModelProposer  # resin.engine.proposers: a public Proposer (tests and docs 
 # checkpoint loaders that come next (tests/models/test_quant*.py, tests/cuda/test_quant_kernels.py)
 dequantize_fp8, quantize_fp8_activations, dequantize_mxfp4, quantize_mxfp4, parse_quant_config
 scale_name, activation_group, _.quantizes, _.weight_block
+FAMILY  # resin_models_torch/family.py, resin_models_cuda/family.py: `resin.runners` entry points (pyproject.toml)
+family_names  # resin_app/runners.py: public API (the installed families' names without importing them)

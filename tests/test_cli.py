@@ -1,10 +1,11 @@
-"""`resin bench` routes to the runner benchmark, or to the server load generator given --url."""
+"""The command line: `resin bench TOOL` runs one benchmark by name (no guessing from its
+options), `resin check` and `resin serve` refuse bad options with argparse's exit status."""
 
 from __future__ import annotations
 
 import pytest
 
-from resin.cli import main
+from resin_app.cli import main
 
 
 def _help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -14,14 +15,33 @@ def _help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
-def test_bench_without_url_is_the_runner_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _help_of(["bench", "--random-weights", "--help"], capsys)
+def test_bench_runner_is_the_runner_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _help_of(["bench", "runner", "--random-weights", "--help"], capsys)
     assert "--model-config" in out and "--batch-sizes" in out and "--moe-gemv-max-pairs" in out
 
 
-def test_bench_with_url_is_the_server_load_generator(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _help_of(["bench", "--url", "http://127.0.0.1:1", "--help"], capsys)
+def test_bench_serve_is_the_server_load_generator(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _help_of(["bench", "serve", "--help"], capsys)
     assert "--max-concurrency" in out and "--request-rate" in out
+
+
+def test_every_bench_tool_answers_help_under_its_own_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from resin_app.bench import TOOLS
+
+    assert main(["bench", "--help"]) == 0
+    listing = capsys.readouterr().out
+    for name in TOOLS:
+        assert f"  {name} " in listing
+        assert f"usage: resin bench {name} " in _help_of(["bench", name, "--help"], capsys), name
+
+
+def test_bench_refuses_a_missing_or_unknown_tool(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench"]) == 2
+    assert main(["bench", "--url", "http://127.0.0.1:1"]) == 2  # options never pick a tool
+    err = capsys.readouterr().err
+    assert "unknown tool '--url'" in err and "speculative-copy" in err
 
 
 def test_check_help_shows_the_checkers_own_options(capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,13 +89,13 @@ def test_serve_refuses_options_it_cannot_do(
     assert message in capsys.readouterr().err
 
 
-def test_bench_with_tensor_parallel_is_the_tp_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _help_of(["bench", "--tensor-parallel", "2", "--help"], capsys)
+def test_bench_tp_is_the_tensor_parallel_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _help_of(["bench", "tp", "--tensor-parallel", "2", "--help"], capsys)
     assert "--preset" in out and "--expert-parallel" in out and "--skip-single" in out
 
 
 def test_bench_refuses_tensor_parallel_on_the_fast_runner(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["bench", "--tensor-parallel", "2", "--runner", "cuda"]) == 2
+    assert main(["bench", "tp", "--tensor-parallel", "2", "--runner", "cuda"]) == 2
     assert "not sharded yet" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """The checkpoint's recommended sampling, for the fields a request leaves out.
 
-Read once at startup beside the tokenizer's metadata (`resin.loading`); the server fills a
+Read once at startup beside the tokenizer's metadata (`resin_app.loading`); the server fills a
 request's omitted fields from it (`resin.server.service.Service.params`).
 
 vLLM applies a model's `generation_config.json` the same way: a request that sends no

@@ -27,6 +27,10 @@ import torch
 
 from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import CacheLayout, RunnerConfig
+from resin_model.config import ModelConfig
+from resin_model.hf_config import load_config
+from resin_model.media_cache import MediaFeatures
+from resin_models_cuda.architectures import build_model
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.graphs import (
     CapturedStep,
@@ -38,7 +42,7 @@ from resin_models_cuda.graphs import (
 from resin_models_cuda.kernels import decode_splits
 from resin_models_cuda.kernels.sampler import argmax_rows
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
-from resin_models_cuda.models import FastModel, build_model
+from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
 from resin_models_cuda.runner_setup import make_runner_config, prefill_step
 from resin_models_cuda.sampling import (
@@ -49,9 +53,6 @@ from resin_models_cuda.sampling import (
     speculative_output,
 )
 from resin_models_cuda.step import DecodeInfo, StepTensors
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.hf_config import load_config
-from resin_models_torch.media_cache import MediaFeatures
 
 __all__ = ["CudaRunner", "RunnerOptions", "load_runner", "random_runner"]
 

@@ -7,12 +7,12 @@ import torch
 
 from resin.plan import BatchPlan
 from resin.protocols import History, RunnerConfig, Window
+from resin_model.config import ModelConfig
+from resin_model.media_cache import StepMedia
 from resin_models_cuda.kernels import prefill_blocks
 from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
 from resin_models_cuda.step import GroupTensors, MediaTensors, PrefillInfo, StepTensors
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.media_cache import StepMedia
 
 
 def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig:

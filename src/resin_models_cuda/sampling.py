@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, ForwardOutput
+from resin_model.constraints import constrain_logits
 from resin_models_cuda.kernels.sampler import argmax_rows, philox_seeds, sample_tokens
-from resin_models_torch.constraints import constrain_logits
 
 
 @dataclass(frozen=True, slots=True)

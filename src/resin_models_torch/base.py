@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from resin_model.checkpoint_names import default_names
+from resin_model.config import ModelConfig
 from resin_models_torch.batch import (
     CacheSpec,
     ConvSpec,
@@ -14,8 +16,6 @@ from resin_models_torch.batch import (
     LayerSlot,
     StepContext,
 )
-from resin_models_torch.checkpoint_names import default_names
-from resin_models_torch.config import ModelConfig
 
 
 def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[LayerSlot, ...]]:

@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resin_model.config import ModelConfig, MoeConfig
+from resin_model.nn import RMSNorm
+from resin_model.routing import deepseek_route
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
-from resin_models_torch.config import ModelConfig, MoeConfig
-from resin_models_torch.layers import GatedMLP, RMSNorm, Rotary
+from resin_models_torch.layers import GatedMLP, Rotary
 from resin_models_torch.mla import MlaAttention
-from resin_models_torch.routing import deepseek_route
 
 
 class DeepseekRouter(nn.Module):

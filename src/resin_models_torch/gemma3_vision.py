@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from resin.plan import MediaItem
+from resin_model.config import ModelConfig
+from resin_model.gemma3_encoder import Gemma3Projector, encode_image
+from resin_model.siglip import SiglipVisionTower
 from resin_models_torch.batch import StepContext
-from resin_models_torch.config import ModelConfig
 from resin_models_torch.gemma3 import Gemma3ForCausalLM
-from resin_models_torch.gemma3_encoder import Gemma3Projector, encode_image
-from resin_models_torch.siglip import SiglipVisionTower
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):

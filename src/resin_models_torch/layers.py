@@ -1,54 +1,20 @@
-"""Shared building blocks of the reference models: norms, rotary embeddings, MLPs, MoE, and the
-paged attention / short-conv operators that read and write the engine's cache through a step's
-`StepContext` (see `batch.py`).
+"""Shared building blocks of the reference models: rotary embeddings, MLPs, MoE, and the paged
+attention / short-conv operators that read and write the engine's cache through a step's
+`StepContext` (see `batch.py`). The RMS norm and the activations are `resin_model.nn`'s (the
+vision tower shared with the fast runners uses them too).
 
 Shapes: T = flat query tokens of the step, H = heads, D = head dim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resin_model.config import RopeConfig
+from resin_model.nn import activation
 from resin_models_torch.batch import AttentionBatch, StateBatch
-from resin_models_torch.config import RopeConfig
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "gelu": F.gelu,
-}
-
-
-def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unsupported activation {name!r}")
-    return ACTIVATIONS[name]
-
-
-class RMSNorm(nn.Module):
-    """RMS norm in float32. `unit_offset` is Gemma's (1 + w) form (weights stored as w)."""
-
-    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
-        super().__init__()
-        self.eps = eps
-        self.unit_offset = unit_offset
-        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.unit_offset:
-            return (normed * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * normed.to(x.dtype)
 
 
 class Rotary(nn.Module):

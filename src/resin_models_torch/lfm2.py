@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resin_model.config import ModelConfig
+from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.layers import RMSNorm, Rotary, apply_rotary, paged_attention, short_conv
+from resin_models_torch.layers import Rotary, apply_rotary, paged_attention, short_conv
 
 
 class Lfm2Attention(nn.Module):

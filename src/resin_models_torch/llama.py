@@ -11,10 +11,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from resin_model.config import ModelConfig
+from resin_model.nn import RMSNorm
 from resin_models_torch.base import AttentionProjections, Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, paged_attention
+from resin_models_torch.layers import GatedMLP, Rotary, apply_rotary, paged_attention
 
 MlpFactory = Callable[[ModelConfig, int], nn.Module]
 

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from resin_models_torch.checkpoint_names import default_names
+from resin_model.checkpoint_names import default_names
 
 NameMap = Callable[[str], str | None]
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan
+from resin_model.media_cache import MediaFeatures
 from resin_models_torch.batch import AttentionBatch, MediaBatch, StateBatch, StepContext
-from resin_models_torch.media_cache import MediaFeatures
 
 
 @runtime_checkable

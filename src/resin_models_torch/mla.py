@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from resin_model.config import ModelConfig
+from resin_model.nn import RMSNorm
 from resin_models_torch.batch import AttentionBatch, LayerSlot, StepContext
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.layers import RMSNorm, apply_rotary
+from resin_models_torch.layers import apply_rotary
 
 # DeepSeek's q_a / kv_a norms use the RMSNorm default, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6

@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from resin_model.config import ModelConfig
+from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.layers import RMSNorm, Rotary
+from resin_models_torch.layers import Rotary
 from resin_models_torch.llama import LlamaAttention, dense_mlp
 
 

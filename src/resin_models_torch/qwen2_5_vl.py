@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from resin.plan import BatchPlan, MediaItem
+from resin_model.config import ModelConfig, VisionConfig
+from resin_model.nn import RMSNorm
 from resin_models_torch.batch import StepContext
-from resin_models_torch.config import ModelConfig, VisionConfig
-from resin_models_torch.layers import GatedMLP, RMSNorm, apply_rotary
+from resin_models_torch.layers import GatedMLP, apply_rotary
 from resin_models_torch.llama import LlamaForCausalLM
 
 

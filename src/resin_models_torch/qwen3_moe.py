@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from resin_models_torch.config import ModelConfig
+from resin_model.config import ModelConfig
 from resin_models_torch.layers import SparseMoe
 from resin_models_torch.llama import LlamaForCausalLM, dense_mlp
 

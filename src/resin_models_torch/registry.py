@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from resin_model.config import ModelConfig
+from resin_model.hf_config import load_config, parse_config
+from resin_model.nn import RMSNorm
 from resin_models_torch.architectures import ARCHITECTURES, reference_model
 from resin_models_torch.base import CausalLM
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.hf_config import load_config, parse_config
-from resin_models_torch.layers import RMSNorm
 from resin_models_torch.loader import load_weights
 from resin_models_torch.runner import TorchRunner
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from resin.plan import SamplingArrays
-from resin_models_torch.constraints import constrain_logits
+from resin_model.constraints import constrain_logits
 
 _MASK64 = (1 << 64) - 1
 

@@ -1,4 +1,5 @@
-"""Speculative verification in plain torch on any device (shared by both runner families).
+"""Speculative verification in plain torch on any device (the reference runner's; `CudaRunner`
+samples every query token on the device, `resin_models_cuda.sampling`, under the same rule).
 
 A decode row with k drafts d_0..d_{k-1} has 1 + k query tokens; the logits after query token j
 give the target distribution p_j of output position m = output_index + j. Verification:
@@ -15,9 +16,10 @@ rejection rule: d_j is accepted with probability p_j(d_j), and at the first reje
 draw from p_j conditioned on x_j != d_j, i.e. p_j with d_j removed and renormalized. It also
 makes a seeded row's tokens identical with and without speculation (greedy rows trivially so).
 
-`accept_first` (bench only: `resin bench --accepted-drafts K`) forces the first K drafts of each
-row to be accepted whatever the model says, so a benchmark can measure the cost of verifying
-and committing K tokens per step independently of draft quality. Its output is not the model's.
+`accept_first` (bench only: `resin bench speculative --accepted-drafts K`) forces the first K
+drafts of each row to be accepted whatever the model says, so a benchmark can measure the cost
+of verifying and committing K tokens per step independently of draft quality. Its output is
+not the model's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, ForwardOutput
-from resin_models_torch.constraints import constrain_logits
+from resin_model.constraints import constrain_logits
 from resin_models_torch.sampler import Sampler
 
 

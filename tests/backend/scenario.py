@@ -157,6 +157,7 @@ def spawned(out: Path, timeout_s: float, replicas: int = 1) -> None:
     """A single process that starts its own workers (`resin worker`) and leads them: one
     worker per replica; with several replicas, their engines run at once on two threads."""
     from resin.backend.launch import spawn_local
+    from resin_app.worker import worker_command
 
     case = CASES["llama-tp"]
     config = out / "config.json"
@@ -170,7 +171,7 @@ def spawned(out: Path, timeout_s: float, replicas: int = 1) -> None:
 
     job = spawn_local(
         build,
-        worker_args,
+        worker_command(*worker_args),
         tensor_parallel=2,
         data_parallel=replicas,
         timeout=timedelta(seconds=timeout_s),

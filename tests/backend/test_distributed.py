@@ -137,7 +137,7 @@ def test_workers_exit_when_the_leader_crashes(tmp_path: Path) -> None:
 
 
 def test_resin_bench_tensor_parallel_starts_its_own_workers(tmp_path: Path) -> None:
-    """`resin bench --tensor-parallel 2` without torchrun: TP=2 and TP=1 rows in one run."""
+    """`resin bench tp --tensor-parallel 2` without torchrun: TP=2 and TP=1 rows in one run."""
     import os
     import subprocess
     import sys
@@ -149,7 +149,7 @@ def test_resin_bench_tensor_parallel_starts_its_own_workers(tmp_path: Path) -> N
     argv += ["--batch", "1", "2", "--context", "16", "--decode-steps", "3", "--timeout", "30"]
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "resin.cli", "bench", *argv, "--output", str(output)],
+        [sys.executable, "-m", "resin_app.cli", "bench", "tp", *argv, "--output", str(output)],
         env=env,
         capture_output=True,
         text=True,

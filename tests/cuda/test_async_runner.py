@@ -25,8 +25,8 @@ import torch
 
 from resin.plan import BatchPlan, Phase
 from resin.protocols import CacheLayout
-from resin_models_cuda.plans import PagedPlanner, Sampling, Sequence
-from resin_models_cuda.presets import TINY
+from resin_app.bench.plans import PagedPlanner, Sampling, Sequence
+from resin_model.presets import TINY
 from tests.cuda.test_vs_reference import reference_and_fast
 
 PROMPTS = [[5, 9, 13, 200, 7], [1, 2, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]

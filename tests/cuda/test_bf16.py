@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from resin.plan import Phase
-from resin_models_cuda.presets import preset_hf
+from resin_model.presets import preset_hf
 
 CASES = {
     "llama": ("llama-8b", {"num_hidden_layers": 4}),
@@ -45,10 +45,10 @@ def fast_logits(
     """Fast runner logits [B, steps + 1, V] at positions prompt-1 .. end: a prefill of the
     first prompt-1 tokens, then one decode step (graph replay) per position."""
     from resin.protocols import CacheLayout
+    from resin_app.bench.plans import PagedPlanner
+    from resin_model.hf_config import parse_config
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import StateDictWeights
-    from resin_models_cuda.plans import PagedPlanner
-    from resin_models_torch.hf_config import parse_config
 
     options = RunnerOptions(page_size=16, max_batch=8, max_context=256, keep_logits=True)
     source = StateDictWeights(state, device, dtype)

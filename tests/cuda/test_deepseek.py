@@ -104,7 +104,7 @@ def test_same_tokens_as_reference_runner(device: str, name: str) -> None:
 
 
 def test_v2_lite_preset_counts_match_the_published_size() -> None:
-    from resin_models_cuda.presets import kv_bytes_read, param_counts, preset
+    from resin_model.presets import kv_bytes_read, param_counts, preset
 
     config = preset("deepseek-v2-lite")
     active, total = param_counts(config)

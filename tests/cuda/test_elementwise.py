@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resin_models_torch.config import RopeConfig
+from resin_model.config import RopeConfig
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 2e-3)]
 GPU_DTYPES = [(torch.bfloat16, 2e-2, 2e-2), (torch.float16, 2e-3, 2e-3)]
@@ -90,8 +90,8 @@ def test_rope_scaling_matches_transformers(kind: str) -> None:
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    from resin_model.hf_config import parse_config
     from resin_models_cuda.kernels import rope_cache
-    from resin_models_torch.hf_config import parse_config
 
     params = {
         "rope_type": "llama3",

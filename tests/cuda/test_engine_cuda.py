@@ -17,7 +17,7 @@ from resin import Engine, SamplingParams
 from resin.engine.proposers import NgramProposer
 from resin.engine.request import Request
 from resin.engine.speculative import Speculation
-from resin_models_cuda.presets import TINY
+from resin_model.presets import TINY
 from tests.cuda.test_vs_reference import reference_and_fast
 
 

@@ -26,7 +26,7 @@ PROMPTS = [
 
 
 def _checkpoint() -> Path:
-    from resin_models_torch.default_model import resolve_checkpoint
+    from resin_model.default_model import resolve_checkpoint
 
     path = os.environ.get("RESIN_GEMMA3_GGUF")
     if path:

@@ -18,9 +18,9 @@ import torch
 from resin import Engine, SamplingParams
 from resin.plan import BatchPlan, MediaItem, Phase
 from resin.protocols import CacheLayout
+from resin_app.bench.plans import PagedPlanner
+from resin_model.presets import TINY
 from resin_models_cuda.kernels import PagedKV, prefill_attention, prefill_blocks
-from resin_models_cuda.plans import PagedPlanner
-from resin_models_cuda.presets import TINY
 from tests.cuda.test_vs_reference import reference_and_fast
 
 IMAGE = 255

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from resin_models_torch.config import MoeConfig
+from resin_model.config import MoeConfig
 
 
 def _reference(moe: MoeConfig, w, x: torch.Tensor, weight, expert) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -113,8 +113,8 @@ ROUTES = {
 def test_router_kernel_is_the_routing_rule(device: str, name: str, shared: int) -> None:
     """The router kernel chooses the experts and weights of `deepseek_route` (the shared
     routing rule; with one group and no bias, plain top-k), shared experts appended."""
+    from resin_model.routing import deepseek_route
     from resin_models_cuda.kernels.router import router_topk
-    from resin_models_torch.routing import deepseek_route
 
     spec: dict = dict(ROUTES[name])
     moe = MoeConfig(intermediate_size=8, sparse_layers=(True,), **spec)

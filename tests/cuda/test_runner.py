@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from resin.plan import Phase
+from resin_model.presets import PRESETS, preset
 from resin_models_cuda.graphs import buckets_up_to, pick_bucket
-from resin_models_cuda.presets import PRESETS, preset
 
 
 def test_decode_buffers_stage_plan_and_padding() -> None:
+    from resin_app.bench.plans import PagedPlanner
     from resin_models_cuda.buffers import DecodeBuffers
-    from resin_models_cuda.plans import PagedPlanner
 
     planner = PagedPlanner(num_pages=32, page_size=4)
     seqs = [planner.new_sequence(list(range(n))) for n in (5, 9)]
@@ -38,8 +38,8 @@ def test_decode_buffers_stage_plan_and_padding() -> None:
 
 
 def test_decode_buffers_two_groups_share_one_page_id_region() -> None:
+    from resin_app.bench.plans import PagedPlanner
     from resin_models_cuda.buffers import DecodeBuffers
-    from resin_models_cuda.plans import PagedPlanner
 
     planner = PagedPlanner(num_pages=32, page_size=4, num_groups=2)
     seqs = [planner.new_sequence(list(range(n))) for n in (5, 9)]
@@ -71,7 +71,7 @@ def test_graph_buckets() -> None:
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets_parse_and_count(name: str) -> None:
-    from resin_models_cuda.presets import param_counts, weight_bytes_read
+    from resin_model.presets import param_counts, weight_bytes_read
 
     config = preset(name)
     active, total = param_counts(config)
@@ -80,7 +80,7 @@ def test_presets_parse_and_count(name: str) -> None:
 
 
 def test_preset_parameter_counts_match_the_published_sizes() -> None:
-    from resin_models_cuda.presets import param_counts
+    from resin_model.presets import param_counts
 
     billions = {name: param_counts(preset(name))[1] / 1e9 for name in
                 ("llama-8b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma3-12b")}  # fmt: skip
@@ -94,8 +94,8 @@ def test_preset_parameter_counts_match_the_published_sizes() -> None:
 
 def test_runner_rejects_context_beyond_its_tables(device: str) -> None:
     from resin.protocols import CacheLayout
+    from resin_app.bench.plans import PagedPlanner
     from resin_models_cuda import RunnerOptions, random_runner
-    from resin_models_cuda.plans import PagedPlanner
 
     runner = random_runner(preset("tiny"), RunnerOptions(page_size=4, max_batch=2, max_context=16),
                            device, torch.float32)  # fmt: skip

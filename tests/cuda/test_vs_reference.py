@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from resin import Engine, SamplingParams
-from resin_models_cuda.presets import TINY
+from resin_model.presets import TINY
 
 MOE = ("qwen3_moe", "gpt_oss")
 
@@ -42,9 +42,9 @@ def reference_and_fast(
     raw: dict[str, Any], device: str, gemv_max_pairs: int = 64, dtype: torch.dtype = torch.float32
 ) -> tuple[Any, Any]:
     """A reference runner with peaky random weights and the fast runner on the same tensors."""
+    from resin_model.hf_config import parse_config
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import StateDictWeights
-    from resin_models_torch.hf_config import parse_config
     from resin_models_torch.registry import random_runner
 
     reference = random_runner(raw, seed=0, device=device, dtype=dtype, page_size=4, num_pages=160)

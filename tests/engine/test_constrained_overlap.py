@@ -221,7 +221,7 @@ def _recording(inner: Any, seen: list[BatchPlan]) -> Any:
 def test_reference_runner_pipelines_constrained_steps(
     tokenizer: Tokenizer, backend: GrammarBackend
 ) -> None:
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
     from resin_models_torch.registry import load_runner
 
     got = {}

@@ -45,7 +45,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
 
     try:
         return Tokenizer.from_dir(default_model_dir())

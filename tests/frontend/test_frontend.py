@@ -20,10 +20,10 @@ from resin.frontend import (
     Ticket,
     Update,
 )
-from resin.loading import ZeroCostRunner
 from resin.params import SamplingParams
 from resin.recipe.deltas import TextDelta
 from resin.recipe.plain import PlainTextParser
+from resin_app.loading import ZeroCostRunner
 from tests.server.doubles import ByteTokenizer
 
 TOKEN = ord("a")

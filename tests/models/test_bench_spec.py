@@ -1,5 +1,5 @@
-"""`resin bench --speculative` on a tiny model (reference runner, CPU): plain and speculative
-runs side by side, identical greedy outputs, and the bench-only forced acceptance."""
+"""`resin bench speculative` on a tiny model (reference runner, CPU): plain and speculative runs
+side by side, identical greedy outputs, and the bench-only forced acceptance."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from ref_hf import checkpoint
 
-from resin.cli import main
+from resin_app.cli import main
 
 
 def _bench(extra: list[str], tmp_path: Path) -> list[dict[str, object]]:
     folder, _ = checkpoint("smollm2")
     out = tmp_path / "spec.jsonl"
-    argv = ["bench", "--speculative", "ngram", "--checkpoint", str(folder),
+    argv = ["bench", "speculative", "--speculative", "ngram", "--checkpoint", str(folder),
             "--batch-sizes", "1,3", "--input-len", "24", "--output-len", "17",
             "--output", str(out), *extra]  # fmt: skip
     assert main(argv) == 0
@@ -42,11 +42,11 @@ def test_forced_acceptance_commits_k_plus_one_tokens_per_step(tmp_path: Path) ->
 def test_forced_acceptance_needs_a_runner_that_supports_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from resin.tools import bench_spec
+    from resin_app.bench import speculative
     from tests.engine.fakes import CacheSimRunner
 
-    monkeypatch.setattr(bench_spec, "_folder", lambda name: None)
-    monkeypatch.setattr(bench_spec, "_runner", lambda args, name, folder: CacheSimRunner())
+    monkeypatch.setattr(speculative, "_folder", lambda name: None)
+    monkeypatch.setattr(speculative, "_runner", lambda args, name, folder: CacheSimRunner())
     argv = ["--speculative", "ngram", "--checkpoint", "x", "--accepted-drafts", "2"]
-    assert bench_spec.main(argv) == 2
+    assert speculative.main(argv) == 2
     assert "no bench-only forced acceptance" in capsys.readouterr().err

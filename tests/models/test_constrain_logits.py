@@ -1,4 +1,4 @@
-"""The plan's token bitmask and logit biases on the logits (`resin_models_torch.constraints`,
+"""The plan's token bitmask and logit biases on the logits (`resin_model.constraints`,
 plain torch that the reference sampler and `CudaRunner` both call, run here on CPU), then
 through the reference sampler: masked tokens are never drawn, greedy and logprobs see the
 processed distribution."""
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from resin.plan import SamplingArrays
-from resin_models_torch.constraints import constrain_logits
+from resin_model.constraints import constrain_logits
 from resin_models_torch.sampler import Sampler
 
 VOCAB = 70  # three mask words, the last one partial

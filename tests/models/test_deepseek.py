@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from transformers.modeling_layers import MtpModel
 
 from resin import Engine
-from resin_models_torch.hf_config import parse_config
+from resin_model.hf_config import parse_config
 from resin_models_torch.mtp import MtpRunner
 from resin_models_torch.registry import load_model, random_runner
 from resin_models_torch.runner import TorchRunner

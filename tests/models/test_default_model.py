@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from resin_models_torch import default_model
-from resin_models_torch.default_model import (
+from resin_model import default_model
+from resin_model.default_model import (
     INSTALL_HINT,
     cache_dir,
     default_model_dir,
     resolve_checkpoint,
 )
-from resin_models_torch.gguf import GGUFError
+from resin_model.gguf import GGUFError
 
 
 def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

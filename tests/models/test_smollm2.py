@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from resin import Engine, FinishReason, SamplingParams
 from resin.tokenizer import Tokenizer
-from resin_models_torch.default_model import default_model_dir
+from resin_model.default_model import default_model_dir
 from resin_models_torch.registry import load_runner
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from resin.tokenizer import Tokenizer
-from resin_models_torch.default_model import default_gguf_path, default_model_dir
+from resin_model.default_model import default_gguf_path, default_model_dir
 
 CORPUS = [
     "What is the capital of France?",

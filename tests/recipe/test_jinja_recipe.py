@@ -212,8 +212,8 @@ def test_gguf_metadata_template_through_resin_conversion(tmp_path: Any) -> None:
     """The template stored in the SmolLM2 GGUF, via resin's own GGUF tokenizer conversion."""
     import json
 
-    from resin_models_torch.gguf import read_gguf
-    from resin_models_torch.gguf_tokenizer import build_tokenizer_files
+    from resin_model.gguf import read_gguf
+    from resin_model.gguf_tokenizer import build_tokenizer_files
     from tests.recipe.assets import smollm2_gguf
 
     tokenizer_json, config = build_tokenizer_files(read_gguf(smollm2_gguf()).metadata)

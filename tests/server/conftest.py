@@ -48,7 +48,7 @@ def url() -> Iterator[str]:
 
 
 def serve_loaded(loaded: Any, **kwargs: Any) -> HttpServer:
-    """An `HttpServer` over what `resin.loading.load` built (every replica's engine)."""
+    """An `HttpServer` over what `resin_app.loading.load` built (every replica's engine)."""
     return HttpServer(
         list(loaded.engines),
         loaded.recipe,

@@ -25,7 +25,7 @@ def test_serve_signal_ends_streams_with_an_error_not_a_stop(sig: int) -> None:
     finish_reason "stop", no [DONE]) and SIGINT prints no traceback."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    cmd = [sys.executable, "-m", "resin.cli", "serve", "--fake-runner", "--port", str(port)]
+    cmd = [sys.executable, "-m", "resin_app.cli", "serve", "--fake-runner", "--port", str(port)]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

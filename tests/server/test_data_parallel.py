@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from resin.server.launch import running
-from resin.tools import bench
+from resin_app.bench import serve
 from tests.server.conftest import MODEL, assert_stops_listening, make_server, serve_loaded
 from tests.server.doubles import FakeEngine
 
@@ -37,7 +37,7 @@ FRESH = [
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     pytest.importorskip("torch")
-    from resin.loading import LoadOptions, load
+    from resin_app.loading import LoadOptions, load
 
     try:
         loaded = load(LoadOptions(context_length=1024, data_parallel=2), progress=False)
@@ -134,13 +134,13 @@ def test_a_client_can_name_the_replica(url: str, oai: openai.OpenAI) -> None:
 
 
 def test_bench_serve_reports_the_split_over_replicas(tmp_path: object) -> None:
-    from resin.loading import LoadOptions, load
+    from resin_app.loading import LoadOptions, load
 
     loaded = load(LoadOptions(fake=True, data_parallel=2), progress=False)
     with running(serve_loaded(loaded)) as base:
         argv = ["--url", base, "--num-prompts", "16", "--max-concurrency", "8"]
-        args = bench.parser().parse_args([*argv, "--output-len", "8"])
-        result = asyncio.run(bench.run(args))
+        args = serve.parser().parse_args([*argv, "--output-len", "8"])
+        result = asyncio.run(serve.run(args))
     loaded.close()
     assert result["failed"] == 0
     split = result["replica_output_tokens"]

@@ -88,7 +88,7 @@ def test_without_defaults_a_bare_request_samples_at_one() -> None:
 
 
 def test_serve_help_lists_generation_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from resin.cli import main
+    from resin_app.cli import main
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])

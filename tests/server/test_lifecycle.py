@@ -74,7 +74,7 @@ def endless(prompt: object) -> list[int]:
 def real_engine() -> object:
     """The real Engine with a zero-cost runner."""
     from resin.engine import Engine
-    from resin.loading import ZeroCostRunner
+    from resin_app.loading import ZeroCostRunner
 
     return Engine(
         ZeroCostRunner(ByteTokenizer.vocab_size, ord("a")), context_length=4096, max_sequences=256

@@ -11,8 +11,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from resin.engine import Engine
-from resin.loading import ZeroCostRunner
 from resin.server.launch import running
+from resin_app.loading import ZeroCostRunner
 from tests.server.conftest import make_server
 from tests.server.doubles import ByteTokenizer
 

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from resin import Engine
-from resin.cli import _build_parser
-from resin.loading import LoadOptions, load
 from resin.server import HttpServer
 from resin.server.launch import free_port, running
+from resin_app.cli import _build_parser
+from resin_app.loading import LoadOptions, load
 from tests.server.doubles import ByteTokenizer, ChatMLFormat
 
 torch = pytest.importorskip("torch")

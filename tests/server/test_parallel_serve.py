@@ -37,7 +37,7 @@ def tiny_checkpoint(folder: Path) -> Path:
     import torch
     import transformers
 
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
 
     source = default_model_dir()
     config = transformers.LlamaConfig(
@@ -79,7 +79,7 @@ def greedy_chat(url: str, replica: int | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def unsharded_answer(checkpoint: Path) -> str:
-    from resin.loading import LoadOptions, load
+    from resin_app.loading import LoadOptions, load
 
     loaded = load(LoadOptions(checkpoint=str(checkpoint), context_length=512), progress=False)
     with running(serve_loaded(loaded)) as url:
@@ -117,7 +117,7 @@ def served(checkpoint: Path, *options: str) -> Iterator[Served]:
     """`resin serve --checkpoint CHECKPOINT *options` as a subprocess, once it is ready."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "resin.cli", "serve", "--checkpoint", str(checkpoint)]
+    cmd = [sys.executable, "-m", "resin_app.cli", "serve", "--checkpoint", str(checkpoint)]
     cmd += [*options, "--context-length", "512", "--port", str(port)]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -23,7 +23,7 @@ import openai
 import pydantic
 import pytest
 
-from scripts.accept_structured import default_server
+from resin_app.bench.structured import default_server
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +180,7 @@ def test_lm_eval_local_completions_and_chat(server: tuple[str, str], tmp_path: P
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
 
     url, model = server
     tasks = TaskManager(include_path=str(_task_dir(tmp_path)), include_defaults=False)

@@ -44,7 +44,7 @@ TOOL = {
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    default_model = pytest.importorskip("resin_models_torch.default_model")
+    default_model = pytest.importorskip("resin_model.default_model")
     try:
         default_model.default_model_dir()
     except (FileNotFoundError, ImportError) as exc:
@@ -53,7 +53,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = folder / "generation_config.json"
     config.write_text(json.dumps(DEFAULTS), encoding="utf-8")
     port = free_port()
-    cmd = [sys.executable, "-m", "resin.cli", "serve", "--port", str(port),
+    cmd = [sys.executable, "-m", "resin_app.cli", "serve", "--port", str(port),
            "--context-length", "2048", "--generation-config", str(config)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     log = folder / "serve.log"

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from resin.server.launch import running
-from resin.tools import check
+from resin_app import check
 from tests.server.conftest import serve_loaded
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     pytest.importorskip("torch")
-    from resin.loading import LoadOptions, load
+    from resin_app.loading import LoadOptions, load
 
     try:
         loaded = load(LoadOptions(context_length=2048), progress=False)

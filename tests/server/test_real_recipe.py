@@ -28,7 +28,7 @@ TOOL = {
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    default_model = pytest.importorskip("resin_models_torch.default_model")
+    default_model = pytest.importorskip("resin_model.default_model")
     from resin.recipe import get_native_recipe
     from resin.tokenizer import Tokenizer
 
@@ -101,10 +101,10 @@ def test_anthropic_tool_use(url: str) -> None:
 
 
 def test_default_model_keeps_its_default_system_prompt() -> None:
-    default_model = pytest.importorskip("resin_models_torch.default_model")
-    from resin.loading import recipe_for
+    default_model = pytest.importorskip("resin_model.default_model")
     from resin.recipe import Message
     from resin.tokenizer import Tokenizer
+    from resin_app.loading import recipe_for
 
     try:
         tok = Tokenizer.from_dir(default_model.default_model_dir())

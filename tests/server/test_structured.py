@@ -3,7 +3,7 @@ real Engine with the llguidance backend) behind the server, driven by the offici
 
 Acceptance at test scale: 40 json_schema answers and 40 forced tool calls at temperature 1,
 sent concurrently, all valid, and 32 answers with tools and `tool_choice` auto whose every call
-is valid (`scripts/accept_structured.py` runs the full 200 of each).
+is valid (`resin bench structured` runs the full 200 of each).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import openai
 import pydantic
 import pytest
 
-from scripts.accept_structured import (
+from resin_app.bench.structured import (
     ONE_SHOT,
     SCHEMA,
     TOOLS,
@@ -175,7 +175,7 @@ def test_logit_bias_steers_and_bans(oai: openai.OpenAI, server: tuple[str, str])
     )
     first = base.choices[0].message.content or ""
     from resin.tokenizer import Tokenizer
-    from resin_models_torch.default_model import default_model_dir
+    from resin_model.default_model import default_model_dir
 
     banned = Tokenizer.from_dir(default_model_dir()).encode(first)[0]
     r = oai.chat.completions.create(

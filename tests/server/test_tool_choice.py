@@ -37,7 +37,7 @@ AS_TEXT = 'Sure. {"name": "Paris", "arguments": {"x": 1}}'
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    default_model = pytest.importorskip("resin_models_torch.default_model")
+    default_model = pytest.importorskip("resin_model.default_model")
     from resin.recipe import get_native_recipe
     from resin.tokenizer import Tokenizer
 
@@ -253,7 +253,7 @@ class MaskRecorder:
     """`ZeroCostRunner` (always "a") that counts the steps whose plan carries a token mask."""
 
     def __init__(self, vocab_size: int, token_id: int) -> None:
-        from resin.loading import ZeroCostRunner
+        from resin_app.loading import ZeroCostRunner
 
         self.inner = ZeroCostRunner(vocab_size, token_id)
         self.runner_config = self.inner.runner_config
@@ -272,7 +272,7 @@ def test_auto_tools_carry_a_grammar_and_plain_requests_none(with_grammar: bool) 
     from resin.recipe import get_native_recipe
     from resin.tokenizer import Tokenizer
 
-    default_model = pytest.importorskip("resin_models_torch.default_model")
+    default_model = pytest.importorskip("resin_model.default_model")
     tok = Tokenizer.from_dir(default_model.default_model_dir())
     runner = MaskRecorder(tok.vocab_size, tok.encode("a")[0])
     grammar = GrammarBackend.from_tokenizer(tok) if with_grammar else None

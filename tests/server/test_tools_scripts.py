@@ -1,4 +1,4 @@
-"""scripts/check_server.py and scripts/bench_serve.py against a live fake server."""
+"""`resin check` and `resin bench serve` against a live fake server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from resin.server.launch import running
-from resin.tools import bench, check, check_eval
+from resin_app import check, check_eval
+from resin_app.bench import serve
 from tests.server.conftest import make_server
 from tests.server.doubles import ByteTokenizer, FakeEngine, demo_responder, echo_responder
 
@@ -109,9 +110,9 @@ def test_bench_serve_jsonl(tmp_path: Path) -> None:
                 "--output",
                 str(out),
             ]
-            assert bench.main(argv) == 0
+            assert serve.main(argv) == 0
         assert (
-            bench.main(
+            serve.main(
                 [
                     "--url",
                     url,

@@ -55,7 +55,7 @@ def _checkpoint(folder: Path) -> None:
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from resin.loading import LoadOptions, load
+    from resin_app.loading import LoadOptions, load
 
     folder = tmp_path_factory.mktemp("gemma3-vision")
     _checkpoint(folder)

@@ -6,7 +6,9 @@ if runner is not None:          # this replica's leader: drive an Engine with it
     with Engine(runner) as engine: ...
 ```
 On the other ranks `start_tensor_parallel` runs the worker loop and returns None once the
-leader closes the runner (or raises when the leader is gone).
+leader closes the runner (or raises when the leader is gone). `spawn_local` is the leader that
+starts its own workers (no torchrun). What a rank builds is the caller's `build`; the
+application's `resin worker` builds the reference runner's shards (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -14,12 +16,9 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -64,71 +63,8 @@ def start_tensor_parallel(
     return None
 
 
-def reference_runner(
-    groups: ProcessGroups,
-    *,
-    checkpoint: str | Path | None = None,
-    config: dict[str, Any] | None = None,
-    expert_parallel: bool = False,
-    dtype: torch.dtype | None = None,
-    seed: int = 0,
-    **runner_kwargs: Any,
-) -> Runner:
-    """This rank's `TorchRunner` over its shard of a checkpoint (or of random weights from a
-    Hugging Face style `config` dict, the same on every rank for the same `seed`).
-
-    `expert_parallel`: MoE experts are split across the ranks (attention stays tensor
-    parallel); otherwise every expert is split like a dense MLP.
-    """
-    from resin_models_torch.parallel import ParallelStyle, shard_model
-    from resin_models_torch.registry import load_model, random_runner
-    from resin_models_torch.runner import TorchRunner
-
-    if (checkpoint is None) == (config is None):
-        raise ValueError("give exactly one of checkpoint or config")
-    if checkpoint is not None:
-        model = load_model(checkpoint, groups.device, dtype)
-    else:
-        assert config is not None
-        model = random_runner(config, seed, groups.device, dtype or torch.float32).model
-    style = ParallelStyle(experts="expert" if expert_parallel else "tensor")
-    return TorchRunner(shard_model(model, groups.model, style), **runner_kwargs)
-
-
-def checkpoint_replicas(
-    folder: str | Path,
-    *,
-    device: str = "cpu",
-    tensor_parallel: int = 1,
-    data_parallel: int = 1,
-    timeout: timedelta = DEFAULT_TIMEOUT,
-) -> tuple[list[Runner], LocalJob | None]:
-    """Reference runners over a checkpoint for `resin serve --tensor-parallel N
-    --data-parallel M`: one runner per replica, and the `LocalJob` of the workers when N > 1
-    (`spawn_local`: this process leads every replica). On CUDA, replica i's rank r runs on
-    `cuda:(K + i*N + r)` from `--device cuda:K`; on the CPU every rank runs on the CPU."""
-    from resin_models_torch.registry import load_runner
-
-    first = torch.device(device)
-    if tensor_parallel == 1:
-        return [
-            load_runner(folder, device=_nth(first, i) if first.type == "cuda" else first)
-            for i in range(data_parallel)
-        ], None
-    worker_args = ["--checkpoint", str(folder)]
-    worker_args += [] if first.type == "cuda" else ["--device", str(first)]
-    job = spawn_local(
-        lambda groups: reference_runner(groups, checkpoint=folder),
-        worker_args,
-        tensor_parallel=tensor_parallel,
-        data_parallel=data_parallel,
-        device=first,
-        timeout=timeout,
-    )
-    return list(job.runners), job
-
-
-def _nth(device: torch.device, offset: int) -> torch.device:
+def nth_device(device: torch.device, offset: int) -> torch.device:
+    """`device` moved `offset` indices on (`cuda:K` -> `cuda:K+offset`)."""
     return torch.device(device.type, (device.index or 0) + offset)
 
 
@@ -160,7 +96,7 @@ class LocalJob:
 
 def spawn_local(
     build: Callable[[ProcessGroups], Runner],
-    worker_args: Sequence[str],
+    worker_command: Sequence[str],
     *,
     tensor_parallel: int,
     data_parallel: int = 1,
@@ -169,8 +105,9 @@ def spawn_local(
     capacity: int = DEFAULT_CAPACITY,
 ) -> LocalJob:
     """Start the workers of `data_parallel` replicas of `tensor_parallel` ranks on this host
-    as `resin worker` processes (`worker_args` tell them what to build), then join as the
-    leader of every replica (`Topology.shared_leader`), calling `build` once per replica.
+    as `worker_command` processes (say `resin worker` and what to build; this adds the
+    world's flags), then join as the leader of every replica (`Topology.shared_leader`),
+    calling `build` once per replica.
 
     This is what `--tensor-parallel N` (and `--data-parallel M`) need without torchrun: the
     caller keeps one process and gets one `DistributedRunner` per replica for its Engines.
@@ -185,7 +122,7 @@ def spawn_local(
     port = _free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     env["WORLD_SIZE"] = str(1 + dp * (tp - 1))
-    command = [sys.executable, "-m", "resin.cli", "worker", *worker_args, "--shared-leader"]
+    command = [*worker_command, "--shared-leader"]
     command += ["--tensor-parallel", str(tp), "--timeout", str(timeout.total_seconds())]
     workers = []
     for i in range(dp):
@@ -193,7 +130,7 @@ def spawn_local(
             rank, local = 1 + i * (tp - 1) + r - 1, base + i * tp + r
             extra = {"RANK": str(rank), "LOCAL_RANK": str(local if first.type == "cuda" else rank)}
             workers.append(subprocess.Popen(command, env={**env, **extra}))
-    devices = [_nth(first, i * tp) if first.type == "cuda" else first for i in range(dp)]
+    devices = [nth_device(first, i * tp) if first.type == "cuda" else first for i in range(dp)]
     topology = Topology(0, 1 + dp * (tp - 1), base, tp, shared_leader=True)
     try:
         groups = init_shared_leader(

@@ -15,15 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from resin.metrics.collector import HistogramSnapshot, MetricsSnapshot
 
-if TYPE_CHECKING:
-    from resin.engine.engine import Engine
+
+class MetricsSource(Protocol):
+    """What the exporter reads: an `Engine` (or anything with its `metrics` property)."""
+
+    @property
+    def metrics(self) -> MetricsSnapshot | None: ...
+
 
 PREFIX = "resin:"
-Source: TypeAlias = "Engine | Callable[[], MetricsSnapshot | None]"
+Source: TypeAlias = MetricsSource | Callable[[], MetricsSnapshot | None]
 _Labelled = list[tuple[list[str], MetricsSnapshot]]
 
 _GAUGES = (

@@ -1,4 +1,4 @@
-"""Run an `HttpServer` on a background thread (tests, notebooks, `resin bench`)."""
+"""Run an `HttpServer` on a background thread (tests, notebooks, `resin chat`)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ At decode batch sizes pairs rarely share an expert, so each pair reading its exp
 the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). Programs keep a
 2-D float32 accumulator and reduce it once after the K loop. The tile shape (`GemvTiles`)
 depends on the layer's shape: `tiles_for` reads `TUNED`, the H200's best from
-`scripts/tune_moe.py --graph`.
+`resin bench tune-moe --graph`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, g
 
 
 class GemvTiles(NamedTuple):
-    """Launch shape of one expert-GEMV kernel (tuned by `scripts/tune_moe.py --graph`)."""
+    """Launch shape of one expert-GEMV kernel (tuned by `resin bench tune-moe --graph`)."""
 
     block_n: int
     block_k: int
@@ -190,9 +190,9 @@ def expert_down(
 
 
 # Measured best launch shapes at batch 1, keyed by (kernel, N, K, pairs per token); other
-# shapes take the kernel's default. From `scripts/tune_moe.py --graph` on the H200 (12 layers of
+# shapes take the kernel's default. From `resin bench tune-moe --graph` on the H200 (12 layers of
 # distinct weights in one CUDA graph; docs/benchmarks.md), microseconds per layer in comments.
-# `load_tiles` adds a sweep's file (`resin bench --gemv-tiles`).
+# `load_tiles` adds a sweep's file (`resin bench runner --gemv-tiles`).
 GATE_UP_DEFAULT = GemvTiles(16, 128, 8)
 DOWN_DEFAULT = GemvTiles(32, 128, 8)
 TUNED: dict[tuple[str, int, int, int], GemvTiles] = {
@@ -211,7 +211,8 @@ def tiles_for(kernel: str, n: int, k: int, per_token: int) -> GemvTiles:
 
 
 def load_tiles(path: str) -> int:
-    """Add the `best` lines of a `tune_moe.py --graph` JSONL file to `TUNED`; returns how many."""
+    """Add the `best` lines of a `resin bench tune-moe --graph` JSONL file to `TUNED`; returns
+    how many."""
     import json
 
     count = 0

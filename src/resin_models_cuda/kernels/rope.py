@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resin_model.config import RopeConfig
 from resin_models_cuda.kernels.paged import check_cache, next_pow2
-from resin_models_torch.config import RopeConfig
 
 
 def rope_cache(

@@ -3,7 +3,7 @@
 optional group-limited choice (DeepSeek), the k best experts, optional renormalization and
 scale, per token; shared experts can be appended as always-chosen experts of weight 1.
 
-Equals `resin_models_torch.routing.deepseek_route` (which, with one group and no bias, is
+Equals `resin_model.routing.deepseek_route` (which, with one group and no bias, is
 `scores.topk(k)` + `w / w.sum()`), with ties broken toward the lower expert id as `torch.topk`
 does in practice. gpt-oss's "softmax over the top-k logits" is the same as softmax over all,
 top-k, renormalize. The experts are held as a `[groups, experts per group]` tile.
@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resin_model.config import MoeConfig
 from resin_models_cuda.kernels.paged import next_pow2
-from resin_models_torch.config import MoeConfig
 
 
 @triton.jit

@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from resin_model.config import ModelConfig
 from resin_models_cuda.kernels import PagedKV, decode_attention, kv_append, prefill_attention
 from resin_models_cuda.layers.norm import RMSNorm
 from resin_models_cuda.layers.rotary import Rotary
 from resin_models_cuda.layers.weights import WeightSource
 from resin_models_cuda.step import DecodeInfo, LayerSlot, StepTensors
-from resin_models_torch.config import ModelConfig
 
 
 def _fused(

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from resin_model.config import ModelConfig
 from resin_models_cuda.kernels.mla import latent_append, mla_decode
 from resin_models_cuda.layers.norm import RMSNorm
 from resin_models_cuda.layers.rotary import Rotary
 from resin_models_cuda.layers.weights import WeightSource
 from resin_models_cuda.step import DecodeInfo, GroupTensors, LayerSlot, PrefillInfo, StepTensors
-from resin_models_torch.config import ModelConfig
 
 LATENT_NORM_EPS = 1e-6  # DeepSeek's q_a / kv_a norms use the RMSNorm default
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from resin_model.config import MoeConfig
 from resin_models_cuda.kernels.activation import Activation, gated_activation
 from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up, tiles_for
 from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
 from resin_models_cuda.kernels.router import router_topk
-from resin_models_torch.config import MoeConfig
 
 
 @dataclass(frozen=True, slots=True)

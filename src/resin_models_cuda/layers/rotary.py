@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from resin_model.config import RopeConfig
 from resin_models_cuda.kernels.rope import apply_rope, rope_cache
 from resin_models_cuda.layers.norm import RMSNorm
-from resin_models_torch.config import RopeConfig
 
 
 class Rotary:

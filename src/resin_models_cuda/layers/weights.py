@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from resin_models_torch.checkpoint_names import default_names
+from resin_model.checkpoint_names import default_names
 
 Init = str  # "normal" | "out" (writes into the residual stream) | "ones" | "zeros"
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from resin_model.config import LayerKind, ModelConfig
 from resin_models_cuda.layers import Attention, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.step import LayerSlot, MediaTensors, StepTensors
-from resin_models_torch.config import LayerKind, ModelConfig
 
 GROUP_KINDS: tuple[LayerKind, ...] = ("full", "sliding")  # the reference runner's group order
 

@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import torch
 
+from resin_model.config import ModelConfig
 from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.layers import activation_of as activation
 from resin_models_cuda.layers.mla import MlaAttention, prefill_rows
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.step import StepTensors
-from resin_models_torch.config import ModelConfig
 
 
 class DeepseekLayer:

@@ -4,8 +4,8 @@ four norms per layer (the sublayer outputs are normed before they join the resid
 boundary is one fused "post-norm, add, pre-norm" kernel), per-head q/k norms, scores scaled by
 `query_pre_attn_scalar`, embeddings scaled by sqrt(hidden), GELU-tanh MLP.
 
-`Gemma3Vision` ("gemma3" with a `vision_config`) adds the image encoder of the reference runner
-(`resin_models_torch.gemma3_encoder`, eager PyTorch): its features replace the placeholder
+`Gemma3Vision` ("gemma3" with a `vision_config`) adds the image encoder both families share
+(`resin_model.gemma3_encoder`, eager PyTorch): its features replace the placeholder
 embeddings after the scale, and the step's `span_end` lets an image's tokens see each other."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from resin.plan import MediaItem
+from resin_model.config import ModelConfig
+from resin_model.gemma3_encoder import Gemma3ImageEncoder
 from resin_models_cuda.layers import Attention, GatedMLP, RMSNorm, WeightSource
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
-from resin_models_torch.config import ModelConfig
-from resin_models_torch.gemma3_encoder import Gemma3ImageEncoder
 
 
 class Gemma3Layer:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from resin_model.config import ModelConfig
 from resin_models_cuda.layers import (
     Attention,
     ExpertWeights,
@@ -19,7 +20,6 @@ from resin_models_cuda.layers import (
 from resin_models_cuda.layers.weights import Init
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
-from resin_models_torch.config import ModelConfig
 
 
 def qwen_experts(config: ModelConfig, weights: WeightSource, prefix: str) -> ExpertWeights:

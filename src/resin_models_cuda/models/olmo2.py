@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from resin_model.config import ModelConfig
 from resin_models_cuda.layers import Attention, GatedMLP, RMSNorm, WeightSource
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
-from resin_models_torch.config import ModelConfig
 
 
 class Olmo2Layer:

@@ -1,0 +1,204 @@
+"""`resin bench runner`: prefill and decode sweeps of the Triton runner, models side by side.
+
+    resin bench runner --random-weights --model-config llama-8b,qwen3-30b-a3b,gpt-oss-20b \
+        --context-lengths 1024,4096 --batch-sizes 1,64,256 --output bench/gpu.jsonl
+
+Models run one after the other in one process (one set of in-run ceilings); prints one table,
+appends JSONL (one line per point plus an `env` line per model), writes PNG charts next to the
+JSONL with `--plot`, and Chrome/Perfetto traces with `--trace-dir`. `main(argv)` is what
+`resin bench runner` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from resin_app.bench.runner_bench import BenchRecord, Ceilings
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="resin bench runner", description=__doc__.split("\n")[0])
+    p.add_argument("--backend", choices=["local"], default="local",
+                   help="local: run the Triton runner in this process")  # fmt: skip
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="Hugging Face checkpoint directory (safetensors)")
+    src.add_argument("--random-weights", action="store_true", help="random weights of a preset")
+    p.add_argument("--model-config", default="llama-8b",
+                   help="comma-separated presets: llama-8b, qwen3-8b, qwen3-30b-a3b, "
+                        "gpt-oss-20b, gemma3-12b, olmo2-7b, llama-1b, deepseek-v2-lite, "
+                        "tiny-<arch>")  # fmt: skip
+    p.add_argument("--context-lengths", type=_ints, default=[1024, 4096, 8192],
+                   help="prefill sweep: prompt lengths")  # fmt: skip
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 32, 64, 128, 256],
+                   help="decode sweep: batch sizes")  # fmt: skip
+    p.add_argument("--decode-contexts", type=_ints, default=[1024],
+                   help="decode sweep: context length of every row")  # fmt: skip
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--moe-gemv-max-pairs", type=int, default=64,
+                   help="MoE: token-expert pairs up to which the expert GEMV runs")  # fmt: skip
+    p.add_argument("--gemv-tiles", type=Path,
+                   help="tuned GEMV tiles, JSONL (resin bench tune-moe --graph)")  # fmt: skip
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="weights and KV dtype")  # fmt: skip
+    p.add_argument("--output", type=Path, help="append JSONL records here")
+    p.add_argument("--plot", action="store_true", help="PNG charts next to --output")
+    p.add_argument("--trace-dir", type=Path, help="write torch-profiler Chrome traces here")
+    p.add_argument("--trace-batch", type=int, default=64,
+                   help="trace the decode batch size nearest this")  # fmt: skip
+    p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
+    return p.parse_args(argv)
+
+
+def _progress(items: list[int], desc: str) -> Iterable[int]:
+    try:
+        from tqdm import tqdm
+
+        progress: Iterable[int] = tqdm(items, desc=desc, file=sys.stderr)
+        return progress
+    except ImportError:
+        return items
+
+
+def _trace(path: Path, fn: Callable[[], object]) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    print(f"== {path.name}: top device kernels")
+    print(
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=28, max_name_column_width=70)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from resin_app.bench.report import plot, print_table, write_jsonl
+    from resin_app.bench.runner_bench import Ceilings, measure_ceilings
+
+    device = torch.device(args.device)
+    if args.gemv_tiles:
+        from resin_models_cuda.kernels.moe_gemv import load_tiles
+
+        print(f"loaded {load_tiles(str(args.gemv_tiles))} tuned GEMV tiles")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("resin bench runner: no CUDA device (use --device cpu for an interpreter smoke test)")
+        return 2
+    dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
+    ceilings = measure_ceilings(device) if device.type == "cuda" else Ceilings(1e11, 1e12)
+    names = [Path(args.checkpoint).name] if args.checkpoint else args.model_config.split(",")
+    records, envs = [], []
+    for name in names:
+        model_records, env = _bench_model(args, name, device, dtype, ceilings)
+        records += model_records
+        envs.append(env)
+        print(json.dumps(env))
+        if args.output:
+            write_jsonl(args.output, [env, *(r.to_json() for r in model_records)])
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print_table(records)
+    if args.output and args.plot:
+        for name in names:
+            for path in plot([r for r in records if r.model == name], args.output.parent, name):
+                print(f"wrote {path}")
+    return 0
+
+
+def _bench_model(
+    args: argparse.Namespace,
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    ceilings: Ceilings,
+) -> tuple[list[BenchRecord], dict[str, Any]]:
+    import torch
+
+    from resin.protocols import CacheLayout
+    from resin_app.bench.plans import PagedPlanner
+    from resin_app.bench.runner_bench import RunnerBench
+    from resin_model.presets import preset
+    from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
+
+    steps = args.warmup + args.iters
+    max_ctx = max([*args.context_lengths, *(c + steps + 1 for c in args.decode_contexts)])
+    options = RunnerOptions(page_size=args.page_size, max_batch=max(args.batch_sizes),
+                            max_context=max_ctx, cuda_graphs=not args.no_cuda_graphs,
+                            moe_gemv_max_pairs=args.moe_gemv_max_pairs)  # fmt: skip
+    t0 = time.perf_counter()
+    if args.checkpoint:
+        runner = load_runner(args.checkpoint, options, str(device), dtype)
+    else:
+        runner = random_runner(preset(name), options, str(device), dtype)
+    load_s = time.perf_counter() - t0
+    groups = len(runner.model.group_kinds)
+    decode_pages = -(-(max(args.decode_contexts) + steps + 1) // args.page_size)
+    prefill_pages = -(-max(args.context_lengths) // args.page_size)
+    num_pages = groups * (max(args.batch_sizes) * decode_pages + prefill_pages + 8)
+    rc = runner.runner_config
+    t0 = time.perf_counter()
+    runner.bind(CacheLayout(num_pages, args.page_size, rc.page_bytes, rc.cache_groups))
+    capture_s = time.perf_counter() - t0
+    assert runner.kv is not None
+    runner.kv.normal_()
+    bench = RunnerBench(runner, PagedPlanner(num_pages, args.page_size, groups), name, ceilings)
+    records = []
+    for ctx in _progress(args.context_lengths, f"{name} prefill"):
+        records.append(bench.prefill(ctx, args.warmup, args.iters))
+    for ctx in args.decode_contexts:
+        for b in _progress(args.batch_sizes, f"{name} decode ctx {ctx}"):
+            records.append(bench.decode(b, ctx, args.warmup, args.iters))
+    if args.trace_dir:
+        ctx = min(args.context_lengths, key=lambda c: abs(c - 4096))
+        _trace(args.trace_dir / f"{name}_prefill_{ctx}.json", lambda: bench.prefill(ctx, 0, 1))
+        b = min(args.batch_sizes, key=lambda x: abs(x - args.trace_batch))
+        _trace(args.trace_dir / f"{name}_decode_b{b}.json",
+               lambda: bench.decode(b, args.decode_contexts[0], 0, 3))  # fmt: skip
+    env = {
+        "kind": "env", "model": name, "argv": list(sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine(),
+        "torch": torch.__version__, "triton": _triton_version(), "load_s": load_s,
+        "capture_s": capture_s, "ceiling_bandwidth_tb_s": ceilings.bandwidth / 1e12,
+        "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": runner.model.nbytes(),
+        "cuda_graphs": not args.no_cuda_graphs, "moe_gemv_max_pairs": args.moe_gemv_max_pairs,
+        "kv_bytes_per_token": rc.page_bytes // args.page_size,
+        "llama_kv_bytes_per_token": 2 * runner.config.hidden_size * runner.config.num_layers
+                                    * runner.dtype.itemsize,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }  # fmt: skip
+    runner.close()
+    del runner
+    return records, env
+
+
+def _triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

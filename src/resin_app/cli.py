@@ -1,0 +1,283 @@
+"""`resin serve | chat | bench | check | worker`: the command line.
+
+`resin serve` with no arguments serves the default model (SmolLM2-135M-Instruct) with the
+prefix cache on at http://127.0.0.1:8000, showing a progress bar while it loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Literal
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--checkpoint", help="a model folder (safetensors or converted GGUF)")
+    src.add_argument("--model", help="a model name known to the default-model resolver")
+    src.add_argument(
+        "--fake-runner",
+        action="store_true",
+        help="the real engine with a zero-cost runner (load tests)",
+    )
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule decode step n+1 while step n runs (default: on when the runner "
+        "supports it; --no-overlap runs one step at a time, for debugging)",
+    )
+    p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft"],
+        default=None,
+        help="speculative decoding: ngram (prompt lookup) or draft (a second model, "
+        "--draft-model); docs/engine.md",
+    )
+    p.add_argument("--draft-model", default=None, help="draft model name or folder")
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="drafts per step (4)")
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard the model over N devices (reference runner; its N-1 workers start as "
+        "`resin worker` processes; docs/distributed.md)",
+    )
+    p.add_argument(
+        "--data-parallel",
+        type=int,
+        default=1,
+        metavar="M",
+        help="M engine replicas behind one server: a request goes to the replica with the "
+        "longest cached prefix for it, else the least loaded (docs/distributed.md)",
+    )
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        help="sampling defaults for omitted request fields: auto (the checkpoint's "
+        "generation_config.json / GGUF metadata), none, or a JSON file",
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="resin", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
+    _serve_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    serve.add_argument("--queue-capacity", type=int, default=1024)
+    serve.add_argument("--max-active", type=int, default=128)
+    serve.add_argument("--stream-interval", type=int, default=4)
+    serve.add_argument("--max-body-mb", type=float, default=4.0)
+    limits = serve.add_argument_group("limits (docs/server.md)")
+    limits.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=5,
+        metavar="S",
+        help="close an idle kept-alive connection after S seconds (5)",
+    )
+    limits.add_argument(
+        "--timeout-headers",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a client must send its request headers within S seconds (10)",
+    )
+    limits.add_argument(
+        "--max-header-kb",
+        type=int,
+        default=64,
+        help="request line + headers above this get 431 (64)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="open connections at once; more get 503 (1024, below the fd limit)",
+    )
+    limits.add_argument(
+        "--max-generations",
+        type=int,
+        default=64,
+        help="engine requests one HTTP request may start, n x prompts (64)",
+    )
+    limits.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="H1,H2",
+        help="accepted Host header names, '*' for any (default: loopback "
+        "names when bound to loopback, else any)",
+    )
+    limits.add_argument(
+        "--special-tokens-in-text",
+        action="store_true",
+        help="old behaviour: special-token strings in user or tool text "
+        "become special tokens (default: they stay text)",
+    )
+    chat = sub.add_parser("chat", help="chat in the terminal (with a server URL or in-process)")
+    _serve_args(chat)
+    chat.add_argument("--url", default=None, help="an existing server; else start one")
+    chat.add_argument("--api-key", default=None)
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--system", default=None)
+    # `bench TOOL` parses its own options too: `resin bench --help` lists the tools.
+    sub.add_parser("bench", help="run one benchmark tool (`resin bench --help` lists them)")
+    # `check` parses its own options (main() hands them over); listed here for --help.
+    sub.add_parser("check", help="check a running server (`resin check --help`)")
+    # `worker` parses its own options too (docs/distributed.md).
+    sub.add_parser("worker", help="one non-leader rank of a multi-GPU job (`resin worker --help`)")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> object:
+    from resin_app.loading import LoadOptions, load
+
+    options = LoadOptions(
+        checkpoint=args.checkpoint,
+        model=args.model,
+        device=args.device,
+        context_length=args.context_length,
+        prefix_cache=args.prefix_cache,
+        recipe=args.recipe,
+        fake=args.fake_runner,
+        generation_config=args.generation_config,
+        overlap=args.overlap,
+        speculative=args.speculative,
+        draft_model=args.draft_model,
+        num_draft_tokens=args.num_draft_tokens,
+        tensor_parallel=args.tensor_parallel,
+        data_parallel=args.data_parallel,
+    )
+    try:
+        return load(options)
+    except ValueError as exc:  # a bad option (say, an unknown --recipe): exit as argparse does
+        print(f"resin {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def serve(args: argparse.Namespace) -> int:
+    from resin.server import HttpServer
+    from resin.server.protocol import ConnectionLimits
+    from resin.server.service import Limits
+    from resin_app.loading import Loaded
+
+    loaded = _load(args)
+    assert isinstance(loaded, Loaded)
+    server = HttpServer(
+        list(loaded.engines),
+        loaded.recipe,
+        tokenizer=loaded.tokenizer,
+        model=args.served_model_name or loaded.name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        stream_interval=args.stream_interval,
+        request_queue_capacity=args.queue_capacity,
+        max_active=args.max_active,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        context_length=loaded.context_length,
+        limits=Limits(max_generations=args.max_generations),
+        connection_limits=ConnectionLimits(
+            timeout_keep_alive=args.timeout_keep_alive,
+            timeout_headers=args.timeout_headers,
+            max_header_bytes=args.max_header_kb * 1024,
+            max_connections=args.max_connections,
+        ),
+        allowed_hosts=_hosts(args.allowed_hosts),
+        special_tokens_in_text=args.special_tokens_in_text,
+        generation_defaults=loaded.defaults,
+    )
+    uv = server.make_uvicorn()
+    url = f"http://{args.host}:{args.port}"
+    _announce_when_ready(uv, url, loaded.name)
+    code = 0
+    try:
+        uv.run()
+    except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its clean shutdown
+        code = 130
+    finally:
+        loaded.close()
+    return code
+
+
+def _hosts(value: str | None) -> list[str] | Literal["loopback-default"] | None:
+    if value is None:
+        return "loopback-default"
+    return [h.strip() for h in value.split(",") if h.strip()]
+
+
+def _announce_when_ready(uv: object, url: str, name: str) -> None:
+    import threading
+    import time
+
+    def wait() -> None:
+        while not getattr(uv, "started", False):
+            if getattr(uv, "should_exit", False):
+                return
+            time.sleep(0.05)
+        print(f"resin: serving {name} at {url}  (chat page: {url}/ , API: {url}/v1)", flush=True)
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+def chat(args: argparse.Namespace) -> int:
+    from resin_app.terminal import chat_loop
+
+    if args.url:
+        return chat_loop(args.url, args.api_key, args.max_tokens, args.system)
+    from resin.server import HttpServer
+    from resin.server.launch import free_port, running
+    from resin_app.loading import Loaded
+
+    loaded = _load(args)
+    assert isinstance(loaded, Loaded)
+    server = HttpServer(
+        list(loaded.engines),
+        loaded.recipe,
+        tokenizer=loaded.tokenizer,
+        model=loaded.name,
+        port=free_port(),
+        stream_interval=1,
+        generation_defaults=loaded.defaults,
+    )
+    try:
+        with running(server) as url:
+            return chat_loop(url, None, args.max_tokens, args.system)
+    finally:
+        loaded.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:
+        # The checker parses its own options (`resin check --help` shows them); a leading
+        # `--` only separates them from ours.
+        from resin_app import check
+
+        return check.main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
+    if argv[:1] == ["bench"]:  # `resin bench TOOL ...`: the tool's options go through untouched
+        from resin_app import bench
+
+        return bench.main(argv[1:])
+    if argv[:1] == ["worker"]:  # its own options (docs/distributed.md)
+        from resin_app import worker
+
+        return worker.main(argv[1:])
+    args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    return chat(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""What `resin serve` and `resin chat` load: engine + recipe + tokenizer, from a checkpoint or
+the default model, with a tqdm progress bar; or, for load tests (`--fake-runner`), the real
+engine with `ZeroCostRunner` and the default model's tokenizer and recipe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from resin.engine import Engine
+from resin.generation_config import NO_DEFAULTS, GenerationDefaults
+from resin.generation_config import resolve as resolve_defaults
+from resin.recipe import Recipe
+from resin.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    checkpoint: str | None = None
+    model: str | None = None
+    device: str = "cpu"
+    context_length: int | None = None
+    prefix_cache: bool = True
+    recipe: str | None = None
+    fake: bool = False
+    generation_config: str = "auto"
+    """auto | none | a JSON file (`resin.generation_config`)."""
+    overlap: bool | None = None
+    """Pipeline decode steps (`Engine(overlap=...)`): None = when the runner supports it."""
+    speculative: str | None = None
+    """None, "ngram" or "draft" (`speculation_for`)."""
+    draft_model: str | None = None
+    num_draft_tokens: int = 4
+    tensor_parallel: int = 1
+    """Ranks per replica (`resin_app.worker.checkpoint_replicas` starts the workers)."""
+    data_parallel: int = 1
+    """Engine replicas behind one server (docs/distributed.md)."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    engines: tuple[Engine, ...]
+    """Every replica's engine (one without --data-parallel)."""
+    recipe: Recipe
+    tokenizer: Tokenizer
+    name: str
+    context_length: int
+    defaults: GenerationDefaults = NO_DEFAULTS
+    job: Any = None
+    """The `LocalJob` of spawned tensor-parallel workers, if any."""
+
+    @property
+    def engine(self) -> Engine:
+        """The first replica's engine (the only one without --data-parallel)."""
+        return self.engines[0]
+
+    def close(self) -> None:
+        """Close every engine, then reap the workers and leave the process group."""
+        for engine in self.engines:
+            engine.close()
+        if self.job is not None:
+            self.job.wait()
+            from resin.backend.topology import shutdown
+
+            shutdown()
+
+
+def check_recipe_name(name: str | None) -> None:
+    """An unknown `--recipe` is a startup error that lists the known names (checked before
+    any weights load), never a silent fall-back to a plain template."""
+    if name is None:
+        return
+    from resin.recipe.registry import native_recipe_names
+
+    known = (*native_recipe_names(), "jinja")
+    if name.lower().replace("-", "_") not in known:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
+
+
+def load(options: LoadOptions, progress: bool = True) -> Loaded:
+    check_recipe_name(options.recipe)
+    check_speculative(options)
+    check_parallel(options)
+    if options.fake:
+        return load_fake(options)
+    from tqdm import tqdm
+
+    steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine"]
+    with tqdm(total=len(steps), desc="loading", disable=not progress, unit="step") as bar:
+        bar.set_postfix_str(steps[0])
+        from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+
+        folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
+        bar.update()
+        bar.set_postfix_str(steps[1])
+        from resin_app.worker import checkpoint_replicas
+
+        runners, job = checkpoint_replicas(
+            folder,
+            device=options.device,
+            tensor_parallel=options.tensor_parallel,
+            data_parallel=options.data_parallel,
+        )
+        bar.update()
+        bar.set_postfix_str(steps[2])
+        tokenizer = Tokenizer.from_dir(folder)
+        recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
+        bar.update()
+        bar.set_postfix_str(steps[3])
+        context = context_length_of(folder, options.context_length)
+        engines = tuple(
+            Engine(
+                runner,
+                prefix_cache=options.prefix_cache,
+                context_length=context,
+                grammar=grammar_backend(tokenizer),
+                overlap=options.overlap,
+                speculation=speculation_for(options, context),
+            )
+            for runner in runners
+        )
+        bar.update()
+    name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
+    defaults = resolve_defaults(options.generation_config, folder)
+    name = name or DEFAULT_MODEL_NAME
+    return Loaded(engines, recipe, tokenizer, name, context, defaults, job)
+
+
+def check_parallel(options: LoadOptions) -> None:
+    """`--tensor-parallel` / `--data-parallel` make sense (checked before any weights load)."""
+    if options.tensor_parallel < 1 or options.data_parallel < 1:
+        raise ValueError("--tensor-parallel and --data-parallel must be >= 1")
+    if options.fake and options.tensor_parallel > 1:
+        raise ValueError("--tensor-parallel shards a model; --fake-runner has none")
+
+
+def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
+    """Images exactly when the checkpoint has a vision tower (`config.json` `vision_config`):
+    a vision checkpoint renders through its own template with the family's image handling
+    (`resin.recipe.vision.vision_for`); any other recipe refuses images."""
+    import json
+    from pathlib import Path
+
+    from resin.recipe import JinjaRecipe
+    from resin.recipe.vision import vision_for
+
+    path = Path(folder) / "config.json"
+    vision = vision_for(json.loads(path.read_text())) if path.is_file() else None
+    if vision is None:
+        if isinstance(recipe, JinjaRecipe):
+            recipe.set_vision(None)
+        return recipe
+    jinja = recipe if isinstance(recipe, JinjaRecipe) else JinjaRecipe(tokenizer)
+    jinja.set_vision(vision)
+    return jinja
+
+
+def recipe_for(tokenizer: Tokenizer, name: str | None) -> Recipe:
+    """The named recipe (its errors, say a tokenizer without the family's special tokens, stop
+    the start); unnamed, `resin.recipe.load_recipe`'s choice: the native recipe of the
+    template's family when it renders alike, else `JinjaRecipe`; ChatML for a template-less
+    tokenizer with ChatML tokens. Neither template nor known tokens is a startup error."""
+    from resin.recipe import load_recipe
+
+    try:
+        return load_recipe(tokenizer, name)
+    except ValueError as exc:
+        if name is not None:
+            raise
+        raise ValueError(f"{exc}: pass --recipe NAME") from None
+
+
+def grammar_backend(tokenizer: Any) -> Any:
+    """The constrained-decoding backend for `tokenizer` (None when llguidance is missing:
+    constrained requests then get a 400 saying so)."""
+    try:
+        from resin.engine.grammar import GrammarBackend
+
+        return GrammarBackend.from_tokenizer(tokenizer)
+    except ImportError:
+        return None
+
+
+def check_speculative(options: LoadOptions) -> None:
+    """The speculative-decoding options make sense together (checked before any weights load)."""
+    if options.speculative not in (None, "ngram", "draft"):
+        raise ValueError(f"unknown --speculative {options.speculative!r} (ngram or draft)")
+    if options.draft_model is not None and options.speculative != "draft":
+        raise ValueError("--draft-model needs --speculative draft")
+    if options.speculative == "draft" and options.draft_model is None:
+        raise ValueError("--speculative draft needs --draft-model NAME_OR_FOLDER")
+    if options.num_draft_tokens < 1:
+        raise ValueError("--num-draft-tokens must be >= 1")
+
+
+def speculation_for(options: LoadOptions, context_length: int) -> Any:
+    """The engine's `Speculation` for `--speculative ngram|draft` (None without it). A draft
+    model must share the target's tokenizer; it runs on the same device."""
+    check_speculative(options)
+    if options.speculative is None:
+        return None
+    from resin.engine.proposers import DraftModelProposer, NgramProposer
+    from resin.engine.speculative import Speculation
+
+    if options.speculative == "ngram":
+        return Speculation(NgramProposer(), options.num_draft_tokens)
+    assert options.draft_model is not None
+    from resin_app.runners import build_runner
+    from resin_model.default_model import resolve_checkpoint
+    from resin_model.family import BuildRequest
+
+    folder = resolve_checkpoint(options.draft_model)
+    runner = build_runner(folder, "torch", BuildRequest(options.device))
+    proposer = DraftModelProposer(runner, context_length=context_length)
+    return Speculation(proposer, options.num_draft_tokens)
+
+
+class ZeroCostRunner:
+    """A runner for the real `Engine` that computes nothing: every sampling row gets
+    `token_id` (logprob 0 when asked). All time measured is engine + server overhead."""
+
+    def __init__(self, vocab_size: int, token_id: int, page_size: int = 16) -> None:
+        import numpy as np
+
+        from resin.protocols import RunnerConfig
+
+        self.runner_config = RunnerConfig(vocab_size=vocab_size, page_size=page_size)
+        self._token_id = token_id
+        self._tokens = np.full(1 << 16, token_id, dtype=np.uint32)
+
+    def forward(self, plan: Any) -> Any:
+        import numpy as np
+
+        from resin.plan import ForwardOutput
+
+        rows = np.asarray(plan.sample_rows, dtype=bool)
+        indptr = np.zeros(rows.size + 1, dtype=np.uint32)
+        np.cumsum(rows, out=indptr[1:])
+        n, t = int(indptr[-1]), len(plan.input_ids)
+        k = max(0, plan.sampling.max_logprobs)
+        pk = max(0, int(plan.sampling.prompt_logprobs.max(initial=-1)))
+        return ForwardOutput(
+            self._tokens[:n],
+            indptr,
+            logprobs=np.zeros(n, dtype=np.float32),
+            top_ids=np.full((n, k), self._token_id, dtype=np.int32) if k else None,
+            top_logprobs=np.zeros((n, k), dtype=np.float32) if k else None,
+            prompt_logprobs=np.zeros(t, dtype=np.float32),
+            prompt_top_ids=np.full((t, pk), self._token_id, dtype=np.int32) if pk else None,
+            prompt_top_logprobs=np.zeros((t, pk), dtype=np.float32) if pk else None,
+        )
+
+
+def load_fake(options: LoadOptions) -> Loaded:
+    """`resin serve --fake-runner`: the real engine with `ZeroCostRunner` (it answers the
+    token for "a" forever), the default model's tokenizer and recipe (`--recipe` applies)."""
+    from resin_model.default_model import default_model_dir
+
+    tokenizer = Tokenizer.from_dir(default_model_dir())
+    context = options.context_length or 4096
+    engines = tuple(
+        Engine(
+            ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0]),
+            context_length=context,
+            prefix_cache=options.prefix_cache,
+            max_sequences=512,
+            overlap=options.overlap,
+            speculation=speculation_for(options, context),  # refused: the runner cannot verify
+        )
+        for _ in range(options.data_parallel)
+    )
+    recipe = recipe_for(tokenizer, options.recipe)
+    return Loaded(engines, recipe, tokenizer, "fake", context)
+
+
+def _name_of(folder: str) -> str:
+    return folder.rstrip("/").rsplit("/", 1)[-1] or "resin"
+
+
+def context_length_of(folder: Any, requested: int | None) -> int:
+    """The checkpoint's trained context (config.json), or less when asked."""
+    import json
+    from pathlib import Path
+
+    config = Path(folder) / "config.json"
+    trained = None
+    if config.is_file():
+        trained = json.loads(config.read_text(encoding="utf-8")).get("max_position_embeddings")
+    limit = int(trained) if isinstance(trained, int) and trained > 0 else 32768
+    return min(requested, limit) if requested else limit

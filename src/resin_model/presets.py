@@ -1,0 +1,183 @@
+"""Model shapes the benchmark and the tests build with random weights, as Hugging Face
+`config.json` dicts (so a preset goes through the same `parse_config` as a checkpoint), and the
+byte / parameter counts the benchmark reads its ceilings from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resin_model.config import ModelConfig
+from resin_model.hf_config import parse_config
+
+_LLAMA_8B: dict[str, Any] = {
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192},
+    "max_position_embeddings": 131072,
+}  # fmt: skip
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-8b": _LLAMA_8B,
+    "llama-1b": {**_LLAMA_8B, "hidden_size": 2048, "intermediate_size": 8192,
+                 "num_hidden_layers": 16, "head_dim": 64, "tie_word_embeddings": True},
+    "qwen3-8b": {**_LLAMA_8B, "model_type": "qwen3", "vocab_size": 151936,
+                 "intermediate_size": 12288, "num_hidden_layers": 36, "rms_norm_eps": 1e-6,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+                 "max_position_embeddings": 40960},
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+        "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        "max_position_embeddings": 40960, "num_experts": 128, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768, "norm_topk_prob": True,
+    },
+    "gpt-oss-20b": {
+        "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+        "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 4096},
+    },
+    "gemma3-12b": {
+        "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 3840,
+        "intermediate_size": 15360, "num_hidden_layers": 48, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 256, "query_pre_attn_scalar": 256,
+        "sliding_window": 1024, "sliding_window_pattern": 6,
+        "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 1e6,
+        "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "max_position_embeddings": 131072,
+    },
+    "olmo2-7b": {
+        "model_type": "olmo2", "vocab_size": 100352, "hidden_size": 4096,
+        "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+        "max_position_embeddings": 4096,
+    },
+    "deepseek-v2-lite": {
+        "model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048,
+        "intermediate_size": 10944, "num_hidden_layers": 27, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "rms_norm_eps": 1e-6, "max_position_embeddings": 163840,
+        "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 64,
+        "num_experts_per_tok": 6, "n_shared_experts": 2, "moe_intermediate_size": 1408,
+        "first_k_dense_replace": 1, "topk_method": "greedy", "routed_scaling_factor": 1.0,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                         "original_max_position_embeddings": 4096, "beta_fast": 32,
+                         "beta_slow": 1},
+    },
+}  # fmt: skip
+
+# Tiny shapes of every architecture (CPU interpreter tests, GPU correctness checks).
+_TINY: dict[str, Any] = {
+    "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 512,
+}  # fmt: skip
+
+TINY: dict[str, dict[str, Any]] = {
+    "llama": {**_TINY, "model_type": "llama"},
+    "mistral": {**_TINY, "model_type": "mistral", "sliding_window": 9},
+    "qwen2": {**_TINY, "model_type": "qwen2"},
+    "qwen3": {**_TINY, "model_type": "qwen3", "tie_word_embeddings": True},
+    "qwen3_moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 6,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                  "norm_topk_prob": True, "mlp_only_layers": [1]},
+    "gemma3": {**_TINY, "model_type": "gemma3_text", "num_hidden_layers": 3,
+               "sliding_window": 6, "query_pre_attn_scalar": 16,
+               "hidden_activation": "gelu_pytorch_tanh",
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+    "gpt_oss": {**_TINY, "model_type": "gpt_oss", "intermediate_size": 32,
+                "num_local_experts": 6, "num_experts_per_tok": 2, "sliding_window": 5,
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                    "original_max_position_embeddings": 16}},
+    "olmo2": {**_TINY, "model_type": "olmo2"},
+}  # fmt: skip
+PRESETS.update({f"tiny-{name}": raw for name, raw in TINY.items()})
+PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `resin bench runner`)
+    **PRESETS["deepseek-v2-lite"], "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "kv_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+    "max_position_embeddings": 512,
+}  # fmt: skip
+PRESETS["tiny"] = TINY["llama"]
+
+
+def preset(name: str) -> ModelConfig:
+    return parse_config(preset_hf(name))
+
+
+def preset_hf(name: str) -> dict[str, Any]:
+    try:
+        return dict(PRESETS[name])
+    except KeyError:
+        raise ValueError(f"unknown model config {name!r}; known: {sorted(PRESETS)}") from None
+
+
+def kv_bytes_read(config: ModelConfig, context: int, dtype_bytes: int = 2) -> int:
+    """KV bytes attention reads for one row at `context` tokens (sliding layers: the window)."""
+    window = int(config.sliding_window or context)
+    per_layer = 2 * config.kv_size * dtype_bytes
+    if config.mla is not None:  # one latent per token per layer
+        per_layer = config.mla.latent_dim * dtype_bytes
+    return sum(
+        per_layer * (min(context, window) if kind == "sliding" else context)
+        for kind in config.layer_types
+    )
+
+
+def _expert_params(config: ModelConfig) -> int:
+    assert config.moe is not None
+    return 3 * config.hidden_size * config.moe.intermediate_size
+
+
+def _attention_params(config: ModelConfig) -> int:
+    h, mla = config.hidden_size, config.mla
+    if mla is None:
+        return h * (config.q_size + 2 * config.kv_size) + config.q_size * h
+    heads, qk = config.num_heads, mla.nope_dim + mla.rope_dim
+    rank = mla.q_lora_rank
+    q = h * heads * qk if rank is None else h * rank + rank * heads * qk
+    kv = h * mla.latent_dim + mla.kv_lora_rank * heads * (mla.nope_dim + mla.v_head_dim)
+    return q + kv + heads * mla.v_head_dim * h
+
+
+def param_counts(config: ModelConfig) -> tuple[int, int]:
+    """(non-embedding parameters read per token at batch 1, all non-embedding parameters)
+    plus the LM head; an MoE layer reads `top_k` of its experts per token."""
+    h = config.hidden_size
+    attn = _attention_params(config)
+    active = total = 0
+    for layer in range(config.num_layers):
+        if config.is_sparse(layer):
+            assert config.moe is not None
+            router = h * config.moe.num_experts + 3 * h * config.moe.shared_intermediate_size
+            active += attn + router + config.moe.top_k * _expert_params(config)
+            total += attn + router + config.moe.num_experts * _expert_params(config)
+        else:
+            active += attn + 3 * h * config.intermediate_size
+            total += attn + 3 * h * config.intermediate_size
+    head = config.vocab_size * h
+    return active + head, total + head
+
+
+def weight_bytes_read(config: ModelConfig, batch: int, dtype_bytes: int = 2) -> int:
+    """Weight bytes one step of `batch` tokens must read: all of a dense model; for an MoE the
+    shared part plus the experts that uniform routing touches on average,
+    E * (1 - (1 - k/E) ** batch) per sparse layer."""
+    active, total = param_counts(config)
+    if config.moe is None:
+        return total * dtype_bytes
+    moe = config.moe
+    sparse = sum(config.is_sparse(i) for i in range(config.num_layers))
+    shared = active - sparse * moe.top_k * _expert_params(config)
+    touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
+    return int((shared + sparse * touched * _expert_params(config)) * dtype_bytes)
