@@ -32,7 +32,7 @@ from resin_models_cuda.kernels.quant_tiles import fp8_quantize_rows
 
 
 class GemmTiles(NamedTuple):
-    """Launch shape of `fp8_gemm` (swept by `scripts/bench_quant_kernels.py`)."""
+    """Launch shape of `fp8_gemm` (swept by `resin bench quant-kernels`)."""
 
     block_m: int = 64
     block_n: int = 128

@@ -1,11 +1,11 @@
 """Quantized-weight kernels against their bf16 counterparts on one GPU, timed the way the model
-runs them (`scripts/tune_moe.py --graph`): `L` layers of distinct weights captured in one CUDA
+runs them (`resin bench tune-moe --graph`): `L` layers of distinct weights captured in one CUDA
 graph and replayed, so every layer reads its weights from DRAM and launch gaps count; per
 layer microseconds are the median of 5 timed rounds of 10 replays (compile and capture
 excluded). A few tile shapes per kernel; prints the best of each (format, implementation)
 beside bf16 and writes every row as JSONL.
 
-    python scripts/bench_quant_kernels.py --output bench/quant_kernels.jsonl
+    resin bench quant-kernels --output bench/quant_kernels.jsonl
 
 Cases: Llama-3.1-8B's dense projections (qkv, o, gate_up, down) at 1, 64 and 4,096 tokens
 (bf16 cuBLAS; FP8 per-channel: weight-only Triton GEMM / GEMV, w8a8 per token through the
@@ -25,7 +25,7 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -109,7 +109,8 @@ class Bench:
                 for fn in layer_fns:
                     fn()
             graph.replay()
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             times = []
             for _ in range(self.rounds):
                 start.record()
@@ -118,7 +119,7 @@ class Bench:
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end) * 1e3 / (self.replays * len(layer_fns)))
-            return sorted(times)[len(times) // 2]
+            return float(sorted(times)[len(times) // 2])
         except Exception as exc:  # a tile shape out of shared memory or registers
             print("  failed:", type(exc).__name__, str(exc).splitlines()[0][:200])
             torch.cuda.synchronize()
@@ -367,7 +368,13 @@ def moe_variants(src: torch.Tensor, w: Experts, r: Routing) -> list[Variant]:
             out.append(Variant(c.fmt, "triton_gemv_regs", str(tuple(sweep[1])), regs))
             exact = partial(_gemv, src, w, r, c.fmt, sweep[1], fast_math=False)
             out.append(Variant(c.fmt, "triton_gemv_exact", str(tuple(sweep[1])), exact))
-    for tiles in ((64, 64, 3, 4), (64, 128, 4, 4), (128, 64, 3, 4), (128, 128, 3, 8)):
+    shapes: tuple[tuple[int, int, int, int], ...] = (
+        (64, 64, 3, 4),
+        (64, 128, 4, 4),
+        (128, 64, 3, 4),
+        (128, 128, 3, 8),
+    )
+    for tiles in shapes:
         name = "16x{}x{}/s{}w{}".format(*tiles)
         out.append(Variant("bf16", "triton_grouped", name,
                            partial(_grouped, src, w, r, "bf16", tiles)))  # fmt: skip
@@ -411,12 +418,12 @@ def bench_moe(b: Bench, name: str, c: MoeCase, tokens_list: list[int]) -> None:
 
 def report(rows: list[Row], copy_tbs: float) -> None:
     """Best tile of each (case, kernel, tokens, fmt, impl), with the speedup over bf16's best."""
-    best: dict[tuple, Row] = {}
+    best: dict[tuple[str, str, int, str, str], Row] = {}
     for r in rows:
         key = (r.case, r.kernel, r.tokens, r.fmt, r.impl)
         if key not in best or r.us < best[key].us:
             best[key] = r
-    base: dict[tuple, Row] = {}
+    base: dict[tuple[str, str, int], Row] = {}
     for (case, kernel, tokens, fmt, _), r in best.items():
         key3 = (case, kernel, tokens)
         if fmt == "bf16" and (key3 not in base or r.us < base[key3].us):
@@ -433,12 +440,12 @@ def report(rows: list[Row], copy_tbs: float) -> None:
               f"{r.flops / (r.us * 1e-6) / 1e12:>9.1f}{speed:>8.2f}")  # fmt: skip
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--output", type=Path, help="JSONL file (appended)")
     p.add_argument("--only", default="dense,qwen3-30b-a3b,gpt-oss-120b")
     p.add_argument("--copy-tbs", type=float, default=4.2)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.manual_seed(0)
     bench, started = Bench(), time.time()
     parts = args.only.split(",")
@@ -456,7 +463,8 @@ def main() -> None:
             for r in bench.rows:
                 row = {**asdict(r), "tb_s": r.tbs, "device": torch.cuda.get_device_name()}
                 f.write(json.dumps(row) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
