@@ -32,22 +32,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
 
 from resin.engine.grammar import GrammarBackend, GrammarState
-from resin.engine.request import Request
+from resin.engine.request import Request, Status
 from resin.events import Event, FinishedEvent, FinishReason
 from resin.params import SamplingParams
-from resin.plan import BatchPlan
+from resin.plan import BatchPlan, SamplingArrays
 
 Finish = Callable[[Request, FinishReason, str | None], FinishedEvent]
 
 OVERLAP_MIN_ROWS = 4
 """Fewer constrained rows fill their masks inline (a thread hop costs more than the masks)."""
+
+MASK_WAIT_S = 0.002
+"""How long a step waits for next-step masks filling off the engine thread before their
+requests sit that step out (the per-step mask budget of runners that cannot wait for masks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,17 @@ class _Gated:
     states: list[GrammarState]
     base: np.ndarray
     rows: list[int]
+    done: Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """Next-step masks filling off the engine thread: row i of `masks` is `requests[i]`'s
+    mask after `consumed[i]` tokens."""
+
+    requests: tuple[Request, ...]
+    consumed: tuple[int, ...]
+    masks: np.ndarray
     done: Future[None]
 
 
@@ -72,6 +89,12 @@ class ConstraintSet:
         self._worker: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self._gated: _Gated | None = None
+        self._aheads: deque[_Ahead] = deque()
+        self._ready: dict[Request, tuple[int, np.ndarray]] = {}
+        """Masks an `_Ahead` filled: request -> (tokens consumed then, mask row)."""
+        self.held: frozenset[Request] = frozenset()
+        """Decode requests that sit out the next step: their mask is still filling."""
+        self._slow = False  # the last fill ahead took longer than MASK_WAIT_S
         if backend is not None and vocab_size is not None and backend.vocab_size > vocab_size:
             raise ValueError(
                 f"the grammar tokenizer has {backend.vocab_size} tokens, "
@@ -81,36 +104,48 @@ class ConstraintSet:
         self.mask_words = -(-(width or 0) // 32)
         self.active = 0
         """Live requests with a grammar or a logit bias."""
+        self._bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """Each biased request's (ids, values), built at admission."""
 
-    def check(self, params: SamplingParams) -> GrammarState | None:
+    def check(
+        self, params: SamplingParams, prepared: GrammarState | None = None
+    ) -> GrammarState | None:
         """Validate a request's bias and constraint (ValueError naming the problem); return its
-        fresh grammar state (None without a constraint). Nothing is registered yet."""
+        fresh grammar state (None without a constraint). `prepared`: a state made off this
+        thread (`CompiledGrammar.state()` of a `GrammarBackend.prepare`) for the same
+        constraint, used as is: nothing compiles here then. Nothing is registered yet."""
         if params.logit_bias and self.vocab_size is not None:
             top = params.logit_bias[-1][0]
             if top >= self.vocab_size:
                 raise ValueError(f"logit_bias token id {top} is outside the vocabulary")
         if params.constraint is None:
             return None
+        if prepared is not None and prepared.constraint == params.constraint:
+            return prepared
         if self.backend is None:
             raise ValueError(
                 f"constraint {params.constraint.kind} needs an engine with a grammar backend "
                 "(Engine(..., grammar=GrammarBackend.from_tokenizer(tokenizer)))"
             )
-        state = self.backend.state(params.constraint)
-        if state.stopped:
-            raise ValueError(f"constraint {params.constraint.kind} allows no output at all")
-        return state
+        return self.backend.state(params.constraint)
 
     def admit(self, request: Request, state: GrammarState | None) -> None:
         request.grammar = state
-        if state is not None or request.sampling_params.logit_bias:
+        bias = request.sampling_params.logit_bias
+        if state is not None or bias:
             request.constrained = True
             self.active += 1
+        if bias:  # built once: a step only concatenates its rows' arrays
+            ids = np.fromiter((p[0] for p in bias), dtype=np.int32, count=len(bias))
+            values = np.fromiter((p[1] for p in bias), dtype=np.float32, count=len(bias))
+            self._bias[request.id] = (ids, values)
 
     def release(self, request: Request) -> None:
         if request.constrained:
             request.constrained = False
             request.grammar = None
+            self._bias.pop(request.id, None)
+            self._ready.pop(request, None)
             self.active -= 1
 
     # -- per step ----------------------------------------------------------------------------
@@ -141,34 +176,46 @@ class ConstraintSet:
         if rows and self.backend is not None:
             base = np.full((b, self.mask_words), -1, dtype=np.int32)
             mask = base.view()  # the plan freezes this view; the filler writes `base`
-            states = [g for i in rows if (g := requests[i].grammar) is not None]
-            if gated:
-                self.discard_gate()
-                self._gated = _Gated(states, base, rows, Future())
-                pending = self._gated.done.result
-            elif self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
-                if self._worker is None:
-                    self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
-                self._pending = self._worker.submit(self._fill, states, base, rows)
-                pending = self._pending.result
-            else:
-                self._fill(states, base, rows)
-        lens = [len(r.sampling_params.logit_bias) for r in requests]
-        sampling = plan.sampling
-        if any(lens):
-            indptr = np.zeros(b + 1, dtype=np.int32)
-            np.cumsum(lens, out=indptr[1:])
-            pairs = [p for r in requests for p in r.sampling_params.logit_bias]
-            sampling = dataclasses.replace(
-                sampling,
-                bias_indptr=indptr,
-                bias_ids=np.fromiter((p[0] for p in pairs), dtype=np.int32, count=len(pairs)),
-                bias_values=np.fromiter((p[1] for p in pairs), dtype=np.float32, count=len(pairs)),
-            )
+            rows = self._take_ready(requests, rows, base)
+            if rows:
+                states = [g for i in rows if (g := requests[i].grammar) is not None]
+                pending = self._start_fill(states, base, rows, gated)
+        sampling = self._with_bias(plan, requests)
         if mask is None and sampling is plan.sampling:
             return plan
         sampling = dataclasses.replace(sampling, token_bitmask=mask, mask_pending=pending)
         return dataclasses.replace(plan, sampling=sampling)
+
+    def _start_fill(
+        self, states: list[GrammarState], base: np.ndarray, rows: list[int], gated: bool
+    ) -> Callable[[], object] | None:
+        """Fill `rows` of `base` now, in the background (overlap) or at `open_gate` (gated);
+        what the runner waits on before it samples (None: filled already)."""
+        if gated:
+            self.discard_gate()
+            self._gated = _Gated(states, base, rows, Future())
+            return self._gated.done.result
+        if self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
+            self._pending = self._pool().submit(self._fill, states, base, rows)
+            return self._pending.result
+        self._fill(states, base, rows)
+        return None
+
+    def _with_bias(self, plan: BatchPlan, requests: tuple[Request, ...]) -> SamplingArrays:
+        """The plan's sampling arrays with its rows' biases in CSR form (unchanged without)."""
+        rows = [self._bias.get(r.id) for r in requests] if self._bias else []
+        if not any(rows):
+            return plan.sampling
+        lens = [0 if x is None else x[0].size for x in rows]
+        indptr = np.zeros(len(requests) + 1, dtype=np.int32)
+        np.cumsum(lens, out=indptr[1:])
+        given = [x for x in rows if x is not None]
+        return dataclasses.replace(
+            plan.sampling,
+            bias_indptr=indptr,
+            bias_ids=np.concatenate([x[0] for x in given]),
+            bias_values=np.concatenate([x[1] for x in given]),
+        )
 
     def _fill(self, states: Sequence[GrammarState], base: np.ndarray, rows: list[int]) -> None:
         assert self.backend is not None
@@ -214,6 +261,7 @@ class ConstraintSet:
     def close(self) -> None:
         self.discard_gate()
         self.settle()
+        self._collect(None)
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
@@ -221,6 +269,7 @@ class ConstraintSet:
     def advance(self, requests: tuple[Request, ...], events: list[Event], finish: Finish) -> None:
         """Feed each constrained request's state the tokens committed since the last call."""
         self.settle()
+        self._join(requests)
         live = [r for r in requests if r.grammar is not None and not r.finished]
         # One matcher after another: a token costs a matcher microseconds, and llguidance's
         # pool (`consume_token_par`) was slower at every batch measured on the H200 host
@@ -232,3 +281,96 @@ class ConstraintSet:
                 events.append(finish(r, FinishReason.ERROR, state.error))
             elif state.stopped:
                 events.append(finish(r, FinishReason.STOP, None))
+
+    # -- masks ahead: runners that cannot wait for a mask -----------------------------------
+    @property
+    def prefetches(self) -> bool:
+        """Whether next-step masks fill off the engine thread after each commit (a runner
+        that cannot wait for a mask; one that can overlaps the fill with its forward)."""
+        return self.backend is not None and not self.overlap
+
+    def prefetch(self, requests: tuple[Request, ...]) -> None:
+        """After `advance`: start filling the next mask of each of `requests` that decodes
+        under a live grammar, on the mask worker (llguidance releases the GIL)."""
+        live = tuple(
+            r
+            for r in requests
+            if r.status is Status.DECODE
+            and (g := r.grammar) is not None
+            and g.error is None
+            and not g.stopped
+        )
+        if not live or self.backend is None:
+            return
+        states = [r.grammar for r in live if r.grammar is not None]
+        masks = np.zeros((len(live), self.mask_words), dtype=np.int32)
+        done = self._pool().submit(self._fill_ahead, states, masks)
+        self._aheads.append(_Ahead(live, tuple(g.consumed for g in states), masks, done))
+
+    def _fill_ahead(self, states: list[GrammarState], masks: np.ndarray) -> None:
+        assert self.backend is not None
+        start = time.perf_counter()
+        self.backend.fill_masks(states, masks)
+        # A slow fill: the next steps do not wait for masks at all (they would only pay
+        # the wait); a fast one: they wait up to `MASK_WAIT_S`, so fast grammars never sit out.
+        self._slow = time.perf_counter() - start > MASK_WAIT_S
+
+    def hold(self, running: Sequence[Request], others: bool) -> frozenset[Request]:
+        """The decode requests that sit out the next step: those whose mask is still filling
+        after `MASK_WAIT_S`. When they are all that could run (`others`: waiting or
+        prefilling requests), the step waits for their masks instead."""
+        if not self._aheads:
+            self.held = frozenset()
+            return self.held
+        self._collect(0.0 if self._slow else MASK_WAIT_S)
+        pending = {r for a in self._aheads for r in a.requests}
+        if pending and not others and all(r in pending for r in running):
+            self._collect(None)
+            pending = set()
+        self.held = frozenset(pending)
+        return self.held
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
+        return self._worker
+
+    def _collect(self, timeout: float | None) -> None:
+        """Take the masks of finished fills, oldest first, waiting up to `timeout` seconds
+        in all (None: until every fill is done). A failed fill is dropped: its rows are
+        filled inline, where the error surfaces."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._aheads:
+            ahead = self._aheads[0]
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not wait([ahead.done], left).done:
+                return
+            self._aheads.popleft()
+            if ahead.done.exception() is None:
+                for i, r in enumerate(ahead.requests):
+                    self._ready[r] = (ahead.consumed[i], ahead.masks[i])
+
+    def _join(self, requests: Sequence[Request]) -> None:
+        """Wait for the fills that read any of `requests`' grammars (a matcher is never read
+        and written at once)."""
+        if self._aheads and not set(requests).isdisjoint(
+            r for a in self._aheads for r in a.requests
+        ):
+            self._collect(None)
+
+    def _take_ready(
+        self, requests: tuple[Request, ...], rows: list[int], base: np.ndarray
+    ) -> list[int]:
+        """Copy the masks filled ahead for `rows` into `base`; the rows still to fill."""
+        self._join([requests[i] for i in rows])
+        if not self._ready:
+            return rows
+        left = []
+        for i in rows:
+            r = requests[i]
+            ready = self._ready.pop(r, None)
+            if ready is not None and r.grammar is not None and ready[0] == r.grammar.consumed:
+                base[i] = ready[1]
+            else:
+                left.append(i)
+        return left

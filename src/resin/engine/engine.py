@@ -28,7 +28,7 @@ from resin.cache.manager import CacheManager, PageReservation
 from resin.cache.pool import OutOfPagesError
 from resin.engine.constraints import ConstraintSet
 from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
-from resin.engine.grammar import GrammarBackend
+from resin.engine.grammar import GrammarBackend, GrammarState
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.media import prompt_keys, validate_media
 from resin.engine.pipeline import Pipeline, make_pipeline
@@ -168,9 +168,12 @@ class Engine:
         sampling_params: SamplingParams | None = None,
         request_id: int | None = None,
         media: Sequence[MediaItem] = (),
+        grammar: GrammarState | None = None,
     ) -> Request:
         """Validate and queue a request (`media`: its images, docs/vision.md); bad input raises
-        `ValueError` and queues nothing."""
+        `ValueError` and queues nothing. `grammar`: the constraint's state compiled off this
+        thread (`self.grammar.prepare(constraint)`, then `.state()`); without it a constraint
+        compiles here (docs/constraints.md)."""
         if self.dead:
             raise EngineDeadError(self._life.dead or "the engine is closed")
         params = SamplingParams() if sampling_params is None else sampling_params
@@ -185,7 +188,7 @@ class Engine:
                 f"a prompt of {len(prompt)} tokens needs {need} cache pages, "
                 f"the cache has {self._layout.num_pages}"
             )
-        grammar = self._constraints.check(params)
+        grammar = self._constraints.check(params, grammar)
         rid = self._life.take_id(request_id)
         items = validate_media(media, len(prompt), self._config.prefill_chunk_tokens)
         request = Request(rid, prompt, params, items)
@@ -215,6 +218,9 @@ class Engine:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self._scheduler.num_preemptions
+        if self._constraints.active or self._scheduler.held:
+            s = self._scheduler
+            s.held = self._constraints.hold(s.running, bool(s.waiting or s.prefilling))
         cohort = self._scheduler.schedule()
         if cohort is None:
             if self._pipe is not None:
@@ -279,6 +285,8 @@ class Engine:
         self._txn.execute(plan, cohort.requests, reservation, events)
         if self._constraints.active:
             self._constraints.advance(cohort.requests, events, self._finish_constrained)
+            if self._constraints.prefetches:
+                self._constraints.prefetch(cohort.requests)
 
     def _reserve(
         self, cohort: Cohort, chained: Pipeline | None = None

@@ -4,7 +4,13 @@ Request handlers (HTTP routes, or any asyncio code) never touch the engine. They
 intake slot (before tokenizing, so an overloaded frontend refuses cheaply with `QueueFull`),
 then `submit()` a typed message; the actor admits at most `admissions_per_step` requests per
 engine step and keeps at most `max_active` requests inside the engine. After each step it
-hands every touched request its events in one `call_soon_threadsafe` batch. Invariants:
+hands every touched request its events in one `call_soon_threadsafe` batch.
+
+A constrained request waits in the intake while its grammar compiles on the engine's grammar
+backend's own threads (`GrammarBackend.prepare`), at most `compile_timeout_s`: the engine
+thread never compiles, so one costly grammar never stops the other requests' steps. A spec
+that fails to compile or runs out of time is refused there (`StreamError` "refused"; too
+many compiles queued: "busy"). Invariants:
 - a reservation is released exactly once: when the request enters the engine, or unused;
 - every submitted stream gets a final item (FinishedEvent or StreamError);
 - if `engine.step()` raises, the actor is dead: every open stream gets a StreamError, new
@@ -21,12 +27,14 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any
 
-from resin.errors import EngineDeadError
+from resin.errors import EngineDeadError, GrammarBusy
 from resin.events import Event, FinishedEvent, TokensEvent
 from resin.frontend.errors import EngineUnavailable
-from resin.frontend.ports import EngineLike
+from resin.frontend.ports import ConstraintCompiler, EngineLike
 from resin.frontend.slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.stream import RequestStream, StreamError, StreamItem
 from resin.params import SamplingParams
@@ -42,6 +50,8 @@ class _Submit:
     params: SamplingParams
     reservation: Reservation
     media: tuple[MediaItem, ...] = ()
+    grammar: object = None
+    """The constraint's state, compiled off the engine thread (None without a constraint)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +93,15 @@ class EngineActor(SlotsFront):
         self._lock = threading.Lock()
         self._open: set[RequestStream] = set()
         self._pending: deque[_Submit] = deque()
+        self._compiling: dict[RequestStream, _Submit] = {}
+        """Constrained submits waiting for their grammar (guarded by `_lock`)."""
         self._active: dict[int, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: list[tuple[RequestStream, StreamItem]] = []
         self._outbox_lock = threading.Lock()
         self._delivery_scheduled = False
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     # ---- event-loop side -------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -100,6 +113,12 @@ class EngineActor(SlotsFront):
     def has_grammar(self) -> bool:
         """Whether the engine can enforce constraints (it has a grammar backend)."""
         return getattr(self.engine, "grammar", None) is not None
+
+    @property
+    def compiler(self) -> ConstraintCompiler | None:
+        """The engine's grammar backend when it compiles off the engine thread."""
+        backend = getattr(self.engine, "grammar", None)
+        return backend if callable(getattr(backend, "prepare", None)) else None
 
     @property
     def alive(self) -> bool:
@@ -141,18 +160,73 @@ class EngineActor(SlotsFront):
         media: tuple[MediaItem, ...] = (),
     ) -> RequestStream:
         stream = RequestStream(self.stream_capacity)
+        sub = _Submit(stream, prompt, params, reservation, media)
+        compiler = self.compiler if params.constraint is not None else None
         with self._lock:  # a submit after `_die` drained the intake fails at once (no hang)
-            if self.error is None:
+            error = self.error
+            if error is None:
                 self._open.add(stream)
-                self._intake.put(_Submit(stream, prompt, params, reservation, media))
-                return stream
-        reservation.release()
-        stream.push(StreamError(self.error))
+                if compiler is None:
+                    self._intake.put(sub)
+                else:
+                    self._compiling[stream] = sub
+        if error is not None:
+            reservation.release()
+            stream.push(StreamError(error))
+        elif compiler is not None:
+            self._compile(sub, compiler)
         return stream
+
+    def _compile(self, sub: _Submit, compiler: ConstraintCompiler) -> None:
+        """Compile the submit's constraint off the engine thread; it enters the intake when
+        compiled, or is refused (a bad spec, too many compiles, `compile_timeout_s` spent)."""
+        assert sub.params.constraint is not None
+        budget = compiler.compile_timeout_s
+        if self._loop is not None:
+            self._loop.call_later(
+                budget, self._expire, sub.stream, sub.params.constraint.kind, budget
+            )
+        future = compiler.prepare(sub.params.constraint)
+        future.add_done_callback(lambda f: self._compiled(sub.stream, f))
+
+    def _claim(self, stream: RequestStream) -> _Submit | None:
+        with self._lock:
+            return self._compiling.pop(stream, None)
+
+    def _compiled(self, stream: RequestStream, future: Future[Any]) -> None:
+        """A compile ended (on a compile thread, or at once when cached)."""
+        sub = self._claim(stream)
+        if sub is None:  # it ran out of time, was aborted, or the actor stopped meanwhile
+            return
+        try:
+            ready = replace(sub, grammar=future.result().state())
+        except GrammarBusy as exc:
+            self._reject(sub, StreamError(str(exc), "busy"))
+            return
+        except ValueError as exc:
+            self._reject(sub, StreamError(str(exc), "refused"))
+            return
+        except Exception as exc:  # a backend bug: this request fails, the engine goes on
+            log.exception("grammar compile failed")
+            self._reject(sub, StreamError(f"constraint compile failed: {exc}"))
+            return
+        with self._lock:
+            if self.error is None and not self._stopped:
+                self._intake.put(ready)
+                return
+        self._reject(sub, StreamError(self.error or "server is shutting down"))
+
+    def _expire(self, stream: RequestStream, kind: str, budget: float) -> None:
+        sub = self._claim(stream)
+        if sub is not None:
+            message = f"constraint {kind} did not compile within {budget:g} s (compile_timeout_s)"
+            self._reject(sub, StreamError(message, "refused"))
 
     def abort(self, stream: RequestStream) -> None:
         """Cancel a request (client gone or too slow); its engine pages are freed."""
-        if not stream.closed or stream.overflowed:
+        if (sub := self._claim(stream)) is not None:  # still compiling its grammar
+            self._reject(sub, StreamError("aborted", "aborted"))
+        elif not stream.closed or stream.overflowed:
             self._intake.put(_Abort(stream))
 
     def request_stop(self) -> None:
@@ -174,6 +248,8 @@ class EngineActor(SlotsFront):
             try:
                 idle = not self._pending and not self.engine.has_work()
                 if stopping and idle:
+                    with self._lock:
+                        self._stopped = True
                     return
                 stopping = self._drain(block=idle) or stopping
                 if stopping:
@@ -221,11 +297,11 @@ class EngineActor(SlotsFront):
                 return
             sub = self._pending.popleft()
             try:
-                handle = (
-                    self.engine.submit(sub.prompt, sub.params, media=sub.media)
-                    if sub.media  # text-only engines (test doubles too) never see the keyword
-                    else self.engine.submit(sub.prompt, sub.params)
-                )
+                # Keywords only when given: test doubles need not know them.
+                extra: dict[str, Any] = {"media": sub.media} if sub.media else {}
+                if sub.grammar is not None:
+                    extra["grammar"] = sub.grammar
+                handle = self.engine.submit(sub.prompt, sub.params, **extra)
             except EngineDeadError as exc:
                 self._pending.appendleft(sub)
                 raise RuntimeError(str(exc)) from exc
@@ -260,6 +336,10 @@ class EngineActor(SlotsFront):
             self._post(out)
 
     def _abort_all(self) -> None:
+        with self._lock:
+            compiling, self._compiling = list(self._compiling.values()), {}
+        for sub in compiling:
+            self._reject(sub, StreamError("server is shutting down"))
         while self._pending:
             self._reject(self._pending.popleft(), StreamError("server is shutting down"))
         for rid, stream in list(self._active.items()):
@@ -269,6 +349,8 @@ class EngineActor(SlotsFront):
     def _die(self, message: str) -> None:
         with self._lock:
             self.error = message
+            compiling, self._compiling = list(self._compiling.values()), {}
+        self._pending.extend(compiling)
         with contextlib.suppress(queue.Empty):  # submits that raced the error fail below too
             while True:
                 if isinstance(msg := self._intake.get_nowait(), _Submit):

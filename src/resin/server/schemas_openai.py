@@ -8,6 +8,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 16
+MAX_MESSAGES = 2048
+"""Messages (or Responses input items) one request may hold: counted before anything is
+converted or rendered, so a flood of tiny messages is refused in microseconds."""
+MAX_TOOLS = 128
+"""Tools one request may offer (OpenAI's limit)."""
 
 
 class Loose(BaseModel):
@@ -91,11 +96,11 @@ class SamplingFields(Loose):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessageIn] = Field(min_length=1)
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[ToolIn] | None = None
+    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
