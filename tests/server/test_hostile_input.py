@@ -120,7 +120,7 @@ def test_logit_bias_is_capped_at_300_entries(oai: openai.OpenAI) -> None:
         )
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "logit_bias"
-    assert body["message"] == "logit_bias has 301 entries; at most 300"
+    assert "at most 300 items" in body["message"], body
     with pytest.raises(openai.BadRequestError):
         oai.completions.create(model="fake", prompt="x", max_tokens=4, logit_bias={**ok, "300": 1})
 
@@ -128,9 +128,10 @@ def test_logit_bias_is_capped_at_300_entries(oai: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     "metadata, needle",
     [
-        ({f"k{i}": "v" for i in range(17)}, "at most 16"),
-        ({"k" * 65: "v"}, "keys are at most 64"),
-        ({"k": "v" * 513}, "values are at most 512"),
+        ({f"k{i}": "v" for i in range(17)}, "at most 16 items"),
+        ({"k" * 65: "v"}, "at most 64 characters"),
+        ({"k": "v" * 513}, "at most 512 characters"),
+        ({"k": 3}, "valid string"),
     ],
 )
 def test_responses_metadata_follows_openai_limits(

@@ -21,6 +21,10 @@ only reserves its mask; `open_gate` (after that step's commit and `advance`) fil
 sampling until then (`waits_for_masks`). A state that stopped or failed meanwhile gets an
 all-allowed row: its request ended, so the row's token is dropped and never consumed.
 
+Runners that cannot wait for masks: the next masks fill ahead, off the engine thread, right
+after each commit (`masks_ahead.py`); a request whose mask is still filling sits a step out
+(`hold` -> `Scheduler.held`), and `attach` copies the masks filled ahead.
+
 Zero overhead without constraints: the engine calls `attach` / `advance` only while `active`
 (a live request has a grammar or a bias), so plain traffic never enters this module.
 Retraction keeps a request's generated tokens (the recompute path re-prefills them), so its
@@ -32,28 +36,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from resin.engine.grammar import GrammarBackend, GrammarState
-from resin.engine.request import Request, Status
+from resin.engine.masks_ahead import MasksAhead
+from resin.engine.request import Request
 from resin.events import Event, FinishedEvent, FinishReason
 from resin.params import SamplingParams
 from resin.plan import BatchPlan, SamplingArrays
+from resin.protocols import RunnerConfig
 
 Finish = Callable[[Request, FinishReason, str | None], FinishedEvent]
 
 OVERLAP_MIN_ROWS = 4
 """Fewer constrained rows fill their masks inline (a thread hop costs more than the masks)."""
-
-MASK_WAIT_S = 0.002
-"""How long a step waits for next-step masks filling off the engine thread before their
-requests sit that step out (the per-step mask budget of runners that cannot wait for masks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +67,19 @@ class _Gated:
     done: Future[None]
 
 
-@dataclass(frozen=True, slots=True)
-class _Ahead:
-    """Next-step masks filling off the engine thread: row i of `masks` is `requests[i]`'s
-    mask after `consumed[i]` tokens."""
+class Queues(Protocol):
+    """The scheduler's queues, as `hold` reads them."""
 
-    requests: tuple[Request, ...]
-    consumed: tuple[int, ...]
-    masks: np.ndarray
-    done: Future[None]
+    @property
+    def waiting(self) -> Collection[Request]: ...
+
+    @property
+    def prefilling(self) -> Sequence[Request]: ...
+
+    @property
+    def running(self) -> Sequence[Request]: ...
+
+    held: Collection[Request]
 
 
 class ConstraintSet:
@@ -89,12 +94,9 @@ class ConstraintSet:
         self._worker: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self._gated: _Gated | None = None
-        self._aheads: deque[_Ahead] = deque()
-        self._ready: dict[Request, tuple[int, np.ndarray]] = {}
-        """Masks an `_Ahead` filled: request -> (tokens consumed then, mask row)."""
-        self.held: frozenset[Request] = frozenset()
-        """Decode requests that sit out the next step: their mask is still filling."""
-        self._slow = False  # the last fill ahead took longer than MASK_WAIT_S
+        self.ahead: MasksAhead | None = None
+        """Next-step masks filling off the engine thread (a runner that cannot wait for
+        masks: `masks_ahead.py`); None otherwise."""
         if backend is not None and vocab_size is not None and backend.vocab_size > vocab_size:
             raise ValueError(
                 f"the grammar tokenizer has {backend.vocab_size} tokens, "
@@ -102,10 +104,17 @@ class ConstraintSet:
             )
         width = vocab_size if vocab_size is not None else (backend and backend.vocab_size)
         self.mask_words = -(-(width or 0) // 32)
+        if backend is not None and not self.overlap:
+            self.ahead = MasksAhead(backend, self.mask_words, self._pool())
         self.active = 0
         """Live requests with a grammar or a logit bias."""
         self._bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         """Each biased request's (ids, values), built at admission."""
+
+    @classmethod
+    def for_runner(cls, backend: GrammarBackend | None, config: RunnerConfig) -> ConstraintSet:
+        """The set for a runner's vocabulary and whether it waits for masks."""
+        return cls(backend, config.vocab_size, config.waits_for_masks)
 
     def check(
         self, params: SamplingParams, prepared: GrammarState | None = None
@@ -145,7 +154,8 @@ class ConstraintSet:
             request.constrained = False
             request.grammar = None
             self._bias.pop(request.id, None)
-            self._ready.pop(request, None)
+            if self.ahead is not None:
+                self.ahead.forget(request)
             self.active -= 1
 
     # -- per step ----------------------------------------------------------------------------
@@ -176,7 +186,8 @@ class ConstraintSet:
         if rows and self.backend is not None:
             base = np.full((b, self.mask_words), -1, dtype=np.int32)
             mask = base.view()  # the plan freezes this view; the filler writes `base`
-            rows = self._take_ready(requests, rows, base)
+            if self.ahead is not None:
+                rows = self.ahead.take(requests, rows, base)
             if rows:
                 states = [g for i in rows if (g := requests[i].grammar) is not None]
                 pending = self._start_fill(states, base, rows, gated)
@@ -261,7 +272,8 @@ class ConstraintSet:
     def close(self) -> None:
         self.discard_gate()
         self.settle()
-        self._collect(None)
+        if self.ahead is not None:
+            self.ahead.collect(None)
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
@@ -269,7 +281,8 @@ class ConstraintSet:
     def advance(self, requests: tuple[Request, ...], events: list[Event], finish: Finish) -> None:
         """Feed each constrained request's state the tokens committed since the last call."""
         self.settle()
-        self._join(requests)
+        if self.ahead is not None:
+            self.ahead.join(requests)
         live = [r for r in requests if r.grammar is not None and not r.finished]
         # One matcher after another: a token costs a matcher microseconds, and llguidance's
         # pool (`consume_token_par`) was slower at every batch measured on the H200 host
@@ -281,96 +294,18 @@ class ConstraintSet:
                 events.append(finish(r, FinishReason.ERROR, state.error))
             elif state.stopped:
                 events.append(finish(r, FinishReason.STOP, None))
+        if self.ahead is not None:  # the next masks fill while the engine goes on
+            self.ahead.start(requests)
 
-    # -- masks ahead: runners that cannot wait for a mask -----------------------------------
-    @property
-    def prefetches(self) -> bool:
-        """Whether next-step masks fill off the engine thread after each commit (a runner
-        that cannot wait for a mask; one that can overlaps the fill with its forward)."""
-        return self.backend is not None and not self.overlap
-
-    def prefetch(self, requests: tuple[Request, ...]) -> None:
-        """After `advance`: start filling the next mask of each of `requests` that decodes
-        under a live grammar, on the mask worker (llguidance releases the GIL)."""
-        live = tuple(
-            r
-            for r in requests
-            if r.status is Status.DECODE
-            and (g := r.grammar) is not None
-            and g.error is None
-            and not g.stopped
-        )
-        if not live or self.backend is None:
+    def hold(self, queues: Queues) -> None:
+        """Before scheduling: `queues.held` becomes the decode requests that sit out the next
+        step (`MasksAhead.hold`); nothing runs without constraints."""
+        if self.ahead is None or not (self.active or queues.held):
             return
-        states = [r.grammar for r in live if r.grammar is not None]
-        masks = np.zeros((len(live), self.mask_words), dtype=np.int32)
-        done = self._pool().submit(self._fill_ahead, states, masks)
-        self._aheads.append(_Ahead(live, tuple(g.consumed for g in states), masks, done))
-
-    def _fill_ahead(self, states: list[GrammarState], masks: np.ndarray) -> None:
-        assert self.backend is not None
-        start = time.perf_counter()
-        self.backend.fill_masks(states, masks)
-        # A slow fill: the next steps do not wait for masks at all (they would only pay
-        # the wait); a fast one: they wait up to `MASK_WAIT_S`, so fast grammars never sit out.
-        self._slow = time.perf_counter() - start > MASK_WAIT_S
-
-    def hold(self, running: Sequence[Request], others: bool) -> frozenset[Request]:
-        """The decode requests that sit out the next step: those whose mask is still filling
-        after `MASK_WAIT_S`. When they are all that could run (`others`: waiting or
-        prefilling requests), the step waits for their masks instead."""
-        if not self._aheads:
-            self.held = frozenset()
-            return self.held
-        self._collect(0.0 if self._slow else MASK_WAIT_S)
-        pending = {r for a in self._aheads for r in a.requests}
-        if pending and not others and all(r in pending for r in running):
-            self._collect(None)
-            pending = set()
-        self.held = frozenset(pending)
-        return self.held
+        others = bool(queues.waiting or queues.prefilling)
+        queues.held = self.ahead.hold(queues.running, others)
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
         return self._worker
-
-    def _collect(self, timeout: float | None) -> None:
-        """Take the masks of finished fills, oldest first, waiting up to `timeout` seconds
-        in all (None: until every fill is done). A failed fill is dropped: its rows are
-        filled inline, where the error surfaces."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._aheads:
-            ahead = self._aheads[0]
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not wait([ahead.done], left).done:
-                return
-            self._aheads.popleft()
-            if ahead.done.exception() is None:
-                for i, r in enumerate(ahead.requests):
-                    self._ready[r] = (ahead.consumed[i], ahead.masks[i])
-
-    def _join(self, requests: Sequence[Request]) -> None:
-        """Wait for the fills that read any of `requests`' grammars (a matcher is never read
-        and written at once)."""
-        if self._aheads and not set(requests).isdisjoint(
-            r for a in self._aheads for r in a.requests
-        ):
-            self._collect(None)
-
-    def _take_ready(
-        self, requests: tuple[Request, ...], rows: list[int], base: np.ndarray
-    ) -> list[int]:
-        """Copy the masks filled ahead for `rows` into `base`; the rows still to fill."""
-        self._join([requests[i] for i in rows])
-        if not self._ready:
-            return rows
-        left = []
-        for i in rows:
-            r = requests[i]
-            ready = self._ready.pop(r, None)
-            if ready is not None and r.grammar is not None and ready[0] == r.grammar.consumed:
-                base[i] = ready[1]
-            else:
-                left.append(i)
-        return left

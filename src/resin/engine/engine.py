@@ -97,9 +97,7 @@ class Engine:
             self._slots,
         )
         self._collector = MetricsCollector() if enable_metrics else None
-        self._constraints = ConstraintSet(
-            grammar, self._runner_config.vocab_size, self._runner_config.waits_for_masks
-        )
+        self._constraints = ConstraintSet.for_runner(grammar, self._runner_config)
         self.grammar = grammar  # read-only: None means a constraint is refused at submit
         self._life = Lifecycle(self._scheduler, self._collector, self._constraints.release)
         self._txn = Transaction(
@@ -170,10 +168,8 @@ class Engine:
         media: Sequence[MediaItem] = (),
         grammar: GrammarState | None = None,
     ) -> Request:
-        """Validate and queue a request (`media`: its images, docs/vision.md); bad input raises
-        `ValueError` and queues nothing. `grammar`: the constraint's state compiled off this
-        thread (`self.grammar.prepare(constraint)`, then `.state()`); without it a constraint
-        compiles here (docs/constraints.md)."""
+        """Validate and queue a request (`media`: its images, docs/vision.md; `grammar`: its
+        constraint's state prepared off this thread); bad input raises `ValueError`."""
         if self.dead:
             raise EngineDeadError(self._life.dead or "the engine is closed")
         params = SamplingParams() if sampling_params is None else sampling_params
@@ -218,9 +214,7 @@ class Engine:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self._scheduler.num_preemptions
-        if self._constraints.active or self._scheduler.held:
-            s = self._scheduler
-            s.held = self._constraints.hold(s.running, bool(s.waiting or s.prefilling))
+        self._constraints.hold(self._scheduler)  # requests whose masks still fill sit out
         cohort = self._scheduler.schedule()
         if cohort is None:
             if self._pipe is not None:
@@ -285,8 +279,6 @@ class Engine:
         self._txn.execute(plan, cohort.requests, reservation, events)
         if self._constraints.active:
             self._constraints.advance(cohort.requests, events, self._finish_constrained)
-            if self._constraints.prefetches:
-                self._constraints.prefetch(cohort.requests)
 
     def _reserve(
         self, cohort: Cohort, chained: Pipeline | None = None

@@ -6,15 +6,11 @@ compiled matcher). The engine advances a state with the tokens it commits (`sync
 take tokens back (`rollback`, for rejected speculative drafts); `fill_masks` writes the
 states' allowed-token bitmasks into rows of a plan's `token_bitmask`.
 
-Compiling is bounded (`GrammarLimits`): a spec larger than `max_spec_bytes` is refused before
-any work; a compile runs llguidance (which releases the GIL) and then computes the first mask,
-so a grammar that no output can satisfy, or one beyond llguidance's per-step limits at its
-first token, is refused at compile, never at the first decode step. `prepare` compiles on
-the backend's own threads and returns a future (a server waits for it in its intake, with
-`compile_timeout_s`, before the request reaches the engine thread); `compile` / `state`
-compile on the calling thread (a library caller's `Engine.submit`). Successes and failures
-alike are cached, in one LRU bounded by estimated bytes (`cache_bytes`): resending a spec
-that failed costs a dictionary look-up. Every method is safe from any thread.
+Compiling (`grammar_compile.py`) is bounded by `GrammarLimits` and computes the first mask.
+`prepare` compiles on the backend's own threads and returns a future (a server waits for it
+in its intake, `compile_timeout_s`, so the engine thread never compiles); `compile` / `state`
+compile on the calling thread (a library caller's `Engine.submit`). Successes and failures are
+cached in one LRU bounded by estimated bytes (`cache_bytes`). Every method is thread-safe.
 
 Why llguidance (measured in `docs/constraints.md`): no dependencies (the engine process keeps
 torch out), one abi3 wheel for every CPython, ~1 ms to compile a JSON schema, native rollback,
@@ -31,12 +27,18 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from resin.engine.structural_tag import JSON_DEFAULTS, structural_tag_grammar
+from resin.engine.grammar_compile import (
+    BASE_BYTES,
+    BYTES_PER_GRAMMAR_BYTE,
+    GrammarCompiler,
+    GrammarLimits,
+    first_line,
+)
 from resin.errors import GrammarBusy
 from resin.params import Constraint
 
@@ -51,49 +53,6 @@ class TokenizerSource(Protocol):
     def eos_token_ids(self) -> tuple[int, ...]: ...
 
     def to_json(self) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class GrammarLimits:
-    """What one constraint may cost (`docs/constraints.md`, "Limits"). The llguidance
-    limits (None: llguidance's default) bound the work of one row's mask at one step."""
-
-    max_spec_bytes: int = 4 << 20
-    """A constraint's spec, and the grammar text made from it, at most this many bytes."""
-    compile_timeout_s: float = 10.0
-    """From submit to a compiled grammar, waiting for a compile thread included (the server's
-    intake enforces it; a compile still running then finishes into the cache)."""
-    compile_threads: int = 2
-    max_queued_compiles: int = 64
-    """Compiles queued or running at once; more is a `GrammarBusy` (HTTP 429)."""
-    cache_bytes: int = 256 << 20
-    """The compile cache's bound, in estimated bytes (`CompiledGrammar.nbytes`)."""
-    max_grammar_size: int | None = None
-    """llguidance: symbols in the grammar's productions (default 500,000)."""
-    max_items_in_row: int | None = None
-    """llguidance: Earley items in one row (default 2,000)."""
-    step_max_items: int | None = None
-    """llguidance: Earley items per mask (default 50,000, ~2.5 ms)."""
-    step_lexer_fuel: int | None = None
-    """llguidance: lexer work per mask (default 200,000)."""
-    initial_lexer_fuel: int | None = None
-    """llguidance: lexer work to build the first lexer state (default 1,000,000)."""
-    max_lexer_states: int | None = None
-    """llguidance: lexer states one grammar may build (default 250,000)."""
-
-    def parser_limits(self) -> Any:
-        import llguidance
-
-        names = ("max_grammar_size", "max_items_in_row", "step_max_items", "step_lexer_fuel",
-                 "initial_lexer_fuel", "max_lexer_states")  # fmt: skip
-        given = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-        return llguidance.LLParserLimits(**given, verbose_errors=False)
-
-
-BASE_BYTES = 64 << 10
-BYTES_PER_GRAMMAR_BYTE = 32
-"""A compiled grammar's size estimate: llguidance reports none; 100,000 choices (2.7 MB of
-grammar text) grew the process by 68 MB on SmolLM2's tokenizer, ~25 bytes per byte."""
 
 
 class GrammarState:
@@ -127,7 +86,7 @@ class GrammarState:
         if self.error is not None:
             return False
         if self.matcher.is_error():  # a per-step limit hit while its mask was computed
-            problem = _first_line(self.matcher.get_error())
+            problem = first_line(self.matcher.get_error())
             self.error = f"constraint failed after {self.consumed} output tokens: {problem}"
             return False
         n = len(tokens)
@@ -227,12 +186,14 @@ class GrammarBackend:
         self.vocab_size: int = int(self.tokenizer.vocab_size)
         self.mask_words = (self.vocab_size + 31) // 32
         self.limits = limits or GrammarLimits()
-        self._parser_limits = self.limits.parser_limits()
+        self._compiler = GrammarCompiler(
+            self.tokenizer, self.special_tokens, self.eos_token_ids, self.limits
+        )
         self._lock = threading.Lock()
         self._cache: OrderedDict[Constraint, CompiledGrammar | _Failed] = OrderedDict()
         self._cache_bytes = 0
         self._inflight: dict[Constraint, Future[CompiledGrammar]] = {}
-        self._compiler: ThreadPoolExecutor | None = None
+        self._threads: ThreadPoolExecutor | None = None
         self.fill_threads = fill_threads
         self._executors: dict[bool, llguidance.LLExecutor] = {}
         self._wide = False  # the last fills were slow: use the full pool
@@ -302,19 +263,19 @@ class GrammarBackend:
                 )
             )
             return busy
-        if self._compiler is None:
-            self._compiler = ThreadPoolExecutor(
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
                 self.limits.compile_threads, thread_name_prefix="resin-grammar"
             )
-        future = self._compiler.submit(lambda: _unwrap(self._compile_and_store(constraint)))
+        future = self._threads.submit(lambda: _unwrap(self._compile_and_store(constraint)))
         self._inflight[constraint] = future
         future.add_done_callback(lambda _: self._done(constraint))
         return future
 
     def close(self) -> None:
         """Stop the compile threads (a running compile finishes; queued ones are cancelled)."""
-        if self._compiler is not None:
-            self._compiler.shutdown(wait=False, cancel_futures=True)
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _done(self, constraint: Constraint) -> None:
         with self._lock:
@@ -346,53 +307,7 @@ class GrammarBackend:
         return entry
 
     def _compile(self, c: Constraint) -> tuple[llguidance.LLMatcher, int]:
-        """The matcher and its grammar's size. Errors start with "constraint <kind>" (the
-        server maps them to the request field)."""
-        self._check_size(c, len(c.spec), "spec")
-        try:
-            grammar = self._grammar_text(c)
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise ValueError(f"constraint {c.kind} is invalid: {_first_line(str(exc))}") from None
-        self._check_size(c, len(grammar), "grammar")
-        matcher = self._llg.LLMatcher(
-            self.tokenizer, grammar, log_level=0, limits=self._parser_limits
-        )
-        if not matcher.is_error():
-            # The first mask: a grammar no output satisfies, or one beyond the per-step
-            # limits from its first token, fails here instead of at the first decode step.
-            probe = np.zeros(self.mask_words, dtype=np.int32)
-            matcher.unsafe_compute_mask_ptr(probe.ctypes.data, probe.nbytes)
-        if matcher.is_error():
-            problem = _first_line(matcher.get_error())
-            if problem.startswith("NoExtensionBias"):
-                raise ValueError(f"constraint {c.kind} is unsatisfiable: no output matches it")
-            raise ValueError(f"constraint {c.kind} cannot be enforced: {problem}")
-        if matcher.is_stopped():
-            raise ValueError(f"constraint {c.kind} allows no output at all")
-        return matcher, len(grammar)
-
-    def _check_size(self, c: Constraint, size: int, what: str) -> None:
-        limit = self.limits.max_spec_bytes
-        if size > limit:
-            raise ValueError(
-                f"constraint {c.kind} is too large: its {what} has {size} bytes, "
-                f"the limit is {limit} (max_spec_bytes)"
-            )
-
-    def _grammar_text(self, c: Constraint) -> str:
-        m = self._llg.LLMatcher
-        if c.kind == "json_object":
-            return m.grammar_from_json_schema('{"type": "object"}', defaults=JSON_DEFAULTS)
-        if c.kind == "json_schema":
-            schema = json.loads(c.spec)
-            options: Any = {"lenient": not c.strict}
-            return m.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS, overrides=options)
-        if c.kind == "regex":
-            return m.grammar_from_regex(c.spec)
-        if c.kind == "grammar":
-            return self._llg.grammar_from("grammar", c.spec)
-        spec = json.loads(c.spec)
-        return structural_tag_grammar(spec, self.special_tokens, self.eos_token_ids, not c.strict)
+        return self._compiler.matcher(c)
 
     # -- masks ------------------------------------------------------------------------------
     def fill_masks(self, states: Sequence[GrammarState], mask: npt.NDArray[np.int32]) -> None:
@@ -433,12 +348,3 @@ def _unwrap(entry: CompiledGrammar | _Failed) -> CompiledGrammar:
     if isinstance(entry, _Failed):
         raise ValueError(entry.message)
     return entry
-
-
-def _first_line(message: str) -> str:
-    """The gist of an llguidance error: its first line plus any `error:` line."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if not lines:
-        return "invalid"
-    extra = [line for line in lines[1:] if line.startswith("error:")]
-    return " ".join([lines[0], *extra])[:400]

@@ -6,11 +6,8 @@ then `submit()` a typed message; the actor admits at most `admissions_per_step` 
 engine step and keeps at most `max_active` requests inside the engine. After each step it
 hands every touched request its events in one `call_soon_threadsafe` batch.
 
-A constrained request waits in the intake while its grammar compiles on the engine's grammar
-backend's own threads (`GrammarBackend.prepare`), at most `compile_timeout_s`: the engine
-thread never compiles, so one costly grammar never stops the other requests' steps. A spec
-that fails to compile or runs out of time is refused there (`StreamError` "refused"; too
-many compiles queued: "busy"). Invariants:
+A constrained request waits in the intake while its grammar compiles off the engine thread
+(`compiling.py`), so one costly grammar never stops the other requests' steps. Invariants:
 - a reservation is released exactly once: when the request enters the engine, or unused;
 - every submitted stream gets a final item (FinishedEvent or StreamError);
 - if `engine.step()` raises, the actor is dead: every open stream gets a StreamError, new
@@ -27,12 +24,12 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
-from resin.errors import EngineDeadError, GrammarBusy
+from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
+from resin.frontend.compiling import Compiling
 from resin.frontend.errors import EngineUnavailable
 from resin.frontend.ports import ConstraintCompiler, EngineLike
 from resin.frontend.slots import IntakeSlots, Reservation, SlotsFront
@@ -50,8 +47,7 @@ class _Submit:
     params: SamplingParams
     reservation: Reservation
     media: tuple[MediaItem, ...] = ()
-    grammar: object = None
-    """The constraint's state, compiled off the engine thread (None without a constraint)."""
+    grammar: object = None  # the constraint's state, compiled off the engine thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +89,7 @@ class EngineActor(SlotsFront):
         self._lock = threading.Lock()
         self._open: set[RequestStream] = set()
         self._pending: deque[_Submit] = deque()
-        self._compiling: dict[RequestStream, _Submit] = {}
-        """Constrained submits waiting for their grammar (guarded by `_lock`)."""
+        self._compiling: Compiling[_Submit] = Compiling(self._enter, self._reject)
         self._active: dict[int, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: list[tuple[RequestStream, StreamItem]] = []
@@ -168,63 +163,23 @@ class EngineActor(SlotsFront):
                 self._open.add(stream)
                 if compiler is None:
                     self._intake.put(sub)
-                else:
-                    self._compiling[stream] = sub
         if error is not None:
             reservation.release()
             stream.push(StreamError(error))
-        elif compiler is not None:
-            self._compile(sub, compiler)
+        elif compiler is not None and params.constraint is not None:
+            self._compiling.start(stream, sub, params.constraint, compiler, self._loop)
         return stream
 
-    def _compile(self, sub: _Submit, compiler: ConstraintCompiler) -> None:
-        """Compile the submit's constraint off the engine thread; it enters the intake when
-        compiled, or is refused (a bad spec, too many compiles, `compile_timeout_s` spent)."""
-        assert sub.params.constraint is not None
-        budget = compiler.compile_timeout_s
-        if self._loop is not None:
-            self._loop.call_later(
-                budget, self._expire, sub.stream, sub.params.constraint.kind, budget
-            )
-        future = compiler.prepare(sub.params.constraint)
-        future.add_done_callback(lambda f: self._compiled(sub.stream, f))
-
-    def _claim(self, stream: RequestStream) -> _Submit | None:
-        with self._lock:
-            return self._compiling.pop(stream, None)
-
-    def _compiled(self, stream: RequestStream, future: Future[Any]) -> None:
-        """A compile ended (on a compile thread, or at once when cached)."""
-        sub = self._claim(stream)
-        if sub is None:  # it ran out of time, was aborted, or the actor stopped meanwhile
-            return
-        try:
-            ready = replace(sub, grammar=future.result().state())
-        except GrammarBusy as exc:
-            self._reject(sub, StreamError(str(exc), "busy"))
-            return
-        except ValueError as exc:
-            self._reject(sub, StreamError(str(exc), "refused"))
-            return
-        except Exception as exc:  # a backend bug: this request fails, the engine goes on
-            log.exception("grammar compile failed")
-            self._reject(sub, StreamError(f"constraint compile failed: {exc}"))
-            return
+    def _enter(self, sub: _Submit, grammar: object) -> None:  # its grammar compiled
         with self._lock:
             if self.error is None and not self._stopped:
-                self._intake.put(ready)
+                self._intake.put(replace(sub, grammar=grammar))
                 return
         self._reject(sub, StreamError(self.error or "server is shutting down"))
 
-    def _expire(self, stream: RequestStream, kind: str, budget: float) -> None:
-        sub = self._claim(stream)
-        if sub is not None:
-            message = f"constraint {kind} did not compile within {budget:g} s (compile_timeout_s)"
-            self._reject(sub, StreamError(message, "refused"))
-
     def abort(self, stream: RequestStream) -> None:
         """Cancel a request (client gone or too slow); its engine pages are freed."""
-        if (sub := self._claim(stream)) is not None:  # still compiling its grammar
+        if (sub := self._compiling.claim(stream)) is not None:  # its grammar is compiling
             self._reject(sub, StreamError("aborted", "aborted"))
         elif not stream.closed or stream.overflowed:
             self._intake.put(_Abort(stream))
@@ -247,9 +202,7 @@ class EngineActor(SlotsFront):
         while True:
             try:
                 idle = not self._pending and not self.engine.has_work()
-                if stopping and idle:
-                    with self._lock:
-                        self._stopped = True
+                if stopping and idle and self._close():
                     return
                 stopping = self._drain(block=idle) or stopping
                 if stopping:
@@ -264,6 +217,11 @@ class EngineActor(SlotsFront):
                 log.exception("engine actor failed")
                 self._die(f"engine failed: {exc}")
                 return
+
+    def _close(self) -> bool:  # refuse compiled submits from now on, unless one just came
+        with self._lock:
+            self._stopped = self._intake.empty()
+            return self._stopped
 
     def _drain(self, block: bool) -> bool:
         """Move intake messages into actor state; True when a stop was requested."""
@@ -297,10 +255,8 @@ class EngineActor(SlotsFront):
                 return
             sub = self._pending.popleft()
             try:
-                # Keywords only when given: test doubles need not know them.
-                extra: dict[str, Any] = {"media": sub.media} if sub.media else {}
-                if sub.grammar is not None:
-                    extra["grammar"] = sub.grammar
+                given = (("media", sub.media), ("grammar", sub.grammar))
+                extra: dict[str, Any] = {k: v for k, v in given if v}  # doubles know neither
                 handle = self.engine.submit(sub.prompt, sub.params, **extra)
             except EngineDeadError as exc:
                 self._pending.appendleft(sub)
@@ -336,9 +292,7 @@ class EngineActor(SlotsFront):
             self._post(out)
 
     def _abort_all(self) -> None:
-        with self._lock:
-            compiling, self._compiling = list(self._compiling.values()), {}
-        for sub in compiling:
+        for sub in self._compiling.take_all():
             self._reject(sub, StreamError("server is shutting down"))
         while self._pending:
             self._reject(self._pending.popleft(), StreamError("server is shutting down"))
@@ -349,7 +303,7 @@ class EngineActor(SlotsFront):
     def _die(self, message: str) -> None:
         with self._lock:
             self.error = message
-            compiling, self._compiling = list(self._compiling.values()), {}
+            compiling = self._compiling.take_all()
         self._pending.extend(compiling)
         with contextlib.suppress(queue.Empty):  # submits that raced the error fail below too
             while True:

@@ -60,14 +60,7 @@ async def start_chat(
         params = svc.params(
             len(rendered.token_ids), s.max_tokens, s.sampling, svc.recipe.stop_token_ids
         )
-        params, fmt = apply(
-            params,
-            s.structured,
-            rendered,
-            s.logit_bias,
-            svc.actor.has_grammar,
-            svc.limits.max_logit_bias,
-        )
+        params, fmt = apply(params, s.structured, rendered, s.logit_bias, svc.actor.has_grammar)
         tools = list(s.tools) or None
         parser = lambda: KnownTools(svc.recipe.create_parser(rendered, tools=tools), s.tools)  # noqa: E731
         batch = await svc.launch(

@@ -79,11 +79,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         eos = () if body.ignore_eos else svc.tokenizer.eos_token_ids
         max_tokens = None if body.max_tokens is None else max(1, body.max_tokens)
         runs = []
-        limit = svc.limits.max_logit_bias
         for ids in prompts:
             params = svc.params(len(ids), max_tokens, sampling, eos)
-            bias = body.logit_bias
-            runs.append((ids, apply(params, structured, None, bias, max_bias=limit)[0]))
+            runs.append((ids, apply(params, structured, None, body.logit_bias)[0]))
         parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
         gens = await svc.launch(ticket, runs, parser, stops, structured, replica=replica)
     rid = f"cmpl-{uuid.uuid4().hex}"

@@ -21,7 +21,6 @@ from resin.frontend.intake import Batch
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
 from resin.server.items import Change, Item, Items
-from resin.server.response_store import check_metadata
 from resin.server.responses_input import ResponsesRequest, input_items, to_messages, tools_of
 from resin.server.service import Sampling, Service
 from resin.server.structured import responses_format
@@ -34,7 +33,6 @@ router = APIRouter()
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
-    check_metadata(body.metadata)
     inputs = input_items(body.input)
     if body.previous_response_id:
         prior = svc.responses.get(body.previous_response_id, "previous_response_id")

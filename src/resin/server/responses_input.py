@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.server.errors import ApiError
 from resin.server.schemas_openai import MAX_MESSAGES, MAX_TOOLS, Loose
+
+Key = Annotated[str, StringConstraints(max_length=64)]
+Value = Annotated[str, StringConstraints(max_length=512)]
 
 
 class ResponsesRequest(Loose):
@@ -23,7 +26,7 @@ class ResponsesRequest(Loose):
     tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[Key, Value] | None = Field(None, max_length=16)  # OpenAI's limits
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
     store: bool | None = None

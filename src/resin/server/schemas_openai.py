@@ -8,11 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 16
-MAX_MESSAGES = 2048
-"""Messages (or Responses input items) one request may hold: counted before anything is
-converted or rendered, so a flood of tiny messages is refused in microseconds."""
-MAX_TOOLS = 128
-"""Tools one request may offer (OpenAI's limit)."""
+MAX_MESSAGES = 2048  # messages / input items, counted while parsing (before any conversion)
+MAX_TOOLS = 128  # tools (OpenAI's limit)
+MAX_LOGIT_BIAS_ENTRIES = 300  # logit_bias entries (OpenAI's limit)
 
 
 class Loose(BaseModel):
@@ -86,7 +84,7 @@ class SamplingFields(Loose):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     response_format: dict[str, Any] | None = None
     """Also read (vLLM): structured_outputs, guided_json/regex/choice/grammar (extras)."""
 

@@ -34,7 +34,7 @@ from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.errors import ApiError, api_error
 from resin.server.metrics import ServerMetrics
 from resin.server.response_store import ResponseStore
-from resin.server.structured import MAX_LOGIT_BIAS_ENTRIES, NONE, Structured, name_field
+from resin.server.structured import NONE, Structured, name_field
 from resin.tokenizer import TokenizerLike
 
 log = logging.getLogger("resin.server")
@@ -66,8 +66,6 @@ class Limits:
     """Fraction of the intake queue one client connection may hold at once."""
     max_chars_per_token: int = 64
     """Text longer than context_length * this is refused before it is tokenized."""
-    max_logit_bias: int = MAX_LOGIT_BIAS_ENTRIES
-    """`logit_bias` entries one request may give (OpenAI's 300)."""
 
 
 class Service:
@@ -139,21 +137,15 @@ class Service:
             raise ApiError(400, f"{param} must be a replica index in [0, {count})", param)
         return index
 
-    def check_text(
-        self, texts: Sequence[str], param: str = "messages", min_tokens: int = 0
-    ) -> None:
+    def check_text(self, texts: Sequence[str], param: str = "messages", messages: int = 0) -> None:
         """Refuse user text that cannot fit the context (before paying for its tokenization)
         or is not valid Unicode (a lone surrogate): a 400 naming `param`. The estimate is a
-        lower bound: `max_chars_per_token` characters a token, plus `min_tokens` the
-        rendering adds at least (one a message)."""
+        lower bound: `max_chars_per_token` characters a token, one token a message."""
         chars = sum(len(t) for t in texts)
-        if chars // self.limits.max_chars_per_token + min_tokens > self.context_length:
-            what = f"{chars} characters" + (f" in {min_tokens} messages" if min_tokens else "")
-            raise ApiError(
-                400,
-                f"a prompt of {what} cannot fit the context of {self.context_length} tokens",
-                param,
-            )
+        if chars // self.limits.max_chars_per_token + messages > self.context_length:
+            what = f"{chars} characters" + (f" in {messages} messages" if messages else "")
+            message = f"a prompt of {what} cannot fit the context of {self.context_length} tokens"
+            raise ApiError(400, message, param)
         for t in texts:
             try:
                 t.encode("utf-8")
@@ -178,7 +170,7 @@ class Service:
         forced `tool_choice` the recipe cannot force (both `ValueError`s); any other exception
         is a recipe bug: logged with its traceback, answered 500. `continue_final`: the model
         continues the last (assistant) message (`resin.recipe.prefill`)."""
-        self.check_text(texts(messages), min_tokens=len(messages))
+        self.check_text(texts(messages), messages=len(messages))
         self.check_text(_structure_texts(messages, tools), "tools")
         return await asyncio.to_thread(
             self._render, messages, tools, thinking, tool_choice, continue_final
@@ -342,12 +334,11 @@ class Service:
 
 
 def _structure_texts(messages: Sequence[Message], tools: Sequence[ToolDef]) -> list[str]:
-    """What the rendering adds from tool calls and tool definitions (their JSON), for the
-    size estimate made before rendering."""
-    out = [f"{b.name}{b.arguments}" for m in messages for b in m.content if isinstance(b, ToolCall)]
-    for t in tools:
-        out.append(f"{t.name}{t.description or ''}{json.dumps(t.parameters)}")
-    return out
+    """Tool calls and tool definitions as rendered text, for the estimate before rendering."""
+    calls = [
+        f"{b.name}{b.arguments}" for m in messages for b in m.content if isinstance(b, ToolCall)
+    ]
+    return calls + [f"{t.name}{t.description or ''}{json.dumps(t.parameters)}" for t in tools]
 
 
 def _connection(request: Request | None) -> object:

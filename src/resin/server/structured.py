@@ -37,10 +37,6 @@ VLLM_FIELDS = (
 )
 
 
-MAX_LOGIT_BIAS_ENTRIES = 300
-"""OpenAI's cap on `logit_bias` entries (the server's default, `Limits.max_logit_bias`)."""
-
-
 class Structured(NamedTuple):
     constraint: Constraint | None
     field: str | None
@@ -134,10 +130,8 @@ def apply(
     rendered: RenderedPrompt | None = None,
     logit_bias: Any = None,
     auto_tools: bool = True,
-    max_bias: int = MAX_LOGIT_BIAS_ENTRIES,
 ) -> tuple[SamplingParams, Structured]:
-    """`params` with the constraint and the logit bias; 400 naming the field on a bad value
-    (more than `max_bias` bias entries included).
+    """`params` with the constraint and the logit bias; 400 naming the field on a bad value.
     A forced tool call wins over a response format (the answer is the call); with tools and
     `tool_choice` auto the calls are constrained (`auto_tools`: the engine has a grammar
     backend) unless the request has a response format (one constraint per request: the
@@ -150,9 +144,6 @@ def apply(
             structured = auto_tool_structure(rendered)
     if logit_bias is not None and not isinstance(logit_bias, Mapping):
         raise ApiError(400, "logit_bias must map token ids to numbers", "logit_bias")
-    if logit_bias and len(logit_bias) > max_bias:
-        message = f"logit_bias has {len(logit_bias)} entries; at most {max_bias}"
-        raise ApiError(400, message, "logit_bias")
     try:
         bias = replace(params, logit_bias=tuple(logit_bias.items())) if logit_bias else params
     except ValueError as exc:
@@ -221,8 +212,7 @@ def _vllm_one(kind: str, spec: Any, field: str) -> Constraint:
     if kind == "choice":
         if not isinstance(spec, list) or not spec or not all(isinstance(c, str) for c in spec):
             raise ApiError(400, f"{field} must be a non-empty list of strings", field)
-        # One terminal: the lexer matches the alternatives as one regular expression (as rule
-        # alternatives, more than 2,000 exceed llguidance's items per row at the first token).
+        # One lexeme: as rule alternatives, over 2,000 exceed llguidance's items per row.
         choices = " | ".join(map(encode_basestring_ascii, spec))
         return _constraint("grammar", f"start: CHOICE\nCHOICE: {choices}", field)
     if not isinstance(spec, str) or not spec:
