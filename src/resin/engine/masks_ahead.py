@@ -80,12 +80,16 @@ class MasksAhead:
         the masks are waited for."""
         if not self._fills:
             return frozenset()
-        self.collect(0.0 if self._slow else MASK_WAIT_S)
-        pending = {r for f in self._fills for r in f.requests}
-        if pending and not others and all(r in pending for r in running):
+        pending = self._pending()
+        everyone = all(r in pending for r in running)  # no decode row could run without them
+        if everyone and not others:
             self.collect(None)
-            pending = set()
-        return frozenset(pending)
+        else:  # with nothing else to decode, wait a little anyway: never a busy loop
+            self.collect(MASK_WAIT_S if everyone or not self._slow else 0.0)
+        return frozenset(self._pending())
+
+    def _pending(self) -> set[Request]:
+        return {r for f in self._fills for r in f.requests}
 
     def collect(self, timeout: float | None) -> None:
         """Keep the masks of finished fills, oldest first, waiting up to `timeout` seconds in
@@ -104,7 +108,7 @@ class MasksAhead:
 
     def join(self, requests: Sequence[Request]) -> None:
         """Wait for the fills that read any of `requests`' grammars."""
-        if self._fills and not set(requests).isdisjoint(r for f in self._fills for r in f.requests):
+        if self._fills and not self._pending().isdisjoint(requests):
             self.collect(None)
 
     def take(self, requests: Sequence[Request], rows: list[int], base: np.ndarray) -> list[int]:
