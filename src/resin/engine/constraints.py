@@ -1,7 +1,9 @@
 """Constrained decoding in the engine: per-request grammar state, plan masks, commit hooks.
 
-The engine calls three things, each a few lines at its call site:
-- `admit(request)` at submit: compile (cached) and attach the request's `GrammarState`;
+The engine calls four things, each a line or a few at its call site:
+- `admit(request)` at submit: compile (cached), or take the state prepared off the engine
+  thread, and attach the request's `GrammarState`;
+- `hold(scheduler)` before scheduling: the requests whose masks still fill sit out (below);
 - `attach(plan, requests)` after planning: the plan's `SamplingArrays` gain the allowed-token
   bitmask of every constrained sampling row and the logit biases (CSR);
 - `advance(requests, events)` after the commit: every constrained request's state consumes
@@ -26,7 +28,7 @@ after each commit (`masks_ahead.py`); a request whose mask is still filling sits
 (`hold` -> `Scheduler.held`), and `attach` copies the masks filled ahead.
 
 Zero overhead without constraints: the engine calls `attach` / `advance` only while `active`
-(a live request has a grammar or a bias), so plain traffic never enters this module.
+(a live request has a grammar or a bias), and `hold` returns at once without them.
 Retraction keeps a request's generated tokens (the recompute path re-prefills them), so its
 grammar state stays valid; a state follows the token list both ways (`GrammarState.sync`),
 which is also how rejected speculative drafts will roll it back.
