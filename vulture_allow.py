@@ -19,6 +19,7 @@ request_ids  # ErrorEvent field: public event contract
 retryable  # ErrorEvent field: public event contract
 checkpoint_indptr  # CacheGroupPlan field: runner contract (tests/engine/fakes.py honours it)
 content_type  # PrometheusExporter.content_type: public, what to serve /metrics with
+_.cached_bytes  # GrammarBackend.cached_bytes: public, read by tests/engine/test_grammar_limits.py
 
 # -- other areas --
 load_average  # resin_app/bench/cpu.py: a dataclass field written to the JSONL record

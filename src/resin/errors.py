@@ -6,6 +6,7 @@
   quarantined (finish with reason `error`), the others go on.
 - `RunnerDeadError`: the runner cannot go on; the engine stops cleanly.
 - `EngineDeadError`: raised by `Engine.submit` once the engine stopped.
+- `GrammarBusy`: a grammar backend has too many compiles queued (a server answers 429).
 """
 
 from __future__ import annotations
@@ -29,3 +30,7 @@ class EngineDeadError(ResinError):
 
 class InvalidRunnerOutputError(ResinError):
     """A `ForwardOutput` failed validation (wrong shapes, token id out of range)."""
+
+
+class GrammarBusy(ResinError):
+    """Too many constraint compiles are queued (`GrammarLimits.max_queued_compiles`): retry."""

@@ -217,7 +217,8 @@ def speculation_for(options: LoadOptions, context_length: int) -> Any:
 
 class ZeroCostRunner:
     """A runner for the real `Engine` that computes nothing: every sampling row gets
-    `token_id` (logprob 0 when asked). All time measured is engine + server overhead."""
+    `token_id` (logprob 0 when asked), or, where the plan's grammar mask forbids it, the
+    lowest token the mask allows. All time measured is engine + server overhead."""
 
     def __init__(self, vocab_size: int, token_id: int, page_size: int = 16) -> None:
         import numpy as np
@@ -237,10 +238,13 @@ class ZeroCostRunner:
         indptr = np.zeros(rows.size + 1, dtype=np.uint32)
         np.cumsum(rows, out=indptr[1:])
         n, t = int(indptr[-1]), len(plan.input_ids)
+        tokens = self._tokens[:n]
+        if plan.sampling.token_bitmask is not None:
+            tokens = self._allowed(plan.sampling.token_bitmask[rows], tokens)
         k = max(0, plan.sampling.max_logprobs)
         pk = max(0, int(plan.sampling.prompt_logprobs.max(initial=-1)))
         return ForwardOutput(
-            self._tokens[:n],
+            tokens,
             indptr,
             logprobs=np.zeros(n, dtype=np.float32),
             top_ids=np.full((n, k), self._token_id, dtype=np.int32) if k else None,
@@ -250,10 +254,23 @@ class ZeroCostRunner:
             prompt_top_logprobs=np.zeros((t, pk), dtype=np.float32) if pk else None,
         )
 
+    def _allowed(self, mask: Any, tokens: Any) -> Any:
+        """`tokens` where each row's mask allows `token_id`, else that row's lowest allowed."""
+        import numpy as np
+
+        t = self._token_id
+        ok = (mask[:, t // 32] >> (t % 32)) & 1
+        if ok.all():
+            return tokens
+        bits = np.unpackbits(mask.view(np.uint8), axis=1, bitorder="little")
+        lowest = bits[:, : self.runner_config.vocab_size].argmax(axis=1).astype(np.uint32)
+        return np.where(ok.astype(bool), tokens, lowest)
+
 
 def load_fake(options: LoadOptions) -> Loaded:
     """`resin serve --fake-runner`: the real engine with `ZeroCostRunner` (it answers the
-    token for "a" forever), the default model's tokenizer and recipe (`--recipe` applies)."""
+    token for "a" forever, or what a grammar allows), the default model's tokenizer, recipe
+    (`--recipe` applies) and grammar backend."""
     from resin_model.default_model import default_model_dir
 
     tokenizer = Tokenizer.from_dir(default_model_dir())
@@ -264,6 +281,7 @@ def load_fake(options: LoadOptions) -> Loaded:
             context_length=context,
             prefix_cache=options.prefix_cache,
             max_sequences=512,
+            grammar=grammar_backend(tokenizer),
             overlap=options.overlap,
             speculation=speculation_for(options, context),  # refused: the runner cannot verify
         )

@@ -1,7 +1,10 @@
-"""Bounded chaos (issue 10): ~30 s of a seeded random mix of valid, malformed, n > 1,
-oversize, hang-up, slow-reader and cancelled requests against a real `resin serve
---fake-runner` subprocess on loopback. Afterwards: no 5xx, /health answered within 1 s
-throughout, intake/running/waiting back to 0 and no KV pages held by requests."""
+"""Bounded chaos: ~30 s of a seeded random mix of valid, malformed, n > 1, oversize, hang-up,
+slow-reader and cancelled requests, constrained ones (schemas, choices, regexes, a large
+choice list, unsatisfiable specs), biased ones (up to and past the 300-entry cap), tool
+calls (auto and forced, three APIs) and sampling penalties, against a real `resin serve
+--fake-runner` subprocess on loopback (its zero-cost runner follows the grammar masks).
+Afterwards: no 5xx, /health answered within 1 s throughout, intake/running/waiting back to 0
+and no KV pages held by requests."""
 
 from __future__ import annotations
 
@@ -39,6 +42,12 @@ def _gauges(url: str) -> dict[str, float]:
         for s in f.samples
         if f.type == "gauge"
     }
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "n": {"type": "integer"}}, "required": ["name", "n"]}  # fmt: skip
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
 
 
 def _chat(text: str, **extra: Any) -> dict[str, Any]:
@@ -89,7 +98,8 @@ class Chaos:
     async def one(self, s: aiohttp.ClientSession, rng: random.Random) -> None:
         kind = rng.choice(
             ["valid", "valid", "valid", "stream", "complete", "anthropic", "responses",
-             "malformed", "n", "oversize", "hangup", "slow", "cancel"]
+             "malformed", "n", "oversize", "hangup", "slow", "cancel", "constrained",
+             "constrained", "biased", "tools", "tools", "penalties"]
         )  # fmt: skip
         self.kinds[kind] += 1
         text = "hello " * rng.randint(1, 40)
@@ -131,6 +141,20 @@ class Chaos:
             else:
                 junk = b"x" * (5 * 1024 * 1024)
                 await self.post(s, "/v1/chat/completions", data=junk)
+        elif kind == "constrained":
+            await self.constrained(s, rng, text)
+        elif kind == "biased":
+            size = rng.choice([1, 50, 300, 301])  # 301: a 400
+            bias = {str(rng.randrange(49152)): rng.uniform(-100, 100) for _ in range(size)}
+            body = _chat(text, logit_bias=bias, stream=rng.random() < 0.5)
+            await self.post(s, "/v1/chat/completions", json=body)
+        elif kind == "tools":
+            await self.tools(s, rng, text)
+        elif kind == "penalties":  # implemented, or a 400: never a 5xx, never ignored
+            body = _chat(text, presence_penalty=rng.uniform(-2, 2),
+                         frequency_penalty=rng.uniform(-2, 2),
+                         repetition_penalty=rng.uniform(0.5, 2))  # fmt: skip
+            await self.post(s, "/v1/chat/completions", json=body)
         elif kind in ("hangup", "slow"):
             await self.raw_stream(rng, "hangup" if kind == "hangup" else "slow")
         else:  # cancelled mid-flight
@@ -139,6 +163,47 @@ class Chaos:
             await asyncio.sleep(rng.uniform(0.0, 0.2))
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+    async def constrained(self, s: aiohttp.ClientSession, rng: random.Random, text: str) -> None:
+        spec: dict[str, Any] = rng.choice(
+            [
+                {"guided_choice": ["yes", "no", "maybe"]},
+                {"guided_choice": [f"option {rng.random()} {i}" for i in range(20_000)]},
+                {"response_format": {"type": "json_object"}},
+                {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                 "schema": SCHEMA}}},
+                {"guided_regex": "[a-z]{1,8}@[a-z]{2,5}\\.com"},
+                {"guided_json": {"$ref": "#"}},  # unsatisfiable: a 400
+                {"guided_grammar": "root ::= root"},  # unsatisfiable: a 400
+            ]
+        )  # fmt: skip
+        body = _chat(text, stream=rng.random() < 0.5, logprobs=rng.random() < 0.3, **spec)
+        if rng.random() < 0.3:
+            body["prompt"] = body.pop("messages")[0]["content"]
+            body.pop("logprobs")
+            await self.post(s, "/v1/completions", json=body)
+        else:
+            await self.post(s, "/v1/chat/completions", json=body)
+
+    async def tools(self, s: aiohttp.ClientSession, rng: random.Random, text: str) -> None:
+        stream = rng.random() < 0.5
+        api = rng.choice(["chat", "anthropic", "responses"])
+        if api == "chat":
+            choice = rng.choice(["auto", "required", {"type": "function",
+                                 "function": {"name": "get_weather"}}])  # fmt: skip
+            body = _chat(text, tools=[TOOL], tool_choice=choice, stream=stream)
+            await self.post(s, "/v1/chat/completions", json=body)
+        elif api == "anthropic":
+            tool = {"name": "get_weather", "input_schema": WEATHER}
+            choice = rng.choice([{"type": "auto"}, {"type": "any"}])
+            body = {"model": "fake", **_chat(text, stream=stream), "tools": [tool],
+                    "tool_choice": choice}  # fmt: skip
+            await self.post(s, "/v1/messages", json=body)
+        else:
+            tool = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+            body = {"input": text, "stream": stream, "max_output_tokens": 16, "tools": [tool],
+                    "tool_choice": rng.choice(["auto", "required"])}  # fmt: skip
+            await self.post(s, "/v1/responses", json=body)
 
     async def worker(self, i: int, until: float) -> None:
         rng = random.Random(SEED + i)
@@ -207,7 +272,8 @@ def test_chaos_against_resin_serve() -> None:
         )
         assert not chaos.errors, chaos.errors[:10]
         assert not [c for c in chaos.statuses if c >= 500], chaos.statuses
-        assert set(chaos.kinds) >= {"valid", "malformed", "n", "oversize", "hangup", "slow"}
+        assert set(chaos.kinds) >= {"valid", "malformed", "n", "oversize", "hangup", "slow",
+                                    "constrained", "biased", "tools", "penalties"}  # fmt: skip
         assert sum(chaos.statuses.values()) > 100, chaos.statuses
         assert len(health) > 100
         slow = [(c, round(t, 2)) for c, t in health if c != 200 or t >= 1.0]

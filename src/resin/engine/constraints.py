@@ -1,7 +1,9 @@
 """Constrained decoding in the engine: per-request grammar state, plan masks, commit hooks.
 
-The engine calls three things, each a few lines at its call site:
-- `admit(request)` at submit: compile (cached) and attach the request's `GrammarState`;
+The engine calls four things, each a line or a few at its call site:
+- `admit(request)` at submit: compile (cached), or take the state prepared off the engine
+  thread, and attach the request's `GrammarState`;
+- `hold(scheduler)` before scheduling: the requests whose masks still fill sit out (below);
 - `attach(plan, requests)` after planning: the plan's `SamplingArrays` gain the allowed-token
   bitmask of every constrained sampling row and the logit biases (CSR);
 - `advance(requests, events)` after the commit: every constrained request's state consumes
@@ -21,8 +23,12 @@ only reserves its mask; `open_gate` (after that step's commit and `advance`) fil
 sampling until then (`waits_for_masks`). A state that stopped or failed meanwhile gets an
 all-allowed row: its request ended, so the row's token is dropped and never consumed.
 
+Runners that cannot wait for masks: the next masks fill ahead, off the engine thread, right
+after each commit (`masks_ahead.py`); a request whose mask is still filling sits a step out
+(`hold` -> `Scheduler.held`), and `attach` copies the masks filled ahead.
+
 Zero overhead without constraints: the engine calls `attach` / `advance` only while `active`
-(a live request has a grammar or a bias), so plain traffic never enters this module.
+(a live request has a grammar or a bias), and `hold` returns at once without them.
 Retraction keeps a request's generated tokens (the recompute path re-prefills them), so its
 grammar state stays valid; a state follows the token list both ways (`GrammarState.sync`),
 which is also how rejected speculative drafts will roll it back.
@@ -32,17 +38,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from resin.engine.grammar import GrammarBackend, GrammarState
+from resin.engine.masks_ahead import MasksAhead
 from resin.engine.request import Request
 from resin.events import Event, FinishedEvent, FinishReason
 from resin.params import SamplingParams
-from resin.plan import BatchPlan
+from resin.plan import BatchPlan, SamplingArrays
+from resin.protocols import RunnerConfig
 
 Finish = Callable[[Request, FinishReason, str | None], FinishedEvent]
 
@@ -60,6 +69,21 @@ class _Gated:
     done: Future[None]
 
 
+class Queues(Protocol):
+    """The scheduler's queues, as `hold` reads them."""
+
+    @property
+    def waiting(self) -> Collection[Request]: ...
+
+    @property
+    def prefilling(self) -> Sequence[Request]: ...
+
+    @property
+    def running(self) -> Sequence[Request]: ...
+
+    held: Collection[Request]
+
+
 class ConstraintSet:
     """The engine's constrained requests and how their masks and biases enter plans."""
 
@@ -72,6 +96,9 @@ class ConstraintSet:
         self._worker: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self._gated: _Gated | None = None
+        self.ahead: MasksAhead | None = None
+        """Next-step masks filling off the engine thread (a runner that cannot wait for
+        masks: `masks_ahead.py`); None otherwise."""
         if backend is not None and vocab_size is not None and backend.vocab_size > vocab_size:
             raise ValueError(
                 f"the grammar tokenizer has {backend.vocab_size} tokens, "
@@ -79,38 +106,58 @@ class ConstraintSet:
             )
         width = vocab_size if vocab_size is not None else (backend and backend.vocab_size)
         self.mask_words = -(-(width or 0) // 32)
+        if backend is not None and not self.overlap:
+            self.ahead = MasksAhead(backend, self.mask_words, self._pool())
         self.active = 0
         """Live requests with a grammar or a logit bias."""
+        self._bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """Each biased request's (ids, values), built at admission."""
 
-    def check(self, params: SamplingParams) -> GrammarState | None:
+    @classmethod
+    def for_runner(cls, backend: GrammarBackend | None, config: RunnerConfig) -> ConstraintSet:
+        """The set for a runner's vocabulary and whether it waits for masks."""
+        return cls(backend, config.vocab_size, config.waits_for_masks)
+
+    def check(
+        self, params: SamplingParams, prepared: GrammarState | None = None
+    ) -> GrammarState | None:
         """Validate a request's bias and constraint (ValueError naming the problem); return its
-        fresh grammar state (None without a constraint). Nothing is registered yet."""
+        fresh grammar state (None without a constraint). `prepared`: a state made off this
+        thread (`CompiledGrammar.state()` of a `GrammarBackend.prepare`) for the same
+        constraint, used as is: nothing compiles here then. Nothing is registered yet."""
         if params.logit_bias and self.vocab_size is not None:
             top = params.logit_bias[-1][0]
             if top >= self.vocab_size:
                 raise ValueError(f"logit_bias token id {top} is outside the vocabulary")
         if params.constraint is None:
             return None
+        if prepared is not None and prepared.constraint == params.constraint:
+            return prepared
         if self.backend is None:
             raise ValueError(
                 f"constraint {params.constraint.kind} needs an engine with a grammar backend "
                 "(Engine(..., grammar=GrammarBackend.from_tokenizer(tokenizer)))"
             )
-        state = self.backend.state(params.constraint)
-        if state.stopped:
-            raise ValueError(f"constraint {params.constraint.kind} allows no output at all")
-        return state
+        return self.backend.state(params.constraint)
 
     def admit(self, request: Request, state: GrammarState | None) -> None:
         request.grammar = state
-        if state is not None or request.sampling_params.logit_bias:
+        bias = request.sampling_params.logit_bias
+        if state is not None or bias:
             request.constrained = True
             self.active += 1
+        if bias:  # built once: a step only concatenates its rows' arrays
+            ids = np.fromiter((p[0] for p in bias), dtype=np.int32, count=len(bias))
+            values = np.fromiter((p[1] for p in bias), dtype=np.float32, count=len(bias))
+            self._bias[request.id] = (ids, values)
 
     def release(self, request: Request) -> None:
         if request.constrained:
             request.constrained = False
             request.grammar = None
+            self._bias.pop(request.id, None)
+            if self.ahead is not None:
+                self.ahead.forget(request)
             self.active -= 1
 
     # -- per step ----------------------------------------------------------------------------
@@ -141,34 +188,47 @@ class ConstraintSet:
         if rows and self.backend is not None:
             base = np.full((b, self.mask_words), -1, dtype=np.int32)
             mask = base.view()  # the plan freezes this view; the filler writes `base`
-            states = [g for i in rows if (g := requests[i].grammar) is not None]
-            if gated:
-                self.discard_gate()
-                self._gated = _Gated(states, base, rows, Future())
-                pending = self._gated.done.result
-            elif self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
-                if self._worker is None:
-                    self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
-                self._pending = self._worker.submit(self._fill, states, base, rows)
-                pending = self._pending.result
-            else:
-                self._fill(states, base, rows)
-        lens = [len(r.sampling_params.logit_bias) for r in requests]
-        sampling = plan.sampling
-        if any(lens):
-            indptr = np.zeros(b + 1, dtype=np.int32)
-            np.cumsum(lens, out=indptr[1:])
-            pairs = [p for r in requests for p in r.sampling_params.logit_bias]
-            sampling = dataclasses.replace(
-                sampling,
-                bias_indptr=indptr,
-                bias_ids=np.fromiter((p[0] for p in pairs), dtype=np.int32, count=len(pairs)),
-                bias_values=np.fromiter((p[1] for p in pairs), dtype=np.float32, count=len(pairs)),
-            )
+            if self.ahead is not None:
+                rows = self.ahead.take(requests, rows, base)
+            if rows:
+                states = [g for i in rows if (g := requests[i].grammar) is not None]
+                pending = self._start_fill(states, base, rows, gated)
+        sampling = self._with_bias(plan, requests)
         if mask is None and sampling is plan.sampling:
             return plan
         sampling = dataclasses.replace(sampling, token_bitmask=mask, mask_pending=pending)
         return dataclasses.replace(plan, sampling=sampling)
+
+    def _start_fill(
+        self, states: list[GrammarState], base: np.ndarray, rows: list[int], gated: bool
+    ) -> Callable[[], object] | None:
+        """Fill `rows` of `base` now, in the background (overlap) or at `open_gate` (gated);
+        what the runner waits on before it samples (None: filled already)."""
+        if gated:
+            self.discard_gate()
+            self._gated = _Gated(states, base, rows, Future())
+            return self._gated.done.result
+        if self.overlap and len(rows) >= OVERLAP_MIN_ROWS:
+            self._pending = self._pool().submit(self._fill, states, base, rows)
+            return self._pending.result
+        self._fill(states, base, rows)
+        return None
+
+    def _with_bias(self, plan: BatchPlan, requests: tuple[Request, ...]) -> SamplingArrays:
+        """The plan's sampling arrays with its rows' biases in CSR form (unchanged without)."""
+        rows = [self._bias.get(r.id) for r in requests] if self._bias else []
+        if not any(rows):
+            return plan.sampling
+        lens = [0 if x is None else x[0].size for x in rows]
+        indptr = np.zeros(len(requests) + 1, dtype=np.int32)
+        np.cumsum(lens, out=indptr[1:])
+        given = [x for x in rows if x is not None]
+        return dataclasses.replace(
+            plan.sampling,
+            bias_indptr=indptr,
+            bias_ids=np.concatenate([x[0] for x in given]),
+            bias_values=np.concatenate([x[1] for x in given]),
+        )
 
     def _fill(self, states: Sequence[GrammarState], base: np.ndarray, rows: list[int]) -> None:
         assert self.backend is not None
@@ -214,6 +274,8 @@ class ConstraintSet:
     def close(self) -> None:
         self.discard_gate()
         self.settle()
+        if self.ahead is not None:
+            self.ahead.collect(None)
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
@@ -221,6 +283,8 @@ class ConstraintSet:
     def advance(self, requests: tuple[Request, ...], events: list[Event], finish: Finish) -> None:
         """Feed each constrained request's state the tokens committed since the last call."""
         self.settle()
+        if self.ahead is not None:
+            self.ahead.join(requests)
         live = [r for r in requests if r.grammar is not None and not r.finished]
         # One matcher after another: a token costs a matcher microseconds, and llguidance's
         # pool (`consume_token_par`) was slower at every batch measured on the H200 host
@@ -232,3 +296,18 @@ class ConstraintSet:
                 events.append(finish(r, FinishReason.ERROR, state.error))
             elif state.stopped:
                 events.append(finish(r, FinishReason.STOP, None))
+        if self.ahead is not None:  # the next masks fill while the engine goes on
+            self.ahead.start(requests)
+
+    def hold(self, queues: Queues) -> None:
+        """Before scheduling: `queues.held` becomes the decode requests that sit out the next
+        step (`MasksAhead.hold`); nothing runs without constraints."""
+        if self.ahead is None or not (self.active or queues.held):
+            return
+        others = bool(queues.waiting or queues.prefilling)
+        queues.held = self.ahead.hold(queues.running, others)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="resin-masks")
+        return self._worker

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from resin.engine.constraints import ConstraintSet
 from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
-from resin.engine.grammar import GrammarBackend
+from resin.engine.grammar import GrammarBackend, GrammarState
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.media import prompt_keys, validate_media
 from resin.engine.pipeline import Pipeline, make_pipeline
@@ -85,9 +85,7 @@ class Engine:
         self._layout = resolve_layout(self._runner_config, config)
         self._scheduler = Scheduler(config, self._layout)
         self._collector = MetricsCollector() if config.enable_metrics else None
-        self._constraints = ConstraintSet(
-            grammar, self._runner_config.vocab_size, self._runner_config.waits_for_masks
-        )
+        self._constraints = ConstraintSet.for_runner(grammar, self._runner_config)
         self.grammar = grammar  # read-only: None means a constraint is refused at submit
         self._lifecycle = Lifecycle(self._scheduler, self._collector, self._constraints.release)
         self._transaction = Transaction(
@@ -174,9 +172,10 @@ class Engine:
         sampling_params: SamplingParams | None = None,
         request_id: int | None = None,
         media: Sequence[MediaItem] = (),
+        grammar: GrammarState | None = None,
     ) -> Request:
-        """Validate and queue a request (`media`: its images, docs/vision.md); bad input raises
-        `ValueError` and queues nothing."""
+        """Validate and queue a request (`media`: its images, docs/vision.md; `grammar`: its
+        constraint's state prepared off this thread); bad input raises `ValueError`."""
         if self.dead:
             raise EngineDeadError(self._lifecycle.dead or "the engine is closed")
         params = SamplingParams() if sampling_params is None else sampling_params
@@ -191,7 +190,7 @@ class Engine:
                 f"a prompt of {len(prompt)} tokens needs {need} cache pages, "
                 f"the cache has {self._layout.num_pages}"
             )
-        grammar = self._constraints.check(params)
+        grammar = self._constraints.check(params, grammar)
         rid = self._lifecycle.take_id(request_id)
         items = validate_media(media, len(prompt), self._config.prefill_chunk_tokens)
         request = Request(rid, prompt, params, items)
@@ -220,6 +219,7 @@ class Engine:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self._scheduler.num_preemptions
+        self._constraints.hold(self._scheduler)  # requests whose masks still fill sit out
         cohort = self._scheduler.schedule()
         if cohort is None:
             if self._pipeline is not None:

@@ -1,10 +1,16 @@
 """Constraints -> grammar matchers (llguidance), compiled once per spec and tokenizer.
 
-`GrammarBackend` owns one llguidance tokenizer and a small LRU of compiled constraints; each
-constrained request gets its own `GrammarState` (a copy of the compiled matcher) at submit.
-The engine advances a state with the tokens it commits (`sync`) and can take tokens back
-(`rollback`, for rejected speculative drafts); `fill_mask` writes the state's allowed-token
-bitmask into one row of a plan's `token_bitmask`.
+`GrammarBackend` owns one llguidance tokenizer and a cache of compiled constraints
+(`CompiledGrammar`); each constrained request gets its own `GrammarState` (a copy of the
+compiled matcher). The engine advances a state with the tokens it commits (`sync`) and can
+take tokens back (`rollback`, for rejected speculative drafts); `fill_masks` writes the
+states' allowed-token bitmasks into rows of a plan's `token_bitmask`.
+
+Compiling (`grammar_compile.py`) is bounded by `GrammarLimits` and computes the first mask.
+`prepare` compiles on the backend's own threads and returns a future (a server waits for it
+in its intake, `compile_timeout_s`, so the engine thread never compiles); `compile` / `state`
+compile on the calling thread (a library caller's `Engine.submit`). Successes and failures are
+cached in one LRU bounded by estimated bytes (`cache_bytes`). Every method is thread-safe.
 
 Why llguidance (measured in `docs/constraints.md`): no dependencies (the engine process keeps
 torch out), one abi3 wheel for every CPython, ~1 ms to compile a JSON schema, native rollback,
@@ -15,14 +21,25 @@ llguidance is imported lazily: an engine without constraints never loads it.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from resin.engine.structural_tag import JSON_DEFAULTS, structural_tag_grammar
+from resin.engine.grammar_compile import (
+    BASE_BYTES,
+    BYTES_PER_GRAMMAR_BYTE,
+    GrammarCompiler,
+    GrammarLimits,
+    first_line,
+)
+from resin.errors import GrammarBusy
 from resin.params import Constraint
 
 if TYPE_CHECKING:
@@ -42,13 +59,15 @@ class GrammarState:
     """One request's position in its grammar.
 
     Invariant: the matcher has consumed exactly the first `consumed` generated tokens.
-    Once `error` is set (a token the grammar forbids was committed) the state stays failed.
+    Once `error` is set (a token the grammar forbids was committed, or the grammar hit a
+    per-step limit) the state stays failed. `constraint` is what it was compiled from.
     """
 
-    __slots__ = ("consumed", "error", "matcher")
+    __slots__ = ("constraint", "consumed", "error", "matcher")
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, constraint: Constraint | None = None) -> None:
         self.matcher = matcher
+        self.constraint = constraint
         self.consumed = 0
         self.error: str | None = None
 
@@ -65,6 +84,10 @@ class GrammarState:
         """Advance (or roll back) so that exactly `tokens` are consumed; False on a token the
         grammar forbids (the state is then failed and `error` says why)."""
         if self.error is not None:
+            return False
+        if self.matcher.is_error():  # a per-step limit hit while its mask was computed
+            problem = first_line(self.matcher.get_error())
+            self.error = f"constraint failed after {self.consumed} output tokens: {problem}"
             return False
         n = len(tokens)
         if n < self.consumed:
@@ -90,26 +113,58 @@ class GrammarState:
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
 
+class CompiledGrammar:
+    """A compiled constraint, shared by every request that uses it (read-only after the
+    backend published it: each request's state is a copy)."""
+
+    __slots__ = ("_matcher", "constraint", "nbytes", "seconds")
+
+    def __init__(
+        self, constraint: Constraint, matcher: llguidance.LLMatcher, nbytes: int, seconds: float
+    ) -> None:
+        self.constraint = constraint
+        self._matcher = matcher
+        self.nbytes = nbytes
+        """Estimated memory (`BASE_BYTES` + `BYTES_PER_GRAMMAR_BYTE` per grammar byte)."""
+        self.seconds = seconds
+        """How long it took to compile."""
+
+    def state(self) -> GrammarState:
+        """A fresh state at the start of the grammar (a copy of the compiled matcher)."""
+        return GrammarState(self._matcher.deep_copy(), self.constraint)
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    message: str
+    nbytes: int
+
+
 FILL_THREADS: int | None = 1
 """Threads for a batch's mask fill. One: on the H200 host (16 cores, CUDA and torch threads
 busy) 64 rows took 0.78 ms on one thread against 3.1 ms on llguidance's default pool of 12,
 and json_schema decode at batch 64 went from 0.87x to 0.96x of plain (docs/benchmarks.md)."""
+
+SLOW_FILL_S = 0.004
+"""A batch fill slower than this moves the next fills to llguidance's full pool (costly
+grammars, e.g. ambiguous ones, fill in parallel); one 4x faster moves them back."""
 
 
 class GrammarBackend:
     """Compiles `Constraint`s for one tokenizer; the engine asks it for per-request states.
 
     `eos_token_ids` are the tokens a complete grammar allows (the recipe's stop tokens).
-    The compile cache holds up to `cache_size` specs (LRU); a hit costs one matcher copy.
-    `fill_threads`: the threads that fill a batch's masks (`FILL_THREADS`; None = llguidance's
-    default pool, 80% of the cores).
+    `limits` bounds what a constraint may cost (`GrammarLimits`); `fill_threads`: the threads
+    that fill a batch's masks (`FILL_THREADS`; None = llguidance's default pool, 80% of the
+    cores); a batch slower than `SLOW_FILL_S` switches to the default pool until fills are
+    fast again.
     """
 
     def __init__(
         self,
         tokenizer_json: str,
         eos_token_ids: Sequence[int],
-        cache_size: int = 256,
+        limits: GrammarLimits | None = None,
         fill_threads: int | None = FILL_THREADS,
     ) -> None:
         import llguidance
@@ -130,87 +185,166 @@ class GrammarBackend:
         }
         self.vocab_size: int = int(self.tokenizer.vocab_size)
         self.mask_words = (self.vocab_size + 31) // 32
-        self._cache: OrderedDict[Constraint, llguidance.LLMatcher] = OrderedDict()
-        self._cache_size = cache_size
+        self.limits = limits or GrammarLimits()
+        self._compiler = GrammarCompiler(
+            self.tokenizer, self.special_tokens, self.eos_token_ids, self.limits
+        )
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[Constraint, CompiledGrammar | _Failed] = OrderedDict()
+        self._cache_bytes = 0
+        self._inflight: dict[Constraint, Future[CompiledGrammar]] = {}
+        self._threads: ThreadPoolExecutor | None = None
         self.fill_threads = fill_threads
-        self._executor: llguidance.LLExecutor | None = None
+        self._executors: dict[bool, llguidance.LLExecutor] = {}
+        self._wide = False  # the last fills were slow: use the full pool
 
     @classmethod
     def from_tokenizer(
         cls,
         tokenizer: TokenizerSource,
-        cache_size: int = 256,
+        limits: GrammarLimits | None = None,
         fill_threads: int | None = FILL_THREADS,
     ) -> GrammarBackend:
-        return cls(tokenizer.to_json(), tokenizer.eos_token_ids, cache_size, fill_threads)
+        return cls(tokenizer.to_json(), tokenizer.eos_token_ids, limits, fill_threads)
 
+    @property
+    def compile_timeout_s(self) -> float:
+        return self.limits.compile_timeout_s
+
+    @property
+    def cached_bytes(self) -> int:
+        """Estimated bytes the compile cache holds (at most `limits.cache_bytes`)."""
+        return self._cache_bytes
+
+    # -- compiling --------------------------------------------------------------------------
     def state(self, constraint: Constraint) -> GrammarState:
-        """A fresh state for `constraint`; `ValueError` naming the problem when the grammar
-        engine cannot compile or enforce it."""
-        compiled = self._cache.get(constraint)
-        if compiled is None:
-            compiled = self._compile(constraint)
-            self._cache[constraint] = compiled
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(constraint)
-        return GrammarState(compiled.deep_copy())
+        """A fresh state for `constraint`, compiled on this thread unless cached;
+        `ValueError` naming the problem when the grammar engine cannot compile or enforce it."""
+        return self.compile(constraint).state()
 
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """`constraint` compiled (or found in the cache) on this thread; `ValueError` as
+        `state`. A compile of the same constraint already running elsewhere is waited for."""
+        with self._lock:
+            hit = self._lookup(constraint)
+            running = self._inflight.get(constraint)
+        if hit is not None:
+            return _unwrap(hit)
+        if running is not None:
+            return running.result()
+        return _unwrap(self._compile_and_store(constraint))
+
+    def prepare(self, constraint: Constraint) -> Future[CompiledGrammar]:
+        """`constraint` compiling on the backend's threads: a future that ends with the
+        `CompiledGrammar` or the `ValueError` that `compile` raises (done at once when cached;
+        shared by every caller while it runs); `GrammarBusy` when too many are queued."""
+        with self._lock:
+            hit = self._lookup(constraint)
+            if hit is None:
+                return self._submit(constraint)
+        done: Future[CompiledGrammar] = Future()
+        if isinstance(hit, CompiledGrammar):
+            done.set_result(hit)
+        else:
+            done.set_exception(ValueError(hit.message))
+        return done
+
+    def _submit(self, constraint: Constraint) -> Future[CompiledGrammar]:
+        """The running compile of `constraint`, or a new one (lock held)."""
+        running = self._inflight.get(constraint)
+        if running is not None:
+            return running
+        if len(self._inflight) >= self.limits.max_queued_compiles:
+            busy: Future[CompiledGrammar] = Future()
+            busy.set_exception(
+                GrammarBusy(
+                    f"{len(self._inflight)} grammars are compiling "
+                    f"(at most {self.limits.max_queued_compiles}); retry"
+                )
+            )
+            return busy
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(
+                self.limits.compile_threads, thread_name_prefix="resin-grammar"
+            )
+        future = self._threads.submit(lambda: _unwrap(self._compile_and_store(constraint)))
+        self._inflight[constraint] = future
+        future.add_done_callback(lambda _: self._done(constraint))
+        return future
+
+    def close(self) -> None:
+        """Stop the compile threads (a running compile finishes; queued ones are cancelled)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def _done(self, constraint: Constraint) -> None:
+        with self._lock:
+            self._inflight.pop(constraint, None)
+
+    def _lookup(self, constraint: Constraint) -> CompiledGrammar | _Failed | None:
+        """The cached entry, marked most recently used (lock held)."""
+        hit = self._cache.get(constraint)
+        if hit is not None:
+            self._cache.move_to_end(constraint)
+        return hit
+
+    def _compile_and_store(self, c: Constraint) -> CompiledGrammar | _Failed:
+        start = time.monotonic()
+        entry: CompiledGrammar | _Failed
+        try:
+            matcher, size = self._compile(c)
+            nbytes = BASE_BYTES + BYTES_PER_GRAMMAR_BYTE * size + len(c.spec)
+            entry = CompiledGrammar(c, matcher, nbytes, time.monotonic() - start)
+        except ValueError as exc:
+            entry = _Failed(str(exc), 256 + len(c.spec))
+        with self._lock:
+            old = self._cache.pop(c, None)
+            self._cache_bytes += entry.nbytes - (0 if old is None else old.nbytes)
+            self._cache[c] = entry
+            while self._cache_bytes > self.limits.cache_bytes and self._cache:
+                _, evicted = self._cache.popitem(last=False)  # an entry above the bound too
+                self._cache_bytes -= evicted.nbytes
+        return entry
+
+    def _compile(self, c: Constraint) -> tuple[llguidance.LLMatcher, int]:
+        return self._compiler.matcher(c)
+
+    # -- masks ------------------------------------------------------------------------------
     def fill_masks(self, states: Sequence[GrammarState], mask: npt.NDArray[np.int32]) -> None:
         """Row i of `mask` gets states[i]'s bitmask (the first `mask_words` words of a row;
         words beyond the tokenizer's vocabulary stay as they are: 0 = disallowed).
 
         One row is filled directly; several go in one call to llguidance's executor, which
         releases the GIL once for the whole batch (one matcher call per row would hand the GIL
-        over 64 times a step, and a busy server thread can hold it for milliseconds each time)."""
+        over 64 times a step, and a busy server thread can hold it for milliseconds each time).
+        A state whose grammar hits a per-step limit gets an error (`GrammarState.sync` then
+        fails its request) and an all-zero row."""
         if len(states) == 1:
             states[0].fill_mask(mask[0, : self.mask_words])
             return
         target = mask
         if mask.shape[1] != self.mask_words or not mask.flags.c_contiguous:
             target = np.zeros((len(states), self.mask_words), dtype=np.int32)
-        if self._executor is None:
-            self._executor = self._llg.LLExecutor(self.fill_threads)
         pairs = [(s.matcher, i) for i, s in enumerate(states)]
         nbytes = self.mask_words * 4
-        self._executor.unsafe_compute_mask_ptr(pairs, target.ctypes.data, nbytes, len(states))
+        start = time.perf_counter()
+        self._executor().unsafe_compute_mask_ptr(pairs, target.ctypes.data, nbytes, len(states))
+        took = time.perf_counter() - start
+        self._wide = took > SLOW_FILL_S or (self._wide and took > SLOW_FILL_S / 4)
         if target is not mask:
             mask[:, : self.mask_words] = target
 
-    # -- compilation ------------------------------------------------------------------------
-    def _compile(self, c: Constraint) -> llguidance.LLMatcher:
-        """Errors start with "constraint <kind>" (the server maps them to the request field)."""
-        try:
-            grammar = self._grammar_text(c)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"constraint {c.kind} is invalid: {_first_line(str(exc))}") from None
-        matcher = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            problem = _first_line(matcher.get_error())
-            raise ValueError(f"constraint {c.kind} cannot be enforced: {problem}")
-        return matcher
-
-    def _grammar_text(self, c: Constraint) -> str:
-        m = self._llg.LLMatcher
-        if c.kind == "json_object":
-            return m.grammar_from_json_schema('{"type": "object"}', defaults=JSON_DEFAULTS)
-        if c.kind == "json_schema":
-            schema = json.loads(c.spec)
-            options: Any = {"lenient": not c.strict}
-            return m.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS, overrides=options)
-        if c.kind == "regex":
-            return m.grammar_from_regex(c.spec)
-        if c.kind == "grammar":
-            return self._llg.grammar_from("grammar", c.spec)
-        spec = json.loads(c.spec)
-        return structural_tag_grammar(spec, self.special_tokens, self.eos_token_ids, not c.strict)
+    def _executor(self) -> llguidance.LLExecutor:
+        """The executor for the next fill: `fill_threads`, or the full pool after slow fills."""
+        wide = self._wide and self.fill_threads is not None
+        executor = self._executors.get(wide)
+        if executor is None:
+            executor = self._llg.LLExecutor(None if wide else self.fill_threads)
+            self._executors[wide] = executor
+        return executor
 
 
-def _first_line(message: str) -> str:
-    """The gist of an llguidance error: its first line plus any `error:` line."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if not lines:
-        return "invalid"
-    extra = [line for line in lines[1:] if line.startswith("error:")]
-    return " ".join([lines[0], *extra])[:400]
+def _unwrap(entry: CompiledGrammar | _Failed) -> CompiledGrammar:
+    if isinstance(entry, _Failed):
+        raise ValueError(entry.message)
+    return entry

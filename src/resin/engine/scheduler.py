@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -119,6 +119,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._arrivals = 0
         self._watermark = max(1, layout.num_pages // 100)
+        self.held: Collection[Request] = ()
+        """Running requests the next decode cohort leaves out (the engine's constraints set
+        it: their grammar masks are still filling off the engine thread)."""
 
     @property
     def num_admitted(self) -> int:
@@ -263,6 +266,11 @@ class Scheduler:
     # -- decode ---------------------------------------------------------------------------
     def _decode_cohort(self) -> Cohort | None:
         chosen = self.running[: self.config.max_batch_tokens]
+        if self.held:  # they sit this step out (their grammar masks are still filling)
+            chosen = [r for r in chosen if r not in self.held]
+            self._decode_slots = None
+            if not chosen:
+                return None
         if self._decode_slots is None or self._decode_slots.size != len(chosen):
             self._decode_slots = np.fromiter(
                 (r.slot for r in chosen), dtype=np.int32, count=len(chosen)

@@ -4,7 +4,10 @@ Request handlers (HTTP routes, or any asyncio code) never touch the engine. They
 intake slot (before tokenizing, so an overloaded frontend refuses cheaply with `QueueFull`),
 then `submit()` a typed message; the actor admits at most `admissions_per_step` requests per
 engine step and keeps at most `max_active` requests inside the engine. After each step it
-hands every touched request its events in one `call_soon_threadsafe` batch. Invariants:
+hands every touched request its events in one `call_soon_threadsafe` batch.
+
+A constrained request waits in the intake while its grammar compiles off the engine thread
+(`compiling.py`), so one costly grammar never stops the other requests' steps. Invariants:
 - a reservation is released exactly once: when the request enters the engine, or unused;
 - every submitted stream gets a final item (FinishedEvent or StreamError);
 - if `engine.step()` raises, the actor is dead: every open stream gets a StreamError, new
@@ -21,12 +24,14 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
+from resin.frontend.compiling import Compiling
 from resin.frontend.errors import EngineUnavailable
-from resin.frontend.ports import EngineLike
+from resin.frontend.ports import ConstraintCompiler, EngineLike
 from resin.frontend.slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.stream import RequestStream, StreamError, StreamItem
 from resin.params import SamplingParams
@@ -42,6 +47,7 @@ class _Submit:
     params: SamplingParams
     reservation: Reservation
     media: tuple[MediaItem, ...] = ()
+    grammar: object = None  # the constraint's state, compiled off the engine thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +89,14 @@ class EngineActor(SlotsFront):
         self._lock = threading.Lock()
         self._open: set[RequestStream] = set()
         self._pending: deque[_Submit] = deque()
+        self._compiling: Compiling[_Submit] = Compiling(self._enter, self._reject)
         self._active: dict[int, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: list[tuple[RequestStream, StreamItem]] = []
         self._outbox_lock = threading.Lock()
         self._delivery_scheduled = False
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     # ---- event-loop side -------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -100,6 +108,12 @@ class EngineActor(SlotsFront):
     def has_grammar(self) -> bool:
         """Whether the engine can enforce constraints (it has a grammar backend)."""
         return getattr(self.engine, "grammar", None) is not None
+
+    @property
+    def compiler(self) -> ConstraintCompiler | None:
+        """The engine's grammar backend when it compiles off the engine thread."""
+        backend = getattr(self.engine, "grammar", None)
+        return backend if callable(getattr(backend, "prepare", None)) else None
 
     @property
     def alive(self) -> bool:
@@ -141,18 +155,33 @@ class EngineActor(SlotsFront):
         media: tuple[MediaItem, ...] = (),
     ) -> RequestStream:
         stream = RequestStream(self.stream_capacity)
+        sub = _Submit(stream, prompt, params, reservation, media)
+        compiler = self.compiler if params.constraint is not None else None
         with self._lock:  # a submit after `_die` drained the intake fails at once (no hang)
-            if self.error is None:
+            error = self.error
+            if error is None:
                 self._open.add(stream)
-                self._intake.put(_Submit(stream, prompt, params, reservation, media))
-                return stream
-        reservation.release()
-        stream.push(StreamError(self.error))
+                if compiler is None:
+                    self._intake.put(sub)
+        if error is not None:
+            reservation.release()
+            stream.push(StreamError(error))
+        elif compiler is not None and params.constraint is not None:
+            self._compiling.start(stream, sub, params.constraint, compiler, self._loop)
         return stream
+
+    def _enter(self, sub: _Submit, grammar: object) -> None:  # its grammar compiled
+        with self._lock:
+            if self.error is None and not self._stopped:
+                self._intake.put(replace(sub, grammar=grammar))
+                return
+        self._reject(sub, StreamError(self.error or "server is shutting down"))
 
     def abort(self, stream: RequestStream) -> None:
         """Cancel a request (client gone or too slow); its engine pages are freed."""
-        if not stream.closed or stream.overflowed:
+        if (sub := self._compiling.claim(stream)) is not None:  # its grammar is compiling
+            self._reject(sub, StreamError("aborted", "aborted"))
+        elif not stream.closed or stream.overflowed:
             self._intake.put(_Abort(stream))
 
     def request_stop(self) -> None:
@@ -173,7 +202,7 @@ class EngineActor(SlotsFront):
         while True:
             try:
                 idle = not self._pending and not self.engine.has_work()
-                if stopping and idle:
+                if stopping and idle and self._close():
                     return
                 stopping = self._drain(block=idle) or stopping
                 if stopping:
@@ -188,6 +217,11 @@ class EngineActor(SlotsFront):
                 log.exception("engine actor failed")
                 self._die(f"engine failed: {exc}")
                 return
+
+    def _close(self) -> bool:  # refuse compiled submits from now on, unless one just came
+        with self._lock:
+            self._stopped = self._intake.empty()
+            return self._stopped
 
     def _drain(self, block: bool) -> bool:
         """Move intake messages into actor state; True when a stop was requested."""
@@ -221,11 +255,9 @@ class EngineActor(SlotsFront):
                 return
             sub = self._pending.popleft()
             try:
-                handle = (
-                    self.engine.submit(sub.prompt, sub.params, media=sub.media)
-                    if sub.media  # text-only engines (test doubles too) never see the keyword
-                    else self.engine.submit(sub.prompt, sub.params)
-                )
+                given = (("media", sub.media), ("grammar", sub.grammar))
+                extra: dict[str, Any] = {k: v for k, v in given if v}  # doubles know neither
+                handle = self.engine.submit(sub.prompt, sub.params, **extra)
             except EngineDeadError as exc:
                 self._pending.appendleft(sub)
                 raise RuntimeError(str(exc)) from exc
@@ -260,6 +292,8 @@ class EngineActor(SlotsFront):
             self._post(out)
 
     def _abort_all(self) -> None:
+        for sub in self._compiling.take_all():
+            self._reject(sub, StreamError("server is shutting down"))
         while self._pending:
             self._reject(self._pending.popleft(), StreamError("server is shutting down"))
         for rid, stream in list(self._active.items()):
@@ -269,6 +303,8 @@ class EngineActor(SlotsFront):
     def _die(self, message: str) -> None:
         with self._lock:
             self.error = message
+            compiling = self._compiling.take_all()
+        self._pending.extend(compiling)
         with contextlib.suppress(queue.Empty):  # submits that raced the error fail below too
             while True:
                 if isinstance(msg := self._intake.get_nowait(), _Submit):

@@ -15,7 +15,7 @@ from typing import Literal
 
 from resin.events import FinishedEvent, TokensEvent, TopLogprob
 from resin.frontend.actor import EngineActor
-from resin.frontend.errors import EngineUnavailable, RequestRefused
+from resin.frontend.errors import EngineUnavailable, QueueFull, RequestRefused
 from resin.frontend.ports import OutputParser
 from resin.frontend.stop_strings import StopMatcher
 from resin.frontend.stream import RequestStream, StreamError
@@ -87,7 +87,8 @@ class Generation:
         item = await self.stream.get()
         if isinstance(item, StreamError):
             self.done = True
-            raise (RequestRefused if item.kind == "refused" else EngineUnavailable)(item.message)
+            kinds = {"refused": RequestRefused, "busy": QueueFull}
+            raise kinds.get(item.kind, EngineUnavailable)(item.message)
         self._first = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
         # The prefix-cache hit is known from the first events on: a stream's opening event
         # (Anthropic's message_start) reports it before any token is read.
@@ -155,13 +156,13 @@ class Generation:
         if event.logprobs is not None:
             tops = event.top_logprobs or tuple(() for _ in event.token_ids)
             update.logprobs = [
-                TokenLogprob(t, lp, top)
+                TokenLogprob(t, finite(lp), _finite_top(top))
                 for t, lp, top in zip(event.token_ids, event.logprobs, tops, strict=False)
             ]
         if event.prompt_logprobs is not None:
             ptops = event.prompt_top_logprobs or tuple(() for _ in event.prompt_logprobs)
             update.prompt_logprobs = [
-                TokenLogprob(-1, lp, top)
+                TokenLogprob(-1, finite(lp), _finite_top(top))
                 for lp, top in zip(event.prompt_logprobs, ptops, strict=False)
             ]
         return update
@@ -205,6 +206,22 @@ class Generation:
             ttft = None if self.first_token_at is None else self.first_token_at - self.started_at
             self.on_finish(update.finish, ttft, now - self.started_at)
         return update
+
+
+LOGPROB_FLOOR = -9999.0
+"""The logprob of an impossible token (one a grammar mask forbids: -inf in the runner), as
+vLLM reports it: every logprob is a finite number, so answers are strictly valid JSON."""
+
+
+def finite(logprob: float) -> float:
+    """`logprob` floored at `LOGPROB_FLOOR` (-inf and NaN included)."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def _finite_top(top: Sequence[TopLogprob]) -> tuple[TopLogprob, ...]:
+    if all(t.logprob >= LOGPROB_FLOOR for t in top):
+        return tuple(top)
+    return tuple(TopLogprob(t.token_id, finite(t.logprob)) for t in top)
 
 
 def _one_by_one(event: TokensEvent) -> list[TokensEvent]:

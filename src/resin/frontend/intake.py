@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 
-from resin.frontend.errors import ClientTooSlow, GenerationFailed
+from resin.frontend.errors import ClientTooSlow, GenerationFailed, RequestRefused
 from resin.frontend.generation import Generation, Update, merge
 from resin.frontend.slots import Reservation
 
@@ -139,14 +139,16 @@ class Batch:
 
     async def collect(self) -> list[Update]:
         """Each generation's updates merged into one (a non-streamed answer); a choice cut off,
-        or ended without a finish, is a `GenerationFailed`: never a partial answer taken for a
-        complete one."""
+        or ended without a finish, is a `GenerationFailed` (a `RequestRefused` when its
+        grammar failed, "constraint ..."): never a partial answer taken for a complete one."""
         merged = [Update() for _ in self.gens]
         async for i, update in self.updates():
             merge(merged[i], update)
         for up in merged:
             if up.finish is None or up.finish.failed:
                 error = up.finish.error if up.finish else "generation ended without a finish"
+                if error and error.startswith("constraint "):  # the client's grammar failed
+                    raise RequestRefused(error)
                 raise GenerationFailed(error or "generation failed; retry")
         return merged
 

@@ -8,14 +8,21 @@ implement the same contracts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, Literal, Protocol
 
 from resin.events import Event
-from resin.params import SamplingParams
+from resin.params import Constraint, SamplingParams
 from resin.plan import MediaItem
 from resin.recipe.deltas import Delta, ParseResult
 
-__all__ = ["EngineLike", "OutputParser", "RequestHandle"]
+__all__ = [
+    "CompiledConstraint",
+    "ConstraintCompiler",
+    "EngineLike",
+    "OutputParser",
+    "RequestHandle",
+]
 
 
 class RequestHandle(Protocol):
@@ -61,3 +68,19 @@ class OutputParser(Protocol):
     def feed(self, token_ids: Sequence[int]) -> list[Delta]: ...
 
     def finish(self, reason: Literal["stop", "length"] = "stop") -> ParseResult: ...
+
+
+class CompiledConstraint(Protocol):
+    """A compiled constraint (`resin.engine.grammar.CompiledGrammar`)."""
+
+    def state(self) -> object: ...
+
+
+class ConstraintCompiler(Protocol):
+    """An engine's grammar backend as the intake uses it (`GrammarBackend`): compiles off
+    the engine thread; the state it yields goes to `Engine.submit(..., grammar=)`."""
+
+    @property
+    def compile_timeout_s(self) -> float: ...
+
+    def prepare(self, constraint: Constraint) -> Future[CompiledConstraint]: ...

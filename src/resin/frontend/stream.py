@@ -24,10 +24,11 @@ class StreamError:
     """The request ended without a FinishedEvent: the engine died, refused it, or shut down."""
 
     message: str
-    kind: Literal["unavailable", "refused", "aborted"] = "unavailable"
-    """`refused`: the engine refused the input (`submit` raised `ValueError`); `aborted`: the
-    reader aborted it before it reached the engine; `unavailable`: the engine died or the
-    frontend is stopping."""
+    kind: Literal["unavailable", "refused", "aborted", "busy"] = "unavailable"
+    """`refused`: the engine refused the input (`submit` raised `ValueError`, or its
+    constraint failed to compile); `aborted`: the reader aborted it before it reached the
+    engine; `busy`: too many constraints were compiling (retry); `unavailable`: the engine
+    died or the frontend is stopping."""
 
 
 StreamItem = list[Event] | StreamError

@@ -3,27 +3,30 @@ and its function tools."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.server.errors import ApiError
-from resin.server.schemas_openai import Loose
+from resin.server.schemas_openai import MAX_MESSAGES, MAX_TOOLS, Loose
+
+Key = Annotated[str, StringConstraints(max_length=64)]
+Value = Annotated[str, StringConstraints(max_length=512)]
 
 
 class ResponsesRequest(Loose):
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[Key, Value] | None = Field(None, max_length=16)  # OpenAI's limits
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
     store: bool | None = None

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from resin.server.schemas_openai import Loose
+from resin.server.schemas_openai import MAX_MESSAGES, MAX_TOOLS, Loose
 
 
 class Block(Loose):
@@ -45,7 +45,7 @@ class ThinkingIn(Loose):
 
 class MessagesRequest(Loose):
     model: str
-    messages: list[MessageIn] = Field(min_length=1)
+    messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int = Field(ge=1)
     system: str | list[Block] | None = None
     stop_sequences: list[str] | None = Field(None, max_length=16)
@@ -53,7 +53,7 @@ class MessagesRequest(Loose):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
-    tools: list[ToolDefIn] | None = None
+    tools: list[ToolDefIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
     output_format: dict[str, Any] | None = None
@@ -61,8 +61,8 @@ class MessagesRequest(Loose):
 
 class CountTokensRequest(Loose):
     model: str
-    messages: list[MessageIn] = Field(min_length=1)
+    messages: list[MessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     system: str | list[Block] | None = None
-    tools: list[ToolDefIn] | None = None
+    tools: list[ToolDefIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None

@@ -8,6 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 16
+MAX_MESSAGES = 2048  # messages / input items, counted while parsing (before any conversion)
+MAX_TOOLS = 128  # tools (OpenAI's limit)
+MAX_LOGIT_BIAS_ENTRIES = 300  # logit_bias entries (OpenAI's limit)
 
 
 class Loose(BaseModel):
@@ -81,7 +84,7 @@ class SamplingFields(Loose):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     response_format: dict[str, Any] | None = None
     """Also read (vLLM): structured_outputs, guided_json/regex/choice/grammar (extras)."""
 
@@ -91,11 +94,11 @@ class SamplingFields(Loose):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessageIn] = Field(min_length=1)
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[ToolIn] | None = None
+    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None

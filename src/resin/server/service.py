@@ -10,6 +10,7 @@ not hand to the actor is released when the `with` block ends, whatever happened 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from resin.frontend.replicas import ReplicaSet
 from resin.generation_config import NO_DEFAULTS, GenerationDefaults
 from resin.params import SamplingParams
 from resin.plan import MediaItem
-from resin.recipe import Message, Recipe, RenderedPrompt, ToolDef
+from resin.recipe import Message, Recipe, RenderedPrompt, ToolCall, ToolDef
 from resin.recipe.special_text import LiteralSpecials, texts
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.errors import ApiError, api_error
@@ -136,17 +137,15 @@ class Service:
             raise ApiError(400, f"{param} must be a replica index in [0, {count})", param)
         return index
 
-    def check_text(self, texts: Sequence[str], param: str = "messages") -> None:
+    def check_text(self, texts: Sequence[str], param: str = "messages", messages: int = 0) -> None:
         """Refuse user text that cannot fit the context (before paying for its tokenization)
-        or is not valid Unicode (a lone surrogate): a 400 naming `param`."""
+        or is not valid Unicode (a lone surrogate): a 400 naming `param`. The estimate is a
+        lower bound: `max_chars_per_token` characters a token, one token a message."""
         chars = sum(len(t) for t in texts)
-        if chars > self.context_length * self.limits.max_chars_per_token:
-            raise ApiError(
-                400,
-                f"prompt of {chars} characters cannot fit the context of "
-                f"{self.context_length} tokens",
-                param,
-            )
+        if chars // self.limits.max_chars_per_token + messages > self.context_length:
+            what = f"{chars} characters" + (f" in {messages} messages" if messages else "")
+            message = f"a prompt of {what} cannot fit the context of {self.context_length} tokens"
+            raise ApiError(400, message, param)
         for t in texts:
             try:
                 t.encode("utf-8")
@@ -171,7 +170,8 @@ class Service:
         forced `tool_choice` the recipe cannot force (both `ValueError`s); any other exception
         is a recipe bug: logged with its traceback, answered 500. `continue_final`: the model
         continues the last (assistant) message (`resin.recipe.prefill`)."""
-        self.check_text(texts(messages))
+        self.check_text(texts(messages), messages=len(messages))
+        self.check_text(_structure_texts(messages, tools), "tools")
         return await asyncio.to_thread(
             self._render, messages, tools, thinking, tool_choice, continue_final
         )
@@ -331,6 +331,14 @@ class Service:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], False)
+
+
+def _structure_texts(messages: Sequence[Message], tools: Sequence[ToolDef]) -> list[str]:
+    """Tool calls and tool definitions as rendered text, for the estimate before rendering."""
+    calls = [
+        f"{b.name}{b.arguments}" for m in messages for b in m.content if isinstance(b, ToolCall)
+    ]
+    return calls + [f"{t.name}{t.description or ''}{json.dumps(t.parameters)}" for t in tools]
 
 
 def _connection(request: Request | None) -> object:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
 from resin.params import Constraint, SamplingParams
@@ -211,7 +212,9 @@ def _vllm_one(kind: str, spec: Any, field: str) -> Constraint:
     if kind == "choice":
         if not isinstance(spec, list) or not spec or not all(isinstance(c, str) for c in spec):
             raise ApiError(400, f"{field} must be a non-empty list of strings", field)
-        return _constraint("grammar", "start: " + " | ".join(json.dumps(c) for c in spec), field)
+        # One lexeme: as rule alternatives, over 2,000 exceed llguidance's items per row.
+        choices = " | ".join(map(encode_basestring_ascii, spec))
+        return _constraint("grammar", f"start: CHOICE\nCHOICE: {choices}", field)
     if not isinstance(spec, str) or not spec:
         raise ApiError(400, f"{field} must be a non-empty string", field)
     return _constraint(kind, spec, field)

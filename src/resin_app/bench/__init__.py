@@ -33,6 +33,9 @@ TOOLS: dict[str, Tool] = {
     "cpu": Tool("resin_app.bench.cpu", "CPU tokens/s: reference runner vs transformers"),
     "reference": Tool("resin_app.bench.reference", "reference runner vs transformers, any device"),
     "grammar": Tool("resin_app.bench.grammar", "constrained decoding: token-mask time per step"),
+    "grammar-isolation": Tool(
+        "resin_app.bench.grammar_isolation", "plain latency beside hostile constrained load"
+    ),
     "structured": Tool("resin_app.bench.structured", "constrained decoding acceptance rates"),
     "recipes": Tool("resin_app.bench.recipes", "chat recipe render and parse throughput"),
     "preprocess": Tool("resin_app.bench.preprocess", "image preprocessing vs transformers"),
