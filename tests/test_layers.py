@@ -31,6 +31,7 @@ SHARED_MODEL_DESCRIPTION = (
     "resin_models_torch.hf_reader",
     "resin_models_torch.architectures",
     "resin_models_torch.constraints",  # plain-torch mask + bias, applied by both runner families
+    "resin_models_torch.penalties",  # token counts for penalties (+ the reference rule), both
     "resin_models_torch.verify",  # speculative acceptance rule (draft_layout + accept), both
     "resin_models_torch.routing",  # DeepSeek's expert routing rule, both
     "resin_models_torch.checkpoint_names",  # checkpoint tensor names -> model names, both

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from resin.cache.manager import CacheManager, PageReservation
 from resin.cache.pool import OutOfPagesError
 from resin.engine.constraints import ConstraintSet
-from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
+from resin.engine.engine_config import EngineConfig, check_params, resolve_layout, validate_prompt
 from resin.engine.grammar import GrammarBackend
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.media import prompt_keys, validate_media
@@ -177,8 +177,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
         prompt = validate_prompt(prompt_token_ids, self._runner_config, self._config)
-        if params.logprobs is not None and params.logprobs > self._runner_config.max_logprobs:
-            raise ValueError(f"logprobs must be <= {self._runner_config.max_logprobs}")
+        check_params(params, self._runner_config)
         need = self._cache.pages_per_sequence(len(prompt) + 1, self._config.prefill_chunk_tokens)
         if need > self._layout.num_pages:
             raise ValueError(

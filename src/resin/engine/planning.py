@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from resin.cache.manager import CacheManager, PageReservation
 from resin.engine.media import plan_media
+from resin.engine.penalties import count_resets
 from resin.engine.request import Request
 from resin.engine.scheduler import Cohort
 from resin.engine.slots import SlotStore
@@ -49,7 +50,7 @@ def build_plan(
         sample_rows = np.ones(b, dtype=np.bool_)
         prompt_rows = np.zeros(b, dtype=np.bool_)
         target_ids = np.full(b, -1, dtype=np.int32)
-        prompt_k = None
+        prompt_k = resets = None
     else:
         lens = totals - cached
         query_indptr = np.zeros(b + 1, dtype=np.int32)
@@ -67,6 +68,7 @@ def build_plan(
         tok_rows = np.repeat(slots, lens)
         known = np.fromiter((r.num_tokens for r in requests), dtype=np.int32, count=b)
         sample_rows = totals == known
+        resets = count_resets(requests, sample_rows)
         prompt_rows = np.fromiter(
             (r.prompt_lp is not None and not r.started for r in requests),
             dtype=np.bool_,
@@ -92,7 +94,7 @@ def build_plan(
         cached_lens=cached,
         total_lens=totals,
         sample_rows=sample_rows,
-        sampling=arrays.sampling(slots, prompt_k),
+        sampling=arrays.sampling(slots, prompt_k, resets),
         cache_groups=groups,
         prompt_logprob_rows=prompt_rows,
         target_ids=target_ids,

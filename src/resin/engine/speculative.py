@@ -135,7 +135,11 @@ class Speculator:
         """The cohort with drafts, or None when no row gets any (or their pages do not fit)."""
         slots, b = cohort.slots, cohort.slots.size
         room = arrays.limit[slots] - arrays.num_output[slots] - 1  # k + 1 tokens must fit
-        eligible = np.fromiter((not r.constrained for r in cohort.requests), np.bool_, count=b)
+        eligible = np.fromiter(  # penalized rows never carry drafts (plan.SamplingArrays)
+            (not (r.constrained or r.sampling_params.penalized) for r in cohort.requests),
+            np.bool_,
+            count=b,
+        )
         limits = np.where(eligible, np.clip(room, 0, self.k), 0)
         budget = self.max_batch_tokens - b
         limits = np.clip(budget - (np.cumsum(limits) - limits), 0, limits)
