@@ -45,7 +45,7 @@ CHAT: dict[str, Check] = {
     "web_search_options": _given,
     "store": _truthy,  # stored chat completions (GET /v1/chat/completions/{id})
 }
-COMPLETIONS: dict[str, Check] = {**OPENAI_SHARED, "suffix": _truthy}
+COMPLETIONS: dict[str, Check] = OPENAI_SHARED  # (`suffix`: refused by the route itself)
 RESPONSES: dict[str, Check] = {
     "background": _truthy,
     "truncation": lambda v, b: v not in (None, "disabled"),
