@@ -41,4 +41,4 @@ serve: $(SERVE_STAMP)
 	.venv/bin/resin serve $(ARGS)
 
 chat: $(SERVE_STAMP)
-	.venv/bin/resin chat
+	.venv/bin/resin chat $(ARGS)

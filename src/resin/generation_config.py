@@ -7,8 +7,9 @@ vLLM applies a model's `generation_config.json` the same way: a request that sen
 `temperature` samples at the checkpoint's temperature, not at 1.0. Sources, by
 `resin serve --generation-config`:
 - `auto` (default): the checkpoint folder's `generation_config.json` (`temperature`, `top_p`,
-  `top_k`, `min_p`, `max_new_tokens` -> the default `max_tokens`); for a folder converted from
-  a GGUF file, the file's `general.sampling.*` metadata fills what the JSON lacks;
+  `top_k`, `min_p`, `repetition_penalty`, `max_new_tokens` -> the default `max_tokens`); for a
+  folder converted from a GGUF file, the file's `general.sampling.*` metadata fills what the
+  JSON lacks;
 - `none`: no defaults (temperature 1.0, no top-p/top-k/min-p, max_tokens = what the context
   has left);
 - a path: a JSON file in `generation_config.json`'s shape (errors there stop the server).
@@ -36,6 +37,7 @@ JSON_KEYS = {
     "top_k": "top_k",
     "min_p": "min_p",
     "max_new_tokens": "max_tokens",
+    "repetition_penalty": "repetition_penalty",
 }
 
 
@@ -48,6 +50,7 @@ class GenerationDefaults:
     top_k: int | None = None
     min_p: float | None = None
     max_tokens: int | None = None
+    repetition_penalty: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -176,4 +179,6 @@ def _checked(name: str, value: Any) -> float | int | None:
         return float(value) if 0 <= value <= 2 else None
     if name == "top_p":
         return float(value) if 0 < value <= 1 else None
+    if name == "repetition_penalty":
+        return float(value) if 0 < value <= 100 else None
     return float(value) if 0 <= value <= 1 else None

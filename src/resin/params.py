@@ -27,6 +27,18 @@ ConstraintKind = Literal["json_object", "json_schema", "regex", "grammar", "stru
 MAX_LOGIT_BIAS = 100.0
 """`logit_bias` values lie in [-100, 100] (OpenAI's range)."""
 
+GREEDY_TEMPERATURE = 1e-5
+"""A temperature below this samples greedily: dividing logits by a tinier one overflows float32
+(1e-38 would turn every logit into +-inf and the draw into noise). Runners apply the same rule
+to the plan's `temperature` column."""
+
+MAX_PRESENCE_PENALTY = 2.0
+"""`presence_penalty` and `frequency_penalty` lie in [-2, 2] (OpenAI's range)."""
+
+MAX_REPETITION_PENALTY = 100.0
+"""`repetition_penalty` lies in (0, 100] (1 = off; vLLM's meaning, bounded so logits stay
+finite)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
@@ -81,17 +93,23 @@ class SamplingParams:
 
     Invariants (checked in `__post_init__`):
     - `max_output_tokens >= 1`, `0 <= min_output_tokens <= max_output_tokens`;
-    - `temperature >= 0` (0 means greedy), `0 < top_p <= 1`, `top_k >= 0` (0 = off),
-      `0 <= min_p <= 1`;
+    - `temperature >= 0` (0, or anything below `GREEDY_TEMPERATURE`, means greedy),
+      `0 < top_p <= 1`, `top_k >= 0` (0 = off), `0 <= min_p <= 1`;
     - `seed` is None or a non-negative int below 2**63;
     - `logprobs` / `prompt_logprobs` are None or in [0, MAX_LOGPROBS]; 0 asks for the
       chosen token's logprob only, k > 0 adds the top-k alternatives;
     - `logit_bias` is a tuple of (token id, bias) pairs sorted by id, ids unique and >= 0,
       biases finite in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (a dict is accepted and converted);
       ids beyond the runner's vocabulary are refused at `Engine.submit`;
-    - `constraint` (None = free text) is checked against the grammar engine at submit.
-    Bias and constraint mask change the logits before temperature and filtering, and the
-    reported logprobs are those of the biased, masked distribution (`docs/constraints.md`).
+    - `constraint` (None = free text) is checked against the grammar engine at submit;
+    - `presence_penalty`, `frequency_penalty` in [-2, 2] (OpenAI: over the generated tokens,
+      subtract `presence` once from the logit of every token generated so far and `frequency`
+      times its count); `repetition_penalty` in (0, 100] (vLLM / Hugging Face: over prompt and
+      generated tokens, divide a positive logit by it and multiply a negative one); refused at
+      `Engine.submit` by a runner that does not declare `RunnerConfig.penalties`.
+    Bias and constraint mask change the logits first, then the penalties, then temperature and
+    filtering; the reported logprobs are those of the biased, masked, penalized distribution
+    (`docs/constraints.md`, `docs/engine.md`).
     """
 
     max_output_tokens: int = 16
@@ -109,6 +127,9 @@ class SamplingParams:
     """Generate exactly `max_output_tokens` (benchmarks; `ignore_eos` in vLLM)."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     constraint: Constraint | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         # Accept any iterable of ints for convenience, store a tuple (hashable, frozen).
@@ -139,6 +160,17 @@ class SamplingParams:
         _check(_finite(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]")
         if self.seed is not None:
             _check(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed must be in [0, 2**63)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(
+                _finite(value) and abs(value) <= MAX_PRESENCE_PENALTY,
+                f"{name} must be in [-{MAX_PRESENCE_PENALTY:g}, {MAX_PRESENCE_PENALTY:g}]",
+            )
+        rep = self.repetition_penalty
+        _check(
+            _finite(rep) and 0 < rep <= MAX_REPETITION_PENALTY,
+            f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off)",
+        )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
@@ -149,7 +181,14 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (the runner then keeps the request's token counts)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
 
 
 def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:

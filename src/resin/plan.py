@@ -124,6 +124,27 @@ class SamplingArrays:
     - `mask_pending`: None, or a callable that blocks until the engine has finished filling
       `token_bitmask` on its worker thread (only for runners that declare
       `RunnerConfig.waits_for_masks`); read the mask through `bitmask()`, which waits.
+    - `temperature` below `resin.params.GREEDY_TEMPERATURE` is greedy, like 0.
+
+    Penalties (only for runners that declare `RunnerConfig.penalties`; all seven arrays are
+    empty when no row of the plan has one, and runners then skip them):
+    - `presence_penalty` / `frequency_penalty` / `repetition_penalty` f32 [B] (0, 0, 1 = off);
+    - `count_slot` i32 [B]: the row's token-count slot (-1: the row has no penalty). The
+      runner keeps, per slot s, `counts[s, v]` (times token v was generated) and `prompt[s, v]`
+      (v occurs in the prompt). A request keeps its slot while it is admitted (the engine's
+      scheduler slot, below `max_sequences`), so the runner may size its tables lazily;
+    - `count_reset_indptr` i32 [B+1] / `count_reset_ids` i32 [R] / `count_reset_prompt` i32 [B]:
+      rows whose range is non-empty start their slot over, before sampling, from those ids:
+      the first `count_reset_prompt[i]` are prompt tokens (`prompt` set), the rest generated
+      ones (counted). The engine sends the request's whole sequence with every sampled row of
+      a prefill plan (first admission, a recompute after retraction, a retried step: the
+      counts are rebuilt, never added twice); decode rows never reset. The reset arrays are
+      empty in plans with no reset.
+    - After sampling, the runner counts each penalized row's sampled token (on its device: no
+      host round trip, so overlapped plans stay exact). Penalized rows never carry drafts.
+    The penalties change a sampled row's logits after mask and bias, before temperature:
+    `x = x / r if x > 0 else x * r` for tokens in `prompt | counts > 0`, then
+    `x -= frequency * counts + presence * (counts > 0)`; logprobs are those of the result.
     """
 
     temperature: F32
@@ -139,6 +160,13 @@ class SamplingArrays:
     bias_ids: I32 = field(default_factory=_empty_i32)
     bias_values: F32 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.float32)))
     mask_pending: Callable[[], object] | None = None
+    presence_penalty: F32 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.float32)))
+    frequency_penalty: F32 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.float32)))
+    repetition_penalty: F32 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.float32)))
+    count_slot: I32 = field(default_factory=_empty_i32)
+    count_reset_indptr: I32 = field(default_factory=_empty_i32)
+    count_reset_ids: I32 = field(default_factory=_empty_i32)
+    count_reset_prompt: I32 = field(default_factory=_empty_i32)
 
     def __post_init__(self) -> None:
         freeze_arrays(self)
@@ -157,6 +185,11 @@ class SamplingArrays:
     def constrained(self) -> bool:
         """Whether any row has a token mask or a logit bias (runners skip both when not)."""
         return self.token_bitmask is not None or self.bias_ids.size > 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any row has a penalty (runners skip the token counts when not)."""
+        return self.count_slot.size > 0
 
     @property
     def max_logprobs(self) -> int:

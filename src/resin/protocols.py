@@ -70,6 +70,8 @@ class RunnerConfig:
       engine proposes no drafts to such a runner).
     - `overlap`: the runner resolves `BatchPlan.prev_token_rows` on the device, so the engine
       may submit step n+1 before step n's tokens reach the host (AsyncRunner only).
+    - `penalties`: the runner keeps token counts and applies presence, frequency and
+      repetition penalties (`SamplingArrays`); the engine refuses penalized requests otherwise.
     """
 
     vocab_size: int | None = None
@@ -81,6 +83,7 @@ class RunnerConfig:
     waits_for_masks: bool = False
     max_draft_tokens: int = 0
     overlap: bool = False
+    penalties: bool = False
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

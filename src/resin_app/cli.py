@@ -78,6 +78,11 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-active", type=int, default=128)
     serve.add_argument("--stream-interval", type=int, default=4)
     serve.add_argument("--max-body-mb", type=float, default=4.0)
+    serve.add_argument("--disable-log-requests", action="store_true", help="no line per request")
+    serve.add_argument(
+        "--disable-log-stats", action="store_true", help="no periodic throughput/queue/KV line"
+    )
+    serve.add_argument("--log-stats-interval", type=float, default=10.0, metavar="S")
     limits = serve.add_argument_group("limits (docs/server.md)")
     limits.add_argument(
         "--timeout-keep-alive",
@@ -129,6 +134,7 @@ def _build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--url", default=None, help="an existing server; else start one")
     chat.add_argument("--api-key", default=None)
     chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--temperature", type=float, default=None, help="(the model's default)")
     chat.add_argument("--system", default=None)
     # `bench TOOL` parses its own options too: `resin bench --help` lists the tools.
     sub.add_parser("bench", help="run one benchmark tool (`resin bench --help` lists them)")
@@ -196,7 +202,10 @@ def serve(args: argparse.Namespace) -> int:
         allowed_hosts=_hosts(args.allowed_hosts),
         special_tokens_in_text=args.special_tokens_in_text,
         generation_defaults=loaded.defaults,
+        log_requests=not args.disable_log_requests,
+        log_stats_s=None if args.disable_log_stats else args.log_stats_interval,
     )
+    _log_to_stderr()
     uv = server.make_uvicorn()
     url = f"http://{args.host}:{args.port}"
     _announce_when_ready(uv, url, loaded.name)
@@ -208,6 +217,18 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         loaded.close()
     return code
+
+
+def _log_to_stderr() -> None:
+    """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("resin")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def _hosts(value: str | None) -> list[str] | Literal["loopback-default"] | None:
@@ -234,7 +255,7 @@ def chat(args: argparse.Namespace) -> int:
     from resin_app.terminal import chat_loop
 
     if args.url:
-        return chat_loop(args.url, args.api_key, args.max_tokens, args.system)
+        return chat_loop(args.url, args.api_key, args.max_tokens, args.system, args.temperature)
     from resin.server import HttpServer
     from resin.server.launch import free_port, running
     from resin_app.loading import Loaded
@@ -252,7 +273,7 @@ def chat(args: argparse.Namespace) -> int:
     )
     try:
         with running(server) as url:
-            return chat_loop(url, None, args.max_tokens, args.system)
+            return chat_loop(url, None, args.max_tokens, args.system, args.temperature)
     finally:
         loaded.close()
 
@@ -276,7 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    return chat(args)
+    try:
+        return chat(args)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads: quit without a traceback
+        print()
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ engine with `ZeroCostRunner` and the default model's tokenizer and recipe."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,13 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         bar.set_postfix_str(steps[0])
         from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
-        folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
+        def converting(gguf: Any) -> None:  # its own line: minutes on a slow disk, once
+            bar.set_postfix_str(f"convert {gguf.name} (once)")
+            bar.write(converting_line(gguf), file=sys.stderr)
+
+        folder = resolve_checkpoint(
+            options.checkpoint or options.model or DEFAULT_MODEL_NAME, converting
+        )
         bar.update()
         bar.set_postfix_str(steps[1])
         from resin_app.worker import checkpoint_replicas
@@ -124,6 +131,10 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
     defaults = resolve_defaults(options.generation_config, folder)
     name = name or DEFAULT_MODEL_NAME
     return Loaded(engines, recipe, tokenizer, name, context, defaults, job)
+
+
+def converting_line(gguf: Any) -> str:
+    return f"resin: converting {gguf.name} into a Hugging Face folder (once, then cached)"
 
 
 def check_parallel(options: LoadOptions) -> None:
@@ -225,7 +236,10 @@ class ZeroCostRunner:
 
         from resin.protocols import RunnerConfig
 
-        self.runner_config = RunnerConfig(vocab_size=vocab_size, page_size=page_size)
+        # It samples nothing, so any penalty is as applied as temperature or top-p are.
+        self.runner_config = RunnerConfig(
+            vocab_size=vocab_size, page_size=page_size, penalties=True
+        )
         self._token_id = token_id
         self._tokens = np.full(1 << 16, token_id, dtype=np.uint32)
 
@@ -273,7 +287,9 @@ def load_fake(options: LoadOptions) -> Loaded:
     (`--recipe` applies) and grammar backend."""
     from resin_model.default_model import default_model_dir
 
-    tokenizer = Tokenizer.from_dir(default_model_dir())
+    tokenizer = Tokenizer.from_dir(
+        default_model_dir(lambda gguf: print(converting_line(gguf), file=sys.stderr))
+    )
     context = options.context_length or 4096
     engines = tuple(
         Engine(

@@ -1,4 +1,7 @@
-"""`resin chat`: a terminal chat against a server's streaming chat completions."""
+"""`resin chat`: a terminal chat against a server's streaming chat completions.
+
+Ctrl-C while a reply streams stops that reply (the stream is closed, so the server aborts the
+request; what arrived stays in the conversation); Ctrl-C at the prompt quits."""
 
 from __future__ import annotations
 
@@ -8,10 +11,20 @@ import time
 import httpx
 
 
-def chat_loop(url: str, api_key: str | None, max_tokens: int, system: str | None) -> int:
+def chat_loop(
+    url: str,
+    api_key: str | None,
+    max_tokens: int,
+    system: str | None,
+    temperature: float | None = None,
+) -> int:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-    print(f"resin chat ({url}); empty line or Ctrl-D to quit, /reset to start over")
+    sampling = {} if temperature is None else {"temperature": temperature}
+    print(
+        f"resin chat ({url}); empty line, Ctrl-D or Ctrl-C to quit, Ctrl-C in a reply stops "
+        "it, /reset to start over"
+    )
     while True:
         try:
             line = input("\nyou> ").strip()
@@ -24,20 +37,30 @@ def chat_loop(url: str, api_key: str | None, max_tokens: int, system: str | None
             messages = messages[:1] if system else []
             continue
         messages.append({"role": "user", "content": line})
-        reply = _stream_reply(url, headers, messages, max_tokens)
-        messages.append({"role": "assistant", "content": reply})
+        parts: list[str] = []
+        try:
+            _stream_reply(url, headers, messages, max_tokens, sampling, parts)
+        except KeyboardInterrupt:  # leaving the `with` closed the stream: the server aborts
+            print("\n  [stopped]")
+        messages.append({"role": "assistant", "content": "".join(parts)})
 
 
 def _stream_reply(
-    url: str, headers: dict[str, str], messages: list[dict[str, str]], max_tokens: int
-) -> str:
+    url: str,
+    headers: dict[str, str],
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    sampling: dict[str, float],
+    parts: list[str],
+) -> None:
+    """Print the reply as it streams, its pieces appended to `parts` as they arrive."""
     body = {
         "messages": messages,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **sampling,
     }
-    parts: list[str] = []
     usage: dict[str, int] = {}
     start = time.perf_counter()
     first: float | None = None
@@ -48,7 +71,7 @@ def _stream_reply(
         if r.status_code != 200:
             r.read()
             print(f"[error {r.status_code}] {r.text}")
-            return ""
+            return
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -68,4 +91,3 @@ def _stream_reply(
         f"\n  [{usage.get('prompt_tokens', 0)} prompt, {out} generated, {elapsed:.2f}s, "
         f"{rate:.1f} tok/s]"
     )
-    return "".join(parts)

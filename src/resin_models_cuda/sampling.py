@@ -1,11 +1,13 @@
 """Turning a step's logits into tokens on the device, and the step's one read-back.
 
-`pick` is the one place that samples: logits row n belongs to plan row `rows[n]` and samples
-output position `output_index + offsets[n]` (offsets > 0 for a verify row's later query
-tokens, so a seeded row draws exactly what a non-speculative run draws there). Greedy steps
-take the argmax the decode graph already computed. Nothing here syncs with the host: the
-tokens go to a pinned host buffer with one non-blocking copy and an event (`Picked`), and
-`Picked.wait()` is the step's only sync, done by `collect()`.
+`pick` is the one place that samples: logits row n belongs to plan row `rows[n]` and samples output
+position `output_index + offsets[n]` (offsets > 0 for a verify row's later query tokens, so a seeded
+row draws exactly what a non-speculative run draws there). Greedy steps take the argmax the decode
+graph already computed (unless a mask, bias or penalty changed the logits; a temperature below
+`GREEDY_TEMPERATURE` is greedy). Penalized rows read and update their token counts on the device
+(`TokenCounts`, `kernels/penalties.py`). Nothing here syncs with the host: the tokens go to a pinned
+host buffer with one non-blocking copy and an event (`Picked`), and `Picked.wait()` is the step's
+only sync, done by `collect()`.
 
 `speculative_output` turns a verify plan's tokens into the `ForwardOutput`: every query token
 of a row sampled x_j; the row returns x_0..x_a with a the number of leading drafts equal to
@@ -20,8 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from resin.plan import BatchPlan, ForwardOutput
+from resin.params import GREEDY_TEMPERATURE
+from resin.plan import BatchPlan, ForwardOutput, SamplingArrays
 from resin_model.constraints import constrain_logits
+from resin_model.penalties import TokenCounts
+from resin_models_cuda.kernels.penalties import apply_penalties
 from resin_models_cuda.kernels.sampler import argmax_rows, philox_seeds, sample_tokens
 
 
@@ -78,6 +83,7 @@ class DeviceSampler:
     def __init__(self, device: torch.device, seed: int) -> None:
         self.device = device
         self._rng = np.random.default_rng(seed)
+        self.counts = TokenCounts(device)
 
     def _dev(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=True)
@@ -93,10 +99,13 @@ class DeviceSampler:
         """Tokens (int32 [N], device) for `logits` [N, V], plus device logprobs if asked.
         `argmax` (int32 [N]) is the greedy choice when the step computed it already."""
         s = plan.sampling
-        constrained = s.constrained
+        constrained = s.constrained or s.penalized
         logits = constrain_logits(logits, s, rows)  # mask + bias first: sampling and logprobs
+        if s.penalized:
+            logits = self._penalize(logits, s, rows)
         temp = s.temperature[rows].astype(np.float32)
-        temp = np.where(s.top_k[rows] == 1, np.float32(0), temp)
+        greedy = (s.top_k[rows] == 1) | (temp < GREEDY_TEMPERATURE)
+        temp = np.where(greedy, np.float32(0), temp)
         if not np.any(temp > 0):
             if argmax is None or constrained:
                 argmax = argmax_rows(logits)
@@ -117,7 +126,21 @@ class DeviceSampler:
                 self._dev(seeds.astype(np.int64)),
                 needs_filter=needs_filter,
             ).to(torch.int32)
+        if s.penalized:
+            self.counts.record(s, rows, tokens)
         return tokens, self._logprobs(s.logprobs[rows], logits, tokens)
+
+    def _penalize(self, logits: torch.Tensor, s: SamplingArrays, rows: np.ndarray) -> torch.Tensor:
+        slots = self.counts.prepare(s, rows, logits.shape[1])
+        return apply_penalties(
+            logits.contiguous(),
+            slots,
+            self.counts.counts,
+            self.counts.prompt,
+            self._dev(s.presence_penalty[rows].astype(np.float32)),
+            self._dev(s.frequency_penalty[rows].astype(np.float32)),
+            self._dev(s.repetition_penalty[rows].astype(np.float32)),
+        )
 
     @staticmethod
     def _logprobs(

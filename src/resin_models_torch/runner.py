@@ -126,6 +126,7 @@ class TorchRunner:
             max_logprobs=MAX_LOGPROBS,
             waits_for_masks=True,
             overlap=self.overlap,
+            penalties=True,
             max_draft_tokens=MAX_DRAFT_TOKENS,
         )
 

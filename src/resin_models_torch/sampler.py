@@ -6,10 +6,14 @@ top probability). A token is drawn by the exponential race (argmax of p / E, E ~
 one noise value per *vocabulary id*: a seeded row's noise comes from a generator seeded by
 (seed, output_index) alone, so the row draws the same token whatever batch it sits in.
 
-Logprobs are those of the model's logits after the request's constraint mask and logit bias
-(`constrain_logits`: disallowed tokens are -inf, so they get logprob -inf) and before
-temperature or filtering: what the request could sample from, at temperature 1. vLLM reports
-grammar-masked logprobs the same way; see docs/constraints.md.
+A temperature below `GREEDY_TEMPERATURE` is greedy (a tinier divisor overflows float32).
+Penalties (`penalties.py`) change the logits after mask and bias; the sampler keeps the
+token counts and counts each penalized row's sampled token.
+
+Logprobs are those of the model's logits after the request's constraint mask, logit bias
+(`constrain_logits`: disallowed tokens are -inf, so they get logprob -inf) and penalties, and
+before temperature or filtering: what the request could sample from, at temperature 1. vLLM
+reports grammar-masked logprobs the same way; see docs/constraints.md.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from resin.params import GREEDY_TEMPERATURE
 from resin.plan import SamplingArrays
 from resin_model.constraints import constrain_logits
+from resin_model.penalties import TokenCounts, penalize
 
 _MASK64 = (1 << 64) - 1
 
@@ -50,6 +56,7 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.counts = TokenCounts(device)
 
     def sample(
         self,
@@ -63,14 +70,18 @@ class Sampler:
         `output_offset` [N] is added to the row's `output_index` for seeding (the j-th query
         token of a draft row draws for output position output_index + j)."""
         logits = constrain_logits(logits, params, rows)
+        if params.penalized:
+            logits = penalize(logits, params, rows, self.counts)
         logprobs_all = torch.log_softmax(logits.float(), dim=-1)
         temperature = params.temperature[rows]
         top_k = params.top_k[rows]
-        greedy = (temperature == 0) | (top_k == 1)
+        greedy = (temperature < GREEDY_TEMPERATURE) | (top_k == 1)
         if bool(greedy.all()):
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._draw(logits.float(), params, rows, greedy, output_offset)
+        if params.penalized:
+            self.counts.record(params, rows, tokens)
         chosen = logprobs_all.gather(1, tokens[:, None])[:, 0]
         k = int(params.logprobs[rows].max(initial=-1))
         if k <= 0:

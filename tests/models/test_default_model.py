@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import pytest
 
 from resin_model import default_model
 from resin_model.default_model import (
+    DEFAULT_GENERATION,
+    DEFAULT_GGUF,
     INSTALL_HINT,
     cache_dir,
     default_model_dir,
@@ -28,10 +31,22 @@ def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert cache_dir() == Path.home() / ".cache" / "resin"
 
 
-def test_converts_once_then_reuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_converts_once_then_reuses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("RESIN_CACHE_DIR", str(tmp_path))
-    first = default_model_dir()
+    from resin_app.loading import LoadOptions, load
+
+    load(LoadOptions(fake=True)).close()  # `resin serve --fake-runner` on a fresh machine
+    converting = [ln for ln in capfd.readouterr().err.splitlines() if "converting" in ln]
+    assert len(converting) == 1 and DEFAULT_GGUF in converting[0]  # its own line, once
+    seen: list[Path] = []
+    first = default_model_dir(seen.append)
+    assert not seen  # converted already: the hook is not called
     assert first.is_relative_to(tmp_path)
+    config = json.loads((first / "generation_config.json").read_text())
+    assert config["eos_token_id"] == 2  # the converter's fields stay
+    assert {k: config[k] for k in DEFAULT_GENERATION} == DEFAULT_GENERATION
     names = {p.name for p in first.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
     assert {"tokenizer_config.json", "generation_config.json"} <= names

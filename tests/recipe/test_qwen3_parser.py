@@ -105,6 +105,23 @@ def test_unterminated_tool_call_at_length(data: st.DataObject) -> None:
 
 @SETTINGS
 @given(data=st.data())
+def test_a_call_cut_before_its_arguments_is_no_text(data: st.DataObject) -> None:
+    """max_tokens cut the call before its name was complete (a forced call with a small
+    budget): no markup comes back as content, no call; after the name: a call, no
+    arguments. The finish stays `length` (what OpenAI clients read as cut off)."""
+    recipe = _recipe()
+    for cut, calls in [
+        ('<tool_call>\n{"name": "get_wea', ()),
+        ('<tool_call>\n{"name"', ()),
+        ('<tool_call>\n{"name": "get_weather", "argu', (("get_weather", ""),)),
+    ]:
+        result = check_all_splits(recipe, _prompt(recipe), cut, data, stop=False, reason="length")
+        assert result.text == "" and result.calls == calls and result.has_error, cut
+        assert result.finish_reason == "length"
+
+
+@SETTINGS
+@given(data=st.data())
 def test_call_cut_inside_its_end_marker_is_whole(data: st.DataObject) -> None:
     """max_tokens fell inside `</tool_call>` (several tokens where it is not a special token):
     the call's JSON is complete, so it is a valid call, not raw arguments with `}` and

@@ -225,7 +225,16 @@ def test_chaos_against_resin_serve() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    cmd = [sys.executable, "-m", "resin_app.cli", "serve", "--fake-runner", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "resin_app",
+        "serve",
+        "--fake-runner",
+        "--port",
+        str(port),
+        "--disable-log-requests",
+    ]  # a line per request would fill the unread pipe
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     health: list[tuple[int, float]] = []
     stop = threading.Event()

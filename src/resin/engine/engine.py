@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from resin.engine.constraints import ConstraintSet
-from resin.engine.engine_config import EngineConfig, resolve_layout, validate_prompt
+from resin.engine.engine_config import EngineConfig, check_params, resolve_layout, validate_prompt
 from resin.engine.grammar import GrammarBackend, GrammarState
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.media import prompt_keys, validate_media
@@ -182,8 +182,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
         prompt = validate_prompt(prompt_token_ids, self._runner_config, self._config)
-        if params.logprobs is not None and params.logprobs > self._runner_config.max_logprobs:
-            raise ValueError(f"logprobs must be <= {self._runner_config.max_logprobs}")
+        check_params(params, self._runner_config)
         need = self._scheduler.max_pages_for(len(prompt) + 1)
         if need > self._layout.num_pages:
             raise ValueError(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from resin.params import SamplingParams
 from resin.protocols import CacheLayout, RunnerConfig, State
 
 MAX_DEFAULT_PAGES = 1 << 18
@@ -101,3 +102,12 @@ def validate_prompt(
     if int(arr.max()) >= 2**31:
         raise ValueError("prompt token ids must be < 2**31")
     return tuple(int(t) for t in arr.tolist())
+
+
+def check_params(params: SamplingParams, rc: RunnerConfig) -> None:
+    """A `ValueError` for what the runner cannot do: more logprobs than it returns, penalties
+    it does not apply."""
+    if params.logprobs is not None and params.logprobs > rc.max_logprobs:
+        raise ValueError(f"logprobs must be <= {rc.max_logprobs}")
+    if params.penalized and not rc.penalties:
+        raise ValueError("this runner does not apply presence/frequency/repetition penalties")

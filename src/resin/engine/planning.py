@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.engine.media import plan_media
+from resin.engine.penalties import count_resets
 from resin.engine.request import Request
 from resin.engine.scheduler import ReservedCohort
 from resin.engine.slots import SlotStore
@@ -45,7 +46,7 @@ def build_plan(
         sample_rows = np.ones(b, dtype=np.bool_)
         prompt_rows = np.zeros(b, dtype=np.bool_)
         target_ids = np.full(b, -1, dtype=np.int32)
-        prompt_k = None
+        prompt_k = resets = None
     else:
         t = int(query_indptr[-1])
         input_ids = np.concatenate(
@@ -56,6 +57,7 @@ def build_plan(
         )
         known = np.fromiter((r.num_tokens for r in requests), dtype=np.int32, count=b)
         sample_rows = totals == known
+        resets = count_resets(requests, sample_rows)
         prompt_rows = np.fromiter(
             (r.prompt_lp is not None and not r.started for r in requests),
             dtype=np.bool_,
@@ -80,7 +82,7 @@ def build_plan(
         cached_lens=cached,
         total_lens=totals,
         sample_rows=sample_rows,
-        sampling=slot_store.sampling(slots, prompt_k),
+        sampling=slot_store.sampling(slots, prompt_k, resets),
         cache_groups=reserved.cache_groups,
         prompt_logprob_rows=prompt_rows,
         target_ids=target_ids,

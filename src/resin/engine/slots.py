@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from resin.engine.penalties import OFF, CountResets, penalty_values, with_penalties
 from resin.events import FinishReason
-from resin.params import SamplingParams
+from resin.params import GREEDY_TEMPERATURE, SamplingParams
 from resin.plan import SamplingArrays
 
 I32 = npt.NDArray[np.int32]
@@ -41,6 +42,8 @@ class SlotStore:
         self.min_p = np.zeros(max_sequences, dtype=np.float32)
         self.seed = np.full(max_sequences, -1, dtype=np.int64)
         self.logprobs = np.full(max_sequences, -1, dtype=np.int32)
+        self.penalties = np.tile(np.array(OFF, dtype=np.float32), (max_sequences, 1))
+        self.penalized = np.zeros(max_sequences, dtype=np.bool_)
         self.num_output = np.zeros(max_sequences, dtype=np.int32)
         self.num_computed = np.zeros(max_sequences, dtype=np.int32)
         """Tokens of the slot's sequence that are in the cache (committed steps)."""
@@ -75,12 +78,13 @@ class SlotStore:
         self.stop_ok_from[s] = _NEVER if p.ignore_stop_tokens else p.min_output_tokens
         self.stops[s] = frozenset(p.stop_token_ids)
         self.has_stops[s] = bool(p.stop_token_ids)
-        self.temperature[s] = p.temperature
+        self.temperature[s] = 0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature
         self.top_p[s] = p.top_p
         self.top_k[s] = p.top_k
         self.min_p[s] = p.min_p
         self.seed[s] = -1 if p.seed is None else p.seed
         self.logprobs[s] = -1 if p.logprobs is None else p.logprobs
+        self.penalties[s], self.penalized[s] = penalty_values(p), p.penalized
         self.num_output[s] = len(outputs)
         self.num_computed[s] = num_computed
         self.ahead[s] = 0
@@ -106,8 +110,10 @@ class SlotStore:
         """The next position each slot computes: committed plus in-flight tokens."""
         return self.num_computed[slots] + self.ahead[slots]
 
-    def sampling(self, slots: I32, prompt_k: I32 | None = None) -> SamplingArrays:
-        return SamplingArrays(
+    def sampling(
+        self, slots: I32, prompt_k: I32 | None = None, resets: CountResets | None = None
+    ) -> SamplingArrays:
+        arrays = SamplingArrays(
             temperature=self.temperature[slots],
             top_p=self.top_p[slots],
             top_k=self.top_k[slots],
@@ -117,6 +123,7 @@ class SlotStore:
             logprobs=self.logprobs[slots],
             prompt_logprobs=_EMPTY_I32 if prompt_k is None else prompt_k,
         )
+        return with_penalties(arrays, self.penalties[slots], slots, self.penalized[slots], resets)
 
     def computed(self, slots: I32, totals: I32) -> None:
         """A step committed: positions < `totals` are in the cache."""

@@ -127,7 +127,11 @@ class Speculator:
         slots, b = cohort.slots, cohort.slots.size
         store = scheduler.slot_store
         room = store.limit[slots] - store.num_output[slots] - 1  # k + 1 tokens must fit
-        eligible = np.fromiter((not r.constrained for r in cohort.requests), np.bool_, count=b)
+        eligible = np.fromiter(  # penalized rows never carry drafts (plan.SamplingArrays)
+            (not (r.constrained or r.sampling_params.penalized) for r in cohort.requests),
+            np.bool_,
+            count=b,
+        )
         limits = np.where(eligible, np.clip(room, 0, self.num_draft_tokens), 0)
         budget = self.max_batch_tokens - b
         limits = np.clip(budget - (np.cumsum(limits) - limits), 0, limits)

@@ -189,7 +189,8 @@ class Generation:
     ) -> Update:
         update = base or Update()
         if not self.stops.hit:
-            deltas = deltas + self._visible(list(self.parser.finish().deltas))
+            cut: Literal["stop", "length"] = "length" if reason == "length" else "stop"
+            deltas = deltas + self._visible(list(self.parser.finish(cut).deltas))
             tail = self.stops.flush()
             if tail:
                 deltas.append(TextDelta(tail))

@@ -112,6 +112,8 @@ def _opened(data: bytes, limits: MediaLimits, mime: str | None) -> Any:
         image = PILImage.open(io.BytesIO(data), formats=list(_FORMATS))
     except PILImage.DecompressionBombError as exc:
         raise MediaError(f"image too large: {exc}") from None
+    except PILImage.UnidentifiedImageError:  # its message names the in-memory file object
+        raise MediaError(f"not an image of a known type ({', '.join(_FORMATS)})") from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise MediaError(f"cannot decode the image: {exc}") from None
     if mime is not None and _FORMATS[image.format or ""] not in _mime_types(mime):

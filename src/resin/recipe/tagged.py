@@ -264,7 +264,7 @@ class TaggedParser(StreamParser):
             body = buf.lstrip("\n") if self._strip_newlines else buf
             out.append(ReasoningDelta(body.rstrip("\n")))
         elif self._mode is _Mode.TOOL:
-            out.extend(self._flush_call(buf))
+            out.extend(self._flush_call(buf, reason))
         else:  # BARE_TOOL: the whole response is one JSON tool call, or plain text after all
             try:
                 calls = parse_llama3_calls(buf)
@@ -275,10 +275,23 @@ class TaggedParser(StreamParser):
                     out.extend(self._tool_call(name, arguments))
         return out
 
-    def _flush_call(self, text: str) -> list[Delta]:
+    def _cut_call(self, body: str) -> list[Delta]:
+        """A call cut by the length limit before its arguments streamed (`_flush_call`)."""
+        head = _NAME.match(body) if self._spec.tool_body is parse_json_calls else None
+        if head is None:
+            self._error("tool call cut by the length limit before its name was complete")
+            return []
+        self._error(f"tool call {head.group(1)!r} cut by the length limit")
+        index, start = self._open_call(head.group(1))
+        return [start, ToolCallEnd(index)]
+
+    def _flush_call(self, text: str, reason: Literal["stop", "length"]) -> list[Delta]:
         """A call the output ended inside (no end marker). A cut that fell inside the end
         marker (`...}}` then a newline and `</tool`) leaves a whole call: the start of the
-        marker after the closing brace is not part of it."""
+        marker after the closing brace is not part of it. A call the length limit cut before
+        its arguments stream is never returned as text (the markup is no answer): with its
+        name complete it is a call with empty arguments, else it is dropped (an error says
+        so); the finish reason stays `length` either way."""
         end = self._spec.tool_end or ""
         head = text[: len(text) - partial_marker_len(text, [end])] if end else text
         buf = head if head.rstrip().endswith("}") else text
@@ -290,12 +303,18 @@ class TaggedParser(StreamParser):
             try:  # a model may stop right after the JSON without the end marker
                 calls = self._spec.tool_body(buf)
             except ValueError as exc:
+                if reason == "length":
+                    return self._cut_call(buf)
                 self._error(f"unterminated tool call ({exc}); returned as text")
                 out.append(TextDelta(raw))
             else:
                 for name, arguments in calls:
                     out.extend(self._tool_call(name, arguments))
         return out
+
+
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*[,}]')
+"""A JSON tool call's complete name (followed by the next key or the end)."""
 
 
 # The head of a JSON tool call whose arguments can stream: a plain name (no escapes), then

@@ -29,6 +29,7 @@ from resin.server.service import Sampling, Service
 from resin.server.structured import anthropic_format
 from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
+from resin.server.unsupported import MESSAGES, refuse_unsupported
 
 router = APIRouter()
 
@@ -110,6 +111,18 @@ def ends_with_prefill(messages: list[Message]) -> bool:
     return True
 
 
+def output_format(body: MessagesRequest) -> Any:
+    """The structured-output format: `output_config.format` (what current SDKs send, e.g.
+    `messages.parse`) or the older top-level `output_format`; both at once is a 400."""
+    config = body.output_config or {}
+    for key in sorted(set(config) - {"format"}):
+        raise ApiError(400, f"output_config.{key} is not supported", f"output_config.{key}")
+    given = config.get("format")
+    if given is not None and body.output_format is not None:
+        raise ApiError(400, "give output_config.format or output_format, not both", "output_config")
+    return body.output_format if given is None else given
+
+
 def setup(body: MessagesRequest) -> ChatSetup:
     tools = tools_of(body)
     tc = body.tool_choice
@@ -121,7 +134,7 @@ def setup(body: MessagesRequest) -> ChatSetup:
         None if body.thinking is None else body.thinking.type != "disabled",
         body.max_tokens,
         Sampling(body.temperature, body.top_p, body.top_k),
-        anthropic_format(body.output_format),
+        anthropic_format(output_format(body)),
         continue_final=ends_with_prefill(messages),
     )
 
@@ -130,6 +143,7 @@ def setup(body: MessagesRequest) -> ChatSetup:
 async def messages(body: MessagesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
+    refuse_unsupported(body, MESSAGES)
     stops = body.stop_sequences or []
     rendered, gens = await start_chat(svc, request, lambda: setup(body), 1, stops, body)
     builder = MessageBuilder(svc, len(rendered.token_ids), gens)
@@ -242,7 +256,8 @@ def _block(it: Item) -> dict[str, Any]:
         return {"type": "text", "text": it.text}
     if it.kind == "reasoning":
         return {"type": "thinking", "thinking": it.text, "signature": ""}
-    block: dict[str, Any] = {"type": "tool_use", "id": it.call_id, "name": it.name, "input": {}}
+    tool_id = f"toolu_{it.call_id.removeprefix('call_')}"  # Anthropic's id shape
+    block: dict[str, Any] = {"type": "tool_use", "id": tool_id, "name": it.name, "input": {}}
     if it.done:
         raw = it.text or "{}"
         try:

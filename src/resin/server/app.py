@@ -36,6 +36,7 @@ from resin.recipe import Recipe
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.asgi import GuardMiddleware, default_allowed_hosts
 from resin.server.errors import ApiError, ClientDisconnected, error_handler
+from resin.server.logs import RequestLog, StatsLog
 from resin.server.metrics import ServerMetrics
 from resin.server.protocol import ConnectionLimits, protocol_class
 from resin.server.service import Limits, Service
@@ -69,7 +70,11 @@ class HttpServer:
         allowed_hosts: Sequence[str] | Literal["loopback-default"] | None = "loopback-default",
         special_tokens_in_text: bool = False,
         generation_defaults: GenerationDefaults | None = None,
+        log_requests: bool = False,
+        log_stats_s: float | None = None,
     ) -> None:
+        """`log_requests`: a log line per request; `log_stats_s`: the engines' summary every
+        so many seconds while busy (`resin.server.logs`, the `resin.server` logger)."""
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
@@ -109,15 +114,29 @@ class HttpServer:
         self.connection_limits = connection_limits or ConnectionLimits()
         if allowed_hosts == "loopback-default":
             allowed_hosts = default_allowed_hosts(host)
-        self.app = GuardMiddleware(self._build_app(), api_key, max_body_bytes, allowed_hosts)
+        guard = GuardMiddleware(self._build_app(), api_key, max_body_bytes, allowed_hosts)
+        self.app: Any = RequestLog(guard) if log_requests else guard
         self.ready = threading.Event()
+        self._stats = (
+            None
+            if log_stats_s is None
+            else StatsLog(self._snapshots, lambda: self.actor.queued, log_stats_s)
+        )
+
+    def _snapshots(self) -> list[MetricsSnapshot]:
+        snaps = (getattr(a.engine, "metrics", None) for a in self.actor.replicas)
+        return [s for s in snaps if isinstance(s, MetricsSnapshot)]
 
     def _build_app(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             self.actor.start(asyncio.get_running_loop())
+            if self._stats is not None:
+                self._stats.start()
             self.ready.set()
             yield
+            if self._stats is not None:
+                self._stats.stop()
             await asyncio.to_thread(self.actor.stop)
             await asyncio.sleep(0)  # let the actor's last deliveries reach their streams
 

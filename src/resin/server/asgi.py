@@ -8,6 +8,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
@@ -24,8 +25,9 @@ OPEN_PATHS = ("/health", "/", "/favicon.ico")
 
 
 class GuardMiddleware:
-    """Checks the Host header against `allowed_hosts` (None: any), the API key (Bearer or
-    x-api-key, constant time) and the body size: the body is read here, up to the cap, so an
+    """Refuses a repeated Host, Authorization, x-api-key or Content-Length header (400), checks
+    the Host header against `allowed_hosts` (None: any), the API key (Bearer or x-api-key,
+    constant time) and the body size: the body is read here, up to the cap, so an
     oversize body is a 413 however it is framed (Content-Length or chunked)."""
 
     def __init__(
@@ -45,6 +47,11 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         path = str(scope.get("path", ""))
+        names = [k.decode("latin-1").lower() for k, _ in scope["headers"]]
+        twice = next((n for n in SINGLE_HEADERS if names.count(n) > 1), None)
+        if twice is not None:
+            await _send_error(send, path, 400, f"more than one {twice} header")
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if not self._host_allowed(headers.get("host")):
             await _send_error(send, path, 400, "host not allowed (see --allowed-hosts)")
@@ -98,13 +105,14 @@ class GuardMiddleware:
             log.exception("request failed after its answer started")
 
     def _host_allowed(self, host: str | None) -> bool:
+        """`host` is `name[:port]` (a bracketed IPv6 literal too) with `name` in the list;
+        anything else (userinfo, a path, a port that is not a number) is refused."""
         if self.allowed_hosts is None or "*" in self.allowed_hosts or host is None:
             return True
-        name = host.strip().lower()
-        if name.startswith("["):
-            name = name[: name.find("]") + 1]
-        elif name.count(":") == 1:
-            name = name.rsplit(":", 1)[0]
+        match = _HOST.fullmatch(host.strip().lower())
+        if match is None:
+            return False
+        name = match.group(1)
         return name in self.allowed_hosts or name.strip("[]") in self.allowed_hosts
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -115,6 +123,9 @@ class GuardMiddleware:
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+SINGLE_HEADERS = ("host", "authorization", "x-api-key", "content-length")
+"""Headers a request may carry once: with two, which one counts is up to each proxy."""
+_HOST = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(?::[0-9]{1,5})?")
 
 
 def default_allowed_hosts(bound: str) -> list[str] | None:
@@ -134,6 +145,7 @@ async def _send_error(
 ) -> None:
     body = json.dumps(error_body(path, status, message)).encode()
     headers = [(b"content-type", b"application/json")]
+    headers += [(b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

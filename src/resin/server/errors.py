@@ -3,6 +3,7 @@ from the frontend's typed failures (`resin.frontend.errors`) to HTTP statuses.""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import Request
@@ -78,13 +79,33 @@ def api_error(exc: FrontendError, retry_after_s: int | None = None) -> ApiError:
     return ApiError(status, message, headers=headers)
 
 
+MAX_MESSAGE = 1000
+"""Characters of an error message; a longer one is cut (with its length said)."""
+_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+_LONG = re.compile(r"\S{97,}")
+
+
+def tidy(message: str) -> str:
+    """An error message safe to send: no Python object reprs (`<_io.BytesIO object at 0x..>`
+    from a decoder), an echoed value longer than 96 characters cut to its start (a 60 KB id
+    is not sent back), at most `MAX_MESSAGE` characters."""
+    message = _REPR.sub("<data>", message)
+    message = _LONG.sub(lambda m: f"{m.group(0)[:48]}... ({len(m.group(0))} characters)", message)
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[: MAX_MESSAGE - 40]}... ({len(message)} characters)"
+    return message
+
+
 def error_body(
     path: str, status: int, message: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     """The error in the shape of the API `path` belongs to (Anthropic's for `/v1/messages`;
-    OpenAI's `code` is a string or null: the HTTP status is not repeated there)."""
+    OpenAI's `code` is a string or null: the HTTP status is not repeated there). The message
+    and `param` go through `tidy`."""
     kind, usual, anthropic = _KINDS.get(status, ("server_error", None, "api_error"))
     code = code or usual
+    message = tidy(message)
+    param = None if param is None else tidy(param)
     if path.startswith("/v1/messages"):
         return {"type": "error", "error": {"type": anthropic, "message": message}}
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,10 +1,11 @@
 """The output items of one answer, as the parser's deltas build them.
 
-A text or reasoning piece extends the open item of its kind or opens a new one; a tool call
-opens its own item and its argument pieces extend it (the deltas' contract: a call's argument
-pieces follow its start). Opening an item closes the one before; the answer's finish closes
-the last. The Responses and Messages routes render each change as their stream events and the
-items as their final output; chat completions reads the items of each choice.
+A text or reasoning piece extends the open item of its kind or opens a new one; a tool call opens
+its own item and its argument pieces extend it (the deltas' contract: a call's argument pieces
+follow its start). Opening an item closes the one before; the answer's finish closes the last, as
+`cut` when the finish was the length limit (Responses: status `incomplete`). The Responses and
+Messages routes render each change as their stream events and the items as their final output; chat
+completions reads the items of each choice.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Item:
     call_id: str = ""
     name: str = ""
     done: bool = False
+    cut: bool = False
+    """Closed by the length limit, unfinished."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -38,15 +41,18 @@ class Items:
         self.all: list[Item] = []
         self._calls: dict[int, Item] = {}
 
-    def feed(self, deltas: Iterable[Delta], last: bool) -> Iterator[tuple[Change, Item, str]]:
-        """(change, item, piece) for each delta; `last` closes the open item at the end."""
+    def feed(
+        self, deltas: Iterable[Delta], last: bool, cut: bool = False
+    ) -> Iterator[tuple[Change, Item, str]]:
+        """(change, item, piece) for each delta; `last` closes the open item at the end (`cut`:
+        the answer hit its length limit, so that item is unfinished)."""
         for d in deltas:
             yield from self._feed(d)
         if last:
-            yield from self._close()
+            yield from self._close(cut)
 
-    def add(self, deltas: Iterable[Delta], last: bool = False) -> Items:
-        for _ in self.feed(deltas, last):
+    def add(self, deltas: Iterable[Delta], last: bool = False, cut: bool = False) -> Items:
+        for _ in self.feed(deltas, last, cut):
             pass
         return self
 
@@ -63,9 +69,10 @@ class Items:
         self.all.append(Item(kind, len(self.all), call_id=call_id, name=name))
         yield "open", self.all[-1], ""
 
-    def _close(self) -> Iterator[tuple[Change, Item, str]]:
+    def _close(self, cut: bool = False) -> Iterator[tuple[Change, Item, str]]:
         if self.all and not self.all[-1].done:
             self.all[-1].done = True
+            self.all[-1].cut = cut
             yield "close", self.all[-1], ""
 
     def _feed(self, d: Delta) -> Iterator[tuple[Change, Item, str]]:

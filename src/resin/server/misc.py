@@ -1,4 +1,4 @@
-"""GET /v1/models, /health, /metrics and the chat page at `/`."""
+"""GET /v1/models, /health, /metrics and the chat page at `/` (with its icon)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,12 @@ async def metrics(request: Request) -> Response:
 @router.get("/", include_in_schema=False)
 async def index() -> FileResponse:
     return FileResponse(STATIC / "index.html", headers=_PAGE_HEADERS)
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> FileResponse:
+    """The page links its icon; browsers that ask for /favicon.ico anyway get it too."""
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
 
 # The page only loads its own scripts: a reply that smuggles in a <script> or an inline

@@ -12,7 +12,13 @@ from starlette.responses import JSONResponse, Response
 
 from resin.frontend.generation import Finish, TokenLogprob, Update
 from resin.frontend.intake import Batch
-from resin.recipe.deltas import ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart
+from resin.recipe.deltas import (
+    Delta,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+)
 from resin.recipe.types import Block, Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, openai_error_frame, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
@@ -26,8 +32,9 @@ from resin.server.schemas_openai import (
 )
 from resin.server.service import Sampling, Service
 from resin.server.structured import openai_fields
-from resin.server.text import parts_text
+from resin.server.text import call_arguments, parts_text
 from resin.server.tool_choice import openai_choice
+from resin.server.unsupported import CHAT, refuse_unsupported
 
 router = APIRouter()
 
@@ -40,7 +47,7 @@ def to_messages(messages: Sequence[ChatMessageIn]) -> list[Message]:
     out = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
-        where = f"messages.{i}.content"
+        where, at = f"messages.{i}.content", f"messages.{i}.tool_calls"
         images = openai_blocks(m.content, where) if isinstance(m.content, list) else None
         if images is not None and role == "user":
             out.append(Message(role, images))
@@ -53,7 +60,12 @@ def to_messages(messages: Sequence[ChatMessageIn]) -> list[Message]:
             blocks += [Reasoning(m.reasoning_content)] if m.reasoning_content else []
             blocks += [Text(text)] if text else []
             blocks += [
-                ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()
+                ToolCall(
+                    c.id,
+                    c.function.name,
+                    call_arguments(c.function.arguments, f"{at}.{j}.function"),
+                )
+                for j, c in enumerate(m.tool_calls or ())
             ]
         out.append(Message(role, blocks))
     return out
@@ -82,6 +94,9 @@ def sampling_of(
         body.min_tokens,
         body.ignore_eos,
         prompt_logprobs,
+        body.presence_penalty,
+        body.frequency_penalty,
+        body.repetition_penalty,
     )
 
 
@@ -123,16 +138,21 @@ def usage(finishes: Sequence[Finish]) -> dict[str, Any]:
 
 
 def logprob_entries(svc: Service, items: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """`logprobs.content` for generated tokens; the end-of-turn token that stopped the answer
+    is left out, as it is out of `message.content` (OpenAI lists the content's tokens)."""
+
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
         text = svc.token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
+    stops = frozenset(svc.recipe.stop_token_ids)
     return [
         {
             **entry(i.token_id, i.logprob),
             "top_logprobs": [entry(t.token_id, t.logprob) for t in i.top],
         }
         for i in items
+        if i.token_id not in stops
     ]
 
 
@@ -169,6 +189,7 @@ async def openai_sse(
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
+    refuse_unsupported(body, CHAT)
     _, gens = await start_chat(svc, request, lambda: setup(body), body.n, body.stop_strings(), body)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
@@ -229,9 +250,7 @@ def _chunks(svc: Service, n: int, want_logprobs: bool) -> Callable[[int, Update]
             delta["content"] = text
         if thought:
             delta["reasoning_content"] = thought
-        calls = [
-            _call_piece(d) for d in up.deltas if isinstance(d, ToolCallStart | ToolCallArgsDelta)
-        ]
+        calls = call_pieces(up.deltas)
         if calls:
             delta["tool_calls"] = calls
         sent_role[i] = True
@@ -245,8 +264,21 @@ def _chunks(svc: Service, n: int, want_logprobs: bool) -> Callable[[int, Update]
     return choice
 
 
-def _call_piece(d: ToolCallStart | ToolCallArgsDelta) -> dict[str, Any]:
-    if isinstance(d, ToolCallArgsDelta):
-        return {"index": d.index, "function": {"arguments": d.fragment}}
-    function = {"name": d.name, "arguments": ""}
-    return {"index": d.index, "id": d.id, "type": "function", "function": function}
+def call_pieces(deltas: Sequence[Delta]) -> list[dict[str, Any]]:
+    """A chunk's `tool_calls` entries: one per call index (OpenAI's framing; clients such as
+    instructor read only the first entry of an index), its start and argument fragments of
+    this update merged, in the order the calls appeared."""
+    pieces: dict[int, dict[str, Any]] = {}
+    for d in deltas:
+        if isinstance(d, ToolCallStart):
+            function = {"name": d.name, "arguments": ""}
+            pieces[d.index] = {
+                "index": d.index,
+                "id": d.id,
+                "type": "function",
+                "function": function,
+            }
+        elif isinstance(d, ToolCallArgsDelta):
+            piece = pieces.setdefault(d.index, {"index": d.index, "function": {"arguments": ""}})
+            piece["function"]["arguments"] += d.fragment
+    return list(pieces.values())

@@ -26,6 +26,7 @@ from resin.server.openai_chat import openai_sse, sampling_of, usage
 from resin.server.schemas_openai import CompletionRequest as _Base
 from resin.server.service import Service
 from resin.server.structured import apply, openai_fields
+from resin.server.unsupported import COMPLETIONS, refuse_unsupported
 
 router = APIRouter()
 MAX_PROMPTS = 64
@@ -63,6 +64,7 @@ async def tokenized(svc: Service, prompts: list[str] | list[list[int]]) -> list[
 async def completions(body: CompletionRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
+    refuse_unsupported(body, COMPLETIONS)
     stops = body.stop_strings()
     svc.check_stops(stops)
     if body.stream and body.echo and body.max_tokens == 0:

@@ -7,16 +7,21 @@ closes one that never finishes its headers (slowloris) or never sends a byte. `C
 adds a timer from the connection's first moment (and from each request's first byte) until
 its headers are complete, and counts header bytes as they arrive so an oversize header is
 refused (431) before it is buffered whole.
+
+HTTP/1.0 has no chunked encoding, yet uvicorn frames every answer without a Content-Length
+(the SSE streams) as chunked. For an HTTP/1.0 request such an answer is sent close-delimited
+instead: the body as it comes, then the connection closes (`close_delimited`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import resource
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,38 @@ def _response(status: bytes, message: str) -> bytes:
         b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
     )
+
+
+def close_delimited(cycle: RequestResponseCycle) -> Callable[[Any], Awaitable[None]]:
+    """`cycle.send` for an HTTP/1.0 request: an answer without a Content-Length is written as
+    it comes (no chunk framing) and ends when the connection closes."""
+    plain = cycle.send
+    raw = False
+
+    async def send(message: Any) -> None:
+        nonlocal raw
+        if message["type"] == "http.response.start" and not cycle.response_started:
+            names = {bytes(k).lower() for k, _ in message.get("headers", [])}
+            raw = b"content-length" not in names and cycle.scope["method"] != "HEAD"
+            if raw:
+                cycle.chunked_encoding = False  # uvicorn then adds no transfer-encoding
+            await plain(message)
+            return
+        if not raw or message["type"] != "http.response.body" or cycle.response_complete:
+            await plain(message)
+            return
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return
+        cycle.transport.write(message.get("body", b""))
+        if not message.get("more_body", False):
+            cycle.response_complete = True
+            cycle.message_event.set()
+            cycle.transport.close()
+            cycle.on_response()
+
+    return send
 
 
 def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
@@ -107,5 +144,12 @@ def protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._in_headers = False
             self._disarm()
             super().on_headers_complete()
+            cycle = self.cycle
+            if (
+                cycle is not None
+                and cycle.scope is self.scope
+                and self.scope["http_version"] == "1.0"
+            ):
+                cycle.send = close_delimited(cycle)  # type: ignore[method-assign,assignment]
 
     return LimitedHttpToolsProtocol

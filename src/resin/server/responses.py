@@ -11,20 +11,28 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from resin.frontend.generation import Finish, Update
 from resin.frontend.intake import Batch
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
+from resin.server.errors import ApiError
 from resin.server.items import Change, Item, Items
-from resin.server.responses_input import ResponsesRequest, input_items, to_messages, tools_of
+from resin.server.responses_input import (
+    ResponsesRequest,
+    input_items,
+    listed_items,
+    to_messages,
+    tools_of,
+)
 from resin.server.service import Sampling, Service
 from resin.server.structured import responses_format
 from resin.server.tool_choice import openai_choice
+from resin.server.unsupported import RESPONSES, refuse_unsupported
 
 router = APIRouter()
 
@@ -33,6 +41,7 @@ router = APIRouter()
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     svc: Service = request.app.state.service
     svc.check_model(body.model)
+    refuse_unsupported(body, RESPONSES)
     inputs = input_items(body.input)
     if body.previous_response_id:
         prior = svc.responses.get(body.previous_response_id, "previous_response_id")
@@ -51,6 +60,38 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
 async def get_response(response_id: str, request: Request) -> JSONResponse:
     svc: Service = request.app.state.service
     return JSONResponse(svc.responses.get(response_id).response)
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=None)
+async def get_input_items(
+    response_id: str,
+    request: Request,
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> JSONResponse:
+    """The input items of a stored response (previous turns included), as OpenAI lists them:
+    newest first unless `order=asc`, `limit` per page, the page after item `after`."""
+    svc: Service = request.app.state.service
+    stored = svc.responses.get(response_id)
+    kept = len(stored.conversation) - len(stored.response["output"])
+    items = listed_items(stored.conversation[:kept], response_id)
+    if order == "desc":
+        items.reverse()
+    ids = [it["id"] for it in items]
+    if after is not None and after not in ids:
+        raise ApiError(400, f"no input item {after!r} in this response", "after")
+    start = 0 if after is None else ids.index(after) + 1
+    page = items[start : start + limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": start + limit < len(items),
+        }
+    )
 
 
 @router.delete("/v1/responses/{response_id}", response_model=None)
@@ -130,7 +171,8 @@ class ResponseBuilder:
         return sse({"type": kind, "sequence_number": self.seq - 1, **fields}, event=kind)
 
     def _frames(self, up: Update) -> Iterator[str]:
-        for change, it, piece in self.items.feed(up.deltas, up.finish is not None):
+        cut = up.finish is not None and up.finish.reason == "length"
+        for change, it, piece in self.items.feed(up.deltas, up.finish is not None, cut):
             yield from self._changed(change, it, piece)
         if up.finish is not None:
             yield from self._end(up.finish)
@@ -188,7 +230,7 @@ class ResponseBuilder:
     async def collect(self, gens: Batch) -> dict[str, Any]:
         (up,) = await gens.collect()
         assert up.finish is not None
-        self.items.add(up.deltas, last=True)
+        self.items.add(up.deltas, last=True, cut=up.finish.reason == "length")
         status = "incomplete" if up.finish.reason == "length" else "completed"
         final = self.response(status, up.finish)
         if self.on_done is not None:
@@ -197,8 +239,8 @@ class ResponseBuilder:
 
 
 def _output(it: Item) -> dict[str, Any]:
-    """An output item as it stands."""
-    status = "completed" if it.done else "in_progress"
+    """An output item as it stands (`incomplete` when the length limit cut it)."""
+    status = "incomplete" if it.cut else "completed" if it.done else "in_progress"
     if it.kind == "text":
         part = {"type": "output_text", "text": it.text, "annotations": [], "logprobs": []}
         return {

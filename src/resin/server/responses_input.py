@@ -3,13 +3,16 @@ and its function tools."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
 
 from resin.recipe.types import Message, ToolCall, ToolDef, ToolResult
 from resin.server.errors import ApiError
-from resin.server.schemas_openai import MAX_MESSAGES, MAX_TOOLS, Loose
+from resin.server.schemas_openai import MAX_MESSAGES, MAX_TOOLS, TOOL_NAME, Loose
+from resin.server.text import call_arguments
 
 Key = Annotated[str, StringConstraints(max_length=64)]
 Value = Annotated[str, StringConstraints(max_length=512)]
@@ -57,6 +60,29 @@ def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(value)
 
 
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def listed_items(items: Sequence[dict[str, Any]], response_id: str) -> list[dict[str, Any]]:
+    """Stored input items as `GET /v1/responses/{id}/input_items` lists them: each with an
+    `id` (its own, else one derived from the response id and its place, stable across calls)
+    and a message's string content as one `input_text` (`output_text` for the assistant)
+    part."""
+    out = []
+    tail = response_id.removeprefix("resp_")
+    for i, item in enumerate(items):
+        entry = {"type": "message", **item}
+        kind = str(entry["type"])
+        entry.setdefault("id", f"{_ID_PREFIX.get(kind, 'item')}_{tail}_{i}")
+        if kind == "message" and isinstance(entry.get("content"), str):
+            part = "output_text" if entry.get("role") == "assistant" else "input_text"
+            entry["content"] = [{"type": part, "text": entry["content"]}]
+        if kind in _ID_PREFIX:
+            entry.setdefault("status", "completed")
+        out.append(entry)
+    return out
+
+
 def to_messages(body: ResponsesRequest) -> list[Message]:
     messages = [Message("system", body.instructions)] if body.instructions else []
     for i, item in enumerate(input_items(body.input)):
@@ -66,10 +92,13 @@ def to_messages(body: ResponsesRequest) -> list[Message]:
             role = "system" if item["role"] == "developer" else item["role"]
             messages.append(Message(role, _text(item.get("content", ""), where)))
         elif kind == "function_call":
+            arguments = item.get("arguments", "{}")
+            if not isinstance(arguments, str):
+                raise ApiError(400, "arguments must be a string of JSON", f"{where}.arguments")
             call = ToolCall(
                 str(item.get("call_id", "")),
                 str(item.get("name", "")),
-                str(item.get("arguments", "{}")),
+                call_arguments(arguments, where),
             )
             messages.append(Message("assistant", [call]))
         elif kind == "function_call_output":
@@ -90,6 +119,8 @@ def tools_of(body: ResponsesRequest) -> list[ToolDef]:
     for i, t in enumerate(body.tools):
         if t.get("type") != "function" or not isinstance(t.get("name"), str):
             raise ApiError(400, "only function tools are supported", f"tools.{i}")
+        if not re.fullmatch(TOOL_NAME, t["name"]):
+            raise ApiError(400, f"tool names must match {TOOL_NAME}", f"tools.{i}.name")
         parameters = t.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise ApiError(400, "parameters must be a JSON schema object", f"tools.{i}.parameters")

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from resin.server.schemas_openai import MAX_MESSAGES, MAX_TOOLS, Loose
+from resin.server.schemas_openai import MAX_MESSAGES, MAX_TOOLS, TOOL_NAME, Loose
 
 
 class Block(Loose):
@@ -28,7 +28,7 @@ class MessageIn(Loose):
 
 
 class ToolDefIn(Loose):
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(pattern=TOOL_NAME)
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=dict)
 
@@ -57,6 +57,8 @@ class MessagesRequest(Loose):
     tool_choice: ToolChoiceIn | None = None
     thinking: ThinkingIn | None = None
     output_format: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    """`{"format": {"type": "json_schema", "schema": ...}}` (current SDKs); other keys: a 400."""
 
 
 class CountTokensRequest(Loose):

@@ -1,5 +1,6 @@
 """Typed request bodies of the OpenAI routes. Unknown fields are tolerated (load generators
-send `repetition_penalty` and friends); bounds keep one request from asking for too much."""
+send fields of other servers); known ones the server does not implement are refused
+(`server/unsupported.py`); bounds keep one request from asking for too much."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ MAX_N = 16
 MAX_MESSAGES = 2048  # messages / input items, counted while parsing (before any conversion)
 MAX_TOOLS = 128  # tools (OpenAI's limit)
 MAX_LOGIT_BIAS_ENTRIES = 300  # logit_bias entries (OpenAI's limit)
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+"""Tool names as OpenAI and Anthropic accept them: no markup, nothing a recipe must escape."""
 
 
 class Loose(BaseModel):
@@ -45,7 +48,7 @@ class ChatMessageIn(Loose):
 
 
 class FunctionDef(Loose):
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(pattern=TOOL_NAME)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
 
@@ -76,6 +79,10 @@ class SamplingFields(Loose):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=100)
+    """vLLM's (over prompt and output); the other two are OpenAI's (over the output)."""
     seed: int | None = Field(None, ge=0, lt=2**63)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None

@@ -53,6 +53,9 @@ class Sampling:
     min_tokens: int = 0
     ignore_eos: bool = False
     prompt_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,23 +187,23 @@ class Service:
         tool_choice: ToolChoice | None,
         continue_final: bool,
     ) -> RenderedPrompt:
-        def render(ms: Sequence[Message]) -> RenderedPrompt:
+        def render(ms: Sequence[Message], ts: Sequence[ToolDef]) -> RenderedPrompt:
             if continue_final:  # only then: a recipe need not know the option otherwise
                 return self.recipe.render(
                     ms,
-                    tools=tools or None,
+                    tools=list(ts) or None,
                     enable_thinking=thinking,
                     tool_choice=tool_choice,
                     continue_final_message=True,
                 )
             return self.recipe.render(
-                ms, tools=tools or None, enable_thinking=thinking, tool_choice=tool_choice
+                ms, tools=list(ts) or None, enable_thinking=thinking, tool_choice=tool_choice
             )
 
         try:
             if self.literal is None:
-                return render(messages)
-            return self.literal.render(messages, render)
+                return render(messages, tools)
+            return self.literal.render(messages, tools, render)
         except UnsupportedToolChoice as exc:
             raise ApiError(400, str(exc), "tool_choice") from None
         except ValueError as exc:  # the documented client errors (`raise_exception`, bad JSON)
@@ -244,7 +247,7 @@ class Service:
 
         def pick(name: str, server_default: float) -> Any:
             given = getattr(s, name)
-            given = getattr(d, name) if given is None else given
+            given = getattr(d, name, None) if given is None else given
             return server_default if given is None else given
 
         top_k = pick("top_k", 0)
@@ -263,6 +266,9 @@ class Service:
                 prompt_logprobs=s.prompt_logprobs,
                 min_output_tokens=min(s.min_tokens, max_out),
                 ignore_stop_tokens=s.ignore_eos,
+                presence_penalty=pick("presence_penalty", 0.0),
+                frequency_penalty=pick("frequency_penalty", 0.0),
+                repetition_penalty=pick("repetition_penalty", 1.0),
             )
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None

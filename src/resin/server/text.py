@@ -1,7 +1,9 @@
-"""Message text from a request body's content parts (OpenAI's and Anthropic's)."""
+"""Message text from a request body's content parts (OpenAI's and Anthropic's), and the JSON
+arguments of the tool calls an earlier assistant turn made."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
@@ -33,3 +35,16 @@ def parts_text(
             raise ApiError(400, f"content part type {part.type!r} is not supported here", where)
         texts.append(part.text)
     return "".join(texts)
+
+
+def call_arguments(arguments: str, where: str) -> str:
+    """An earlier call's arguments: a JSON object as text ("" for none), else a 400."""
+    if not arguments.strip():
+        return "{}"
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ApiError(400, "tool-call arguments must be a JSON object", f"{where}.arguments")
+    return arguments
