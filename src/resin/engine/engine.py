@@ -177,6 +177,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
         prompt = validate_prompt(prompt_token_ids, self._runner_config, self._config)
+        self._runner_config.check_request(params, bool(media))
         if params.logprobs is not None and params.logprobs > self._runner_config.max_logprobs:
             raise ValueError(f"logprobs must be <= {self._runner_config.max_logprobs}")
         need = self._cache.pages_per_sequence(len(prompt) + 1, self._config.prefill_chunk_tokens)
