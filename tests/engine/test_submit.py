@@ -122,7 +122,7 @@ def test_a_feature_the_runner_lacks_is_refused_by_name(
 
 def test_feature_refusals_list_every_missing_field_and_images() -> None:
     engine = Engine(_Lacking(frozenset({"seed"})))
-    params = SamplingParams(seed=1, top_k=3, logit_bias={1: 2.0}, temperature=0.0)
+    params = SamplingParams(seed=1, top_k=3, logit_bias=((1, 2.0),), temperature=0.0)
     with pytest.raises(ValueError, match=r"does not support logit_bias, top_k$"):
         engine.submit([1, 2], params)
     image = MediaItem(0, 1, 2, "x", np.zeros((3, 4, 4), dtype=np.float32))
