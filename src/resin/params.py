@@ -106,7 +106,7 @@ class SamplingParams:
       subtract `presence` once from the logit of every token generated so far and `frequency`
       times its count); `repetition_penalty` in (0, 100] (vLLM / Hugging Face: over prompt and
       generated tokens, divide a positive logit by it and multiply a negative one); refused at
-      `Engine.submit` by a runner that does not declare `RunnerConfig.penalties`.
+      `Engine.submit` by a runner whose `RunnerConfig.features` leave them out.
     Bias and constraint mask change the logits first, then the penalties, then temperature and
     filtering; the reported logprobs are those of the biased, masked, penalized distribution
     (`docs/constraints.md`, `docs/engine.md`).

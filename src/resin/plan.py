@@ -126,7 +126,7 @@ class SamplingArrays:
       `RunnerConfig.waits_for_masks`); read the mask through `bitmask()`, which waits.
     - `temperature` below `resin.params.GREEDY_TEMPERATURE` is greedy, like 0.
 
-    Penalties (only for runners that declare `RunnerConfig.penalties`; all seven arrays are
+    Penalties (only for runners whose `RunnerConfig.features` name them; all seven arrays are
     empty when no row of the plan has one, and runners then skip them):
     - `presence_penalty` / `frequency_penalty` / `repetition_penalty` f32 [B] (0, 0, 1 = off);
     - `count_slot` i32 [B]: the row's token-count slot (-1: the row has no penalty). The

@@ -14,9 +14,10 @@ bytes, the largest `bytes_per_page` any group declared; each group views the fir
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Protocol, runtime_checkable
 
+from resin.params import SamplingParams
 from resin.plan import BatchPlan, ForwardOutput
 
 
@@ -52,6 +53,47 @@ class State:
 
 CacheGroupSpec = History | Window | State
 
+CORE_FIELDS = frozenset(
+    {
+        "max_output_tokens",
+        "stop_token_ids",
+        "temperature",
+        "min_output_tokens",
+        "ignore_stop_tokens",
+    }
+)
+"""`SamplingParams` fields every runner honours (limits and stops are the engine's; temperature
+is sampling itself)."""
+
+OPTIONAL_FEATURES: frozenset[str] = frozenset(
+    {f.name for f in fields(SamplingParams) if f.name not in CORE_FIELDS} | {"media"}
+)
+"""What a runner may lack: every other `SamplingParams` field (a request uses one when its value
+differs from the field's default), and `media` (images; `Engine.submit(media=...)`)."""
+
+PENALTY_FEATURES: frozenset[str] = frozenset(
+    {"presence_penalty", "frequency_penalty", "repetition_penalty"}
+)
+"""The penalty fields: a runner implements all three (token counts on its side) or none."""
+
+_FEATURE_NAMES = {
+    "prompt_logprobs": "prompt_logprobs (echo with logprobs)",
+    "constraint": "constraint (response_format, a grammar or a forced tool call)",
+    "media": "media (images)",
+}
+
+
+def requested_features(params: SamplingParams, has_media: bool = False) -> frozenset[str]:
+    """The optional features a request uses (`OPTIONAL_FEATURES`)."""
+    used = {"media"} if has_media else set()
+    for f in fields(SamplingParams):
+        if f.name in CORE_FIELDS:
+            continue
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        if getattr(params, f.name) != default:
+            used.add(f.name)
+    return frozenset(used)
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
@@ -70,8 +112,12 @@ class RunnerConfig:
       engine proposes no drafts to such a runner).
     - `overlap`: the runner resolves `BatchPlan.prev_token_rows` on the device, so the engine
       may submit step n+1 before step n's tokens reach the host (AsyncRunner only).
-    - `penalties`: the runner keeps token counts and applies presence, frequency and
-      repetition penalties (`SamplingArrays`); the engine refuses penalized requests otherwise.
+    - `features`: the `OPTIONAL_FEATURES` the runner implements; `Engine.submit` refuses a
+      request that uses any other with a `ValueError` naming the field (HTTP 400), so nothing
+      is silently ignored. The default (all) suits runners that implement every one or ignore
+      the sampling policy by design (test doubles); a runner that lacks one must leave it out.
+      Penalties (`PENALTY_FEATURES`) mean the runner keeps token counts and applies presence,
+      frequency and repetition penalties from `SamplingArrays`.
     """
 
     vocab_size: int | None = None
@@ -83,9 +129,14 @@ class RunnerConfig:
     waits_for_masks: bool = False
     max_draft_tokens: int = 0
     overlap: bool = False
-    penalties: bool = False
+    features: frozenset[str] = OPTIONAL_FEATURES
 
     def __post_init__(self) -> None:
+        unknown = sorted(set(self.features) - OPTIONAL_FEATURES)
+        if unknown:
+            raise ValueError(
+                f"unknown runner features {unknown}; known: {sorted(OPTIONAL_FEATURES)}"
+            )
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
         if not self.cache_groups:
@@ -96,6 +147,13 @@ class RunnerConfig:
     @property
     def page_bytes(self) -> int:
         return max(g.bytes_per_page for g in self.cache_groups)
+
+    def check_request(self, params: SamplingParams, has_media: bool = False) -> None:
+        """`ValueError` naming each optional feature the request uses that the runner lacks."""
+        missing = sorted(requested_features(params, has_media) - self.features)
+        if missing:
+            names = ", ".join(_FEATURE_NAMES.get(name, name) for name in missing)
+            raise ValueError(f"this model runner does not support {names}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,10 +236,9 @@ class ZeroCostRunner:
 
         from resin.protocols import RunnerConfig
 
-        # It samples nothing, so any penalty is as applied as temperature or top-p are.
-        self.runner_config = RunnerConfig(
-            vocab_size=vocab_size, page_size=page_size, penalties=True
-        )
+        # It samples nothing, so every feature (penalties included) is as applied as
+        # temperature or top-p are: the default `features`.
+        self.runner_config = RunnerConfig(vocab_size=vocab_size, page_size=page_size)
         self._token_id = token_id
         self._tokens = np.full(1 << 16, token_id, dtype=np.uint32)
 

@@ -29,7 +29,7 @@ from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import CacheLayout, RunnerConfig
 from resin_model.config import ModelConfig
 from resin_model.hf_config import load_config
-from resin_model.media_cache import MediaFeatures
+from resin_model.media_cache import MediaFeatures, StepMedia
 from resin_models_cuda.architectures import build_model
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.graphs import (
@@ -44,7 +44,8 @@ from resin_models_cuda.kernels.sampler import argmax_rows
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
 from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
-from resin_models_cuda.runner_setup import make_runner_config, prefill_step
+from resin_models_cuda.prompt_logprobs import PromptLogprobs, prompt_logprobs, prompt_tokens
+from resin_models_cuda.runner_setup import check_plan, copy_pages, make_runner_config, prefill_step
 from resin_models_cuda.sampling import (
     DeviceSampler,
     Picked,
@@ -92,6 +93,7 @@ class _InFlight:
     rows: np.ndarray  # plan row of each sampled entry, in order
     offsets: np.ndarray | None  # query offset j of each entry (verify steps), else None
     picked: Picked
+    prompt: PromptLogprobs | None = None  # plans with prompt-logprob rows
 
 
 class CudaRunner:
@@ -172,21 +174,7 @@ class CudaRunner:
         self._sample_deferred()
         if len(self._inflight) >= MAX_IN_FLIGHT:
             raise RuntimeError(f"{MAX_IN_FLIGHT} plans are in flight: collect() first")
-        if int(plan.total_lens.max(initial=0)) > self._max_positions:
-            raise ValueError(f"context beyond max_context={self.options.max_context}")
-        prev = plan.prev_token_rows
-        if prev.size and int(prev.max()) >= self._prev_valid:
-            raise ValueError("prev_token_rows names a row whose token the runner does not hold")
-        if plan.draft_ids.size and plan.phase is not Phase.DECODE:
-            raise ValueError("drafts in a prefill plan")
-        if plan.draft_ids.size:
-            drafts = np.diff(plan.draft_indptr)
-            if int(drafts.max()) > self.options.max_draft_tokens:
-                raise ValueError(f"more than max_draft_tokens={self.options.max_draft_tokens}")
-            if np.any(plan.query_lens != 1 + drafts):
-                raise ValueError("a row with k drafts needs 1 + k query tokens")
-        elif plan.phase is Phase.DECODE and plan.num_tokens != plan.num_sequences:
-            raise ValueError("a decode row without drafts has one query token")
+        check_plan(plan, self.options, self._max_positions, self._prev_valid)
         self._inflight.append(self._launch(plan))
 
     def collect(self) -> ForwardOutput:
@@ -201,8 +189,10 @@ class CudaRunner:
         tokens = step.picked.wait()
         lps = step.picked.host_logprobs()
         if step.offsets is None:
-            return plain_output(step.plan, step.rows, tokens, lps)
-        return speculative_output(step.plan, step.rows, step.offsets, tokens, lps)
+            out = plain_output(step.plan, step.rows, tokens, lps)
+        else:
+            out = speculative_output(step.plan, step.rows, step.offsets, tokens, lps)
+        return out if step.prompt is None else step.prompt.attach(out)
 
     def close(self) -> None:
         self._inflight.clear()
@@ -227,18 +217,17 @@ class CudaRunner:
     def _launch(self, plan: BatchPlan) -> _InFlight | partial[_InFlight]:
         assert self.kv is not None and self._buffers is not None
         media = self.media.gather(plan)  # refuses media without an encoder
-        for group in plan.cache_groups:
-            if group.copy_src.shape[0]:
-                src = torch.from_numpy(group.copy_src.astype(np.int64)).to(self.device)
-                dst = torch.from_numpy(group.copy_dst.astype(np.int64)).to(self.device)
-                self.kv[dst] = self.kv[src]
+        copy_pages(plan, self.kv)
         b = plan.num_sequences
         qlens = plan.query_lens
         query = int(qlens.max(initial=1))
         offsets: np.ndarray | None = None
         argmax: torch.Tensor | None = None
+        asks_prompt = bool(plan.prompt_logprob_rows.any())  # a decode row's target is unknown
         buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows and media is None
+        buffered = buffered and not (asks_prompt and prompt_tokens(plan).size)  # needs hidden
         if buffered and query <= self._max_query:
+            prompt = prompt_logprobs(plan, None, self.model.logits, 0) if asks_prompt else None
             shape = self._pick_graph(b, query) or (b, query)
             self._buffers.stage(plan, *shape)
             if shape in self._graphs:
@@ -256,23 +245,32 @@ class CudaRunner:
                 index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
                 logits, argmax = logits[index], argmax[index]
         else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
-            step_tensors = prefill_step(
-                plan, self.options, self.config, self.dtype, self.device, media
-            )
-            hidden = self.model.forward(self._with_prev(plan, step_tensors), self.kv)
-            if plan.draft_ids.size:  # every query token samples
-                rows = np.repeat(np.arange(b), qlens)
-                offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
-                logits = self.model.logits(hidden)
-            else:
-                rows = np.flatnonzero(plan.sample_rows)
-                last = plan.last_token_index[rows].astype(np.int64)
-                logits = self.model.logits(hidden[torch.from_numpy(last).to(self.device)])
+            rows, offsets, logits, prompt = self._eager(plan, media)
         if self.options.keep_logits:
             self.last_logits = logits.clone()
         if plan.sampling.mask_pending is not None:
-            return partial(self._pick, plan, rows, offsets, logits, argmax)
-        return self._pick(plan, rows, offsets, logits, argmax)
+            return partial(self._pick, plan, rows, offsets, logits, argmax, prompt)
+        return self._pick(plan, rows, offsets, logits, argmax, prompt)
+
+    def _eager(
+        self, plan: BatchPlan, media: StepMedia | None
+    ) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor, PromptLogprobs | None]:
+        """A varlen step: the plan row and query offset (verify rows) of each logits row, the
+        logits, and the prompt logprobs the plan asks for."""
+        assert self.kv is not None
+        step_tensors = prefill_step(plan, self.options, self.config, self.dtype, self.device, media)
+        hidden = self.model.forward(self._with_prev(plan, step_tensors), self.kv)
+        prompt = None
+        if plan.prompt_logprob_rows.any():
+            prompt = prompt_logprobs(plan, hidden, self.model.logits, self.config.vocab_size)
+        if plan.draft_ids.size:  # every query token samples
+            qlens = plan.query_lens
+            rows = np.repeat(np.arange(plan.num_sequences), qlens)
+            offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
+            return rows, offsets, self.model.logits(hidden), prompt
+        rows = np.flatnonzero(plan.sample_rows)
+        last = plan.last_token_index[rows].astype(np.int64)
+        return rows, None, self.model.logits(hidden[torch.from_numpy(last).to(self.device)]), prompt
 
     def _pick(
         self,
@@ -281,12 +279,13 @@ class CudaRunner:
         offsets: np.ndarray | None,
         logits: torch.Tensor,
         argmax: torch.Tensor | None,
+        prompt: PromptLogprobs | None = None,
     ) -> _InFlight:
         tokens, lps = self._sampler.pick(plan, rows, offsets, logits, argmax)
         self._keep_tokens(plan, rows, offsets, tokens, body_kept=tokens is argmax)
         host, event = self._readback.send(tokens)
         asked = plan.sampling.logprobs[rows] if lps is not None else None
-        return _InFlight(plan, rows, offsets, Picked(tokens, host, event, lps, asked))
+        return _InFlight(plan, rows, offsets, Picked(tokens, host, event, lps, asked), prompt)
 
     def _pick_graph(self, b: int, query: int) -> tuple[int, int] | None:
         if not self._graphs:

@@ -1,18 +1,27 @@
-"""What a `CudaRunner` declares to the engine, and the tensors of an eager (varlen) step."""
+"""What a `CudaRunner` declares to the engine, the plans it refuses, and the tensors of an eager
+(varlen) step."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from resin.plan import BatchPlan
-from resin.protocols import History, RunnerConfig, Window
+from resin.plan import BatchPlan, Phase
+from resin.protocols import PENALTY_FEATURES, History, RunnerConfig, Window
 from resin_model.config import ModelConfig
-from resin_model.media_cache import StepMedia
+from resin_model.media_cache import MultimodalModel, StepMedia
 from resin_models_cuda.kernels import prefill_blocks
 from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
 from resin_models_cuda.step import GroupTensors, MediaTensors, PrefillInfo, StepTensors
+
+FEATURES = frozenset(
+    {"logprobs", "prompt_logprobs", "logit_bias", "constraint", "seed", "top_k", "top_p", "min_p"}
+    | PENALTY_FEATURES
+)
+"""The optional request features (`resin.protocols.OPTIONAL_FEATURES`) a `CudaRunner`
+implements, plus `media` for a model with a vision encoder. Listed, not derived: a new
+`SamplingParams` field is refused on this runner until it is implemented and named here."""
 
 
 def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig:
@@ -43,8 +52,39 @@ def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig
         waits_for_masks=True,  # constrain_logits reads the mask through bitmask()
         max_draft_tokens=options.max_draft_tokens,
         overlap=options.overlap,
-        penalties=True,
+        features=FEATURES | {"media"} if isinstance(model, MultimodalModel) else FEATURES,
     )
+
+
+def check_plan(
+    plan: BatchPlan, options: RunnerOptions, max_positions: int, prev_valid: int
+) -> None:
+    """`ValueError` for a plan the runner cannot take (`prev_valid`: rows of the previous
+    plan whose token the runner holds on the device)."""
+    if int(plan.total_lens.max(initial=0)) > max_positions:
+        raise ValueError(f"context beyond max_context={options.max_context}")
+    prev = plan.prev_token_rows
+    if prev.size and int(prev.max()) >= prev_valid:
+        raise ValueError("prev_token_rows names a row whose token the runner does not hold")
+    if plan.draft_ids.size and plan.phase is not Phase.DECODE:
+        raise ValueError("drafts in a prefill plan")
+    if plan.draft_ids.size:
+        drafts = np.diff(plan.draft_indptr)
+        if int(drafts.max()) > options.max_draft_tokens:
+            raise ValueError(f"more than max_draft_tokens={options.max_draft_tokens}")
+        if np.any(plan.query_lens != 1 + drafts):
+            raise ValueError("a row with k drafts needs 1 + k query tokens")
+    elif plan.phase is Phase.DECODE and plan.num_tokens != plan.num_sequences:
+        raise ValueError("a decode row without drafts has one query token")
+
+
+def copy_pages(plan: BatchPlan, kv: torch.Tensor) -> None:
+    """The plan's copy-on-write page copies, before anything reads the arena."""
+    for group in plan.cache_groups:
+        if group.copy_src.shape[0]:
+            src = torch.from_numpy(group.copy_src.astype(np.int64)).to(kv.device)
+            dst = torch.from_numpy(group.copy_dst.astype(np.int64)).to(kv.device)
+            kv[dst] = kv[src]
 
 
 def prefill_step(

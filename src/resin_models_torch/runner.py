@@ -24,7 +24,15 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, ForwardOutput
-from resin.protocols import CacheGroupSpec, CacheLayout, History, RunnerConfig, State, Window
+from resin.protocols import (
+    OPTIONAL_FEATURES,
+    CacheGroupSpec,
+    CacheLayout,
+    History,
+    RunnerConfig,
+    State,
+    Window,
+)
 from resin_models_torch.base import CausalLM
 from resin_models_torch.batch import (
     AttentionBatch,
@@ -126,8 +134,9 @@ class TorchRunner:
             max_logprobs=MAX_LOGPROBS,
             waits_for_masks=True,
             overlap=self.overlap,
-            penalties=True,
             max_draft_tokens=MAX_DRAFT_TOKENS,
+            # every optional feature; images only through a model with a vision encoder
+            features=OPTIONAL_FEATURES if self.media.model else OPTIONAL_FEATURES - {"media"},
         )
 
     def bind(self, layout: CacheLayout) -> None:

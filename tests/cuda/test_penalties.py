@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from resin_models_cuda.presets import TINY
 
 from resin import Engine, SamplingParams
 from resin.plan import SamplingArrays
 from resin_model.penalties import TokenCounts, penalize
+from resin_model.presets import TINY
 from resin_models_cuda.kernels.penalties import apply_penalties
 from resin_models_cuda.sampling import DeviceSampler
 from resin_models_torch.sampler import Sampler

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from resin import Engine, EngineDeadError, SamplingParams
+from resin import Constraint, Engine, EngineDeadError, SamplingParams
+from resin.plan import MediaItem
+from resin.protocols import OPTIONAL_FEATURES, RunnerConfig, requested_features
 from tests.engine.fakes import CacheSimRunner, ZeroRunner
 
 
@@ -82,3 +85,50 @@ def test_no_vocab_declared_accepts_any_non_negative_id() -> None:
 def test_a_runner_without_forward_or_submit_collect_is_refused() -> None:
     with pytest.raises(TypeError, match="forward"):
         Engine(object())  # type: ignore[arg-type]
+
+
+class _Lacking(ZeroRunner):
+    """A one-method runner that declares only some optional features."""
+
+    def __init__(self, features: frozenset[str]) -> None:
+        self.runner_config = RunnerConfig(features=features)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"logprobs": 0}, "logprobs"),
+        ({"prompt_logprobs": 2}, "prompt_logprobs"),
+        ({"logit_bias": {3: 1.0}}, "logit_bias"),
+        ({"constraint": Constraint("regex", "a+")}, "constraint"),
+        ({"seed": 7}, "seed"),
+        ({"top_k": 5}, "top_k"),
+        ({"top_p": 0.9}, "top_p"),
+        ({"min_p": 0.1}, "min_p"),
+    ],
+)
+def test_a_feature_the_runner_lacks_is_refused_by_name(
+    kwargs: dict[str, object], field: str
+) -> None:
+    params = SamplingParams(**kwargs)  # type: ignore[arg-type]
+    assert requested_features(params) == {field}
+    engine = Engine(_Lacking(OPTIONAL_FEATURES - {field}))
+    with pytest.raises(ValueError, match=f"does not support {field}"):
+        engine.submit([1, 2], params)
+    assert engine.num_waiting == 0 and not engine.has_work()
+    engine.submit([1, 2], SamplingParams(max_output_tokens=1))  # plain requests still run
+    RunnerConfig(features=frozenset({field})).check_request(params)  # declared: accepted
+
+
+def test_feature_refusals_list_every_missing_field_and_images() -> None:
+    engine = Engine(_Lacking(frozenset({"seed"})))
+    params = SamplingParams(seed=1, top_k=3, logit_bias=((1, 2.0),), temperature=0.0)
+    with pytest.raises(ValueError, match=r"does not support logit_bias, top_k$"):
+        engine.submit([1, 2], params)
+    image = MediaItem(0, 1, 2, "x", np.zeros((3, 4, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"media \(images\)"):
+        engine.submit([1, 2, 3, 4], media=[image])
+    assert requested_features(SamplingParams()) == frozenset()
+    assert requested_features(SamplingParams(), has_media=True) == {"media"}
+    with pytest.raises(ValueError, match="unknown runner features"):
+        RunnerConfig(features=frozenset({"logit_bais"}))

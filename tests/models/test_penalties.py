@@ -18,6 +18,7 @@ from resin import Engine, SamplingParams
 from resin.engine.proposers import NgramProposer
 from resin.engine.speculative import Speculation
 from resin.plan import SamplingArrays
+from resin.protocols import PENALTY_FEATURES
 from resin_models_torch.registry import load_runner
 from resin_models_torch.sampler import Sampler
 
@@ -198,16 +199,18 @@ def test_engine_refuses_penalties_a_runner_does_not_apply() -> None:
     with Engine(runner) as engine:
         engine.submit([1, 2, 3], SamplingParams(presence_penalty=0.5))  # the reference applies
     plain = _NoPenalties(runner)
-    with Engine(plain) as engine, pytest.raises(ValueError, match="penalties"):
+    with Engine(plain) as engine, pytest.raises(ValueError, match="frequency_penalty"):
         engine.submit([1, 2, 3], SamplingParams(frequency_penalty=0.5))
 
 
 class _NoPenalties:
-    """A runner that declares no penalty support (the default of `RunnerConfig`)."""
+    """A runner that declares no penalty support (`RunnerConfig.features` without them)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.runner_config = replace(inner.runner_config, penalties=False)
+        self.runner_config = replace(
+            inner.runner_config, features=inner.runner_config.features - PENALTY_FEATURES
+        )
 
     def bind(self, layout: Any) -> None:
         self.inner.bind(layout)

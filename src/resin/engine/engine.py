@@ -182,6 +182,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
         prompt = validate_prompt(prompt_token_ids, self._runner_config, self._config)
+        self._runner_config.check_request(params, bool(media))
         check_params(params, self._runner_config)
         need = self._scheduler.max_pages_for(len(prompt) + 1)
         if need > self._layout.num_pages:

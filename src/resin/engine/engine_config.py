@@ -105,9 +105,7 @@ def validate_prompt(
 
 
 def check_params(params: SamplingParams, rc: RunnerConfig) -> None:
-    """A `ValueError` for what the runner cannot do: more logprobs than it returns, penalties
-    it does not apply."""
+    """A `ValueError` for more logprobs than the runner returns (the features it lacks:
+    `RunnerConfig.check_request`)."""
     if params.logprobs is not None and params.logprobs > rc.max_logprobs:
         raise ValueError(f"logprobs must be <= {rc.max_logprobs}")
-    if params.penalized and not rc.penalties:
-        raise ValueError("this runner does not apply presence/frequency/repetition penalties")
