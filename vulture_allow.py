@@ -74,7 +74,7 @@ get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)
 get_input_items  # server/responses.py: a FastAPI route (the router calls it)
 favicon  # server/misc.py: a FastAPI route (the router calls it)
-_.chunked_encoding  # server/protocol.py: uvicorn's cycle reads it when it writes the headers
+_.chunked_encoding  # server/connection_limits.py: uvicorn's cycle reads it when it writes the headers
 _.encode_special_tokens  # tokenizer.py: a `tokenizers.Tokenizer` setting (read by the Rust side)
 DraftModelProposer  # resin.engine.proposers: a public Proposer (tests and docs use it; spec exports it)
 # resin_model/quant.py, quant_config.py: the quantized formats' math and QuantConfig, read by the

@@ -173,7 +173,7 @@ def _load(args: argparse.Namespace) -> object:
 
 def serve(args: argparse.Namespace) -> int:
     from resin.server import HttpServer
-    from resin.server.protocol import ConnectionLimits
+    from resin.server.connection_limits import ConnectionLimits
     from resin.server.service import Limits
     from resin_app.loading import Loaded
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from resin_model.config import ModelConfig, MoeConfig
+from resin_model.expert_routing import deepseek_route
 from resin_model.nn import RMSNorm
-from resin_model.routing import deepseek_route
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
 from resin_models_torch.layers import GatedMLP, Rotary

@@ -113,7 +113,7 @@ ROUTES = {
 def test_router_kernel_is_the_routing_rule(device: str, name: str, shared: int) -> None:
     """The router kernel chooses the experts and weights of `deepseek_route` (the shared
     routing rule; with one group and no bias, plain top-k), shared experts appended."""
-    from resin_model.routing import deepseek_route
+    from resin_model.expert_routing import deepseek_route
     from resin_models_cuda.kernels.router import router_topk
 
     spec: dict = dict(ROUTES[name])

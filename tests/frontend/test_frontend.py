@@ -13,9 +13,9 @@ import pytest
 
 from resin import Engine
 from resin.frontend import (
-    Batch,
     EngineActor,
     Generation,
+    Generations,
     RequestRefused,
     Ticket,
     Update,
@@ -49,7 +49,7 @@ def generate(
                     )
                     for slot in ticket.take(n)
                 ]  # fmt: skip
-            batch = Batch(gens)
+            batch = Generations(gens)
             await batch.start()
             return await batch.collect()
         finally:

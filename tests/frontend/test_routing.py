@@ -1,8 +1,8 @@
-"""The data-parallel routing policy (`resin.frontend.routing.choose`), on its own."""
+"""The data-parallel routing policy (`resin.frontend.replica_routing.choose`), on its own."""
 
 from __future__ import annotations
 
-from resin.frontend.routing import ReplicaState, choose
+from resin.frontend.replica_routing import ReplicaState, choose
 
 
 def _states(

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from resin.server.connection_limits import ConnectionLimits
 from resin.server.launch import running
-from resin.server.protocol import ConnectionLimits
 from tests.server.conftest import MODEL, make_server
 
 CHAT = "/v1/chat/completions"

@@ -31,8 +31,8 @@ from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
 from resin.frontend.compiling import Compiling
 from resin.frontend.errors import EngineUnavailable
+from resin.frontend.intake_slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.ports import ConstraintCompiler, EngineLike
-from resin.frontend.slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.stream import RequestStream, StreamError, StreamItem
 from resin.params import SamplingParams
 from resin.plan import MediaItem

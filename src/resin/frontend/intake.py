@@ -5,7 +5,7 @@ manager it releases every slot that was not handed to the engine actor, on every
 error while rendering, a bad seed, a cancelled handler). Each slot handed over is released by
 the actor when its request enters the engine or is refused.
 
-`Batch` is the generations of one request (n > 1 or a prompt list). `start()` begins reading
+`Generations` is the generations of one request (n > 1 or a prompt list). `start()` begins reading
 every generation at once, then waits until each has its first events (so an engine refusal
 is still an error before anything was sent); a generation is never left unread while
 another one is awaited, so none overflows its buffer because of its siblings. `updates()`
@@ -22,7 +22,7 @@ from types import TracebackType
 
 from resin.frontend.errors import ClientTooSlow, GenerationFailed, RequestRefused
 from resin.frontend.generation import Generation, Update, merge
-from resin.frontend.slots import Reservation
+from resin.frontend.intake_slots import Reservation
 
 
 class Ticket:
@@ -61,7 +61,7 @@ class Ticket:
 _End = None
 
 
-class Batch:
+class Generations:
     """The generations of one request, read concurrently from `start()` on."""
 
     def __init__(self, gens: list[Generation], buffer: int = 64) -> None:

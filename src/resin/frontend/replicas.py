@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 
 from resin.frontend.actor import EngineActor
 from resin.frontend.errors import EngineUnavailable
+from resin.frontend.intake_slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.ports import EngineLike
-from resin.frontend.routing import ReplicaState, choose
-from resin.frontend.slots import IntakeSlots, Reservation, SlotsFront
+from resin.frontend.replica_routing import ReplicaState, choose
 from resin.plan import MediaItem
 
 log = logging.getLogger("resin.frontend")

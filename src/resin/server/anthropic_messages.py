@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from resin.frontend.generation import Finish, Update
-from resin.frontend.intake import Batch
+from resin.frontend.intake import Generations
 from resin.recipe.types import Block as Part
 from resin.recipe.types import Message, Reasoning, Text, ToolCall, ToolDef, ToolResult
 from resin.server.asgi import SSEResponse, sse, until_disconnect
@@ -172,7 +172,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
 class MessageBuilder:
     """Turns deltas into content blocks; renders SSE events or the final message."""
 
-    def __init__(self, svc: Service, input_tokens: int, gens: Batch) -> None:
+    def __init__(self, svc: Service, input_tokens: int, gens: Generations) -> None:
         self.svc = svc
         self.gens = gens
         self.input_tokens = input_tokens

@@ -35,10 +35,10 @@ from resin.metrics.prometheus import PrometheusExporter
 from resin.recipe import Recipe
 from resin.server import anthropic_messages, misc, openai_chat, openai_completions, responses
 from resin.server.asgi import GuardMiddleware, default_allowed_hosts
+from resin.server.connection_limits import ConnectionLimits, protocol_class
 from resin.server.errors import ApiError, ClientDisconnected, error_handler
 from resin.server.logs import RequestLog, StatsLog
 from resin.server.metrics import ServerMetrics
-from resin.server.protocol import ConnectionLimits, protocol_class
 from resin.server.service import Limits, Service
 from resin.tokenizer import TokenizerLike
 

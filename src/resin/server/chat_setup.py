@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from resin.frontend.intake import Batch
+from resin.frontend.intake import Generations
 from resin.recipe import Message, RenderedPrompt, ToolDef
 from resin.recipe.tool_choice import ToolChoice
 from resin.server.media import check_images
@@ -45,7 +45,7 @@ async def start_chat(
     n: int = 1,
     stops: Sequence[str] = (),
     body: object = None,
-) -> tuple[RenderedPrompt, Batch]:
+) -> tuple[RenderedPrompt, Generations]:
     """Stop strings are checked and `n` intake slots reserved before `build()` runs (an
     overloaded server refuses cheaply); the rendered prompt and the started batch come back.
     `body`: where a client may name a data-parallel replica (`routed_dp_rank`)."""

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from resin.frontend.generation import Finish, TokenLogprob, Update
-from resin.frontend.intake import Batch
+from resin.frontend.intake import Generations
 from resin.recipe.deltas import (
     Delta,
     ReasoningDelta,
@@ -163,7 +163,7 @@ def finish_name(finish: Finish, has_tools: bool) -> str:
 
 
 async def openai_sse(
-    gens: Batch,
+    gens: Generations,
     base: dict[str, Any],
     choice: Callable[[int, Update], dict[str, Any]],
     include_usage: bool,
@@ -201,7 +201,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     return JSONResponse(await until_disconnect(request, _collect(svc, gens, rid, body.logprobs)))
 
 
-async def _collect(svc: Service, gens: Batch, rid: str, want_logprobs: bool) -> dict[str, Any]:
+async def _collect(
+    svc: Service, gens: Generations, rid: str, want_logprobs: bool
+) -> dict[str, Any]:
     answers = await gens.collect()
     choices = []
     for i, up in enumerate(answers):

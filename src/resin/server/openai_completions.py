@@ -17,7 +17,7 @@ from pydantic import Field
 from starlette.responses import JSONResponse, Response
 
 from resin.frontend.generation import TokenLogprob, Update
-from resin.frontend.intake import Batch
+from resin.frontend.intake import Generations
 from resin.recipe.deltas import TextDelta
 from resin.recipe.plain import PlainTextParser
 from resin.server.asgi import SSEResponse, until_disconnect
@@ -121,7 +121,7 @@ def _logprobs(
 
 
 async def _collect(
-    svc: Service, gens: Batch, rid: str, body: CompletionRequest, prompts: list[list[int]]
+    svc: Service, gens: Generations, rid: str, body: CompletionRequest, prompts: list[list[int]]
 ) -> dict[str, Any]:
     """The answer; `max_tokens=0` (scoring the prompt) drops the one generated token."""
     drop = body.max_tokens == 0

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from resin.frontend.generation import Finish, Update
-from resin.frontend.intake import Batch
+from resin.frontend.intake import Generations
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
 from resin.server.errors import ApiError
@@ -220,14 +220,14 @@ class ResponseBuilder:
         return self.event("response.failed", response=self.response("failed", finish))
 
     # ---- the two answers -------------------------------------------------------------
-    async def stream(self, gens: Batch) -> AsyncGenerator[str, None]:
+    async def stream(self, gens: Generations) -> AsyncGenerator[str, None]:
         yield self.event("response.created", response=self.response("in_progress"))
         yield self.event("response.in_progress", response=self.response("in_progress"))
         async for _, up in gens.updates():
             for frame in self._frames(up):
                 yield frame
 
-    async def collect(self, gens: Batch) -> dict[str, Any]:
+    async def collect(self, gens: Generations) -> dict[str, Any]:
         (up,) = await gens.collect()
         assert up.finish is not None
         self.items.add(up.deltas, last=True, cut=up.finish.reason == "length")

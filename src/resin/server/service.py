@@ -3,7 +3,7 @@
 A route reserves its intake slots first (`with svc.reserve(count, request) as ticket:`, before
 any tokenizing, so an overloaded server refuses cheaply), renders or tokenizes off the event
 loop (`await svc.render(...)`, `await svc.encode(...)`), then `launch`es its generations (one
-prompt or several, n choices each) and reads them as one `Batch`. Every slot the route does
+prompt or several, n choices each) and reads them as one `Generations`. Every slot the route does
 not hand to the actor is released when the `with` block ends, whatever happened inside it.
 """
 
@@ -22,7 +22,7 @@ from starlette.requests import Request
 from resin.frontend.actor import EngineActor
 from resin.frontend.errors import EngineUnavailable, FrontendError, QueueFull
 from resin.frontend.generation import Generation
-from resin.frontend.intake import Batch, Ticket
+from resin.frontend.intake import Generations, Ticket
 from resin.frontend.ports import OutputParser
 from resin.frontend.replicas import ReplicaSet
 from resin.generation_config import NO_DEFAULTS, GenerationDefaults
@@ -291,7 +291,7 @@ class Service:
         structured: Structured = NONE,
         media: Sequence[MediaItem] = (),
         replica: int | None = None,
-    ) -> Batch:
+    ) -> Generations:
         """One generation per slot of `ticket`, shared evenly by `runs` (a prompt and its
         params; choice i of a prompt samples with seed + i). Everything that can fail (seeds,
         parsers, routing) runs before the first generation is handed to an actor; then all
@@ -320,7 +320,7 @@ class Service:
                 ticket.take(len(planned)), planned, parsers, strict=True
             )
         ]
-        batch = Batch(gens, self.actor.stream_capacity)
+        batch = Generations(gens, self.actor.stream_capacity)
         try:
             await batch.start()
         except FrontendError as exc:  # an engine refusal of the constraint or bias: a 400

@@ -3,7 +3,7 @@
 optional group-limited choice (DeepSeek), the k best experts, optional renormalization and
 scale, per token; shared experts can be appended as always-chosen experts of weight 1.
 
-Equals `resin_model.routing.deepseek_route` (which, with one group and no bias, is
+Equals `resin_model.expert_routing.deepseek_route` (which, with one group and no bias, is
 `scores.topk(k)` + `w / w.sum()`), with ties broken toward the lower expert id as `torch.topk`
 does in practice. gpt-oss's "softmax over the top-k logits" is the same as softmax over all,
 top-k, renormalize. The experts are held as a `[groups, experts per group]` tile.
