@@ -29,7 +29,7 @@ import triton.language as tl
 from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
 from resin_models_cuda.kernels.fp8_gemm import check_fp8_weight
 from resin_models_cuda.kernels.moe_gemv import DOWN_DEFAULT, GATE_UP_DEFAULT, GemvTiles
-from resin_models_cuda.kernels.moe_grouped import AlignedPairs
+from resin_models_cuda.kernels.moe_grouped import AlignedPairs, pair_block, store_pairs
 from resin_models_cuda.kernels.quant_tiles import fp8_quantize_rows
 
 
@@ -176,11 +176,8 @@ def _fp8_grouped_kernel(
     e = tl.load(block_expert_ptr + tl.program_id(0))
     if e < 0:
         return
-    pairs = tl.load(sorted_pairs_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pairs < num_pairs
-    rows = (pairs // ROW_DIV).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
+    pairs, valid, rows, n, nmask = pair_block(sorted_pairs_ptr, num_pairs, N, ROW_DIV, BLOCK_M,
+                                              BLOCK_N)  # fmt: skip
     w_e = w_ptr + e.to(tl.int64) * N * K
     scale_row = (
         s_ptr + e.to(tl.int64) * tl.cdiv(N, QN) * tl.cdiv(K, QK) + (n // QN) * tl.cdiv(K, QK)
@@ -199,14 +196,8 @@ def _fp8_grouped_kernel(
         else:
             part = tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
         acc += part * tl.load(scale_row + k0 // QK, mask=nmask, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0).to(tl.float32)[
-            None, :
-        ]
-    if HAS_SCALE:
-        acc *= tl.load(scale_ptr + pairs, mask=valid, other=0.0)[:, None]
-    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+    store_pairs(acc, e, pairs, valid, n, nmask, bias_ptr, scale_ptr, out_ptr, N, stride_o,
+                HAS_BIAS, HAS_SCALE)  # fmt: skip
 
 
 def fp8_grouped_gemm(

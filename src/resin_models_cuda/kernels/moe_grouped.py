@@ -120,6 +120,51 @@ def _align_torch(experts: torch.Tensor, num_experts: int, block_m: int) -> Align
 
 
 @triton.jit
+def pair_block(
+    sorted_pairs_ptr,
+    num_pairs,
+    N,
+    ROW_DIV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """A grouped GEMM program's tile: its pairs (`valid`: the real ones), their input rows
+    (`pair // ROW_DIV`), its output columns `n` (`nmask`: inside `N`)."""
+    pairs = tl.load(sorted_pairs_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pairs < num_pairs
+    rows = (pairs // ROW_DIV).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pairs, valid, rows, n, n < N
+
+
+@triton.jit
+def store_pairs(
+    acc,
+    e,
+    pairs,
+    valid,
+    n,
+    nmask,
+    bias_ptr,
+    scale_ptr,
+    out_ptr,
+    N,
+    stride_o,
+    HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+):
+    """A grouped GEMM's epilogue: `+ bias[e]`, `* scale[pair]`, stored at each pair's row."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0).to(tl.float32)[
+            None, :
+        ]
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + pairs, mask=valid, other=0.0)[:, None]
+    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     x_ptr,  # [R, K], row stride stride_x, last dim contiguous
     w_ptr,  # [E, N, K] contiguous
@@ -141,16 +186,11 @@ def _grouped_gemm_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    e = tl.load(block_expert_ptr + pid_m)
+    e = tl.load(block_expert_ptr + tl.program_id(0))
     if e < 0:
         return
-    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pairs < num_pairs
-    rows = (pairs // ROW_DIV).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
+    pairs, valid, rows, n, nmask = pair_block(sorted_pairs_ptr, num_pairs, N, ROW_DIV, BLOCK_M,
+                                              BLOCK_N)  # fmt: skip
     w_base = w_ptr + e.to(tl.int64) * N * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -167,14 +207,8 @@ def _grouped_gemm_kernel(
             other=0.0,
         )
         acc += tl.dot(a, b, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0).to(tl.float32)[
-            None, :
-        ]
-    if HAS_SCALE:
-        acc *= tl.load(scale_ptr + pairs, mask=valid, other=0.0)[:, None]
-    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+    store_pairs(acc, e, pairs, valid, n, nmask, bias_ptr, scale_ptr, out_ptr, N, stride_o,
+                HAS_BIAS, HAS_SCALE)  # fmt: skip
 
 
 def grouped_gemm(

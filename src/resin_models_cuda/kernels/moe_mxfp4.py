@@ -32,7 +32,7 @@ import triton.language as tl
 
 from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
 from resin_models_cuda.kernels.moe_gemv import DOWN_DEFAULT, GATE_UP_DEFAULT, GemvTiles
-from resin_models_cuda.kernels.moe_grouped import AlignedPairs
+from resin_models_cuda.kernels.moe_grouped import AlignedPairs, pair_block, store_pairs
 from resin_models_cuda.kernels.quant_tiles import mxfp4_rows_dot, mxfp4_tile
 
 GROUP = 32
@@ -157,11 +157,8 @@ def _mxfp4_grouped_kernel(
     e = tl.load(block_expert_ptr + tl.program_id(0))
     if e < 0:
         return
-    pairs = tl.load(sorted_pairs_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pairs < num_pairs
-    rows = (pairs // ROW_DIV).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
+    pairs, valid, rows, n, nmask = pair_block(sorted_pairs_ptr, num_pairs, N, ROW_DIV, BLOCK_M,
+                                              BLOCK_N)  # fmt: skip
     b_e = b_ptr + e.to(tl.int64) * N * (K // 2)
     s_e = s_ptr + e.to(tl.int64) * N * (K // 32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -187,14 +184,8 @@ def _mxfp4_grouped_kernel(
             scale = tl.load(s_e + n[:, None].to(tl.int64) * (K // 32) + g[None, :],
                             mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
             acc = tl.dot_scaled(a, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0).to(tl.float32)[
-            None, :
-        ]
-    if HAS_SCALE:
-        acc *= tl.load(scale_ptr + pairs, mask=valid, other=0.0)[:, None]
-    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+    store_pairs(acc, e, pairs, valid, n, nmask, bias_ptr, scale_ptr, out_ptr, N, stride_o,
+                HAS_BIAS, HAS_SCALE)  # fmt: skip
 
 
 def _dot_format(x: torch.Tensor, dot_scaled: bool) -> str:
