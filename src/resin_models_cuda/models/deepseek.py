@@ -12,28 +12,12 @@ from dataclasses import replace
 import torch
 
 from resin_model.config import ModelConfig
-from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, Rotary, WeightSource
+from resin_models_cuda.layers import GatedMLP, MoE, Rotary, WeightSource
 from resin_models_cuda.layers import activation_of as activation
 from resin_models_cuda.layers.mla import MlaAttention, prefill_rows
 from resin_models_cuda.models.base import BuildOptions, FastModel
-from resin_models_cuda.models.llama import qwen_experts
+from resin_models_cuda.models.llama import LlamaLayer, qwen_experts
 from resin_models_cuda.step import StepTensors
-
-
-class DeepseekLayer:
-    def __init__(
-        self,
-        config: ModelConfig,
-        weights: WeightSource,
-        prefix: str,
-        attention: MlaAttention,
-        mlp: GatedMLP | MoE,
-    ) -> None:
-        hidden, eps = config.hidden_size, config.norm_eps
-        self.input_norm = RMSNorm(weights, f"{prefix}input_layernorm.weight", hidden, eps)
-        self.attn = attention
-        self.post_norm = RMSNorm(weights, f"{prefix}post_attention_layernorm.weight", hidden, eps)
-        self.mlp = mlp
 
 
 class Deepseek(FastModel):
@@ -45,7 +29,7 @@ class Deepseek(FastModel):
         positions = min(options.max_positions, config.max_positions) + 1
         self.rope = Rotary(config.rope, config.mla.rope_dim, positions, self.device)
         self.layers = [
-            DeepseekLayer(
+            LlamaLayer(
                 config,
                 weights,
                 f"model.layers.{layer}.",

@@ -5,11 +5,12 @@ the residual add before it."""
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import torch
 
 from resin_model.config import ModelConfig
 from resin_models_cuda.layers import (
-    Attention,
     ExpertWeights,
     GatedMLP,
     MoE,
@@ -50,13 +51,19 @@ def qwen_experts(config: ModelConfig, weights: WeightSource, prefix: str) -> Exp
     return ExpertWeights(router, None, gate_up, None, down, None)
 
 
-class LlamaLayer:
+AttentionT = TypeVar("AttentionT")
+
+
+class LlamaLayer(Generic[AttentionT]):
+    """A pre-norm decoder layer (norm, attention, norm, MLP): Llama's with `Attention`,
+    DeepSeek's with `MlaAttention`; the model calls the parts."""
+
     def __init__(
         self,
         config: ModelConfig,
         weights: WeightSource,
         prefix: str,
-        attention: Attention,
+        attention: AttentionT,
         mlp: GatedMLP | MoE,
     ) -> None:
         hidden, eps = config.hidden_size, config.norm_eps
