@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time a fresh clone's `make serve` until its first chat answer (issue 12's set-up figure).
+# Time a fresh clone's `make serve` until its first chat answer (docs/benchmarks.md, Serving).
 # Usage: scripts/first_answer.sh [REPO] [PORT]; prints the seconds and the answer, then stops
 # the server. Run it on a quiet machine: the figure is mostly pip installing torch. For a cold
 # start, point PIP_CACHE_DIR and RESIN_CACHE_DIR at empty folders.

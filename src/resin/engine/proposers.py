@@ -8,7 +8,7 @@
   second `Engine` with prefix caching on and asks it for k greedy tokens of each request's
   current sequence; the cached prefix means only the tokens added since the last proposal are
   recomputed.
-- A multi-token-prediction head (issue 16) is another `Proposer`: it would take the target
+- A multi-token-prediction head is another `Proposer`: it would take the target
   runner's last hidden states and run the head; nothing in the engine changes.
 """
 

@@ -72,7 +72,7 @@ class Histogram:
 
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
-    """A consistent copy of every engine metric (names as in SERVING.md, without prefix)."""
+    """A consistent copy of every engine metric (names as in docs/metrics.md, without prefix)."""
 
     num_requests_running: int
     num_requests_waiting: int

@@ -6,7 +6,7 @@ body: bytes = exporter.render()        # serve with exporter.content_type at /me
 PrometheusExporter([engine0, engine1])  # data-parallel replicas: one series each, replica="i"
 ```
 
-Names carry the `resin:` prefix and mirror vLLM's (see SERVING.md); counters get the
+Names carry the `resin:` prefix and mirror vLLM's (docs/metrics.md); counters get the
 `_total` suffix from the exposition format; histogram buckets are those in `collector.py`.
 The exporter reads one `MetricsSnapshot` per render, so it never blocks the engine for long.
 """

@@ -1,6 +1,6 @@
 """POST /v1/messages (Anthropic Messages API), stream and not, with thinking and tool_use.
 
-Stream order (SERVING.md): message_start (real input token count) -> per content block i =
+Stream order (Anthropic's): message_start (real input token count) -> per content block i =
 0, 1, ...: content_block_start -> content_block_delta* -> content_block_stop ->
 message_delta (stop_reason, output_tokens) -> message_stop. Errors use Anthropic's shape.
 """

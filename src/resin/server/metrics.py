@@ -1,4 +1,4 @@
-"""Prometheus metrics measured at the HTTP layer (SERVING.md names, `resin:` prefix).
+"""Prometheus metrics measured at the HTTP layer (vLLM's names, `resin:` prefix).
 
 One `ServerMetrics` per app, on its own registry (no module globals). Histograms are observed when a
 generation finishes.
@@ -27,7 +27,7 @@ class ServerMetrics:
     """`rejected` (intake refusals) always. With `engine_render` (the engine's own exporter:
     the real engine keeps metrics) the engine-side names come from the engine and nothing else
     is recorded here; without it (an engine without metrics, the tests' fake engine) the
-    SERVING.md request names are measured at the HTTP layer (`requests`)."""
+    request names of docs/metrics.md are measured at the HTTP layer (`requests`)."""
 
     def __init__(
         self,
@@ -56,7 +56,7 @@ class ServerMetrics:
 
 
 class RequestMetrics:
-    """The SERVING.md request metrics measured at the HTTP layer."""
+    """The request metrics of docs/metrics.md, measured at the HTTP layer."""
 
     def __init__(
         self, r: CollectorRegistry, running: Callable[[], float], waiting: Callable[[], float]

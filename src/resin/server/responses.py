@@ -1,6 +1,6 @@
 """POST /v1/responses (OpenAI Responses API), stream and not.
 
-Stream order (SERVING.md): response.created -> response.in_progress -> per output item
+Stream order (OpenAI's): response.created -> response.in_progress -> per output item
 (reasoning, message, function_call, in the order the model produced them): output_item.added
 -> content events -> output_item.done -> exactly one of response.completed | incomplete |
 failed. Item ids in the stream equal those of the final response.

@@ -1,7 +1,7 @@
 """On the GPU: the Engine end to end vs the runner's own decode, overlap, verify cost.
 
     resin bench overlap --model-config llama-8b --batch-sizes 1,64,256 \
-        --output docs/bench/gpu/issue13.jsonl
+        --output docs/bench/gpu/overlap_llama8b.jsonl
 
 Per batch size (rows decoding from `--context` tokens, random bf16 weights):
 - `runner_sync`: the runner's own figure as before (one synchronous `forward` per step, the

@@ -1,6 +1,6 @@
 """Real weights: n-gram speculative decoding vs plain decoding at batch 1 on the GPU.
 
-    resin bench speculative-copy --draft-k 4,8 --output docs/bench/gpu/issue13.jsonl
+    resin bench speculative-copy --draft-k 4,8 --output docs/bench/gpu/speculative_copy.jsonl
 
 SmolLM2-135M-Instruct from its packaged GGUF (converted by Resin; `--gguf` for another path),
 `CudaRunner` through the Engine (overlap on for the plain runs), chat-templated prompts whose
