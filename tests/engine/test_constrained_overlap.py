@@ -1,4 +1,4 @@
-"""Constrained decode steps in the overlap pipeline (`engine/pipeline.py`, issue 17).
+"""Constrained decode steps in the overlap pipeline (`engine/pipeline.py`).
 
 Plan n+1 is submitted before step n is collected; its mask is filled only after step n was
 committed and its grammars advanced, and the runner samples it only then (it defers the

@@ -1,4 +1,4 @@
-"""Engine metrics: counters match the workload; the Prometheus exposition has SERVING.md's
+"""Engine metrics: counters match the workload; the Prometheus exposition has the
 names and buckets; snapshots are safe to read from another thread."""
 
 from __future__ import annotations

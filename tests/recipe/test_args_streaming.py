@@ -75,7 +75,7 @@ def test_string_arguments_are_buffered_and_parsed_whole() -> None:
 @given(data=st.data())
 def test_a_call_without_the_wrappers_brace_keeps_its_own(data: st.DataObject) -> None:
     """`{"name": ..., "arguments": {...}` + end marker (the wrapper's `}` left out): the
-    arguments keep their closing brace, valid JSON, in every split (issue 17)."""
+    arguments keep their closing brace, valid JSON, in every split."""
     recipe = _recipe()
     prompt = recipe.render(USER, tools=TOOLS, enable_thinking=False)
     args = '{"city": "Paris", "when": {"day": 1}}'

@@ -1,4 +1,4 @@
-"""Regression tests for issue 10 (items 1-6): leaked intake slots, multi-generation requests
+"""Regression tests for abuse: leaked intake slots, multi-generation requests
 under load, invalid Unicode, 500s on a kept-alive connection, tokenizing off the event loop,
 and truncated answers that must never look complete."""
 
@@ -214,7 +214,7 @@ def test_slow_reader_cut_ends_with_an_error_event() -> None:
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
 
 
-# ---- issue 12: a recipe crash is a 500 with a logged traceback, never a client 400 -----------
+# ---- a recipe crash is a 500 with a logged traceback, never a client 400 -----------
 class CrashingRecipe(ChatMLFormat):
     def render(self, messages: Any, **kwargs: Any) -> RenderedPrompt:
         raise KeyError("role_map")  # a bug in the recipe, not a bad request

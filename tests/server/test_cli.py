@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_signal_ends_streams_with_an_error_not_a_stop(sig: int) -> None:
-    """Issue 10 item 6: a stream cut by SIGTERM/SIGINT ends with an error event (no
+    """A stream cut by SIGTERM/SIGINT ends with an error event (no
     finish_reason "stop", no [DONE]) and SIGINT prints no traceback."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

@@ -48,7 +48,7 @@ def test_no_server_errors_on_any_route() -> None:
         # Valid requests got through to the engine too, not only validation errors.
         for path in ENGINE_ROUTES:
             assert 200 in statuses.get(path, set()), (path, statuses.get(path))
-        # Issue 10: every error class above released its intake slots.
+        # Every error class above released its intake slots.
         deadline = time.monotonic() + 5
         while httpx.get(base + "/health").json()["queued"] and time.monotonic() < deadline:
             time.sleep(0.05)

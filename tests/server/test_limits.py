@@ -1,4 +1,4 @@
-"""Regression tests for issue 10 items 8 and 10: connection limits (header timeout and size,
+"""Regression tests for connection limits (header timeout and size,
 keep-alive, max connections), chunked bodies over the cap, 401 challenges, clear messages,
 per-request generation caps and the Host allow-list."""
 

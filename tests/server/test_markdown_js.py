@@ -1,4 +1,4 @@
-"""Issue 10 item 9: the chat page's Markdown renderer (static/markdown.js, run in Node with a
+"""The chat page's Markdown renderer (static/markdown.js, run in Node with a
 KaTeX stand-in that returns HTML with quotes, like the real one): TeX inside a link URL never
 reaches the href, and a run of "[" renders in linear time."""
 

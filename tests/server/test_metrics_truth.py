@@ -1,4 +1,4 @@
-"""Issue 10 item 7: /metrics tells the truth. `num_requests_waiting` includes the server's
+"""/metrics tells the truth. `num_requests_waiting` includes the server's
 intake queue; `kv_cache_usage_perc` leaves out evictable prefix-cache pages (their own gauge),
 so an idle server with a warm prefix cache reads 0."""
 

@@ -1,4 +1,4 @@
-"""Issue 17's protocol defects, each through an official SDK against `resin serve` itself: a
+"""Protocol defects real clients hit, each through an official SDK against `resin serve` itself: a
 subprocess serving the real default model (SmolLM2-135M-Instruct, reference runner, real
 Engine and prefix cache, llguidance), started with `--generation-config FILE`. No test double
 anywhere: what a client of a real deployment sees.

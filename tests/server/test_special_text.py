@@ -1,4 +1,4 @@
-"""Issue 10 item 10: special-token strings in user or tool text stay text (only the recipe's
+"""Special-token strings in user or tool text stay text (only the recipe's
 markup makes special tokens), with `special_tokens_in_text=True` as the operator's switch."""
 
 from __future__ import annotations
