@@ -1,4 +1,4 @@
-"""Engine metrics: counters match the workload; the Prometheus exposition has the
+"""Engine metrics: counters match the workload; the Prometheus exposition has vLLM-style
 names and buckets; snapshots are safe to read from another thread."""
 
 from __future__ import annotations
