@@ -189,6 +189,7 @@ class ModelConfig:
     vision: VisionConfig | None = None
     mla: MlaConfig | None = None
     num_mtp_layers: int = 0
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads) < 1:
@@ -206,6 +207,11 @@ class ModelConfig:
     def scale(self) -> float:
         """Attention score scale (Gemma uses query_pre_attn_scalar instead of head_dim)."""
         return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
+
+    @property
+    def rotary_dim(self) -> int:
+        """Leading dims of each head that rotary rotates (GLM-4.5: half); the rest pass."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def q_size(self) -> int:

@@ -97,7 +97,11 @@ class Reader:
             )
 
 
-def common_fields(raw: Reader, eps_key: str = "rms_norm_eps", eps: float = 1e-6) -> dict[str, Any]:
+def common_fields(
+    raw: Reader, eps_key: str = "rms_norm_eps", eps: float = 1e-6, partial_rotary: bool = False
+) -> dict[str, Any]:
+    """Sizes, norms, activation and token ids every architecture shares; `partial_rotary`:
+    the caller reads `partial_rotary_factor` itself (else only 1 is accepted)."""
     heads = int(raw.require("num_attention_heads"))
     hidden = int(raw.require("hidden_size"))
     eos = raw.raw.get("eos_token_id")
@@ -105,7 +109,8 @@ def common_fields(raw: Reader, eps_key: str = "rms_norm_eps", eps: float = 1e-6)
         int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])
     )
     raw.expect("pretraining_tp", (1,))
-    raw.expect("partial_rotary_factor", (1.0, 1))
+    if not partial_rotary:
+        raw.expect("partial_rotary_factor", (1.0, 1))
     raw.expect("hidden_act", ("silu", "gelu_pytorch_tanh", "gelu"))
     raw.expect("hidden_activation", ("gelu_pytorch_tanh", "gelu", "silu"))
     bos = raw.raw.get("bos_token_id")

@@ -72,6 +72,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                          "original_max_position_embeddings": 4096, "beta_fast": 32,
                          "beta_slow": 1},
     },
+    "glm-4.5-air": {
+        "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096,
+        "intermediate_size": 10944, "num_hidden_layers": 46, "num_attention_heads": 96,
+        "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-5, "rope_theta": 1e6, "max_position_embeddings": 131072,
+        "attention_bias": True, "use_qk_norm": False, "n_routed_experts": 128,
+        "num_experts_per_tok": 8, "n_shared_experts": 1, "moe_intermediate_size": 1408,
+        "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0, "num_nextn_predict_layers": 1,
+    },
 }  # fmt: skip
 
 # Tiny shapes of every architecture (CPU interpreter tests, GPU correctness checks).
@@ -99,6 +109,11 @@ TINY: dict[str, dict[str, Any]] = {
                                     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                     "original_max_position_embeddings": 16}},
     "olmo2": {**_TINY, "model_type": "olmo2"},
+    "glm4_moe": {**_TINY, "model_type": "glm4_moe", "attention_bias": True,
+                 "use_qk_norm": True, "partial_rotary_factor": 0.5, "n_routed_experts": 8,
+                 "num_experts_per_tok": 2, "moe_intermediate_size": 24, "n_shared_experts": 1,
+                 "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+                 "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1},
 }  # fmt: skip
 PRESETS.update({f"tiny-{name}": raw for name, raw in TINY.items()})
 PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `resin bench runner`)

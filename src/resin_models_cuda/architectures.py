@@ -26,6 +26,7 @@ ARCHITECTURES: dict[str, str] = {
     "olmo2": "resin_models_cuda.models.olmo2:Olmo2",
     "deepseek_v2": _DEEPSEEK,
     "deepseek_v3": _DEEPSEEK,
+    "glm4_moe": "resin_models_cuda.models.glm4_moe:Glm4Moe",
 }
 
 

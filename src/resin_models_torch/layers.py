@@ -35,7 +35,11 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos/sin [T, D] (float32)."""
+    """x [T, H, D]; cos/sin [T, R] (float32), R <= D: the leading R dims of every head turn
+    (partial rotary, GLM-4.5), the other D - R pass unchanged."""
+    if cos.shape[-1] < x.shape[-1]:
+        turned = apply_rotary(x[..., : cos.shape[-1]], cos, sin)
+        return torch.cat((turned, x[..., cos.shape[-1] :]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)

@@ -77,7 +77,7 @@ class LlamaForCausalLM(CausalLM):
             LlamaLayer(config, i, self.slots[i], mlp(config, i)) for i in range(config.num_layers)
         )
         self.model = Backbone(config, layers, RMSNorm(config.hidden_size, config.norm_eps))
-        self.rotary = Rotary(config.rope, config.head_dim)
+        self.rotary = Rotary(config.rope, config.rotary_dim)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         x = self.embed(input_ids)

@@ -21,6 +21,7 @@ CASES = {
     "gemma3": ("gemma3-12b", {"num_hidden_layers": 6, "sliding_window": 64}),
     "gpt_oss": ("gpt-oss-20b", {"num_hidden_layers": 4, "sliding_window": 64}),
     "olmo2": ("olmo2-7b", {"num_hidden_layers": 4}),
+    "glm4_moe": ("glm-4.5-air", {"num_hidden_layers": 4}),
 }
 
 

@@ -183,3 +183,45 @@ def test_rope_with_fused_kv_append(device: str, norm: bool) -> None:
     torch.testing.assert_close(results[1][0], results[0][0], atol=0, rtol=0)
     torch.testing.assert_close(results[1][1], results[0][1], atol=0, rtol=0)
     assert torch.count_nonzero(results[1][1]) > 0
+
+
+def _ref_partial(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None
+) -> torch.Tensor:
+    """Plain PyTorch: RMS norm over the whole head (when `weight`), then rotate-half over the
+    leading 2 * cos.shape[-1] dims; the rest of the head passes."""
+    x = x.float()
+    if weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
+    rotated = 2 * cos.shape[-1]
+    return torch.cat([_ref_rope(x[..., :rotated], cos, sin), x[..., rotated:]], dim=-1)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize(("head_dim", "rotary_dim"), [(16, 4), (64, 32), (32, 8)])
+def test_partial_rotary(device: str, norm: bool, head_dim: int, rotary_dim: int) -> None:
+    """GLM-4.5's partial rotary: only the leading `rotary_dim` dims of each head turn, the
+    per-head norm covers the whole head, and the fused KV append stores all of k and v."""
+    from resin_models_cuda.kernels import apply_rope, kv_append, rope_cache
+
+    tokens, hq, hk, page, pages = 7, 6, 2, 4, 4
+    cos, sin = rope_cache(RopeConfig(10000.0), rotary_dim, 64, device)
+    pos = torch.randint(0, 64, (tokens,), dtype=torch.int32).to(device)
+    slots = torch.randperm(pages * page)[:tokens].to(device)
+    for dtype, atol, rtol in _dtypes(device):
+        qkv = torch.randn((tokens, (hq + 2 * hk) * head_dim)).to(dtype).to(device)
+        weights = [torch.randn(head_dim).to(dtype).to(device) for _ in range(2)]
+        norms = (weights[0], weights[1]) if norm else None
+        q = qkv[:, : hq * head_dim].view(tokens, hq, head_dim)
+        k = qkv[:, hq * head_dim : (hq + hk) * head_dim].view(tokens, hk, head_dim)
+        v = qkv[:, (hq + hk) * head_dim :].view(tokens, hk, head_dim)
+        c, s = cos[pos.long()], sin[pos.long()]
+        expect_q = _ref_partial(q, c, s, weights[0] if norm else None).to(dtype)
+        expect_k = _ref_partial(k, c, s, weights[1] if norm else None).to(dtype)
+        arena = torch.zeros((pages, 1, 2, page, hk, head_dim), dtype=dtype, device=device)
+        apply_rope(q, k, pos, cos, sin, norms, append=(v, arena[:, 0, 0], arena[:, 0, 1], slots))
+        torch.testing.assert_close(q, expect_q, atol=atol, rtol=rtol)
+        torch.testing.assert_close(k, expect_k, atol=atol, rtol=rtol)
+        unfused = torch.zeros_like(arena)
+        kv_append(k, v, unfused[:, 0, 0], unfused[:, 0, 1], slots)
+        torch.testing.assert_close(arena, unfused, atol=0, rtol=0)

@@ -48,6 +48,19 @@ _DEEPSEEK: dict[str, Any] = dict(
     max_position_embeddings=64,
 )
 
+_GLM: dict[str, Any] = dict(
+    num_hidden_layers=2,
+    head_dim=16,
+    attention_bias=True,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    num_mtp_layers=1,
+    max_position_embeddings=64,
+)
+
 ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama3": (
         "LlamaConfig",
@@ -182,6 +195,20 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
             topk_group=2,
             routed_scaling_factor=16.0,
         ),
+    ),
+    # GLM-4.5 style: partial rotary (half of each head), q/k norm, q/k/v bias, a dense first
+    # layer, sigmoid routing with the correction bias over 2 groups (1 kept), scaled weights.
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(_GLM, use_qk_norm=True, n_group=2, topk_group=1, routed_scaling_factor=2.5),
+    ),
+    # GLM-4.5-Air style: no q/k norm, one group, unnormalised weights, a quarter of each head
+    # rotated.
+    "glm4_moe_air": (
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(_GLM, use_qk_norm=False, norm_topk_prob=False, partial_rotary_factor=0.25),
     ),
 }
 

@@ -94,10 +94,24 @@ LFM2_TOKENS = (
     "<|tool_response_end|>",
 )
 
+GLM_TOKENS = (
+    "[gMASK]",
+    "<sop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+)
+
 
 @functools.cache
 def extended_qwen3(family: str) -> tuple[Tokenizer, Any]:
-    """Qwen3's tokenizer plus the special tokens of `family` (deepseek_v3 or lfm2), as a resin
+    """Qwen3's tokenizer plus the special tokens of `family` (deepseek_v3, lfm2 or glm4_moe,
+    whose `<think>`, `<tool_call>`, `<tool_response>` and `<|endoftext|>` Qwen3 has), as a resin
     Tokenizer and a transformers tokenizer sharing one backend: these families have no npm
     tokenizer, and their templates only need the special tokens to exist."""
     import tokenizers
@@ -109,6 +123,8 @@ def extended_qwen3(family: str) -> tuple[Tokenizer, Any]:
     backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     if family == "deepseek_v3":
         extra, bos, eos = DEEPSEEK_TOKENS, DEEPSEEK_TOKENS[0], DEEPSEEK_TOKENS[1]
+    elif family == "glm4_moe":
+        extra, bos, eos = GLM_TOKENS, "[gMASK]", "<|endoftext|>"
     else:
         extra, bos, eos = LFM2_TOKENS, "<|startoftext|>", "<|im_end|>"
     backend.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in extra])

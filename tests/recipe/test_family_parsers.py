@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resin.recipe import Message, get_native_recipe
+from resin.recipe import Message, ToolChoice, UnsupportedToolChoice, get_native_recipe
 from tests.recipe.assets import extended_qwen3, npm_tokenizer
 from tests.recipe.corpus import TOOLS
 from tests.recipe.harness import check_all_splits
@@ -139,3 +140,43 @@ def test_gpt_oss_stop_tokens() -> None:
         recipe.stop_token_ids
     )
     assert tok.token_to_id("<|end|>") not in recipe.stop_token_ids
+
+
+@SETTINGS
+@given(data=st.data())
+def test_glm45_reasoning_and_xml_tool_calls(data: st.DataObject) -> None:
+    tokenizer, _ = extended_qwen3("glm4_moe")
+    recipe = get_native_recipe("glm4_moe", tokenizer)
+    prompt = recipe.render(USER, tools=TOOLS)
+    assert prompt.text.endswith("<|assistant|>")
+    out = (
+        "\n<think>The user wants weather.</think>\nChecking."
+        "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris 🗼</arg_value>\n"
+        "</tool_call>\n<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>42</arg_value>\n"
+        "<arg_key>limit</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    )
+    result = check_all_splits(recipe, prompt, out, data, tools=TOOLS)
+    assert result.reasoning == "The user wants weather."
+    assert result.text.strip() == "Checking."
+    # `query` is a string in its schema: "42" stays text; `limit` is JSON.
+    assert result.calls == (
+        ("get_weather", '{"city": "Paris 🗼"}'),
+        ("search", '{"query": "42", "limit": 3}'),
+    )
+    assert result.finish_reason == "tool_calls"
+
+
+@SETTINGS
+@given(data=st.data())
+def test_glm45_no_thinking_answer_and_malformed_call(data: st.DataObject) -> None:
+    tokenizer, _ = extended_qwen3("glm4_moe")
+    recipe = get_native_recipe("glm4_moe", tokenizer)
+    prompt = recipe.render(USER, enable_thinking=False)
+    assert prompt.text.endswith("/nothink<|assistant|>\n<think></think>")
+    result = check_all_splits(recipe, prompt, "\nIt is sunny.", data)
+    assert result.text == "It is sunny." and result.reasoning == ""
+    bad = "<tool_call>get_weather\n<arg_key>city</arg_key>Paris</tool_call>"
+    result = check_all_splits(recipe, recipe.render(USER, tools=TOOLS), bad, data, tools=TOOLS)
+    assert result.calls == () and result.has_error and result.text == bad
+    with pytest.raises(UnsupportedToolChoice):
+        recipe.render(USER, tools=TOOLS, tool_choice=ToolChoice())

@@ -225,3 +225,25 @@ def test_gguf_metadata_template_through_resin_conversion(tmp_path: Any) -> None:
     assert isinstance(recipe, JinjaRecipe)
     for case in CASES[:4]:
         _compare(recipe, smollm2_hf(), case)
+
+
+def test_glm45_template_loads_its_native_recipe_and_family_parser() -> None:
+    from tests.recipe.assets import TEMPLATES, extended_qwen3
+
+    tokenizer, _ = extended_qwen3("glm4_moe")
+    template = (TEMPLATES / "glm4_moe.jinja").read_text(encoding="utf-8")
+    glm = Tokenizer(
+        tokenizer.backend, TokenizerInfo(chat_template=template, eos_token="<|endoftext|>")
+    )
+    assert load_recipe(glm).name == "glm4_moe"
+    jinja = load_recipe(glm, "jinja")
+    assert jinja.name == "jinja:glm4_moe"
+    prompt = jinja.render([Message("user", "hi")])
+    call = (
+        "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>[1, 2]</arg_value>\n</tool_call>"
+    )
+    parser = jinja.create_parser(prompt)
+    parser.feed(glm.encode("\n<think>ok</think>\n" + call))
+    result = parser.finish("stop")
+    assert result.reasoning == "ok"
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("search", '{"query": [1, 2]}')]

@@ -92,6 +92,15 @@ def test_deepseek_v3_matches_official_template(case: Case, thinking: bool | None
     _check(recipe, hf, case, _template("deepseek_v3"), **kwargs)
 
 
+@pytest.mark.parametrize("thinking", THINKING)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_glm45_matches_official_template(case: Case, thinking: bool | None) -> None:
+    tokenizer, hf = extended_qwen3("glm4_moe")
+    recipe = get_native_recipe("glm4_moe", tokenizer)
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    _check(recipe, hf, case, _template("glm4_moe"), **kwargs)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_lfm2_matches_official_template(case: Case) -> None:
     tokenizer, hf = extended_qwen3("lfm2")

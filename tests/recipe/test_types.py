@@ -44,6 +44,7 @@ def test_message_content_forms() -> None:
 def test_every_recipe_follows_the_protocols() -> None:
     deepseek, _ = extended_qwen3("deepseek_v3")
     lfm2, _ = extended_qwen3("lfm2")
+    glm, _ = extended_qwen3("glm4_moe")
     tokenizers = {
         "chatml": npm_tokenizer("qwen3"),
         "qwen3": npm_tokenizer("qwen3"),
@@ -51,6 +52,7 @@ def test_every_recipe_follows_the_protocols() -> None:
         "deepseek_v3": deepseek,
         "lfm2": lfm2,
         "gpt_oss": npm_tokenizer("gptoss"),
+        "glm4_moe": glm,
     }
     assert set(native_recipe_names()) == set(tokenizers)
     recipes = [get_native_recipe(n, t) for n, t in tokenizers.items()]

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 
 from resin.recipe.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END
 from resin.recipe.tagged import TagSpec
-from resin.recipe.toolcall_formats import parse_deepseek_call, parse_pythonic_calls
+from resin.recipe.toolcall_formats import (
+    parse_deepseek_call,
+    parse_glm_call,
+    parse_pythonic_calls,
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ FAMILIES: dict[str, Family] = {
         ),
     ),
     "gpt_oss": Family("gpt_oss", ("<|return|>", "<|call|>"), None, reasoning_key="thinking"),
+    "glm4_moe": Family(
+        "glm4_moe",
+        ("<|endoftext|>", "<|user|>", "<|observation|>"),
+        TagSpec(tool_body=parse_glm_call, strip_leading_newlines=True),
+    ),
     "gemma": Family("gemma", ("<end_of_turn>", "<eos>")),
     "generic": Family("generic", ()),
 }
@@ -61,6 +70,7 @@ _SIGNATURES = (
     ("<｜tool▁calls▁begin｜>", "deepseek_v3"),
     ("<｜Assistant｜>", "deepseek_v3"),
     ("<|tool_list_start|>", "lfm2"),
+    ("<arg_key>", "glm4_moe"),
     ("<|start_header_id|>", "llama3"),
     ("<think>", "qwen3"),
     ("<|im_start|>", "chatml"),

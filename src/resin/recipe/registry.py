@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from resin.recipe.chatml import ChatMLRecipe, Qwen3Recipe
 from resin.recipe.deepseek import DeepSeekV3Recipe
+from resin.recipe.glm import Glm45Recipe
 from resin.recipe.gpt_oss import GptOssRecipe
 from resin.recipe.lfm2 import LFM2Recipe
 from resin.recipe.llama3 import Llama3Recipe
@@ -19,6 +20,7 @@ _NATIVE: dict[str, Callable[[Tokenizer], Recipe]] = {
     "deepseek_v3": DeepSeekV3Recipe,
     "lfm2": LFM2Recipe,
     "gpt_oss": GptOssRecipe,
+    "glm4_moe": Glm45Recipe,
 }
 
 

@@ -31,6 +31,8 @@ class TagSpec:
     `ignored` markers are dropped wherever they appear in TEXT mode (wrappers such as
     DeepSeek's `<｜tool▁calls▁begin｜>`). `bare_json_tools`: a response that starts with `{` or
     `<|python_tag|>` is a Llama-3-style tool call (buffered to the end, text if it fails).
+    `strip_leading_newlines`: newlines that open the response are dropped (GLM writes one
+    after `<|assistant|>` before its think block or its answer).
     """
 
     reasoning_start: str | None = "<think>"
@@ -40,6 +42,7 @@ class TagSpec:
     tool_body: BodyParser = parse_json_calls
     ignored: tuple[str, ...] = ()
     bare_json_tools: bool = False
+    strip_leading_newlines: bool = False
 
 
 class _Mode(Enum):
@@ -63,7 +66,8 @@ class TaggedParser(StreamParser):
         self._spec = spec
         self._mode = _Mode.REASONING if in_reasoning else _Mode.TEXT
         self._buffer = ""
-        self._strip_newlines = in_reasoning  # drop "\n" at the start of the next section
+        # drop "\n" at the start of the next section
+        self._strip_newlines = in_reasoning or spec.strip_leading_newlines
         self._seen_visible = False  # visible text emitted: reasoning can no longer start
         # The tool call whose arguments are streaming: (index, name, header length, emitted).
         self._streaming: tuple[int, str, int, int] | None = None

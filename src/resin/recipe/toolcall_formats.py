@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 ParsedCall: TypeAlias = tuple[str, str]
@@ -132,3 +133,38 @@ def parse_deepseek_call(body: str) -> list[ParsedCall]:
         raise ValueError("DeepSeek tool call without a name")
     value = json.loads(arguments)
     return [(name, _arguments_text(value))]
+
+
+_GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+
+
+def parse_glm_call(
+    body: str, string_keys: Mapping[str, frozenset[str]] | None = None
+) -> list[ParsedCall]:
+    """GLM-4.5: `name` then `<arg_key>k</arg_key><arg_value>v</arg_value>` pairs (newlines
+    between them optional). The template prints string values raw and other values as JSON,
+    so a value is JSON when it parses as JSON, else text; `string_keys` (per tool, the
+    parameters its schema types as strings) keeps those as text whatever they look like."""
+    name, marker, rest = body.partition("<arg_key>")
+    name = name.strip()
+    if not name or any(c in name for c in "<>\n"):
+        raise ValueError("GLM tool call without a function name")
+    text_keys = (string_keys or {}).get(name, frozenset())
+    arguments: dict[str, Any] = {}
+    position, rest = 0, marker + rest
+    for match in _GLM_ARGUMENT.finditer(rest):
+        if rest[position : match.start()].strip():
+            raise ValueError("text between GLM tool-call arguments")
+        key, value = match.group(1).strip(), match.group(2)
+        arguments[key] = value if key in text_keys else _json_or_text(value)
+        position = match.end()
+    if rest[position:].strip():
+        raise ValueError("malformed GLM tool-call arguments")
+    return [(name, json.dumps(arguments, ensure_ascii=False))]
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value

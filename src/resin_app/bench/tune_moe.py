@@ -99,11 +99,13 @@ GEMV_SHAPES = {  # experts (routed + shared), hidden, expert width, pairs per to
     "qwen3-30b-a3b": (128, 2048, 768, 8, False),
     "gpt-oss-20b": (32, 2880, 2880, 4, True),
     "deepseek-v2-lite": (66, 2048, 1408, 8, False),
+    "glm-4.5-air": (129, 4096, 1408, 9, False),
 }
 DENSE_SHAPES = {  # (N, K) of batch-1 projections: qkv, o, and the dense MLP where there is one
     "qwen3-30b-a3b": [(5120, 2048), (2048, 4096)],
     "gpt-oss-20b": [(5120, 2880), (2880, 4096)],
     "deepseek-v2-lite": [(3648, 2048), (2048, 2048)],
+    "glm-4.5-air": [(14336, 4096), (4096, 12288)],
     "llama-8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
 }
 

@@ -1,9 +1,11 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Rotary position embedding (rotate-half / GPT-NeoX layout, as Llama and Qwen use), in place.
 
-`rope_cache` builds float32 `cos`/`sin` tables `[max_positions, head_dim // 2]` once (any
-`RopeConfig` of the shared model config); `apply_rope` rotates the query and key
-heads of every token at its own position in one launch, and with `append` also writes the
+`rope_cache` builds float32 `cos`/`sin` tables `[max_positions, rotary_dim // 2]` once (any
+`RopeConfig` of the shared model config; `rotary_dim` is the head dim, or less for partial
+rotary: GLM-4.5 turns the leading half of each head and passes the rest); `apply_rope`
+rotates the query and key heads of every token at its own position in one launch (the norm
+of the whole head fused in when asked), and with `append` also writes the
 rotated K and the V of each token into its paged-cache slot (the KV append fused in: one
 launch fewer per layer; a negative slot, CUDA-graph padding, writes nothing).
 """
@@ -32,12 +34,14 @@ def rope_cache(
 @triton.jit
 def _norm_rope_heads(
     ptr, stride_t, stride_h, t, w_ptr, c, s, eps,
-    NUM: tl.constexpr, PAD: tl.constexpr, HALF: tl.constexpr,
-    HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+    NUM: tl.constexpr, PAD: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
+    PASS_PAD: tl.constexpr, HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
 ):  # fmt: skip
-    """Heads [NUM, 2 * HALF] of token t: optional per-head RMS norm (rounded to the storage
-    dtype, as the unfused norm does), then the half-split rotation, in place; returns the two
-    rotated halves (as stored)."""
+    """Heads [NUM, 2 * HALF + PASS] of token t: optional per-head RMS norm over the whole head
+    (rounded to the storage dtype, as the unfused norm does), then the half-split rotation of
+    the leading 2 * HALF dims, in place; the trailing PASS dims (partial rotary) are only
+    normed. Returns the two rotated halves and the passed part (as stored; the first half
+    stands in for the last when PASS is 0)."""
     dtype = ptr.dtype.element_ty
     j = tl.arange(0, HALF)
     h = tl.arange(0, PAD)[:, None]
@@ -45,8 +49,16 @@ def _norm_rope_heads(
     m = h < NUM
     x1 = tl.load(p, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(p + HALF, mask=m, other=0.0).to(tl.float32)
+    if PASS > 0:
+        jp = tl.arange(0, PASS_PAD)[None, :]
+        pp = ptr + t * stride_t + h * stride_h + 2 * HALF + jp
+        mp = m & (jp < PASS)
+        x3 = tl.load(pp, mask=mp, other=0.0).to(tl.float32)
     if HAS_NORM:
-        r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        squares = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)
+        if PASS > 0:
+            squares += tl.sum(x3 * x3, 1)
+        r = tl.rsqrt(squares / (2 * HALF + PASS) + eps)[:, None]
         w1 = tl.load(w_ptr + j).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + j).to(tl.float32)[None, :]
         if UNIT_OFFSET:
@@ -55,11 +67,22 @@ def _norm_rope_heads(
         else:
             x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
             x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+        if PASS > 0:
+            w3 = tl.load(w_ptr + 2 * HALF + jp, mask=jp < PASS, other=0.0).to(tl.float32)
+            if UNIT_OFFSET:
+                x3 = (x3 * r * (1.0 + w3)).to(dtype).to(tl.float32)
+            else:
+                x3 = ((x3 * r).to(dtype).to(tl.float32) * w3).to(dtype).to(tl.float32)
+            tl.store(pp, x3.to(dtype), mask=mp)
     y1 = (x1 * c - x2 * s).to(dtype)
     y2 = (x2 * c + x1 * s).to(dtype)
     tl.store(p, y1, mask=m)
     tl.store(p + HALF, y2, mask=m)
-    return y1, y2
+    if PASS > 0:  # noqa: SIM108 (a static branch: x3 exists only when PASS > 0)
+        y3 = x3.to(dtype)
+    else:
+        y3 = y1
+    return y1, y2, y3
 
 
 @triton.jit
@@ -67,8 +90,8 @@ def _rope_kernel(
     q_ptr,  # [T, Hq, D], strides (stride_qt, stride_qh, 1)
     k_ptr,  # [T, Hk, D], strides (stride_kt, stride_kh, 1)
     pos_ptr,  # int32 [T]
-    cos_ptr,  # fp32 [max_positions, D // 2] contiguous
-    sin_ptr,  # fp32 [max_positions, D // 2] contiguous
+    cos_ptr,  # fp32 [max_positions, HALF] contiguous (2 * HALF = rotated dims <= D)
+    sin_ptr,  # fp32 [max_positions, HALF] contiguous
     qw_ptr,  # [D]: q norm weight (read when HAS_NORM)
     kw_ptr,  # [D]: k norm weight (read when HAS_NORM)
     v_ptr,  # [T, Hk, D], strides (stride_vt, stride_vh, 1) (HAS_APPEND)
@@ -90,6 +113,8 @@ def _rope_kernel(
     Q_PAD: tl.constexpr,
     K_PAD: tl.constexpr,
     HALF: tl.constexpr,
+    PASS: tl.constexpr,  # D - 2 * HALF: trailing dims rotary leaves alone
+    PASS_PAD: tl.constexpr,
     HAS_NORM: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
     HAS_APPEND: tl.constexpr,
@@ -101,9 +126,9 @@ def _rope_kernel(
     c = tl.load(cos_ptr + pos * HALF + j)[None, :]
     s = tl.load(sin_ptr + pos * HALF + j)[None, :]
     _norm_rope_heads(q_ptr, stride_qt, stride_qh, t, qw_ptr, c, s, eps, NUM_Q, Q_PAD, HALF,
-                     HAS_NORM, UNIT_OFFSET)  # fmt: skip
-    k1, k2 = _norm_rope_heads(k_ptr, stride_kt, stride_kh, t, kw_ptr, c, s, eps, NUM_K, K_PAD,
-                              HALF, HAS_NORM, UNIT_OFFSET)  # fmt: skip
+                     PASS, PASS_PAD, HAS_NORM, UNIT_OFFSET)  # fmt: skip
+    k1, k2, k3 = _norm_rope_heads(k_ptr, stride_kt, stride_kh, t, kw_ptr, c, s, eps, NUM_K,
+                                  K_PAD, HALF, PASS, PASS_PAD, HAS_NORM, UNIT_OFFSET)  # fmt: skip
     if HAS_APPEND:
         slot = tl.load(slots_ptr + t).to(tl.int64)
         if slot >= 0:
@@ -118,6 +143,14 @@ def _rope_kernel(
             src = v_ptr + t * stride_vt + h * stride_vh + j[None, :]
             tl.store(v_cache_ptr + dst, tl.load(src, mask=m).to(dt), mask=m)
             tl.store(v_cache_ptr + dst + HALF, tl.load(src + HALF, mask=m).to(dt), mask=m)
+            if PASS > 0:
+                jp = tl.arange(0, PASS_PAD)[None, :]
+                mp = m & (jp < PASS)
+                rest = (slot // PAGE) * stride_cp + (slot % PAGE) * stride_ct + h * stride_ch
+                rest += 2 * HALF + jp
+                tl.store(k_cache_ptr + rest, k3.to(dt), mask=mp)
+                v3 = tl.load(v_ptr + t * stride_vt + h * stride_vh + 2 * HALF + jp, mask=mp)
+                tl.store(v_cache_ptr + rest, v3.to(dt), mask=mp)
 
 
 def apply_rope(
@@ -131,15 +164,18 @@ def apply_rope(
     unit_offset: bool = False,
     append: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Rotate `q` [T, Hq, D] and `k` [T, Hk, D] in place at `positions` (int32 [T]); with
+    """Rotate `q` [T, Hq, D] and `k` [T, Hk, D] in place at `positions` (int32 [T]): the
+    leading `2 * cos.shape[1]` dims of each head (all of them, or fewer for partial rotary,
+    whose trailing dims pass unrotated); with
     `norms` = (q weight [D], k weight [D]), RMS-norm every head first (Qwen3 / Gemma q/k norm,
     fused: one read and one write of q and k); with `append` = (v, k_cache, v_cache, slots),
     also store the rotated k and v at `slots` of the paged caches (`kv_append`, fused)."""
     num_tokens, num_q, head_dim = q.shape
     assert k.shape[0] == num_tokens and k.shape[2] == head_dim
     assert q.stride(2) == 1 and k.stride(2) == 1
-    assert head_dim % 2 == 0 and head_dim // 2 == next_pow2(head_dim // 2)
-    assert cos.shape == sin.shape and cos.shape[1] == head_dim // 2 and cos.is_contiguous()
+    half = cos.shape[1]
+    assert half == next_pow2(half) and 2 * half <= head_dim
+    assert cos.shape == sin.shape and cos.is_contiguous()
     assert cos.dtype == torch.float32 and positions.dtype == torch.int32
     assert positions.shape[0] >= num_tokens
     if norms is not None:
@@ -160,7 +196,8 @@ def apply_rope(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         eps, NUM_Q=num_q, NUM_K=k.shape[1], Q_PAD=next_pow2(num_q), K_PAD=next_pow2(k.shape[1]),
-        HALF=head_dim // 2, HAS_NORM=norms is not None, UNIT_OFFSET=unit_offset,
+        HALF=half, PASS=head_dim - 2 * half, PASS_PAD=next_pow2(max(head_dim - 2 * half, 1)),
+        HAS_NORM=norms is not None, UNIT_OFFSET=unit_offset,
         HAS_APPEND=append is not None, PAGE=k_cache.shape[1] if append is not None else 1,
         num_warps=4,
     )  # fmt: skip

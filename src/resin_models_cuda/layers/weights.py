@@ -27,8 +27,16 @@ class WeightSource(Protocol):
     device: torch.device
     dtype: torch.dtype
 
-    def get(self, name: str, shape: tuple[int, ...], init: Init = "normal") -> torch.Tensor:
-        """The tensor `name` as `dtype` on `device`; raises if its shape is not `shape`."""
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        init: Init = "normal",
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """The tensor `name` as `dtype` (the source's own when None; a float32 router asks
+        for float32, so nothing is rounded on the way) on `device`; raises if its shape is
+        not `shape`."""
         ...
 
     def has(self, name: str) -> bool: ...
@@ -51,11 +59,17 @@ class StateDictWeights:
     def has(self, name: str) -> bool:
         return name in self.tensors
 
-    def get(self, name: str, shape: tuple[int, ...], init: Init = "normal") -> torch.Tensor:
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        init: Init = "normal",
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
         if name not in self.tensors:
             raise KeyError(f"no tensor {name!r}")
         t = _checked(name, self.tensors[name], shape)
-        return t.detach().to(device=self.device, dtype=self.dtype).contiguous()
+        return t.detach().to(device=self.device, dtype=dtype or self.dtype).contiguous()
 
 
 class SafetensorsWeights:
@@ -80,7 +94,13 @@ class SafetensorsWeights:
     def has(self, name: str) -> bool:
         return name in self._index
 
-    def get(self, name: str, shape: tuple[int, ...], init: Init = "normal") -> torch.Tensor:
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        init: Init = "normal",
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
         from safetensors import safe_open
 
         if name not in self._index:
@@ -88,7 +108,7 @@ class SafetensorsWeights:
         shard, raw = self._index[name]
         with safe_open(shard, framework="pt") as f:
             tensor: torch.Tensor = f.get_tensor(raw)
-        return _checked(name, tensor, shape).to(device=self.device, dtype=self.dtype)
+        return _checked(name, tensor, shape).to(device=self.device, dtype=dtype or self.dtype)
 
 
 class RandomWeights:
@@ -112,10 +132,16 @@ class RandomWeights:
     def has(self, name: str) -> bool:
         return True
 
-    def get(self, name: str, shape: tuple[int, ...], init: Init = "normal") -> torch.Tensor:
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        init: Init = "normal",
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
         if init in ("ones", "zeros"):
             fill = torch.ones if init == "ones" else torch.zeros
-            return fill(shape, device=self.device, dtype=self.dtype)
+            return fill(shape, device=self.device, dtype=dtype or self.dtype)
         std = self.out_std if init == "out" else self.std
         t = torch.randn(shape, generator=self._gen, device=self.device, dtype=torch.float32)
-        return (t * std).to(self.dtype)
+        return (t * std).to(dtype or self.dtype)

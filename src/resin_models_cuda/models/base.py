@@ -47,7 +47,7 @@ class FastModel:
         self.layers_per_group = tuple(seen[k] for k in self.group_kinds)
         positions = min(options.max_positions, config.max_positions) + 1
         self._rotary = {
-            kind: Rotary(config.rope_of(kind), config.head_dim, positions, self.device)
+            kind: Rotary(config.rope_of(kind), config.rotary_dim, positions, self.device)
             for kind in self.group_kinds
         }
         hidden, vocab = config.hidden_size, config.vocab_size

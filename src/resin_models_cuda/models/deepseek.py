@@ -20,6 +20,37 @@ from resin_models_cuda.models.llama import LlamaLayer, qwen_experts
 from resin_models_cuda.step import StepTensors
 
 
+def deepseek_moe(
+    config: ModelConfig,
+    weights: WeightSource,
+    prefix: str,
+    options: BuildOptions,
+    float32_router: bool = False,
+) -> MoE:
+    """DeepSeek-V2/V3's MoE at `prefix` (`...mlp.`): routed experts, V3's correction bias
+    (float32), the shared experts folded in as always-chosen experts; routing logits in
+    float32 (`float32_router`: the router weight read as float32 too, not rounded to the
+    model's dtype first). GLM-4.5 builds its MoE here as well."""
+    moe = config.moe
+    assert moe is not None
+    hidden = config.hidden_size
+    experts = qwen_experts(config, weights, prefix)
+    if float32_router:
+        router = weights.get(f"{prefix}gate.weight", (moe.num_experts, hidden), dtype=torch.float32)
+        experts = replace(experts, router=router)
+    if moe.score_bias:
+        name = f"{prefix}gate.e_score_correction_bias"
+        bias = weights.get(name, (moe.num_experts,), "zeros", dtype=torch.float32)
+        experts = replace(experts, score_bias=bias)
+    if moe.shared_intermediate_size:  # n_shared_experts x the expert width, by definition
+        name = f"{prefix}shared_experts."
+        inner = moe.shared_intermediate_size
+        shared = GatedMLP(weights, name, hidden, inner, config.hidden_act)
+        experts = experts.with_shared(shared.gate_up, shared.down)
+    pairs = options.moe_gemv_max_pairs
+    return MoE(moe, experts, activation(config.hidden_act), pairs, fp32_router=True)
+
+
 class Deepseek(FastModel):
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         if config.mla is None or config.moe is None:
@@ -50,24 +81,10 @@ class Deepseek(FastModel):
 
     def make_mlp(self, weights: WeightSource, layer: int) -> GatedMLP | MoE:
         config, prefix = self.config, f"model.layers.{layer}.mlp."
-        hidden = config.hidden_size
         if not config.is_sparse(layer):
-            inner = config.intermediate_size
+            hidden, inner = config.hidden_size, config.intermediate_size
             return GatedMLP(weights, prefix, hidden, inner, config.hidden_act)
-        moe = config.moe
-        assert moe is not None
-        experts = qwen_experts(config, weights, prefix)
-        if moe.score_bias:
-            name = f"{prefix}gate.e_score_correction_bias"
-            bias = weights.get(name, (moe.num_experts,), "zeros")
-            experts = replace(experts, score_bias=bias.float())
-        if moe.shared_intermediate_size:  # n_shared_experts x the expert width, by definition
-            inner = moe.shared_intermediate_size
-            name = f"{prefix}shared_experts."
-            shared = GatedMLP(weights, name, hidden, inner, config.hidden_act)
-            experts = experts.with_shared(shared.gate_up, shared.down)
-        pairs = self.options.moe_gemv_max_pairs
-        return MoE(moe, experts, activation(config.hidden_act), pairs, fp32_router=True)
+        return deepseek_moe(config, weights, prefix, self.options)
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         rows = prefill_rows(step)
