@@ -2,7 +2,8 @@
 latent cache (`layers/mla.py`: absorbed decode, expanded prefill), dense first
 `first_k_dense_replace` layers, then the library MoE with DeepSeek's grouped routing (softmax or
 sigmoid scores, V3's correction bias, `routed_scaling_factor`: the router kernel) and the shared
-experts folded into the expert stack as always-chosen experts. MTP layers
+experts folded into the expert stack as always-chosen experts (FP8 stacks stay FP8), the
+router weight and correction bias read in float32. MTP layers
 in the checkpoint are not loaded here (the reference runner's `MtpRunner` drafts with them)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from resin_model.config import ModelConfig
 from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.layers import activation_of as activation
 from resin_models_cuda.layers.mla import MlaAttention, prefill_rows
+from resin_models_cuda.layers.quantized import float32_tensor
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.step import StepTensors
@@ -73,15 +75,18 @@ class Deepseek(FastModel):
         moe = config.moe
         assert moe is not None
         experts = qwen_experts(config, weights, prefix)
+        # The router and its correction bias in float32, as transformers keeps them.
+        router = float32_tensor(weights, f"{prefix}gate.weight", (moe.num_experts, hidden))
+        experts = replace(experts, router=router)
         if moe.score_bias:
             name = f"{prefix}gate.e_score_correction_bias"
-            bias = weights.get(name, (moe.num_experts,), "zeros")
-            experts = replace(experts, score_bias=bias.float())
+            bias = float32_tensor(weights, name, (moe.num_experts,), "zeros")
+            experts = replace(experts, score_bias=bias)
         if moe.shared_intermediate_size:  # n_shared_experts x the expert width, by definition
             inner = moe.shared_intermediate_size
             name = f"{prefix}shared_experts."
             shared = GatedMLP(weights, name, hidden, inner, config.hidden_act)
-            experts = experts.with_shared(shared.gate_up, shared.down)
+            experts = experts.with_shared(shared.gate_up.weight, shared.down.weight)
         pairs = self.options.moe_gemv_max_pairs
         return MoE(moe, experts, activation(config.hidden_act), pairs, fp32_router=True)
 
