@@ -1,4 +1,4 @@
-"""`resin serve | chat | bench | check | worker`: the command line.
+"""`resin serve | chat | bench | check | worker | quantize`: the command line.
 
 `resin serve` with no arguments serves the default model (SmolLM2-135M-Instruct) with the
 prefix cache on at http://127.0.0.1:8000, showing a progress bar while it loads.
@@ -142,6 +142,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="check a running server (`resin check --help`)")
     # `worker` parses its own options too (docs/distributed.md).
     sub.add_parser("worker", help="one non-leader rank of a multi-GPU job (`resin worker --help`)")
+    # `quantize` parses its own options too (`resin quantize --help`; docs/checkpoints.md).
+    sub.add_parser("quantize", help="write an FP8 / MXFP4 checkpoint folder from a bf16 one")
     return parser
 
 
@@ -294,6 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from resin_app import worker
 
         return worker.main(argv[1:])
+    if argv[:1] == ["quantize"]:  # its own options (docs/checkpoints.md)
+        from resin_app import quantize
+
+        return quantize.main(argv[1:])
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)

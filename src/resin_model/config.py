@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from resin_model.quant_config import QuantConfig
+
 LayerKind = Literal["full", "sliding", "conv"]
 RopeKind = Literal["default", "linear", "llama3", "yarn"]
 
@@ -190,6 +192,7 @@ class ModelConfig:
     mla: MlaConfig | None = None
     num_mtp_layers: int = 0
     partial_rotary_factor: float = 1.0
+    quant: QuantConfig | None = None  # how the checkpoint stores its weights (quant_config.py)
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads) < 1:

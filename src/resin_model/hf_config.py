@@ -27,6 +27,7 @@ from resin_model.hf_reader import (
     rope_config,
 )
 from resin_model.hf_vision_config import gemma3_vlm, qwen2_5_vl
+from resin_model.quant_config import parse_quant_config
 
 
 def load_config(folder: str | Path) -> ModelConfig:
@@ -45,8 +46,9 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
         raise ValueError(f"unsupported model_type {model_type!r}; known: {sorted(_PARSERS)}")
     reader = Reader(raw)
     config = _PARSERS[model_type](reader)
+    quant = parse_quant_config(reader.get("quantization_config"))
     reader.check_all_read()
-    return config
+    return replace(config, quant=quant) if quant is not None else config
 
 
 def _llama(raw: Reader) -> ModelConfig:

@@ -23,8 +23,6 @@ _HARMLESS = ("aux_loss_alpha", "seq_aux", "ep_size", "qk_head_dim")
 
 def parse_deepseek(raw: Reader) -> ModelConfig:
     v3 = raw.get("model_type") == "deepseek_v3"
-    if raw.has("quantization_config"):
-        raise ValueError("quantized (fp8) DeepSeek checkpoints must be dequantized to bf16 first")
     raw.expect("attention_bias", (False,))
     raw.expect("mlp_bias", (False,))
     raw.expect("moe_layer_freq", (1,))

@@ -111,6 +111,7 @@ def common_fields(
     raw.expect("pretraining_tp", (1,))
     if not partial_rotary:
         raw.expect("partial_rotary_factor", (1.0, 1))
+        expect_rope_parameter(raw, "partial_rotary_factor", (1.0, 1))
     raw.expect("hidden_act", ("silu", "gelu_pytorch_tanh", "gelu"))
     raw.expect("hidden_activation", ("gelu_pytorch_tanh", "gelu", "silu"))
     bos = raw.raw.get("bos_token_id")
@@ -132,8 +133,35 @@ def common_fields(
     }
 
 
+# Every key a `rope_parameters` / `rope_scaling` dict may hold; any other one may change the
+# math (transformers 5 nests `partial_rotary_factor` here), so it is refused like a top-level one.
+ROPE_KEYS = frozenset(
+    ("rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+     "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+     "attention_factor", "mscale", "mscale_all_dim", "partial_rotary_factor")
+)  # fmt: skip
+
+
+def rope_parameters(raw: Reader) -> dict[str, Any]:
+    """The config's rotary parameters dict (`rope_parameters`, else `rope_scaling`), or {}."""
+    params = raw.raw.get("rope_parameters") or raw.raw.get("rope_scaling") or {}
+    return dict(params) if isinstance(params, dict) else {}
+
+
+def expect_rope_parameter(raw: Reader, key: str, allowed: tuple[Any, ...]) -> None:
+    """`Reader.expect` for a key nested in the rotary parameters."""
+    value = rope_parameters(raw).get(key)
+    if value is not None and value not in allowed:
+        raise ValueError(f"unsupported rope_parameters.{key}={value!r} (supported: {allowed})")
+
+
 def rope_config(params: dict[str, Any] | None, theta: float) -> RopeConfig:
     params = dict(params or {})
+    unknown = sorted(set(params) - ROPE_KEYS)
+    if unknown:
+        raise ValueError(
+            f"rope parameters Resin does not understand: {unknown} (they may change the math)"
+        )
     kind = str(params.get("rope_type", params.get("type", "default")))
     theta = float(params.get("rope_theta", theta))
     if kind == "default":

@@ -30,6 +30,7 @@ from resin.protocols import CacheLayout, RunnerConfig
 from resin_model.config import ModelConfig
 from resin_model.hf_config import load_config
 from resin_model.media_cache import MediaFeatures, StepMedia
+from resin_model.quant_checkpoint import QuantFormat
 from resin_models_cuda.architectures import build_model
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.graphs import (
@@ -42,6 +43,11 @@ from resin_models_cuda.graphs import (
 from resin_models_cuda.kernels import decode_splits
 from resin_models_cuda.kernels.sampler import argmax_rows
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
+from resin_models_cuda.layers.quantized import (
+    QuantizingWeights,
+    StoredWeights,
+    needs_stored_weights,
+)
 from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
 from resin_models_cuda.prompt_logprobs import PromptLogprobs, prompt_logprobs, prompt_tokens
@@ -67,10 +73,14 @@ def random_runner(
     device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
+    quantize: QuantFormat | None = None,
 ) -> CudaRunner:
-    """A runner on random weights of the config's real shapes (benchmarks)."""
+    """A runner on random weights of the config's real shapes (benchmarks); `quantize`: its
+    projections and experts quantized on the device as they are made (`QuantizingWeights`)."""
     options = options or RunnerOptions()
-    source = RandomWeights(device, dtype, seed=seed, num_layers=config.num_layers)
+    source: WeightSource = RandomWeights(device, dtype, seed=seed, num_layers=config.num_layers)
+    if quantize is not None:
+        source = QuantizingWeights(source, quantize)
     return CudaRunner(build_model(config, source, options.build_options()), options)
 
 
@@ -82,8 +92,11 @@ def load_runner(
 ) -> CudaRunner:
     """A runner for a Hugging Face checkpoint folder (config.json + safetensors)."""
     options = options or RunnerOptions()
+    config = load_config(folder)
     source: WeightSource = SafetensorsWeights(str(folder), device, dtype)
-    model = build_model(load_config(folder), source, options.build_options())
+    if needs_stored_weights(config):  # quantized weights, or float32 routers read exactly
+        source = StoredWeights(str(folder), config.quant, device, dtype)
+    model = build_model(config, source, options.build_options())
     return CudaRunner(model, options)
 
 

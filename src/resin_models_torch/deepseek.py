@@ -20,12 +20,13 @@ from resin_model.expert_routing import deepseek_route
 from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
-from resin_models_torch.layers import GatedMLP, Rotary
+from resin_models_torch.layers import Float32Module, GatedMLP, Rotary
 from resin_models_torch.mla import MlaAttention
 
 
-class DeepseekRouter(nn.Module):
-    """`mlp.gate`: weight [E, hidden] and (V3) `e_score_correction_bias` [E]."""
+class DeepseekRouter(Float32Module):
+    """`mlp.gate`: weight [E, hidden] and (V3) `e_score_correction_bias` [E], float32 in a
+    model of any dtype; logits in float32."""
 
     def __init__(self, hidden: int, moe: MoeConfig) -> None:
         super().__init__()

@@ -8,6 +8,8 @@ Shapes: T = flat query tokens of the step, H = heads, D = head dim.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,22 @@ from torch import nn
 from resin_model.config import RopeConfig
 from resin_model.nn import activation
 from resin_models_torch.batch import AttentionBatch, StateBatch
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+class Float32Module(nn.Module):
+    """A module whose parameters stay float32 in a model of any dtype: DeepSeek-style routers
+    (`gate.weight`, `e_score_correction_bias`), as transformers keeps them, so a checkpoint's
+    float32 bias is never rounded and the expert choice is transformers' (`keep_float32`
+    casts them back after the model's dtype cast)."""
+
+
+def keep_float32(model: ModuleT) -> ModuleT:
+    for module in model.modules():
+        if isinstance(module, Float32Module):
+            module.float()
+    return model
 
 
 class Rotary(nn.Module):

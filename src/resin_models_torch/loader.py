@@ -1,5 +1,7 @@
 """Load safetensors checkpoints (single file or sharded through model.safetensors.index.json)
-into a reference model whose parameters carry Hugging Face names.
+into a reference model whose parameters carry Hugging Face names. FP8 / MXFP4 checkpoints are
+dequantized at load (`resin_model.quant_checkpoint`), exactly: the reference runner is the
+parity oracle of every stored format.
 
 The name mapping is one function: a checkpoint name -> the model's name, or None to skip it
 (e.g. rotary buffers some exporters save). Loading is strict otherwise: a missing or unexpected
@@ -17,6 +19,8 @@ from safetensors import safe_open
 from torch import nn
 
 from resin_model.checkpoint_names import default_names
+from resin_model.quant_checkpoint import dequantized
+from resin_model.quant_config import QuantConfig
 
 NameMap = Callable[[str], str | None]
 
@@ -41,13 +45,20 @@ def iter_tensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def load_weights(model: nn.Module, folder: str | Path, names: NameMap = default_names) -> None:
-    """Copy every checkpoint tensor into `model` (cast to each parameter's dtype/device)."""
+def load_weights(
+    model: nn.Module,
+    folder: str | Path,
+    names: NameMap = default_names,
+    quant: QuantConfig | None = None,
+) -> None:
+    """Copy every checkpoint tensor into `model` (cast to each parameter's dtype/device);
+    a quantized checkpoint's weights (`quant`) are dequantized exactly first."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     unexpected: list[str] = []
+    tensors = iter_tensors(folder)
     with torch.no_grad():
-        for raw_name, tensor in iter_tensors(folder):
+        for raw_name, tensor in tensors if quant is None else dequantized(tensors, quant):
             name = names(raw_name)
             if name is None:
                 continue

@@ -18,6 +18,7 @@ from resin_model.hf_config import load_config, parse_config
 from resin_model.nn import RMSNorm
 from resin_models_torch.architectures import ARCHITECTURES, reference_model
 from resin_models_torch.base import CausalLM
+from resin_models_torch.layers import keep_float32
 from resin_models_torch.loader import load_weights
 from resin_models_torch.runner import TorchRunner
 
@@ -30,7 +31,7 @@ def build_model(
         raise ValueError(f"no reference model for model_type {config.model_type!r}")
     with torch.device(device):
         model: CausalLM = reference_model(config.model_type)(config)
-    return model.to(dtype=dtype)
+    return keep_float32(model.to(dtype=dtype))
 
 
 def load_model(
@@ -42,7 +43,7 @@ def load_model(
     if dtype is None:
         dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     model = build_model(config, device, dtype)
-    load_weights(model, folder, model.checkpoint_name)
+    load_weights(model, folder, model.checkpoint_name, config.quant)
     return model
 
 

@@ -92,7 +92,7 @@ def test_engine_fits_more_tokens_in_the_same_bytes() -> None:
 
 def test_unsupported_deepseek_configs_fail_clearly() -> None:
     raw = _deepseek(2, 32, 8)
-    with pytest.raises(ValueError, match="dequantized"):
+    with pytest.raises(ValueError, match="no weight_block_size"):
         parse_config({**raw, "quantization_config": {"quant_method": "fp8"}})
     with pytest.raises(ValueError, match="unsupported scoring_func='softmax'"):
         parse_config({**raw, "scoring_func": "softmax"})

@@ -1,16 +1,17 @@
 """Paged self-attention as a layer: fused qkv projection (optional bias), q/k RMS norm per
 head or over the whole width, rotary, KV append into this layer's cache group, paged decode or
-prefill attention (full, sliding window, attention sinks), output projection. The KV append
+prefill attention (full, sliding window, attention sinks), output projection (both projections
+through `quantized.linear`: FP8 where the checkpoint stores them so). The KV append
 runs inside the rotary kernel (`fuse_append`, one launch fewer per layer)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from resin_model.config import ModelConfig
 from resin_models_cuda.kernels import PagedKV, decode_attention, kv_append, prefill_attention
 from resin_models_cuda.layers.norm import RMSNorm
+from resin_models_cuda.layers.quantized import linear
 from resin_models_cuda.layers.rotary import Rotary
 from resin_models_cuda.layers.weights import WeightSource
 from resin_models_cuda.step import DecodeInfo, LayerSlot, StepTensors
@@ -42,13 +43,13 @@ class Attention:
         self.q_size, self.kv_size, self.scale = c.q_size, c.kv_size, c.scale
         sizes: list[tuple[int, ...]] = [(c.q_size, h), (c.kv_size, h), (c.kv_size, h)]
         names = [f"{prefix}{p}_proj.weight" for p in "qkv"]
-        self.qkv = _fused(w, names, sizes)
-        self.qkv_bias = None
+        qkv_bias = None
         if c.qkv_bias:
             biases = [f"{prefix}{p}_proj.bias" for p in "qkv"]
-            self.qkv_bias = _fused(w, biases, [(s[0],) for s in sizes])
-        self.o_proj = w.get(f"{prefix}o_proj.weight", (h, c.q_size), "out")
-        self.o_bias = w.get(f"{prefix}o_proj.bias", (h,)) if c.o_bias else None
+            qkv_bias = _fused(w, biases, [(s[0],) for s in sizes])
+        self.qkv = linear(w, names, [(c.q_size, h), (c.kv_size, h), (c.kv_size, h)], bias=qkv_bias)
+        o_bias = w.get(f"{prefix}o_proj.bias", (h,)) if c.o_bias else None
+        self.o_proj = linear(w, [f"{prefix}o_proj.weight"], [(h, c.q_size)], "out", o_bias)
         self.q_norm = self.k_norm = None
         if c.qk_norm:
             qw, kw = (d, d) if c.qk_norm_per_head else (c.q_size, c.kv_size)
@@ -59,7 +60,7 @@ class Attention:
 
     def __call__(self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         t, d = x.shape[0], self.config.head_dim
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        qkv = self.qkv(x)
         qs, ks = self.q_size, self.kv_size
         q, k = qkv[:, :qs], qkv[:, qs : qs + ks]
         v = qkv[:, qs + ks :].view(t, -1, d)
@@ -89,4 +90,4 @@ class Attention:
                 scale=self.scale, window=self.window, sinks=self.sinks, span_end=info.span_end,
                 block_m=info.block_m,
             )  # fmt: skip
-        return F.linear(o.view(t, qs), self.o_proj, self.o_bias)
+        return self.o_proj(o.view(t, qs))

@@ -1,12 +1,12 @@
 """Dense gated MLP as a layer: one fused `[gate; up]` matmul, the gated activation kernel,
-the down matmul (optional biases)."""
+the down matmul (optional biases); both through `quantized.linear` (FP8 where stored so)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from resin_models_cuda.kernels.activation import Activation, gated_activation
+from resin_models_cuda.layers.quantized import linear
 from resin_models_cuda.layers.weights import WeightSource
 
 ACTIVATIONS: dict[str, Activation] = {
@@ -34,17 +34,15 @@ class GatedMLP:
         bias: bool = False,
     ) -> None:
         self.act = activation_of(hidden_act)
-        gate = w.get(f"{prefix}gate_proj.weight", (inner, hidden))
-        up = w.get(f"{prefix}up_proj.weight", (inner, hidden))
-        self.gate_up = torch.cat([gate, up])
-        self.down = w.get(f"{prefix}down_proj.weight", (hidden, inner), "out")
-        self.gate_up_bias = self.down_bias = None
+        gate_up_bias = down_bias = None
         if bias:
-            self.gate_up_bias = torch.cat(
+            gate_up_bias = torch.cat(
                 [w.get(f"{prefix}{p}_proj.bias", (inner,)) for p in ("gate", "up")]
             )
-            self.down_bias = w.get(f"{prefix}down_proj.bias", (hidden,))
+            down_bias = w.get(f"{prefix}down_proj.bias", (hidden,))
+        names = [f"{prefix}gate_proj.weight", f"{prefix}up_proj.weight"]
+        self.gate_up = linear(w, names, [(inner, hidden)] * 2, bias=gate_up_bias)
+        self.down = linear(w, [f"{prefix}down_proj.weight"], [(hidden, inner)], "out", down_bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        h = gated_activation(F.linear(x, self.gate_up, self.gate_up_bias), self.act)
-        return F.linear(h, self.down, self.down_bias)
+        return self.down(gated_activation(self.gate_up(x), self.act))

@@ -12,10 +12,13 @@ paths with the same result (no host sync in either, so decode CUDA graphs cover 
 
 Experts are stacked `gate_up` [E, 2I, H] (gate rows first, then up) and `down` [E, H, I], with
 optional biases [E, 2I] / [E, H]; the activation is SiLU-gated or gpt-oss's clamped SwiGLU.
+Each stack is dense, FP8 (`Fp8Experts`: `kernels/moe_fp8.py`) or MXFP4 (`Mxfp4Experts`:
+`kernels/moe_mxfp4.py`); the same two paths run the matching kernels, the routing unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,9 +26,94 @@ import torch.nn.functional as F
 
 from resin_model.config import MoeConfig
 from resin_models_cuda.kernels.activation import Activation, gated_activation
+from resin_models_cuda.kernels.moe_fp8 import (
+    Fp8Experts,
+    fp8_expert_down,
+    fp8_expert_gate_up,
+    fp8_grouped_gemm,
+)
 from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up, tiles_for
-from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
+from resin_models_cuda.kernels.moe_grouped import AlignedPairs, align_pairs, grouped_gemm
+from resin_models_cuda.kernels.moe_mxfp4 import (
+    Mxfp4Experts,
+    mxfp4_expert_down,
+    mxfp4_expert_gate_up,
+    mxfp4_grouped_gemm,
+)
 from resin_models_cuda.kernels.router import router_topk
+from resin_models_cuda.layers.quantized import (
+    Fp8Weight,
+    cat_fp8,
+    slice_fp8,
+    stack_fp8,
+    unstack_fp8,
+)
+
+Experts = torch.Tensor | Fp8Experts | Mxfp4Experts
+QUANTIZE_PAIRS = 4096  # from this many pairs block-FP8 experts multiply in e4m3 (prefill)
+
+
+def expert_shape(w: Experts) -> tuple[int, int, int]:
+    """(E, N, K) of a stack in any format."""
+    if isinstance(w, Fp8Experts):
+        e, n, k = w.w.shape
+    elif isinstance(w, Mxfp4Experts):
+        e, n, g = w.scales.shape
+        k = g * 32
+    else:
+        e, n, k = w.shape
+    return int(e), int(n), int(k)
+
+
+def _gemv_tiles(tiles: GemvTiles, w: Experts) -> GemvTiles:
+    """K tiles inside one FP8 scale block."""
+    if isinstance(w, Fp8Experts):
+        qk, k = w.block[1], w.w.shape[2]
+        if qk < k and qk % tiles.block_k:
+            return tiles._replace(block_k=qk)
+    return tiles
+
+
+def _gate_up_kernel(w: Experts) -> Callable[..., torch.Tensor]:
+    if isinstance(w, Fp8Experts):
+        return fp8_expert_gate_up
+    return mxfp4_expert_gate_up if isinstance(w, Mxfp4Experts) else expert_gate_up
+
+
+def _down_kernel(w: Experts) -> Callable[..., torch.Tensor]:
+    if isinstance(w, Fp8Experts):
+        return fp8_expert_down
+    return mxfp4_expert_down if isinstance(w, Mxfp4Experts) else expert_down
+
+
+def _grouped_gemm(
+    x: torch.Tensor,
+    w: Experts,
+    aligned: AlignedPairs,
+    *,
+    num_pairs: int,
+    row_div: int,
+    out: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The grouped GEMM of `w`'s format (block-FP8 prefill quantizes `x` per 128 columns)."""
+    if isinstance(w, Fp8Experts):
+        qk, k = w.block[1], w.w.shape[2]
+        block_k = qk if qk < k and qk % 128 else 128
+        big = num_pairs >= QUANTIZE_PAIRS and x.dtype != torch.float32 and qk % 128 == 0
+        group = 128 if big and block_k == 128 else None
+        return fp8_grouped_gemm(
+            x, w, aligned, num_pairs=num_pairs, row_div=row_div, out=out, bias=bias,
+            scale=scale, quantize_group=group, block_k=block_k,
+        )  # fmt: skip
+    if isinstance(w, Mxfp4Experts):
+        return mxfp4_grouped_gemm(
+            x, w, aligned, num_pairs=num_pairs, row_div=row_div, out=out, bias=bias, scale=scale
+        )
+    return grouped_gemm(
+        x, w, aligned, num_pairs=num_pairs, row_div=row_div, out=out, bias=bias, scale=scale
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,33 +123,63 @@ class ExpertWeights:
 
     router: torch.Tensor  # [E, H]
     router_bias: torch.Tensor | None  # [E]
-    gate_up: torch.Tensor  # [E + shared, 2I, H]
+    gate_up: Experts  # [E + shared, 2I, H]
     gate_up_bias: torch.Tensor | None  # [E + shared, 2I]
-    down: torch.Tensor  # [E + shared, H, I]
+    down: Experts  # [E + shared, H, I]
     down_bias: torch.Tensor | None  # [E + shared, H]
     score_bias: torch.Tensor | None = None  # fp32 [E]: steers the choice, not the weights
     shared: int = 0
 
-    def with_shared(self, gate_up: torch.Tensor, down: torch.Tensor) -> ExpertWeights:
-        """Append a dense gated MLP (`gate_up` [2S, H] as [gate; up], `down` [H, S], S a
-        multiple of the expert width I) as S / I always-on experts: an MLP is a sum over
-        its inner dimension, so its slices of width I are experts of weight 1."""
-        inner = self.down.shape[2]
+    def with_shared(
+        self, gate_up: torch.Tensor | Fp8Weight, down: torch.Tensor | Fp8Weight
+    ) -> ExpertWeights:
+        """Append a gated MLP (`gate_up` [2S, H] as [gate; up], `down` [H, S], S a multiple
+        of the expert width I) as S / I always-on experts: an MLP is a sum over its inner
+        dimension, so its slices of width I are experts of weight 1. FP8 routed experts take
+        FP8 shared ones (scales sliced with them); anything else stays dense."""
+        inner = expert_shape(self.down)[2]
+        if isinstance(self.gate_up, Fp8Experts) and isinstance(self.down, Fp8Experts):
+            assert isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)
+            return self._with_fp8_shared(gate_up, down, inner)
+        assert isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
+        assert isinstance(self.gate_up, torch.Tensor) and isinstance(self.down, torch.Tensor)
         count = down.shape[1] // inner
         assert self.gate_up_bias is None and down.shape[1] == count * inner
         gate, up = gate_up.view(2, count, inner, -1).unbind(0)
         stacked_up = torch.cat((gate, up), dim=1)  # [count, 2I, H]
         stacked_down = down.view(down.shape[0], count, inner).transpose(0, 1)  # [count, H, I]
-        return ExpertWeights(
-            self.router,
-            self.router_bias,
+        return self._extended(
             torch.cat((self.gate_up, stacked_up)).contiguous(),
-            None,
             torch.cat((self.down, stacked_down)).contiguous(),
-            None,
-            self.score_bias,
-            self.shared + count,
+            count,
         )
+
+    def _with_fp8_shared(self, gate_up: Fp8Weight, down: Fp8Weight, inner: int) -> ExpertWeights:
+        assert isinstance(self.gate_up, Fp8Experts) and isinstance(self.down, Fp8Experts)
+        shared = down.w.shape[1]
+        count = shared // inner
+        assert self.gate_up_bias is None and shared == count * inner
+        ups = [
+            cat_fp8(
+                [
+                    slice_fp8(gate_up, 0, c * inner, inner),
+                    slice_fp8(gate_up, 0, shared + c * inner, inner),
+                ]
+            )
+            for c in range(count)
+        ]
+        downs = [slice_fp8(down, 1, c * inner, inner) for c in range(count)]
+        return self._extended(
+            stack_fp8(unstack_fp8(self.gate_up) + ups),
+            stack_fp8(unstack_fp8(self.down) + downs),
+            count,
+        )
+
+    def _extended(self, gate_up: Experts, down: Experts, count: int) -> ExpertWeights:
+        return ExpertWeights(
+            self.router, self.router_bias, gate_up, None, down, None, self.score_bias,
+            self.shared + count,
+        )  # fmt: skip
 
 
 class MoE:
@@ -100,7 +218,7 @@ class MoE:
     def _gemv(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         k, w = self.per_token, self.w
         experts = expert.flatten()
-        act = expert_gate_up(
+        act = _gate_up_kernel(w.gate_up)(
             x,
             w.gate_up,
             experts,
@@ -112,26 +230,28 @@ class MoE:
             tiles=self._tiles("gate_up", w.gate_up),
         )
         down_tiles = self._tiles("down", w.down)
-        return expert_down(
+        return _down_kernel(w.down)(
             act, w.down, experts, weight.flatten(), k, bias=w.down_bias, tiles=down_tiles
         )
 
-    def _tiles(self, kernel: str, w: torch.Tensor) -> GemvTiles:
+    def _tiles(self, kernel: str, w: Experts) -> GemvTiles:
         """The tuned launch shape for this layer's shape (looked up at call time, so a sweep's
         file loaded after the build still applies; a graph captures the choice)."""
-        return tiles_for(kernel, w.shape[1], w.shape[2], self.per_token)
+        _, n, k = expert_shape(w)
+        return _gemv_tiles(tiles_for(kernel, n, k, self.per_token), w)
 
     def _grouped(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         k, w = self.per_token, self.w
         pairs = x.shape[0] * k
-        aligned = align_pairs(expert.flatten(), w.gate_up.shape[0], 16 if pairs <= 1024 else 64)
-        gate_up = torch.empty((pairs, w.gate_up.shape[1]), dtype=x.dtype, device=x.device)
-        grouped_gemm(
+        experts, two_inner, _ = expert_shape(w.gate_up)
+        aligned = align_pairs(expert.flatten(), experts, 16 if pairs <= 1024 else 64)
+        gate_up = torch.empty((pairs, two_inner), dtype=x.dtype, device=x.device)
+        _grouped_gemm(
             x, w.gate_up, aligned, num_pairs=pairs, row_div=k, out=gate_up, bias=w.gate_up_bias
         )
         act = self._activate(gate_up)
         out = torch.empty((pairs, x.shape[1]), dtype=torch.float32, device=x.device)
-        grouped_gemm(
+        _grouped_gemm(
             act,
             w.down,
             aligned,

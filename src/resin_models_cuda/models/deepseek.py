@@ -2,7 +2,8 @@
 latent cache (`layers/mla.py`: absorbed decode, expanded prefill), dense first
 `first_k_dense_replace` layers, then the library MoE with DeepSeek's grouped routing (softmax or
 sigmoid scores, V3's correction bias, `routed_scaling_factor`: the router kernel) and the shared
-experts folded into the expert stack as always-chosen experts. MTP layers
+experts folded into the expert stack as always-chosen experts (FP8 stacks stay FP8), the
+router weight and correction bias read in float32. MTP layers
 in the checkpoint are not loaded here (the reference runner's `MtpRunner` drafts with them)."""
 
 from __future__ import annotations
@@ -15,38 +16,34 @@ from resin_model.config import ModelConfig
 from resin_models_cuda.layers import GatedMLP, MoE, Rotary, WeightSource
 from resin_models_cuda.layers import activation_of as activation
 from resin_models_cuda.layers.mla import MlaAttention, prefill_rows
+from resin_models_cuda.layers.quantized import float32_tensor
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import LlamaLayer, qwen_experts
 from resin_models_cuda.step import StepTensors
 
 
 def deepseek_moe(
-    config: ModelConfig,
-    weights: WeightSource,
-    prefix: str,
-    options: BuildOptions,
-    float32_router: bool = False,
+    config: ModelConfig, weights: WeightSource, prefix: str, options: BuildOptions
 ) -> MoE:
-    """DeepSeek-V2/V3's MoE at `prefix` (`...mlp.`): routed experts, V3's correction bias
-    (float32), the shared experts folded in as always-chosen experts; routing logits in
-    float32 (`float32_router`: the router weight read as float32 too, not rounded to the
-    model's dtype first). GLM-4.5 builds its MoE here as well."""
+    """DeepSeek-V2/V3's MoE at `prefix` (`...mlp.`): routed experts, the router and V3's
+    correction bias in float32 (as transformers keeps them: read without rounding to the
+    model's dtype where the source can), the shared experts folded in as always-chosen
+    experts. GLM-4.5 builds its MoE here as well."""
     moe = config.moe
     assert moe is not None
     hidden = config.hidden_size
     experts = qwen_experts(config, weights, prefix)
-    if float32_router:
-        router = weights.get(f"{prefix}gate.weight", (moe.num_experts, hidden), dtype=torch.float32)
-        experts = replace(experts, router=router)
+    router = float32_tensor(weights, f"{prefix}gate.weight", (moe.num_experts, hidden))
+    experts = replace(experts, router=router)
     if moe.score_bias:
         name = f"{prefix}gate.e_score_correction_bias"
-        bias = weights.get(name, (moe.num_experts,), "zeros", dtype=torch.float32)
+        bias = float32_tensor(weights, name, (moe.num_experts,), "zeros")
         experts = replace(experts, score_bias=bias)
     if moe.shared_intermediate_size:  # n_shared_experts x the expert width, by definition
-        name = f"{prefix}shared_experts."
         inner = moe.shared_intermediate_size
+        name = f"{prefix}shared_experts."
         shared = GatedMLP(weights, name, hidden, inner, config.hidden_act)
-        experts = experts.with_shared(shared.gate_up, shared.down)
+        experts = experts.with_shared(shared.gate_up.weight, shared.down.weight)
     pairs = options.moe_gemv_max_pairs
     return MoE(moe, experts, activation(config.hidden_act), pairs, fp32_router=True)
 

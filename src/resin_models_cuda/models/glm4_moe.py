@@ -34,4 +34,4 @@ class Glm4Moe(Llama):
         if not self.config.is_sparse(layer):
             return super().make_mlp(weights, layer)
         prefix = f"model.layers.{layer}.mlp."
-        return deepseek_moe(self.config, weights, prefix, self.options, float32_router=True)
+        return deepseek_moe(self.config, weights, prefix, self.options)

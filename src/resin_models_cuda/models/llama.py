@@ -18,36 +18,34 @@ from resin_models_cuda.layers import (
     WeightSource,
     activation_of,
 )
-from resin_models_cuda.layers.weights import Init
+from resin_models_cuda.layers.quantized import stacked_experts
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import StepTensors
 
 
 def qwen_experts(config: ModelConfig, weights: WeightSource, prefix: str) -> ExpertWeights:
     """Qwen3-MoE names: `mlp.gate` router; experts per expert as checkpoints store them
-    (`mlp.experts.{j}.{gate,up,down}_proj`) or fused as transformers 5 holds them in memory
-    (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I])."""
+    (`mlp.experts.{j}.{gate,up,down}_proj`, FP8 where stored so) or fused as transformers 5
+    holds them in memory (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`
+    [E, H, I])."""
     assert config.moe is not None
     hidden, inner = config.hidden_size, config.moe.intermediate_size
     experts = config.moe.num_experts
     router = weights.get(f"{prefix}gate.weight", (experts, hidden))
     if weights.has(f"{prefix}experts.gate_up_proj"):
-        gate_up = weights.get(f"{prefix}experts.gate_up_proj", (experts, 2 * inner, hidden))
-        down = weights.get(f"{prefix}experts.down_proj", (experts, hidden, inner), "out")
-        return ExpertWeights(router, None, gate_up, None, down, None)
+        fused_up = weights.get(f"{prefix}experts.gate_up_proj", (experts, 2 * inner, hidden))
+        fused_down = weights.get(f"{prefix}experts.down_proj", (experts, hidden, inner), "out")
+        return ExpertWeights(router, None, fused_up, None, fused_down, None)
 
-    def expert(j: int, name: str, shape: tuple[int, int], init: Init = "normal") -> torch.Tensor:
-        return weights.get(f"{prefix}experts.{j}.{name}.weight", shape, init)
+    def names(j: int, parts: tuple[str, ...]) -> list[str]:
+        return [f"{prefix}experts.{j}.{part}.weight" for part in parts]
 
-    gate_up = torch.stack(
-        [
-            torch.cat(
-                [expert(j, "gate_proj", (inner, hidden)), expert(j, "up_proj", (inner, hidden))]
-            )
-            for j in range(experts)
-        ]
-    )
-    down = torch.stack([expert(j, "down_proj", (hidden, inner), "out") for j in range(experts)])
+    gate_up = stacked_experts(
+        weights, [names(j, ("gate_proj", "up_proj")) for j in range(experts)],
+        [(inner, hidden), (inner, hidden)],
+    )  # fmt: skip
+    down_names = [names(j, ("down_proj",)) for j in range(experts)]
+    down = stacked_experts(weights, down_names, [(hidden, inner)], "out")
     return ExpertWeights(router, None, gate_up, None, down, None)
 
 

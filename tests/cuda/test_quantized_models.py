@@ -1,0 +1,106 @@
+"""Quantized checkpoints on the fast runner: a tiny model of each architecture written by the
+quantizer in each published format, loaded by the fast runner (FP8 / MXFP4 weights kept
+quantized on the device, the quantized kernels) and by the reference runner (dequantized at
+load, exactly); the Engine drives both and they produce the same greedy tokens in float32.
+Also: what stays quantized, and a DeepSeek-style float32 router on the fast side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from resin_model.presets import TINY
+from tests.cuda.test_vs_reference import _generate, _prompts
+from tests.models.quant_folders import quantized_folder
+
+DEEPSEEK_V3 = {
+    **TINY["llama"], "model_type": "deepseek_v3", "num_hidden_layers": 2, "kv_lora_rank": 32,
+    "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+    "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_shared_experts": 2,
+    "routed_scaling_factor": 1.0,
+}  # fmt: skip
+CASES = [
+    ("llama", "fp8-channel"),
+    ("llama", "fp8-block"),
+    ("qwen3_moe", "fp8-block"),
+    ("gpt_oss", "mxfp4"),
+    ("deepseek_v3", "fp8-block"),
+]
+
+
+def _raw(arch: str) -> dict[str, Any]:
+    return DEEPSEEK_V3 if arch == "deepseek_v3" else TINY[arch]
+
+
+def _runners(folder: Path, device: str) -> tuple[Any, Any]:
+    from resin_models_cuda import RunnerOptions
+    from resin_models_cuda.runner import load_runner as fast_runner
+    from resin_models_torch.registry import load_runner
+
+    reference = load_runner(folder, device, torch.float32, page_size=4, num_pages=160)
+    options = RunnerOptions(page_size=4, max_batch=8, max_context=128, num_pages=160)
+    return reference, fast_runner(folder, options, device, torch.float32)
+
+
+@pytest.mark.parametrize(("arch", "fmt"), CASES, ids=[f"{a}-{f}" for a, f in CASES])
+def test_quantized_fast_runner_matches_the_dequantized_reference(
+    tmp_path: Path, device: str, arch: str, fmt: str
+) -> None:
+    _, folder = quantized_folder(_raw(arch), tmp_path, fmt)
+    reference, fast = _runners(folder, device)
+    _assert_kept_quantized(fast.model, fmt)
+    prompts = _prompts(256, full=torch.cuda.is_available())
+    tokens = 6 if torch.cuda.is_available() else 3
+    assert _generate(fast, prompts, tokens) == _generate(reference, prompts, tokens)
+
+
+def _assert_kept_quantized(model: Any, fmt: str) -> None:
+    from resin_models_cuda.kernels.moe_fp8 import Fp8Experts
+    from resin_models_cuda.kernels.moe_mxfp4 import Mxfp4Experts
+    from resin_models_cuda.layers import MoE
+    from resin_models_cuda.layers.quantized import Fp8Weight
+
+    layer = model.layers[-1]
+    mlp = layer.mlp
+    if fmt == "mxfp4":
+        assert isinstance(mlp, MoE) and isinstance(mlp.w.gate_up, Mxfp4Experts)
+        assert isinstance(mlp.w.down, Mxfp4Experts)
+        return
+    if isinstance(mlp, MoE):
+        assert isinstance(mlp.w.gate_up, Fp8Experts) and isinstance(mlp.w.down, Fp8Experts)
+        assert mlp.router.dtype == torch.float32 or mlp.router.dtype == model.dtype
+    else:
+        assert isinstance(mlp.gate_up.weight, Fp8Weight)
+    qkv = getattr(layer.attn, "qkv", None)
+    if qkv is not None:
+        assert isinstance(qkv.weight, Fp8Weight) and isinstance(layer.attn.o_proj.weight, Fp8Weight)
+
+
+def test_fast_deepseek_router_reads_the_float32_bias(tmp_path: Path, device: str) -> None:
+    """A checkpoint's float32 correction bias that bf16 would round (so that experts 1 and 2
+    beat 0): the bf16 fast model keeps it float32 and routes as float32 does."""
+    from safetensors.torch import load_file, save_file
+
+    from resin_models_cuda import RunnerOptions
+    from resin_models_cuda.runner import load_runner as fast_runner
+    from tests.models.quant_folders import source_folder
+
+    folder = source_folder(DEEPSEEK_V3, tmp_path / "v3")
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.1.mlp.gate."
+    hidden = DEEPSEEK_V3["hidden_size"]
+    logits = torch.tensor([0.0, 2**-8, 2**-9, 0.0])
+    tensors[name + "weight"] = (logits[:, None].expand(4, hidden) / hidden).contiguous()
+    tensors[name + "e_score_correction_bias"] = torch.tensor([1.0 + 2**-9, 1.0, 1.0, -1.0])
+    save_file(tensors, str(folder / "model.safetensors"))
+    options = RunnerOptions(page_size=4, max_batch=4, max_context=64, num_pages=16)
+    model = fast_runner(folder, options, device, torch.bfloat16).model
+    moe = model.layers[1].mlp
+    assert moe.w.score_bias.dtype == torch.float32
+    assert moe.w.score_bias[0].item() == 1.0 + 2**-9
+    _, experts = moe.route(torch.ones(1, hidden, dtype=torch.bfloat16, device=device))
+    assert sorted(experts[0, :2].tolist()) == [0, 1]
