@@ -80,14 +80,23 @@ class GrammarState:
     def accepting(self) -> bool:
         return bool(self.matcher.is_accepting())
 
+    @property
+    def mask_failure(self) -> str | None:
+        """Why the last mask could not be computed (a per-step limit hit): its row was all
+        zeros, so the token sampled from it, a stop token included, means nothing. None while
+        the grammar is sound, or once `error` already says why it failed."""
+        if self.error is not None or not self.matcher.is_error():
+            return None
+        problem = first_line(self.matcher.get_error())
+        return f"constraint failed after {self.consumed} output tokens: {problem}"
+
     def sync(self, tokens: Sequence[int]) -> bool:
         """Advance (or roll back) so that exactly `tokens` are consumed; False on a token the
         grammar forbids (the state is then failed and `error` says why)."""
         if self.error is not None:
             return False
-        if self.matcher.is_error():  # a per-step limit hit while its mask was computed
-            problem = first_line(self.matcher.get_error())
-            self.error = f"constraint failed after {self.consumed} output tokens: {problem}"
+        if (failure := self.mask_failure) is not None:
+            self.error = failure
             return False
         n = len(tokens)
         if n < self.consumed:

@@ -59,7 +59,14 @@ class Lifecycle:
     ) -> FinishedEvent:
         """End a request: free its pages, record metrics, return its one `FinishedEvent`.
 
-        `cacheable=False` (quarantine) keeps its pages out of the prefix cache."""
+        `cacheable=False` (quarantine) keeps its pages out of the prefix cache. A stop token or
+        the length limit reached under a grammar whose last mask failed (a per-step limit) is
+        that failure: the token came from an empty mask. (Those two reasons come from a
+        committed token, so no mask of the request is filling: its matcher is free to read.)"""
+        grammar = request.grammar
+        ended = reason in (FinishReason.STOP, FinishReason.LENGTH)
+        if ended and grammar is not None and (failure := grammar.mask_failure) is not None:
+            reason, error, cacheable = FinishReason.ERROR, failure, False
         self._scheduler.drop(request, cacheable=cacheable)
         if self._release is not None:
             self._release(request)

@@ -32,3 +32,9 @@ class GenerationFailed(FrontendError):
 class ClientTooSlow(FrontendError):
     """The reader fell too far behind the engine (its buffer overflowed); its request was
     aborted."""
+
+
+def constraint_failed(error: str | None) -> bool:
+    """Whether a generation's error is its constraint's ("constraint ...": the grammar hit a
+    limit or refused the output): the client's request, never a retryable server fault."""
+    return bool(error) and str(error).startswith("constraint ")

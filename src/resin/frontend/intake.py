@@ -20,7 +20,12 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 
-from resin.frontend.errors import ClientTooSlow, GenerationFailed, RequestRefused
+from resin.frontend.errors import (
+    ClientTooSlow,
+    GenerationFailed,
+    RequestRefused,
+    constraint_failed,
+)
 from resin.frontend.generation import Generation, Update, merge
 from resin.frontend.intake_slots import Reservation
 
@@ -147,7 +152,7 @@ class Generations:
         for up in merged:
             if up.finish is None or up.finish.failed:
                 error = up.finish.error if up.finish else "generation ended without a finish"
-                if error and error.startswith("constraint "):  # the client's grammar failed
+                if constraint_failed(error):  # the client's grammar failed
                     raise RequestRefused(error)
                 raise GenerationFailed(error or "generation failed; retry")
         return merged

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.frontend.errors import constraint_failed
 from resin.frontend.generation import Finish, Update
 from resin.frontend.intake import Generations
 from resin.recipe.types import Block as Part
@@ -153,7 +154,8 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
 
 
 def anthropic_error(message: str) -> str:
-    return sse({"type": "error", "error": {"type": "api_error", "message": message}}, "error")
+    kind = "invalid_request_error" if constraint_failed(message) else "api_error"
+    return sse({"type": "error", "error": {"type": kind, "message": message}}, "error")
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)

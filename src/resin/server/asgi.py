@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from resin.frontend.errors import ClientTooSlow
+from resin.frontend.errors import ClientTooSlow, constraint_failed
 from resin.server.errors import ClientDisconnected, error_body
 
 T = TypeVar("T")
@@ -215,6 +215,10 @@ class SSEResponse(Response):
 
 
 def openai_error_frame(message: str) -> str:
+    """A stream's last frame when it is cut off: the server's fault (retry), or the
+    client's constraint that failed mid-answer (an invalid request, as its 400 would be)."""
+    if constraint_failed(message):
+        return sse({"error": {"message": message, "type": "invalid_request_error", "code": None}})
     return sse(
         {"error": {"message": message, "type": "server_error", "code": "service_unavailable"}}
     )
