@@ -57,6 +57,7 @@ _.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (
 expert_bias  # resin_model/config.py: a config field (layers read it through MoeConfig)
 GptOss  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
 Deepseek, Olmo2  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
+Glm4Moe  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
 Gemma3ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen2_5_VLForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
 Gemma3ForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
@@ -69,6 +70,7 @@ Lfm2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
 DeepseekForCausalLM  # resin_models_torch: loaded by name through architectures.py
+Glm4MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
 MtpProposer  # resin_models_torch/mtp.py: handed to the engine as a speculative proposer (docs/models.md)
 get_response  # server/responses.py: a FastAPI route (the router calls it)
 delete_response  # server/responses.py: a FastAPI route (the router calls it)
