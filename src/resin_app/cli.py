@@ -22,7 +22,22 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="the real engine with a zero-cost runner (load tests)",
     )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument(
+        "--runner",
+        choices=["auto", "cuda", "torch"],
+        default="auto",
+        help="runner family: auto (default: the fast cuda runner on a CUDA device for an "
+        "architecture it serves, else the reference torch runner), cuda, torch",
+    )
+    p.add_argument(
+        "--context-length",
+        "--max-model-len",
+        dest="context_length",
+        type=int,
+        default=None,
+        help="longest sequence, prompt + output (default: the checkpoint's)",
+    )
+    _sizing_args(p.add_argument_group("sizing (docs/server.md, Serving on a GPU)"))
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
         "--overlap",
@@ -63,6 +78,40 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="sampling defaults for omitted request fields: auto (the checkpoint's "
         "generation_config.json / GGUF metadata), none, or a JSON file",
+    )
+
+
+def _sizing_args(p: argparse._ArgumentGroup) -> None:
+    """The engine's and the fast runner's sizes, under their names and vLLM's."""
+    p.add_argument(
+        "--memory-fraction",
+        "--gpu-memory-utilization",
+        dest="memory_fraction",
+        type=float,
+        default=None,
+        help="share of the GPU's free memory for weights + KV arena (fast runner; 0.85)",
+    )
+    p.add_argument(
+        "--max-sequences",
+        "--max-num-seqs",
+        dest="max_sequences",
+        type=int,
+        default=None,
+        help="sequences running at once (256; the largest CUDA-graph batch)",
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        "--max-num-batched-tokens",
+        dest="max_batch_tokens",
+        type=int,
+        default=None,
+        help="query tokens per engine step (8192)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager)",
     )
 
 
@@ -163,6 +212,11 @@ def _load(args: argparse.Namespace) -> object:
         num_draft_tokens=args.num_draft_tokens,
         tensor_parallel=args.tensor_parallel,
         data_parallel=args.data_parallel,
+        runner=args.runner,
+        max_sequences=args.max_sequences,
+        max_batch_tokens=args.max_batch_tokens,
+        memory_fraction=args.memory_fraction,
+        cuda_graphs=args.cuda_graphs,
     )
     try:
         return load(options)

@@ -36,6 +36,15 @@ class LoadOptions:
     """Ranks per replica (`resin_app.worker.checkpoint_replicas` starts the workers)."""
     data_parallel: int = 1
     """Engine replicas behind one server (docs/distributed.md)."""
+    runner: str = "auto"
+    """`--runner auto|cuda|torch` (`resin_app.runners.choose_family`)."""
+    max_sequences: int | None = None
+    """Sequences at once (`Engine(max_sequences=...)`, the fast runner's largest graph)."""
+    max_batch_tokens: int | None = None
+    """Query tokens per step (`Engine(max_batch_tokens=...)`)."""
+    memory_fraction: float | None = None
+    """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
+    cuda_graphs: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,23 +107,16 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         folder = resolve_checkpoint(
             options.checkpoint or options.model or DEFAULT_MODEL_NAME, converting
         )
+        context = context_length_of(folder, options.context_length)
         bar.update()
         bar.set_postfix_str(steps[1])
-        from resin_app.worker import checkpoint_replicas
-
-        runners, job = checkpoint_replicas(
-            folder,
-            device=options.device,
-            tensor_parallel=options.tensor_parallel,
-            data_parallel=options.data_parallel,
-        )
+        runners, job = replica_runners(options, folder, context, bar.write)
         bar.update()
         bar.set_postfix_str(steps[2])
         tokenizer = Tokenizer.from_dir(folder)
         recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
         bar.update()
         bar.set_postfix_str(steps[3])
-        context = context_length_of(folder, options.context_length)
         engines = tuple(
             Engine(
                 runner,
@@ -123,6 +125,7 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
                 grammar=grammar_backend(tokenizer),
                 overlap=options.overlap,
                 speculation=speculation_for(options, context),
+                **engine_sizes(options),
             )
             for runner in runners
         )
@@ -133,16 +136,74 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
     return Loaded(engines, recipe, tokenizer, name, context, defaults, job)
 
 
+def replica_runners(
+    options: LoadOptions, folder: Any, context: int, say: Any = print
+) -> tuple[list[Any], Any]:
+    """The runner of every replica, from the family `--runner` picks (`choose_family`; its
+    reason for not taking the fast runner goes to `say` as one line), and the tensor-parallel
+    workers' job (None with one rank)."""
+    from resin_app.runners import choose_family, fast_architectures, model_type_of
+    from resin_app.worker import checkpoint_replicas
+    from resin_model.family import BuildRequest
+
+    on_cuda = options.device.split(":", 1)[0] == "cuda"
+    choice = choose_family(
+        options.runner,
+        device=options.device,
+        model_type=model_type_of(folder),
+        fast=fast_architectures() if on_cuda else None,
+        tensor_parallel=options.tensor_parallel,
+    )
+    if choice.reason is not None:
+        say(f"resin: serving on {choice.reason}", file=sys.stderr)
+    request = BuildRequest(
+        options.device,
+        max_sequences=options.max_sequences or ENGINE_MAX_SEQUENCES,
+        context_length=context,
+        memory_fraction=options.memory_fraction,
+        cuda_graphs=options.cuda_graphs,
+    )
+    return checkpoint_replicas(
+        folder,
+        device=options.device,
+        tensor_parallel=options.tensor_parallel,
+        data_parallel=options.data_parallel,
+        family=choice.family,
+        request=request,
+    )
+
+
+ENGINE_MAX_SEQUENCES = 256
+"""The `Engine`'s own default row cap, which sizes the fast runner's graphs when unset."""
+
+
+def engine_sizes(options: LoadOptions) -> dict[str, Any]:
+    """The `Engine` sizing keywords the options set (the engine's defaults for the rest)."""
+    sizes = {"max_sequences": options.max_sequences, "max_batch_tokens": options.max_batch_tokens}
+    return {k: v for k, v in sizes.items() if v is not None}
+
+
 def converting_line(gguf: Any) -> str:
     return f"resin: converting {gguf.name} into a Hugging Face folder (once, then cached)"
 
 
 def check_parallel(options: LoadOptions) -> None:
-    """`--tensor-parallel` / `--data-parallel` make sense (checked before any weights load)."""
+    """`--tensor-parallel` / `--data-parallel` and the sizes make sense (checked before any
+    weights load)."""
     if options.tensor_parallel < 1 or options.data_parallel < 1:
         raise ValueError("--tensor-parallel and --data-parallel must be >= 1")
     if options.fake and options.tensor_parallel > 1:
         raise ValueError("--tensor-parallel shards a model; --fake-runner has none")
+    for flag, value in (
+        ("--max-num-seqs", options.max_sequences),
+        ("--max-num-batched-tokens", options.max_batch_tokens),
+        ("--max-model-len", options.context_length),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1")
+    fraction = options.memory_fraction
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {fraction}")
 
 
 def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
@@ -295,7 +356,7 @@ def load_fake(options: LoadOptions) -> Loaded:
             ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0]),
             context_length=context,
             prefix_cache=options.prefix_cache,
-            max_sequences=512,
+            **({"max_sequences": 512} | engine_sizes(options)),
             grammar=grammar_backend(tokenizer),
             overlap=options.overlap,
             speculation=speculation_for(options, context),  # refused: the runner cannot verify

@@ -55,7 +55,7 @@ from resin_models_cuda.sampling import (
 )
 from resin_models_cuda.step import DecodeInfo, StepTensors
 
-__all__ = ["CudaRunner", "RunnerOptions", "load_runner", "random_runner"]
+__all__ = ["CudaRunner", "RunnerOptions", "load_model", "load_runner", "random_runner"]
 
 MAX_IN_FLIGHT = 2
 PREV_ROWS = 4096  # rows of the previous plan whose tokens stay on the device (at least)
@@ -77,14 +77,23 @@ def random_runner(
 def load_runner(
     folder: str | Path,
     options: RunnerOptions | None = None,
-    device: str = "cuda",
+    device: str | torch.device = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ) -> CudaRunner:
     """A runner for a Hugging Face checkpoint folder (config.json + safetensors)."""
     options = options or RunnerOptions()
+    return CudaRunner(load_model(folder, options, device, dtype), options)
+
+
+def load_model(
+    folder: str | Path,
+    options: RunnerOptions,
+    device: str | torch.device = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+) -> FastModel:
+    """The fast model of a checkpoint folder, its weights cast to `dtype` on `device`."""
     source: WeightSource = SafetensorsWeights(str(folder), device, dtype)
-    model = build_model(load_config(folder), source, options.build_options())
-    return CudaRunner(model, options)
+    return build_model(load_config(folder), source, options.build_options())
 
 
 @dataclass(frozen=True, slots=True)
