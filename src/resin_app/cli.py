@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _sizing_args(p: argparse._ArgumentGroup) -> None:
+def _sizing_args(p: Any) -> None:
     """The engine's and the fast runner's sizes, under their names and vLLM's."""
     p.add_argument(
         "--memory-fraction",

@@ -17,6 +17,8 @@ the step's only sync is the wait for its token read-back, in `collect`.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from functools import partial
@@ -41,7 +43,7 @@ from resin_models_cuda.graphs import (
 )
 from resin_models_cuda.kernels import decode_splits
 from resin_models_cuda.kernels.sampler import argmax_rows
-from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
+from resin_models_cuda.layers import RandomWeights, SafetensorsWeights
 from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
 from resin_models_cuda.prompt_logprobs import PromptLogprobs, prompt_logprobs, prompt_tokens
@@ -56,6 +58,8 @@ from resin_models_cuda.sampling import (
 from resin_models_cuda.step import DecodeInfo, StepTensors
 
 __all__ = ["CudaRunner", "RunnerOptions", "load_model", "load_runner", "random_runner"]
+
+log = logging.getLogger("resin.cuda")
 
 MAX_IN_FLIGHT = 2
 PREV_ROWS = 4096  # rows of the previous plan whose tokens stay on the device (at least)
@@ -91,9 +95,23 @@ def load_model(
     device: str | torch.device = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ) -> FastModel:
-    """The fast model of a checkpoint folder, its weights cast to `dtype` on `device`."""
-    source: WeightSource = SafetensorsWeights(str(folder), device, dtype)
-    return build_model(load_config(folder), source, options.build_options())
+    """The fast model of a checkpoint folder, its weights cast to `dtype` on `device` (a bar
+    over the checkpoint's bytes on a terminal; a log line with the weights' size and time)."""
+    start = time.perf_counter()
+    source = SafetensorsWeights(str(folder), device, dtype)
+    try:
+        model = build_model(load_config(folder), source, options.build_options())
+    finally:
+        source.close()
+    log.info(
+        "weights: %.2f GB read, %.2f GB as %s on %s, in %.1f s",
+        source.loaded_bytes / 1e9,
+        model.nbytes() / 1e9,
+        str(dtype).removeprefix("torch."),
+        device,
+        time.perf_counter() - start,
+    )
+    return model
 
 
 @dataclass(frozen=True, slots=True)
