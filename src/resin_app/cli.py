@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from resin_app.loading import LoadOptions
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -194,10 +197,10 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace) -> object:
-    from resin_app.loading import LoadOptions, load
+def _options(args: argparse.Namespace) -> LoadOptions:
+    from resin_app.loading import LoadOptions
 
-    options = LoadOptions(
+    return LoadOptions(
         checkpoint=args.checkpoint,
         model=args.model,
         device=args.device,
@@ -218,22 +221,51 @@ def _load(args: argparse.Namespace) -> object:
         memory_fraction=args.memory_fraction,
         cuda_graphs=args.cuda_graphs,
     )
+
+
+def _refuse(args: argparse.Namespace, exc: Exception) -> SystemExit:
+    """A bad option or a failed start: say so and exit 2, as argparse does."""
+    print(f"resin {args.command}: error: {exc}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def _load(args: argparse.Namespace, on_stage: Any = None) -> object:
+    from resin_app.loading import check_options, load
+
+    options = _options(args)
     try:
-        return load(options)
-    except ValueError as exc:  # a bad option (say, an unknown --recipe): exit as argparse does
-        print(f"resin {args.command}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        check_options(options)
+        return load(options, on_stage=on_stage)
+    except ValueError as exc:  # a bad option (say, an unknown --recipe), a failed start
+        raise _refuse(args, exc) from None
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Bind the port (503 `loading` on it while the model loads and warms up), then serve."""
+    from resin_app.loading import check_options
+    from resin_app.startup import Listener, serve_after_loading
+
+    try:
+        check_options(_options(args))
+        listener = Listener(args.host, args.port)
+    except (ValueError, OSError) as exc:
+        raise _refuse(args, exc) from None
+    _log_to_stderr()
+    url = f"http://{args.host}:{args.port}"
+    return serve_after_loading(
+        listener,
+        lambda readiness: _load(args, readiness.set),
+        lambda loaded: _server(args, loaded),
+        lambda loaded, uv: _announce_when_ready(uv, url, args.served_model_name or loaded.name),
+    )
+
+
+def _server(args: argparse.Namespace, loaded: Any) -> Any:
     from resin.server import HttpServer
     from resin.server.protocol import ConnectionLimits
     from resin.server.service import Limits
-    from resin_app.loading import Loaded
 
-    loaded = _load(args)
-    assert isinstance(loaded, Loaded)
-    server = HttpServer(
+    return HttpServer(
         list(loaded.engines),
         loaded.recipe,
         tokenizer=loaded.tokenizer,
@@ -259,18 +291,6 @@ def serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         log_stats_s=None if args.disable_log_stats else args.log_stats_interval,
     )
-    _log_to_stderr()
-    uv = server.make_uvicorn()
-    url = f"http://{args.host}:{args.port}"
-    _announce_when_ready(uv, url, loaded.name)
-    code = 0
-    try:
-        uv.run()
-    except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its clean shutdown
-        code = 130
-    finally:
-        loaded.close()
-    return code
 
 
 def _log_to_stderr() -> None:

@@ -160,6 +160,11 @@ class CudaRunner:
     def runner_config(self) -> RunnerConfig:
         return self._runner_config
 
+    @property
+    def captured_batches(self) -> tuple[int, ...]:
+        """The decode batch sizes `bind` captured in CUDA graphs (none before, or eager)."""
+        return tuple(b for b in self._buckets if (b, 1) in self._graphs)
+
     def bind(self, layout: CacheLayout) -> None:
         """Allocate the KV arena for `layout.num_pages` pages and capture the decode graphs."""
         if self.kv is not None:
