@@ -91,3 +91,24 @@ def test_serve_runner_cuda_on_the_cpu_is_a_startup_error(
         main(["serve", "--runner", "cuda", "--port", "1"])
     assert exit_info.value.code == 2
     assert "--runner cuda: the fast runner needs a CUDA device" in capsys.readouterr().err
+
+
+def test_device_cuda_without_a_checkpoint_serves_the_default_model_on_the_fast_runner() -> None:
+    from resin_app.runners import model_type_of
+    from resin_model.default_model import default_model_dir
+
+    model_type = model_type_of(default_model_dir())
+    choice = choose_family("auto", device="cuda", model_type=model_type, fast=fast_architectures())
+    assert choice == RunnerChoice("cuda")
+
+
+def test_the_fast_arena_is_the_memory_share_less_the_weights() -> None:
+    from resin_models_cuda.family import arena_bytes
+
+    assert arena_bytes(100 * 10**9, 16 * 10**9, 0.85) == 69 * 10**9
+    with pytest.raises(ValueError) as info:
+        arena_bytes(20 * 10**9, 17 * 10**9, 0.85)
+    assert "weights (17.00 GB) leave no KV arena in 0.85 of the free device memory" in str(
+        info.value
+    )
+    assert "--gpu-memory-utilization" in str(info.value)
