@@ -140,11 +140,10 @@ def serve_after_loading(
         listener.stop_loading()
         if on_ready is not None:
             on_ready(loaded, uv)
-        try:
-            uv.run(sockets=[listener.socket])
-        except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its clean shutdown
-            return 130
+        uv.run(sockets=[listener.socket])
         return 0
+    except KeyboardInterrupt:  # Ctrl-C while loading, or uvicorn re-raising SIGINT after its
+        return 130  # clean shutdown: no traceback
     finally:
         listener.close()
         if loaded is not None:

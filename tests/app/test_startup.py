@@ -178,3 +178,37 @@ def test_serve_on_a_port_in_use_fails_before_loading(capsys: pytest.CaptureFixtu
             main(["serve", "--fake-runner", "--port", str(port)])
     assert exit_info.value.code == 2
     assert "Address already in use" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = free_port()
+    src = Path(__file__).resolve().parents[2] / "src"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resin_app", "serve", "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                if _health(f"http://127.0.0.1:{port}").json().get("status") == "loading":
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+        assert proc.stdout is not None and "Traceback" not in proc.stdout.read()
+        assert _port_is_free(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
