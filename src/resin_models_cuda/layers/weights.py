@@ -90,7 +90,14 @@ class SafetensorsWeights:
     def has(self, name: str) -> bool:
         return name in self._index
 
-    def get(self, name: str, shape: tuple[int, ...], init: Init = "normal") -> torch.Tensor:
+    def get(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        init: Init = "normal",
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """The tensor as `dtype` (None: the source's), from the file the index names."""
         if name not in self._index:
             raise KeyError(
                 f"checkpoint {self.folder} has no tensor {name!r} (expected shape "
@@ -106,7 +113,7 @@ class SafetensorsWeights:
         self.loaded_bytes += tensor.numel() * tensor.element_size()
         self._bar.set_description(os.path.basename(shard), refresh=False)
         self._bar.update(tensor.numel() * tensor.element_size())
-        return tensor.to(device=self.device, dtype=self.dtype)
+        return tensor.to(device=self.device, dtype=dtype or self.dtype)
 
     def close(self) -> None:
         """Close the shards and the bar."""
