@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from resin_app.loading import LoadOptions
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -22,7 +25,22 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="the real engine with a zero-cost runner (load tests)",
     )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument(
+        "--runner",
+        choices=["auto", "cuda", "torch"],
+        default="auto",
+        help="runner family: auto (default: the fast cuda runner on a CUDA device for an "
+        "architecture it serves, else the reference torch runner), cuda, torch",
+    )
+    p.add_argument(
+        "--context-length",
+        "--max-model-len",
+        dest="context_length",
+        type=int,
+        default=None,
+        help="longest sequence, prompt + output (default: the checkpoint's)",
+    )
+    _sizing_args(p.add_argument_group("sizing (docs/server.md, Serving on a GPU)"))
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
         "--overlap",
@@ -63,6 +81,40 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="sampling defaults for omitted request fields: auto (the checkpoint's "
         "generation_config.json / GGUF metadata), none, or a JSON file",
+    )
+
+
+def _sizing_args(p: Any) -> None:
+    """The engine's and the fast runner's sizes, under their names and vLLM's."""
+    p.add_argument(
+        "--memory-fraction",
+        "--gpu-memory-utilization",
+        dest="memory_fraction",
+        type=float,
+        default=None,
+        help="share of the GPU's free memory for weights + KV arena (fast runner; 0.85)",
+    )
+    p.add_argument(
+        "--max-sequences",
+        "--max-num-seqs",
+        dest="max_sequences",
+        type=int,
+        default=None,
+        help="sequences running at once (256; the largest CUDA-graph batch)",
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        "--max-num-batched-tokens",
+        dest="max_batch_tokens",
+        type=int,
+        default=None,
+        help="query tokens per engine step (8192)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager)",
     )
 
 
@@ -147,10 +199,10 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace) -> object:
-    from resin_app.loading import LoadOptions, load
+def _options(args: argparse.Namespace) -> LoadOptions:
+    from resin_app.loading import LoadOptions
 
-    options = LoadOptions(
+    return LoadOptions(
         checkpoint=args.checkpoint,
         model=args.model,
         device=args.device,
@@ -165,23 +217,57 @@ def _load(args: argparse.Namespace) -> object:
         num_draft_tokens=args.num_draft_tokens,
         tensor_parallel=args.tensor_parallel,
         data_parallel=args.data_parallel,
+        runner=args.runner,
+        max_sequences=args.max_sequences,
+        max_batch_tokens=args.max_batch_tokens,
+        memory_fraction=args.memory_fraction,
+        cuda_graphs=args.cuda_graphs,
     )
+
+
+def _refuse(args: argparse.Namespace, exc: Exception) -> SystemExit:
+    """A bad option or a failed start: say so and exit 2, as argparse does."""
+    print(f"resin {args.command}: error: {exc}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def _load(args: argparse.Namespace, on_stage: Any = None) -> object:
+    from resin_app.loading import check_options, load
+
+    options = _options(args)
     try:
-        return load(options)
-    except ValueError as exc:  # a bad option (say, an unknown --recipe): exit as argparse does
-        print(f"resin {args.command}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        check_options(options)
+        return load(options, on_stage=on_stage)
+    except ValueError as exc:  # a bad option (say, an unknown --recipe), a failed start
+        raise _refuse(args, exc) from None
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Bind the port (503 `loading` on it while the model loads and warms up), then serve."""
+    from resin_app.loading import check_options
+    from resin_app.startup import Listener, serve_after_loading
+
+    try:
+        check_options(_options(args))
+        listener = Listener(args.host, args.port)
+    except (ValueError, OSError) as exc:
+        raise _refuse(args, exc) from None
+    _log_to_stderr()
+    url = f"http://{args.host}:{args.port}"
+    return serve_after_loading(
+        listener,
+        lambda readiness: _load(args, readiness.set),
+        lambda loaded: _server(args, loaded),
+        lambda loaded, uv: _announce_when_ready(uv, url, args.served_model_name or loaded.name),
+    )
+
+
+def _server(args: argparse.Namespace, loaded: Any) -> Any:
     from resin.server import HttpServer
     from resin.server.connection_limits import ConnectionLimits
     from resin.server.service import Limits
-    from resin_app.loading import Loaded
 
-    loaded = _load(args)
-    assert isinstance(loaded, Loaded)
-    server = HttpServer(
+    return HttpServer(
         list(loaded.engines),
         loaded.recipe,
         tokenizer=loaded.tokenizer,
@@ -207,18 +293,6 @@ def serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         log_stats_s=None if args.disable_log_stats else args.log_stats_interval,
     )
-    _log_to_stderr()
-    uv = server.make_uvicorn()
-    url = f"http://{args.host}:{args.port}"
-    _announce_when_ready(uv, url, loaded.name)
-    code = 0
-    try:
-        uv.run()
-    except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its clean shutdown
-        code = 130
-    finally:
-        loaded.close()
-    return code
 
 
 def _log_to_stderr() -> None:

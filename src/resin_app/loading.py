@@ -5,12 +5,16 @@ engine with `ZeroCostRunner` and the default model's tokenizer and recipe."""
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from resin.engine import Engine
 from resin.generation_config import NO_DEFAULTS, GenerationDefaults
 from resin.generation_config import resolve as resolve_defaults
+from resin.protocols import RunnerConfig
 from resin.recipe import Recipe
 from resin.tokenizer import Tokenizer
 
@@ -36,6 +40,15 @@ class LoadOptions:
     """Ranks per replica (`resin_app.worker.checkpoint_replicas` starts the workers)."""
     data_parallel: int = 1
     """Engine replicas behind one server (docs/distributed.md)."""
+    runner: str = "auto"
+    """`--runner auto|cuda|torch` (`resin_app.runners.choose_family`)."""
+    max_sequences: int | None = None
+    """Sequences at once (`Engine(max_sequences=...)`, the fast runner's largest graph)."""
+    max_batch_tokens: int | None = None
+    """Query tokens per step (`Engine(max_batch_tokens=...)`)."""
+    memory_fraction: float | None = None
+    """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
+    cuda_graphs: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,17 +91,31 @@ def check_recipe_name(name: str | None) -> None:
         raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
 
 
-def load(options: LoadOptions, progress: bool = True) -> Loaded:
-    check_recipe_name(options.recipe)
-    check_speculative(options)
-    check_parallel(options)
+def load(
+    options: LoadOptions, progress: bool = True, on_stage: Callable[[str], None] | None = None
+) -> Loaded:
+    """Everything `resin serve` serves, warmed up: every engine has run one real prompt
+    through prefill and decode (CUDA graphs captured before that, at engine start).
+    `on_stage` hears each step's name as it begins (the readiness a server reports)."""
+    check_options(options)
+    started = time.perf_counter()
     if options.fake:
-        return load_fake(options)
+        loaded = load_fake(options)
+        warm_up(loaded)
+        return loaded
     from tqdm import tqdm
 
-    steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine"]
+    steps = ["locate checkpoint", "load weights", "load tokenizer", "start engine", "warm up"]
     with tqdm(total=len(steps), desc="loading", disable=not progress, unit="step") as bar:
-        bar.set_postfix_str(steps[0])
+
+        def stage(i: int) -> None:
+            if i:
+                bar.update()
+            bar.set_postfix_str(steps[i])
+            if on_stage is not None:
+                on_stage(steps[i])
+
+        stage(0)
         from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
         def converting(gguf: Any) -> None:  # its own line: minutes on a slow disk, once
@@ -98,39 +125,176 @@ def load(options: LoadOptions, progress: bool = True) -> Loaded:
         folder = resolve_checkpoint(
             options.checkpoint or options.model or DEFAULT_MODEL_NAME, converting
         )
-        bar.update()
-        bar.set_postfix_str(steps[1])
-        from resin_app.worker import checkpoint_replicas
-
-        runners, job = checkpoint_replicas(
-            folder,
-            device=options.device,
-            tensor_parallel=options.tensor_parallel,
-            data_parallel=options.data_parallel,
-        )
-        bar.update()
-        bar.set_postfix_str(steps[2])
+        context = context_length_of(folder, options.context_length)
+        stage(1)
+        with startup_errors():
+            runners, job = replica_runners(options, folder, context, bar.write)
+        stage(2)
         tokenizer = Tokenizer.from_dir(folder)
         recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
-        bar.update()
-        bar.set_postfix_str(steps[3])
-        context = context_length_of(folder, options.context_length)
-        engines = tuple(
-            Engine(
-                runner,
-                prefix_cache=options.prefix_cache,
-                context_length=context,
-                grammar=grammar_backend(tokenizer),
-                overlap=options.overlap,
-                speculation=speculation_for(options, context),
-            )
-            for runner in runners
+        stage(3)
+        engines = start_engines(runners, options, tokenizer, context)
+        name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
+        defaults = resolve_defaults(options.generation_config, folder)
+        loaded = Loaded(
+            engines, recipe, tokenizer, name or DEFAULT_MODEL_NAME, context, defaults, job
         )
+        stage(4)
+        warm_up(loaded)
         bar.update()
-    name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
-    defaults = resolve_defaults(options.generation_config, folder)
-    name = name or DEFAULT_MODEL_NAME
-    return Loaded(engines, recipe, tokenizer, name, context, defaults, job)
+    bar.write(ready_line(loaded, runners, time.perf_counter() - started), file=sys.stderr)
+    return loaded
+
+
+def check_options(options: LoadOptions) -> None:
+    """Every option check that needs no weights (a `ValueError` saying what is wrong)."""
+    check_recipe_name(options.recipe)
+    check_speculative(options)
+    check_parallel(options)
+
+
+def start_engines(
+    runners: Sequence[Any], options: LoadOptions, tokenizer: Any, context: int
+) -> tuple[Engine, ...]:
+    """One engine per runner (each binds its runner: the KV arena is allocated and the CUDA
+    graphs captured here), after checking, on a GPU, that the arena holds one
+    `context`-token sequence (the memory knobs are the GPU's)."""
+    engines: list[Engine] = []
+    on_cuda = options.device.split(":", 1)[0] == "cuda"
+    with startup_errors():
+        for runner in runners:
+            if on_cuda:
+                check_arena(getattr(runner, "runner_config", None), context)
+            engines.append(
+                Engine(
+                    runner,
+                    prefix_cache=options.prefix_cache,
+                    context_length=context,
+                    grammar=grammar_backend(tokenizer),
+                    overlap=options.overlap,
+                    speculation=speculation_for(options, context),
+                    **engine_sizes(options),
+                )
+            )
+    return tuple(engines)
+
+
+KNOBS = "lower --max-model-len or --max-num-seqs, or raise --gpu-memory-utilization"
+
+
+def check_arena(rc: Any, context: int) -> None:
+    """A `ValueError` naming the knobs when the runner's KV arena (`RunnerConfig`: pages, or
+    bytes) cannot hold one sequence of `context` tokens."""
+    if not isinstance(rc, RunnerConfig) or rc.page_bytes <= 0:
+        return
+    pages = rc.num_pages if rc.num_pages is not None else None
+    if pages is None and rc.cache_bytes is not None:
+        pages = rc.cache_bytes // rc.page_bytes
+    if pages is None:
+        return
+    need = -(-(context + 1) // rc.page_size)
+    if pages < need:
+        raise ValueError(
+            f"the KV arena holds {pages} pages ({pages * rc.page_size} tokens), not one "
+            f"sequence of --max-model-len {context} ({need} pages): {KNOBS}"
+        )
+
+
+@contextmanager
+def startup_errors() -> Iterator[None]:
+    """Device out-of-memory while loading or binding becomes a `ValueError` naming the
+    knobs that decide the memory (the CLI prints it and exits 2)."""
+    try:
+        yield
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfMemoryError" and "out of memory" not in str(exc):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"out of device memory while starting ({first}): {KNOBS}") from exc
+
+
+WARM_UP_TEXT = "Hello"
+
+
+def warm_up(loaded: Loaded) -> None:
+    """One real prompt through every engine, greedy: a prefill step and a decode step (the
+    first step of each kind compiles or loads whatever is lazy), before the server is ready.
+    A runner that fails it fails the start."""
+    from resin.events import FinishedEvent, FinishReason
+    from resin.params import SamplingParams
+
+    vocab = loaded.engine.runner_config.vocab_size or 1 << 31
+    prompt = [t for t in loaded.tokenizer.encode(WARM_UP_TEXT) if t < vocab] or [0]
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    for engine in loaded.engines:
+        request = engine.submit(prompt, params)
+        finished: list[FinishedEvent] = []
+        while engine.has_work():
+            finished += [e for e in engine.step() if isinstance(e, FinishedEvent)]
+        if [f.reason for f in finished] != [FinishReason.LENGTH]:
+            raise ValueError(f"the warm-up request did not finish: {finished}")
+        request.take_result()
+
+
+def ready_line(loaded: Loaded, runners: Sequence[Any], seconds: float) -> str:
+    """The startup log's summary: the arena (pages, tokens), captured graph batch sizes, time
+    to ready."""
+    layout = loaded.engine.layout
+    graphs = getattr(runners[0], "captured_batches", ()) if runners else ()
+    captured = ", ".join(map(str, graphs)) if graphs else "none"
+    replicas = f" x {len(loaded.engines)} replicas" if len(loaded.engines) > 1 else ""
+    return (
+        f"resin: ready in {seconds:.1f} s: KV arena {layout.num_pages} pages of "
+        f"{layout.page_size} tokens ({layout.num_pages * layout.page_size} tokens){replicas}; "
+        f"CUDA graphs for batch sizes: {captured}"
+    )
+
+
+def replica_runners(
+    options: LoadOptions, folder: Any, context: int, say: Any = print
+) -> tuple[list[Any], Any]:
+    """The runner of every replica, from the family `--runner` picks (`choose_family`; its
+    reason for not taking the fast runner goes to `say` as one line), and the tensor-parallel
+    workers' job (None with one rank)."""
+    from resin_app.runners import choose_family, fast_architectures, model_type_of
+    from resin_app.worker import checkpoint_replicas
+    from resin_model.family import BuildRequest
+
+    on_cuda = options.device.split(":", 1)[0] == "cuda"
+    choice = choose_family(
+        options.runner,
+        device=options.device,
+        model_type=model_type_of(folder),
+        fast=fast_architectures() if on_cuda else None,
+        tensor_parallel=options.tensor_parallel,
+    )
+    if choice.reason is not None:
+        say(f"resin: serving on {choice.reason}", file=sys.stderr)
+    request = BuildRequest(
+        options.device,
+        max_sequences=options.max_sequences or ENGINE_MAX_SEQUENCES,
+        context_length=context,
+        memory_fraction=options.memory_fraction,
+        cuda_graphs=options.cuda_graphs,
+    )
+    return checkpoint_replicas(
+        folder,
+        device=options.device,
+        tensor_parallel=options.tensor_parallel,
+        data_parallel=options.data_parallel,
+        family=choice.family,
+        request=request,
+    )
+
+
+ENGINE_MAX_SEQUENCES = 256
+"""The `Engine`'s own default row cap, which sizes the fast runner's graphs when unset."""
+
+
+def engine_sizes(options: LoadOptions) -> dict[str, Any]:
+    """The `Engine` sizing keywords the options set (the engine's defaults for the rest)."""
+    sizes = {"max_sequences": options.max_sequences, "max_batch_tokens": options.max_batch_tokens}
+    return {k: v for k, v in sizes.items() if v is not None}
 
 
 def converting_line(gguf: Any) -> str:
@@ -138,11 +302,22 @@ def converting_line(gguf: Any) -> str:
 
 
 def check_parallel(options: LoadOptions) -> None:
-    """`--tensor-parallel` / `--data-parallel` make sense (checked before any weights load)."""
+    """`--tensor-parallel` / `--data-parallel` and the sizes make sense (checked before any
+    weights load)."""
     if options.tensor_parallel < 1 or options.data_parallel < 1:
         raise ValueError("--tensor-parallel and --data-parallel must be >= 1")
     if options.fake and options.tensor_parallel > 1:
         raise ValueError("--tensor-parallel shards a model; --fake-runner has none")
+    for flag, value in (
+        ("--max-num-seqs", options.max_sequences),
+        ("--max-num-batched-tokens", options.max_batch_tokens),
+        ("--max-model-len", options.context_length),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1")
+    fraction = options.memory_fraction
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {fraction}")
 
 
 def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
@@ -295,7 +470,7 @@ def load_fake(options: LoadOptions) -> Loaded:
             ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0]),
             context_length=context,
             prefix_cache=options.prefix_cache,
-            max_sequences=512,
+            **({"max_sequences": 512} | engine_sizes(options)),
             grammar=grammar_backend(tokenizer),
             overlap=options.overlap,
             speculation=speculation_for(options, context),  # refused: the runner cannot verify

@@ -96,3 +96,65 @@ def build_runner(source: ModelSource, family: str, request: BuildRequest | None 
     return chosen.build(
         Path(source) if isinstance(source, str) else source, request or BuildRequest()
     )
+
+
+RUNNER_CHOICES = ("auto", "cuda", "torch")
+"""`--runner`: `auto` picks the fast family where it applies, the others name a family."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerChoice:
+    """The family `resin serve` builds, and why `auto` did not take the fast one (None when
+    it did, or when the family was named)."""
+
+    family: str
+    reason: str | None = None
+
+
+def choose_family(
+    requested: str,
+    *,
+    device: str,
+    model_type: str,
+    fast: frozenset[str] | None,
+    tensor_parallel: int = 1,
+) -> RunnerChoice:
+    """`--runner auto|cuda|torch` -> the family to build, a pure function of the request.
+
+    `fast`: the architectures of the installed `cuda` family (None when it does not load);
+    `device`: the torch device string. `auto` takes `cuda` on a CUDA device for an
+    architecture it serves, one rank per replica; else `torch`, with the reason. A named
+    family that cannot serve the request is a `ValueError` that says what would."""
+    on_cuda = device.split(":", 1)[0] == "cuda"
+    if requested not in RUNNER_CHOICES:
+        raise ValueError(f"unknown --runner {requested!r} ({', '.join(RUNNER_CHOICES)})")
+    if requested == "torch":
+        return RunnerChoice("torch")
+    why_not = _why_not_fast(on_cuda, device, model_type, fast, tensor_parallel)
+    if why_not is None:
+        return RunnerChoice("cuda")
+    if requested == "cuda":
+        raise ValueError(f"--runner cuda: {why_not}")
+    return RunnerChoice("torch", f"the reference runner (torch): {why_not}")
+
+
+def _why_not_fast(
+    on_cuda: bool, device: str, model_type: str, fast: frozenset[str] | None, tp: int
+) -> str | None:
+    if not on_cuda:
+        return f"the fast runner needs a CUDA device (--device cuda), this is {device!r}"
+    if fast is None:
+        return "the cuda runner family does not load here (is triton installed?)"
+    if model_type not in fast:
+        return f"the fast runner has no model for {model_type!r}; it serves " + ", ".join(
+            sorted(fast)
+        )
+    if tp > 1:
+        return "the fast runner has no tensor parallelism (--tensor-parallel 1)"
+    return None
+
+
+def fast_architectures() -> frozenset[str] | None:
+    """The installed `cuda` family's architectures, or None when it does not load."""
+    family = installed_families().families.get("cuda")
+    return None if family is None else family.architectures

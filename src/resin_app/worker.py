@@ -21,11 +21,13 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resin.protocols import Runner
+from resin_model.family import BuildRequest
 
 if TYPE_CHECKING:
     import torch
@@ -81,24 +83,31 @@ def checkpoint_replicas(
     tensor_parallel: int = 1,
     data_parallel: int = 1,
     timeout: timedelta | None = None,
+    family: str = "torch",
+    request: BuildRequest | None = None,
 ) -> tuple[list[Runner], LocalJob | None]:
-    """Reference runners over a checkpoint for `resin serve --tensor-parallel N
-    --data-parallel M`: one runner per replica, and the `LocalJob` of the workers when N > 1
-    (`spawn_local`: this process leads every replica). On CUDA, replica i's rank r runs on
+    """Runners over a checkpoint for `resin serve --tensor-parallel N --data-parallel M`: one
+    runner per replica from runner family `family` (`request` says how; its device is each
+    replica's), and the `LocalJob` of the workers when N > 1 (the reference runner only;
+    `spawn_local`: this process leads every replica). On CUDA, replica i's rank r runs on
     `cuda:(K + i*N + r)` from `--device cuda:K`; on the CPU every rank runs on the CPU."""
     import torch
 
     from resin.backend.launch import nth_device, spawn_local
     from resin.backend.topology import DEFAULT_TIMEOUT
     from resin_app.runners import build_runner
-    from resin_model.family import BuildRequest
 
     first = torch.device(device)
+    request = request or BuildRequest(device)
     if tensor_parallel == 1:
         devices = [
             nth_device(first, i) if first.type == "cuda" else first for i in range(data_parallel)
         ]
-        return [build_runner(Path(folder), "torch", BuildRequest(str(d))) for d in devices], None
+        return [
+            build_runner(Path(folder), family, replace(request, device=str(d))) for d in devices
+        ], None
+    if family != "torch":
+        raise ValueError(f"--tensor-parallel runs the reference runner (torch), not {family!r}")
     worker_args = ["--checkpoint", str(folder)]
     worker_args += [] if first.type == "cuda" else ["--device", str(first)]
     job = spawn_local(

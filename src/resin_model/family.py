@@ -45,7 +45,10 @@ class BuildRequest:
     - `dtype`: "float32", "bfloat16" or "float16"; None: the family's default for the device;
     - `seed`: of random weights (a `ModelConfig` source);
     - `max_sequences`, `context_length`: the engine's row cap and longest sequence, for a
-      family that sizes buffers or graphs by them (None: its own default).
+      family that sizes buffers or graphs by them (None: its own default);
+    - `memory_fraction`: the share of the device's free memory (measured before the weights
+      load) that weights and the KV arena may take together (None: the family's default);
+    - `cuda_graphs`: whether a family that captures CUDA graphs does (False: eager steps).
     """
 
     device: str = "cpu"
@@ -53,10 +56,14 @@ class BuildRequest:
     seed: int = 0
     max_sequences: int | None = None
     context_length: int | None = None
+    memory_fraction: float | None = None
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32, bfloat16 or float16")
+        if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction {self.memory_fraction}: in (0, 1]")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ class RunnerOptions:
     - `max_batch`: largest decode batch captured in a graph (bigger ones run eagerly);
     - `max_context`: longest sequence (sizes the rope table and the page-id buffer);
     - `cache_bytes`: KV arena size to ask the engine for (None: free device memory times
-      `memory_fraction`, measured when the runner is built);
+      `memory_fraction`, measured when the runner is built; the `cuda` family instead sets
+      it to `memory_fraction` of the free memory before the weights load, less the weights);
     - `num_pages`: exact arena size (tests); `prefill_block_m`: query rows per prefill program;
     - `moe_gemv_max_pairs`: MoE token-expert pairs up to which the expert GEMV runs instead of
       the grouped GEMM;

@@ -17,6 +17,8 @@ the step's only sync is the wait for its token read-back, in `collect`.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from functools import partial
@@ -61,7 +63,9 @@ from resin_models_cuda.sampling import (
 )
 from resin_models_cuda.step import DecodeInfo, StepTensors
 
-__all__ = ["CudaRunner", "RunnerOptions", "load_runner", "random_runner"]
+__all__ = ["CudaRunner", "RunnerOptions", "load_model", "load_runner", "random_runner"]
+
+log = logging.getLogger("resin.cuda")
 
 MAX_IN_FLIGHT = 2
 PREV_ROWS = 4096  # rows of the previous plan whose tokens stay on the device (at least)
@@ -87,17 +91,45 @@ def random_runner(
 def load_runner(
     folder: str | Path,
     options: RunnerOptions | None = None,
-    device: str = "cuda",
+    device: str | torch.device = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ) -> CudaRunner:
     """A runner for a Hugging Face checkpoint folder (config.json + safetensors)."""
     options = options or RunnerOptions()
+    return CudaRunner(load_model(folder, options, device, dtype), options)
+
+
+def load_model(
+    folder: str | Path,
+    options: RunnerOptions,
+    device: str | torch.device = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+) -> FastModel:
+    """The fast model of a checkpoint folder, its weights cast to `dtype` on `device` (a bar
+    over the checkpoint's bytes on a terminal; a log line with the weights' size and time);
+    quantized checkpoints (and float32 routers) are read as stored (`StoredWeights`)."""
+    start = time.perf_counter()
     config = load_config(folder)
-    source: WeightSource = SafetensorsWeights(str(folder), device, dtype)
+    source: WeightSource
     if needs_stored_weights(config):  # quantized weights, or float32 routers read exactly
         source = StoredWeights(str(folder), config.quant, device, dtype)
-    model = build_model(config, source, options.build_options())
-    return CudaRunner(model, options)
+    else:
+        source = SafetensorsWeights(str(folder), device, dtype)
+    try:
+        model = build_model(config, source, options.build_options())
+    finally:
+        if isinstance(source, SafetensorsWeights):
+            source.close()
+    read = source.loaded_bytes if isinstance(source, SafetensorsWeights) else model.nbytes()
+    log.info(
+        "weights: %.2f GB read, %.2f GB as %s on %s, in %.1f s",
+        read / 1e9,
+        model.nbytes() / 1e9,
+        str(dtype).removeprefix("torch."),
+        device,
+        time.perf_counter() - start,
+    )
+    return model
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +177,11 @@ class CudaRunner:
     @property
     def runner_config(self) -> RunnerConfig:
         return self._runner_config
+
+    @property
+    def captured_batches(self) -> tuple[int, ...]:
+        """The decode batch sizes `bind` captured in CUDA graphs (none before, or eager)."""
+        return tuple(b for b in self._buckets if (b, 1) in self._graphs)
 
     def bind(self, layout: CacheLayout) -> None:
         """Allocate the KV arena for `layout.num_pages` pages and capture the decode graphs."""

@@ -125,7 +125,6 @@ def test_deepseek_router_stays_float32_and_picks_what_float32_picks() -> None:
     resolves near 1: rounded to bf16, experts 1 and 2 win. The bf16 model keeps the bias (and
     the router weight) in float32 and picks float32's experts, as transformers does."""
     from resin_model.expert_routing import deepseek_route
-
     from resin_models_torch.deepseek import DeepseekRouter
     from resin_models_torch.registry import build_model
 

@@ -41,6 +41,9 @@ TOOLS: dict[str, Tool] = {
     "preprocess": Tool("resin_app.bench.preprocess", "image preprocessing vs transformers"),
     "tune-moe": Tool("resin_app.bench.tune_moe", "GPU: MoE kernel tile sweeps"),
     "quant-kernels": Tool("resin_app.bench.quant_kernels", "GPU: FP8 / MXFP4 kernels beside bf16"),
+    "checkpoint": Tool(
+        "resin_app.bench.checkpoint", "write a random-weights checkpoint folder of real shapes"
+    ),
 }
 
 

@@ -132,7 +132,9 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="resin bench grammar-isolation", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--url", default=None, help="a running server (else one is started)")
     parser.add_argument("--real", action="store_true", help="serve the default model")
     parser.add_argument("--choices", type=int, default=100_000)

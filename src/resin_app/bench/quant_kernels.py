@@ -441,7 +441,11 @@ def report(rows: list[Row], copy_tbs: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="resin bench quant-kernels",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--output", type=Path, help="JSONL file (appended)")
     p.add_argument("--only", default="dense,qwen3-30b-a3b,gpt-oss-120b")
     p.add_argument("--copy-tbs", type=float, default=4.2)

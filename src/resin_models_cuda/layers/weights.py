@@ -11,8 +11,10 @@ reference runners on the very same weights) and random weights of the real shape
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -73,23 +75,31 @@ class StateDictWeights:
 
 
 class SafetensorsWeights:
-    """Tensors from the `*.safetensors` shards of a Hugging Face checkpoint folder, under the
-    names the models ask for (`checkpoint_names.default_names`: a multimodal checkpoint's
-    `model.language_model.*` is `model.*`)."""
+    """Tensors from the `*.safetensors` shards of a Hugging Face checkpoint folder (the files
+    `model.safetensors.index.json` maps, when there is one), under the names the models ask
+    for (`checkpoint_names.default_names`: a multimodal checkpoint's `model.language_model.*`
+    is `model.*`), cast from their stored dtype (bf16, fp16, fp32) to `dtype`. A tensor that
+    is missing or of the wrong shape is an error naming it, the shape expected and the file it
+    should be in. `progress` shows a bar over the checkpoint's bytes (shard by shard);
+    `loaded_bytes` counts what `get` read."""
 
-    def __init__(self, folder: str, device: torch.device | str, dtype: torch.dtype) -> None:
-        from safetensors import safe_open
-
+    def __init__(
+        self,
+        folder: str,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        progress: bool | None = None,
+    ) -> None:
         self.device, self.dtype = torch.device(device), dtype
-        self._index: dict[str, tuple[str, str]] = {}  # name -> (shard, checkpoint name)
-        for shard in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
-            with safe_open(shard, framework="pt") as f:
-                for raw in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                    name = default_names(raw)
-                    if name is not None:
-                        self._index[name] = (shard, raw)
-        if not self._index:
-            raise FileNotFoundError(f"no *.safetensors in {folder}")
+        self.folder = folder
+        self._index = _shard_index(folder)  # name -> (shard, checkpoint name)
+        self._files: dict[str, object] = {}  # open shards, by path
+        self.loaded_bytes = 0
+        total = sum(os.path.getsize(f) for f in {f for f, _ in self._index.values()})
+        from tqdm import tqdm
+
+        hidden = not sys.stderr.isatty() if progress is None else not progress
+        self._bar = tqdm(total=total, unit="B", unit_scale=True, disable=hidden)
 
     def has(self, name: str) -> bool:
         return name in self._index
@@ -101,14 +111,76 @@ class SafetensorsWeights:
         init: Init = "normal",
         dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
+        """The tensor as `dtype` (None: the source's), from the file the index names."""
+        if name not in self._index:
+            raise KeyError(
+                f"checkpoint {self.folder} has no tensor {name!r} (expected shape "
+                f"{tuple(shape)}, in {self._expected_file()})"
+            )
+        shard, raw = self._index[name]
+        tensor = self._read(shard, raw, shape)
+        if tuple(tensor.shape) != tuple(shape):
+            raise ValueError(
+                f"{name}: shape {tuple(tensor.shape)}, expected {tuple(shape)} "
+                f"(in {os.path.basename(shard)})"
+            )
+        self.loaded_bytes += tensor.numel() * tensor.element_size()
+        self._bar.set_description(os.path.basename(shard), refresh=False)
+        self._bar.update(tensor.numel() * tensor.element_size())
+        return tensor.to(device=self.device, dtype=dtype or self.dtype)
+
+    def close(self) -> None:
+        """Close the shards and the bar."""
+        self._files.clear()
+        self._bar.close()
+
+    def _read(self, shard: str, raw: str, shape: tuple[int, ...]) -> torch.Tensor:
         from safetensors import safe_open
 
-        if name not in self._index:
-            raise KeyError(f"checkpoint has no tensor {name!r}")
-        shard, raw = self._index[name]
-        with safe_open(shard, framework="pt") as f:
-            tensor: torch.Tensor = f.get_tensor(raw)
-        return _checked(name, tensor, shape).to(device=self.device, dtype=dtype or self.dtype)
+        if shard not in self._files:
+            self._files[shard] = safe_open(shard, framework="pt")
+        handle = self._files[shard]
+        try:
+            return handle.get_tensor(raw)  # type: ignore[attr-defined, no-any-return]
+        except Exception as exc:  # the index names a tensor its shard lacks
+            raise KeyError(
+                f"{os.path.basename(shard)} has no tensor {raw!r} (expected shape "
+                f"{tuple(shape)}; model.safetensors.index.json puts it there): {exc}"
+            ) from None
+
+    def _expected_file(self) -> str:
+        shards = sorted({os.path.basename(f) for f, _ in self._index.values()})
+        if len(shards) == 1:
+            return shards[0]
+        return "one of " + ", ".join(shards) + " (model.safetensors.index.json lists none)"
+
+
+def _shard_index(folder: str) -> dict[str, tuple[str, str]]:
+    """Model name -> (shard path, checkpoint name): from `model.safetensors.index.json`'s
+    weight map when present, else from the headers of every `*.safetensors` file."""
+    from safetensors import safe_open
+
+    index: dict[str, tuple[str, str]] = {}
+    index_file = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index_file):
+        with open(index_file, encoding="utf-8") as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        pairs = [(os.path.join(folder, file), raw) for raw, file in weight_map.items()]
+        for file in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(folder, file)):
+                raise FileNotFoundError(f"{file} (in model.safetensors.index.json) is missing")
+    else:
+        pairs = []
+        for shard in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+            with safe_open(shard, framework="pt") as f:
+                pairs += [(shard, raw) for raw in f.keys()]  # noqa: SIM118 - not a Mapping
+    for shard, raw in pairs:
+        name = default_names(raw)
+        if name is not None:
+            index[name] = (shard, raw)
+    if not index:
+        raise FileNotFoundError(f"no *.safetensors in {folder}")
+    return index
 
 
 class RandomWeights:

@@ -1,0 +1,214 @@
+"""`resin serve`'s start, with a real HTTP client: the port answers 503 `loading` (with the
+step under way) while a slow loader runs, then 200 from the real server on the same socket;
+a failed start (an out-of-memory from a runner's bind, an arena too small) is an error naming
+the knobs, and the port is free again; the warm-up runs a prefill and a decode step."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from resin.plan import Phase
+from resin.protocols import History, RunnerConfig
+from resin.server import HttpServer
+from resin.server.launch import free_port
+from resin_app.loading import (
+    Loaded,
+    LoadOptions,
+    ZeroCostRunner,
+    check_arena,
+    load_fake,
+    start_engines,
+    startup_errors,
+    warm_up,
+)
+from resin_app.startup import Listener, serve_after_loading
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _health(url: str) -> httpx.Response:
+    return httpx.get(url + "/health", timeout=5)
+
+
+def test_health_says_loading_until_the_model_is_warm_then_ok() -> None:
+    release = threading.Event()
+    servers: list[HttpServer] = []
+    codes: list[int] = []
+
+    def slow_load(readiness: Any) -> Loaded:
+        readiness.set("load weights")
+        assert release.wait(60)
+        loaded = load_fake(LoadOptions(fake=True))
+        warm_up(loaded)
+        return loaded
+
+    def make_server(loaded: Loaded) -> HttpServer:
+        servers.append(HttpServer(list(loaded.engines), loaded.recipe, tokenizer=loaded.tokenizer))
+        return servers[0]
+
+    listener = Listener("127.0.0.1", 0)
+    port = listener.port
+    url = f"http://127.0.0.1:{port}"
+    thread = threading.Thread(
+        target=lambda: codes.append(serve_after_loading(listener, slow_load, make_server))
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (r := _health(url)).json().get("stage") != "load weights":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert r.status_code == 503 and r.json() == {"status": "loading", "stage": "load weights"}
+        api = httpx.post(url + "/v1/completions", json={"prompt": "x"}, timeout=5)
+        assert api.status_code == 503 and api.headers["retry-after"] == "1"
+        assert api.json()["error"]["code"] == "service_unavailable"
+        assert "loading (load weights)" in api.json()["error"]["message"]
+        release.set()
+        seen = set()
+        while (r := _health(url)).status_code != 200:  # never a refused connection between
+            seen.add(r.status_code)
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.02)
+        assert seen <= {503} and r.json()["status"] == "ok"
+        answer = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+    finally:
+        release.set()
+        while not servers and thread.is_alive():
+            time.sleep(0.05)
+        for server in servers:
+            server.shutdown()
+        thread.join(30)
+    assert codes == [0] and _port_is_free(port)
+
+
+class _OutOfMemoryRunner(ZeroCostRunner):
+    """Binds like a fast runner whose arena does not fit."""
+
+    def bind(self, layout: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 70.00 GiB")
+
+
+def test_an_out_of_memory_at_start_names_the_knobs_and_frees_the_port() -> None:
+    options = LoadOptions(fake=True)
+    tokenizer = load_fake(options).tokenizer
+
+    def load(readiness: Any) -> Loaded:
+        readiness.set("start engine")
+        start_engines([_OutOfMemoryRunner(tokenizer.vocab_size, 5)], options, tokenizer, 64)
+        raise AssertionError("unreachable")
+
+    listener = Listener("127.0.0.1", 0)
+    port = listener.port
+    with pytest.raises(ValueError) as info:
+        serve_after_loading(listener, load, lambda loaded: None)
+    message = str(info.value)
+    assert "out of device memory while starting (CUDA out of memory. Tried to allocate" in message
+    assert "--gpu-memory-utilization" in message and "--max-model-len" in message
+    assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    assert _port_is_free(port)
+    with pytest.raises(httpx.ConnectError):
+        _health(f"http://127.0.0.1:{port}")
+
+
+def test_other_errors_pass_through_unchanged() -> None:
+    with pytest.raises(KeyError, match="no tensor"), startup_errors():
+        raise KeyError("no tensor")
+
+
+def test_an_arena_that_cannot_hold_one_context_names_the_knobs() -> None:
+    rc = RunnerConfig(vocab_size=8, page_size=16, num_pages=512, cache_groups=(History(4096),))
+    check_arena(rc, 8190)  # 512 pages hold 8192 tokens: one 8190-token sequence + 1 fits
+    with pytest.raises(ValueError) as info:
+        check_arena(rc, 8192)
+    message = str(info.value)
+    assert "holds 512 pages (8192 tokens), not one sequence of --max-model-len 8192" in message
+    assert "--gpu-memory-utilization" in message and "--max-num-seqs" in message
+    by_bytes = RunnerConfig(vocab_size=8, page_size=16, cache_bytes=100 * 4096,
+                            cache_groups=(History(4096),))  # fmt: skip
+    check_arena(by_bytes, 1599)
+    with pytest.raises(ValueError, match="holds 100 pages"):
+        check_arena(by_bytes, 1600)
+
+
+class _Recording(ZeroCostRunner):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.phases: list[Phase] = []
+
+    def forward(self, plan: Any) -> Any:
+        self.phases.append(plan.phase)
+        return super().forward(plan)
+
+
+def test_the_warm_up_runs_one_prompt_through_prefill_and_decode() -> None:
+    options = LoadOptions(fake=True)
+    base = load_fake(options)
+    runner = _Recording(base.tokenizer.vocab_size, 7)
+    engines = start_engines([runner], options, base.tokenizer, 64)
+    loaded = Loaded(engines, base.recipe, base.tokenizer, "x", 64)
+    warm_up(loaded)
+    assert runner.phases == [Phase.PREFILL, Phase.DECODE]
+    assert not loaded.engine.has_work() and loaded.engine.num_running == 0
+    loaded.close()
+
+
+def test_serve_on_a_port_in_use_fails_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    from resin_app.cli import main
+
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "--fake-runner", "--port", str(port)])
+    assert exit_info.value.code == 2
+    assert "Address already in use" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = free_port()
+    src = Path(__file__).resolve().parents[2] / "src"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resin_app", "serve", "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                if _health(f"http://127.0.0.1:{port}").json().get("status") == "loading":
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+        assert proc.stdout is not None and "Traceback" not in proc.stdout.read()
+        assert _port_is_free(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
