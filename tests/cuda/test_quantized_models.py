@@ -128,3 +128,30 @@ def test_random_weights_quantized_on_the_device(device: str) -> None:
                               quantize=fmt).model  # type: ignore[arg-type]  # fmt: skip
         assert model.config.quant is not None
         _assert_kept_quantized(model, fmt)
+
+
+def test_fused_and_sliced_fp8_weights_keep_their_exact_values() -> None:
+    """Parts fused by rows (per-tensor scales become one per row) and a block weight cut at
+    rows and columns off its 128 blocks (scales repeated into finer blocks) dequantize to
+    exactly the original values."""
+    from resin_model.quant import dequantize_fp8, quantize_fp8
+    from resin_models_cuda.layers.quantized import Fp8Weight, Linear, cat_fp8, slice_fp8
+
+    torch.manual_seed(0)
+    parts, dense = [], []
+    for n in (64, 32, 32):
+        q, s = quantize_fp8(torch.randn(n, 48), (n, 48))
+        parts.append(Fp8Weight(q, s, (n, 48)))
+        dense.append(dequantize_fp8(q, s, (n, 48)))
+    fused = Linear(cat_fp8(parts)).weight
+    assert isinstance(fused, Fp8Weight) and fused.block == (1, 48)
+    assert torch.equal(dequantize_fp8(fused.w, fused.scale, fused.block), torch.cat(dense))
+    q, s = quantize_fp8(torch.randn(300, 256), (128, 128))
+    whole = dequantize_fp8(q, s, (128, 128))
+    for start, size in ((0, 96), (96, 96), (192, 64)):
+        cols = slice_fp8(Fp8Weight(q, s, (128, 128)), 1, start, size)
+        rows = slice_fp8(Fp8Weight(q, s, (128, 128)), 0, start, size)
+        assert torch.equal(dequantize_fp8(cols.w, cols.scale, cols.block),
+                           whole[:, start : start + size])  # fmt: skip
+        assert torch.equal(dequantize_fp8(rows.w, rows.scale, rows.block),
+                           whole[start : start + size])  # fmt: skip
