@@ -184,15 +184,30 @@ def param_counts(config: ModelConfig) -> tuple[int, int]:
     return active + head, total + head
 
 
+def stored_bytes(config: ModelConfig, dtype_bytes: float = 2) -> tuple[float, float]:
+    """(bytes per decoder-layer weight, bytes per expert weight) as the fast runner keeps
+    them: FP8 one byte (its float32 scales add under 1%), MXFP4 experts 17 bytes per 32."""
+    quant = config.quant
+    if quant is None:
+        return dtype_bytes, dtype_bytes
+    if quant.scheme == "mxfp4":
+        return dtype_bytes, 17 / 32
+    return 1.0, 1.0
+
+
 def weight_bytes_read(config: ModelConfig, batch: int, dtype_bytes: int = 2) -> int:
     """Weight bytes one step of `batch` tokens must read: all of a dense model; for an MoE the
     shared part plus the experts that uniform routing touches on average,
-    E * (1 - (1 - k/E) ** batch) per sparse layer."""
+    E * (1 - (1 - k/E) ** batch) per sparse layer. Quantized weights (`config.quant`) count
+    their stored bytes (`stored_bytes`); the LM head stays in `dtype_bytes`."""
     active, total = param_counts(config)
+    head = config.vocab_size * config.hidden_size
+    dense, expert = stored_bytes(config, dtype_bytes)
     if config.moe is None:
-        return total * dtype_bytes
+        return int(head * dtype_bytes + (total - head) * dense)
     moe = config.moe
     sparse = sum(config.is_sparse(i) for i in range(config.num_layers))
-    shared = active - sparse * moe.top_k * _expert_params(config)
+    shared = active - sparse * moe.top_k * _expert_params(config) - head
     touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
-    return int((shared + sparse * touched * _expert_params(config)) * dtype_bytes)
+    routed = sparse * touched * _expert_params(config) * expert
+    return int(head * dtype_bytes + shared * dense + routed)

@@ -32,7 +32,8 @@ from resin.protocols import CacheLayout, RunnerConfig
 from resin_model.config import ModelConfig
 from resin_model.hf_config import load_config
 from resin_model.media_cache import MediaFeatures, StepMedia
-from resin_model.quant_checkpoint import QuantFormat
+from resin_model.quant_checkpoint import QuantFormat, quantization_config
+from resin_model.quant_config import parse_quant_config
 from resin_models_cuda.architectures import build_model
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.graphs import (
@@ -85,6 +86,7 @@ def random_runner(
     source: WeightSource = RandomWeights(device, dtype, seed=seed, num_layers=config.num_layers)
     if quantize is not None:
         source = QuantizingWeights(source, quantize)
+        config = replace(config, quant=parse_quant_config(quantization_config(quantize)))
     return CudaRunner(build_model(config, source, options.build_options()), options)
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from resin import Engine, SamplingParams
 from resin_model.presets import TINY
-from tests.cuda.test_vs_reference import _generate, _prompts
 from tests.models.quant_folders import quantized_folder
 
 DEEPSEEK_V3 = {
@@ -25,7 +25,6 @@ DEEPSEEK_V3 = {
 }  # fmt: skip
 CASES = [
     ("llama", "fp8-channel"),
-    ("llama", "fp8-block"),
     ("qwen3_moe", "fp8-block"),
     ("gpt_oss", "mxfp4"),
     ("deepseek_v3", "fp8-block"),
@@ -53,9 +52,20 @@ def test_quantized_fast_runner_matches_the_dequantized_reference(
     _, folder = quantized_folder(_raw(arch), tmp_path, fmt)
     reference, fast = _runners(folder, device)
     _assert_kept_quantized(fast.model, fmt)
-    prompts = _prompts(256, full=torch.cuda.is_available())
-    tokens = 6 if torch.cuda.is_available() else 3
-    assert _generate(fast, prompts, tokens) == _generate(reference, prompts, tokens)
+    assert _generate(fast) == _generate(reference)
+
+
+def _generate(runner: Any) -> list[list[int]]:
+    """Two batched prompts, one longer than a prefill chunk, greedy (few: the interpreter
+    pays per program)."""
+    params = SamplingParams(max_output_tokens=3, temperature=0.0, ignore_stop_tokens=True)
+    prompts = [[(7 * i + 3) % 256 for i in range(13)], [5, 200, 17, 99, 42]]
+    with Engine(runner, context_length=64, prefill_chunk_tokens=8, max_batch_tokens=24,
+                max_sequences=4) as engine:  # fmt: skip
+        requests = [engine.submit(p, params) for p in prompts]
+        while engine.has_work():
+            engine.step()
+        return [list(r.take_result()) for r in requests]
 
 
 def _assert_kept_quantized(model: Any, fmt: str) -> None:
@@ -104,3 +114,44 @@ def test_fast_deepseek_router_reads_the_float32_bias(tmp_path: Path, device: str
     assert moe.w.score_bias[0].item() == 1.0 + 2**-9
     _, experts = moe.route(torch.ones(1, hidden, dtype=torch.bfloat16, device=device))
     assert sorted(experts[0, :2].tolist()) == [0, 1]
+
+
+def test_random_weights_quantized_on_the_device(device: str) -> None:
+    """The benchmark's quantized random models (`random_runner(..., quantize=FMT)`)."""
+    from resin_model.hf_config import parse_config
+    from resin_models_cuda import RunnerOptions
+    from resin_models_cuda.runner import random_runner
+
+    options = RunnerOptions(page_size=4, max_batch=2, max_context=32, num_pages=8)
+    for arch, fmt in (("llama", "fp8-channel"), ("qwen3_moe", "fp8-block"), ("gpt_oss", "mxfp4")):
+        model = random_runner(parse_config(TINY[arch]), options, device, torch.float32,
+                              quantize=fmt).model  # type: ignore[arg-type]  # fmt: skip
+        assert model.config.quant is not None
+        _assert_kept_quantized(model, fmt)
+
+
+def test_fused_and_sliced_fp8_weights_keep_their_exact_values() -> None:
+    """Parts fused by rows (per-tensor scales become one per row) and a block weight cut at
+    rows and columns off its 128 blocks (scales repeated into finer blocks) dequantize to
+    exactly the original values."""
+    from resin_model.quant import dequantize_fp8, quantize_fp8
+    from resin_models_cuda.layers.quantized import Fp8Weight, Linear, cat_fp8, slice_fp8
+
+    torch.manual_seed(0)
+    parts, dense = [], []
+    for n in (64, 32, 32):
+        q, s = quantize_fp8(torch.randn(n, 48), (n, 48))
+        parts.append(Fp8Weight(q, s, (n, 48)))
+        dense.append(dequantize_fp8(q, s, (n, 48)))
+    fused = Linear(cat_fp8(parts)).weight
+    assert isinstance(fused, Fp8Weight) and fused.block == (1, 48)
+    assert torch.equal(dequantize_fp8(fused.w, fused.scale, fused.block), torch.cat(dense))
+    q, s = quantize_fp8(torch.randn(300, 256), (128, 128))
+    whole = dequantize_fp8(q, s, (128, 128))
+    for start, size in ((0, 96), (96, 96), (192, 64)):
+        cols = slice_fp8(Fp8Weight(q, s, (128, 128)), 1, start, size)
+        rows = slice_fp8(Fp8Weight(q, s, (128, 128)), 0, start, size)
+        assert torch.equal(dequantize_fp8(cols.w, cols.scale, cols.block),
+                           whole[:, start : start + size])  # fmt: skip
+        assert torch.equal(dequantize_fp8(rows.w, rows.scale, rows.block),
+                           whole[start : start + size])  # fmt: skip

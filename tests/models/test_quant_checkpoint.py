@@ -152,3 +152,23 @@ def _v3_tiny() -> dict[str, object]:
         "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "moe_intermediate_size": 32,
         "first_k_dense_replace": 1, "n_shared_experts": 1, "routed_scaling_factor": 1.0,
     }  # fmt: skip
+
+
+def test_weight_bytes_count_the_stored_format() -> None:
+    """The runner benchmark's bandwidth fraction uses the bytes a quantized model reads."""
+    from dataclasses import replace
+
+    from resin_model.config import ModelConfig
+    from resin_model.presets import preset, weight_bytes_read
+    from resin_model.quant_checkpoint import QuantFormat, quantization_config
+    from resin_model.quant_config import parse_quant_config
+
+    def quantized(name: str, fmt: QuantFormat) -> ModelConfig:
+        return replace(preset(name), quant=parse_quant_config(quantization_config(fmt)))
+
+    llama = preset("llama-8b")
+    head = llama.vocab_size * llama.hidden_size * 2  # the untied LM head stays bf16
+    fp8 = weight_bytes_read(quantized("llama-8b", "fp8-channel"), 1)
+    assert fp8 == (weight_bytes_read(llama, 1) - head) // 2 + head
+    mxfp4 = weight_bytes_read(quantized("gpt-oss-20b", "mxfp4"), 64)
+    assert mxfp4 < weight_bytes_read(preset("gpt-oss-20b"), 64) / 3

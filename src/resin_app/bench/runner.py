@@ -2,6 +2,7 @@
 
     resin bench runner --random-weights --model-config llama-8b,qwen3-30b-a3b,gpt-oss-20b \
         --context-lengths 1024,4096 --batch-sizes 1,64,256 --output bench/gpu.jsonl
+    resin bench runner --random-weights --model-config llama-8b,llama-8b:fp8-channel ...
 
 Models run one after the other in one process (one set of in-run ceilings); prints one table,
 appends JSONL (one line per point plus an `env` line per model), writes PNG charts next to the
@@ -40,7 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-config", default="llama-8b",
                    help="comma-separated presets: llama-8b, qwen3-8b, qwen3-30b-a3b, "
                         "gpt-oss-20b, gemma3-12b, olmo2-7b, llama-1b, deepseek-v2-lite, "
-                        "tiny-<arch>")  # fmt: skip
+                        "tiny-<arch>; PRESET:FORMAT quantizes the random weights on the "
+                        "device (fp8-block, fp8-channel, mxfp4)")  # fmt: skip
     p.add_argument("--context-lengths", type=_ints, default=[1024, 4096, 8192],
                    help="prefill sweep: prompt lengths")  # fmt: skip
     p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 32, 64, 128, 256],
@@ -141,6 +143,7 @@ def _bench_model(
     from resin_app.bench.plans import PagedPlanner
     from resin_app.bench.runner_bench import RunnerBench
     from resin_model.presets import preset
+    from resin_model.quant_checkpoint import check_format
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
     steps = args.warmup + args.iters
@@ -152,7 +155,9 @@ def _bench_model(
     if args.checkpoint:
         runner = load_runner(args.checkpoint, options, str(device), dtype)
     else:
-        runner = random_runner(preset(name), options, str(device), dtype)
+        base, _, fmt = name.partition(":")
+        quantize = check_format(fmt, preset(base).model_type) if fmt else None
+        runner = random_runner(preset(base), options, str(device), dtype, quantize=quantize)
     load_s = time.perf_counter() - t0
     groups = len(runner.model.group_kinds)
     decode_pages = -(-(max(args.decode_contexts) + steps + 1) // args.page_size)

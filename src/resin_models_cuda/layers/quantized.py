@@ -119,6 +119,10 @@ class Linear:
     """`y = x W^T + b` with `W` dense (cuBLAS) or FP8 (`fp8_linear`)."""
 
     def __init__(self, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> None:
+        if isinstance(weight, Fp8Weight):
+            (n, k), (qn, qk) = weight.w.shape, weight.block
+            if qk >= k and 1 < qn < n:  # fused per-tensor parts: one scale per row (cuBLASLt)
+                weight = weight.refined((1, k))
         self.weight, self.bias = weight, bias
 
     @property
