@@ -5,7 +5,8 @@
 #   serve.jsonl   `resin bench serve` at concurrency 1 and 64 (200-word prompts, 256 tokens out)
 #   engine.jsonl  `resin bench engine --overlap --runner cuda` at batch 1 and 64 (same shapes,
 #                 random weights of the same preset: the runner's speed does not depend on them)
-# Usage: OUT=/path scripts/gpu_serve_bench.sh   (PY, CKPT, PORT override the defaults; a CPU
+# Usage: OUT=/path scripts/gpu_serve_bench.sh   (PY, CKPT, PORT, TOKENIZER (a folder to copy
+# instead of SmolLM2's), PROMPTS_1 / PROMPTS_64 override the defaults; a CPU
 # smoke run of the plumbing: PRESET=tiny DEVICE=cpu ENGINE_RUNNER=torch)
 set -euo pipefail
 OUT="${OUT:?set OUT to a folder}"
@@ -20,7 +21,8 @@ mkdir -p "$OUT"
 
 # (a) the checkpoint folder (once: shards drawn on the GPU, ~16 GB written)
 if [ ! -f "$CKPT/model.safetensors.index.json" ]; then
-  "$PY" -m resin_app bench checkpoint --preset "$PRESET" --output "$CKPT" --device "$DEVICE"
+  "$PY" -m resin_app bench checkpoint --preset "$PRESET" --output "$CKPT" --device "$DEVICE" \
+    ${TOKENIZER:+--tokenizer "$TOKENIZER"}
 fi
 
 # (b) the server, timed to /health 200
@@ -41,9 +43,9 @@ echo "{\"what\": \"resin serve --device cuda to /health 200\", \"seconds\": $rea
 echo "ready after ${ready} s: $line"
 
 # (c) through HTTP at concurrency 1 and 64
-"$PY" -m resin_app bench serve --url "$URL" --max-concurrency 1 --num-prompts 16 \
+"$PY" -m resin_app bench serve --url "$URL" --max-concurrency 1 --num-prompts "${PROMPTS_1:-16}" \
   --input-len 200 --output-len 256 --ignore-eos --output "$OUT/serve.jsonl"
-"$PY" -m resin_app bench serve --url "$URL" --max-concurrency 64 --num-prompts 256 \
+"$PY" -m resin_app bench serve --url "$URL" --max-concurrency 64 --num-prompts "${PROMPTS_64:-256}" \
   --input-len 200 --output-len 256 --ignore-eos --output "$OUT/serve.jsonl"
 kill -- -"${server}"
 wait "$server" 2>/dev/null || true
