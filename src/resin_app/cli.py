@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Literal
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -76,6 +75,14 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
     serve.add_argument("--queue-capacity", type=int, default=1024)
     serve.add_argument("--max-active", type=int, default=128)
+    serve.add_argument(
+        "--api-server-count",
+        type=int,
+        default=None,
+        metavar="N",
+        help="frontend processes sharing the port, each engine replica in its own process "
+        "(default: from the core count, 1 to 4; 0: everything in this one process)",
+    )
     serve.add_argument("--stream-interval", type=int, default=4)
     serve.add_argument("--max-body-mb", type=float, default=4.0)
     serve.add_argument("--disable-log-requests", action="store_true", help="no line per request")
@@ -145,10 +152,11 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace) -> object:
-    from resin_app.loading import LoadOptions, load
+def load_options(args: argparse.Namespace) -> object:
+    """`resin serve` / `resin chat`'s options as `LoadOptions`."""
+    from resin_app.loading import LoadOptions
 
-    options = LoadOptions(
+    return LoadOptions(
         checkpoint=args.checkpoint,
         model=args.model,
         device=args.device,
@@ -164,7 +172,18 @@ def _load(args: argparse.Namespace) -> object:
         tensor_parallel=args.tensor_parallel,
         data_parallel=args.data_parallel,
     )
+
+
+def _load(args: argparse.Namespace) -> object:
+    from resin_app.loading import LoadOptions, check_parallel, check_recipe_name, load
+
+    options = load_options(args)
+    assert isinstance(options, LoadOptions)
     try:
+        if args.command == "serve" and args.api_server_count != 0:
+            check_recipe_name(options.recipe)  # refused before any process starts
+            check_parallel(options)
+            return options
         return load(options)
     except ValueError as exc:  # a bad option (say, an unknown --recipe): exit as argparse does
         print(f"resin {args.command}: error: {exc}", file=sys.stderr)
@@ -172,40 +191,20 @@ def _load(args: argparse.Namespace) -> object:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from resin.server import HttpServer
-    from resin.server.protocol import ConnectionLimits
-    from resin.server.service import Limits
-    from resin_app.loading import Loaded
+    from resin_app.loading import Loaded, LoadOptions
+    from resin_app.serving import build_server, log_to_stderr
 
     loaded = _load(args)
+    if isinstance(loaded, LoadOptions):  # engine processes (docs/server.md "Processes")
+        from resin_app import serve_split
+
+        return serve_split.serve(args, loaded)
     assert isinstance(loaded, Loaded)
-    server = HttpServer(
-        list(loaded.engines),
-        loaded.recipe,
-        tokenizer=loaded.tokenizer,
-        model=args.served_model_name or loaded.name,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        stream_interval=args.stream_interval,
-        request_queue_capacity=args.queue_capacity,
-        max_active=args.max_active,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        context_length=loaded.context_length,
-        limits=Limits(max_generations=args.max_generations),
-        connection_limits=ConnectionLimits(
-            timeout_keep_alive=args.timeout_keep_alive,
-            timeout_headers=args.timeout_headers,
-            max_header_bytes=args.max_header_kb * 1024,
-            max_connections=args.max_connections,
-        ),
-        allowed_hosts=_hosts(args.allowed_hosts),
-        special_tokens_in_text=args.special_tokens_in_text,
-        generation_defaults=loaded.defaults,
-        log_requests=not args.disable_log_requests,
-        log_stats_s=None if args.disable_log_stats else args.log_stats_interval,
-    )
-    _log_to_stderr()
+    server = build_server(
+        args, loaded.engines, loaded.recipe, loaded.tokenizer, loaded.name,
+        loaded.context_length, loaded.defaults,
+    )  # fmt: skip
+    log_to_stderr()
     uv = server.make_uvicorn()
     url = f"http://{args.host}:{args.port}"
     _announce_when_ready(uv, url, loaded.name)
@@ -217,24 +216,6 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         loaded.close()
     return code
-
-
-def _log_to_stderr() -> None:
-    """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
-    import logging
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("resin")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-
-
-def _hosts(value: str | None) -> list[str] | Literal["loopback-default"] | None:
-    if value is None:
-        return "loopback-default"
-    return [h.strip() for h in value.split(",") if h.strip()]
 
 
 def _announce_when_ready(uv: object, url: str, name: str) -> None:
