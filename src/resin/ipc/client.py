@@ -8,10 +8,10 @@ actor over a client only forwards (`resin_app.serve_split` gives it no limits of
 
 What the frontend reads from other threads: `num_waiting`, `num_running` and `metrics` are
 the engine's last report (sent with every output and at least every status interval while it
-works); `cached_prefix` is a local record of the prompts this client sent (page-aligned
-block hashes, least recently used dropped), the routing hint data-parallel replicas use: a
-prompt whose prefix this replica saw is routed back to it. Prompts with media are not
-recorded.
+works, read whenever the actor looks for work); `cached_prefix` is a local record of the
+prompts this client sent (page-aligned block hashes, least recently used dropped), the
+routing hint data-parallel replicas use: a prompt whose prefix this replica saw is routed
+back to it. Prompts with media are not recorded.
 
 When the engine process ends (its socket disconnects), `has_work()` turns True and `step()`
 raises, so the actor fails the open requests (503s, error events) and stops.
@@ -82,7 +82,9 @@ class EngineClient:
         self._socket.send(wire.encode(wire.Hello(frontend)))
         self.info = self._wait_ready(ready_timeout_s)
         self.grammar = RemoteGrammar(self.info.compile_timeout_s) if self.info.has_grammar else None
-        self.metrics: MetricsSnapshot | None = None
+        self.metrics: MetricsSnapshot | None = (
+            pickle.loads(self.info.metrics) if self.info.metrics else None
+        )
         self.num_waiting = 0
         self.num_running = 0
         self.dead = False
@@ -137,7 +139,8 @@ class EngineClient:
             self._socket.send(wire.encode(wire.Abort(rid)))
 
     def has_work(self) -> bool:
-        return bool(self._inflight) or self._disconnected()
+        """Requests in flight, a report waiting to be read, or the engine process ended."""
+        return bool(self._inflight) or bool(self._socket.poll(0)) or self._disconnected()
 
     def step(self) -> list[Event | Refusal]:
         """The engine's outputs since the last call (waits up to `poll_ms` for some)."""

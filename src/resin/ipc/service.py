@@ -100,6 +100,7 @@ class EngineService:
         self._stopping = False
         self._stopped_intake = False
         self._next_status = 0.0
+        self._dirty = True  # something changed since the last status went out
         self._grammar: Any = getattr(engine, "grammar", None)
 
     def _bind(self, address: str) -> _Frontend:
@@ -122,6 +123,7 @@ class EngineService:
             page_size=int(self.engine.layout.page_size),
             has_grammar=self._grammar is not None,
             compile_timeout_s=float(getattr(self._grammar, "compile_timeout_s", 10.0)),
+            metrics=_metrics(self.engine),
         )
 
     def request_stop(self) -> None:
@@ -141,10 +143,12 @@ class EngineService:
             if self._stopping and not busy and not self._compiling:
                 self._flush()
                 return
-            self._poll(0 if busy else 0.005 if self._compiling else 0.25)
+            idle = self.policy.status_interval_s if self._dirty else 0.25
+            self._poll(0 if busy else 0.005 if self._compiling else idle)
             self._check_compiles()
             self._admit()
             if self.engine.has_work():
+                self._dirty = True
                 self._route(self.engine.step())
                 if self.dead:
                     self._flush()
@@ -159,6 +163,7 @@ class EngineService:
     # ---- messages in -------------------------------------------------------------------
     def _poll(self, timeout_s: float) -> None:
         ready = dict(self._poller.poll(int(timeout_s * 1000)))
+        self._dirty = self._dirty or bool(ready)
         for index, front in enumerate(self._fronts):
             if front.monitor in ready:
                 self._monitor(index, front)
@@ -310,12 +315,12 @@ class EngineService:
 
     def _flush(self) -> None:
         now = time.monotonic()
-        status = now >= self._next_status
+        status = self._dirty and now >= self._next_status
         metrics = b""
         if status:
+            self._dirty = False
             self._next_status = now + self.policy.status_interval_s
-            snapshot = getattr(self.engine, "metrics", None)
-            metrics = b"" if snapshot is None else _pickle(snapshot)
+            metrics = _metrics(self.engine)
         waiting = self.engine.num_waiting + len(self._pending) + len(self._compiling)
         running = self.engine.num_running
         for index, front in enumerate(self._fronts):
@@ -341,7 +346,9 @@ class EngineService:
         return True
 
 
-def _pickle(value: object) -> bytes:
+def _metrics(engine: Any) -> bytes:
+    """The engine's metrics snapshot, pickled (empty when it keeps none)."""
     import pickle
 
-    return pickle.dumps(value)
+    snapshot = getattr(engine, "metrics", None)
+    return b"" if snapshot is None else pickle.dumps(snapshot)

@@ -54,6 +54,8 @@ class Ready(msgspec.Struct, tag=True):
     page_size: int
     has_grammar: bool
     compile_timeout_s: float
+    metrics: bytes = b""
+    """A pickled `MetricsSnapshot` (empty: the engine keeps no metrics)."""
 
 
 class Submit(msgspec.Struct, tag=True):
