@@ -39,6 +39,9 @@ from resin.plan import MediaItem
 
 log = logging.getLogger("resin.ipc")
 
+WAIT_ON_DEVICE_S = 0.001
+"""The poll's wait after a step that returned no events (the device is still busy)."""
+
 SEND_HWM = 100_000
 """Messages queued for one frontend before it counts as gone (it stopped reading)."""
 
@@ -101,6 +104,7 @@ class EngineService:
         self._stopped_intake = False
         self._next_status = 0.0
         self._dirty = True  # something changed since the last status went out
+        self._wait = 0.0  # how long to poll while the engine has work
         self._grammar: Any = getattr(engine, "grammar", None)
 
     def _bind(self, address: str) -> _Frontend:
@@ -144,12 +148,17 @@ class EngineService:
                 self._flush()
                 return
             idle = self.policy.status_interval_s if self._dirty else 0.25
-            self._poll(0 if busy else 0.005 if self._compiling else idle)
+            self._poll(self._wait if busy else 0.005 if self._compiling else idle)
             self._check_compiles()
             self._admit()
             if self.engine.has_work():
                 self._dirty = True
-                self._route(self.engine.step())
+                events = self.engine.step()
+                # A step that returned nothing waits on the device (an overlapped runner's
+                # thread): block in the poll a moment instead of spinning, so that thread
+                # gets the GIL (a spinning loop makes every one of its ops wait).
+                self._wait = 0.0 if events else WAIT_ON_DEVICE_S
+                self._route(events)
                 if self.dead:
                     self._flush()
                     return
