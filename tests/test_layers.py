@@ -53,6 +53,7 @@ CONTRACTS = ("resin.plan", "resin.params", "resin.protocols", "resin.events", "r
 LAYERS: tuple[tuple[str, int], ...] = (
     ("resin.server", 5),
     ("resin.frontend", 4),
+    ("resin.ipc", 4),
     ("resin.engine", 3),
     ("resin.recipe", 3),
     ("resin.tokenizer", 2),

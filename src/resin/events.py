@@ -6,7 +6,10 @@ import enum
 from dataclasses import dataclass
 
 
-class FinishReason(enum.Enum):
+class FinishReason(enum.StrEnum):
+    """Why a request ended: the one finish vocabulary, the engine's and the frontend's (a
+    `str`: `FinishReason.LENGTH == "length"`, and JSON writes it as that string)."""
+
     STOP = "stop"
     """A stop token was generated (it is included in the output)."""
     LENGTH = "length"

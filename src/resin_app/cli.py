@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from resin_app.loading import LoadOptions
@@ -128,6 +128,14 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
     serve.add_argument("--queue-capacity", type=int, default=1024)
     serve.add_argument("--max-active", type=int, default=128)
+    serve.add_argument(
+        "--api-server-count",
+        type=int,
+        default=None,
+        metavar="N",
+        help="frontend processes sharing the port, each engine replica in its own process "
+        "(default: from the core count, 1 to 4; 0: everything in this one process)",
+    )
     serve.add_argument("--stream-interval", type=int, default=4)
     serve.add_argument("--max-body-mb", type=float, default=4.0)
     serve.add_argument("--disable-log-requests", action="store_true", help="no line per request")
@@ -243,74 +251,44 @@ def _load(args: argparse.Namespace, on_stage: Any = None) -> object:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Bind the port (503 `loading` on it while the model loads and warms up), then serve."""
+    """Each engine replica in its own process behind `--api-server-count` frontends
+    (docs/server.md "Processes"); with `--api-server-count 0`, everything in this process:
+    the port bound first (503 `loading` on it while the model loads and warms up), then
+    served."""
     from resin_app.loading import check_options
+    from resin_app.serving import build_server, log_to_stderr
     from resin_app.startup import Listener, serve_after_loading
 
+    options = _options(args)
+    if args.api_server_count != 0:
+        try:
+            check_options(options)  # refused before any process starts
+        except ValueError as exc:
+            raise _refuse(args, exc) from None
+        from resin_app import serve_split
+
+        return serve_split.serve(args, options)
     try:
-        check_options(_options(args))
+        check_options(options)
         listener = Listener(args.host, args.port)
     except (ValueError, OSError) as exc:
         raise _refuse(args, exc) from None
-    _log_to_stderr()
+    log_to_stderr()
     url = f"http://{args.host}:{args.port}"
     return serve_after_loading(
         listener,
         lambda readiness: _load(args, readiness.set),
-        lambda loaded: _server(args, loaded),
+        lambda loaded: build_server(
+            args,
+            loaded.engines,
+            loaded.recipe,
+            loaded.tokenizer,
+            args.served_model_name or loaded.name,
+            loaded.context_length,
+            loaded.defaults,
+        ),
         lambda loaded, uv: _announce_when_ready(uv, url, args.served_model_name or loaded.name),
     )
-
-
-def _server(args: argparse.Namespace, loaded: Any) -> Any:
-    from resin.server import HttpServer
-    from resin.server.connection_limits import ConnectionLimits
-    from resin.server.service import Limits
-
-    return HttpServer(
-        list(loaded.engines),
-        loaded.recipe,
-        tokenizer=loaded.tokenizer,
-        model=args.served_model_name or loaded.name,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        stream_interval=args.stream_interval,
-        request_queue_capacity=args.queue_capacity,
-        max_active=args.max_active,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        context_length=loaded.context_length,
-        limits=Limits(max_generations=args.max_generations),
-        connection_limits=ConnectionLimits(
-            timeout_keep_alive=args.timeout_keep_alive,
-            timeout_headers=args.timeout_headers,
-            max_header_bytes=args.max_header_kb * 1024,
-            max_connections=args.max_connections,
-        ),
-        allowed_hosts=_hosts(args.allowed_hosts),
-        special_tokens_in_text=args.special_tokens_in_text,
-        generation_defaults=loaded.defaults,
-        log_requests=not args.disable_log_requests,
-        log_stats_s=None if args.disable_log_stats else args.log_stats_interval,
-    )
-
-
-def _log_to_stderr() -> None:
-    """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
-    import logging
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("resin")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-
-
-def _hosts(value: str | None) -> list[str] | Literal["loopback-default"] | None:
-    if value is None:
-        return "loopback-default"
-    return [h.strip() for h in value.split(",") if h.strip()]
 
 
 def _announce_when_ready(uv: object, url: str, name: str) -> None:

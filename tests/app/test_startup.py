@@ -175,7 +175,7 @@ def test_serve_on_a_port_in_use_fails_before_loading(capsys: pytest.CaptureFixtu
         taken.bind(("127.0.0.1", port))
         taken.listen()
         with pytest.raises(SystemExit) as exit_info:
-            main(["serve", "--fake-runner", "--port", str(port)])
+            main(["serve", "--fake-runner", "--api-server-count", "0", "--port", str(port)])
     assert exit_info.value.code == 2
     assert "Address already in use" in capsys.readouterr().err
 
@@ -190,7 +190,16 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port()
     port = free_port()
     src = Path(__file__).resolve().parents[2] / "src"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "resin_app", "serve", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "resin_app",
+            "serve",
+            "--api-server-count",
+            "0",
+            "--port",
+            str(port),
+        ],
         env={**os.environ, "PYTHONPATH": str(src)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

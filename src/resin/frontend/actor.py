@@ -32,7 +32,7 @@ from resin.events import Event, FinishedEvent, TokensEvent
 from resin.frontend.compiling import Compiling
 from resin.frontend.errors import EngineUnavailable
 from resin.frontend.intake_slots import IntakeSlots, Reservation, SlotsFront
-from resin.frontend.ports import ConstraintCompiler, EngineLike
+from resin.frontend.ports import ConstraintCompiler, EngineLike, Refusal
 from resin.frontend.stream import RequestStream, StreamError, StreamItem
 from resin.params import SamplingParams
 from resin.plan import MediaItem
@@ -273,14 +273,17 @@ class EngineActor(SlotsFront):
         sub.reservation.release()
         self._post([(sub.stream, error)])
 
-    def _dispatch(self, events: list[Event]) -> None:
+    def _dispatch(self, events: Sequence[Event | Refusal]) -> None:
         batches: dict[int, list[Event]] = {}
+        out: list[tuple[RequestStream, StreamItem]] = []
         for event in events:
-            if isinstance(event, TokensEvent | FinishedEvent):
+            if isinstance(event, Refusal):
+                if (stream := self._active.pop(event.request_id, None)) is not None:
+                    out.append((stream, StreamError(event.message, event.kind)))
+            elif isinstance(event, TokensEvent | FinishedEvent):
                 batches.setdefault(event.request_id, []).append(event)
             else:
                 log.warning("engine error event: %s", event.message)
-        out: list[tuple[RequestStream, StreamItem]] = []
         for rid, batch in batches.items():
             stream = self._active.get(rid)
             if stream is None:

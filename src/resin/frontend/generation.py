@@ -13,15 +13,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from resin.events import FinishedEvent, TokensEvent, TopLogprob
+from resin.events import FinishedEvent, FinishReason, TokensEvent, TopLogprob
 from resin.frontend.actor import EngineActor
 from resin.frontend.errors import EngineUnavailable, QueueFull, RequestRefused
 from resin.frontend.ports import OutputParser
 from resin.frontend.stop_strings import StopMatcher
 from resin.frontend.stream import RequestStream, StreamError
 from resin.recipe.deltas import Delta, ReasoningDelta, TextDelta
-
-FinishName = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +31,8 @@ class TokenLogprob:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    reason: FinishName
+    reason: FinishReason
+    """The engine's own finish vocabulary (a stop string hit is `stop`)."""
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -42,7 +41,7 @@ class Finish:
     @property
     def failed(self) -> bool:
         """Cut off (aborted or failed): never answered as a complete `stop`."""
-        return self.reason in ("abort", "error")
+        return self.reason in (FinishReason.ABORT, FinishReason.ERROR)
 
 
 @dataclass(slots=True)
@@ -125,14 +124,14 @@ class Generation:
             if batch is None:
                 item = await self.stream.get()
                 if isinstance(item, StreamError):
-                    yield self._finish_update([], "error", item.message)
+                    yield self._finish_update([], FinishReason.ERROR, item.message)
                     return
                 batch = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
             for event in batch:
                 if isinstance(event, FinishedEvent):
-                    reason: FinishName = event.reason.value
+                    reason = event.reason
                     error = event.error
-                    if reason == "abort":
+                    if reason is FinishReason.ABORT:
                         error = error or self.stream.abort_reason or "the request was aborted"
                     yield self._finish_update([], reason, error)
                     return
@@ -141,7 +140,7 @@ class Generation:
                 for part in _one_by_one(event) if self.stops.stops else (event,):
                     update = self._on_tokens(part)
                     if self.stops.hit:
-                        yield self._finish_update(update.deltas, "stop", None, update)
+                        yield self._finish_update(update.deltas, FinishReason.STOP, None, update)
                         return
                     yield update
             batch = None
@@ -183,7 +182,7 @@ class Generation:
     def _finish_update(
         self,
         deltas: list[Delta],
-        reason: FinishName,
+        reason: FinishReason,
         error: str | None,
         base: Update | None = None,
     ) -> Update:
@@ -196,7 +195,7 @@ class Generation:
                 deltas.append(TextDelta(tail))
         update.deltas = deltas
         if self.stops.hit:
-            reason = "stop"
+            reason = FinishReason.STOP
             self.actor.abort(self.stream)
         self.done = True
         update.finish = Finish(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from resin.events import Event
@@ -21,8 +22,21 @@ __all__ = [
     "ConstraintCompiler",
     "EngineLike",
     "OutputParser",
+    "Refusal",
     "RequestHandle",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A submitted request an engine did not take, reported by a later `step()` instead of
+    by `submit` raising (an engine in another process, `resin.ipc.EngineClient`): it gets no
+    `FinishedEvent`. `kind` as `StreamError.kind`: `refused` (bad input, a 400), `busy` (a
+    429), `unavailable` (a 503)."""
+
+    request_id: int
+    message: str
+    kind: Literal["refused", "busy", "unavailable"]
 
 
 class RequestHandle(Protocol):
@@ -52,7 +66,7 @@ class EngineLike(Protocol):
         media: Sequence[MediaItem] = (),
     ) -> RequestHandle: ...
 
-    def step(self) -> list[Event]: ...
+    def step(self) -> Sequence[Event | Refusal]: ...
 
     def abort(self, request: Any) -> None: ...
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
+from resin.events import FinishReason
 from resin.frontend.generation import Finish, Update
 from resin.frontend.intake import Generations
 from resin.server.asgi import SSEResponse, sse, until_disconnect
@@ -216,7 +217,7 @@ class ResponseBuilder:
 
     def failed(self, message: str) -> str:
         """`response.failed` for an answer cut off outside the engine (a too-slow reader)."""
-        finish = Finish("error", 0, 0, 0, message)
+        finish = Finish(FinishReason.ERROR, 0, 0, 0, message)
         return self.event("response.failed", response=self.response("failed", finish))
 
     # ---- the two answers -------------------------------------------------------------

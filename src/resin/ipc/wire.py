@@ -1,0 +1,187 @@
+"""The messages between an engine process and a frontend, and their encoding.
+
+msgspec msgpack, one tagged `Struct` per message. The per-step `Outputs` carries every
+request's new tokens as three flat numpy buffers (request ids, token counts, token ids) plus
+the finishes and refusals of that step: decoding it costs a few buffer views and one
+`TokensEvent` per request, never one Python object per token. Rare, richer parts (logprobs,
+sampling parameters, media, a metrics snapshot) travel pickled inside the message: both ends
+are processes of one `resin serve`, on one host, started by the same user (the channel
+trusts its peer, as `torch.distributed` does).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from resin.events import Event, FinishedEvent, FinishReason, TokensEvent
+from resin.params import SamplingParams
+from resin.plan import MediaItem
+
+__all__ = [
+    "Abort",
+    "Hello",
+    "Message",
+    "Outputs",
+    "Ready",
+    "Submit",
+    "decode",
+    "encode",
+    "pack_outputs",
+    "unpack_outputs",
+]
+
+_ID = np.int64
+_TOKEN = np.int32
+
+
+class Hello(msgspec.Struct, tag=True):
+    """Frontend -> engine, once: the engine answers with `Ready`."""
+
+    frontend: int
+
+
+class Ready(msgspec.Struct, tag=True):
+    """Engine -> frontend: the engine loaded, warmed up and serves."""
+
+    pid: int
+    context_length: int
+    vocab_size: int
+    page_size: int
+    has_grammar: bool
+    compile_timeout_s: float
+    metrics: bytes = b""
+    """A pickled `MetricsSnapshot` (empty: the engine keeps no metrics)."""
+
+
+class Submit(msgspec.Struct, tag=True):
+    """Frontend -> engine: one request, under the frontend's own id (unique per engine)."""
+
+    rid: int
+    prompt: bytes
+    """int32 token ids."""
+    params: bytes
+    """The pickled `SamplingParams` (constraint and logit bias included)."""
+    media: bytes = b""
+    """The pickled `MediaItem` tuple, empty without media."""
+
+
+class Abort(msgspec.Struct, tag=True):
+    rid: int
+
+
+class Outputs(msgspec.Struct, tag=True):
+    """Engine -> frontend: one step's events for that frontend's requests, in order per
+    request: tokens first, then its finish."""
+
+    rids: bytes = b""
+    """int64, one per plain `TokensEvent`."""
+    counts: bytes = b""
+    """int32 tokens per plain event."""
+    tokens: bytes = b""
+    """int32, the plain events' tokens back to back."""
+    cached: bytes = b""
+    """int32 prefix-cache hit per plain event (0 after a request's first event)."""
+    rich: bytes = b""
+    """Pickled `TokensEvent`s with logprobs (requests that asked for them)."""
+    finished: list[tuple[int, str, int, int, int, str | None]] = []
+    """(rid, reason, prompt tokens, output tokens, cached tokens, error)."""
+    refused: list[tuple[int, str, str]] = []
+    """(rid, message, kind): requests the engine did not take (`refused` | `busy`)."""
+    waiting: int = 0
+    running: int = 0
+    metrics: bytes = b""
+    """A pickled `MetricsSnapshot`, at most every status interval."""
+
+
+Message = Hello | Ready | Submit | Abort | Outputs
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | memoryview) -> Message:
+    return _decoder.decode(data)
+
+
+def submit_message(
+    rid: int,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    media: Sequence[MediaItem] = (),
+) -> Submit:
+    packed = np.asarray(prompt, dtype=_TOKEN).tobytes()
+    items = pickle.dumps(tuple(media)) if media else b""
+    return Submit(rid, packed, pickle.dumps(params), items)
+
+
+def read_submit(msg: Submit) -> tuple[list[int], SamplingParams, tuple[MediaItem, ...]]:
+    prompt = np.frombuffer(msg.prompt, dtype=_TOKEN).tolist()
+    params = pickle.loads(msg.params)
+    if not isinstance(params, SamplingParams):
+        raise ValueError("sampling_params must be a SamplingParams")
+    media: tuple[MediaItem, ...] = pickle.loads(msg.media) if msg.media else ()
+    return prompt, params, media
+
+
+def _plain(event: TokensEvent) -> bool:
+    return event.logprobs is None and event.prompt_logprobs is None
+
+
+def pack_outputs(events: Sequence[Event]) -> Outputs:
+    """One step's `TokensEvent`s and `FinishedEvent`s (of one frontend) as one message."""
+    tokens = [e for e in events if isinstance(e, TokensEvent)]
+    # A request with any rich event this step sends all of them rich: its order is kept.
+    richer = {e.request_id for e in tokens if not _plain(e)}
+    plain = [e for e in tokens if e.request_id not in richer]
+    rich = [e for e in tokens if e.request_id in richer]
+    out = Outputs()
+    if plain:
+        counts = np.fromiter((len(e.token_ids) for e in plain), _TOKEN, len(plain))
+        out.rids = np.fromiter((e.request_id for e in plain), _ID, len(plain)).tobytes()
+        out.counts = counts.tobytes()
+        flat = [t for e in plain for t in e.token_ids]
+        out.tokens = np.asarray(flat, dtype=_TOKEN).tobytes()
+        out.cached = np.fromiter((e.cached_tokens for e in plain), _TOKEN, len(plain)).tobytes()
+    if rich:
+        out.rich = pickle.dumps(rich)
+    out.finished = [
+        (e.request_id, e.reason.value, e.num_prompt_tokens, e.num_output_tokens,
+         e.cached_tokens, e.error)
+        for e in events
+        if isinstance(e, FinishedEvent)
+    ]  # fmt: skip
+    return out
+
+
+def unpack_outputs(msg: Outputs) -> list[Event]:
+    """The events of `pack_outputs`, in order per request (tokens before the finish)."""
+    events: list[Event] = []
+    if msg.rids:
+        rids = np.frombuffer(msg.rids, dtype=_ID).tolist()
+        counts = np.frombuffer(msg.counts, dtype=_TOKEN)
+        cached = np.frombuffer(msg.cached, dtype=_TOKEN).tolist()
+        tokens = np.frombuffer(msg.tokens, dtype=_TOKEN).tolist()
+        ends = np.cumsum(counts).tolist()
+        start = 0
+        for rid, end, hit in zip(rids, ends, cached, strict=True):
+            events.append(TokensEvent(rid, tuple(tokens[start:end]), cached_tokens=hit))
+            start = end
+    if msg.rich:
+        events.extend(_rich(msg.rich))
+    for rid, reason, prompt, output, hit, error in msg.finished:
+        events.append(FinishedEvent(rid, FinishReason(reason), prompt, output, hit, error))
+    return events
+
+
+def _rich(data: bytes) -> list[Any]:
+    events = pickle.loads(data)
+    return [e for e in events if isinstance(e, TokensEvent)]

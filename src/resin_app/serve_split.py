@@ -1,0 +1,331 @@
+"""`resin serve` as processes: an engine process per replica, N frontend processes.
+
+The `resin serve` process supervises and serves nothing itself:
+1. it starts one engine process per data-parallel replica (`engine_main`): each builds its
+   engine and runner through `resin_app.loading.load` (one replica, its own device) and runs
+   `resin.ipc.EngineService`; it reports ready once loaded;
+2. then `--api-server-count` frontend processes (`frontend_main`): each loads the tokenizer,
+   recipe and generation defaults (no weights), drives every engine through a
+   `resin.ipc.EngineClient` under the ordinary `HttpServer` and listens on the shared port
+   (`SO_REUSEPORT`: the kernel spreads connections over the frontends);
+3. it prints the URL when every frontend listens, then waits.
+
+Ends: SIGTERM or SIGINT stops the frontends first (their open streams end with the usual
+"server is shutting down" error), then the engines; a frontend that dies has its requests
+aborted by the engines and the others go on; an engine that dies fails its own requests
+(503s, error events; `/health` says so) and when none is left the frontends stop and so does
+`resin serve` (exit code 1). Every child asks the kernel to SIGTERM it when `resin serve`
+itself dies (`PR_SET_PDEATHSIG`), so no process outlives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from resin_app.loading import LoadOptions
+
+log = logging.getLogger("resin.serve")
+
+STOP_TIMEOUT_S = 20.0
+"""How long a child may take to drain after SIGTERM before it is killed."""
+
+
+def default_api_server_count(replicas: int, cores: int | None = None) -> int:
+    """Frontends for `--api-server-count` 0 (auto): a third of the cores the engines leave,
+    between 1 and 4 (one frontend streams about 14k tokens/s; 2 cores: 1)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(4, (cores - replicas) // 3))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Who talks to whom: `addresses[i][j]` joins engine i and frontend j."""
+
+    engines: tuple[LoadOptions, ...]
+    addresses: tuple[tuple[str, ...], ...]
+    frontends: int
+
+
+def plan(options: LoadOptions, frontends: int, folder: str) -> Plan:
+    """One engine per replica (`data_parallel` 1 each; on CUDA replica i's device follows
+    the one before it by `tensor_parallel` devices), every engine joined to every frontend."""
+    replicas = options.data_parallel
+    engines = tuple(
+        replace(options, data_parallel=1, device=_device(options, i)) for i in range(replicas)
+    )
+    addresses = tuple(
+        tuple(f"ipc://{folder}/engine{i}-front{j}" for j in range(frontends))
+        for i in range(replicas)
+    )
+    return Plan(engines, addresses, frontends)
+
+
+def _device(options: LoadOptions, replica: int) -> str:
+    device = options.device
+    if not device.startswith("cuda") or replica == 0:
+        return device
+    first = int(device.partition(":")[2] or 0)
+    return f"cuda:{first + replica * options.tensor_parallel}"
+
+
+# ---- the supervisor -------------------------------------------------------------------------
+def serve(args: argparse.Namespace, options: LoadOptions) -> int:
+    """`resin serve` with engine processes: returns the exit code."""
+    count = args.api_server_count or default_api_server_count(options.data_parallel)
+    with tempfile.TemporaryDirectory(prefix="resin-ipc-") as folder:
+        layout = plan(options, count, folder)
+        supervisor = Supervisor(layout, args)
+        return supervisor.run()
+
+
+class Supervisor:
+    def __init__(self, layout: Plan, args: argparse.Namespace) -> None:
+        self.layout = layout
+        self.args = args
+        self.context = mp.get_context("spawn")
+        self.engines: list[BaseProcess] = []
+        self.frontends: list[BaseProcess] = []
+        self.signal: int | None = None
+        self.served: list[str] = []  # the model name each frontend serves
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            if not self._start():
+                return 1 if self.signal is None else 0
+            print(_banner(self.args, self.served[-1]), flush=True)
+            code = self._watch()
+        finally:
+            self._stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return code
+
+    def _on_signal(self, sig: int, frame: Any) -> None:
+        self.signal = sig
+
+    def _start(self) -> bool:
+        engine_ends = [self._spawn_engine(i, opts) for i, opts in enumerate(self.layout.engines)]
+        if not self._await(engine_ends, self.engines, "engine"):
+            return False
+        front_ends = [self._spawn_frontend(j) for j in range(self.layout.frontends)]
+        return self._await(front_ends, self.frontends, "frontend")
+
+    def _spawn_engine(self, index: int, options: LoadOptions) -> Connection:
+        mine, theirs = self.context.Pipe(duplex=False)
+        target_args = (options, self.layout.addresses[index], theirs, _policy(self.args))
+        proc = self.context.Process(
+            target=engine_main, args=target_args, name=f"resin-engine-{index}"
+        )
+        proc.start()
+        theirs.close()
+        self.engines.append(proc)
+        return mine
+
+    def _spawn_frontend(self, index: int) -> Connection:
+        mine, theirs = self.context.Pipe(duplex=False)
+        addresses = [row[index] for row in self.layout.addresses]
+        proc = self.context.Process(
+            target=frontend_main,
+            args=(self.args, self.layout.engines[0], index, addresses, theirs),
+            name=f"resin-frontend-{index}",
+        )
+        proc.start()
+        theirs.close()
+        self.frontends.append(proc)
+        return mine
+
+    def _await(self, ends: list[Connection], procs: list[BaseProcess], what: str) -> bool:
+        """Every child of `procs` reported ready (False: one failed, or a signal came)."""
+        waiting = dict(zip(ends, procs, strict=True))
+        while waiting and self.signal is None:
+            for end in wait([*waiting, *(p.sentinel for p in waiting.values())], 0.2):
+                if isinstance(end, Connection) and end in waiting:
+                    message = end.recv() if end.poll() else ("error", "exited")
+                    if message[0] != "ready":
+                        print(f"resin serve: {what} failed: {message[1]}", file=sys.stderr)
+                        return False
+                    del waiting[end]
+                    self.served.append(str(message[1]))
+            if any(not p.is_alive() for p in waiting.values()):
+                dead = next(p for p in waiting.values() if not p.is_alive())
+                print(f"resin serve: {dead.name} exited ({dead.exitcode})", file=sys.stderr)
+                return False
+        return not waiting
+
+    def _watch(self) -> int:
+        """Until a signal, or until no frontend is left (the engines all died, or the
+        frontends were killed)."""
+        seen: set[str] = set()
+        while self.signal is None:
+            wait([p.sentinel for p in self.engines + self.frontends if p.is_alive()], 0.2)
+            for proc in self.engines + self.frontends:
+                if not proc.is_alive() and proc.name not in seen:
+                    seen.add(proc.name)
+                    print(f"resin serve: {proc.name} exited ({proc.exitcode})", file=sys.stderr)
+            if not any(p.is_alive() for p in self.frontends):
+                return 1
+            if not any(p.is_alive() for p in self.engines):
+                self._wait_for(self.frontends, 5.0)  # they stop on their own: no engine
+        return 130 if self.signal == signal.SIGINT else 0
+
+    def _stop_all(self) -> None:
+        for group in (self.frontends, self.engines):
+            for proc in group:
+                if proc.is_alive() and proc.pid is not None:
+                    os.kill(proc.pid, signal.SIGTERM)
+            self._wait_for(group, STOP_TIMEOUT_S)
+            for proc in group:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(5)
+
+    @staticmethod
+    def _wait_for(procs: Sequence[BaseProcess], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+
+
+def _banner(args: argparse.Namespace, name: str) -> str:
+    url = f"http://{args.host}:{args.port}"
+    return f"resin: serving {name} at {url}  (chat page: {url}/ , API: {url}/v1)"
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    from resin.ipc import ServicePolicy
+
+    return ServicePolicy(max_active=args.max_active, queue_capacity=args.queue_capacity)
+
+
+# ---- children -------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """SIGTERM this process when its parent (`resin serve`) dies, even by SIGKILL."""
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
+def engine_main(
+    options: LoadOptions, addresses: Sequence[str], ready: Connection, policy: Any
+) -> None:
+    """An engine process: load one replica, serve it until SIGTERM or its runner dies."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the
+    # frontends drain first, then `resin serve` sends SIGTERM here.
+    from resin.ipc import EngineService
+    from resin_app.loading import load
+
+    try:
+        loaded = load(options, progress=False)
+    except Exception as exc:  # a bad checkpoint or option: `resin serve` reports it
+        ready.send(("error", f"{type(exc).__name__}: {exc}"))
+        sys.exit(2)
+    service = EngineService(loaded.engine, addresses, policy)
+    signal.signal(signal.SIGTERM, lambda *_: service.request_stop())
+    ready.send(("ready", "engine"))
+    ready.close()
+    try:
+        service.run()
+    finally:
+        service.close()
+        loaded.close()
+    sys.exit(1 if service.dead else 0)
+
+
+def frontend_main(
+    args: argparse.Namespace,
+    options: LoadOptions,
+    index: int,
+    addresses: Sequence[str],
+    ready: Connection,
+) -> None:
+    """A frontend process: HTTP over every engine, on the shared port."""
+    _die_with_parent()
+    from resin.ipc import EngineClient
+    from resin_app.serving import build_server, log_to_stderr
+
+    try:
+        text = load_text(options)
+        clients = [EngineClient(address, index) for address in addresses]
+        listener = _listen(args.host, args.port)
+    except Exception as exc:
+        ready.send(("error", f"{type(exc).__name__}: {exc}"))
+        sys.exit(2)
+    tokenizer, recipe, name, defaults = text
+    server = build_server(
+        args, clients, recipe, tokenizer, name, clients[0].context_length, defaults,
+        forward_only=True,
+    )  # fmt: skip
+    log_to_stderr()
+    uv = server.make_uvicorn()
+    served = (uv, ready, args.served_model_name or name)
+    threading.Thread(target=_report_ready, args=served, daemon=True).start()
+    try:
+        uv.run(sockets=[listener])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _report_ready(uv: Any, ready: Connection, name: str) -> None:
+    while not getattr(uv, "started", False):
+        if getattr(uv, "should_exit", False):
+            return
+        time.sleep(0.02)
+    ready.send(("ready", name))
+    ready.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
+    """What a frontend needs without weights: tokenizer, recipe, served name, generation
+    defaults (the engine process converted a GGUF checkpoint already)."""
+    from resin.generation_config import NO_DEFAULTS
+    from resin.generation_config import resolve as resolve_defaults
+    from resin.tokenizer import Tokenizer
+    from resin_app.loading import recipe_for, with_vision
+    from resin_model.default_model import (
+        DEFAULT_MODEL_NAME,
+        default_model_dir,
+        resolve_checkpoint,
+    )
+
+    if options.fake:
+        tokenizer = Tokenizer.from_dir(default_model_dir())
+        return tokenizer, recipe_for(tokenizer, options.recipe), "fake", NO_DEFAULTS
+    folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
+    tokenizer = Tokenizer.from_dir(folder)
+    recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
+    checkpoint = options.checkpoint.rstrip("/").rsplit("/", 1)[-1] if options.checkpoint else None
+    name = options.model or checkpoint or DEFAULT_MODEL_NAME
+    return tokenizer, recipe, name, resolve_defaults(options.generation_config, folder)
