@@ -84,7 +84,7 @@ def test_serve_refuses_options_it_cannot_do(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", *argv, "--port", "1"])
+        main(["serve", *argv, "--api-server-count", "0", "--port", "1"])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -88,7 +88,7 @@ def test_serve_runner_cuda_on_the_cpu_is_a_startup_error(
     from resin_app.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "--runner", "cuda", "--port", "1"])
+        main(["serve", "--runner", "cuda", "--api-server-count", "0", "--port", "1"])
     assert exit_info.value.code == 2
     assert "--runner cuda: the fast runner needs a CUDA device" in capsys.readouterr().err
 
