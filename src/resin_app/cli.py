@@ -131,10 +131,10 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-server-count",
         type=int,
-        default=None,
+        default=0,
         metavar="N",
-        help="frontend processes sharing the port, each engine replica in its own process "
-        "(default: from the core count, 1 to 4; 0: everything in this one process)",
+        help="N >= 1: N frontend processes sharing the port, each engine replica in its own "
+        "process; 0 (default): everything in this one process",
     )
     serve.add_argument("--stream-interval", type=int, default=4)
     serve.add_argument("--max-body-mb", type=float, default=4.0)

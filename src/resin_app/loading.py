@@ -269,7 +269,7 @@ def replica_runners(
         tensor_parallel=options.tensor_parallel,
     )
     if choice.reason is not None:
-        say(f"resin: serving on {choice.reason}", file=sys.stderr)
+        say(f"resin: runner: {choice.reason}", file=sys.stderr)
     request = BuildRequest(
         options.device,
         max_sequences=options.max_sequences or ENGINE_MAX_SEQUENCES,

@@ -77,7 +77,7 @@ def test_serve_on_the_cpu_builds_the_reference_runner_and_says_why() -> None:
     )
     assert job is None and [type(r) for r in runners] == [TorchRunner]
     assert lines == [
-        "resin: serving on the reference runner (torch): the fast runner needs a CUDA device "
+        "resin: runner: the reference runner (torch): the fast runner needs a CUDA device "
         "(--device cuda), this is 'cpu'"
     ]
 

@@ -233,8 +233,10 @@ def test_chaos_against_resin_serve() -> None:
         "--fake-runner",
         "--port",
         str(port),
-        "--disable-log-requests",
-    ]  # a line per request would fill the unread pipe
+        "--disable-log-requests",  # a line per request would fill the unread pipe
+        "--api-server-count",  # the split server: an engine process and a frontend process
+        "1",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     health: list[tuple[int, float]] = []
     stop = threading.Event()

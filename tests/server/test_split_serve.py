@@ -68,7 +68,7 @@ def _listens(p: psutil.Process, port: int) -> bool:
 
 @pytest.fixture
 def split(request: pytest.FixtureRequest) -> Iterator[Split]:
-    options = getattr(request, "param", ())
+    options = getattr(request, "param", ("--api-server-count", "1"))
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "resin_app", "serve", "--fake-runner", "--port", str(port),
