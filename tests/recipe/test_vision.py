@@ -48,7 +48,7 @@ def test_gemma3_decodes_png_bytes() -> None:
     prompt = recipe.render([Message("user", [Image(data=buffer.getvalue()), Text("Color?")])])
     red = prompt.multimodal[0].data
     assert np.allclose(red[0], 1.0) and np.allclose(red[1], -1.0)
-    with pytest.raises(ValueError, match="decode"):
+    with pytest.raises(ValueError, match="not an image of a known type"):
         recipe.render([Message("user", [Image(data=b"not an image")])])
     with pytest.raises(ValueError, match="URL"):
         recipe.render([Message("user", [Image(url="http://example.invalid/x.png")])])

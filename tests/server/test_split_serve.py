@@ -68,7 +68,9 @@ def _listens(p: psutil.Process, port: int) -> bool:
 
 @pytest.fixture
 def split(request: pytest.FixtureRequest) -> Iterator[Split]:
-    options = getattr(request, "param", ("--api-server-count", "1"))
+    options = tuple(getattr(request, "param", ()))
+    if "--api-server-count" not in options:  # the split (resin serve's default is one process)
+        options += ("--api-server-count", "1")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "resin_app", "serve", "--fake-runner", "--port", str(port),
