@@ -47,11 +47,12 @@ class CapturedStep:
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # the graph's static output [bucket * query, V]
     argmax: torch.Tensor  # int32 [bucket * query]: the greedy tokens
+    hidden: torch.Tensor  # [bucket * query, H]: the final hidden states (MTP drafts read them)
 
 
 def capture(
     shapes: list[tuple[int, int]],
-    run: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+    run: Callable[[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     prepare: Callable[[int, int], None],
 ) -> dict[tuple[int, int], CapturedStep]:
     """Capture `run(rows, query)` for every shape, largest first so smaller ones reuse its
@@ -68,7 +69,7 @@ def capture(
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            logits, argmax = run(rows, query)
-        graphs[rows, query] = CapturedStep(graph, logits, argmax)
+            logits, argmax, hidden = run(rows, query)
+        graphs[rows, query] = CapturedStep(graph, logits, argmax, hidden)
     torch.cuda.synchronize()
     return graphs

@@ -23,7 +23,10 @@ class RunnerOptions:
       `verify_graph_batch`: verify steps up to this many rows replay captured graphs (one per
       row bucket and query size 1 + k in 2, 3, 5, 9, .. up to 1 + max_draft_tokens);
     - `overlap`: declare `RunnerConfig.overlap` (the engine may keep two plans in flight);
-    - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks).
+    - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks);
+    - `mtp`: draft with the checkpoint's first MTP layer (DeepSeek): every step also runs it
+      and leaves one draft per row in `CudaRunner.drafts` (`MtpProposer` hands them to the
+      engine's speculative decoding).
     """
 
     page_size: int = 16
@@ -40,10 +43,11 @@ class RunnerOptions:
     overlap: bool = True
     seed: int = 0
     keep_logits: bool = False
+    mtp: bool = False
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:
             raise ValueError("max_draft_tokens must be >= 0")
 
     def build_options(self) -> BuildOptions:
-        return BuildOptions(self.max_context, self.moe_gemv_max_pairs)
+        return BuildOptions(self.max_context, self.moe_gemv_max_pairs, self.mtp)

@@ -13,6 +13,18 @@ and replay the graph of their padded shape, which computes logits and their argm
 plans run eagerly through the varlen prefill kernels. Sampling runs on the device
 (`sampling.py`), for a plan whose mask is pending at the next `submit` or its `collect`;
 the step's only sync is the wait for its token read-back, in `collect`.
+
+MTP drafts (`RunnerOptions.mtp`, DeepSeek): right after a step's tokens are chosen, on the
+device and with no host round trip, the model's MTP layer runs over the step's positions:
+the entry at position i pairs the final hidden state at i with token i+1 (the next input,
+or for the last position of a row the token just chosen), written at position i's append
+slot of its cache layer, and the chosen tokens' entries give one greedy draft per row, read
+back with the tokens into `drafts` (`MtpProposer`). This is the reference `MtpRunner`'s
+pairing (token i with the hidden state at i-1, at position i) shifted one position back,
+which rotary attention cannot tell apart, so that every entry a draft needs is one the step
+has an append slot for. The entry at the last position of a prefill chunk that samples
+nothing pairs with a stand-in token (the next chunk's first token is not in the plan); like
+an entry under a prefix hit, it can make a draft worse, never an output different.
 """
 
 from __future__ import annotations
@@ -70,6 +82,7 @@ log = logging.getLogger("resin.cuda")
 
 MAX_IN_FLIGHT = 2
 PREV_ROWS = 4096  # rows of the previous plan whose tokens stay on the device (at least)
+MAX_REMEMBERED = 4096  # sequences whose latest MTP draft is kept
 
 
 def random_runner(
@@ -141,6 +154,19 @@ class _InFlight:
     offsets: np.ndarray | None  # query offset j of each entry (verify steps), else None
     picked: Picked
     prompt: PromptLogprobs | None = None  # plans with prompt-logprob rows
+    drafts: torch.Tensor | None = None  # MTP: one draft per sampled entry (read back after)
+
+
+@dataclass(frozen=True, slots=True)
+class _MtpInputs:
+    """What the MTP layer reads after a step: the step's tensors and final hidden states, the
+    MTP input ids before the chosen tokens go in (`base_ids`) and the flat query index of each
+    sampled entry."""
+
+    step: StepTensors
+    hidden: torch.Tensor
+    base_ids: torch.Tensor
+    flat: torch.Tensor
 
 
 class CudaRunner:
@@ -172,6 +198,10 @@ class CudaRunner:
         self._prev_valid = 0  # rows of the previous plan whose token is in _prev_tokens
         self._readback = ReadBack(max(PREV_ROWS, self.options.max_batch), self.device)
         self.last_logits: torch.Tensor | None = None
+        # MTP drafts: seq_id -> (num_tokens, drafts that follow a sequence that long)
+        self.drafts: dict[int, tuple[int, list[int]]] = {}
+        self._mtp = getattr(model, "mtp", None) is not None
+        self.accept_first: int | None = None  # bench only (`resin bench speculative`)
         self.media = MediaFeatures(model)  # image features by content hash (vision models)
 
     # ----- Runner protocol -------------------------------------------------------------------
@@ -243,7 +273,11 @@ class CudaRunner:
         if step.offsets is None:
             out = plain_output(step.plan, step.rows, tokens, lps)
         else:
-            out = speculative_output(step.plan, step.rows, step.offsets, tokens, lps)
+            out = speculative_output(
+                step.plan, step.rows, step.offsets, tokens, lps, self.accept_first
+            )
+        if step.drafts is not None:
+            self._remember_drafts(step, out)
         return out if step.prompt is None else step.prompt.attach(out)
 
     def close(self) -> None:
@@ -275,6 +309,7 @@ class CudaRunner:
         query = int(qlens.max(initial=1))
         offsets: np.ndarray | None = None
         argmax: torch.Tensor | None = None
+        mtp: _MtpInputs | None = None
         asks_prompt = bool(plan.prompt_logprob_rows.any())  # a decode row's target is unknown
         buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows and media is None
         buffered = buffered and not (asks_prompt and prompt_tokens(plan).size)  # needs hidden
@@ -285,44 +320,63 @@ class CudaRunner:
             if shape in self._graphs:
                 captured = self._graphs[shape]
                 captured.graph.replay()
-                logits, argmax = captured.logits, captured.argmax
+                logits, argmax, hidden = captured.logits, captured.argmax, captured.hidden
             else:
-                logits, argmax = self._decode_body(*shape)
+                logits, argmax, hidden = self._decode_body(*shape)
             rows = np.arange(b)
             if query == 1:
                 logits, argmax = logits[:b], argmax[:b]
+                index = torch.arange(b, device=self.device)
             else:  # every query token of a row samples (verify)
                 rows = np.repeat(rows, qlens)
                 offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
                 index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
                 logits, argmax = logits[index], argmax[index]
+            if self._mtp:
+                step = self._decode_step(*shape)
+                base = torch.zeros(shape[0] * shape[1], dtype=torch.int32, device=self.device)
+                mtp = _MtpInputs(step, hidden, base, index)
         else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
-            rows, offsets, logits, prompt = self._eager(plan, media)
+            rows, offsets, logits, prompt, mtp = self._eager(plan, media)
         if self.options.keep_logits:
             self.last_logits = logits.clone()
         if plan.sampling.mask_pending is not None:
-            return partial(self._pick, plan, rows, offsets, logits, argmax, prompt)
-        return self._pick(plan, rows, offsets, logits, argmax, prompt)
+            return partial(self._pick, plan, rows, offsets, logits, argmax, prompt, mtp)
+        return self._pick(plan, rows, offsets, logits, argmax, prompt, mtp)
 
-    def _eager(
-        self, plan: BatchPlan, media: StepMedia | None
-    ) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor, PromptLogprobs | None]:
+    def _eager(self, plan: BatchPlan, media: StepMedia | None) -> tuple[
+        np.ndarray, np.ndarray | None, torch.Tensor, PromptLogprobs | None, _MtpInputs | None
+    ]:  # fmt: skip
         """A varlen step: the plan row and query offset (verify rows) of each logits row, the
-        logits, and the prompt logprobs the plan asks for."""
+        logits, the prompt logprobs the plan asks for, and the MTP layer's inputs."""
         assert self.kv is not None
         step_tensors = prefill_step(plan, self.options, self.config, self.dtype, self.device, media)
         hidden = self.model.forward(self._with_prev(plan, step_tensors), self.kv)
         prompt = None
         if plan.prompt_logprob_rows.any():
             prompt = prompt_logprobs(plan, hidden, self.model.logits, self.config.vocab_size)
+        offsets: np.ndarray | None = None
         if plan.draft_ids.size:  # every query token samples
             qlens = plan.query_lens
             rows = np.repeat(np.arange(plan.num_sequences), qlens)
             offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
-            return rows, offsets, self.model.logits(hidden), prompt
-        rows = np.flatnonzero(plan.sample_rows)
-        last = plan.last_token_index[rows].astype(np.int64)
-        return rows, None, self.model.logits(hidden[torch.from_numpy(last).to(self.device)]), prompt
+            flat = np.arange(plan.num_tokens)
+        else:
+            rows = np.flatnonzero(plan.sample_rows)
+            flat = plan.last_token_index[rows].astype(np.int64)
+        index = torch.from_numpy(flat.astype(np.int64)).to(self.device)
+        logits = self.model.logits(hidden if offsets is not None else hidden[index])
+        mtp = None
+        if self._mtp:
+            # Token t+1 of the row is the next input; a row's last slot gets the token chosen
+            # there (filled in after sampling) or, in a chunk that samples nothing, a stand-in.
+            ids = plan.input_ids.astype(np.int32)
+            base = np.concatenate((ids[1:], ids[-1:]))
+            last = plan.query_indptr[1:].astype(np.int64) - 1
+            base[last] = ids[last]
+            base_ids = torch.from_numpy(base).to(self.device)
+            mtp = _MtpInputs(step_tensors, hidden, base_ids, index)
+        return rows, offsets, logits, prompt, mtp
 
     def _pick(
         self,
@@ -332,12 +386,45 @@ class CudaRunner:
         logits: torch.Tensor,
         argmax: torch.Tensor | None,
         prompt: PromptLogprobs | None = None,
+        mtp: _MtpInputs | None = None,
     ) -> _InFlight:
         tokens, lps = self._sampler.pick(plan, rows, offsets, logits, argmax)
         self._keep_tokens(plan, rows, offsets, tokens, body_kept=tokens is argmax)
-        host, event = self._readback.send(tokens)
+        drafts = None if mtp is None else self._mtp_drafts(mtp, tokens)
+        host, event = self._readback.send(tokens if drafts is None else torch.cat((tokens, drafts)))
         asked = plan.sampling.logprobs[rows] if lps is not None else None
-        return _InFlight(plan, rows, offsets, Picked(tokens, host, event, lps, asked), prompt)
+        picked = Picked(tokens, host, event, lps, asked)
+        return _InFlight(plan, rows, offsets, picked, prompt, drafts)
+
+    def _mtp_drafts(self, mtp: _MtpInputs, tokens: torch.Tensor) -> torch.Tensor:
+        """One greedy MTP draft per sampled entry (see the module docstring); the MTP layer
+        also writes its cache layer at the step's append slots."""
+        assert self.kv is not None
+        ids = mtp.base_ids.clone()
+        ids[mtp.flat] = tokens.to(ids.dtype)
+        model = self.model
+        out = model.mtp_forward(ids, mtp.hidden, mtp.step, self.kv)  # type: ignore[attr-defined]
+        if not mtp.flat.numel():  # a prefill chunk that samples nothing: entries only
+            return tokens.new_empty(0)
+        return argmax_rows(model.logits(out[mtp.flat]))
+
+    def _remember_drafts(self, step: _InFlight, out: ForwardOutput) -> None:
+        """Each row's draft: the one at its last kept entry, following the sequence as it
+        stands after this step (`num_tokens`)."""
+        assert step.drafts is not None
+        host = step.picked.host
+        n = step.rows.shape[0]
+        drafts = host[n : 2 * n].numpy()
+        plan = step.plan
+        kept = np.diff(out.token_indptr.astype(np.int64))
+        k = np.diff(plan.draft_indptr.astype(np.int64)) if plan.draft_ids.size else 0
+        lengths = plan.total_lens.astype(np.int64) - k + kept
+        first = np.searchsorted(step.rows, np.arange(plan.num_sequences))  # rows are in order
+        for row in np.flatnonzero(kept > 0).tolist():
+            draft = int(drafts[first[row] + kept[row] - 1])
+            self.drafts[int(plan.sequence_ids[row])] = (int(lengths[row]), [draft])
+        for sid in list(self.drafts)[: max(len(self.drafts) - MAX_REMEMBERED, 0)]:
+            del self.drafts[sid]  # forget the sequences seen longest ago
 
     def _pick_graph(self, b: int, query: int) -> tuple[int, int] | None:
         if not self._graphs:
@@ -375,19 +462,27 @@ class CudaRunner:
         gathered = self._prev_tokens[prev_rows.clamp(min=0).long()]
         return torch.where(prev_rows >= 0, gathered, ids)
 
-    def _decode_body(self, rows: int, query: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and argmax of the persistent buffers' first `rows` rows (graph body)."""
-        assert self._buffers is not None and self.kv is not None
+    def _decode_step(self, rows: int, query: int) -> StepTensors:
+        """The step tensors of the persistent buffers' first `rows` rows."""
+        assert self._buffers is not None
         v = self._buffers.views(rows, query)
         ids = self._resolve_prev(v.input_ids, v.prev_rows) if query == 1 else v.input_ids
         splits = decode_splits(rows, self.config.num_kv_heads, self._num_sms)
         info = DecodeInfo(v.seq_lens, splits, query, v.q_lens if query > 1 else None)
-        step = StepTensors(ids, v.positions, v.groups, info)
-        logits = self.model.logits(self.model.forward(step, self.kv))
+        return StepTensors(ids, v.positions, v.groups, info)
+
+    def _decode_body(
+        self, rows: int, query: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits, argmax and final hidden states of the persistent buffers' first `rows`
+        rows (graph body)."""
+        assert self.kv is not None
+        hidden = self.model.forward(self._decode_step(rows, query), self.kv)
+        logits = self.model.logits(hidden)
         argmax = argmax_rows(logits)
         if query == 1:
             self._prev_tokens[:rows].copy_(argmax)
-        return logits, argmax
+        return logits, argmax, hidden
 
     def _with_prev(self, plan: BatchPlan, step: StepTensors) -> StepTensors:
         """`step` with each row's first input resolved from `prev_token_rows`."""

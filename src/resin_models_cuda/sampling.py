@@ -166,10 +166,17 @@ def plain_output(
 
 
 def speculative_output(
-    plan: BatchPlan, rows: np.ndarray, offsets: np.ndarray, tokens: np.ndarray, lps: tuple | None
+    plan: BatchPlan,
+    rows: np.ndarray,
+    offsets: np.ndarray,
+    tokens: np.ndarray,
+    lps: tuple | None,
+    accept_first: int | None = None,
 ) -> ForwardOutput:
     """Tokens x_j of every query token j of each row (`rows` / `offsets` per entry, rows in
-    order): the row keeps x_0..x_a, a = its leading drafts that equal their x_j."""
+    order): the row keeps x_0..x_a, a = its leading drafts that equal their x_j. With
+    `accept_first` = K (bench only: `resin bench speculative --accepted-drafts K`) a row keeps
+    its first min(k, K) drafts' x_j whatever they are, then one more."""
     b = plan.num_sequences
     k = np.zeros(b, dtype=np.int64)
     if plan.draft_indptr.size:
@@ -180,6 +187,8 @@ def speculative_output(
         flat = plan.draft_indptr[:-1].astype(np.int64)[rows] + offsets
         draft[has] = plan.draft_ids[flat[has]]
     miss = (tokens.astype(np.int64) != draft).astype(np.int64)
+    if accept_first is not None:
+        miss = (offsets >= np.minimum(k[rows], accept_first)).astype(np.int64)
     before = np.cumsum(miss) - miss  # mismatches before each entry, over the whole step
     first = np.arange(rows.shape[0]) - offsets  # each row's first entry
     keep = before == before[first]

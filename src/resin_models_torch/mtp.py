@@ -21,13 +21,13 @@ decoding; verification (the target runner's) keeps outputs exact whatever the dr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
+from resin.engine.proposers import MtpProposer
 from resin.plan import BatchPlan, CacheGroupPlan, ForwardOutput
 from resin_models_torch.batch import (
     AttentionBatch,
@@ -38,6 +38,8 @@ from resin_models_torch.batch import (
 )
 from resin_models_torch.deepseek import DeepseekForCausalLM
 from resin_models_torch.runner import RecordedStep, TorchRunner
+
+__all__ = ["MtpProposer", "MtpRunner", "draft_batch"]
 
 MAX_REMEMBERED = 4096  # rows whose last hidden state is kept between steps
 
@@ -172,26 +174,3 @@ def draft_batch(
         append_offsets=empty,
         mask=t(mask),
     )
-
-
-class _Request(Protocol):
-    @property
-    def id(self) -> int: ...
-
-    @property
-    def num_tokens(self) -> int: ...
-
-
-class MtpProposer:
-    """Drafts for the engine's speculative decoding from an `MtpRunner`'s last step."""
-
-    def __init__(self, runner: MtpRunner) -> None:
-        self.runner = runner
-
-    def propose(self, requests: Sequence[_Request], limits: Sequence[int]) -> list[list[int]]:
-        out: list[list[int]] = []
-        for request, limit in zip(requests, limits, strict=True):
-            known = self.runner.drafts.get(request.id)
-            fits = known is not None and known[0] == request.num_tokens
-            out.append(known[1][:limit] if fits and known is not None else [])
-        return out

@@ -8,13 +8,16 @@
   second `Engine` with prefix caching on and asks it for k greedy tokens of each request's
   current sequence; the cached prefix means only the tokens added since the last proposal are
   recomputed.
-- A multi-token-prediction head is another `Proposer`: it would take the target
-  runner's last hidden states and run the head; nothing in the engine changes.
+- `MtpProposer`: drafts the target runner computed itself in its last step with the
+  checkpoint's multi-token-prediction layer (the reference `MtpRunner`, or a `CudaRunner`
+  with `RunnerOptions.mtp`): `runner.drafts[seq_id] = (num_tokens, tokens)`, the drafts that
+  follow a sequence of `num_tokens` tokens; a sequence that moved on since gets none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -98,3 +101,23 @@ class DraftModelProposer:
 
     def close(self) -> None:
         self.engine.close()
+
+
+class DraftingRunner(Protocol):
+    @property
+    def drafts(self) -> Mapping[int, tuple[int, list[int]]]: ...
+
+
+class MtpProposer:
+    """Drafts a runner left from its last step (see module docstring)."""
+
+    def __init__(self, runner: DraftingRunner) -> None:
+        self.runner = runner
+
+    def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> list[list[int]]:
+        out: list[list[int]] = []
+        for request, limit in zip(requests, limits, strict=True):
+            known = self.runner.drafts.get(request.id)
+            fits = known is not None and known[0] == request.num_tokens
+            out.append(known[1][:limit] if fits and known is not None else [])
+        return out

@@ -106,14 +106,15 @@ class MlaAttention:
             # output [H, T, C] @ [H, C, v]; the attention reads and writes those layouts.
             absorbed = torch.bmm(q[:, :, : mla.nope_dim].transpose(0, 1), self.w_uk)
             out_latent = torch.empty((self.heads, t, c), dtype=x.dtype, device=x.device)
+            indptr, start, lens = per_query(info, group.page_indptr, group.page_start)
             mla_decode(
                 absorbed.transpose(0, 1),
                 q_rope,
                 cache,
-                group.page_indptr,
+                indptr,
                 group.page_ids,
-                group.page_start,
-                info.seq_lens,
+                start,
+                lens,
                 scale=self.scale,
                 splits=info.splits,
                 out=out_latent.transpose(0, 1),
@@ -161,6 +162,27 @@ class MlaAttention:
             o = o[0, ..., : mla.v_head_dim]
             out[q0:q1] = o.transpose(0, 1)
         return out
+
+
+def per_query(
+    info: DecodeInfo, page_indptr: torch.Tensor, page_start: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The absorbed decode kernel's per-row page-row starts, first page indices and lengths,
+    for every query token: a verify step's row b holds `query` slots, the last `q_lens[b]`
+    real ones at its last positions, so slot j sees the keys up to its own position (causal
+    among the drafts; padding slots repeat the last real one, as `decode_attention` does).
+    One query per row: the tensors as they are. Fixed shapes, CUDA-graph safe."""
+    if info.query == 1:
+        return page_indptr, page_start, info.seq_lens
+    assert info.q_lens is not None
+    q = info.query
+    n = info.q_lens.clamp(min=1)[:, None]
+    j = torch.arange(q, dtype=torch.int32, device=n.device)[None, :]
+    lens = info.seq_lens[:, None] - n + torch.minimum(j, n - 1) + 1
+    lens = torch.where(info.seq_lens[:, None] > 0, lens, 0).to(torch.int32).flatten()
+    starts = page_indptr[:-1].repeat_interleave(q)
+    indptr = torch.cat((starts, page_indptr[-1:]))  # the kernel reads row starts only
+    return indptr, page_start.repeat_interleave(q), lens
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,12 @@ GROUP_KINDS: tuple[LayerKind, ...] = ("full", "sliding")  # the reference runner
 @dataclass(frozen=True, slots=True)
 class BuildOptions:
     """`max_positions`: rotary table length; `moe_gemv_max_pairs`: token-expert pairs up to
-    which MoE layers take the expert-GEMV path instead of the grouped GEMM."""
+    which MoE layers take the expert-GEMV path instead of the grouped GEMM; `mtp`: load the
+    checkpoint's first multi-token-prediction layer (DeepSeek) to draft with."""
 
     max_positions: int = 8192
     moe_gemv_max_pairs: int = 64
+    mtp: bool = False
 
 
 class FastModel:

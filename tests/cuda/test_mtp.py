@@ -1,0 +1,138 @@
+"""MTP drafts on the fast runner (`RunnerOptions.mtp`): a tiny random DeepSeek-V3 with one MTP
+layer, fp32, through the engine's speculative decoding. The fast runner's drafts are the
+reference `MtpRunner`'s, proposal by proposal, and greedy tokens are the same with and without
+drafts, also under chunked prefill and prefix hits (where a draft may differ, never a token)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from resin import Engine, SamplingParams
+from resin.engine.proposers import MtpProposer
+from resin.engine.request import Request
+from resin.engine.speculative import Speculation
+from tests.cuda.test_vs_reference import reference_and_fast
+
+VOCAB = 64
+CONFIG: dict[str, Any] = {
+    "model_type": "deepseek_v3",
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "rms_norm_eps": 1e-6,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 24,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "num_nextn_predict_layers": 1,
+}
+
+
+class Recording:
+    """The proposer's answers, as (sequence length, drafts) per request in submit order."""
+
+    def __init__(self, inner: MtpProposer) -> None:
+        self.inner = inner
+        self.seen: list[tuple[int, int, list[int]]] = []
+
+    def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> list[list[int]]:
+        out = self.inner.propose(requests, limits)
+        self.seen += [(r.id, r.num_tokens, d) for r, d in zip(requests, out, strict=True)]
+        return out
+
+
+def _prompts() -> list[list[int]]:
+    rng = np.random.default_rng(5)
+    shared = rng.integers(0, VOCAB, size=9).tolist()
+    return [[*shared, 3, 1], rng.integers(0, VOCAB, size=6).tolist(), [*shared, 7]]
+
+
+def _run(runner: Any, proposer: Any, *, chunk: int, prefix: bool) -> list[list[int]]:
+    speculation = None if proposer is None else Speculation(proposer, num_draft_tokens=1)
+    with Engine(
+        runner,
+        context_length=96,
+        prefix_cache=prefix,
+        prefill_chunk_tokens=chunk,
+        max_batch_tokens=64,
+        speculation=speculation,
+    ) as engine:
+        params = SamplingParams(max_output_tokens=10, temperature=0.0)
+        requests = [engine.submit(p, params) for p in _prompts()]
+        while engine.has_work():
+            engine.step()
+    return [r.take_result() for r in requests]
+
+
+@pytest.fixture(scope="module")
+def runners() -> tuple[Any, Any, Any]:
+    from resin_model.hf_config import parse_config
+    from resin_models_cuda import CudaRunner, build_model
+    from resin_models_cuda.layers import StateDictWeights
+    from resin_models_torch.mtp import MtpRunner
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    reference, fast = reference_and_fast(CONFIG, device)
+    options = replace(fast.options, mtp=True, max_draft_tokens=1)
+    source = StateDictWeights(reference.model.state_dict(), device, torch.float32)
+    drafting = CudaRunner(
+        build_model(parse_config(CONFIG), source, options.build_options()), options
+    )
+    mtp = MtpRunner(reference.model, num_drafts=1, page_size=4, num_pages=160)
+    return reference, mtp, drafting
+
+
+def test_fast_mtp_drafts_equal_the_reference_mtp_runner(runners: tuple[Any, Any, Any]) -> None:
+    reference, mtp, fast = runners
+    expected = _run(reference, None, chunk=512, prefix=False)
+    ours, theirs = Recording(MtpProposer(fast)), Recording(MtpProposer(mtp))
+    assert _run(fast, ours, chunk=512, prefix=False) == expected
+    assert _run(mtp, theirs, chunk=512, prefix=False) == expected
+    assert ours.seen == theirs.seen
+    assert sum(len(d) for _, _, d in ours.seen) > 10  # drafts really were proposed
+
+
+def test_fast_mtp_keeps_tokens_under_chunks_and_prefix_hits(
+    runners: tuple[Any, Any, Any],
+) -> None:
+    reference, _, fast = runners
+    expected = _run(reference, None, chunk=4, prefix=True)
+    ours = Recording(MtpProposer(fast))
+    assert _run(fast, ours, chunk=4, prefix=True) == expected
+    assert sum(len(d) for _, _, d in ours.seen) > 10
+
+
+def test_mtp_needs_a_checkpoint_with_mtp_layers(device: str) -> None:
+    from resin_model.hf_config import parse_config
+    from resin_models_cuda import RunnerOptions, build_model
+    from resin_models_cuda.layers import RandomWeights
+
+    config = parse_config({**CONFIG, "num_nextn_predict_layers": 0})
+    options = RunnerOptions(mtp=True).build_options()
+    with pytest.raises(ValueError, match="no MTP layers"):
+        build_model(config, RandomWeights(device, torch.float32, seed=0), options)
+
+
+def test_fast_deepseek_verify_steps_are_causal(runners: tuple[Any, Any, Any]) -> None:
+    """Verify steps of an MLA model: each query slot sees the keys up to its own position
+    (n-gram drafts, so rows verify drafts the MTP layer did not choose)."""
+    from resin.engine.proposers import NgramProposer
+
+    reference, _, fast = runners
+    expected = _run(reference, None, chunk=512, prefix=False)
+    assert _run(fast, NgramProposer(1, 1), chunk=512, prefix=False) == expected
