@@ -53,10 +53,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None)
     p.add_argument(
         "--speculative",
-        choices=["ngram", "draft"],
+        choices=["ngram", "draft", "mtp"],
         default=None,
-        help="speculative decoding: ngram (prompt lookup) or draft (a second model, "
-        "--draft-model); docs/engine.md",
+        help="speculative decoding: ngram (prompt lookup), draft (a second model, "
+        "--draft-model) or mtp (the checkpoint's MTP layer, DeepSeek: one draft a step); "
+        "docs/engine.md",
     )
     p.add_argument("--draft-model", default=None, help="draft model name or folder")
     p.add_argument("--num-draft-tokens", type=int, default=4, help="drafts per step (4)")

@@ -172,7 +172,7 @@ def start_engines(
                     context_length=context,
                     grammar=grammar_backend(tokenizer),
                     overlap=options.overlap,
-                    speculation=speculation_for(options, context),
+                    speculation=speculation_for(options, context, runner),
                     **engine_sizes(options),
                 )
             )
@@ -276,6 +276,7 @@ def replica_runners(
         context_length=context,
         memory_fraction=options.memory_fraction,
         cuda_graphs=options.cuda_graphs,
+        mtp=options.speculative == "mtp",
     )
     return checkpoint_replicas(
         folder,
@@ -369,8 +370,8 @@ def grammar_backend(tokenizer: Any) -> Any:
 
 def check_speculative(options: LoadOptions) -> None:
     """The speculative-decoding options make sense together (checked before any weights load)."""
-    if options.speculative not in (None, "ngram", "draft"):
-        raise ValueError(f"unknown --speculative {options.speculative!r} (ngram or draft)")
+    if options.speculative not in (None, "ngram", "draft", "mtp"):
+        raise ValueError(f"unknown --speculative {options.speculative!r} (ngram, draft or mtp)")
     if options.draft_model is not None and options.speculative != "draft":
         raise ValueError("--draft-model needs --speculative draft")
     if options.speculative == "draft" and options.draft_model is None:
@@ -379,9 +380,11 @@ def check_speculative(options: LoadOptions) -> None:
         raise ValueError("--num-draft-tokens must be >= 1")
 
 
-def speculation_for(options: LoadOptions, context_length: int) -> Any:
-    """The engine's `Speculation` for `--speculative ngram|draft` (None without it). A draft
-    model must share the target's tokenizer; it runs on the same device."""
+def speculation_for(options: LoadOptions, context_length: int, runner: Any = None) -> Any:
+    """The engine's `Speculation` for `--speculative ngram|draft|mtp` (None without it). A
+    draft model must share the target's tokenizer; it runs on the same device. `mtp`: the
+    drafts `runner` computes with its checkpoint's MTP layer (built with `BuildRequest.mtp`),
+    one per step."""
     check_speculative(options)
     if options.speculative is None:
         return None
@@ -390,6 +393,12 @@ def speculation_for(options: LoadOptions, context_length: int) -> Any:
 
     if options.speculative == "ngram":
         return Speculation(NgramProposer(), options.num_draft_tokens)
+    if options.speculative == "mtp":
+        from resin.engine.proposers import MtpProposer
+
+        if not hasattr(runner, "drafts"):
+            raise ValueError("--speculative mtp needs a runner built with its MTP layer")
+        return Speculation(MtpProposer(runner), 1)
     assert options.draft_model is not None
     from resin_app.runners import build_runner
     from resin_model.default_model import resolve_checkpoint

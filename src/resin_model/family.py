@@ -48,7 +48,10 @@ class BuildRequest:
       family that sizes buffers or graphs by them (None: its own default);
     - `memory_fraction`: the share of the device's free memory (measured before the weights
       load) that weights and the KV arena may take together (None: the family's default);
-    - `cuda_graphs`: whether a family that captures CUDA graphs does (False: eager steps).
+    - `cuda_graphs`: whether a family that captures CUDA graphs does (False: eager steps);
+    - `mtp`: a runner that also drafts with the checkpoint's multi-token-prediction layer
+      (its `drafts`, read by `resin.engine.proposers.MtpProposer`); a family or model
+      without one refuses.
     """
 
     device: str = "cpu"
@@ -58,6 +61,7 @@ class BuildRequest:
     context_length: int | None = None
     memory_fraction: float | None = None
     cuda_graphs: bool = True
+    mtp: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in (None, "float32", "bfloat16", "float16"):

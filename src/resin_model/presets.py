@@ -72,6 +72,21 @@ PRESETS: dict[str, dict[str, Any]] = {
                          "original_max_position_embeddings": 4096, "beta_fast": 32,
                          "beta_slow": 1},
     },
+    "deepseek-v3-5l": {  # DeepSeek-V3's shapes with 5 of its 61 layers (3 dense, 2 MoE) and
+        # its MTP layer: what one H200 holds in bf16 (`resin bench speculative --speculative mtp`)
+        "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+        "intermediate_size": 18432, "num_hidden_layers": 5, "num_attention_heads": 128,
+        "num_key_value_heads": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 163840,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 256,
+        "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "n_shared_experts": 1,
+        "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+        "rope_theta": 10000.0, "num_nextn_predict_layers": 1,
+        "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "beta_fast": 32,
+                         "beta_slow": 1},
+    },
     "glm-4.5-air": {
         "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096,
         "intermediate_size": 10944, "num_hidden_layers": 46, "num_attention_heads": 96,
@@ -116,6 +131,10 @@ TINY: dict[str, dict[str, Any]] = {
                  "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1},
 }  # fmt: skip
 PRESETS.update({f"tiny-{name}": raw for name, raw in TINY.items()})
+PRESETS["deepseek-v2-lite-mtp"] = {  # V2-Lite at full depth plus one MTP layer of its shapes
+    **PRESETS["deepseek-v2-lite"],
+    "num_nextn_predict_layers": 1,
+}
 PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `resin bench runner`)
     **PRESETS["deepseek-v2-lite"], "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -123,6 +142,7 @@ PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `re
     "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
     "max_position_embeddings": 512,
 }  # fmt: skip
+PRESETS["tiny-deepseek-mtp"] = {**PRESETS["tiny-deepseek"], "num_nextn_predict_layers": 1}
 PRESETS["tiny"] = TINY["llama"]
 
 

@@ -23,7 +23,7 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
     from resin_models_cuda.options import RunnerOptions
     from resin_models_cuda.runner import CudaRunner, load_model, random_runner
 
-    options = RunnerOptions(cuda_graphs=request.cuda_graphs)
+    options = RunnerOptions(cuda_graphs=request.cuda_graphs, mtp=request.mtp)
     if request.max_sequences is not None:
         options = replace(options, max_batch=request.max_sequences)
     if request.context_length is not None:

@@ -200,7 +200,14 @@ class CudaRunner:
         self.last_logits: torch.Tensor | None = None
         # MTP drafts: seq_id -> (num_tokens, drafts that follow a sequence that long)
         self.drafts: dict[int, tuple[int, list[int]]] = {}
-        self._mtp = getattr(model, "mtp", None) is not None
+        # MTP drafts every step (a model built with its MTP layer); benchmarks switch it off
+        # for their plain runs
+        self.mtp_enabled = getattr(model, "mtp", None) is not None
+        if self.options.mtp and not self.mtp_enabled:
+            raise ValueError(
+                f"{self.config.model_type}: MTP drafts need a DeepSeek model built with its "
+                "MTP layer (RunnerOptions.mtp)"
+            )
         self.accept_first: int | None = None  # bench only (`resin bench speculative`)
         self.media = MediaFeatures(model)  # image features by content hash (vision models)
 
@@ -332,7 +339,7 @@ class CudaRunner:
                 offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
                 index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
                 logits, argmax = logits[index], argmax[index]
-            if self._mtp:
+            if self.mtp_enabled:
                 step = self._decode_step(*shape)
                 base = torch.zeros(shape[0] * shape[1], dtype=torch.int32, device=self.device)
                 mtp = _MtpInputs(step, hidden, base, index)
@@ -367,7 +374,7 @@ class CudaRunner:
         index = torch.from_numpy(flat.astype(np.int64)).to(self.device)
         logits = self.model.logits(hidden if offsets is not None else hidden[index])
         mtp = None
-        if self._mtp:
+        if self.mtp_enabled:
             # Token t+1 of the row is the next input; a row's last slot gets the token chosen
             # there (filled in after sampling) or, in a chunk that samples nothing, a stand-in.
             ids = plan.input_ids.astype(np.int32)

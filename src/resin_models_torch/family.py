@@ -18,8 +18,18 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
 
     dtype = None if request.dtype is None else getattr(torch, request.dtype)
     if isinstance(source, ModelConfig):
-        return random_runner(source, request.seed, request.device, dtype or torch.float32)
-    return load_runner(source, device=request.device, dtype=dtype)
+        runner = random_runner(source, request.seed, request.device, dtype or torch.float32)
+    else:
+        runner = load_runner(source, device=request.device, dtype=dtype)
+    if not request.mtp:
+        return runner
+    from resin_models_torch.deepseek import DeepseekForCausalLM
+    from resin_models_torch.mtp import MtpRunner
+
+    if not isinstance(runner.model, DeepseekForCausalLM) or not runner.model.mtp:
+        raise ValueError("--speculative mtp needs a DeepSeek checkpoint with MTP layers")
+    # One draft per step, as the fast runner; no overlap (plain steps between verify steps).
+    return MtpRunner(runner.model, num_drafts=1, overlap=False)
 
 
 FAMILY = RunnerFamily(

@@ -136,3 +136,59 @@ def test_fast_deepseek_verify_steps_are_causal(runners: tuple[Any, Any, Any]) ->
     reference, _, fast = runners
     expected = _run(reference, None, chunk=512, prefix=False)
     assert _run(fast, NgramProposer(1, 1), chunk=512, prefix=False) == expected
+
+
+@pytest.mark.parametrize("runner", ["cuda", "torch"])
+@pytest.mark.parametrize("forced", [False, True])
+def test_bench_speculative_mtp(tmp_path: Any, runner: str, forced: bool) -> None:
+    """`resin bench speculative --speculative mtp`: real MTP drafts keep greedy outputs; with
+    `--accepted-drafts 1` every verify step commits two tokens."""
+    import json
+
+    from resin_app.cli import main
+
+    out = tmp_path / "spec.jsonl"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    argv = ["bench", "speculative", "--speculative", "mtp", "--random-weights",
+            "--model-config", "tiny-deepseek-mtp", "--runner", runner, "--device", device,
+            "--num-draft-tokens", "1", "--batch-sizes", "1,2", "--input-len", "8",
+            "--output-len", "7", "--output", str(out)]  # fmt: skip
+    if forced:
+        argv += ["--accepted-drafts", "1"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["batch"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["draft_tokens"] > 0
+        if forced:
+            assert r["accepted_tokens"] == r["draft_tokens"] and r["spec_steps"] == 3
+        else:
+            assert r["identical"] is True
+
+
+@pytest.mark.parametrize("family", ["cuda", "torch"])
+def test_families_build_drafting_runners_for_speculative_mtp(family: str) -> None:
+    """`resin serve --speculative mtp` asks its family for `BuildRequest(mtp=True)`: a DeepSeek
+    with an MTP layer drafts (`drafts`, which `speculation_for` hands to the engine); a model
+    without one is refused before it serves."""
+    from resin_app.loading import LoadOptions, speculation_for
+    from resin_app.runners import build_runner
+    from resin_model.family import BuildRequest
+    from resin_model.presets import preset
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    request = BuildRequest(device, mtp=True, max_sequences=4, context_length=64)
+    runner = build_runner(preset("tiny-deepseek-mtp"), family, request)
+    spec = speculation_for(LoadOptions(speculative="mtp"), 64, runner)
+    assert isinstance(spec.proposer, MtpProposer) and spec.num_draft_tokens == 1
+    with Engine(runner, context_length=64, speculation=spec) as engine:
+        request_ = engine.submit([1, 2, 3, 4], SamplingParams(max_output_tokens=5))
+        while engine.has_work():
+            engine.step()
+        assert len(request_.take_result()) == 5
+        assert engine.metrics is not None and engine.metrics.spec_decode_num_drafts > 0
+    for name in ("tiny-deepseek", "tiny-llama"):
+        with pytest.raises(ValueError, match="MTP"):
+            build_runner(preset(name), family, request)
+    with pytest.raises(ValueError, match="MTP layer"):
+        speculation_for(LoadOptions(speculative="mtp"), 64, object())

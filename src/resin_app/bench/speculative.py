@@ -1,5 +1,5 @@
 """Speculative decoding through the Engine, plain vs speculative side by side:
-`resin bench speculative --speculative ngram|draft ...`.
+`resin bench speculative --speculative ngram|draft|mtp ...`.
 
 For each batch size, the same requests run twice through a fresh Engine on the same runner:
 plain decode, then with speculation. Reported per run: decode tokens/s (first token to last),
@@ -11,10 +11,16 @@ whatever the model says (`TorchRunner.accept_first`; a runner without that knob 
 pads proposals to K tokens, so each verify step commits K + 1 tokens: the cost of verifying K
 drafts, independent of draft quality. Its text is not the model's.
 
+`--speculative mtp` drafts with the checkpoint's (or preset's) MTP layer: on the cuda runner
+`RunnerOptions.mtp` (one draft per step, run on the device after each step; the plain runs
+switch it off, `mtp_enabled`), on the torch runner the reference `MtpRunner`.
+
     resin bench speculative --speculative ngram --checkpoint DIR --prompt-text "Repeat: ..." \
         --batch-sizes 1
     resin bench speculative --speculative ngram --model-config llama-1b --random-weights \
         --runner cuda --accepted-drafts 4 --batch-sizes 1,64 --output bench/spec.jsonl
+    resin bench speculative --speculative mtp --model-config deepseek-v3-5l --random-weights \
+        --runner cuda --device cuda --num-draft-tokens 1 --accepted-drafts 1 --batch-sizes 1
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from resin.engine import Engine
-from resin.engine.proposers import DraftModelProposer, NgramProposer
+from resin.engine.proposers import DraftModelProposer, MtpProposer, NgramProposer
 from resin.engine.request import Request
 from resin.engine.speculative import Proposer, Speculation
 from resin.params import SamplingParams
@@ -43,7 +49,7 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="resin bench speculative", description=__doc__.split("\n")[0])
-    p.add_argument("--speculative", choices=["ngram", "draft"], required=True)
+    p.add_argument("--speculative", choices=["ngram", "draft", "mtp"], required=True)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="model folder (or a default-model name)")
     src.add_argument("--random-weights", action="store_true", help="cuda runner: a preset")
@@ -79,16 +85,32 @@ class PaddedProposer:
         return padded
 
 
-def _runner(args: argparse.Namespace, name: str | None, folder: Any) -> Any:
-    if args.runner == "torch":
-        from resin_models_torch.registry import load_runner as load_torch
+DRAFT = "(draft)"  # `_runner`'s name for the draft model
 
-        return load_torch(folder, device=args.device)
+
+def _runner(args: argparse.Namespace, name: str | None, folder: Any) -> Any:
+    mtp = args.speculative == "mtp" and name != DRAFT
+    name = None if name == DRAFT else name
+    if args.runner == "torch":
+        from resin_model.presets import preset_hf
+        from resin_models_torch.registry import load_runner as load_torch
+        from resin_models_torch.registry import random_runner as random_torch
+
+        if folder is None:
+            runner = random_torch(preset_hf(name or args.model_config), device=args.device)
+        else:
+            runner = load_torch(folder, device=args.device)
+        if not mtp:
+            return runner
+        from resin_models_torch.mtp import MtpRunner
+
+        return MtpRunner(runner.model, num_drafts=args.num_draft_tokens, overlap=False)  # type: ignore[arg-type]
     from resin_model.presets import preset
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
     options = RunnerOptions(max_batch=max(args.batch_sizes),
-                            max_context=args.input_len + args.output_len + 64)  # fmt: skip
+                            max_context=args.input_len + args.output_len + 64,
+                            mtp=mtp, max_draft_tokens=max(args.num_draft_tokens, 1))  # fmt: skip
     if folder is None:
         return random_runner(preset(name or args.model_config), options, args.device)
     return load_runner(str(folder), options, args.device)
@@ -164,8 +186,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         draft_folder = _folder(args.draft_model)
-        draft = _runner(args, None, draft_folder)
+        draft = _runner(args, DRAFT, draft_folder)
         proposer = DraftModelProposer(draft, context_length=args.input_len + args.output_len + 64)
+    if args.speculative == "mtp":
+        if not hasattr(runner, "drafts"):
+            print("resin bench speculative: --speculative mtp needs a model with MTP layers",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        proposer = MtpProposer(runner)
     if args.accepted_drafts is not None:
         proposer = PaddedProposer(proposer)
     k = args.num_draft_tokens if args.accepted_drafts is None else args.accepted_drafts
@@ -181,7 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for b in args.batch_sizes:
         prompts = _prompts(args, folder, vocab, b)
         engine.speculation = None
+        drafting = getattr(runner, "mtp_enabled", None)
+        if drafting is not None:
+            runner.mtp_enabled = False  # plain decode pays no MTP layer
         plain = run_once(engine, prompts, args.output_len)
+        if drafting is not None:
+            runner.mtp_enabled = drafting
         engine.speculation = speculation
         if args.accepted_drafts is not None:
             runner.accept_first = args.accepted_drafts
