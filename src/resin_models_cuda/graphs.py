@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,8 +59,38 @@ def capture(
     """Capture `run(rows, query)` for every shape, largest first so smaller ones reuse its
     memory. `prepare(rows, query)` stages padding inputs; `run` is warmed up once eagerly
     (Triton compiles then, outside the capture) on a side stream, as capture requires."""
+    graphs = capture_each(shapes, run, prepare)
+    return {s: CapturedStep(g, *out) for s, (g, out) in graphs.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedDrafts:
+    """An MTP pass captured after a decode shape's graph: reads that graph's hidden states
+    and argmax, writes the MTP cache layer, and leaves a greedy draft per query slot."""
+
+    graph: torch.cuda.CUDAGraph
+    drafts: torch.Tensor  # int32 [bucket * query]
+
+
+def capture_drafts(
+    shapes: list[tuple[int, int]],
+    run: Callable[[int, int], torch.Tensor],
+    prepare: Callable[[int, int], None],
+) -> dict[tuple[int, int], CapturedDrafts]:
+    """`capture` for the MTP pass (its own memory pool: the decode graphs' outputs it reads
+    stay intact)."""
+    graphs = capture_each(shapes, run, prepare)
+    return {s: CapturedDrafts(g, out) for s, (g, out) in graphs.items()}
+
+
+def capture_each(
+    shapes: list[tuple[int, int]],
+    run: Callable[[int, int], Any],
+    prepare: Callable[[int, int], None],
+) -> dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Any]]:
+    """Each shape's graph and the static outputs of its `run` (see `capture`)."""
     pool = torch.cuda.graph_pool_handle()
-    graphs: dict[tuple[int, int], CapturedStep] = {}
+    graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Any]] = {}
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     for rows, query in sorted(shapes, key=lambda s: (s[0] * s[1], s), reverse=True):
         prepare(rows, query)
@@ -69,7 +100,7 @@ def capture(
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            logits, argmax, hidden = run(rows, query)
-        graphs[rows, query] = CapturedStep(graph, logits, argmax, hidden)
+            out = run(rows, query)
+        graphs[rows, query] = (graph, out)
     torch.cuda.synchronize()
     return graphs

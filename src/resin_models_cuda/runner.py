@@ -49,9 +49,11 @@ from resin_model.quant_config import parse_quant_config
 from resin_models_cuda.architectures import build_model
 from resin_models_cuda.buffers import DecodeBuffers
 from resin_models_cuda.graphs import (
+    CapturedDrafts,
     CapturedStep,
     buckets_up_to,
     capture,
+    capture_drafts,
     pick_bucket,
     query_buckets,
 )
@@ -167,6 +169,7 @@ class _MtpInputs:
     hidden: torch.Tensor
     base_ids: torch.Tensor
     flat: torch.Tensor
+    graph: CapturedDrafts | None = None  # the MTP pass captured after that decode graph
 
 
 class CudaRunner:
@@ -188,6 +191,7 @@ class CudaRunner:
         self.kv: torch.Tensor | None = None
         self._buffers: DecodeBuffers | None = None
         self._graphs: dict[tuple[int, int], CapturedStep] = {}
+        self._draft_graphs: dict[tuple[int, int], CapturedDrafts] = {}
         self._buckets: tuple[int, ...] = ()
         self._verify_buckets: tuple[int, ...] = ()
         self._queries: tuple[int, ...] = ()
@@ -249,6 +253,9 @@ class CudaRunner:
             shapes = [(b, 1) for b in self._buckets]
             shapes += [(b, q) for b in self._verify_buckets for q in self._queries]
             self._graphs = capture(shapes, self._decode_body, self._buffers.stage_padding)
+            if self.mtp_enabled:
+                stage = self._buffers.stage_padding
+                self._draft_graphs = capture_drafts(shapes, self._drafts_body, stage)
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         if self._inflight:
@@ -342,7 +349,8 @@ class CudaRunner:
             if self.mtp_enabled:
                 step = self._decode_step(*shape)
                 base = torch.zeros(shape[0] * shape[1], dtype=torch.int32, device=self.device)
-                mtp = _MtpInputs(step, hidden, base, index)
+                graph = self._draft_graphs.get(shape)
+                mtp = _MtpInputs(step, hidden, base, index, graph)
         else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
             rows, offsets, logits, prompt, mtp = self._eager(plan, media)
         if self.options.keep_logits:
@@ -397,7 +405,14 @@ class CudaRunner:
     ) -> _InFlight:
         tokens, lps = self._sampler.pick(plan, rows, offsets, logits, argmax)
         self._keep_tokens(plan, rows, offsets, tokens, body_kept=tokens is argmax)
-        drafts = None if mtp is None else self._mtp_drafts(mtp, tokens)
+        drafts = None
+        if mtp is not None:
+            greedy = argmax is not None and tokens is argmax  # the graph's own tokens
+            if greedy and mtp.graph is not None:
+                mtp.graph.graph.replay()
+                drafts = mtp.graph.drafts[mtp.flat]
+            else:
+                drafts = self._mtp_drafts(mtp, tokens)
         host, event = self._readback.send(tokens if drafts is None else torch.cat((tokens, drafts)))
         asked = plan.sampling.logprobs[rows] if lps is not None else None
         picked = Picked(tokens, host, event, lps, asked)
@@ -477,6 +492,16 @@ class CudaRunner:
         splits = decode_splits(rows, self.config.num_kv_heads, self._num_sms)
         info = DecodeInfo(v.seq_lens, splits, query, v.q_lens if query > 1 else None)
         return StepTensors(ids, v.positions, v.groups, info)
+
+    def _drafts_body(self, rows: int, query: int) -> torch.Tensor:
+        """The MTP pass after the decode graph of shape (rows, query) (graph body): a greedy
+        step's token at every query slot is its argmax, so the MTP input there is that argmax;
+        a draft per slot."""
+        assert self.kv is not None
+        main = self._graphs[rows, query]
+        step = self._decode_step(rows, query)
+        out = self.model.mtp_forward(main.argmax, main.hidden, step, self.kv)  # type: ignore[attr-defined]
+        return argmax_rows(self.model.logits(out))
 
     def _decode_body(
         self, rows: int, query: int

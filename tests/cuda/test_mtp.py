@@ -30,7 +30,7 @@ CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "kv_lora_rank": 32,
     "q_lora_rank": 24,
-    "qk_rope_head_dim": 8,
+    "qk_rope_head_dim": 16,
     "qk_nope_head_dim": 16,
     "v_head_dim": 16,
     "n_routed_experts": 8,
