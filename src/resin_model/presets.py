@@ -72,10 +72,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                          "original_max_position_embeddings": 4096, "beta_fast": 32,
                          "beta_slow": 1},
     },
-    "deepseek-v3-5l": {  # DeepSeek-V3's shapes with 5 of its 61 layers (3 dense, 2 MoE) and
+    "deepseek-v3-4l": {  # DeepSeek-V3's shapes with 4 of its 61 layers (3 dense, 1 MoE) and
         # its MTP layer: what one H200 holds in bf16 (`resin bench speculative --speculative mtp`)
         "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
-        "intermediate_size": 18432, "num_hidden_layers": 5, "num_attention_heads": 128,
+        "intermediate_size": 18432, "num_hidden_layers": 4, "num_attention_heads": 128,
         "num_key_value_heads": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 163840,
         "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
         "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 256,

@@ -19,7 +19,7 @@ switch it off, `mtp_enabled`), on the torch runner the reference `MtpRunner`.
         --batch-sizes 1
     resin bench speculative --speculative ngram --model-config llama-1b --random-weights \
         --runner cuda --accepted-drafts 4 --batch-sizes 1,64 --output bench/spec.jsonl
-    resin bench speculative --speculative mtp --model-config deepseek-v3-5l --random-weights \
+    resin bench speculative --speculative mtp --model-config deepseek-v3-4l --random-weights \
         --runner cuda --device cuda --num-draft-tokens 1 --accepted-drafts 1 --batch-sizes 1
 """
 
