@@ -18,29 +18,12 @@ from resin.engine.proposers import MtpProposer
 from resin.engine.request import Request
 from resin.engine.speculative import Speculation
 from tests.cuda.test_vs_reference import reference_and_fast
+from tests.models.test_deepseek_mtp import CONFIG as MTP_CONFIG
 
 VOCAB = 64
-CONFIG: dict[str, Any] = {
-    "model_type": "deepseek_v3",
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "rms_norm_eps": 1e-6,
-    "kv_lora_rank": 32,
-    "q_lora_rank": 24,
-    "qk_rope_head_dim": 16,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_group": 4,
-    "topk_group": 2,
-    "moe_intermediate_size": 32,
-    "first_k_dense_replace": 1,
-    "num_nextn_predict_layers": 1,
-}
+# The reference MTP test's model, with a vocabulary where greedy choices are not near-ties and a
+# rope wide enough for `tl.dot` on the GPU (K >= 16).
+CONFIG: dict[str, Any] = {**MTP_CONFIG, "vocab_size": VOCAB, "qk_rope_head_dim": 16}
 
 
 class Recording:
