@@ -21,7 +21,8 @@ class RunnerOptions:
       the grouped GEMM;
     - `max_draft_tokens`: speculative drafts per row the runner verifies (0: none);
       `verify_graph_batch`: verify steps up to this many rows replay captured graphs (one per
-      row bucket and query size 1 + k in 2, 3, 5, 9, .. up to 1 + max_draft_tokens);
+      row bucket and query size 1 + k in 2, 3, 5, 9, .. up to 1 + max_draft_tokens; with
+      `mtp`, whose every decode step verifies, up to `max_batch`);
     - `overlap`: declare `RunnerConfig.overlap` (the engine may keep two plans in flight);
     - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks);
     - `mtp`: draft with the checkpoint's first MTP layer (DeepSeek): every step also runs it

@@ -248,7 +248,9 @@ class CudaRunner:
         )
         if self._graphs_enabled:
             self._buckets = buckets_up_to(rows)
-            self._verify_buckets = buckets_up_to(min(rows, self.options.verify_graph_batch))
+            # With MTP drafts every decode step verifies: graphs for every batch size.
+            verify_rows = rows if self.mtp_enabled else self.options.verify_graph_batch
+            self._verify_buckets = buckets_up_to(min(rows, verify_rows))
             self._queries = query_buckets(self._max_query)
             shapes = [(b, 1) for b in self._buckets]
             shapes += [(b, q) for b in self._verify_buckets for q in self._queries]
