@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from resin.engine.proposers import MtpProposer
 from resin.plan import BatchPlan, CacheGroupPlan, ForwardOutput
 from resin_models_torch.batch import (
     AttentionBatch,
@@ -38,8 +37,6 @@ from resin_models_torch.batch import (
 )
 from resin_models_torch.deepseek import DeepseekForCausalLM
 from resin_models_torch.runner import RecordedStep, TorchRunner
-
-__all__ = ["MtpProposer", "MtpRunner", "draft_batch"]
 
 MAX_REMEMBERED = 4096  # rows whose last hidden state is kept between steps
 

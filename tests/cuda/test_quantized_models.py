@@ -18,7 +18,7 @@ from tests.models.quant_folders import quantized_folder
 
 DEEPSEEK_V3 = {
     **TINY["llama"], "model_type": "deepseek_v3", "num_hidden_layers": 2, "kv_lora_rank": 32,
-    "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "q_lora_rank": None, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
     "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
     "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_shared_experts": 2,
     "routed_scaling_factor": 1.0,

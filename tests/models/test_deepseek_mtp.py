@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from resin import Engine, SamplingParams
+from resin.engine.proposers import MtpProposer
 from resin.engine.speculative import Speculation
-from resin_models_torch.mtp import MtpProposer, MtpRunner
+from resin_models_torch.mtp import MtpRunner
 from resin_models_torch.registry import random_runner
 from resin_models_torch.runner import TorchRunner
 
