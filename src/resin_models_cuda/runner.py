@@ -161,15 +161,17 @@ class _InFlight:
 
 @dataclass(frozen=True, slots=True)
 class _MtpInputs:
-    """What the MTP layer reads after a step: the step's tensors and final hidden states, the
-    MTP input ids before the chosen tokens go in (`base_ids`) and the flat query index of each
-    sampled entry."""
+    """What the MTP layer reads after a step: its final hidden states, the flat query index of
+    each sampled entry, and either the varlen step's tensors with the MTP input ids before the
+    chosen tokens go in (`base_ids`), or the decode buffers' `shape` (those are built only if
+    the pass runs eagerly) and the MTP graph captured after that shape's decode graph."""
 
-    step: StepTensors
     hidden: torch.Tensor
-    base_ids: torch.Tensor
     flat: torch.Tensor
-    graph: CapturedDrafts | None = None  # the MTP pass captured after that decode graph
+    step: StepTensors | None = None
+    base_ids: torch.Tensor | None = None
+    shape: tuple[int, int] = (0, 0)
+    graph: CapturedDrafts | None = None
 
 
 class CudaRunner:
@@ -342,17 +344,15 @@ class CudaRunner:
             rows = np.arange(b)
             if query == 1:
                 logits, argmax = logits[:b], argmax[:b]
-                index = torch.arange(b, device=self.device)
+                index = torch.arange(b, device=self.device) if self.mtp_enabled else None
             else:  # every query token of a row samples (verify)
                 rows = np.repeat(rows, qlens)
                 offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
                 index = torch.from_numpy(rows * shape[1] + offsets).to(self.device)
                 logits, argmax = logits[index], argmax[index]
-            if self.mtp_enabled:
-                step = self._decode_step(*shape)
-                base = torch.zeros(shape[0] * shape[1], dtype=torch.int32, device=self.device)
+            if index is not None and self.mtp_enabled:
                 graph = self._draft_graphs.get(shape)
-                mtp = _MtpInputs(step, hidden, base, index, graph)
+                mtp = _MtpInputs(hidden, index, shape=shape, graph=graph)
         else:  # varlen kernels (prefill, or decode beyond the buffers: verify rows causal too)
             rows, offsets, logits, prompt, mtp = self._eager(plan, media)
         if self.options.keep_logits:
@@ -377,12 +377,12 @@ class CudaRunner:
             qlens = plan.query_lens
             rows = np.repeat(np.arange(plan.num_sequences), qlens)
             offsets = np.arange(plan.num_tokens) - np.repeat(plan.query_indptr[:-1], qlens)
+            logits = self.model.logits(hidden)
             flat = np.arange(plan.num_tokens)
         else:
             rows = np.flatnonzero(plan.sample_rows)
             flat = plan.last_token_index[rows].astype(np.int64)
-        index = torch.from_numpy(flat.astype(np.int64)).to(self.device)
-        logits = self.model.logits(hidden if offsets is not None else hidden[index])
+            logits = self.model.logits(hidden[torch.from_numpy(flat).to(self.device)])
         mtp = None
         if self.mtp_enabled:
             # Token t+1 of the row is the next input; a row's last slot gets the token chosen
@@ -391,8 +391,9 @@ class CudaRunner:
             base = np.concatenate((ids[1:], ids[-1:]))
             last = plan.query_indptr[1:].astype(np.int64) - 1
             base[last] = ids[last]
+            index = torch.from_numpy(flat.astype(np.int64)).to(self.device)
             base_ids = torch.from_numpy(base).to(self.device)
-            mtp = _MtpInputs(step_tensors, hidden, base_ids, index)
+            mtp = _MtpInputs(hidden, index, step_tensors, base_ids)
         return rows, offsets, logits, prompt, mtp
 
     def _pick(
@@ -424,10 +425,14 @@ class CudaRunner:
         """One greedy MTP draft per sampled entry (see the module docstring); the MTP layer
         also writes its cache layer at the step's append slots."""
         assert self.kv is not None
-        ids = mtp.base_ids.clone()
+        step, base = mtp.step, mtp.base_ids
+        if step is None or base is None:  # a decode step: its buffers, slots past it padding
+            step = self._decode_step(*mtp.shape)
+            base = torch.zeros(mtp.shape[0] * mtp.shape[1], dtype=torch.int32, device=self.device)
+        ids = base  # this step's own tensor: the chosen tokens go in place
         ids[mtp.flat] = tokens.to(ids.dtype)
         model = self.model
-        out = model.mtp_forward(ids, mtp.hidden, mtp.step, self.kv)  # type: ignore[attr-defined]
+        out = model.mtp_forward(ids, mtp.hidden, step, self.kv)  # type: ignore[attr-defined]
         if not mtp.flat.numel():  # a prefill chunk that samples nothing: entries only
             return tokens.new_empty(0)
         return argmax_rows(model.logits(out[mtp.flat]))
