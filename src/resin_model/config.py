@@ -80,7 +80,7 @@ class MoeConfig:
     intermediate_size: int
     norm_topk_prob: bool
     sparse_layers: tuple[bool, ...]
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    scoring: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
     router_bias: bool = False
     expert_bias: bool = False
     swiglu_limit: float | None = None
@@ -149,6 +149,44 @@ class MlaConfig:
         return self.kv_lora_rank + self.rope_dim
 
 
+AttentionKind = Literal["sliding", "csa", "hca"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeepseekV4Config:
+    """DeepSeek-V4's attention, routing and residual specifics (`hf_deepseek_v4.py` reads
+    them). Every layer attends over a raw window of `ModelConfig.sliding_window` tokens
+    (shared K=V, one head of `head_dim`, rotary on the trailing `rope_dim`); `attention[i]`
+    adds compressed entries: "csa" one per `csa_ratio` tokens from overlapping windows,
+    chosen per query by the indexer (`index_*`), "hca" one per `hca_ratio` tokens, all read.
+    Sliding-only layers rotate with `ModelConfig.rope`, the others with `compress_rope`.
+    `hash_layers[i]`: layer i picks its experts from a token-id table. `swiglu_limit` clamps
+    the SwiGLU gate (above) and up (both sides) of every expert. The residual is `hc_mult`
+    streams mixed by mHC (`hc_iterations` Sinkhorn rounds, `hc_eps`)."""
+
+    attention: tuple[AttentionKind, ...]
+    hash_layers: tuple[bool, ...]
+    csa_ratio: int
+    hca_ratio: int
+    q_lora_rank: int
+    rope_dim: int
+    compress_rope: RopeConfig
+    o_groups: int
+    o_lora_rank: int
+    index_heads: int
+    index_head_dim: int
+    index_topk: int
+    hc_mult: int
+    hc_iterations: int
+    hc_eps: float
+    swiglu_limit: float
+
+    def ratio(self, layer: int) -> int:
+        """Tokens per compressed entry of `layer` (0: sliding only)."""
+        kind = self.attention[layer]
+        return 0 if kind == "sliding" else self.csa_ratio if kind == "csa" else self.hca_ratio
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Everything a reference model needs, with explicit defaults.
@@ -192,6 +230,7 @@ class ModelConfig:
     mla: MlaConfig | None = None
     num_mtp_layers: int = 0
     partial_rotary_factor: float = 1.0
+    deepseek_v4: DeepseekV4Config | None = None
     quant: QuantConfig | None = None  # how the checkpoint stores its weights (quant_config.py)
 
     def __post_init__(self) -> None:

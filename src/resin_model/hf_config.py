@@ -18,6 +18,7 @@ from typing import Any
 
 from resin_model.config import ModelConfig, MoeConfig, RopeConfig
 from resin_model.hf_deepseek import parse_deepseek
+from resin_model.hf_deepseek_v4 import parse_deepseek_v4
 from resin_model.hf_glm import parse_glm4_moe
 from resin_model.hf_reader import (
     Reader,
@@ -231,5 +232,6 @@ _PARSERS: dict[str, Callable[[Reader], ModelConfig]] = {
     "olmo2": _olmo2,
     "deepseek_v2": parse_deepseek,
     "deepseek_v3": parse_deepseek,
+    "deepseek_v4": parse_deepseek_v4,
     "glm4_moe": parse_glm4_moe,
 }

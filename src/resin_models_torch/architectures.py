@@ -26,6 +26,7 @@ ARCHITECTURES: dict[str, str] = {
     "lfm2": "resin_models_torch.lfm2:Lfm2ForCausalLM",
     "deepseek_v2": _DEEPSEEK,
     "deepseek_v3": _DEEPSEEK,
+    "deepseek_v4": "resin_models_torch.deepseek_v4:DeepseekV4ForCausalLM",
     "glm4_moe": "resin_models_torch.glm4_moe:Glm4MoeForCausalLM",
 }
 

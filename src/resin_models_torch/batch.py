@@ -198,10 +198,12 @@ class ConvSpec:
 @dataclass(frozen=True, slots=True)
 class LatentSpec:
     """A History group of MLA layers: one latent vector of `width` values (DeepSeek's
-    kv_lora_rank + rope dim) per token per layer, instead of per-head K and V."""
+    kv_lora_rank + rope dim) per token per layer, instead of per-head K and V; with a
+    `window`, a Window group of such vectors (DeepSeek-V4's shared K=V head)."""
 
     num_layers: int
     width: int
+    window: int | None = None
 
 
 CacheSpec = KvSpec | ConvSpec | LatentSpec

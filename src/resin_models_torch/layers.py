@@ -29,9 +29,14 @@ class Float32Module(nn.Module):
 
 
 def keep_float32(model: ModuleT) -> ModuleT:
+    """Cast `Float32Module`s, and the parameters a module names in its `float32_params`
+    class attribute (single tensors such as attention sinks), back to float32."""
     for module in model.modules():
         if isinstance(module, Float32Module):
             module.float()
+        for name in getattr(module, "float32_params", ()):
+            param = getattr(module, name)
+            param.data = param.data.float()
     return model
 
 

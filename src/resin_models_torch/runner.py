@@ -115,9 +115,9 @@ class TorchRunner:
 
     def _group_spec(self, spec: CacheSpec) -> CacheGroupSpec:
         nbytes = self._group_bytes(spec)
-        if isinstance(spec, LatentSpec):
+        if isinstance(spec, LatentSpec) and spec.window is None:
             return History(bytes_per_page=nbytes)
-        if not isinstance(spec, KvSpec):
+        if not isinstance(spec, KvSpec | LatentSpec):
             return State(bytes_per_page=nbytes)
         if spec.window is None:
             return History(bytes_per_page=nbytes)
@@ -233,9 +233,8 @@ class TorchRunner:
         batches: list[AttentionBatch | StateBatch] = []
         for spec, group in zip(self.model.cache_specs, plan.cache_groups, strict=True):
             if isinstance(spec, KvSpec | LatentSpec):
-                window = spec.window if isinstance(spec, KvSpec) else None
                 batches.append(
-                    attention_batch(plan, group, grid, self.page_size, window, self.device)
+                    attention_batch(plan, group, grid, self.page_size, spec.window, self.device)
                 )
             else:
                 batches.append(state_batch(plan, group, grid, spec.width, self.device))

@@ -1,0 +1,524 @@
+"""DeepSeek-V4 (Flash): shared K=V multi-query attention over a raw window plus compressed
+entries, a routed MoE (hash-routed first layers) and an mHC residual of `hc_mult` streams.
+
+Attention (every layer): queries through a low-rank path (`q_a_proj`, `q_a_norm`, `q_b_proj`,
+then an unweighted per-head RMS norm); one 512-wide vector per token (`kv_proj`, `kv_norm`)
+serves as key and value. Rotary turns interleaved pairs of the trailing `rope_dim` channels
+(float32), with the plain `main` table in sliding-only layers and the YaRN `compress` table in
+the others. Logits join a per-head sink in a float32 softmax; the output's rope channels are
+turned back by the query's position (V carries rotary), then the grouped low-rank projection
+(`o_a_proj` per group of heads, `o_b_proj`).
+
+Compressed entries (`attention[i]` "csa" / "hca", ratio m): entry w pools the tokens of its
+window with a per-channel softmax of `gate_proj(x) + position_bias[slot]` over `kv_proj(x)`,
+then `kv_norm` and rotary at position m * w. HCA windows are the m tokens [mw, mw + m); CSA
+entries span 2m tokens, the previous window's first half-channels (Ca) and the window's own
+second half (Cb). Query p sees entry w once its last token is <= p (w < (p + 1) // m); HCA
+reads all of them, CSA those the indexer picks: its own compressor keys (width
+`index_head_dim`), scored sum_h w_h(x) ReLU(q_h . k) in float32, top `index_topk`.
+
+Cache groups. Every layer's K=V vectors form a Window group (`LatentSpec` with a window).
+Interim, until the engine has a compressed cache kind: the compressor inputs (`kv_proj` /
+`gate_proj` outputs, and the indexer's) of every token are kept in History groups (one for
+CSA layers, one for HCA layers), and each step recomputes every complete entry of its rows
+from them. Exact and simple (any chunking, prefix hits at any length, retraction come from
+the History group), but linear in the context per step; compressed groups replace it.
+
+Checkpoint names: the published layout (`layers.N.attn.wq_a`, `ffn.experts.E.w1`,
+`hc_attn_fn`, `embed`, `head`; with or without `model.`, as transformers saves it) maps to
+transformers' module names (`checkpoint_name`); the MTP layer (`mtp.*`) is not loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from resin_model.config import DeepseekV4Config, ModelConfig, RopeConfig
+from resin_model.nn import RMSNorm
+from resin_models_torch.base import Backbone, CausalLM
+from resin_models_torch.batch import CacheSpec, LatentSpec, LayerSlot, StepContext
+from resin_models_torch.layers import Float32Module
+from resin_models_torch.mhc import HyperConnection, HyperHead, hc_mix, unweighted_rms_norm
+from resin_models_torch.mla import paged_latents
+
+
+class V4Norm(RMSNorm, Float32Module):
+    """RMS norm with a float32 weight applied before the cast back (Llama casts first)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * normed).to(x.dtype)
+
+
+class V4Rotary(nn.Module):
+    """Interleaved-pair rotary on the trailing channels: cos / sin [T, rope_dim / 2]."""
+
+    def __init__(self, rope: RopeConfig, rope_dim: int) -> None:
+        super().__init__()
+        self.inv_freq: torch.Tensor
+        self.register_buffer("inv_freq", rope.inv_freq(rope_dim), persistent=False)
+        self.attention_factor = rope.attention_factor
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :].float()
+        return freqs.cos() * self.attention_factor, freqs.sin() * self.attention_factor
+
+
+def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn pairs (x0, x1), (x2, x3), ... of x's trailing 2 * cos.shape[-1] channels.
+
+    x [T, ..., D]; cos / sin [T, R / 2] float32, rounded to x's dtype first as transformers
+    does, then applied in float32."""
+    r = 2 * cos.shape[-1]
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (r,)
+    cos = cos.to(x.dtype).repeat_interleave(2, dim=-1).float().view(shape)
+    sin = sin.to(x.dtype).repeat_interleave(2, dim=-1).float().view(shape)
+    nope, rope = x[..., :-r], x[..., -r:].float()
+    turned = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    return torch.cat((nope, (rope * cos + turned * sin).to(x.dtype)), dim=-1)
+
+
+class Compressor(nn.Module):
+    """Pools every `ratio` tokens into one entry of `width` values. With `overlap` (CSA) each
+    token projects to 2 * width: Ca (first half, for the next entry) and Cb (its own)."""
+
+    float32_params = ("position_bias",)
+
+    def __init__(self, hidden: int, width: int, ratio: int, overlap: bool, eps: float) -> None:
+        super().__init__()
+        self.width, self.ratio, self.overlap = width, ratio, overlap
+        proj = 2 * width if overlap else width
+        self.kv_proj = nn.Linear(hidden, proj, bias=False)
+        self.gate_proj = nn.Linear(hidden, proj, bias=False)
+        self.position_bias = nn.Parameter(torch.empty(ratio, proj))
+        self.kv_norm = V4Norm(width, eps)
+
+    @property
+    def cached_width(self) -> int:
+        """Values kept per token in the History group: the kv and gate projections."""
+        return 2 * self.kv_proj.out_features
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> [T, cached_width]: what the cache keeps of each token."""
+        return torch.cat((self.kv_proj(x), self.gate_proj(x)), dim=-1)
+
+    def entries(self, projected: torch.Tensor, rotary: V4Rotary) -> torch.Tensor:
+        """A row's tokens 0..n-1 (`project` outputs) -> its n // ratio complete entries."""
+        m, w = self.ratio, self.width
+        count = projected.shape[0] // m
+        kv, gate = projected[: count * m].chunk(2, dim=-1)
+        kv = kv.reshape(count, m, -1)
+        gate = gate.reshape(count, m, -1) + self.position_bias  # float32 from here
+        if self.overlap:  # slots: Ca of the previous window (none for entry 0), then Cb
+            prev_kv = torch.cat((kv.new_zeros(1, m, w), kv[:-1, :, :w]))
+            first = gate.new_full((1, m, w), float("-inf"))
+            prev_gate = torch.cat((first, gate[:-1, :, :w]))
+            kv = torch.cat((prev_kv, kv[..., w:]), dim=1)
+            gate = torch.cat((prev_gate, gate[..., w:]), dim=1)
+        weights = gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)
+        pooled = self.kv_norm((kv * weights).sum(dim=1))
+        positions = torch.arange(count, device=kv.device) * m
+        return rope_tail(pooled, *rotary.cos_sin(positions))
+
+
+class IndexerScorer(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.weights_proj = nn.Linear(hidden, heads, bias=False)
+
+
+class Indexer(Compressor):
+    """Lightning indexer of a CSA layer: a compressor of its own for the keys (width
+    `index_head_dim`), query heads from the shared query residual, per-head weights."""
+
+    def __init__(self, config: ModelConfig, v4: DeepseekV4Config) -> None:
+        hidden, dim = config.hidden_size, v4.index_head_dim
+        super().__init__(hidden, dim, v4.csa_ratio, True, config.norm_eps)
+        self.heads, self.topk = v4.index_heads, v4.index_topk
+        self.q_b_proj = nn.Linear(v4.q_lora_rank, self.heads * dim, bias=False)
+        self.scorer = IndexerScorer(hidden, self.heads)
+
+    def select(
+        self,
+        x: torch.Tensor,
+        q_residual: torch.Tensor,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """A row's queries (x, q_residual [Q, .], positions [Q]) against its indexer keys
+        [E, dim] -> [Q, E] bool: the entries each query attends."""
+        q = self.q_b_proj(q_residual).view(-1, self.heads, self.width)
+        q = rope_tail(q, *cos_sin)
+        scores = torch.einsum("qhd,ed->qhe", q.float(), keys.float()).relu() * self.width**-0.5
+        weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
+        total = (scores * weights[..., None]).sum(dim=1)  # [Q, E]
+        entry = torch.arange(keys.shape[0], device=x.device)[None, :]
+        visible = entry < (positions[:, None] + 1) // self.ratio
+        total = total.masked_fill(~visible, float("-inf"))
+        chosen = total.topk(min(self.topk, keys.shape[0]), dim=-1).indices
+        selected = torch.zeros_like(visible).scatter_(1, chosen, True)
+        return selected & visible
+
+
+class V4Compressed(Compressor):
+    """`self_attn.compressor`: the entries of a CSA (overlapping, with an `indexer`) or HCA
+    layer."""
+
+    def __init__(self, config: ModelConfig, v4: DeepseekV4Config, csa: bool) -> None:
+        ratio = v4.csa_ratio if csa else v4.hca_ratio
+        super().__init__(config.hidden_size, config.head_dim, ratio, csa, config.norm_eps)
+        self.indexer = Indexer(config, v4) if csa else None
+
+    def project_all(self, x: torch.Tensor) -> torch.Tensor:
+        """What the History group keeps per token: this compressor's and the indexer's
+        projections."""
+        if self.indexer is None:
+            return self.project(x)
+        return torch.cat((self.project(x), self.indexer.project(x)), dim=-1)
+
+    @property
+    def all_width(self) -> int:
+        extra = self.indexer.cached_width if self.indexer is not None else 0
+        return self.cached_width + extra
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One plan row's flat query tokens and their positions (contiguous, cached before)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+
+    @property
+    def cached(self) -> int:
+        return int(self.positions[0])
+
+
+class V4Attention(nn.Module):
+    float32_params = ("sinks",)
+
+    def __init__(
+        self, config: ModelConfig, layer: int, window: LayerSlot, history: LayerSlot | None
+    ) -> None:
+        super().__init__()
+        v4 = config.deepseek_v4
+        assert v4 is not None
+        self.v4, self.window, self.history = v4, window, history
+        hidden, heads, d = config.hidden_size, config.num_heads, config.head_dim
+        self.heads, self.dim, self.eps = heads, d, config.norm_eps
+        self.q_a_proj = nn.Linear(hidden, v4.q_lora_rank, bias=False)
+        self.q_a_norm = V4Norm(v4.q_lora_rank, config.norm_eps)
+        self.q_b_proj = nn.Linear(v4.q_lora_rank, heads * d, bias=False)
+        self.kv_proj = nn.Linear(hidden, d, bias=False)
+        self.kv_norm = V4Norm(d, config.norm_eps)
+        self.o_a_proj = nn.Linear(heads * d // v4.o_groups, v4.o_groups * v4.o_lora_rank, False)
+        self.o_b_proj = nn.Linear(v4.o_groups * v4.o_lora_rank, hidden, bias=False)
+        self.sinks = nn.Parameter(torch.empty(heads))
+        kind = v4.attention[layer]
+        self.compressor = None if kind == "sliding" else V4Compressed(config, v4, kind == "csa")
+
+    def forward(
+        self, x: torch.Tensor, ctx: StepContext, rows: list[Row], rotary: V4Rotary
+    ) -> torch.Tensor:
+        cos, sin = rotary.cos_sin(ctx.positions)
+        q_residual = self.q_a_norm(self.q_a_proj(x))
+        q = self.q_b_proj(q_residual).view(x.shape[0], self.heads, self.dim)
+        q = rope_tail(unweighted_rms_norm(q, self.eps), cos, sin)
+        kv = rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
+        cache, batch = ctx.attention(self.window)
+        window_kv = paged_latents(kv, cache, batch)  # [B, C + Q, D]
+        tokens = None
+        if self.compressor is not None:
+            assert self.history is not None
+            hcache, hbatch = ctx.attention(self.history)
+            tokens = paged_latents(self.compressor.project_all(x), hcache, hbatch)
+        out = torch.empty_like(q)
+        for b, row in enumerate(rows):
+            n = row.tokens.shape[0]
+            keys, mask = window_kv[b], batch.mask[b, :n]
+            if self.compressor is not None:
+                assert tokens is not None
+                span = tokens.shape[1] - batch.query_index.shape[1]  # cached columns
+                row_tokens = torch.cat((tokens[b, : row.cached], tokens[b, span : span + n]))
+                entries, visible = self._entries(row, row_tokens, x, q_residual, rotary)
+                keys, mask = torch.cat((keys, entries)), torch.cat((mask, visible), dim=1)
+            out[row.tokens] = self._attend(q[row.tokens], keys, mask)
+        out = rope_tail(out, cos, -sin)  # V carried rotary: turn it back by the query's position
+        groups = out.view(x.shape[0], self.v4.o_groups, -1)
+        weight = self.o_a_proj.weight.view(self.v4.o_groups, self.v4.o_lora_rank, -1)
+        grouped = torch.einsum("tgi,gli->tgl", groups, weight).flatten(1)
+        result: torch.Tensor = self.o_b_proj(grouped)
+        return result
+
+    def _entries(
+        self,
+        row: Row,
+        row_tokens: torch.Tensor,
+        x: torch.Tensor,
+        q_residual: torch.Tensor,
+        rotary: V4Rotary,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A row's compressed entries [E, D] and which ones each query sees [Q, E]."""
+        comp = self.compressor
+        assert comp is not None
+        split = comp.cached_width
+        entries = comp.entries(row_tokens[:, :split], rotary)
+        if comp.indexer is None:
+            index = torch.arange(entries.shape[0], device=x.device)
+            visible = index[None, :] < (row.positions[:, None] + 1) // comp.ratio
+            return entries, visible
+        keys = comp.indexer.entries(row_tokens[:, split:], rotary)
+        cos_sin = rotary.cos_sin(row.positions)
+        sel = comp.indexer.select(x[row.tokens], q_residual[row.tokens], keys, row.positions,
+                                  cos_sin)  # fmt: skip
+        return entries, sel
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [Q, H, D] over keys = values [K, D] with mask [Q, K] and the per-head sinks."""
+        logits = torch.einsum("qhd,kd->hqk", q, keys.to(q.dtype)) * self.dim**-0.5
+        logits = logits.masked_fill(~mask[None], float("-inf"))
+        sinks = self.sinks.float()[:, None, None].expand(-1, q.shape[0], 1)
+        combined = torch.cat((logits.float(), sinks), dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = combined.softmax(dim=-1)[..., :-1].to(q.dtype)
+        return torch.einsum("hqk,kd->qhd", probs, keys.to(q.dtype))
+
+
+class V4Router(nn.Module):
+    """`mlp.gate`: sqrt(softplus) scores; experts from the biased scores (top-k) or from the
+    token-id table `tid2eid` (hash layers), weighted by their renormalised unbiased scores."""
+
+    float32_params = ("e_score_correction_bias",)
+
+    def __init__(self, config: ModelConfig, hashed: bool) -> None:
+        super().__init__()
+        moe = config.moe
+        assert moe is not None
+        self.top_k, self.scale = moe.top_k, moe.routed_scale
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, config.hidden_size))
+        self.tid2eid: nn.Parameter | None = None
+        self.e_score_correction_bias: nn.Parameter | None = None
+        if hashed:
+            table = torch.zeros(config.vocab_size, moe.top_k, dtype=torch.long)
+            self.tid2eid = nn.Parameter(table, requires_grad=False)
+        else:
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(moe.num_experts))
+        self.float32_params = () if hashed else ("e_score_correction_bias",)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = F.softplus(F.linear(x, self.weight)).sqrt()
+        if self.tid2eid is not None:
+            chosen = self.tid2eid[ids].long()
+        else:
+            assert self.e_score_correction_bias is not None
+            biased = scores + self.e_score_correction_bias
+            chosen = torch.topk(biased, self.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, chosen)
+        return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.scale, chosen
+
+
+class ClampedMLP(nn.Module):
+    """SwiGLU with the gate clamped above and the up projection on both sides."""
+
+    def __init__(self, hidden: int, inner: int, limit: float) -> None:
+        super().__init__()
+        self.limit = limit
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate_proj(x).clamp(max=self.limit)
+        up = self.up_proj(x).clamp(-self.limit, self.limit)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return out
+
+
+class V4Moe(nn.Module):
+    def __init__(self, config: ModelConfig, hashed: bool) -> None:
+        super().__init__()
+        moe, v4 = config.moe, config.deepseek_v4
+        assert moe is not None and v4 is not None
+        hidden, limit = config.hidden_size, v4.swiglu_limit
+        self.gate = V4Router(config, hashed)
+        self.experts = nn.ModuleList(
+            ClampedMLP(hidden, moe.intermediate_size, limit) for _ in range(moe.num_experts)
+        )
+        self.shared_experts = ClampedMLP(hidden, moe.shared_intermediate_size, limit)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.gate(x, ids)
+        out = torch.zeros_like(x)
+        for expert_id in torch.unique(chosen).tolist():
+            token_idx, slot = torch.where(chosen == expert_id)
+            y = self.experts[expert_id](x[token_idx]) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(x.dtype))
+        return out + self.shared_experts(x)
+
+
+class V4Layer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer: int, window: LayerSlot, history: LayerSlot | None
+    ) -> None:
+        super().__init__()
+        v4 = config.deepseek_v4
+        assert v4 is not None
+        hidden, eps = config.hidden_size, config.norm_eps
+        self.uses_compress_rope = v4.attention[layer] != "sliding"
+        self.self_attn = V4Attention(config, layer, window, history)
+        self.mlp = V4Moe(config, v4.hash_layers[layer])
+        self.input_layernorm = V4Norm(hidden, eps)
+        self.post_attention_layernorm = V4Norm(hidden, eps)
+        self.attn_hc = HyperConnection(hidden, v4.hc_mult, v4.hc_iterations, v4.hc_eps, eps)
+        self.ffn_hc = HyperConnection(hidden, v4.hc_mult, v4.hc_iterations, v4.hc_eps, eps)
+
+    def forward(
+        self,
+        streams: torch.Tensor,
+        ids: torch.Tensor,
+        ctx: StepContext,
+        rows: list[Row],
+        rotary: V4Rotary,
+    ) -> torch.Tensor:
+        post, comb, collapsed = self.attn_hc(streams)
+        out = self.self_attn(self.input_layernorm(collapsed), ctx, rows, rotary)
+        streams = hc_mix(streams, post, comb, out)
+        post, comb, collapsed = self.ffn_hc(streams)
+        out = self.mlp(self.post_attention_layernorm(collapsed), ids)
+        return hc_mix(streams, post, comb, out)
+
+
+class V4Backbone(Backbone):
+    def __init__(self, config: ModelConfig, layers: nn.ModuleList) -> None:
+        v4 = config.deepseek_v4
+        assert v4 is not None
+        super().__init__(config, layers, V4Norm(config.hidden_size, config.norm_eps))
+        self.hc_head = HyperHead(config.hidden_size, v4.hc_mult, v4.hc_eps, config.norm_eps)
+
+
+class DeepseekV4ForCausalLM(CausalLM):
+    model: V4Backbone
+
+    def __init__(self, config: ModelConfig) -> None:
+        v4 = config.deepseek_v4
+        if v4 is None or config.moe is None or config.sliding_window is None:
+            raise ValueError("deepseek_v4 models need their DeepseekV4Config and MoE config")
+        super().__init__(config)
+        n = config.num_layers
+        counts = {kind: v4.attention.count(kind) for kind in ("csa", "hca")}
+        group_of = {}
+        specs: list[CacheSpec] = [LatentSpec(n, config.head_dim, config.sliding_window)]
+        for kind in ("csa", "hca"):
+            if counts[kind]:
+                group_of[kind] = len(specs)
+                specs.append(LatentSpec(counts[kind], 0))  # width set once a layer is built
+        layers, seen = [], dict.fromkeys(("csa", "hca"), 0)
+        widths: dict[str, int] = {}
+        for i, kind in enumerate(v4.attention):
+            history = None
+            if kind != "sliding":
+                history = LayerSlot(group_of[kind], seen[kind])
+                seen[kind] += 1
+            layer = V4Layer(config, i, LayerSlot(0, i), history)
+            if layer.self_attn.compressor is not None:
+                widths[kind] = layer.self_attn.compressor.all_width
+            layers.append(layer)
+        for kind, g in group_of.items():
+            specs[g] = LatentSpec(counts[kind], widths[kind])
+        self.cache_specs = tuple(specs)
+        self.slots = tuple(LayerSlot(0, i) for i in range(n))
+        self.model = V4Backbone(config, nn.ModuleList(layers))
+        self.main_rotary = V4Rotary(config.rope, v4.rope_dim)
+        self.compress_rotary = V4Rotary(v4.compress_rope, v4.rope_dim)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        return v4_checkpoint_name(name)
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        v4 = self.config.deepseek_v4
+        assert v4 is not None
+        rows = step_rows(ctx)
+        x = self.embed(input_ids)
+        streams = x[:, None, :].expand(-1, v4.hc_mult, -1).contiguous()
+        layers: list[V4Layer] = list(self.model.layers)  # type: ignore[arg-type]
+        for layer in layers:
+            rotary = self.compress_rotary if layer.uses_compress_rope else self.main_rotary
+            streams = layer(streams, input_ids, ctx, rows, rotary)
+        out: torch.Tensor = self.model.norm(self.model.hc_head(streams))
+        return out
+
+
+def step_rows(ctx: StepContext) -> list[Row]:
+    """The step's rows from the window group's token layout (every row has a query)."""
+    batch = ctx.batches[0]
+    rows = []
+    for b in range(batch.query_index.shape[0]):
+        tokens = torch.nonzero(batch.token_rows == b)[:, 0]
+        rows.append(Row(tokens, ctx.positions[tokens]))
+    return rows
+
+
+# Published name piece -> transformers' module name piece, applied in order (transformers'
+# `conversion_mapping.py` lists the same renames for `deepseek_v4`).
+_RENAMES = (
+    (".attn.", ".self_attn."),
+    (".ffn.", ".mlp."),
+    (".indexer.compressor.", ".compressor.indexer."),
+    (".attn_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    (".hc_attn_fn", ".attn_hc.fn"),
+    (".hc_attn_base", ".attn_hc.base"),
+    (".hc_attn_scale", ".attn_hc.scale"),
+    (".hc_ffn_fn", ".ffn_hc.fn"),
+    (".hc_ffn_base", ".ffn_hc.base"),
+    (".hc_ffn_scale", ".ffn_hc.scale"),
+    (".attn_sink", ".sinks"),
+    (".indexer.weights_proj.", ".compressor.indexer.scorer.weights_proj."),
+    (".indexer.wq_b.", ".compressor.indexer.q_b_proj."),
+    (".norm.", ".kv_norm."),
+    (".ape", ".position_bias"),
+    (".wq_a.", ".q_a_proj."),
+    (".self_attn.wq_b.", ".self_attn.q_b_proj."),
+    (".wkv.", ".kv_proj."),
+    (".wgate.", ".gate_proj."),
+    (".wo_a.", ".o_a_proj."),
+    (".wo_b.", ".o_b_proj."),
+    (".q_norm.", ".q_a_norm."),
+    (".gate.bias", ".gate.e_score_correction_bias"),
+    (".w1.", ".gate_proj."),
+    (".w2.", ".down_proj."),
+    (".w3.", ".up_proj."),
+)
+_TOP = {
+    "embed.weight": "model.embed_tokens.weight",
+    "embed_tokens.weight": "model.embed_tokens.weight",
+    "head.weight": "lm_head.weight",
+    "lm_head.weight": "lm_head.weight",
+    "norm.weight": "model.norm.weight",
+    "hc_head_fn": "model.hc_head.hc_fn",
+    "hc_head_base": "model.hc_head.hc_base",
+    "hc_head_scale": "model.hc_head.hc_scale",
+    "hc_head.hc_fn": "model.hc_head.hc_fn",
+    "hc_head.hc_base": "model.hc_head.hc_base",
+    "hc_head.hc_scale": "model.hc_head.hc_scale",
+}
+
+
+def v4_checkpoint_name(name: str) -> str | None:
+    """A checkpoint tensor's module name (None: the MTP layer, not loaded)."""
+    name = name.removeprefix("model.")
+    if name.startswith("mtp."):
+        return None
+    if name in _TOP:
+        return _TOP[name]
+    if not name.startswith("layers."):
+        return "model." + name
+    for old, new in _RENAMES:
+        name = name.replace(old, new)
+    return "model." + name
