@@ -24,6 +24,7 @@ _KINDS: dict[str, AttentionKind] = {
 
 
 def _schedule(raw: Reader, n: int, csa: int, hca: int) -> tuple[AttentionKind, ...]:
+    kinds: list[AttentionKind]
     names = raw.get("layer_types")
     ratios = raw.get("compress_ratios")
     if names is None and ratios is not None:
@@ -40,7 +41,9 @@ def _schedule(raw: Reader, n: int, csa: int, hca: int) -> tuple[AttentionKind, .
             raise ValueError(f"unsupported DeepSeek-V4 layer_types {unknown}")
         kinds = [_KINDS[name] for name in names]
     else:  # the class default: two HCA layers, then CSA / HCA alternating
-        kinds = ["hca"] * min(n, 2) + ["csa" if i % 2 else "hca" for i in range(max(n - 2, 0))]
+        rest: list[AttentionKind] = ["csa" if i % 2 else "hca" for i in range(max(n - 2, 0))]
+        first: list[AttentionKind] = ["hca"] * min(n, 2)
+        kinds = first + rest
     if len(kinds) < n:
         raise ValueError(f"the layer schedule lists {len(kinds)} layers, the model has {n}")
     return tuple(kinds[:n])
@@ -127,6 +130,7 @@ def parse_deepseek_v4(raw: Reader) -> ModelConfig:
     if common["num_heads"] * head_dim % v4.o_groups:
         raise ValueError("o_groups must divide num_attention_heads * head_dim")
     common["max_positions"] = int(raw.get("max_position_embeddings", 1048576))
+    common["num_kv_heads"] = 1  # one K=V head shared by every query head
     return ModelConfig(
         **common,
         rope=main_rope,

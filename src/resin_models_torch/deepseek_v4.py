@@ -294,7 +294,7 @@ class V4Router(nn.Module):
     """`mlp.gate`: sqrt(softplus) scores; experts from the biased scores (top-k) or from the
     token-id table `tid2eid` (hash layers), weighted by their renormalised unbiased scores."""
 
-    float32_params = ("e_score_correction_bias",)
+    float32_params: tuple[str, ...] = ("e_score_correction_bias",)
 
     def __init__(self, config: ModelConfig, hashed: bool) -> None:
         super().__init__()

@@ -1,0 +1,235 @@
+"""DeepSeek-V4 reference runner against `transformers`' `DeepseekV4ForCausalLM` (fp32, CPU).
+
+The tiny model keeps every mechanism of the real one: the checkpoint's schedule (two
+sliding-only layers, then CSA and HCA), hash routing in the first layer, mHC with 2 streams,
+a YaRN compress rope, a 16-token window. The HCA ratio is shrunk from 128 to 16 so that prompts
+of ~300 tokens emit many entries of both compressed kinds; the CSA ratio stays 4.
+
+The indexer's top-k (4 of up to ~80 candidates) is active. Its scores go through ReLU, so with
+few indexer heads many tie at exactly 0 and `torch.topk` may keep different members of a tie in
+different computations. The comparison is made tie-aware by construction: 8 indexer heads make
+an all-zero score rare, and each test first checks, on transformers' own scores for the whole
+sequence, that no query's k-th and (k+1)-th candidates are within `TIE` of each other, so the
+selection is unique and the logits must agree everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from ref_compare import hf_greedy, hf_logits
+
+from resin import Engine, SamplingParams, TokensEvent
+from resin_model.hf_config import parse_config
+from resin_models_torch.deepseek_v4 import v4_checkpoint_name
+from resin_models_torch.registry import load_runner
+from resin_models_torch.runner import RecordedStep
+
+torch.set_num_threads(1)  # tiny matrices: threads only add contention
+
+TIE = 1e-6
+HCA_RATIO = 16  # the published 128, shrunk so short prompts emit HCA entries
+
+_CONFIG: dict[str, Any] = dict(
+    vocab_size=300,
+    hidden_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    head_dim=32,
+    q_lora_rank=32,
+    qk_rope_head_dim=8,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    compress_ratios=[0, 0, 4, 128],  # the published spelling; 128 maps to HCA
+    compress_rate_hca=HCA_RATIO,
+    num_hash_layers=1,
+    sliding_window=16,
+    o_groups=2,
+    o_lora_rank=16,
+    index_n_heads=8,
+    index_head_dim=16,
+    index_topk=4,
+    hc_mult=2,
+    max_position_embeddings=1024,
+    initializer_range=0.1,
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                     "beta_fast": 32, "beta_slow": 1},
+)  # fmt: skip
+
+
+@functools.cache
+def _checkpoint(root: Path) -> tuple[Path, Any]:
+    config = transformers.DeepseekV4Config(**_CONFIG)
+    torch.manual_seed(0)
+    model = transformers.DeepseekV4ForCausalLM(config).eval()
+    with torch.no_grad():  # transformers zero-initialises these; exercise them
+        for name, param in model.named_parameters():
+            if name.endswith(("position_bias", "sinks", ".base", "hc_base")) or "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+        for layer in model.model.layers:
+            gate = layer.mlp.gate
+            if hasattr(gate, "tid2eid"):  # a fixed token -> experts table
+                table = torch.stack([torch.randperm(4)[:2] for _ in range(300)])
+                gate.tid2eid.copy_(table)
+            else:
+                gate.e_score_correction_bias.add_(torch.randn(4) * 0.1)
+    folder = root / "tiny-deepseek-v4"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return _checkpoint(tmp_path_factory.mktemp("dsv4"))
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _reference(hf: Any, tokens: list[int]) -> tuple[torch.Tensor, int]:
+    """transformers' logits over `tokens`, after checking that its indexer selection is unique
+    at every query (no tie within TIE at the top-k boundary); also returns how many queries
+    had more candidates than the top-k keeps."""
+    scores: list[torch.Tensor] = []
+    indexer = hf.model.layers[2].self_attn.compressor.indexer
+    handle = indexer.scorer.register_forward_hook(lambda m, i, out: scores.append(out[0]))
+    logits = hf_logits(hf, tokens)
+    handle.remove()
+    k, ratio, active = indexer.index_topk, indexer.compress_rate, 0
+    for p in range(len(tokens)):
+        candidates = (p + 1) // ratio
+        if candidates > k:
+            ranked = scores[0][p, :candidates].sort(descending=True).values
+            assert float(ranked[k - 1] - ranked[k]) > TIE, f"tie at position {p}"
+            active += 1
+    return logits, active
+
+
+def _worst(recorded: list[RecordedStep], request_id: int, ref: torch.Tensor) -> float:
+    """Largest |resin - transformers| logit over every position computed for the request."""
+    worst = 0.0
+    for step in recorded:
+        mask = torch.from_numpy(step.sequence_ids == request_id)
+        if mask.any():
+            assert step.logits is not None
+            positions = torch.from_numpy(step.positions.astype("int64"))[mask]
+            worst = max(worst, float((step.logits[mask] - ref[positions]).abs().max()))
+    return worst
+
+
+def test_config_schedule_and_names(tiny: tuple[Path, Any]) -> None:
+    folder, _ = tiny
+    raw = {"model_type": "deepseek_v4", "bos_token_id": 0, "eos_token_id": 1, **_CONFIG}
+    v4 = parse_config(raw).deepseek_v4
+    assert v4 is not None
+    assert v4.attention == ("sliding", "sliding", "csa", "hca")
+    assert (v4.csa_ratio, v4.hca_ratio, v4.rope_dim) == (4, HCA_RATIO, 8)
+    assert v4.hash_layers == (True, False, False, False)
+    assert v4.compress_rope.kind == "yarn" and v4.compress_rope.attention_factor == 1.0
+    # the published Flash schedule (43 layers) is read as listed, not the class default
+    flash = [0, 0] + [4 if i % 2 == 0 else 128 for i in range(41)]
+    big = parse_config({**raw, "num_hidden_layers": 43, "compress_ratios": flash})
+    assert big.deepseek_v4 is not None
+    kinds = big.deepseek_v4.attention
+    assert kinds[:4] == ("sliding", "sliding", "csa", "hca")
+    assert (kinds.count("csa"), kinds.count("hca")) == (21, 20)
+    default = parse_config({k: v for k, v in raw.items() if k != "compress_ratios"})
+    assert default.deepseek_v4 is not None and default.deepseek_v4.attention[:3] == (
+        "hca", "hca", "hca")  # fmt: skip
+    # the saved folder's spelling (layer_types, compress_rates, nested rope) reads the same
+    assert parse_config(json.loads((folder / "config.json").read_text())) == (parse_config(raw))
+    with pytest.raises(ValueError, match="compress_ratios"):
+        parse_config({**raw, "compress_ratios": [0, 0, 4, 64]})
+    # published names (no `model.` prefix) and transformers' saved names load the same
+    assert v4_checkpoint_name("embed.weight") == "model.embed_tokens.weight"
+    assert v4_checkpoint_name("head.weight") == "lm_head.weight"
+    assert v4_checkpoint_name("hc_head_fn") == "model.hc_head.hc_fn"
+    assert v4_checkpoint_name("mtp.0.attn.wq_a.weight") is None
+    expect = {
+        "layers.2.attn.indexer.compressor.wkv.weight": "compressor.indexer.kv_proj.weight",
+        "layers.2.attn.indexer.wq_b.weight": "compressor.indexer.q_b_proj.weight",
+        "layers.2.attn.indexer.weights_proj.weight": "compressor.indexer.scorer.weights_proj",
+        "layers.2.attn.compressor.ape": "self_attn.compressor.position_bias",
+        "layers.2.attn.compressor.norm.weight": "self_attn.compressor.kv_norm.weight",
+        "layers.2.attn.wq_b.weight": "self_attn.q_b_proj.weight",
+        "layers.2.attn.attn_sink": "self_attn.sinks",
+        "layers.2.ffn.experts.3.w2.weight": "mlp.experts.3.down_proj.weight",
+        "layers.2.ffn.gate.bias": "mlp.gate.e_score_correction_bias",
+        "layers.2.hc_ffn_fn": "layers.2.ffn_hc.fn",
+    }
+    for published, ours in expect.items():
+        for name in (published, "model." + published):
+            mapped = v4_checkpoint_name(name)
+            assert mapped is not None and mapped.startswith("model.layers.2.")
+            assert ours in mapped, (name, mapped)
+
+
+def test_full_prompt_logits_match_transformers(tiny: tuple[Path, Any]) -> None:
+    folder, hf = tiny
+    prompt = _prompt(1, 320)
+    ref, active = _reference(hf, prompt)
+    assert active > 250  # the top-k is active almost everywhere
+    runner = load_runner(folder, page_size=16)
+    runner.record_logits = True
+    params = SamplingParams(max_output_tokens=1, temperature=0.0)
+    with Engine(runner, context_length=512, prefill_chunk_tokens=512) as engine:
+        request = engine.submit(prompt, params)
+        while engine.has_work():
+            engine.step()
+    assert sum(int((s.sequence_ids == request.id).sum()) for s in runner.recorded) == 320
+    assert _worst(runner.recorded, request.id, ref) < 2e-4
+
+
+def _collect(engine: Engine) -> dict[int, list[TokensEvent]]:
+    events: dict[int, list[TokensEvent]] = {}
+    while engine.has_work():
+        for event in engine.step():
+            if isinstance(event, TokensEvent):
+                events.setdefault(event.request_id, []).append(event)
+    return events
+
+
+def test_engine_chunks_retraction_prefix_hit(tiny: tuple[Path, Any]) -> None:
+    """16-token prefill chunks and decode for two 300-token prompts at once in 88 pages, too
+    few for both to finish: the engine retracts one and recomputes it (resuming from its own
+    cached pages); then a third prompt shares the first 256 tokens of the first (a prefix hit
+    at an aligned length: whole pages, whole CSA and HCA blocks)."""
+    folder, hf = tiny
+    first = _prompt(2, 300)
+    prompts = [first, _prompt(4, 300), first[:256] + _prompt(3, 40)]
+    new = (40, 40, 8)
+    runner = load_runner(folder, page_size=16, num_pages=88)
+    runner.record_logits = True
+    # prompt logprobs for the second request only (a request asking for them skips the
+    # prefix cache)
+    params = [SamplingParams(max_output_tokens=n, temperature=0.0) for n in new]
+    params[1] = SamplingParams(max_output_tokens=new[1], temperature=0.0, prompt_logprobs=1)
+    with Engine(runner, context_length=512, prefill_chunk_tokens=16, max_batch_tokens=32,
+                prefix_cache=True) as engine:  # fmt: skip
+        requests = [engine.submit(p, q) for p, q in zip(prompts[:2], params, strict=False)]
+        events = _collect(engine)
+        assert engine.metrics is not None and engine.metrics.num_preemptions > 0
+        requests.append(engine.submit(prompts[2], params[2]))
+        events.update(_collect(engine))
+    # the tight pool evicted part of the shared prefix: the hit is whole pages of it
+    hit = requests[2].cached_tokens
+    assert 0 < hit <= 256 and hit % 16 == 0
+    for request, prompt, n in zip(requests, prompts, new, strict=True):
+        generated = request.take_result()
+        tokens = prompt + generated
+        logits, _ = _reference(hf, tokens)
+        assert _worst(runner.recorded, request.id, logits) < 2e-4
+        assert generated == hf_greedy(hf, prompt, n)
+        lps = [lp for e in events.get(request.id, []) for lp in (e.prompt_logprobs or ())]
+        assert len(lps) == (len(prompt) - 1 if request is requests[1] else 0)
+        ref = torch.log_softmax(logits, dim=-1)
+        for p, value in enumerate(lps):
+            assert abs(value - float(ref[p, prompt[p + 1]])) < 2e-4
