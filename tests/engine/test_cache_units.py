@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resin.cache import OutOfPagesError, PagePool, PrefixTrie
-from resin.cache.matching import checkpoint_positions
+from resin.cache.groups import checkpoint_positions, deepest_only
 
 
 def test_pool_alloc_free_refcounts() -> None:
@@ -48,25 +48,26 @@ def test_pool_random_operations_keep_invariants(ops: list[tuple[int, int]]) -> N
 
 def test_trie_lock_evict_lru_order() -> None:
     pool = PagePool(8)
-    trie = PrefixTrie(pool, num_groups=1)
+    trie = PrefixTrie([pool], group_pool=[0])
     pages = pool.alloc(3)
-    taken: list[int] = []
+    taken: list[list[int]] = [[]]
     a = trie.insert(trie.root, b"a", [int(pages[0])], taken)
     b = trie.insert(a, b"b", [int(pages[1])], taken)
     c = trie.insert(trie.root, b"c", [int(pages[2])], taken)
-    pool.incref(np.asarray(taken, dtype=np.int32))
+    pool.incref(np.asarray(taken[0], dtype=np.int32))
     pool.decref(pages)  # the "request" lets go of its own references
-    assert trie.evictable_pages == 0
+    assert trie.evictable == [0]
     trie.unlock([c])
     trie.unlock([a, b])
     trie.check_invariants()
-    assert trie.evictable_pages == 3 and list(trie.lru) == [c, b]
+    assert trie.evictable == [3] and list(trie.lru) == [c, b]
     assert trie.walk(b"ab", 1) == [a, b] and trie.walk(b"ax", 1) == [a]
-    assert trie.evict(1) == 1 and trie.walk(b"c", 1) == []  # oldest leaf first
+    # evict(pool, n): until the pool has n free pages (5 are free now)
+    assert trie.evict(0, 6) == 1 and trie.walk(b"c", 1) == []  # oldest leaf first
     trie.lock(trie.walk(b"ab", 1))
-    assert trie.evict(5) == 0  # locked nodes are never evicted
+    assert trie.evict(0, 8) == 0  # locked nodes are never evicted
     trie.unlock([a, b])
-    assert trie.evict(5) == 2 and pool.num_free == 8
+    assert trie.evict(0, 8) == 2 and pool.num_free == 8
     trie.check_invariants()
 
 
@@ -78,3 +79,11 @@ def test_checkpoint_positions_are_page_aligned() -> None:
     # Row 1 covers 3..4: after 4 tokens (flat 9 + 0). Row 2 covers 8: none.
     assert indptr.tolist() == [0, 2, 3, 3]
     assert index.tolist() == [3, 7, 9] and depth.tolist() == [1, 2, 1]
+
+
+def test_deepest_only_keeps_each_rows_last_checkpoint() -> None:
+    cached = np.asarray([0, 3, 8], dtype=np.int32)
+    totals = np.asarray([9, 5, 9], dtype=np.int32)
+    indptr, index, depth = deepest_only(*checkpoint_positions(cached, totals, 4))
+    assert indptr.tolist() == [0, 1, 2, 2]
+    assert index.tolist() == [7, 9] and depth.tolist() == [2, 1]
