@@ -275,8 +275,8 @@ class CacheManager:
                 held[g.pool_index].append(g.held(s))
         if self.prefix is not None:
             self.prefix.check_invariants(live_slots)
-            for p, pages in enumerate(self.prefix.trie.held_pages()):
-                held[p].append(pages)
+            for p, trie_pages in enumerate(self.prefix.trie.held_pages()):
+                held[p].append(trie_pages)
         for pool, pages in zip(self.pools, held, strict=True):
             pool.check_invariants()
             flat = np.concatenate(pages) if pages else _NONE

@@ -77,12 +77,14 @@ class ArenaReport:
     def __str__(self) -> str:
         text = (
             f"{self.token_pages} token pages ({self.token_bytes} B) hold "
-            f"{self.token_sequences} full-context sequences"
+            f"{self.token_sequences} full-context sequences "
+            f"({self.token_pages_per_sequence} pages each)"
         )
         if self.state_sequences is not None:
             text += (
                 f"; {self.state_pages} state pages ({self.state_bytes} B) hold "
-                f"{self.state_sequences} sequences' states"
+                f"{self.state_sequences} sequences' states "
+                f"({self.state_pages_per_sequence} pages each)"
             )
         return text
 

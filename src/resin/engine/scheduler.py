@@ -203,11 +203,11 @@ class Scheduler:
     def _outstanding(self, request: Request) -> Pages:
         """Pages an admitted prefill may still take before its known tokens are computed."""
         cache, chunk = self.cache, self.config.prefill_chunk_tokens
-        return np.maximum(
-            0,
-            cache.max_pages_for(request.num_tokens, chunk)
-            - cache.max_pages_for(int(self.slot_store.num_computed[request.slot]), chunk),
+        more: Pages = cache.max_pages_for(request.num_tokens, chunk) - cache.max_pages_for(
+            int(self.slot_store.num_computed[request.slot]), chunk
         )
+        np.maximum(more, 0, out=more)
+        return more
 
     def _admissible(self, request: Request, outstanding: Pages) -> Match | None:
         """The prefix match to admit the request with, if the cache can take it now with
