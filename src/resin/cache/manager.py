@@ -179,16 +179,18 @@ class CacheManager:
         State checkpoint pages at page-aligned positions, as many as the state region
         allows). All or nothing: raises `OutOfPagesError` before taking anything when the
         pages are not there."""
-        need = self.pages_to_allocate(slots, cached, totals, prefill)
+        ckpt = self.prefix is not None and prefill
+        counts = [g.pages_to_allocate(slots, cached, totals, ckpt) for g in self.groups]
+        need = self._zeros()
+        for g, n in zip(self.groups, counts, strict=True):
+            need[g.pool_index] += n
         for p, n in enumerate(need.tolist()):
-            if not self.make_free(p, n):
+            if n and not self.make_free(p, n):
                 raise OutOfPagesError(
                     f"a step needs {n} pages of pool {p}, {self.available()[p]} available"
                 )
-        ckpt = self.prefix is not None and prefill
         undo: list[Undo] = []
-        for g in self.groups:
-            n = g.pages_to_allocate(slots, cached, totals, ckpt)
+        for g, n in zip(self.groups, counts, strict=True):
             if ckpt:
                 n += self._checkpoint_pages(g, cached, totals)
             undo.append(g.reserve(slots, cached, totals, self._alloc(g.pool_index, n), ckpt))
