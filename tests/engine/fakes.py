@@ -118,6 +118,7 @@ class CacheSimRunner:
     page_size: int = 4
     num_pages: int | None = 64
     vocab: int = 1000
+    num_state_pages: int | None = None
     plans: list[BatchPlan] = field(default_factory=list)
     keep_plans: bool = False
     layout: CacheLayout | None = None
@@ -129,6 +130,7 @@ class CacheSimRunner:
             page_size=self.page_size,
             cache_groups=self.groups,
             num_pages=self.num_pages,
+            num_state_pages=self.num_state_pages,
         )
 
     def bind(self, layout: CacheLayout) -> None:

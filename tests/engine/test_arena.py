@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from resin import Compressed, History, RunnerConfig, State, Window
+from resin import Compressed, Engine, History, RunnerConfig, SamplingParams, State, Window
 from resin.cache import CacheManager, OutOfPagesError
 from resin.engine.engine_config import EngineConfig, arena_report, resolve_layout
+from tests.engine.fakes import CacheSimRunner
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -96,3 +97,20 @@ def test_token_only_and_exact_layouts() -> None:
     assert (layout.num_pages, layout.state_pages, layout.state_page_bytes) == (50, 7, 100)
     with pytest.raises(ValueError, match="state region"):
         resolve_layout(RunnerConfig(cache_groups=(State(),), num_state_pages=1), _config(64))
+
+
+def test_the_engine_admits_as_many_sequences_as_the_state_region_has_rings() -> None:
+    """State pages never grow while decoding: admission keeps no headroom for them, so a
+    state region of N rings runs N sequences at once."""
+    runner = CacheSimRunner(
+        groups=(History(), State()), page_size=4, num_pages=400, num_state_pages=2 * 12
+    )
+    engine = Engine(runner, max_sequences=12, context_length=64, prefill_chunk_tokens=64)
+    assert engine.arena.state_sequences == 12
+    for i in range(14):
+        engine.submit([i + 1] * 9, SamplingParams(max_output_tokens=20))
+    engine.step()
+    assert engine._scheduler.num_admitted == 12
+    while engine.has_work():
+        engine.step()
+        engine.check_invariants()

@@ -93,7 +93,8 @@ def check_equal(runner: CacheSimRunner, knobs: dict[str, object], jobs: list[Job
         )
     engine.check_invariants()
     engine._scheduler.cache.drop_prefix_cache()
-    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages, "pages leaked"
+    for pool in engine._scheduler.cache.pools:  # the token region and the state region
+        assert pool.num_free == pool.num_pages, "pages leaked"
     return engine
 
 

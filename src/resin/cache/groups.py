@@ -125,6 +125,9 @@ class Kind:
     # -- lifecycle --------------------------------------------------------------------------
     admit_pages = 0
     """Fresh pages of its pool a slot takes at admission (a State ring)."""
+    grows = True
+    """Whether a running sequence takes more pages as it decodes (admission keeps headroom
+    for it in the kind's pool)."""
 
     def wanted_checkpoints(self, cached: I32, totals: I32) -> int:
         """Optional pages a prefill step with prefix caching would like (State checkpoints)."""
@@ -504,6 +507,7 @@ class StateKind(Kind):
 
     # -- lifecycle ------------------------------------------------------------------------
     admit_pages = 2
+    grows = False
 
     def admit(self, slot: int, path: list[Node], tokens: int, fresh: I32) -> I32:
         """`fresh` is the slot's ring; it starts from the hit's checkpoint (borrowed)."""

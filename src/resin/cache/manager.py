@@ -69,8 +69,8 @@ class CacheManager:
             make_kind(spec, i, self.pools, max_sequences, table_width, layout.page_size)
             for i, spec in enumerate(layout.groups)
         ]
-        self._per_pool = np.bincount(
-            [g.pool_index for g in self.groups], minlength=len(self.pools)
+        self._growing = np.bincount(
+            [g.pool_index for g in self.groups if g.grows], minlength=len(self.pools)
         ).astype(np.int64)
         self.prefix = (
             PrefixIndex(self.pools, self.groups, layout.page_size) if prefix_cache else None
@@ -86,8 +86,9 @@ class CacheManager:
         return np.asarray([p.num_pages for p in self.pools], dtype=np.int64)
 
     @property
-    def groups_per_pool(self) -> Pages:
-        return self._per_pool
+    def growing_groups(self) -> Pages:
+        """Groups per pool whose pages grow while a sequence decodes (State rings do not)."""
+        return self._growing
 
     def available(self) -> Pages:
         """Pages a live request can get now: free ones plus evictable prefix-cache ones."""

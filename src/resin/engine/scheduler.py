@@ -118,8 +118,10 @@ class Scheduler:
         self._last_decode = time.monotonic()
         self.num_preemptions = 0
         self._arrivals = 0
-        self._watermark = np.maximum(1, self.cache.capacity // 100)
-        """Pages (per pool) kept free for running requests' growth when admitting."""
+        growing = self.cache.growing_groups > 0
+        self._watermark = np.where(growing, np.maximum(1, self.cache.capacity // 100), 0)
+        """Pages (per pool) kept free for running requests' growth when admitting; none in a
+        pool whose pages never grow (the state region: rings are taken at admission)."""
         self.held: Collection[Request] = ()
         """Running requests the next decode cohort leaves out (the engine's constraints set
         it: their grammar masks are still filling off the engine thread)."""
@@ -235,7 +237,7 @@ class Scheduler:
         )
         if self.num_admitted == 0:
             return bool((spare >= 0).all())  # alone it must be able to run, or nothing would
-        headroom = self._watermark + len(self.running) * cache.groups_per_pool
+        headroom = self._watermark + len(self.running) * cache.growing_groups
         return bool((spare >= headroom).all())
 
     def _admit(self, request: Request, match: Match) -> None:
