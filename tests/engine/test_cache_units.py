@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resin.cache import OutOfPagesError, PagePool, PrefixTrie
+from resin import CacheGroupPlan, CacheLayout, Compressed, State
+from resin.cache import CacheManager, OutOfPagesError, PagePool, PrefixTrie
 from resin.cache.groups import checkpoint_positions, deepest_only
 
 
@@ -87,3 +88,37 @@ def test_deepest_only_keeps_each_rows_last_checkpoint() -> None:
     indptr, index, depth = deepest_only(*checkpoint_positions(cached, totals, 4))
     assert indptr.tolist() == [0, 1, 2, 2]
     assert index.tolist() == [7, 9] and depth.tolist() == [2, 1]
+
+
+def test_compressed_plan_rows_name_the_entries_each_step_completes() -> None:
+    # Compressed(4) with 8-token pages: 2 entries a page; Compressed(16): one entry per page,
+    # a page spanning 4 token pages.
+    layout = CacheLayout(32, 8, 0, (Compressed(4), Compressed(16), State()), 4, 0)
+    cache = CacheManager(layout, max_sequences=2, table_width=8)
+    cache.admit(0, 40)
+    slots = np.asarray([0], dtype=np.int32)
+
+    def step(cached: int, total: int) -> tuple[CacheGroupPlan, CacheGroupPlan]:
+        c, t = np.asarray([cached], np.int32), np.asarray([total], np.int32)
+        reservation = cache.reserve(slots, c, t, prefill=True)
+        positions = np.arange(cached, total, dtype=np.int32)
+        rows = np.zeros(total - cached, dtype=np.int32)
+        plans = cache.group_plans(reservation, c, t, rows, positions)
+        cache.commit(reservation, t)
+        return plans[0], plans[1]
+
+    csa, hca = step(0, 13)  # blocks ending at positions 3, 7, 11 complete; 13 // 16 = 0
+    pages = csa.page_ids.tolist()
+    assert csa.page_indptr.tolist() == [0, 2] and csa.page_start.tolist() == [0]
+    assert csa.entry_indptr.tolist() == [0, 3] and csa.entry_token.tolist() == [3, 7, 11]
+    assert csa.entry_slots.tolist() == [pages[0] * 2, pages[0] * 2 + 1, pages[1] * 2]
+    assert csa.append_slots.size == 0
+    assert hca.page_indptr.tolist() == [0, 0] and hca.entry_indptr.tolist() == [0, 0]
+    csa, hca = step(13, 33)  # entries 3..7 of Compressed(4); entries 0, 1 of Compressed(16)
+    assert csa.page_ids.tolist()[:2] == pages and csa.page_indptr.tolist() == [0, 4]
+    assert csa.entry_token.tolist() == [2, 6, 10, 14, 18]  # positions 15, 19, 23, 27, 31
+    assert csa.entry_slots.tolist()[0] == pages[1] * 2 + 1
+    assert hca.page_indptr.tolist() == [0, 2] and hca.entry_token.tolist() == [2, 18]
+    assert hca.entry_slots.tolist() == hca.page_ids.tolist()  # one entry a page, offset 0
+    cache.release(0)
+    cache.check_invariants([])
