@@ -50,12 +50,21 @@ class Phase(enum.Enum):
 
 
 def _empty_i32() -> I32:
-    return _frozen(np.zeros(0, dtype=np.int32))
+    return _EMPTY_I32
+
+
+def _empty_i64() -> I64:
+    return _EMPTY_I64
 
 
 def _frozen(array: _A) -> _A:
     array.flags.writeable = False
     return array
+
+
+_EMPTY_I32: I32 = _frozen(np.zeros(0, dtype=np.int32))
+_EMPTY_I64: I64 = _frozen(np.zeros(0, dtype=np.int64))
+"""Shared read-only empty defaults: a plan's unused fields cost no allocation."""
 
 
 def freeze_arrays(obj: DataclassInstance) -> None:
@@ -114,7 +123,7 @@ class CacheGroupPlan:
     page_indptr: I32 = field(default_factory=_empty_i32)
     page_ids: I32 = field(default_factory=_empty_i32)
     page_start: I32 = field(default_factory=_empty_i32)
-    append_slots: I64 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.int64)))
+    append_slots: I64 = field(default_factory=_empty_i64)
     state_in: I32 = field(default_factory=_empty_i32)
     state_out: I32 = field(default_factory=_empty_i32)
     checkpoint_indptr: I32 = field(default_factory=_empty_i32)
@@ -123,7 +132,7 @@ class CacheGroupPlan:
     copy_src: I32 = field(default_factory=_empty_i32)
     copy_dst: I32 = field(default_factory=_empty_i32)
     entry_indptr: I32 = field(default_factory=_empty_i32)
-    entry_slots: I64 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.int64)))
+    entry_slots: I64 = field(default_factory=_empty_i64)
     entry_token: I32 = field(default_factory=_empty_i32)
 
     def __post_init__(self) -> None:

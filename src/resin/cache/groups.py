@@ -61,14 +61,19 @@ checkpoints (None: none taken)."""
 @dataclass(frozen=True, slots=True)
 class StepRows:
     """The rows of one step, shared by every kind's `plan`: slots, cached / total lengths,
-    the slot and position of every flat query token, and each row's first flat token."""
+    the slot and position of every flat query token."""
 
     slots: I32
     cached: I32
     total: I32
     tok_rows: I32
     positions: I32
-    query_start: I32
+
+    def query_start(self) -> I32:
+        """Each row's first flat query token."""
+        start = np.zeros(self.slots.size, dtype=np.int32)
+        np.cumsum((self.total - self.cached)[:-1], out=start[1:])
+        return start
 
 
 class Kind:
@@ -412,7 +417,7 @@ class CompressedKind(_Paged):
             w = np.arange(n) - np.repeat(entry_indptr[:-1] - first, counts)
             pages = self.table[rows.slots[row], w // e].astype(np.int64)
             slots_ = pages * e + w % e
-            token = rows.query_start[row] + (w + 1) * r - 1 - rows.cached[row]
+            token = rows.query_start()[row] + (w + 1) * r - 1 - rows.cached[row]
         else:
             slots_, token = np.zeros(0, dtype=np.int64), _NONE
         return CacheGroupPlan(

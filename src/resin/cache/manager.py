@@ -65,6 +65,8 @@ class CacheManager:
         if any(spec.state_region for spec in layout.groups):
             self.pools.append(PagePool(max(1, layout.state_pages)))
         self.pool = self.pools[0]
+        self._capacity = np.asarray([p.num_pages for p in self.pools], dtype=np.int64)
+        self._total_pages = int(self._capacity.sum())
         self.groups: list[Kind] = [
             make_kind(spec, i, self.pools, max_sequences, table_width, layout.page_size)
             for i, spec in enumerate(layout.groups)
@@ -83,7 +85,7 @@ class CacheManager:
     @property
     def capacity(self) -> Pages:
         """Pages of each pool."""
-        return np.asarray([p.num_pages for p in self.pools], dtype=np.int64)
+        return self._capacity
 
     @property
     def growing_groups(self) -> Pages:
@@ -123,11 +125,11 @@ class CacheManager:
         """Pages held by live requests (0-1, all regions): evictable prefix-cache pages are
         not counted, so an idle engine reads 0 and a page leak shows."""
         used = sum(p.num_used for p in self.pools)
-        return (used - self.evictable()) / int(self.capacity.sum())
+        return (used - self.evictable()) / self._total_pages
 
     def prefix_usage(self) -> float:
         """Pages held only by the prefix cache (evictable on demand), 0-1."""
-        return self.evictable() / int(self.capacity.sum())
+        return self.evictable() / self._total_pages
 
     def evictable(self) -> int:
         return sum(self.prefix.trie.evictable) if self.prefix is not None else 0
@@ -261,10 +263,7 @@ class CacheManager:
     def group_plans(
         self, reservation: PageReservation, cached: I32, total: I32, tok_rows: I32, positions: I32
     ) -> tuple[CacheGroupPlan, ...]:
-        slots = reservation.slots
-        query_start = np.zeros(slots.size, dtype=np.int32)
-        np.cumsum((total - cached)[:-1], out=query_start[1:])
-        rows = StepRows(slots, cached, total, tok_rows, positions, query_start)
+        rows = StepRows(reservation.slots, cached, total, tok_rows, positions)
         return tuple(
             g.plan(rows, undo) for g, undo in zip(self.groups, reservation.undo, strict=True)
         )
