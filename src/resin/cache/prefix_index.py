@@ -94,17 +94,17 @@ class PrefixIndex:
         taken: list[list[int]] = [[] for _ in self.pools]
         swaps: list[tuple[int, int, int, int]] = []
         parent = path[-1] if path else prefix.root
-        for j in range(lo, upto):
-            pages = [col[j - lo] for col in cols]
+        for j, pages in enumerate(zip(*cols, strict=True), lo):
             parent = prefix.insert(parent, data[j * step : (j + 1) * step], pages, taken)
             path.append(parent)
-            for gi, page in enumerate(pages):
-                cached = parent.pages[gi]
-                if page >= 0 and cached != page:
-                    swaps.append((gi, j, page, cached))
-        for pool, pages in zip(self.pools, taken, strict=True):
-            if pages:
-                pool.incref(np.asarray(pages, dtype=np.int32))
+            if list(pages) != parent.pages:  # another request's copy (or no page) is cached
+                for gi, page in enumerate(pages):
+                    cached = parent.pages[gi]
+                    if page >= 0 and cached != page:
+                        swaps.append((gi, j, page, cached))
+        for pool, new in zip(self.pools, taken, strict=True):
+            if new:
+                pool.incref(np.asarray(new, dtype=np.int32))
         if swaps:
             self._dedupe(slot, swaps)
 

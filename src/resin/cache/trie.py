@@ -19,6 +19,7 @@ Invariants (`check_invariants`):
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -101,7 +102,9 @@ class PrefixTrie:
         return out
 
     # -- insert ---------------------------------------------------------------------------
-    def insert(self, parent: Node, key: bytes, pages: list[int], taken: list[list[int]]) -> Node:
+    def insert(
+        self, parent: Node, key: bytes, pages: Sequence[int], taken: list[list[int]]
+    ) -> Node:
         """The child of `parent` for `key`, created if needed, *locked by the caller*.
 
         Pages the node lacks are taken from `pages` and appended to `taken[pool]`: the caller must
