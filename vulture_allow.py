@@ -18,6 +18,7 @@ num_output_tokens  # FinishedEvent field: public event contract, read by the ser
 request_ids  # ErrorEvent field: public event contract
 retryable  # ErrorEvent field: public event contract
 checkpoint_indptr  # CacheGroupPlan field: runner contract (tests/engine/fakes.py honours it)
+entry_slots, entry_token  # CacheGroupPlan Compressed fields: runner contract (tests/engine/fakes.py)
 content_type  # PrometheusExporter.content_type: public, what to serve /metrics with
 _.cached_bytes  # GrammarBackend.cached_bytes: public, read by tests/engine/test_grammar_limits.py
 

@@ -10,7 +10,11 @@
    with one underscore, dunders excepted) where `x` is not `self`, `cls` or `super()`, and any
    `getattr`/`setattr`/`hasattr`/`delattr(x, "_name")`, counts, unless `ALLOWED_PRIVATE` lists
    it with the reason it is a true necessity.
-Both cover every module under `src/`.
+3. Cache-group kinds are told apart in one place: no `isinstance` / `issubclass` / class
+   pattern (`case State():`) naming a kind (the spec classes of `resin.protocols` and the
+   kind classes of `resin.cache.groups`) outside `KIND_MODULES`; everywhere else asks the
+   kind itself (its methods and class attributes).
+All three cover every module under `src/`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ ALLOWED_PRIVATE: dict[tuple[str, str], str] = {
     ("self.runner", "_graphs"): "bench overlap: replays one captured decode graph alone",
     ("self.runner", "_pick_graph"): "bench overlap: the graph a batch size replays",
 }
+KIND_MODULES = frozenset({"resin.protocols", "resin.cache.groups"})
+"""Where group kinds are defined: the only modules that may test an object's kind."""
+GROUPS = SRC / "resin" / "cache" / "groups.py"
+PROTOCOLS = SRC / "resin" / "protocols.py"
 NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults"})
 """`NamedTuple`'s public API is spelled with one underscore; allowed on any receiver."""
 
@@ -187,3 +195,78 @@ def test_the_private_rule_sees_each_form() -> None:
     assert not reaches("os._exit(1)")
     assert not reaches("obj.__class__.__name__")
     assert not reaches("getattr(obj, '__dict__')")
+
+
+# -- 3. kinds are told apart by the kinds ------------------------------------------------------
+def kind_names() -> frozenset[str]:
+    """The spec classes (`CacheGroupSpec`'s members) and every class of the kinds' module."""
+    protocols = ast.parse(PROTOCOLS.read_text())
+    spec = next(
+        n
+        for n in protocols.body
+        if isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "CacheGroupSpec" for t in n.targets)
+    )
+    names = {n.id for n in ast.walk(spec.value) if isinstance(n, ast.Name)}
+    groups = ast.parse(GROUPS.read_text())
+    names |= {n.name for n in groups.body if isinstance(n, ast.ClassDef)}
+    return frozenset(names)
+
+
+def _names_in(node: ast.expr) -> set[str]:
+    return {n for sub in ast.walk(node) if (n := _last_name(sub)) is not None}  # type: ignore[arg-type]
+
+
+def kind_tests(tree: ast.Module, kinds: frozenset[str]) -> list[str]:
+    """Every isinstance / issubclass / class pattern / `type(x) is` naming a kind (rule 3)."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+            and _names_in(node.args[1]) & kinds
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.MatchClass) and _names_in(node.cls) & kinds:
+            found.append(f"line {node.lineno}: case {ast.unparse(node)}")
+        elif (
+            isinstance(node, ast.Compare)
+            and any(isinstance(op, ast.Is | ast.IsNot | ast.Eq | ast.NotEq) for op in node.ops)
+            and any(
+                isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "type"
+                for c in (node.left, *node.comparators)
+            )
+            and _names_in(node) & kinds
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_kinds_tell_kinds_apart() -> None:
+    kinds = kind_names()
+    assert {"History", "Window", "State", "Compressed", "StateKind"} <= kinds
+    bad = {
+        name: found
+        for name, tree in _modules().items()
+        if name not in KIND_MODULES
+        for found in [kind_tests(tree, kinds)]
+        if found
+    }
+    assert not bad, f"ask the kind, not its class (resin.cache.groups): {bad}"
+
+
+def test_the_kind_rule_sees_each_form() -> None:
+    kinds = frozenset({"State", "Window"})
+
+    def tests(code: str) -> list[str]:
+        return kind_tests(ast.parse(code), kinds)
+
+    assert tests("isinstance(g, State)")
+    assert tests("isinstance(g, protocols.Window | int)")
+    assert tests("issubclass(cls, (int, State))")
+    assert tests("match g:\n    case State():\n        pass")
+    assert tests("type(g) is Window")
+    assert not tests("isinstance(g, KvSpec)")
+    assert not tests("g.state_region and not g.rewindable")

@@ -13,6 +13,11 @@ Rows are chronological: consecutive entries hold consecutive logical pages, so a
 walk a row from its first page. `append_slots[t] = page * page_size + offset` is the exact
 arena slot where the runner writes the K/V of query token `t` (History/Window groups); every
 query token has one, and the slot lies inside a page of its row.
+
+A Compressed(ratio) group addresses entries, not tokens: entry `w` (tokens
+`[w*ratio, (w+1)*ratio)`) lives in page `page_ids[page_indptr[i] + w // E]` at offset `w % E`,
+E = `Compressed.entries_per_page(page_size)`; `entry_slots` name where this step's completed
+entries go (`CacheGroupPlan`).
 """
 
 from __future__ import annotations
@@ -45,12 +50,21 @@ class Phase(enum.Enum):
 
 
 def _empty_i32() -> I32:
-    return _frozen(np.zeros(0, dtype=np.int32))
+    return _EMPTY_I32
+
+
+def _empty_i64() -> I64:
+    return _EMPTY_I64
 
 
 def _frozen(array: _A) -> _A:
     array.flags.writeable = False
     return array
+
+
+_EMPTY_I32: I32 = _frozen(np.zeros(0, dtype=np.int32))
+_EMPTY_I64: I64 = _frozen(np.zeros(0, dtype=np.int64))
+"""Shared read-only empty defaults: a plan's unused fields cost no allocation."""
 
 
 def freeze_arrays(obj: DataclassInstance) -> None:
@@ -65,20 +79,40 @@ def freeze_arrays(obj: DataclassInstance) -> None:
 class CacheGroupPlan:
     """What one cache group (declared in `RunnerConfig.cache_groups`) does in this step.
 
-    History / Window groups use `page_indptr`, `page_ids`, `page_start` and `append_slots`.
+    Each kind fills its own fields and leaves the others empty (length 0):
+
+    History / Window: `page_indptr`, `page_ids`, `page_start` and `append_slots`.
     - `page_indptr`: int32 [B+1]; `page_ids`: int32 [P], chronological per row.
     - `page_start`: int32 [B], logical index of each row's first listed page (0 for History;
       for Window, pages wholly older than the window are dropped from the row).
     - `append_slots`: int64 [T], exact arena slot of every query token.
 
-    State groups use `state_in` / `state_out` (int32 [B]): the page holding the row's input
-    checkpoint (-1: start from the zero state) and the page to write the state after the row's
-    last query token. The input page is immutable for this step; when `state_in != state_out`
-    the runner reads one and writes the other (no copy needed when they are equal, in place).
-    `checkpoint_indptr` [B+1] / `checkpoint_token` [C] (flat query-token index) /
-    `checkpoint_page` [C] ask the runner to also store the state *after* those query tokens into
-    those pages; the engine asks for them at page-aligned prompt positions so prefix caching
-    can resume hybrid models there.
+    Compressed(ratio): `page_indptr`, `page_ids`, `page_start` in entry pages, and the
+    `entry_*` fields; `append_slots` is empty (no per-token slot). With E entries per page:
+    - row i lists the pages of its complete entries after this step, `[0, total_lens[i] //
+      ratio)`: `ceil((total_lens[i] // ratio) / E)` pages, chronological, `page_start` 0 (a
+      row with no complete entry lists none). A query at position p reads entries
+      `w < (p + 1) // ratio`; everything a row lists is written before or in this step.
+    - `entry_indptr`: int32 [B+1]; row i emits the entries completed by its query tokens,
+      `w = cached_lens[i] // ratio + j` for `j < entry_indptr[i+1] - entry_indptr[i]`
+      (that count is `total_lens[i] // ratio - cached_lens[i] // ratio`), in order.
+    - `entry_slots`: int64 [N], the arena slot (`page * E + w % E`) of each emitted entry,
+      inside a page of its row; no two entries of a step share a slot.
+    - `entry_token`: int32 [N], the flat query-token index that completes each entry (the
+      token at position `(w + 1) * ratio - 1`); the runner computes the entry once that
+      token's inputs are known and writes it before any later query of the row reads it.
+    The pending tail (`[total // ratio * ratio, total)`) is never in the group: the runner
+    keeps it in its own State group.
+
+    State: `state_in` / `state_out` (int32 [B], page ids in the state region): the page
+    holding the row's input checkpoint (-1: start from the zero state) and the page to write
+    the state after the row's last query token. The input page is immutable for this step;
+    when `state_in != state_out` the runner reads one and writes the other (no copy needed
+    when they are equal, in place). `checkpoint_indptr` [B+1] / `checkpoint_token` [C] (flat
+    query-token index) / `checkpoint_page` [C] ask the runner to also store the state *after*
+    those query tokens into those pages; the engine asks for them at page-aligned prompt
+    positions so prefix caching can resume hybrid models there (best effort: fewer when the
+    state region is short).
 
     `copy_src` / `copy_dst` (int32 [X]): whole-page copies the runner performs before anything
     else in this step, in order. Runners honour them; today's engine never asks for any (hits
@@ -89,7 +123,7 @@ class CacheGroupPlan:
     page_indptr: I32 = field(default_factory=_empty_i32)
     page_ids: I32 = field(default_factory=_empty_i32)
     page_start: I32 = field(default_factory=_empty_i32)
-    append_slots: I64 = field(default_factory=lambda: _frozen(np.zeros(0, dtype=np.int64)))
+    append_slots: I64 = field(default_factory=_empty_i64)
     state_in: I32 = field(default_factory=_empty_i32)
     state_out: I32 = field(default_factory=_empty_i32)
     checkpoint_indptr: I32 = field(default_factory=_empty_i32)
@@ -97,6 +131,9 @@ class CacheGroupPlan:
     checkpoint_page: I32 = field(default_factory=_empty_i32)
     copy_src: I32 = field(default_factory=_empty_i32)
     copy_dst: I32 = field(default_factory=_empty_i32)
+    entry_indptr: I32 = field(default_factory=_empty_i32)
+    entry_slots: I64 = field(default_factory=_empty_i64)
+    entry_token: I32 = field(default_factory=_empty_i32)
 
     def __post_init__(self) -> None:
         freeze_arrays(self)

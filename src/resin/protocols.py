@@ -6,16 +6,20 @@ A runner needs only `forward(plan) -> ForwardOutput`. Optionally it exposes `run
 `forward`), and `close()`. An asynchronous runner offers `submit(plan)` + `collect()` instead
 of (or beside) `forward`, so the engine can do CPU work for the next step while the device runs.
 
-Cache groups share **one** arena of `num_pages` pages. Page `k` of the arena is `page_bytes`
-bytes, the largest `bytes_per_page` any group declared; each group views the first
-`bytes_per_page` bytes of every page with its own shape. A History/Window page holds
-`page_size` tokens of that group's layers; a State page holds one recurrent-state checkpoint.
+Cache groups share **one** arena in two regions (`CacheLayout`). The token region has
+`num_pages` pages of `page_bytes` bytes, the largest `bytes_per_page` of the History, Window and
+Compressed groups; each such group views the first `bytes_per_page` bytes of every token page
+with its own shape. A History/Window page holds `page_size` tokens of that group's layers, a
+Compressed page `Compressed.entries_per_page(page_size)` entries. The state region follows it:
+`state_pages` pages of `state_page_bytes` bytes (the largest State `bytes_per_page`), each one
+recurrent-state checkpoint, so a hybrid model's token pages are not sized by its state.
+State page ids (`CacheGroupPlan.state_in`, ...) count from 0 inside the state region.
 """
 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from resin.params import SamplingParams
 from resin.plan import BatchPlan, ForwardOutput
@@ -26,6 +30,14 @@ class History:
     """Full-attention KV: grows on demand, page by page, for the whole context."""
 
     bytes_per_page: int = 0
+
+    state_region: ClassVar[bool] = False
+    """Whether the group's pages live in the state region (State) or the token region."""
+    rewindable: ClassVar[bool] = True
+    """Whether a step may keep fewer positions than it computed (speculative drafts)."""
+
+    def check_page_size(self, page_size: int) -> None:
+        """A `ValueError` when the group cannot use pages of `page_size` tokens."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +51,82 @@ class Window:
     size: int
     bytes_per_page: int = 0
 
+    state_region: ClassVar[bool] = False
+    rewindable: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError("Window size must be >= 1")
 
+    def check_page_size(self, page_size: int) -> None:
+        """A `ValueError` when the group cannot use pages of `page_size` tokens."""
+
 
 @dataclass(frozen=True, slots=True)
 class State:
-    """Fixed-size recurrent / conv state per sequence, with a two-checkpoint ring."""
+    """Fixed-size recurrent / conv state per sequence, with a two-checkpoint ring.
+
+    `bytes_per_page`: bytes of one checkpoint; its pages live in the arena's state region.
+    """
 
     bytes_per_page: int = 0
 
+    state_region: ClassVar[bool] = True
+    rewindable: ClassVar[bool] = False
 
-CacheGroupSpec = History | Window | State
+    def check_page_size(self, page_size: int) -> None:
+        """A `ValueError` when the group cannot use pages of `page_size` tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compressed:
+    """Compressed history: one entry per `ratio` tokens, for the whole context.
+
+    Entry `w` stands for the block of tokens `[w * ratio, (w + 1) * ratio)`. The runner writes
+    it in the step whose query tokens include the block's last token (position
+    `(w + 1) * ratio - 1`), at the arena slot the plan names (`CacheGroupPlan.entry_slots`);
+    a query at position `p` sees entries `w < (p + 1) // ratio` only, so an entry is visible
+    from the token that completes it on. The tokens of the incomplete block (the pending
+    tail) and anything else an entry needs beyond its own block (DeepSeek-V4's CSA overlap)
+    are the runner's to keep, in a `State` group it declares beside this one.
+
+    A page holds `E = entries_per_page(page_size) = max(1, page_size // ratio)` entries, so it
+    covers `max(page_size, ratio)` tokens; `ratio` must divide `page_size` or be a multiple of
+    it. Entry `w` of a row lives in page `page_ids[page_indptr[i] + w // E]` at offset `w % E`
+    (arena slot `page * E + w % E`). Pages are append-only and immutable once full, and a
+    prefix hit of `h` tokens (a multiple of `page_size`) shares the pages of entries
+    `[0, h // ratio)` like History pages: those pages are always complete.
+    `bytes_per_page`: bytes of one page (E entries of the group's layers).
+    """
+
+    ratio: int
+    bytes_per_page: int = 0
+
+    state_region: ClassVar[bool] = False
+    rewindable: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.ratio < 1:
+            raise ValueError("Compressed ratio must be >= 1")
+
+    def check_page_size(self, page_size: int) -> None:
+        """A `ValueError` when the group cannot use pages of `page_size` tokens."""
+        if page_size % self.ratio and self.ratio % page_size:
+            raise ValueError(
+                f"a Compressed ratio must divide page_size or be a multiple of it, got "
+                f"ratio {self.ratio} with page_size {page_size}"
+            )
+
+    def entries_per_page(self, page_size: int) -> int:
+        """Entries one page holds."""
+        return max(1, page_size // self.ratio)
+
+    def page_tokens(self, page_size: int) -> int:
+        """Tokens one full page covers."""
+        return max(page_size, self.ratio)
+
+
+CacheGroupSpec = History | Window | State | Compressed
 
 CORE_FIELDS = frozenset(
     {
@@ -100,10 +175,17 @@ class RunnerConfig:
     """What a runner tells the engine about itself. All fields optional with safe defaults.
 
     - `vocab_size`: token ids must be in [0, vocab_size); None = unchecked.
-    - `page_size`: tokens per History/Window page.
+    - `page_size`: tokens per History/Window page (a Compressed page: `Compressed`).
     - `cache_groups`: declared groups, in the order plans list them.
-    - `num_pages`: an exact arena size (tests, tiny pools); else `cache_bytes // page_bytes`;
-      else the engine picks a size that fits `max_sequences` full contexts (fake runners).
+    - `num_pages`: an exact token-region size (tests, tiny pools); else the engine splits
+      `cache_bytes` between the token and state regions (`resolve_layout`: enough states for
+      the sequences the token pages hold at full context); else it picks a size that fits
+      `max_sequences` full contexts (fake runners).
+    - `num_state_pages`: an exact state-region size (with `num_pages`); else every admitted
+      sequence's two-checkpoint ring per State group plus room for prefix checkpoints.
+    - `layer_groups`: optional, per model layer, the indices of the groups that layer reads
+      (a DeepSeek-V4 CSA layer: its Window, its Compressed(4) and the indexer's keys); the
+      engine only checks it, for runners and reports.
     - `max_logprobs`: the most top-k logprob alternatives the runner can return.
     - `waits_for_masks`: the runner reads `plan.sampling.token_bitmask` only after
       `plan.sampling.wait_for_mask()` (or through `bitmask()`), so the engine may fill the
@@ -125,6 +207,8 @@ class RunnerConfig:
     cache_groups: tuple[CacheGroupSpec, ...] = (History(),)
     num_pages: int | None = None
     cache_bytes: int | None = None
+    num_state_pages: int | None = None
+    layer_groups: tuple[tuple[int, ...], ...] | None = None
     max_logprobs: int = 20
     waits_for_masks: bool = False
     max_draft_tokens: int = 0
@@ -143,10 +227,22 @@ class RunnerConfig:
             raise ValueError("a runner needs at least one cache group")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError("vocab_size must be >= 1")
+        for g in self.cache_groups:
+            g.check_page_size(self.page_size)
+        for layer in self.layer_groups or ():
+            bad = [gi for gi in layer if not 0 <= gi < len(self.cache_groups)]
+            if bad:
+                raise ValueError(f"layer_groups names groups {bad} that are not declared")
 
     @property
     def page_bytes(self) -> int:
-        return max(g.bytes_per_page for g in self.cache_groups)
+        """Bytes of one token-region page: the largest History/Window/Compressed page."""
+        return max((g.bytes_per_page for g in self.cache_groups if not g.state_region), default=0)
+
+    @property
+    def state_page_bytes(self) -> int:
+        """Bytes of one state-region page: the largest State checkpoint."""
+        return max((g.bytes_per_page for g in self.cache_groups if g.state_region), default=0)
 
     def check_request(self, params: SamplingParams, has_media: bool = False) -> None:
         """`ValueError` naming each optional feature the request uses that the runner lacks."""
@@ -158,12 +254,20 @@ class RunnerConfig:
 
 @dataclass(frozen=True, slots=True)
 class CacheLayout:
-    """The arena the engine sized, handed to `Runner.bind` once."""
+    """The arena the engine sized, handed to `Runner.bind` once: `num_pages` token pages of
+    `page_bytes` bytes, then `state_pages` state pages of `state_page_bytes` bytes (module
+    docstring); `arena_bytes` in all."""
 
     num_pages: int
     page_size: int
     page_bytes: int
     groups: tuple[CacheGroupSpec, ...]
+    state_pages: int = 0
+    state_page_bytes: int = 0
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.num_pages * self.page_bytes + self.state_pages * self.state_page_bytes
 
 
 @runtime_checkable

@@ -246,7 +246,7 @@ def ready_line(loaded: Loaded, runners: Sequence[Any], seconds: float) -> str:
     return (
         f"resin: ready in {seconds:.1f} s: KV arena {layout.num_pages} pages of "
         f"{layout.page_size} tokens ({layout.num_pages * layout.page_size} tokens){replicas}; "
-        f"CUDA graphs for batch sizes: {captured}"
+        f"{loaded.engine.arena}; CUDA graphs for batch sizes: {captured}"
     )
 
 

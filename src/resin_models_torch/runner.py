@@ -2,9 +2,10 @@
 
 Life cycle: the engine reads `runner_config` (vocabulary, page size, cache groups with honest
 per-page byte counts, cache budget), sizes the one physical arena and calls `bind(layout)`
-once; the runner allocates ONE uint8 tensor of `num_pages * page_bytes` bytes and views it per
-group (KV: [pages, layers, 2, page_size, kv_heads, head_dim]; MLA latent: [pages, layers,
-page_size, width]; conv state: [pages, layers, channels, K-1]). Each `forward(plan)` does the
+once; the runner allocates ONE uint8 tensor of `layout.arena_bytes` bytes (the token region,
+then the state region) and views it per group (KV: [pages, layers, 2, page_size, kv_heads,
+head_dim]; MLA latent: [pages, layers, page_size, width]; conv state: [state pages, layers,
+channels, K-1]). Each `forward(plan)` does the
 plan's page copies first, runs the model on the step's flat tokens, samples the sampling rows
 and returns a `ForwardOutput`; device results reach the host in one transfer at the end.
 
@@ -144,22 +145,29 @@ class TorchRunner:
         expected = self.runner_config
         if layout.page_size != self.page_size or layout.groups != expected.cache_groups:
             raise ValueError(f"layout {layout} does not match this runner's {expected}")
-        if layout.page_bytes < expected.page_bytes:
+        if (
+            layout.page_bytes < expected.page_bytes
+            or layout.state_page_bytes < expected.state_page_bytes
+        ):
             raise ValueError("layout pages are smaller than the cache groups need")
-        pages = torch.zeros(
-            layout.num_pages, layout.page_bytes, dtype=torch.uint8, device=self.device
-        )
+        # One allocation: the token region, then the state region (resin.protocols).
+        arena = torch.zeros(layout.arena_bytes, dtype=torch.uint8, device=self.device)
+        token_bytes = layout.num_pages * layout.page_bytes
+        pages = arena[:token_bytes].view(layout.num_pages, layout.page_bytes)
+        states = arena[token_bytes:].view(layout.state_pages, layout.state_page_bytes)
         views = []
         for spec in self.model.cache_specs:
-            flat = pages[:, : self._group_bytes(spec)].view(self.dtype)
             shape: tuple[int, ...]
+            region = pages
             if isinstance(spec, KvSpec):
                 shape = (spec.num_layers, 2, self.page_size, spec.num_kv_heads, spec.head_dim)
             elif isinstance(spec, LatentSpec):
                 shape = (spec.num_layers, self.page_size, spec.width)
             else:
                 shape = (spec.num_layers, spec.channels, spec.width)
-            views.append(flat.view(layout.num_pages, *shape))
+                region = states
+            flat = region[:, : self._group_bytes(spec)].view(self.dtype)
+            views.append(flat.view(region.shape[0], *shape))
         self._arena, self._views = pages, tuple(views)
 
     def close(self) -> None:

@@ -114,7 +114,8 @@ class FaultyOverlapRunner(OverlapSimRunner):
         if kind == "crash":  # the step wrote garbage where it wrote, as a real fault might
             for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
                 if isinstance(spec, State):
-                    self.states[gp.state_out] = np.uint64(12345)
+                    for page in gp.state_out.tolist():
+                        self.states[page] = (12345, ())
                 else:
                     self.arena[gp.append_slots] = 999_999
         self.pending.append(kind)

@@ -6,7 +6,11 @@ through the plan's page rows, and derives the next token from what it read:
 - History: a hash of every token at positions 0..p;
 - Window(W): a hash of the tokens at positions (p - W, p];
 - State: a running fold over all tokens, carried in State pages (state_in -> state_out,
-  checkpoints stored where the plan asks, copy-on-write copies done first).
+  checkpoints stored where the plan asks, copy-on-write copies done first), together with the
+  last few tokens: the pending tail a Compressed group's next entry needs;
+- Compressed(m): a hash of its complete entries, entry w being a hash of tokens
+  [w*m, (w+1)*m), written at the plan's `entry_slots` when the block completes (a runner with
+  a Compressed group must declare a State group too, where the tail lives).
 If the engine hands out a wrong page, frees a page still in use, or mis-slices a row, what is
 read back differs from the truth and the tokens diverge from `naive_generate`, which sees the
 whole token list. Any addressing the runner cannot even perform raises `FakeRunnerBug`.
@@ -33,6 +37,7 @@ from resin import (
     Window,
 )
 from resin.events import FinishReason
+from resin.protocols import Compressed
 
 MASK64 = (1 << 64) - 1
 
@@ -44,6 +49,11 @@ class FakeRunnerBug(AssertionError):
 def _digest(values: Sequence[int]) -> int:
     data = np.asarray(values, dtype=np.int64).tobytes()
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def entry_value(block: Sequence[int]) -> int:
+    """A Compressed entry: a hash of its block's tokens (fits the int64 arena)."""
+    return _digest(block) & ((1 << 62) - 1)
 
 
 def fold_state(state: int, token: int) -> int:
@@ -60,6 +70,11 @@ def next_token(
             parts.append(_digest(tokens))
         elif isinstance(g, Window):
             parts.append(_digest(tokens[max(0, len(tokens) - g.size) :]))
+        elif isinstance(g, Compressed):
+            r = g.ratio
+            parts.append(
+                _digest([entry_value(tokens[w * r : (w + 1) * r]) for w in range(len(tokens) // r)])
+            )
         else:
             parts.append(state)
     return _combine(parts) % vocab
@@ -103,6 +118,7 @@ class CacheSimRunner:
     page_size: int = 4
     num_pages: int | None = 64
     vocab: int = 1000
+    num_state_pages: int | None = None
     plans: list[BatchPlan] = field(default_factory=list)
     keep_plans: bool = False
     layout: CacheLayout | None = None
@@ -114,6 +130,7 @@ class CacheSimRunner:
             page_size=self.page_size,
             cache_groups=self.groups,
             num_pages=self.num_pages,
+            num_state_pages=self.num_state_pages,
         )
 
     def bind(self, layout: CacheLayout) -> None:
@@ -122,7 +139,9 @@ class CacheSimRunner:
         self.layout = layout
         # One arena for every group: a page is ps token slots, or (State) a state in slot 0.
         self.arena = np.full(layout.num_pages * layout.page_size, -1, dtype=np.int64)
-        self.states = np.zeros(layout.num_pages, dtype=np.uint64)
+        # The state region: (fold, last `tail` tokens) per page.
+        self.states: list[tuple[int, tuple[int, ...]]] = [(0, ())] * max(1, layout.state_pages)
+        self.tail = max((g.ratio for g in self.groups if isinstance(g, Compressed)), default=1)
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:
         if self.layout is None:
@@ -134,8 +153,12 @@ class CacheSimRunner:
             for src, dst in zip(gp.copy_src.tolist(), gp.copy_dst.tolist(), strict=True):
                 self._copy_page(src, dst)
         for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
-            if not isinstance(spec, State):
+            if isinstance(spec, History | Window):
                 self.arena[gp.append_slots] = plan.input_ids
+        tails = [self._tail_in(plan, i) for i in range(plan.num_sequences)]
+        for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
+            if isinstance(spec, Compressed):
+                self._emit(plan, spec, gp, tails)
         out: list[int] = []
         for i in range(plan.num_sequences):
             lo, hi = int(plan.query_indptr[i]), int(plan.query_indptr[i + 1])
@@ -143,6 +166,8 @@ class CacheSimRunner:
             for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
                 if isinstance(spec, State):
                     parts.append(self._run_state(plan, gp, i, lo, hi))
+                elif isinstance(spec, Compressed):
+                    parts.append(self._read_entries(spec, gp, i, int(plan.total_lens[i])))
                 else:
                     parts.append(self._read(spec, gp, i, int(plan.positions[hi - 1])))
             if plan.sample_rows[i]:
@@ -178,7 +203,7 @@ class CacheSimRunner:
         sin, sout = int(gp.state_in[i]), int(gp.state_out[i])  # type: ignore[attr-defined]
         if sin == sout:
             raise FakeRunnerBug("state_in must differ from state_out")
-        state = 0 if sin < 0 else int(self.states[sin])
+        state, recent = (0, ()) if sin < 0 else self.states[sin]
         cps = gp.checkpoint_indptr  # type: ignore[attr-defined]
         checkpoints = {}
         if cps.size:
@@ -186,15 +211,67 @@ class CacheSimRunner:
                 checkpoints[int(gp.checkpoint_token[c])] = int(gp.checkpoint_page[c])  # type: ignore[attr-defined]
         for t in range(lo, hi):
             state = fold_state(state, int(plan.input_ids[t]))
+            recent = (*recent, int(plan.input_ids[t]))[-self.tail :]
             if t in checkpoints:
-                self.states[checkpoints[t]] = np.uint64(state)
-        self.states[sout] = np.uint64(state)
+                self.states[checkpoints[t]] = (state, recent)
+        self.states[sout] = (state, recent)
         return state
+
+    def _tail_in(self, plan: BatchPlan, i: int) -> dict[int, int]:
+        """Row i's known tokens by position: the State's pending tail, then this step's."""
+        known: dict[int, int] = {}
+        cached = int(plan.cached_lens[i])
+        for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
+            if isinstance(spec, State):
+                sin = int(gp.state_in[i])
+                recent = () if sin < 0 else self.states[sin][1]
+                for k, tok in enumerate(recent):
+                    known[cached - len(recent) + k] = tok
+                break
+        lo, hi = int(plan.query_indptr[i]), int(plan.query_indptr[i + 1])
+        for t in range(lo, hi):
+            known[int(plan.positions[t])] = int(plan.input_ids[t])
+        return known
+
+    def _entry_index(self, spec: Compressed, slot: int) -> int:
+        e = spec.entries_per_page(self.page_size)
+        page = slot // e
+        if not 0 <= page < self.layout.num_pages:  # type: ignore[union-attr]
+            raise FakeRunnerBug(f"entry page {page} out of range")
+        return page * self.page_size + slot % e
+
+    def _emit(
+        self, plan: BatchPlan, spec: Compressed, gp: object, tails: list[dict[int, int]]
+    ) -> None:
+        r = spec.ratio
+        indptr = gp.entry_indptr  # type: ignore[attr-defined]
+        for i in range(plan.num_sequences):
+            first = int(plan.cached_lens[i]) // r
+            for j, e in enumerate(range(int(indptr[i]), int(indptr[i + 1]))):
+                w = first + j
+                if int(plan.positions[int(gp.entry_token[e])]) != (w + 1) * r - 1:  # type: ignore[attr-defined]
+                    raise FakeRunnerBug("entry_token is not the token completing the block")
+                try:
+                    block = [tails[i][q] for q in range(w * r, (w + 1) * r)]
+                except KeyError:
+                    raise FakeRunnerBug("a completed block's tail is unknown") from None
+                slot = int(gp.entry_slots[e])  # type: ignore[attr-defined]
+                self.arena[self._entry_index(spec, slot)] = entry_value(block)
+
+    def _read_entries(self, spec: Compressed, gp: object, i: int, total: int) -> int:
+        e = spec.entries_per_page(self.page_size)
+        lo, hi = int(gp.page_indptr[i]), int(gp.page_indptr[i + 1])  # type: ignore[attr-defined]
+        if int(gp.page_start[i]) != 0 or hi - lo != -(-(total // spec.ratio) // e):  # type: ignore[attr-defined]
+            raise FakeRunnerBug("a Compressed row lists the pages of its complete entries")
+        values = []
+        for w in range(total // spec.ratio):
+            page = int(gp.page_ids[lo + w // e])  # type: ignore[attr-defined]
+            values.append(int(self.arena[self._entry_index(spec, page * e + w % e)]))
+        return _digest(values)
 
     def _copy_page(self, src: int, dst: int) -> None:
         ps = self.page_size
         self.arena[dst * ps : (dst + 1) * ps] = self.arena[src * ps : (src + 1) * ps]
-        self.states[dst] = self.states[src]
 
     def _check_plan(self, plan: BatchPlan) -> None:
         b = plan.num_sequences
@@ -211,7 +288,9 @@ class CacheSimRunner:
             if getattr(plan, name).flags.writeable:
                 raise FakeRunnerBug(f"plan.{name} is writeable")
         for spec, gp in zip(self.groups, plan.cache_groups, strict=True):
-            if isinstance(spec, State):
+            if isinstance(spec, Compressed):
+                self._check_entries(plan, spec, gp)
+            if not isinstance(spec, History | Window):
                 continue
             if gp.append_slots.shape != (plan.num_tokens,):
                 raise FakeRunnerBug("one append slot per query token")
@@ -233,6 +312,22 @@ class CacheSimRunner:
                 oldest = np.maximum(plan.cached_lens - spec.size + 1, 0) // self.page_size
                 if (gp.page_start > oldest).any():
                     raise FakeRunnerBug("a Window row starts after the first query's window")
+
+    def _check_entries(self, plan: BatchPlan, spec: Compressed, gp: object) -> None:
+        r, e = spec.ratio, spec.entries_per_page(self.page_size)
+        want = plan.total_lens // r - plan.cached_lens // r
+        if not np.array_equal(np.diff(gp.entry_indptr), want):  # type: ignore[attr-defined]
+            raise FakeRunnerBug("entry_indptr disagrees with the blocks completed")
+        slots = gp.entry_slots  # type: ignore[attr-defined]
+        if np.unique(slots).size != slots.size or gp.append_slots.size:  # type: ignore[attr-defined]
+            raise FakeRunnerBug("entries share a slot, or a Compressed group has append slots")
+        for row in range(plan.num_sequences):
+            lo = int(gp.page_indptr[row])  # type: ignore[attr-defined]
+            first = int(plan.cached_lens[row]) // r
+            for j, k in enumerate(range(int(gp.entry_indptr[row]), int(gp.entry_indptr[row + 1]))):  # type: ignore[attr-defined]
+                w, slot = first + j, int(slots[k])
+                if slot != int(gp.page_ids[lo + w // e]) * e + w % e:  # type: ignore[attr-defined]
+                    raise FakeRunnerBug("an entry slot is not its entry's place in the row")
 
 
 def fake_logprob(token: int) -> float:

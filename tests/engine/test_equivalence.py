@@ -1,7 +1,8 @@
 """The engine equals the naive loop: random workloads on the cache-simulating fake runner.
 
-History, Window and State groups (alone and mixed in one arena), tiny page pools that force
-retraction, random chunk sizes, token budgets, sequence caps, arrivals and aborts.
+History, Window, State and Compressed groups (alone and mixed in one arena), tiny page pools
+that force retraction, random chunk sizes, token budgets, sequence caps, arrivals and aborts.
+A Compressed group always comes with a State group: the runner keeps the pending tail there.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resin import CacheGroupSpec, Engine, History, State, Window
+from resin import CacheGroupSpec, Compressed, Engine, History, State, Window
 from tests.engine.fakes import CacheSimRunner, fake_logprob, naive_generate
 from tests.engine.workload import (
     Job,
@@ -30,6 +31,14 @@ GROUP_MIXES: list[tuple[CacheGroupSpec, ...]] = [
     (Window(8), History()),
 ]
 
+COMPRESSED_MIXES: list[tuple[CacheGroupSpec, ...]] = [
+    (Window(4), Compressed(2), Compressed(8), State()),
+    (History(), Compressed(4), State()),
+    (Compressed(1), State(), Window(3)),
+]
+"""Ratios 1-8 against page sizes 1-8: entries per page from 1 to 8, pages spanning 1 to 8
+token pages."""
+
 
 @st.composite
 def setups(
@@ -40,6 +49,7 @@ def setups(
 ) -> Setup:
     groups = draw(st.sampled_from(mixes or [(History(),)]))
     page_size = draw(st.sampled_from([1, 2, 4, 8]))
+    # A Compressed ratio must divide the page size or be a multiple of it (powers of two).
     context_length = draw(st.integers(8, 48))
     jobs = draw(jobs_strategy(VOCAB, max_prompt=min(30, context_length - 1), prefix=shared_prefix))
     jobs = [j for j in jobs if len(j.prompt) < context_length] or [jobs[0]]
@@ -83,7 +93,8 @@ def check_equal(runner: CacheSimRunner, knobs: dict[str, object], jobs: list[Job
         )
     engine.check_invariants()
     engine._scheduler.cache.drop_prefix_cache()
-    assert engine._scheduler.cache.pool.num_free == engine.layout.num_pages, "pages leaked"
+    for pool in engine._scheduler.cache.pools:  # the token region and the state region
+        assert pool.num_free == pool.num_pages, "pages leaked"
     return engine
 
 
@@ -99,12 +110,21 @@ def test_window_and_state_engine_equals_naive_loop(setup: Setup) -> None:
     check_equal(*setup)
 
 
+@settings(max_examples=100, deadline=None)
+@given(setups(COMPRESSED_MIXES, prefix_cache=None, shared_prefix=tuple(range(3, 27))))
+def test_compressed_engine_equals_naive_loop(setup: Setup) -> None:
+    # Chunked prefill, retraction (tiny pools), aborts and (half the time) prefix hits.
+    check_equal(*setup)
+
+
 SHARED = tuple((7 * i + 3) % VOCAB for i in range(24))
 HITS: list[int] = []
 
 
 @settings(max_examples=150, deadline=None)
-@given(setups([(History(),), *GROUP_MIXES], prefix_cache=True, shared_prefix=SHARED))
+@given(
+    setups([(History(),), *GROUP_MIXES, *COMPRESSED_MIXES], prefix_cache=True, shared_prefix=SHARED)
+)
 def test_prefix_cache_engine_equals_naive_loop(setup: Setup) -> None:
     engine = check_equal(*setup)
     HITS.append(engine._scheduler.cache.prefix_hits)

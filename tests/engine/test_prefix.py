@@ -5,10 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from resin import CacheGroupSpec, Engine, History, SamplingParams, State, TokensEvent, Window
+from resin import (
+    CacheGroupSpec,
+    Compressed,
+    Engine,
+    History,
+    SamplingParams,
+    State,
+    TokensEvent,
+    Window,
+)
 from tests.engine.fakes import CacheSimRunner, naive_generate
 
 HYBRID: tuple[CacheGroupSpec, ...] = (History(), Window(128), State())
+DEEPSEEK_V4: tuple[CacheGroupSpec, ...] = (Window(128), Compressed(4), Compressed(128), State())
+"""DeepSeek-V4's cache: a 128-token window, CSA (one entry per 4 tokens), HCA (one per 128) and
+the compressors' pending tails in a State group."""
 
 
 def _shared_prefix_run(groups: tuple[CacheGroupSpec, ...]) -> tuple[list[int], Engine]:
@@ -35,7 +47,9 @@ def _shared_prefix_run(groups: tuple[CacheGroupSpec, ...]) -> tuple[list[int], E
     return [r.cached_tokens for r in rest], engine
 
 
-@pytest.mark.parametrize("groups", [HYBRID, (History(),)], ids=["hybrid", "history"])
+@pytest.mark.parametrize(
+    "groups", [HYBRID, (History(),), DEEPSEEK_V4], ids=["hybrid", "history", "deepseek-v4"]
+)
 def test_shared_prefix_is_reused_at_least_90_percent(groups: tuple[CacheGroupSpec, ...]) -> None:
     hits, engine = _shared_prefix_run(groups)
     assert sum(hits) >= 0.9 * 63 * 1024
@@ -45,6 +59,19 @@ def test_shared_prefix_is_reused_at_least_90_percent(groups: tuple[CacheGroupSpe
 
 def test_hybrid_hits_equal_history_hits() -> None:
     assert _shared_prefix_run(HYBRID)[0] == _shared_prefix_run((History(),))[0]
+
+
+def test_compressed_prefix_hit_ratio_matches_history_only() -> None:
+    """64 requests sharing a 1,024-token prefix: a runner with Window + Compressed(4) +
+    Compressed(128) (+ its tails' State) reuses as much as a History-only one (within 5
+    points of the prefix-hit ratio)."""
+    ratios = []
+    for groups in (DEEPSEEK_V4, (History(),)):
+        engine = _shared_prefix_run(groups)[1]
+        snap = engine.metrics
+        assert snap is not None and snap.prefix_cache_queries > 0
+        ratios.append(snap.prefix_cache_hits / snap.prefix_cache_queries)
+    assert ratios[1] > 0.8 and abs(ratios[0] - ratios[1]) <= 0.05, ratios
 
 
 def test_last_prompt_token_is_always_computed_and_prompt_logprobs_skip_the_cache() -> None:
@@ -131,7 +158,9 @@ def test_identical_prompts_in_one_step_share_pages() -> None:
     assert a.take_result() == b.take_result()
 
 
-@pytest.mark.parametrize("groups", [HYBRID, (History(),)], ids=["hybrid", "history"])
+@pytest.mark.parametrize(
+    "groups", [HYBRID, (History(),), DEEPSEEK_V4], ids=["hybrid", "history", "deepseek-v4"]
+)
 def test_cached_prefix_predicts_the_hit_and_changes_nothing(
     groups: tuple[CacheGroupSpec, ...],
 ) -> None:

@@ -51,7 +51,18 @@ class TinyPlanner:
         cfg = runner.runner_config
         self.page_size = cfg.page_size
         self.groups = cfg.cache_groups
-        runner.bind(CacheLayout(num_pages, cfg.page_size, cfg.page_bytes, cfg.cache_groups))
+        # State pages come from the same free list, so the state region is as large (ids
+        # below num_pages are valid in both regions).
+        runner.bind(
+            CacheLayout(
+                num_pages,
+                cfg.page_size,
+                cfg.page_bytes,
+                cfg.cache_groups,
+                num_pages if cfg.state_page_bytes else 0,
+                cfg.state_page_bytes,
+            )
+        )
         self.free = list(range(num_pages - 1, -1, -1))
         self.step_id = 0
 

@@ -39,8 +39,15 @@ def test_bind_allocates_one_arena_and_rejects_mismatches() -> None:
         runner.forward(plan)  # not bound yet
     with pytest.raises(ValueError, match="does not match"):
         runner.bind(CacheLayout(4, cfg.page_size + 1, cfg.page_bytes, cfg.cache_groups))
-    runner.bind(CacheLayout(10, cfg.page_size, cfg.page_bytes + 64, cfg.cache_groups))
+    with pytest.raises(ValueError, match="smaller"):  # no state region for the conv state
+        runner.bind(CacheLayout(10, cfg.page_size, cfg.page_bytes, cfg.cache_groups))
+    layout = CacheLayout(
+        10, cfg.page_size, cfg.page_bytes + 64, cfg.cache_groups, 3, cfg.state_page_bytes
+    )
+    runner.bind(layout)
     assert runner._arena is not None and runner._arena.numel() == 10 * (cfg.page_bytes + 64)
+    assert runner._arena.untyped_storage().nbytes() == layout.arena_bytes
+    assert runner._views[1].shape[0] == 3  # the conv state lives in the state region
     for view in runner._views:  # every group view aliases the one arena
         assert view.untyped_storage().data_ptr() == runner._arena.untyped_storage().data_ptr()
 

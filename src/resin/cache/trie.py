@@ -3,13 +3,15 @@
 Node at depth k stands for the first k pages of some token sequence (the path's keys). For each
 cache group it may hold a page (-1: not available):
 - History / Window: the page with that group's K/V of tokens `(k-1)*page_size .. k*page_size-1`;
+- Compressed: the entry page that the first `k * page_size` tokens complete, if one does;
 - State: a checkpoint of the state after `k * page_size` tokens.
+Each group's pages belong to one pool (token or state region); counts are kept per pool.
 Cached pages are immutable and shared: the trie holds one reference on each page it stores, and
 every request using a node's pages (matched or inserted them) holds a *lock* on the node.
 
 Invariants (`check_invariants`):
-- `evictable_pages` = pages stored in unlocked nodes; each such page has refcount 1 (only the
-  trie references it), so evicting an unlocked node frees exactly its pages;
+- `evictable[p]` = pages of pool p stored in unlocked nodes; each such page has refcount 1
+  (only the trie references it), so evicting an unlocked node frees exactly its pages;
 - `lru` holds exactly the unlocked leaves; eviction takes leaves only, oldest first, so a path
   from the root is always contiguous.
 """
@@ -17,6 +19,7 @@ Invariants (`check_invariants`):
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -37,22 +40,25 @@ class Node:
         self.pages = [-1] * num_groups
         self.lock = 0
 
-    @property
-    def num_pages(self) -> int:
-        return sum(p >= 0 for p in self.pages)
-
 
 class PrefixTrie:
     """The trie, its lock counts and the LRU of evictable leaves."""
 
-    def __init__(self, pool: PagePool, num_groups: int) -> None:
-        self.pool = pool
-        self.num_groups = num_groups
-        self.root = Node(b"", None, 0, num_groups)
+    def __init__(self, pools: list[PagePool], group_pool: list[int]) -> None:
+        self.pools = pools
+        self.group_pool = group_pool
+        """Pool index of each group's pages."""
+        self.num_groups = len(group_pool)
+        self.root = Node(b"", None, 0, self.num_groups)
         self.root.lock = 1  # never evicted
         self.lru: OrderedDict[Node, None] = OrderedDict()
-        self.evictable_pages = 0
+        self.evictable = [0] * len(pools)
         self.num_nodes = 0
+
+    def _count(self, node: Node, sign: int) -> None:
+        for g, page in enumerate(node.pages):
+            if page >= 0:
+                self.evictable[self.group_pool[g]] += sign
 
     # -- lookup ---------------------------------------------------------------------------
     def walk(self, data: bytes, key_bytes: int) -> list[Node]:
@@ -72,7 +78,7 @@ class PrefixTrie:
     def lock(self, nodes: list[Node]) -> None:
         for node in nodes:
             if node.lock == 0:
-                self.evictable_pages -= node.num_pages
+                self._count(node, -1)
                 self.lru.pop(node, None)
             node.lock += 1
 
@@ -81,19 +87,27 @@ class PrefixTrie:
             node.lock -= 1
             assert node.lock >= 0, "prefix node unlocked more than locked"
             if node.lock == 0:
-                self.evictable_pages += node.num_pages
+                self._count(node, 1)
                 if not node.children:
                     self.lru[node] = None
 
-    def unlocked_pages(self, nodes: list[Node]) -> int:
-        """Pages that locking `nodes` would take out of the evictable pool."""
-        return sum(n.num_pages for n in nodes if n.lock == 0)
+    def unlocked_pages(self, nodes: list[Node]) -> list[int]:
+        """Pages of each pool that locking `nodes` would take out of the evictable ones."""
+        out = [0] * len(self.pools)
+        for n in nodes:
+            if n.lock == 0:
+                for g, page in enumerate(n.pages):
+                    if page >= 0:
+                        out[self.group_pool[g]] += 1
+        return out
 
     # -- insert ---------------------------------------------------------------------------
-    def insert(self, parent: Node, key: bytes, pages: list[int], taken: list[int]) -> Node:
+    def insert(
+        self, parent: Node, key: bytes, pages: Sequence[int], taken: list[list[int]]
+    ) -> Node:
         """The child of `parent` for `key`, created if needed, *locked by the caller*.
 
-        Pages the node lacks are taken from `pages` and appended to `taken`: the caller must
+        Pages the node lacks are taken from `pages` and appended to `taken[pool]`: the caller must
         add the trie's reference on them (batched, one pool call per step). Pages the node
         already has win (the caller swaps its duplicates for them).
         """
@@ -105,54 +119,69 @@ class PrefixTrie:
             if parent.lock == 0:
                 self.lru.pop(parent, None)  # no longer a leaf
         elif node.lock == 0:
-            self.evictable_pages -= node.num_pages
+            self._count(node, -1)
             self.lru.pop(node, None)
         node.lock += 1
         node_pages = node.pages
         for g, page in enumerate(pages):
             if page >= 0 and node_pages[g] < 0:
                 node_pages[g] = page
-                taken.append(page)
+                taken[self.group_pool[g]].append(page)
         return node
 
     # -- eviction -------------------------------------------------------------------------
-    def evict(self, n: int) -> int:
-        """Free at least `n` pages if possible (unlocked leaves, oldest first); returns freed."""
+    def evict(self, pool: int, n: int) -> int:
+        """Evict unlocked leaves, oldest first, until pool `pool` has `n` free pages or
+        nothing is left to evict; returns the pages freed (all pools)."""
         freed = 0
-        while freed < n and self.lru:
+        target = self.pools[pool]
+        while target.num_free < n and self.lru:
             node, _ = self.lru.popitem(last=False)
             freed += self._remove(node)
         return freed
 
     def _remove(self, node: Node) -> int:
-        held = [p for p in node.pages if p >= 0]
-        self.evictable_pages -= len(held)
-        if held:
-            self.pool.decref(np.asarray(held, dtype=np.int32))
+        self._count(node, -1)
+        held = 0
+        by_pool: list[list[int]] = [[] for _ in self.pools]
+        for g, page in enumerate(node.pages):
+            if page >= 0:
+                by_pool[self.group_pool[g]].append(page)
+                held += 1
+        for pool, pages in zip(self.pools, by_pool, strict=True):
+            if pages:
+                pool.decref(np.asarray(pages, dtype=np.int32))
         parent = node.parent
         assert parent is not None
         del parent.children[node.key]
         self.num_nodes -= 1
         if parent.lock == 0 and not parent.children:
             self.lru[parent] = None
-        return len(held)
+        return held
 
     def clear(self) -> int:
         """Evict every unlocked node (tests: prove that nothing else holds pages)."""
-        return self.evict(1 << 62)
+        freed = 0
+        while self.lru:
+            node, _ = self.lru.popitem(last=False)
+            freed += self._remove(node)
+        return freed
 
     # -- checks ---------------------------------------------------------------------------
-    def held_pages(self) -> I32:
-        out: list[int] = []
+    def held_pages(self) -> list[I32]:
+        """Pages the trie references, per pool."""
+        out: list[list[int]] = [[] for _ in self.pools]
         stack = [self.root]
         while stack:
             node = stack.pop()
-            out.extend(p for p in node.pages if p >= 0)
+            for g, page in enumerate(node.pages):
+                if page >= 0:
+                    out[self.group_pool[g]].append(page)
             stack.extend(node.children.values())
-        return np.asarray(out, dtype=np.int32)
+        return [np.asarray(pages, dtype=np.int32) for pages in out]
 
     def check_invariants(self) -> None:
-        evictable = 0
+        evictable = [0] * len(self.pools)
         leaves: set[Node] = set()
         stack = list(self.root.children.values())
         while stack:
@@ -160,15 +189,16 @@ class PrefixTrie:
             stack.extend(node.children.values())
             assert node.lock >= 0
             if node.lock == 0:
-                evictable += node.num_pages
-                held = [p for p in node.pages if p >= 0]
-                if held:
-                    assert np.all(self.pool.refcount[held] == 1), "unlocked page shared"
+                for g, page in enumerate(node.pages):
+                    if page >= 0:
+                        pool = self.group_pool[g]
+                        evictable[pool] += 1
+                        assert self.pools[pool].refcount[page] == 1, "unlocked page shared"
                 if not node.children:
                     leaves.add(node)
             else:
                 assert node.parent is not None
                 parent = node.parent
                 assert parent is self.root or parent.lock > 0, "a locked node's parent is unlocked"
-        assert evictable == self.evictable_pages, "evictable page count drifted"
+        assert evictable == self.evictable, "evictable page count drifted"
         assert leaves == set(self.lru), "LRU differs from the unlocked leaves"

@@ -25,7 +25,14 @@ import time
 from collections.abc import Sequence
 
 from resin.engine.constraints import ConstraintSet
-from resin.engine.engine_config import EngineConfig, check_params, resolve_layout, validate_prompt
+from resin.engine.engine_config import (
+    ArenaReport,
+    EngineConfig,
+    arena_report,
+    check_params,
+    resolve_layout,
+    validate_prompt,
+)
 from resin.engine.grammar import GrammarBackend, GrammarState
 from resin.engine.lifecycle import Lifecycle
 from resin.engine.media import prompt_keys, validate_media
@@ -123,6 +130,11 @@ class Engine:
     def layout(self) -> CacheLayout:
         """The one arena the runner was bound to."""
         return self._layout
+
+    @property
+    def arena(self) -> ArenaReport:
+        """How the arena is split and how many full-context sequences each region holds."""
+        return arena_report(self._layout, self._config)
 
     @property
     def overlap(self) -> bool:

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from resin.cache.groups import sequence_pages
 from resin.params import SamplingParams
-from resin.protocols import CacheLayout, RunnerConfig, State
+from resin.protocols import CacheLayout, RunnerConfig
 
 MAX_DEFAULT_PAGES = 1 << 18
 """Cap on the page count the engine picks when the runner declares no size (fake runners)."""
@@ -49,26 +50,105 @@ class EngineConfig:
         return -(-(self.context_length + 1) // page_size)
 
 
+@dataclass(frozen=True, slots=True)
+class ArenaReport:
+    """How the arena was split and how many full-context sequences each region holds."""
+
+    token_pages: int
+    state_pages: int
+    token_bytes: int
+    state_bytes: int
+    token_pages_per_sequence: int
+    """Token pages one sequence of `context_length` tokens holds (every non-State group)."""
+    state_pages_per_sequence: int
+    """State pages one admitted sequence holds (each State group's ring)."""
+    token_sequences: int
+    """Full-context sequences the token region holds."""
+    state_sequences: int | None
+    """Sequences the state region holds (None: no State group)."""
+
+    @property
+    def sequences(self) -> int:
+        """Full-context sequences the arena holds at once."""
+        if self.state_sequences is None:
+            return self.token_sequences
+        return min(self.token_sequences, self.state_sequences)
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.token_pages} token pages ({self.token_bytes} B) hold "
+            f"{self.token_sequences} full-context sequences "
+            f"({self.token_pages_per_sequence} pages each)"
+        )
+        if self.state_sequences is not None:
+            text += (
+                f"; {self.state_pages} state pages ({self.state_bytes} B) hold "
+                f"{self.state_sequences} sequences' states "
+                f"({self.state_pages_per_sequence} pages each)"
+            )
+        return text
+
+
 def resolve_layout(rc: RunnerConfig, config: EngineConfig) -> CacheLayout:
-    """`num_pages` exact, else `cache_bytes // page_bytes`, else room for `max_sequences`
-    full contexts (capped at `MAX_DEFAULT_PAGES`)."""
-    page_bytes = rc.page_bytes
+    """Size the arena's two regions (`resin.protocols`).
+
+    Token region: `num_pages` exact, else the bytes `cache_bytes` leaves after the state
+    region, else room for `max_sequences` full contexts (capped at `MAX_DEFAULT_PAGES`).
+    State region (only with State groups): `num_state_pages` exact; else, from `cache_bytes`,
+    the rings of as many full-context sequences as the bytes hold (at most `max_sequences`),
+    so that neither region strands the other's sequences (prefix checkpoints take what the
+    rings leave free); else every admitted sequence's ring plus a chunk of checkpoints.
+    """
+    page_bytes, state_bytes = rc.page_bytes, rc.state_page_bytes
+    chunk = min(config.prefill_chunk_tokens, config.context_length)
+    tokens_per_seq, states_per_seq = sequence_pages(
+        rc.cache_groups, config.context_length + 1, chunk, rc.page_size
+    )
+    default_states = states_per_seq // 2 * config.max_sequences * (chunk // rc.page_size + 3)
+    num_states = rc.num_state_pages if rc.num_state_pages is not None else default_states
     if rc.num_pages is not None:
         num_pages = rc.num_pages
-    elif rc.cache_bytes is not None and page_bytes > 0:
-        num_pages = rc.cache_bytes // page_bytes
+    elif rc.cache_bytes is not None and page_bytes + state_bytes > 0:
+        per_seq = tokens_per_seq * page_bytes + states_per_seq * state_bytes
+        fit = min(config.max_sequences, rc.cache_bytes // per_seq)
+        if rc.num_state_pages is None and states_per_seq:
+            num_states = max(1, fit) * states_per_seq
+        left = rc.cache_bytes - num_states * state_bytes
+        num_pages = left // page_bytes if page_bytes else max(1, tokens_per_seq)
     else:
-        per_seq = config.page_table_width(rc.page_size)
-        per_seq = per_seq * sum(not isinstance(g, State) for g in rc.cache_groups)
-        per_seq += 2 * sum(isinstance(g, State) for g in rc.cache_groups)
-        num_pages = min(MAX_DEFAULT_PAGES, per_seq * config.max_sequences)
+        num_pages = min(MAX_DEFAULT_PAGES, max(1, tokens_per_seq) * config.max_sequences)
     if num_pages < 1:
         raise ValueError(f"the cache must have at least one page, got {num_pages}")
+    if states_per_seq and num_states < states_per_seq:
+        raise ValueError(
+            f"the state region must hold one sequence's {states_per_seq} State pages, "
+            f"got {num_states}"
+        )
     return CacheLayout(
         num_pages=num_pages,
         page_size=rc.page_size,
         page_bytes=page_bytes,
         groups=rc.cache_groups,
+        state_pages=num_states if states_per_seq else 0,
+        state_page_bytes=state_bytes,
+    )
+
+
+def arena_report(layout: CacheLayout, config: EngineConfig) -> ArenaReport:
+    """What `layout` holds at `config.context_length` per sequence (`ArenaReport`)."""
+    chunk = min(config.prefill_chunk_tokens, config.context_length)
+    tokens, states = sequence_pages(
+        layout.groups, config.context_length + 1, chunk, layout.page_size
+    )
+    return ArenaReport(
+        token_pages=layout.num_pages,
+        state_pages=layout.state_pages,
+        token_bytes=layout.num_pages * layout.page_bytes,
+        state_bytes=layout.state_pages * layout.state_page_bytes,
+        token_pages_per_sequence=tokens,
+        state_pages_per_sequence=states,
+        token_sequences=layout.num_pages // tokens if tokens else config.max_sequences,
+        state_sequences=layout.state_pages // states if states else None,
     )
 
 

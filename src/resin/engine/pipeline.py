@@ -44,7 +44,7 @@ from resin.engine.slots import SlotStore
 from resin.engine.transaction import StepFailure, Transaction, Verdict
 from resin.events import Event
 from resin.plan import BatchPlan, ForwardOutput
-from resin.protocols import AsyncRunner, RunnerConfig, State
+from resin.protocols import AsyncRunner, RunnerConfig
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -82,7 +82,8 @@ class Pipeline:
         self._flights: deque[Flight] = deque()
         self._row_of = np.full(slot_store.num_slots, -1, dtype=np.int32)
         """Row of each slot in the newest flight (-1: not in it)."""
-        self._states = tuple(i for i, g in enumerate(config.cache_groups) if isinstance(g, State))
+        self._rings = tuple(i for i, g in enumerate(config.cache_groups) if g.state_region)
+        """Groups whose rows read `state_in` and write `state_out` (State rings)."""
 
     @property
     def busy(self) -> bool:
@@ -100,7 +101,7 @@ class Pipeline:
     def chain_states(self, plan: BatchPlan) -> BatchPlan:
         """State groups: a chained row reads the ring page the step before it writes and
         writes the other one (at decode a slot's current checkpoint is always a ring page)."""
-        if not self._states or not plan.prev_token_rows.size:
+        if not self._rings or not plan.prev_token_rows.size:
             return plan
         ahead = plan.prev_token_rows >= 0
         groups = tuple(
@@ -109,7 +110,7 @@ class Pipeline:
                 state_in=np.where(ahead, g.state_out, g.state_in).astype(np.int32),
                 state_out=np.where(ahead, g.state_in, g.state_out).astype(np.int32),
             )
-            if gi in self._states
+            if gi in self._rings
             else g
             for gi, g in enumerate(plan.cache_groups)
         )

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import CacheManager, PageReservation
+from resin.cache.manager import CacheManager, PageReservation, Pages
 from resin.cache.matching import NO_MATCH, Match
 from resin.cache.pool import OutOfPagesError
 from resin.engine.engine_config import EngineConfig
@@ -118,7 +118,10 @@ class Scheduler:
         self._last_decode = time.monotonic()
         self.num_preemptions = 0
         self._arrivals = 0
-        self._watermark = max(1, layout.num_pages // 100)
+        growing = self.cache.growing_groups > 0
+        self._watermark = np.where(growing, np.maximum(1, self.cache.capacity // 100), 0)
+        """Pages (per pool) kept free for running requests' growth when admitting; none in a
+        pool whose pages never grow (the state region: rings are taken at admission)."""
         self.held: Collection[Request] = ()
         """Running requests the next decode cohort leaves out (the engine's constraints set
         it: their grammar masks are still filling off the engine thread)."""
@@ -169,7 +172,7 @@ class Scheduler:
             chosen.append(request)
             chunks.append(n)
             budget -= n
-        outstanding = sum(self._outstanding(r) for r in self.prefilling)
+        outstanding = sum((self._outstanding(r) for r in self.prefilling), self._no_pages())
         while budget > 0 and self.waiting and self.free_slots:
             match = self._admissible(self.waiting[0], outstanding)
             if match is None:
@@ -196,16 +199,19 @@ class Scheduler:
     def _remaining(self, request: Request) -> int:
         return request.num_tokens - int(self.slot_store.num_computed[request.slot])
 
-    def _outstanding(self, request: Request) -> int:
+    def _no_pages(self) -> Pages:
+        return np.zeros_like(self._watermark)
+
+    def _outstanding(self, request: Request) -> Pages:
         """Pages an admitted prefill may still take before its known tokens are computed."""
         cache, chunk = self.cache, self.config.prefill_chunk_tokens
-        return max(
-            0,
-            cache.max_pages_for(request.num_tokens, chunk)
-            - cache.max_pages_for(int(self.slot_store.num_computed[request.slot]), chunk),
+        more: Pages = cache.max_pages_for(request.num_tokens, chunk) - cache.max_pages_for(
+            int(self.slot_store.num_computed[request.slot]), chunk
         )
+        np.maximum(more, 0, out=more)
+        return more
 
-    def _admissible(self, request: Request, outstanding: int) -> Match | None:
+    def _admissible(self, request: Request, outstanding: Pages) -> Match | None:
         """The prefix match to admit the request with, if the cache can take it now with
         headroom (a hit whose locked pages cost more than they save is dropped), else None.
         `outstanding`: pages admitted prefills may still take."""
@@ -220,7 +226,7 @@ class Scheduler:
             return NO_MATCH
         return None
 
-    def _room_for(self, request: Request, match: Match, outstanding: int) -> bool:
+    def _room_for(self, request: Request, match: Match, outstanding: Pages) -> bool:
         cache = self.cache
         need = cache.max_pages_for(request.num_tokens, self.config.prefill_chunk_tokens)
         spare = (
@@ -230,8 +236,9 @@ class Scheduler:
             - (need - cache.hit_pages(match))
         )
         if self.num_admitted == 0:
-            return spare >= 0  # alone it must be able to run, or nothing ever would
-        return spare >= self._watermark + len(self.running) * len(cache.groups)
+            return bool((spare >= 0).all())  # alone it must be able to run, or nothing would
+        headroom = self._watermark + len(self.running) * cache.growing_groups
+        return bool((spare >= headroom).all())
 
     def _admit(self, request: Request, match: Match) -> None:
         request.slot = self.free_slots.pop()
@@ -341,7 +348,7 @@ class Scheduler:
         """Whether the cohort's new pages can be reserved now."""
         c = cohort
         need = self.cache.pages_to_allocate(c.slots, c.cached, c.totals, c.phase is Phase.PREFILL)
-        return need <= self.cache.available()
+        return bool((need <= self.cache.available()).all())
 
     def reserve(self, cohort: Cohort) -> ReservedCohort | None:
         """Reserve the cohort's pages and lay out its plan rows; None when they did not fit
@@ -388,8 +395,9 @@ class Scheduler:
 
     # -- read-only facts --------------------------------------------------------------------
     def max_pages_for(self, num_tokens: int) -> int:
-        """Upper bound on the pages a sequence of `num_tokens` tokens holds while computed."""
-        return self.cache.max_pages_for(num_tokens, self.config.prefill_chunk_tokens)
+        """Upper bound on the token pages a sequence of `num_tokens` tokens holds while
+        computed (its State pages are a constant the state region always fits)."""
+        return int(self.cache.max_pages_for(num_tokens, self.config.prefill_chunk_tokens)[0])
 
     def cached_prefix(self, keys: I32) -> int:
         """Tokens of `keys` the prefix cache holds now (a lock-free read: a routing hint)."""

@@ -32,7 +32,7 @@ from resin.engine.slots import SlotStore
 from resin.events import Event, FinishedEvent, FinishReason, TokensEvent
 from resin.metrics.collector import MetricsCollector
 from resin.plan import BatchPlan, ForwardOutput, Phase
-from resin.protocols import RunnerConfig, State
+from resin.protocols import RunnerConfig
 
 I32 = npt.NDArray[np.int32]
 _log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def check_runner(rc: RunnerConfig, num_draft_tokens: int) -> None:
             f"num_draft_tokens={num_draft_tokens} exceeds the runner's max_draft_tokens="
             f"{rc.max_draft_tokens}"
         )
-    if any(isinstance(g, State) for g in rc.cache_groups):
+    if not all(g.rewindable for g in rc.cache_groups):
         raise ValueError(
             "speculative decoding is not supported for runners with State cache groups "
             "(recurrent state would need a checkpoint after every draft token to roll back)"
