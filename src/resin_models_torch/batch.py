@@ -64,6 +64,24 @@ class StateBatch:
     checkpoint_rows: torch.Tensor  # [X]
     checkpoint_window: torch.Tensor  # [X, K-1]
     checkpoint_pages: torch.Tensor  # [X]
+    checkpoint_local: np.ndarray  # [X] index of the checkpoint's token inside its row
+
+
+@dataclass(frozen=True, slots=True)
+class EntryBatch:
+    """Compressed group: where each row's entries live and where this step's new ones go.
+
+    `pages/offsets` [B, W]: arena page and in-page offset of entry w of row b for
+    w < counts[b] (the row's complete entries after the step; padding points at page 0);
+    `new_pages/new_offsets` [N]: the slots of the entries the step completes, row by row in
+    entry order (`new_indptr`)."""
+
+    pages: torch.Tensor
+    offsets: torch.Tensor
+    counts: list[int]
+    new_pages: torch.Tensor
+    new_offsets: torch.Tensor
+    new_indptr: list[int]
 
 
 def make_grid(plan: BatchPlan, device: torch.device) -> Grid:
@@ -169,6 +187,29 @@ def state_batch(
         checkpoint_rows=_t(rows.astype(np.int64), device),
         checkpoint_window=_t(ckpt_window.reshape(-1, width).astype(np.int64), device),
         checkpoint_pages=_t(group.checkpoint_page.astype(np.int64), device),
+        checkpoint_local=local,
+    )
+
+
+def entry_batch(
+    plan: BatchPlan, group: CacheGroupPlan, ratio: int, per_page: int, device: torch.device
+) -> EntryBatch:
+    """Resolve a Compressed(ratio) group with `per_page` entries per page."""
+    counts = plan.total_lens.astype(np.int64) // ratio
+    width = int(counts.max(initial=0))
+    w = np.arange(width)[None, :]
+    valid = w < counts[:, None]
+    entry = np.where(valid, group.page_indptr[:-1, None] + w // per_page, 0)
+    pages = np.where(valid, group.page_ids[entry] if group.page_ids.size else 0, 0)
+    offsets = np.where(valid, w % per_page, 0)
+    slots = group.entry_slots.astype(np.int64)
+    return EntryBatch(
+        pages=_t(pages.astype(np.int64), device),
+        offsets=_t(offsets.astype(np.int64), device),
+        counts=counts.tolist(),
+        new_pages=_t(slots // per_page, device),
+        new_offsets=_t(slots % per_page, device),
+        new_indptr=group.entry_indptr.astype(np.int64).tolist(),
     )
 
 
@@ -206,7 +247,27 @@ class LatentSpec:
     window: int | None = None
 
 
-CacheSpec = KvSpec | ConvSpec | LatentSpec
+@dataclass(frozen=True, slots=True)
+class EntrySpec:
+    """A Compressed(ratio) group: `num_layers` layers of one `width`-value entry per `ratio`
+    tokens (DeepSeek-V4's compressed K=V entries, with the indexer's keys beside them)."""
+
+    num_layers: int
+    width: int
+    ratio: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """A State group of `num_layers` layers of up to `tokens` buffered per-token vectors of
+    `width` values (DeepSeek-V4's compressor inputs not yet pooled into an entry)."""
+
+    num_layers: int
+    tokens: int
+    width: int
+
+
+CacheSpec = KvSpec | ConvSpec | LatentSpec | EntrySpec | BufferSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,13 +296,18 @@ class StepContext:
     features."""
 
     positions: torch.Tensor
-    batches: tuple[AttentionBatch | StateBatch, ...]
+    batches: tuple[AttentionBatch | StateBatch | EntryBatch, ...]
     caches: tuple[torch.Tensor, ...]
     media: MediaBatch | None = None
 
     def attention(self, slot: LayerSlot) -> tuple[torch.Tensor, AttentionBatch]:
         batch = self.batches[slot.group]
         assert isinstance(batch, AttentionBatch)
+        return self.caches[slot.group][:, slot.index], batch
+
+    def entries(self, slot: LayerSlot) -> tuple[torch.Tensor, EntryBatch]:
+        batch = self.batches[slot.group]
+        assert isinstance(batch, EntryBatch)
         return self.caches[slot.group][:, slot.index], batch
 
     def state(self, slot: LayerSlot) -> tuple[torch.Tensor, StateBatch]:

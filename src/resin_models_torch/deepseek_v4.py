@@ -17,12 +17,15 @@ second half (Cb). Query p sees entry w once its last token is <= p (w < (p + 1) 
 reads all of them, CSA those the indexer picks: its own compressor keys (width
 `index_head_dim`), scored sum_h w_h(x) ReLU(q_h . k) in float32, top `index_topk`.
 
-Cache groups. Every layer's K=V vectors form a Window group (`LatentSpec` with a window).
-Interim, until the engine has a compressed cache kind: the compressor inputs (`kv_proj` /
-`gate_proj` outputs, and the indexer's) of every token are kept in History groups (one for
-CSA layers, one for HCA layers), and each step recomputes every complete entry of its rows
-from them. Exact and simple (any chunking, prefix hits at any length, retraction come from
-the History group), but linear in the context per step; compressed groups replace it.
+Cache groups: every layer's K=V vectors form a Window group (`LatentSpec` with a window);
+per compressed kind present, a Compressed(m) group holds its layers' entries (CSA: the K=V
+entry, then the indexer's key) and a State group the projections (`kv_proj` / `gate_proj`
+outputs, and the indexer's) that entries to come still need: the incomplete block, and for
+CSA the last complete one, whose first half joins the next entry (transformers' "overlap").
+A step reads each row's state, pools the entries its tokens complete into the slots the plan
+names, and stores the new state (and the checkpoints the plan asks for, from which a prefix
+hit at any page boundary resumes). Entries equal transformers' whatever the chunking: each is
+pooled once, from the same projections, in float32 softmax.
 
 Checkpoint names: the published layout (`layers.N.attn.wq_a`, `ffn.experts.E.w1`,
 `hc_attn_fn`, `embed`, `head`; with or without `model.`, as transformers saves it) maps to
@@ -40,7 +43,15 @@ from torch import nn
 from resin_model.config import DeepseekV4Config, ModelConfig, RopeConfig
 from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
-from resin_models_torch.batch import CacheSpec, LatentSpec, LayerSlot, StepContext
+from resin_models_torch.batch import (
+    AttentionBatch,
+    BufferSpec,
+    CacheSpec,
+    EntrySpec,
+    LatentSpec,
+    LayerSlot,
+    StepContext,
+)
 from resin_models_torch.layers import Float32Module
 from resin_models_torch.mhc import HyperConnection, HyperHead, hc_mix, unweighted_rms_norm
 from resin_models_torch.mla import paged_latents
@@ -107,23 +118,40 @@ class Compressor(nn.Module):
         """x [T, hidden] -> [T, cached_width]: what the cache keeps of each token."""
         return torch.cat((self.kv_proj(x), self.gate_proj(x)), dim=-1)
 
-    def entries(self, projected: torch.Tensor, rotary: V4Rotary) -> torch.Tensor:
-        """A row's tokens 0..n-1 (`project` outputs) -> its n // ratio complete entries."""
+    def buffer_start(self, length: int) -> int:
+        """First position whose projection a sequence of `length` tokens still needs for
+        entries to come: the incomplete block, and for CSA the last complete one (its Ca
+        half joins the next entry)."""
+        complete = length // self.ratio
+        return max(0, complete - 1 if self.overlap else complete) * self.ratio
+
+    @property
+    def buffer_tokens(self) -> int:
+        """The most projections `buffer_start` ever keeps."""
+        return max(1, (2 * self.ratio if self.overlap else self.ratio) - 1)
+
+    def entries(
+        self, projected: torch.Tensor, start: int, first: int, end: int, rotary: V4Rotary
+    ) -> torch.Tensor:
+        """Entries w in [first, end) from `project` outputs of positions start, start+1, ...
+        (which hold every token those entries pool) -> [end - first, width]."""
         m, w = self.ratio, self.width
-        count = projected.shape[0] // m
-        kv, gate = projected[: count * m].chunk(2, dim=-1)
-        kv = kv.reshape(count, m, -1)
-        gate = gate.reshape(count, m, -1) + self.position_bias  # float32 from here
-        if self.overlap:  # slots: Ca of the previous window (none for entry 0), then Cb
-            prev_kv = torch.cat((kv.new_zeros(1, m, w), kv[:-1, :, :w]))
-            first = gate.new_full((1, m, w), float("-inf"))
-            prev_gate = torch.cat((first, gate[:-1, :, :w]))
+        windows = torch.arange(first, end, device=projected.device)
+        slots = torch.arange(m, device=projected.device)
+        index = windows[:, None] * m - start + slots[None, :]  # [E, m]
+        kv_all, gate_all = projected.chunk(2, dim=-1)
+        kv, gate = kv_all[index], gate_all[index] + self.position_bias  # float32 gate
+        if self.overlap:  # slots: Ca of the previous block (none for entry 0), then Cb
+            prev = (index - m).clamp(min=0)
+            none = (windows == 0)[:, None, None]
+            prev_kv = kv_all[prev][..., :w].masked_fill(none, 0.0)
+            prev_gate = (gate_all[prev] + self.position_bias)[..., :w]
+            prev_gate = prev_gate.masked_fill(none, float("-inf"))
             kv = torch.cat((prev_kv, kv[..., w:]), dim=1)
             gate = torch.cat((prev_gate, gate[..., w:]), dim=1)
         weights = gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)
         pooled = self.kv_norm((kv * weights).sum(dim=1))
-        positions = torch.arange(count, device=kv.device) * m
-        return rope_tail(pooled, *rotary.cos_sin(positions))
+        return rope_tail(pooled, *rotary.cos_sin(windows * m))
 
 
 class IndexerScorer(nn.Module):
@@ -184,8 +212,25 @@ class V4Compressed(Compressor):
 
     @property
     def all_width(self) -> int:
+        """Projected values buffered per token (this compressor's and the indexer's)."""
         extra = self.indexer.cached_width if self.indexer is not None else 0
         return self.cached_width + extra
+
+    @property
+    def entry_width(self) -> int:
+        """Values per cached entry: the K=V entry, then the indexer's key."""
+        return self.width + (self.indexer.width if self.indexer is not None else 0)
+
+    def new_entries(
+        self, tokens: torch.Tensor, start: int, first: int, end: int, rotary: V4Rotary
+    ) -> torch.Tensor:
+        """Entries [first, end) with the indexer's keys beside them: [n, entry_width]."""
+        split = self.cached_width
+        pooled = self.entries(tokens[:, :split], start, first, end, rotary)
+        if self.indexer is None:
+            return pooled
+        keys = self.indexer.entries(tokens[:, split:], start, first, end, rotary)
+        return torch.cat((pooled, keys), dim=-1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,22 +239,28 @@ class Row:
 
     tokens: torch.Tensor
     positions: torch.Tensor
+    cached: int
+    total: int
 
-    @property
-    def cached(self) -> int:
-        return int(self.positions[0])
+
+@dataclass(frozen=True, slots=True)
+class V4Slots:
+    """Where a layer keeps its cache: the K=V window, and for CSA / HCA layers the entries
+    (Compressed group) and the projections not yet pooled (State group)."""
+
+    window: LayerSlot
+    entries: LayerSlot | None = None
+    buffer: LayerSlot | None = None
 
 
 class V4Attention(nn.Module):
     float32_params = ("sinks",)
 
-    def __init__(
-        self, config: ModelConfig, layer: int, window: LayerSlot, history: LayerSlot | None
-    ) -> None:
+    def __init__(self, config: ModelConfig, layer: int, slots: V4Slots) -> None:
         super().__init__()
         v4 = config.deepseek_v4
         assert v4 is not None
-        self.v4, self.window, self.history = v4, window, history
+        self.v4, self.slots = v4, slots
         hidden, heads, d = config.hidden_size, config.num_heads, config.head_dim
         self.heads, self.dim, self.eps = heads, d, config.norm_eps
         self.q_a_proj = nn.Linear(hidden, v4.q_lora_rank, bias=False)
@@ -231,23 +282,16 @@ class V4Attention(nn.Module):
         q = self.q_b_proj(q_residual).view(x.shape[0], self.heads, self.dim)
         q = rope_tail(unweighted_rms_norm(q, self.eps), cos, sin)
         kv = rope_tail(self.kv_norm(self.kv_proj(x)), cos, sin)
-        cache, batch = ctx.attention(self.window)
+        cache, batch = ctx.attention(self.slots.window)
         window_kv = paged_latents(kv, cache, batch)  # [B, C + Q, D]
-        tokens = None
-        if self.compressor is not None:
-            assert self.history is not None
-            hcache, hbatch = ctx.attention(self.history)
-            tokens = paged_latents(self.compressor.project_all(x), hcache, hbatch)
+        entries = self._update_entries(x, ctx, rows, rotary) if self.compressor else None
         out = torch.empty_like(q)
         for b, row in enumerate(rows):
             n = row.tokens.shape[0]
             keys, mask = window_kv[b], batch.mask[b, :n]
-            if self.compressor is not None:
-                assert tokens is not None
-                span = tokens.shape[1] - batch.query_index.shape[1]  # cached columns
-                row_tokens = torch.cat((tokens[b, : row.cached], tokens[b, span : span + n]))
-                entries, visible = self._entries(row, row_tokens, x, q_residual, rotary)
-                keys, mask = torch.cat((keys, entries)), torch.cat((mask, visible), dim=1)
+            if entries is not None:
+                pooled, visible = self._visible(row, entries[b], x, q_residual, rotary)
+                keys, mask = torch.cat((keys, pooled)), torch.cat((mask, visible), dim=1)
             out[row.tokens] = self._attend(q[row.tokens], keys, mask)
         out = rope_tail(out, cos, -sin)  # V carried rotary: turn it back by the query's position
         groups = out.view(x.shape[0], self.v4.o_groups, -1)
@@ -256,28 +300,68 @@ class V4Attention(nn.Module):
         result: torch.Tensor = self.o_b_proj(grouped)
         return result
 
-    def _entries(
+    def _update_entries(
+        self, x: torch.Tensor, ctx: StepContext, rows: list[Row], rotary: V4Rotary
+    ) -> list[torch.Tensor]:
+        """Pool the entries the step completes into the Compressed group, carry the unpooled
+        projections in the State group (and its checkpoints); returns each row's entries
+        after the step [E_b, entry_width]."""
+        comp = self.compressor
+        assert comp is not None and self.slots.entries and self.slots.buffer
+        projected = comp.project_all(x)
+        store, ebatch = ctx.entries(self.slots.entries)
+        buffers, sbatch = ctx.state(self.slots.buffer)
+        state_in = sbatch.state_in.tolist()
+        out_page = dict(zip(sbatch.state_rows.tolist(), sbatch.state_out.tolist(), strict=True))
+        ckpt_rows, ckpt_local = sbatch.checkpoint_rows.tolist(), sbatch.checkpoint_local.tolist()
+        ckpt_pages = sbatch.checkpoint_pages.tolist()
+        writes: list[tuple[int, torch.Tensor]] = []  # after every read of this layer's states
+        result = []
+        for b, row in enumerate(rows):
+            start = comp.buffer_start(row.cached)
+            held = buffers[state_in[b], : row.cached - start] if state_in[b] >= 0 else None
+            if held is None and row.cached > start:
+                raise ValueError("a row resumes without its compressor state")
+            fresh = projected[row.tokens]
+            tokens = fresh if held is None else torch.cat((held.to(fresh.dtype), fresh))
+            first, end = row.cached // comp.ratio, row.total // comp.ratio
+            if end > first:
+                lo, hi = ebatch.new_indptr[b], ebatch.new_indptr[b + 1]
+                assert hi - lo == end - first, "the plan's entry slots disagree with the row"
+                new = comp.new_entries(tokens, start, first, end, rotary)
+                store[ebatch.new_pages[lo:hi], ebatch.new_offsets[lo:hi]] = new.to(store.dtype)
+            count = ebatch.counts[b]
+            result.append(store[ebatch.pages[b, :count], ebatch.offsets[b, :count]].to(x.dtype))
+            ends = [(out_page[b], row.total)] if b in out_page else []
+            ends += [(page, row.cached + local + 1) for r, local, page in
+                     zip(ckpt_rows, ckpt_local, ckpt_pages, strict=True) if r == b]  # fmt: skip
+            for page, length in ends:
+                keep = tokens[comp.buffer_start(length) - start : length - start]
+                writes.append((page, keep))
+        for page, keep in writes:
+            buffers[page, : keep.shape[0]] = keep.to(buffers.dtype)
+        return result
+
+    def _visible(
         self,
         row: Row,
-        row_tokens: torch.Tensor,
+        entries: torch.Tensor,
         x: torch.Tensor,
         q_residual: torch.Tensor,
         rotary: V4Rotary,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A row's compressed entries [E, D] and which ones each query sees [Q, E]."""
+        """A row's K=V entries [E, D] and which ones each of its queries reads [Q, E]."""
         comp = self.compressor
         assert comp is not None
-        split = comp.cached_width
-        entries = comp.entries(row_tokens[:, :split], rotary)
+        pooled = entries[:, : self.dim]
         if comp.indexer is None:
             index = torch.arange(entries.shape[0], device=x.device)
-            visible = index[None, :] < (row.positions[:, None] + 1) // comp.ratio
-            return entries, visible
-        keys = comp.indexer.entries(row_tokens[:, split:], rotary)
+            return pooled, index[None, :] < (row.positions[:, None] + 1) // comp.ratio
+        keys = entries[:, self.dim :]
         cos_sin = rotary.cos_sin(row.positions)
         sel = comp.indexer.select(x[row.tokens], q_residual[row.tokens], keys, row.positions,
                                   cos_sin)  # fmt: skip
-        return entries, sel
+        return pooled, sel
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q [Q, H, D] over keys = values [K, D] with mask [Q, K] and the per-head sinks."""
@@ -363,15 +447,13 @@ class V4Moe(nn.Module):
 
 
 class V4Layer(nn.Module):
-    def __init__(
-        self, config: ModelConfig, layer: int, window: LayerSlot, history: LayerSlot | None
-    ) -> None:
+    def __init__(self, config: ModelConfig, layer: int, slots: V4Slots) -> None:
         super().__init__()
         v4 = config.deepseek_v4
         assert v4 is not None
         hidden, eps = config.hidden_size, config.norm_eps
         self.uses_compress_rope = v4.attention[layer] != "sliding"
-        self.self_attn = V4Attention(config, layer, window, history)
+        self.self_attn = V4Attention(config, layer, slots)
         self.mlp = V4Moe(config, v4.hash_layers[layer])
         self.input_layernorm = V4Norm(hidden, eps)
         self.post_attention_layernorm = V4Norm(hidden, eps)
@@ -412,25 +494,27 @@ class DeepseekV4ForCausalLM(CausalLM):
         super().__init__(config)
         n = config.num_layers
         counts = {kind: v4.attention.count(kind) for kind in ("csa", "hca")}
-        group_of = {}
-        specs: list[CacheSpec] = [LatentSpec(n, config.head_dim, config.sliding_window)]
-        for kind in ("csa", "hca"):
-            if counts[kind]:
-                group_of[kind] = len(specs)
-                specs.append(LatentSpec(counts[kind], 0))  # width set once a layer is built
-        layers, seen = [], dict.fromkeys(("csa", "hca"), 0)
-        widths: dict[str, int] = {}
+        kinds = [kind for kind in ("csa", "hca") if counts[kind]]
+        # groups: 0 the window of every layer; per compressed kind its entries, then (after
+        # all of those) its pending projections
+        entry_group = {kind: 1 + i for i, kind in enumerate(kinds)}
+        buffer_group = {kind: 1 + len(kinds) + i for i, kind in enumerate(kinds)}
+        layers: list[V4Layer] = []
+        seen = dict.fromkeys(kinds, 0)
+        shapes: dict[str, V4Compressed] = {}
         for i, kind in enumerate(v4.attention):
-            history = None
+            slots = V4Slots(LayerSlot(0, i))
             if kind != "sliding":
-                history = LayerSlot(group_of[kind], seen[kind])
+                slots = V4Slots(LayerSlot(0, i), LayerSlot(entry_group[kind], seen[kind]),
+                                LayerSlot(buffer_group[kind], seen[kind]))  # fmt: skip
                 seen[kind] += 1
-            layer = V4Layer(config, i, LayerSlot(0, i), history)
-            if layer.self_attn.compressor is not None:
-                widths[kind] = layer.self_attn.compressor.all_width
-            layers.append(layer)
-        for kind, g in group_of.items():
-            specs[g] = LatentSpec(counts[kind], widths[kind])
+            layers.append(V4Layer(config, i, slots))
+            if layers[-1].self_attn.compressor is not None:
+                shapes[kind] = layers[-1].self_attn.compressor
+        specs: list[CacheSpec] = [LatentSpec(n, config.head_dim, config.sliding_window)]
+        specs += [EntrySpec(counts[k], shapes[k].entry_width, shapes[k].ratio) for k in kinds]
+        specs += [BufferSpec(counts[k], shapes[k].buffer_tokens, shapes[k].all_width)
+                  for k in kinds]  # fmt: skip
         self.cache_specs = tuple(specs)
         self.slots = tuple(LayerSlot(0, i) for i in range(n))
         self.model = V4Backbone(config, nn.ModuleList(layers))
@@ -457,10 +541,12 @@ class DeepseekV4ForCausalLM(CausalLM):
 def step_rows(ctx: StepContext) -> list[Row]:
     """The step's rows from the window group's token layout (every row has a query)."""
     batch = ctx.batches[0]
+    assert isinstance(batch, AttentionBatch)
     rows = []
     for b in range(batch.query_index.shape[0]):
         tokens = torch.nonzero(batch.token_rows == b)[:, 0]
-        rows.append(Row(tokens, ctx.positions[tokens]))
+        positions = ctx.positions[tokens]
+        rows.append(Row(tokens, positions, int(positions[0]), int(positions[-1]) + 1))
     return rows
 
 

@@ -12,7 +12,13 @@ import torch
 
 from resin.plan import BatchPlan
 from resin_model.media_cache import MediaFeatures
-from resin_models_torch.batch import AttentionBatch, MediaBatch, StateBatch, StepContext
+from resin_models_torch.batch import (
+    AttentionBatch,
+    EntryBatch,
+    MediaBatch,
+    StateBatch,
+    StepContext,
+)
 
 
 @runtime_checkable
@@ -42,8 +48,8 @@ class MediaEncoderCache(MediaFeatures):
 
 
 def _widen(
-    batch: AttentionBatch | StateBatch, spans: tuple[tuple[int, int, int], ...]
-) -> AttentionBatch | StateBatch:
+    batch: AttentionBatch | StateBatch | EntryBatch, spans: tuple[tuple[int, int, int], ...]
+) -> AttentionBatch | StateBatch | EntryBatch:
     """Let each span's query tokens see the span's later tokens of this step (k > q)."""
     if not isinstance(batch, AttentionBatch):
         return batch

@@ -29,6 +29,7 @@ from resin.protocols import (
     OPTIONAL_FEATURES,
     CacheGroupSpec,
     CacheLayout,
+    Compressed,
     History,
     RunnerConfig,
     State,
@@ -37,12 +38,16 @@ from resin.protocols import (
 from resin_models_torch.base import CausalLM
 from resin_models_torch.batch import (
     AttentionBatch,
+    BufferSpec,
     CacheSpec,
+    EntryBatch,
+    EntrySpec,
     KvSpec,
     LatentSpec,
     StateBatch,
     StepContext,
     attention_batch,
+    entry_batch,
     make_grid,
     state_batch,
 )
@@ -112,10 +117,19 @@ class TorchRunner:
             return spec.num_layers * 2 * self.page_size * spec.num_kv_heads * spec.head_dim * size
         if isinstance(spec, LatentSpec):
             return spec.num_layers * self.page_size * spec.width * size
+        if isinstance(spec, EntrySpec):
+            return spec.num_layers * self._per_page(spec) * spec.width * size
+        if isinstance(spec, BufferSpec):
+            return spec.num_layers * spec.tokens * spec.width * size
         return spec.num_layers * spec.channels * spec.width * size
+
+    def _per_page(self, spec: EntrySpec) -> int:
+        return Compressed(spec.ratio).entries_per_page(self.page_size)
 
     def _group_spec(self, spec: CacheSpec) -> CacheGroupSpec:
         nbytes = self._group_bytes(spec)
+        if isinstance(spec, EntrySpec):
+            return Compressed(ratio=spec.ratio, bytes_per_page=nbytes)
         if isinstance(spec, LatentSpec) and spec.window is None:
             return History(bytes_per_page=nbytes)
         if not isinstance(spec, KvSpec | LatentSpec):
@@ -163,6 +177,11 @@ class TorchRunner:
                 shape = (spec.num_layers, 2, self.page_size, spec.num_kv_heads, spec.head_dim)
             elif isinstance(spec, LatentSpec):
                 shape = (spec.num_layers, self.page_size, spec.width)
+            elif isinstance(spec, EntrySpec):
+                shape = (spec.num_layers, self._per_page(spec), spec.width)
+            elif isinstance(spec, BufferSpec):
+                shape = (spec.num_layers, spec.tokens, spec.width)
+                region = states
             else:
                 shape = (spec.num_layers, spec.channels, spec.width)
                 region = states
@@ -238,12 +257,17 @@ class TorchRunner:
 
     def _context(self, plan: BatchPlan) -> StepContext:
         grid = make_grid(plan, self.device)
-        batches: list[AttentionBatch | StateBatch] = []
+        batches: list[AttentionBatch | StateBatch | EntryBatch] = []
         for spec, group in zip(self.model.cache_specs, plan.cache_groups, strict=True):
             if isinstance(spec, KvSpec | LatentSpec):
                 batches.append(
                     attention_batch(plan, group, grid, self.page_size, spec.window, self.device)
                 )
+            elif isinstance(spec, EntrySpec):
+                per_page = self._per_page(spec)
+                batches.append(entry_batch(plan, group, spec.ratio, per_page, self.device))
+            elif isinstance(spec, BufferSpec):
+                batches.append(state_batch(plan, group, grid, 1, self.device))
             else:
                 batches.append(state_batch(plan, group, grid, spec.width, self.device))
         positions = torch.from_numpy(plan.positions.astype(np.int64)).to(self.device)

@@ -25,7 +25,7 @@ import torch
 import transformers
 from ref_compare import hf_greedy, hf_logits
 
-from resin import Engine, SamplingParams, TokensEvent
+from resin import Compressed, Engine, SamplingParams, State, TokensEvent, Window
 from resin_model.hf_config import parse_config
 from resin_models_torch.deepseek_v4 import v4_checkpoint_name
 from resin_models_torch.registry import load_runner
@@ -172,12 +172,23 @@ def test_config_schedule_and_names(tiny: tuple[Path, Any]) -> None:
             assert ours in mapped, (name, mapped)
 
 
-def test_full_prompt_logits_match_transformers(tiny: tuple[Path, Any]) -> None:
+@pytest.mark.parametrize("page_size", [16, 4])
+def test_full_prompt_logits_match_transformers(tiny: tuple[Path, Any], page_size: int) -> None:
     folder, hf = tiny
     prompt = _prompt(1, 320)
     ref, active = _reference(hf, prompt)
     assert active > 250  # the top-k is active almost everywhere
-    runner = load_runner(folder, page_size=16)
+    runner = load_runner(folder, page_size=page_size)
+    # the window of every layer; CSA entries (K=V 32 + indexer key 16) and HCA entries; the
+    # pending projections of each kind (CSA: 7 tokens x (2 x 64 + 2 x 32), HCA: 15 x 2 x 32)
+    per_page = {16: (4, 1), 4: (1, 1)}[page_size]
+    assert runner.runner_config.cache_groups == (
+        Window(16, 4 * page_size * 32 * 4),
+        Compressed(4, per_page[0] * 48 * 4),
+        Compressed(HCA_RATIO, per_page[1] * 32 * 4),
+        State(7 * 192 * 4),
+        State(15 * 64 * 4),
+    )
     runner.record_logits = True
     params = SamplingParams(max_output_tokens=1, temperature=0.0)
     with Engine(runner, context_length=512, prefill_chunk_tokens=512) as engine:
