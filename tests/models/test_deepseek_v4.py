@@ -208,22 +208,27 @@ def _collect(engine: Engine) -> dict[int, list[TokensEvent]]:
     return events
 
 
-def test_engine_chunks_retraction_prefix_hit(tiny: tuple[Path, Any]) -> None:
-    """16-token prefill chunks and decode for two 300-token prompts at once in 88 pages, too
-    few for both to finish: the engine retracts one and recomputes it (resuming from its own
-    cached pages); then a third prompt shares the first 256 tokens of the first (a prefix hit
-    at an aligned length: whole pages, whole CSA and HCA blocks)."""
+@pytest.mark.parametrize(("page_size", "chunk", "num_pages"), [(16, 16, 88), (4, 12, 330)])
+def test_engine_chunks_retraction_prefix_hit(
+    tiny: tuple[Path, Any], page_size: int, chunk: int, num_pages: int
+) -> None:
+    """Chunked prefill and decode for two 300-token prompts at once in too few pages
+    for both to finish: the engine retracts one and recomputes it (resuming from its own
+    cached pages and compressor-state checkpoints); then a third prompt shares a prefix of
+    the first: a hit at a page boundary where the engine kept a State checkpoint (the CSA
+    overlap, and any pending HCA tokens, come from it)."""
     folder, hf = tiny
     first = _prompt(2, 300)
-    prompts = [first, _prompt(4, 300), first[:256] + _prompt(3, 40)]
+    shared = 256 + (page_size if page_size < HCA_RATIO else 0)
+    prompts = [first, _prompt(4, 300), first[:shared] + _prompt(3, 40)]
     new = (40, 40, 8)
-    runner = load_runner(folder, page_size=16, num_pages=88)
+    runner = load_runner(folder, page_size=page_size, num_pages=num_pages)
     runner.record_logits = True
     # prompt logprobs for the second request only (a request asking for them skips the
     # prefix cache)
     params = [SamplingParams(max_output_tokens=n, temperature=0.0) for n in new]
     params[1] = SamplingParams(max_output_tokens=new[1], temperature=0.0, prompt_logprobs=1)
-    with Engine(runner, context_length=512, prefill_chunk_tokens=16, max_batch_tokens=32,
+    with Engine(runner, context_length=512, prefill_chunk_tokens=chunk, max_batch_tokens=32,
                 prefix_cache=True) as engine:  # fmt: skip
         requests = [engine.submit(p, q) for p, q in zip(prompts[:2], params, strict=False)]
         events = _collect(engine)
@@ -232,7 +237,7 @@ def test_engine_chunks_retraction_prefix_hit(tiny: tuple[Path, Any]) -> None:
         events.update(_collect(engine))
     # the tight pool evicted part of the shared prefix: the hit is whole pages of it
     hit = requests[2].cached_tokens
-    assert 0 < hit <= 256 and hit % 16 == 0
+    assert 0 < hit <= shared and hit % page_size == 0
     for request, prompt, n in zip(requests, prompts, new, strict=True):
         generated = request.take_result()
         tokens = prompt + generated
