@@ -249,3 +249,27 @@ def test_engine_chunks_retraction_prefix_hit(
         ref = torch.log_softmax(logits, dim=-1)
         for p, value in enumerate(lps):
             assert abs(value - float(ref[p, prompt[p + 1]])) < 2e-4
+
+
+def test_bfloat16_within_transformers_own_error(tiny: tuple[Path, Any]) -> None:
+    """bf16 weights and activations: our logits stay as close to the fp32 reference as
+    transformers' own bf16 model does (max and mean |error| within 1.5x of its)."""
+    folder, hf = tiny
+    prompt = _prompt(1, 320)
+    ref = hf_logits(hf, prompt)
+    hf_bf16 = transformers.DeepseekV4ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    theirs = (hf_logits(hf_bf16.eval(), prompt) - ref).abs()
+    runner = load_runner(folder, dtype=torch.bfloat16, page_size=16)
+    runner.record_logits = True
+    params = SamplingParams(max_output_tokens=1, temperature=0.0)
+    with Engine(runner, context_length=512, prefill_chunk_tokens=16) as engine:
+        engine.submit(prompt, params)
+        while engine.has_work():
+            engine.step()
+    ours = torch.full_like(ref, float("nan"))
+    for step in runner.recorded:
+        assert step.logits is not None
+        ours[torch.from_numpy(step.positions.astype("int64"))] = step.logits
+    error = (ours[: len(prompt)] - ref).abs()
+    assert float(error.max()) < 1.5 * float(theirs.max())
+    assert float(error.mean()) < 1.5 * float(theirs.mean())
