@@ -84,6 +84,8 @@ class CausalLM(nn.Module):
         self.config = config
         self.cache_specs, self.slots = assign_groups(config)
         self.lm_head: nn.Linear | None = None
+        self.layer_groups: tuple[tuple[int, ...], ...] | None = None
+        """Per layer, the cache groups it reads, when a model declares them (reports only)."""
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 

@@ -517,6 +517,10 @@ class DeepseekV4ForCausalLM(CausalLM):
                   for k in kinds]  # fmt: skip
         self.cache_specs = tuple(specs)
         self.slots = tuple(LayerSlot(0, i) for i in range(n))
+        self.layer_groups = tuple(
+            (0,) if kind == "sliding" else (0, entry_group[kind], buffer_group[kind])
+            for kind in v4.attention
+        )
         self.model = V4Backbone(config, nn.ModuleList(layers))
         self.main_rotary = V4Rotary(config.rope, v4.rope_dim)
         self.compress_rotary = V4Rotary(v4.compress_rope, v4.rope_dim)

@@ -150,6 +150,7 @@ class TorchRunner:
             waits_for_masks=True,
             overlap=self.overlap,
             max_draft_tokens=MAX_DRAFT_TOKENS,
+            layer_groups=self.model.layer_groups,
             # every optional feature; images only through a model with a vision encoder
             features=OPTIONAL_FEATURES if self.media.model else OPTIONAL_FEATURES - {"media"},
         )

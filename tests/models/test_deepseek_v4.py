@@ -189,6 +189,8 @@ def test_full_prompt_logits_match_transformers(tiny: tuple[Path, Any], page_size
         State(7 * 192 * 4),
         State(15 * 64 * 4),
     )
+    # sliding layers read the window; CSA its entries and state, HCA its own
+    assert runner.runner_config.layer_groups == ((0,), (0,), (0, 1, 3), (0, 2, 4))
     runner.record_logits = True
     params = SamplingParams(max_output_tokens=1, temperature=0.0)
     with Engine(runner, context_length=512, prefill_chunk_tokens=512) as engine:
