@@ -247,7 +247,7 @@ def _load(args: argparse.Namespace, on_stage: Any = None) -> object:
     try:
         check_options(options)
         return load(options, on_stage=on_stage)
-    except ValueError as exc:  # a bad option (say, an unknown --recipe), a failed start
+    except (ValueError, OSError) as exc:  # a bad option, a bad checkpoint, a failed start
         raise _refuse(args, exc) from None
 
 

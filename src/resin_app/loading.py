@@ -116,6 +116,7 @@ def load(
                 on_stage(steps[i])
 
         stage(0)
+        from resin_model.checkpoint_folder import check_checkpoint
         from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
         def converting(gguf: Any) -> None:  # its own line: minutes on a slow disk, once
@@ -125,6 +126,7 @@ def load(
         folder = resolve_checkpoint(
             options.checkpoint or options.model or DEFAULT_MODEL_NAME, converting
         )
+        check_memory(check_checkpoint(folder), options)  # before anything is allocated
         context = context_length_of(folder, options.context_length)
         stage(1)
         with startup_errors():
@@ -144,6 +146,45 @@ def load(
         bar.update()
     bar.write(ready_line(loaded, runners, time.perf_counter() - started), file=sys.stderr)
     return loaded
+
+
+def check_memory(checked: Any, options: LoadOptions) -> None:
+    """A `CheckpointError` when the model's weights (`CheckedCheckpoint`), as the runner holds
+    them (float32 on a CPU, at least their stored bytes on a GPU; shared by the tensor-parallel
+    ranks), exceed the memory the device has available now."""
+    from resin_model.checkpoint_folder import CheckpointError
+
+    device = options.device.split(":", 1)[0]
+    if device == "cpu":
+        need, have, where = checked.parameter_count * 4, available_ram(), "available RAM"
+    elif device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        index = torch.device(options.device).index or 0
+        need, have = checked.weight_bytes, int(torch.cuda.mem_get_info(index)[0])
+        where = f"free memory on {options.device}"
+    else:
+        return
+    need //= options.tensor_parallel
+    if have is not None and need > have:
+        raise CheckpointError(
+            f"the model needs {need / 2**30:.1f} GiB for its weights; the {where} is "
+            f"{have / 2**30:.1f} GiB"
+        )
+
+
+def available_ram() -> int | None:
+    """`MemAvailable` of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def check_options(options: LoadOptions) -> None:
