@@ -49,6 +49,9 @@ class LoadOptions:
     memory_fraction: float | None = None
     """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
     cuda_graphs: bool = True
+    template_limits: tuple[int, int, float] | None = None
+    """A Jinja chat template's (max chars, max call depth, seconds) per render
+    (`resin.recipe.template_limits`; None: its defaults)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ def load(
         stage(2)
         tokenizer = Tokenizer.from_dir(folder)
         recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
+        with_template_limits(recipe, options)
         stage(3)
         engines = start_engines(runners, options, tokenizer, context)
         name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
@@ -190,6 +194,12 @@ def available_ram() -> int | None:
 def check_options(options: LoadOptions) -> None:
     """Every option check that needs no weights (a `ValueError` saying what is wrong)."""
     check_recipe_name(options.recipe)
+    if options.template_limits is not None and not (
+        options.template_limits[0] >= 1
+        and options.template_limits[1] >= 1
+        and options.template_limits[2] > 0
+    ):
+        raise ValueError("--template-max-chars, --template-max-depth, --template-timeout > 0")
     check_speculative(options)
     check_parallel(options)
 
@@ -383,6 +393,17 @@ def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
     return jinja
 
 
+def with_template_limits(recipe: Recipe, options: LoadOptions) -> Recipe:
+    """`recipe`, rendering within `options.template_limits` when it renders a Jinja template."""
+    from resin.recipe import JinjaRecipe
+    from resin.recipe.template_limits import TemplateLimits
+
+    if isinstance(recipe, JinjaRecipe) and options.template_limits is not None:
+        chars, depth, seconds = options.template_limits
+        recipe.limits = TemplateLimits(max_chars=chars, max_depth=depth, timeout_s=seconds)
+    return recipe
+
+
 def recipe_for(tokenizer: Tokenizer, name: str | None) -> Recipe:
     """The named recipe (its errors, say a tokenizer without the family's special tokens, stop
     the start); unnamed, `resin.recipe.load_recipe`'s choice: the native recipe of the
@@ -527,7 +548,7 @@ def load_fake(options: LoadOptions) -> Loaded:
         )
         for _ in range(options.data_parallel)
     )
-    recipe = recipe_for(tokenizer, options.recipe)
+    recipe = with_template_limits(recipe_for(tokenizer, options.recipe), options)
     return Loaded(engines, recipe, tokenizer, "fake", context)
 
 

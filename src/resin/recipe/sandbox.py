@@ -28,7 +28,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NoReturn, cast
 
@@ -39,25 +38,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-
-@dataclass(frozen=True)
-class TemplateLimits:
-    """What one chat-template render may use (module docstring)."""
-
-    max_chars: int = 8_000_000
-    """Longest string / list (and the rendered prompt), in items; ints up to this many bits."""
-    max_depth: int = 64
-    """Deepest nesting of calls (macros calling macros, recursive loops)."""
-    timeout_s: float = 2.0
-    """Wall time of one render."""
-
-    def __post_init__(self) -> None:
-        if self.max_chars < 1 or self.max_depth < 1 or not self.timeout_s > 0:
-            raise ValueError("template limits must be positive")
-
-
-class TemplateLimitError(ValueError):
-    """A render went past one of its `TemplateLimits` (the message names which)."""
+from resin.recipe.template_limits import TemplateLimitError, TemplateLimits
 
 
 class _Budget:
