@@ -48,7 +48,9 @@ def test_serve_refuses_a_checkpoint_reading_outside_its_folder(
     folder = tmp_path / "ckpt"
     shutil.copytree(tiny, folder)
     index = json.loads((folder / INDEX).read_text())
-    index["weight_map"]["lm_head.weight"] = f"../{tiny.name}/{index['weight_map']['lm_head.weight']}"
+    index["weight_map"]["lm_head.weight"] = (
+        f"../{tiny.name}/{index['weight_map']['lm_head.weight']}"
+    )
     (folder / INDEX).write_text(json.dumps(index))
     before = set(glob.glob("/tmp/resin-ipc-*"))
     extra = ["--api-server-count", "1"] if split else []

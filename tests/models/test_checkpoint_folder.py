@@ -106,7 +106,7 @@ def test_a_fifo_is_refused_without_blocking(tiny: Path, tmp_path: Path) -> None:
     for name in ("model-fifo.safetensors", "generation_config.json"):
         os.mkfifo(folder / name)
         errors: list[BaseException] = []
-        worker = threading.Thread(target=lambda: errors.append(_raised(folder)), daemon=True)
+        worker = threading.Thread(target=lambda e=errors: e.append(_raised(folder)), daemon=True)
         worker.start()
         worker.join(10)
         assert not worker.is_alive(), f"the check blocked on the FIFO {name}"
@@ -213,7 +213,10 @@ def test_malformed_files_are_one_line_errors(
             ("weight_block_size",),
         ),
         ({"quantization_config": {"quant_method": "mxfp4"}}, ("mxfp4", "no tensor")),
-        ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, ("FP8",)),
+        (
+            {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+            ("FP8",),
+        ),
     ],
 )
 def test_config_checked_against_the_shards(

@@ -236,15 +236,19 @@ def _range(*args: int) -> range:
 def _bounded_filter(name: str, size: Callable[..., int]) -> Callable[..., Any]:
     """A built-in filter whose output size `size(value, *args)` is checked before it runs."""
     original = jinja2.filters.FILTERS[name]
+    passes = getattr(original, "jinja_pass_arg", None)  # the context it is handed first
 
-    def run(value: Any, *args: Any, **kwargs: Any) -> Any:
+    def run(*call: Any, **kwargs: Any) -> Any:
+        value, *args = call[1:] if passes is not None else call
         try:
             estimate = size(value, *args, **kwargs)
         except (TypeError, ValueError):
             estimate = 0  # arguments the filter itself refuses
         _budget().size(estimate)
-        return original(value, *args, **kwargs)
+        return original(*call, **kwargs)
 
+    if passes is not None:
+        run.jinja_pass_arg = passes  # type: ignore[attr-defined]
     return run
 
 
