@@ -15,8 +15,8 @@ symlinks, its config), so before anything is read or allocated:
 - `config.json` is translated (`hf_config.parse_config`) and the shapes it declares are
   compared with the shapes the shards hold (`check_shapes`).
 
-Every malformed input raises `CheckpointError` (a `ValueError`), one line naming the entry; the
-application prints it and exits 2.
+Every malformed input raises `CheckpointError` (`checkpoint_error.py`, a `ValueError`), one
+line naming the entry; the application prints it and exits 2.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
+
+from resin_model.checkpoint_error import CheckpointError
 
 if TYPE_CHECKING:
     from resin_model.config import ModelConfig
@@ -61,10 +63,6 @@ FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 
 SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale", "input_scale", "_scales")
 """Quantization scales stored beside weights (not parameters of the dequantized model)."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded as it is: one line naming the file or entry and why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from resin_model.checkpoint_folder import CheckpointError
+from resin_model.checkpoint_error import CheckpointError
 from resin_model.gguf_tokenizer import build_tokenizer_files
 
 GGUF_MAGIC = b"GGUF"

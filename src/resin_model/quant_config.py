@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from resin_model.checkpoint_folder import CheckpointError
+from resin_model.checkpoint_error import CheckpointError
 
 QuantScheme = Literal["fp8_block", "fp8_channel", "fp8_tensor", "mxfp4"]
 ActivationScheme = Literal["dynamic_token", "dynamic_group", "static_tensor", "none"]
