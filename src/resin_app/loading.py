@@ -463,10 +463,12 @@ def speculation_for(options: LoadOptions, context_length: int, runner: Any = Non
         return Speculation(MtpProposer(runner), 1)
     assert options.draft_model is not None
     from resin_app.runners import build_runner
+    from resin_model.checkpoint_folder import check_checkpoint
     from resin_model.default_model import resolve_checkpoint
     from resin_model.family import BuildRequest
 
     folder = resolve_checkpoint(options.draft_model)
+    check_checkpoint(folder, tokenizer=False)
     runner = build_runner(folder, "torch", BuildRequest(options.device))
     proposer = DraftModelProposer(runner, context_length=context_length)
     return Speculation(proposer, options.num_draft_tokens)
