@@ -99,3 +99,36 @@ def test_quantize_refuses_a_source_shard_outside_src(tiny: Path, tmp_path: Path)
     shard.unlink()
     shard.symlink_to(tiny / shard.name)
     assert quantize_main([str(src), str(tmp_path / "dst"), "--format", "fp8-block"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({**TINY["llama"], "hidden_size": 64.5}, "hidden_size=64.5 is not an integer"),
+        ([1], "a config must be a JSON object"),
+    ],
+)
+def test_bench_checkpoint_refuses_a_bad_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: object, words: str
+) -> None:
+    from resin_app.bench.checkpoint import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["--config", str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("resin bench checkpoint: error:") and words in err[-1]
+
+
+@pytest.mark.parametrize("body", [b"GGUF", b"GGUF\x03\x00\x00\x00" + b"\xff" * 64])
+def test_a_malformed_gguf_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: bytes
+) -> None:
+    from resin_model.checkpoint_folder import CheckpointError
+    from resin_model.default_model import resolve_checkpoint
+
+    monkeypatch.setenv("RESIN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "model.gguf").write_bytes(body)
+    with pytest.raises(CheckpointError) as info:
+        resolve_checkpoint(tmp_path, on_convert=None)
+    assert "\n" not in str(info.value) and "model.gguf" in str(info.value)
