@@ -26,6 +26,7 @@ import contextvars
 import functools
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
@@ -69,11 +70,17 @@ _BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar(
 )
 
 
+_UNTIMED = threading.local()
+
+
 def _budget() -> _Budget:
     budget = _BUDGET.get()
-    if budget is None:  # a template object used outside `render_template`: default limits
-        budget = _Budget(TemplateLimits())
-        _BUDGET.set(budget)
+    if budget is None:
+        # A compiled template rendered outside `render_template`: the default size and depth
+        # limits, no clock (its start is unknown), one account per thread.
+        budget = getattr(_UNTIMED, "budget", None)
+        if budget is None:
+            budget = _UNTIMED.budget = _Budget(TemplateLimits(timeout_s=float("inf")))
     return budget
 
 
