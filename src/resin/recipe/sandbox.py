@@ -203,12 +203,13 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
             _check_percent(left)
         return _measure(self.binop_table[op](left, right))
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        # positional-only: a template's keyword arguments (`f(self=1)`) cannot collide
         budget = _budget()
         budget.tick()
-        owner = getattr(__obj, "__self__", None)
+        owner = getattr(obj, "__self__", None)
         if isinstance(owner, str):
-            estimate = _estimated_size(getattr(__obj, "__name__", ""), owner, args)
+            estimate = _estimated_size(getattr(obj, "__name__", ""), owner, args)
             if estimate is not None:
                 budget.size(estimate)
         if budget.depth >= budget.limits.max_depth:
@@ -218,7 +219,7 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
             )
         budget.depth += 1
         try:
-            return _measure(super().call(__context, __obj, *args, **kwargs))
+            return _measure(super().call(context, obj, *args, **kwargs))
         finally:
             budget.depth -= 1
 
