@@ -135,7 +135,7 @@ def load(
         with startup_errors():
             runners, job = replica_runners(options, folder, context, bar.write)
         stage(2)
-        tokenizer = Tokenizer.from_dir(folder)
+        tokenizer = checkpoint_tokenizer(folder)
         recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
         with_template_limits(recipe, options)
         stage(3)
@@ -391,6 +391,18 @@ def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
     jinja = recipe if isinstance(recipe, JinjaRecipe) else JinjaRecipe(tokenizer)
     jinja.set_vision(vision)
     return jinja
+
+
+def checkpoint_tokenizer(folder: Any) -> Tokenizer:
+    """The checkpoint's tokenizer; a file the tokenizers library cannot read is a
+    `CheckpointError` naming the folder (that library raises plain `Exception`s)."""
+    from resin_model.checkpoint_folder import CheckpointError
+
+    try:
+        return Tokenizer.from_dir(folder)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"the tokenizer of {folder} cannot be read: {reason}") from None
 
 
 def with_template_limits(recipe: Recipe, options: LoadOptions) -> Recipe:

@@ -344,7 +344,12 @@ def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
     from resin.generation_config import NO_DEFAULTS
     from resin.generation_config import resolve as resolve_defaults
     from resin.tokenizer import Tokenizer
-    from resin_app.loading import recipe_for, with_template_limits, with_vision
+    from resin_app.loading import (
+        checkpoint_tokenizer,
+        recipe_for,
+        with_template_limits,
+        with_vision,
+    )
     from resin_model.checkpoint_folder import check_checkpoint
     from resin_model.default_model import (
         DEFAULT_MODEL_NAME,
@@ -358,7 +363,7 @@ def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
         return tokenizer, recipe, "fake", NO_DEFAULTS
     folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
     check_checkpoint(folder)  # the files a frontend opens are the checkpoint's own
-    tokenizer = Tokenizer.from_dir(folder)
+    tokenizer = checkpoint_tokenizer(folder)
     recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
     with_template_limits(recipe, options)
     checkpoint = options.checkpoint.rstrip("/").rsplit("/", 1)[-1] if options.checkpoint else None

@@ -132,3 +132,14 @@ def test_a_malformed_gguf_is_one_line(
     with pytest.raises(CheckpointError) as info:
         resolve_checkpoint(tmp_path, on_convert=None)
     assert "\n" not in str(info.value) and "model.gguf" in str(info.value)
+
+
+def test_serve_refuses_an_unreadable_tokenizer_in_one_line(tiny: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny, folder)
+    (folder / "tokenizer.json").write_text('{"model": 1}')
+    done = resin("serve", "--checkpoint", str(folder), "--port", "0")
+    assert done.returncode == 2, done.stderr
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and "tokenizer" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
