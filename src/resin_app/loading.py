@@ -154,8 +154,8 @@ def load(
 
 def check_memory(checked: Any, options: LoadOptions) -> None:
     """A `CheckpointError` when the model's weights (`CheckedCheckpoint`), as the runner holds
-    them (float32 on a CPU, at least their stored bytes on a GPU; shared by the tensor-parallel
-    ranks), exceed the memory the device has available now."""
+    them (float32 on a CPU; on a GPU bf16, or their stored bytes when fewer; shared by the
+    tensor-parallel ranks), exceed the memory the device has available now."""
     from resin_model.checkpoint_folder import CheckpointError
 
     device = options.device.split(":", 1)[0]
@@ -167,7 +167,9 @@ def check_memory(checked: Any, options: LoadOptions) -> None:
         if not torch.cuda.is_available():
             return
         index = torch.device(options.device).index or 0
-        need, have = checked.weight_bytes, int(torch.cuda.mem_get_info(index)[0])
+        # bf16 at most (a float32 folder is cast), less when stored quantized
+        need = min(checked.weight_bytes, checked.parameter_count * 2)
+        have = int(torch.cuda.mem_get_info(index)[0])
         where = f"free memory on {options.device}"
     else:
         return
