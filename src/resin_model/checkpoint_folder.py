@@ -110,7 +110,10 @@ def checked_file(folder: str | Path, name: str, required: bool = True) -> Path |
         if required:
             raise CheckpointError(f"checkpoint file {where} is missing")
         return None
-    real = path.resolve()
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        raise CheckpointError(f"checkpoint file {where} is a symlink loop") from None
     if not real.is_relative_to(closure_root(folder)):
         raise CheckpointError(f"checkpoint file {where} is a link to {real}, outside the folder")
     try:

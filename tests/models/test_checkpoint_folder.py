@@ -91,6 +91,14 @@ def test_symlinks_leaving_the_folder_are_refused(tiny: Path, tmp_path: Path, nam
     refused(folder, repr(name), "outside the folder")
 
 
+def test_a_symlink_loop_is_refused(tiny: Path, tmp_path: Path) -> None:
+    folder = copy(tiny, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").symlink_to("loop.json")
+    (folder / "loop.json").symlink_to("tokenizer.json")
+    refused(folder, "'tokenizer.json'")
+
+
 def test_a_symlink_to_a_device_is_refused(tiny: Path, tmp_path: Path) -> None:
     folder = copy(tiny, tmp_path)
     (folder / "tokenizer.json").unlink()
