@@ -300,10 +300,11 @@ def check_checkpoint(folder: str | Path, tokenizer: bool = True) -> CheckedCheck
     raw = read_config(folder)
     if tokenizer:
         checked_file(folder, "tokenizer.json")
-    for name in OPTIONAL_FILES:
-        read_json(folder, name, required=False) if name.endswith(".json") else checked_file(
-            folder, name, required=False
-        )
+    for name in OPTIONAL_FILES:  # JSON ones parsed too (a loader reads them whole)
+        if name.endswith(".json"):
+            read_json(folder, name, required=False)
+        else:
+            checked_file(folder, name, required=False)
     tensors = read_manifest(folder)
     try:
         config = parse_config(raw)
