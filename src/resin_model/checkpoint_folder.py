@@ -311,7 +311,8 @@ def check_checkpoint(folder: str | Path, tokenizer: bool = True) -> CheckedCheck
     except CheckpointError:
         raise
     except (ValueError, TypeError, KeyError, ZeroDivisionError, OverflowError) as exc:
-        raise CheckpointError(f"config.json in {folder}: {_one_line(exc)}") from None
+        reason = _one_line(exc).removeprefix("config.json ")
+        raise CheckpointError(f"config.json in {folder}: {reason}") from None
     check_shapes(config, tensors)
     return CheckedCheckpoint(config, tensors)
 
