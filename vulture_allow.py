@@ -27,6 +27,11 @@ load_average  # resin_app/bench/cpu.py: a dataclass field written to the JSONL r
 multimodal  # TODO(recipe) recipe/protocol.py:31: a rendered-prompt field nothing reads yet
 _.feed_text  # TODO(recipe) recipe/protocol.py, recipe/stream.py: parser API unused in src
 _.unsafe_undefined  # recipe/sandbox.py: a jinja2 sandbox override (jinja2 calls it)
+_.intercepted_binops, _.call_binop  # recipe/sandbox.py: jinja2 sandbox hooks (jinja2 calls them)
+# recipe/sandbox.py: jinja2 NodeTransformer visitors (dispatched by node class name), and the
+# helpers the rewritten templates import by name (`nodes.ImportedName`)
+_.visit_Concat, _.visit_Filter, _.visit_FilterBlock, _.visit_AssignBlock
+bounded_iter, measured
 count_tokens  # server/anthropic_messages.py: a FastAPI route (registered by decorator)
 chat_completions  # server/openai_chat.py: a FastAPI route (registered by decorator)
 completions  # server/openai_completions.py: a FastAPI route (registered by decorator)

@@ -50,6 +50,28 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "supports it; --no-overlap runs one step at a time, for debugging)",
     )
     p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
+    templates = p.add_argument_group("chat template limits (docs/server.md, Limits)")
+    templates.add_argument(
+        "--template-timeout",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="a checkpoint's chat template renders within S seconds, else 400 (2)",
+    )
+    templates.add_argument(
+        "--template-max-chars",
+        type=int,
+        default=8_000_000,
+        metavar="N",
+        help="longest string or list a template builds, and its output (8000000)",
+    )
+    templates.add_argument(
+        "--template-max-depth",
+        type=int,
+        default=64,
+        metavar="N",
+        help="deepest nesting of a template's macro calls (64)",
+    )
     p.add_argument("--served-model-name", default=None)
     p.add_argument(
         "--speculative",
@@ -231,6 +253,7 @@ def _options(args: argparse.Namespace) -> LoadOptions:
         max_batch_tokens=args.max_batch_tokens,
         memory_fraction=args.memory_fraction,
         cuda_graphs=args.cuda_graphs,
+        template_limits=(args.template_max_chars, args.template_max_depth, args.template_timeout),
     )
 
 
@@ -247,7 +270,7 @@ def _load(args: argparse.Namespace, on_stage: Any = None) -> object:
     try:
         check_options(options)
         return load(options, on_stage=on_stage)
-    except ValueError as exc:  # a bad option (say, an unknown --recipe), a failed start
+    except (ValueError, OSError) as exc:  # a bad option, a bad checkpoint, a failed start
         raise _refuse(args, exc) from None
 
 

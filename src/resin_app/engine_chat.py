@@ -69,12 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from resin_model.checkpoint_folder import check_checkpoint
     from resin_models_torch.registry import load_runner
 
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     folder = resolve_checkpoint(args.model)
+    check_checkpoint(folder)  # a closed folder, its config checked against its shards
     tokenizer = Tokenizer.from_dir(folder)
     recipe = get_native_recipe(args.recipe, tokenizer)
     runner = load_runner(folder, device="cpu", dtype=torch.float32)

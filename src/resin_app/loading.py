@@ -49,6 +49,9 @@ class LoadOptions:
     memory_fraction: float | None = None
     """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
     cuda_graphs: bool = True
+    template_limits: tuple[int, int, float] | None = None
+    """A Jinja chat template's (max chars, max call depth, seconds) per render
+    (`resin.recipe.template_limits`; None: its defaults)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ def load(
                 on_stage(steps[i])
 
         stage(0)
+        from resin_model.checkpoint_folder import check_checkpoint
         from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
         def converting(gguf: Any) -> None:  # its own line: minutes on a slow disk, once
@@ -125,13 +129,15 @@ def load(
         folder = resolve_checkpoint(
             options.checkpoint or options.model or DEFAULT_MODEL_NAME, converting
         )
+        check_memory(check_checkpoint(folder), options)  # before anything is allocated
         context = context_length_of(folder, options.context_length)
         stage(1)
         with startup_errors():
             runners, job = replica_runners(options, folder, context, bar.write)
         stage(2)
-        tokenizer = Tokenizer.from_dir(folder)
+        tokenizer = checkpoint_tokenizer(folder)
         recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
+        with_template_limits(recipe, options)
         stage(3)
         engines = start_engines(runners, options, tokenizer, context)
         name = options.model or (_name_of(options.checkpoint) if options.checkpoint else None)
@@ -146,9 +152,56 @@ def load(
     return loaded
 
 
+def check_memory(checked: Any, options: LoadOptions) -> None:
+    """A `CheckpointError` when the model's weights (`CheckedCheckpoint`), as the runner holds
+    them (float32 on a CPU; on a GPU bf16, or their stored bytes when fewer; shared by the
+    tensor-parallel ranks), exceed the memory the device has available now."""
+    from resin_model.checkpoint_folder import CheckpointError
+
+    device = options.device.split(":", 1)[0]
+    if device == "cpu":
+        need, have, where = checked.parameter_count * 4, available_ram(), "available RAM"
+    elif device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        index = torch.device(options.device).index or 0
+        # bf16 at most (a float32 folder is cast), less when stored quantized
+        need = min(checked.weight_bytes, checked.parameter_count * 2)
+        have = int(torch.cuda.mem_get_info(index)[0])
+        where = f"free memory on {options.device}"
+    else:
+        return
+    need //= options.tensor_parallel
+    if have is not None and need > have:
+        raise CheckpointError(
+            f"the model needs {need / 2**30:.1f} GiB for its weights; the {where} is "
+            f"{have / 2**30:.1f} GiB"
+        )
+
+
+def available_ram() -> int | None:
+    """`MemAvailable` of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def check_options(options: LoadOptions) -> None:
     """Every option check that needs no weights (a `ValueError` saying what is wrong)."""
     check_recipe_name(options.recipe)
+    if options.template_limits is not None and not (
+        options.template_limits[0] >= 1
+        and options.template_limits[1] >= 1
+        and options.template_limits[2] > 0
+    ):
+        raise ValueError("--template-max-chars, --template-max-depth, --template-timeout > 0")
     check_speculative(options)
     check_parallel(options)
 
@@ -342,6 +395,29 @@ def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
     return jinja
 
 
+def checkpoint_tokenizer(folder: Any) -> Tokenizer:
+    """The checkpoint's tokenizer; a file the tokenizers library cannot read is a
+    `CheckpointError` naming the folder (that library raises plain `Exception`s)."""
+    from resin_model.checkpoint_folder import CheckpointError
+
+    try:
+        return Tokenizer.from_dir(folder)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"the tokenizer of {folder} cannot be read: {reason}") from None
+
+
+def with_template_limits(recipe: Recipe, options: LoadOptions) -> Recipe:
+    """`recipe`, rendering within `options.template_limits` when it renders a Jinja template."""
+    from resin.recipe import JinjaRecipe
+    from resin.recipe.template_limits import TemplateLimits
+
+    if isinstance(recipe, JinjaRecipe) and options.template_limits is not None:
+        chars, depth, seconds = options.template_limits
+        recipe.limits = TemplateLimits(max_chars=chars, max_depth=depth, timeout_s=seconds)
+    return recipe
+
+
 def recipe_for(tokenizer: Tokenizer, name: str | None) -> Recipe:
     """The named recipe (its errors, say a tokenizer without the family's special tokens, stop
     the start); unnamed, `resin.recipe.load_recipe`'s choice: the native recipe of the
@@ -401,10 +477,12 @@ def speculation_for(options: LoadOptions, context_length: int, runner: Any = Non
         return Speculation(MtpProposer(runner), 1)
     assert options.draft_model is not None
     from resin_app.runners import build_runner
+    from resin_model.checkpoint_folder import check_checkpoint
     from resin_model.default_model import resolve_checkpoint
     from resin_model.family import BuildRequest
 
     folder = resolve_checkpoint(options.draft_model)
+    check_checkpoint(folder, tokenizer=False)
     runner = build_runner(folder, "torch", BuildRequest(options.device))
     proposer = DraftModelProposer(runner, context_length=context_length)
     return Speculation(proposer, options.num_draft_tokens)
@@ -486,7 +564,7 @@ def load_fake(options: LoadOptions) -> Loaded:
         )
         for _ in range(options.data_parallel)
     )
-    recipe = recipe_for(tokenizer, options.recipe)
+    recipe = with_template_limits(recipe_for(tokenizer, options.recipe), options)
     return Loaded(engines, recipe, tokenizer, "fake", context)
 
 

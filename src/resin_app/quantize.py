@@ -9,35 +9,54 @@ from a bf16 / fp16 / fp32 one, so accuracy and speed runs need no hub download.
 
 Every linear weight of the decoder layers is quantized except the routers; embeddings, the LM
 head and norms stay in the source dtype (`resin_model/quant_checkpoint.py` has the rule).
-Shards are written one source shard at a time (memory stays one shard); other files
-(tokenizer, generation config) are copied. docs/checkpoints.md describes the layouts.
+Shards are written one source shard at a time (memory stays one shard); the tokenizer and
+generation config are copied. The source is checked as `resin serve` checks it (a closed
+folder, valid headers); the destination gets only regular files this command creates, and may
+not be the source or inside it. docs/checkpoints.md describes the layouts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from resin_model.quant_checkpoint import QUANT_FORMATS, check_format, quantization_config
 
 
 def quantize_folder(src: str | Path, dst: str | Path, fmt: str) -> Path:
-    """Write `dst` (created; must not hold a checkpoint) from the checkpoint folder `src`."""
+    """Write `dst` (created; must not hold a checkpoint, be `src` or lie inside it) from the
+    checkpoint folder `src` (checked first: `resin_model.checkpoint_folder`). Every file is
+    written under a fresh name in `dst` and renamed into place, so a symlink already in `dst`
+    is replaced, never written through."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from resin_model.checkpoint_folder import (
+        OPTIONAL_FILES,
+        CheckpointError,
+        checked_file,
+        checkpoint_files,
+        read_config,
+        read_manifest,
+    )
     from resin_model.quant_checkpoint import quantize_tensor
-    from resin_models_torch.loader import checkpoint_files
 
     src, dst = Path(src), Path(dst)
-    raw = json.loads((src / "config.json").read_text())
+    if not src.is_dir():
+        raise CheckpointError(f"checkpoint folder {src} does not exist")
+    if dst.resolve().is_relative_to(src.resolve()):
+        raise ValueError(f"the destination {dst} is inside the source {src}")
+    raw = read_config(src)
     if raw.get("quantization_config"):
         raise ValueError(f"{src} is already quantized ({raw['quantization_config']})")
     checked = check_format(fmt, str(raw.get("model_type")))
+    read_manifest(src)  # every shard inside the folder, every header valid
     dst.mkdir(parents=True, exist_ok=True)
     if any(dst.glob("*.safetensors")):
         raise FileExistsError(f"{dst} already holds a checkpoint")
@@ -48,18 +67,40 @@ def quantize_folder(src: str | Path, dst: str | Path, fmt: str) -> Path:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 for stored, tensor in quantize_tensor(name, f.get_tensor(name), checked):
                     out[stored] = tensor.contiguous()
-        save_file(out, str(dst / shard.name), metadata={"format": "pt"})
+        write_new(dst, shard.name, partial(save_file, out, metadata={"format": "pt"}))
         weight_map.update(dict.fromkeys(out, shard.name))
     if len(set(weight_map.values())) > 1:
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
-        (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    for extra in src.iterdir():
-        if extra.is_file() and extra.suffix != ".safetensors" and extra.name not in (
-            "config.json", "model.safetensors.index.json"):  # fmt: skip
-            shutil.copy2(extra, dst / extra.name)
+        write_new(dst, "model.safetensors.index.json", _text(json.dumps(index, indent=2)))
+    for name in (*TOKENIZER_FILES, *OPTIONAL_FILES):
+        extra = checked_file(src, name, required=False)
+        if extra is not None:
+            write_new(dst, name, partial(shutil.copyfile, extra))
     raw["quantization_config"] = quantization_config(checked)
-    (dst / "config.json").write_text(json.dumps(raw, indent=2))
+    write_new(dst, "config.json", _text(json.dumps(raw, indent=2)))
     return dst
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
+"""Copied beside the weights with `checkpoint_folder.OPTIONAL_FILES` (only these: a folder's
+other files are not the checkpoint's)."""
+
+
+def write_new(folder: Path, name: str, write: Callable[[str], object]) -> None:
+    """`folder/name` := what `write(path)` writes to a file this call created (`O_EXCL |
+    O_NOFOLLOW`: never an existing file or a symlink's target), then renamed over `name`."""
+    scratch = folder / f".{name}.{os.getpid()}.tmp"
+    os.close(os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    try:
+        write(str(scratch))
+        os.replace(scratch, folder / name)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+
+
+def _text(text: str) -> Callable[[str], object]:
+    return lambda path: Path(path).write_text(text, encoding="utf-8")
 
 
 def build_parser() -> argparse.ArgumentParser:

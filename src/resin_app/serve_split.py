@@ -21,6 +21,7 @@ itself dies (`PR_SET_PDEATHSIG`), so no process outlives it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -101,12 +102,13 @@ class Supervisor:
         self.frontends: list[BaseProcess] = []
         self.signal: int | None = None
         self.served: list[str] = []  # the model name each frontend serves
+        self.refused = False  # a child reported that it could not start (bad checkpoint)
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            if not self._start():
-                return 1 if self.signal is None else 0
+            if not self._start():  # a child that could not load is a startup error: 2
+                return 2 if self.refused else 1 if self.signal is None else 0
             print(_banner(self.args, self.served[-1]), flush=True)
             code = self._watch()
         finally:
@@ -157,7 +159,8 @@ class Supervisor:
                 if isinstance(end, Connection) and end in waiting:
                     message = end.recv() if end.poll() else ("error", "exited")
                     if message[0] != "ready":
-                        print(f"resin serve: {what} failed: {message[1]}", file=sys.stderr)
+                        print(f"resin serve: error: {what}: {message[1]}", file=sys.stderr)
+                        self.refused = message[1] != "exited"
                         return False
                     del waiting[end]
                     self.served.append(str(message[1]))
@@ -231,24 +234,52 @@ def engine_main(
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the
     # frontends drain first, then `resin serve` sends SIGTERM here.
+    import tqdm
+
     from resin.ipc import EngineService
     from resin_app.loading import load
 
+    # tqdm's default lock is a multiprocessing semaphore no exit path of a spawned child
+    # releases (the resource tracker then warns of a leak): a thread lock does here.
+    tqdm.tqdm.set_lock(threading.RLock())
     try:
-        loaded = load(options, progress=False)
-    except Exception as exc:  # a bad checkpoint or option: `resin serve` reports it
-        ready.send(("error", f"{type(exc).__name__}: {exc}"))
-        sys.exit(2)
-    service = EngineService(loaded.engine, addresses, policy)
-    signal.signal(signal.SIGTERM, lambda *_: service.request_stop())
-    ready.send(("ready", "engine"))
-    ready.close()
-    try:
-        service.run()
+        try:
+            loaded = load(options, progress=False)
+        except Exception as exc:  # a bad checkpoint or option: `resin serve` reports it
+            ready.send(("error", _one_line(exc)))
+            sys.exit(2)
+        service = EngineService(loaded.engine, addresses, policy)
+        signal.signal(signal.SIGTERM, lambda *_: service.request_stop())
+        ready.send(("ready", "engine"))
+        ready.close()
+        try:
+            service.run()
+        finally:
+            service.close()
+            loaded.close()
+        sys.exit(1 if service.dead else 0)
     finally:
-        service.close()
-        loaded.close()
-    sys.exit(1 if service.dead else 0)
+        _remove_sockets(addresses)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _remove_sockets(addresses: Sequence[str]) -> None:
+    """Remove this engine's socket files, and their folder once empty: the supervisor's
+    `TemporaryDirectory` is gone too when the supervisor was killed (its children get
+    SIGTERM, `_die_with_parent`, and end here)."""
+    folders = set()
+    for address in addresses:
+        path = address.removeprefix("ipc://")
+        folders.add(os.path.dirname(path))
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # fails while another process's sockets are still there
 
 
 def frontend_main(
@@ -268,7 +299,7 @@ def frontend_main(
         clients = [EngineClient(address, index) for address in addresses]
         listener = _listen(args.host, args.port)
     except Exception as exc:
-        ready.send(("error", f"{type(exc).__name__}: {exc}"))
+        ready.send(("error", _one_line(exc)))
         sys.exit(2)
     tokenizer, recipe, name, defaults = text
     server = build_server(
@@ -313,7 +344,13 @@ def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
     from resin.generation_config import NO_DEFAULTS
     from resin.generation_config import resolve as resolve_defaults
     from resin.tokenizer import Tokenizer
-    from resin_app.loading import recipe_for, with_vision
+    from resin_app.loading import (
+        checkpoint_tokenizer,
+        recipe_for,
+        with_template_limits,
+        with_vision,
+    )
+    from resin_model.checkpoint_folder import check_checkpoint
     from resin_model.default_model import (
         DEFAULT_MODEL_NAME,
         default_model_dir,
@@ -322,10 +359,13 @@ def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
 
     if options.fake:
         tokenizer = Tokenizer.from_dir(default_model_dir())
-        return tokenizer, recipe_for(tokenizer, options.recipe), "fake", NO_DEFAULTS
+        recipe = with_template_limits(recipe_for(tokenizer, options.recipe), options)
+        return tokenizer, recipe, "fake", NO_DEFAULTS
     folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
-    tokenizer = Tokenizer.from_dir(folder)
+    check_checkpoint(folder)  # the files a frontend opens are the checkpoint's own
+    tokenizer = checkpoint_tokenizer(folder)
     recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
+    with_template_limits(recipe, options)
     checkpoint = options.checkpoint.rstrip("/").rsplit("/", 1)[-1] if options.checkpoint else None
     name = options.model or checkpoint or DEFAULT_MODEL_NAME
     return tokenizer, recipe, name, resolve_defaults(options.generation_config, folder)

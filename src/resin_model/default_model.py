@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from resin_model.checkpoint_folder import checked_file
 from resin_model.gguf import GGUFError, convert_gguf
 
 OnConvert = Callable[[Path], None]
@@ -170,8 +171,9 @@ def resolve_checkpoint(path_or_name: str | Path, on_convert: OnConvert | None = 
     - a folder with config.json -> itself;
     - a `.gguf` file, or a folder holding exactly one `.gguf` and no config.json -> converted
       and cached.
-    Anything else raises `FileNotFoundError` / `GGUFError` with the reason. `on_convert` is
-    told before a GGUF file is converted.
+    Anything else raises `FileNotFoundError` / `GGUFError` / `CheckpointError` with the
+    reason. `on_convert` is told before a GGUF file is converted. A folder is returned as it
+    is: `checkpoint_folder.check_checkpoint` checks its files.
     """
     text = str(path_or_name)
     if text.lower() == DEFAULT_MODEL_NAME.lower():
@@ -180,14 +182,16 @@ def resolve_checkpoint(path_or_name: str | Path, on_convert: OnConvert | None = 
         return converted_gguf_dir(gemma3_gguf_path(), on_convert=on_convert)
     path = Path(text).expanduser()
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if os.path.lexists(path / "config.json"):
             return path
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return converted_gguf_dir(ggufs[0], on_convert=on_convert)
+            gguf = checked_file(path, ggufs[0].name)  # inside the folder, a regular file
+            assert gguf is not None
+            return converted_gguf_dir(gguf, on_convert=on_convert)
         found = f"{len(ggufs)} .gguf files" if ggufs else "neither config.json nor a .gguf file"
         raise FileNotFoundError(f"{path} is not a checkpoint folder: it has {found}")
-    if path.is_file():
+    if path.is_file():  # a named file is the user's choice: only regular files pass
         if path.suffix.lower() == ".gguf":
             return converted_gguf_dir(path, on_convert=on_convert)
         raise GGUFError(f"{path} is neither a folder nor a .gguf file")

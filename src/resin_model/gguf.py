@@ -29,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from resin_model.checkpoint_error import CheckpointError
 from resin_model.gguf_tokenizer import build_tokenizer_files
 
 GGUF_MAGIC = b"GGUF"
 
 
-class GGUFError(ValueError):
+class GGUFError(CheckpointError):
     """A `.gguf` file that cannot be read or converted (the message says which and why)."""
 
 
@@ -81,9 +82,10 @@ def read_gguf(path: str | Path) -> GGUFFile:
 
     try:
         reader = gguf.GGUFReader(str(file))
-    except Exception as exc:  # a truncated or corrupt file: say which file
-        raise GGUFError(f"cannot read GGUF file {file}: {exc}") from exc
-    metadata = {name: _field_value(field) for name, field in reader.fields.items()}
+        metadata = {name: _field_value(field) for name, field in reader.fields.items()}
+    except Exception as exc:  # a truncated or corrupt file: say which file, on one line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GGUFError(f"cannot read GGUF file {file}: {reason}") from None
     return GGUFFile(path=file, metadata=metadata, reader=reader)
 
 
@@ -316,9 +318,15 @@ def convert_gguf(path: str | Path, out_dir: str | Path) -> Path:
     gg = read_gguf(path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = hf_config(gg)
-    tokenizer_json, tokenizer_config = build_tokenizer_files(gg.metadata, gg.path)
-    state = hf_state_dict(gg)
+    try:
+        config = hf_config(gg)
+        tokenizer_json, tokenizer_config = build_tokenizer_files(gg.metadata, gg.path)
+        state = hf_state_dict(gg)
+    except GGUFError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        # metadata of the wrong type or shape: the file is malformed, not the converter
+        raise GGUFError(f"{gg.path.name}: malformed GGUF metadata or tensors ({exc!r})") from None
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", generation_config(gg))

@@ -58,7 +58,7 @@ def _llama(raw: Reader) -> ModelConfig:
     window = raw.get("sliding_window")
     use_window = bool(raw.get("use_sliding_window", model_type == "mistral"))
     if model_type in ("qwen2", "qwen3", "qwen3_moe") and use_window:
-        layers = int(raw.get("max_window_layers", common["num_layers"]))
+        layers = raw.integer("max_window_layers", common["num_layers"], low=0)
         if layers < common["num_layers"]:
             raise ValueError("Qwen sliding window on only some layers is not supported")
     raw.get("max_window_layers")
@@ -83,15 +83,15 @@ def _qwen3_moe(raw: Reader) -> ModelConfig:
     base = _llama(raw)
     experts, local_experts = raw.get("num_experts"), raw.get("num_local_experts")
     num_experts = int(experts or local_experts or 0)
-    step = int(raw.get("decoder_sparse_step", 1))
+    step = raw.integer("decoder_sparse_step", 1, low=0)
     dense = set(raw.get("mlp_only_layers") or [])
     sparse = tuple(
         i not in dense and num_experts > 0 and (i + 1) % step == 0 for i in range(base.num_layers)
     )
     moe = MoeConfig(
         num_experts=num_experts,
-        top_k=int(raw.require("num_experts_per_tok")),
-        intermediate_size=int(raw.require("moe_intermediate_size")),
+        top_k=raw.integer("num_experts_per_tok", low=0),
+        intermediate_size=raw.integer("moe_intermediate_size", low=0),
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
         sparse_layers=sparse,
     )
@@ -100,7 +100,7 @@ def _qwen3_moe(raw: Reader) -> ModelConfig:
 
 def _gpt_oss(raw: Reader) -> ModelConfig:
     common = common_fields(raw, eps=1e-5)
-    common["max_positions"] = int(raw.get("max_position_embeddings", 131072))
+    common["max_positions"] = raw.integer("max_position_embeddings", 131072, low=0)
     n = common["num_layers"]
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -112,7 +112,7 @@ def _gpt_oss(raw: Reader) -> ModelConfig:
     num_experts = int(local_experts or experts or 128)
     moe = MoeConfig(
         num_experts=num_experts,
-        top_k=int(raw.get("num_experts_per_tok", 4)),
+        top_k=raw.integer("num_experts_per_tok", 4, low=0),
         intermediate_size=common["intermediate_size"] or 2880,
         norm_topk_prob=True,  # softmax over the top-k router logits
         sparse_layers=(True,) * n,
@@ -128,7 +128,7 @@ def _gpt_oss(raw: Reader) -> ModelConfig:
         qkv_bias=bias,
         o_bias=bias,
         sinks=True,
-        sliding_window=int(raw.get("sliding_window", 128)),
+        sliding_window=raw.integer("sliding_window", 128, low=0),
         moe=moe,
     )
 
@@ -171,7 +171,7 @@ def _gemma3(raw: Reader) -> ModelConfig:
     softcap = raw.get("final_logit_softcapping")
     attn_softcap = raw.get("attn_logit_softcapping")
     common["tie_embeddings"] = bool(raw.get("tie_word_embeddings", True))
-    common["max_positions"] = int(raw.get("max_position_embeddings", 131072))
+    common["max_positions"] = raw.integer("max_position_embeddings", 131072, low=0)
     return ModelConfig(
         **common,
         rope=rope,
@@ -180,7 +180,7 @@ def _gemma3(raw: Reader) -> ModelConfig:
         qkv_bias=bool(raw.get("attention_bias", False)),
         o_bias=bool(raw.get("attention_bias", False)),
         qk_norm=True,
-        sliding_window=int(raw.get("sliding_window", 4096)),
+        sliding_window=raw.integer("sliding_window", 4096, low=0),
         attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
         embed_scale=math.sqrt(common["hidden_size"]),
         final_logit_softcapping=float(softcap) if softcap else None,
@@ -197,7 +197,7 @@ def _lfm2(raw: Reader) -> ModelConfig:
         multiplier = raw.get("block_ffn_dim_multiplier", 1.0)
         if multiplier is not None:
             ff = int(float(multiplier) * ff)
-            multiple = int(raw.get("block_multiple_of", 256))
+            multiple = raw.integer("block_multiple_of", 256, low=0)
             ff = multiple * ((ff + multiple - 1) // multiple)
     common["intermediate_size"] = ff
     common["tie_embeddings"] = bool(raw.get("tie_word_embeddings", raw.get("tie_embedding", True)))
@@ -213,7 +213,7 @@ def _lfm2(raw: Reader) -> ModelConfig:
         rope=global_rope(raw, float(raw.get("theta", 1_000_000.0))),
         layer_types=layer_types(raw, default),
         qk_norm=True,
-        conv_kernel=int(raw.get("conv_L_cache", 3)),
+        conv_kernel=raw.integer("conv_L_cache", 3, low=0),
         conv_bias=bool(raw.get("conv_bias", False)),
     )
 

@@ -34,10 +34,10 @@ def parse_deepseek(raw: Reader) -> ModelConfig:
     n, heads = common["num_layers"], common["num_heads"]
     mla = MlaConfig(
         q_lora_rank=int(raw.get("q_lora_rank")) if raw.has("q_lora_rank") else None,
-        kv_lora_rank=int(raw.require("kv_lora_rank")),
-        nope_dim=int(raw.require("qk_nope_head_dim")),
-        rope_dim=int(raw.require("qk_rope_head_dim")),
-        v_head_dim=int(raw.require("v_head_dim")),
+        kv_lora_rank=raw.integer("kv_lora_rank", low=0),
+        nope_dim=raw.integer("qk_nope_head_dim", low=0),
+        rope_dim=raw.integer("qk_rope_head_dim", low=0),
+        v_head_dim=raw.integer("v_head_dim", low=0),
         # V2 rotates interleaved pairs (complex form); V3 says so with rope_interleave.
         rope_interleave=bool(raw.get("rope_interleave", True)) if v3 else True,
     )
@@ -57,24 +57,24 @@ def parse_deepseek(raw: Reader) -> ModelConfig:
             "deepseek_v2 with norm_topk_prob=true is not supported (transformers ignores the "
             "flag, DeepSeek's code applies it)"
         )
-    dense = int(raw.get("first_k_dense_replace", 3 if v3 else 0))
-    moe_inner = int(raw.require("moe_intermediate_size"))
+    dense = raw.integer("first_k_dense_replace", 3 if v3 else 0, low=0)
+    moe_inner = raw.integer("moe_intermediate_size", low=0)
     moe = MoeConfig(
-        num_experts=int(raw.require("n_routed_experts")),
-        top_k=int(raw.require("num_experts_per_tok")),
+        num_experts=raw.integer("n_routed_experts", low=0),
+        top_k=raw.integer("num_experts_per_tok", low=0),
         intermediate_size=moe_inner,
         norm_topk_prob=norm_topk,
         sparse_layers=tuple(i >= dense for i in range(n)),
         scoring="sigmoid" if v3 else "softmax",
-        num_groups=1 if greedy else int(raw.require("n_group")),
-        topk_groups=1 if greedy else int(raw.require("topk_group")),
+        num_groups=1 if greedy else raw.integer("n_group", low=0),
+        topk_groups=1 if greedy else raw.integer("topk_group", low=0),
         routed_scale=float(raw.get("routed_scaling_factor", 2.5 if v3 else 1.0)),
         score_bias=v3,
-        shared_intermediate_size=moe_inner * int(raw.get("n_shared_experts", 1 if v3 else 2)),
+        shared_intermediate_size=moe_inner * raw.integer("n_shared_experts", 1 if v3 else 2, low=0),
     )
     if moe.num_experts % moe.num_groups or moe.topk_groups > moe.num_groups:
         raise ValueError("n_routed_experts must split into n_group groups, topk_group <= n_group")
-    mtp = int(raw.get("num_nextn_predict_layers", 0))
+    mtp = raw.integer("num_nextn_predict_layers", 0, low=0)
     raw.get("num_mtp_layers")  # the transformers spelling of the same count
     config = ModelConfig(**common, rope=rope, layer_types=("full",) * n, moe=moe, mla=mla)
     return replace(

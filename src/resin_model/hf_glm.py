@@ -24,26 +24,26 @@ def parse_glm4_moe(raw: Reader) -> ModelConfig:
     if not 0 < partial <= 1:
         raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial}")
     common = common_fields(raw, eps=1e-5, partial_rotary=True)
-    common["max_positions"] = int(raw.get("max_position_embeddings", 131072))
+    common["max_positions"] = raw.integer("max_position_embeddings", 131072, low=0)
     n = common["num_layers"]
-    dense = int(raw.get("first_k_dense_replace", 1))
-    inner = int(raw.get("moe_intermediate_size", 1408))
+    dense = raw.integer("first_k_dense_replace", 1, low=0)
+    inner = raw.integer("moe_intermediate_size", 1408, low=0)
     moe = MoeConfig(
-        num_experts=int(raw.get("n_routed_experts", 128)),
-        top_k=int(raw.get("num_experts_per_tok", 8)),
+        num_experts=raw.integer("n_routed_experts", 128, low=0),
+        top_k=raw.integer("num_experts_per_tok", 8, low=0),
         intermediate_size=inner,
         norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
         sparse_layers=tuple(i >= dense for i in range(n)),
         scoring="sigmoid",
-        num_groups=int(raw.get("n_group", 1)),
-        topk_groups=int(raw.get("topk_group", 1)),
+        num_groups=raw.integer("n_group", 1, low=0),
+        topk_groups=raw.integer("topk_group", 1, low=0),
         routed_scale=float(raw.get("routed_scaling_factor", 1.0)),
         score_bias=True,
-        shared_intermediate_size=inner * int(raw.get("n_shared_experts", 1)),
+        shared_intermediate_size=inner * raw.integer("n_shared_experts", 1, low=0),
     )
     if moe.num_experts % moe.num_groups or moe.topk_groups > moe.num_groups:
         raise ValueError("n_routed_experts must split into n_group groups, topk_group <= n_group")
-    mtp = int(raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 0)))
+    mtp = raw.integer("num_nextn_predict_layers", raw.get("num_mtp_layers", 0), low=0)
     config = ModelConfig(
         **common,
         rope=rope_config(params, float(raw.get("rope_theta", 10000.0))),

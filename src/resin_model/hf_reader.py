@@ -82,6 +82,20 @@ class Reader:
             raise ValueError(f"config.json lacks {key!r}")
         return self.raw[key]
 
+    def integer(
+        self, key: str, default: int | None = None, low: int = 1, high: int = 1 << 30
+    ) -> int:
+        """An integer field in `[low, high]` (a float, even a whole one, or a bool is refused:
+        `hidden_size: 64.5` must not become 64); `default` when absent (required if None)."""
+        value = self.require(key) if default is None else self.get(key, default)
+        if isinstance(value, float) and value.is_integer() and abs(value) < 1 << 53:
+            value = int(value)  # `4096.0`, as some exporters write: exact
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"config.json {key}={value!r} is not an integer")
+        if not low <= value <= high:
+            raise ValueError(f"config.json {key}={value} is outside [{low}, {high}]")
+        return value
+
     def expect(self, key: str, allowed: tuple[Any, ...]) -> None:
         """A key that changes the math: only the listed values (or absence) are supported."""
         value = self.get(key)
@@ -97,13 +111,21 @@ class Reader:
             )
 
 
+MAX_WIDTH = 1 << 20
+"""The largest hidden / intermediate size / head dim a config may declare (today's largest
+models use tens of thousands)."""
+MAX_HEADS = 1 << 12
+MAX_LAYERS = 1 << 12
+MAX_VOCAB = 1 << 24
+
+
 def common_fields(
     raw: Reader, eps_key: str = "rms_norm_eps", eps: float = 1e-6, partial_rotary: bool = False
 ) -> dict[str, Any]:
     """Sizes, norms, activation and token ids every architecture shares; `partial_rotary`:
     the caller reads `partial_rotary_factor` itself (else only 1 is accepted)."""
-    heads = int(raw.require("num_attention_heads"))
-    hidden = int(raw.require("hidden_size"))
+    heads = raw.integer("num_attention_heads", high=MAX_HEADS)
+    hidden = raw.integer("hidden_size", high=MAX_WIDTH)
     eos = raw.raw.get("eos_token_id")
     eos_ids = tuple(
         int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -117,17 +139,17 @@ def common_fields(
     bos = raw.raw.get("bos_token_id")
     return {
         "model_type": str(raw.require("model_type")),
-        "vocab_size": int(raw.require("vocab_size")),
+        "vocab_size": raw.integer("vocab_size", high=MAX_VOCAB),
         "hidden_size": hidden,
-        "intermediate_size": int(raw.get("intermediate_size", 0)),
-        "num_layers": int(raw.require("num_hidden_layers")),
+        "intermediate_size": raw.integer("intermediate_size", 0, low=0, high=MAX_WIDTH),
+        "num_layers": raw.integer("num_hidden_layers", high=MAX_LAYERS),
         "num_heads": heads,
-        "num_kv_heads": int(raw.get("num_key_value_heads", heads)),
-        "head_dim": int(raw.get("head_dim", hidden // heads)),
+        "num_kv_heads": raw.integer("num_key_value_heads", heads, high=MAX_HEADS),
+        "head_dim": raw.integer("head_dim", max(1, hidden // heads), high=MAX_WIDTH),
         "norm_eps": float(raw.get(eps_key, eps)),
         "tie_embeddings": bool(raw.get("tie_word_embeddings", False)),
         "hidden_act": str(raw.get("hidden_act") or raw.get("hidden_activation") or "silu"),
-        "max_positions": int(raw.get("max_position_embeddings", 8192)),
+        "max_positions": raw.integer("max_position_embeddings", 8192, high=1 << 30),
         "eos_token_ids": eos_ids,
         "bos_token_id": int(bos) if isinstance(bos, int) else None,
     }

@@ -29,15 +29,15 @@ def gemma3_vlm(raw: Reader, text_parser: TextParser) -> ModelConfig:
     v.expect("hidden_act", ("gelu_pytorch_tanh",))
     vision = VisionConfig(
         kind="siglip",
-        hidden_size=int(v.require("hidden_size")),
-        intermediate_size=int(v.require("intermediate_size")),
-        num_layers=int(v.require("num_hidden_layers")),
-        num_heads=int(v.require("num_attention_heads")),
-        patch_size=int(v.require("patch_size")),
-        image_size=int(v.require("image_size")),
+        hidden_size=v.integer("hidden_size", low=0),
+        intermediate_size=v.integer("intermediate_size", low=0),
+        num_layers=v.integer("num_hidden_layers", low=0),
+        num_heads=v.integer("num_attention_heads", low=0),
+        patch_size=v.integer("patch_size", low=0),
+        image_size=v.integer("image_size", low=0),
         norm_eps=float(v.get("layer_norm_eps", 1e-6)),
-        image_token_id=int(raw.get("image_token_index", 262144)),
-        tokens_per_image=int(raw.get("mm_tokens_per_image", 256)),
+        image_token_id=raw.integer("image_token_index", 262144, low=0),
+        tokens_per_image=raw.integer("mm_tokens_per_image", 256, low=0),
     )
     v.check_all_read()
     raw.get("boi_token_index")
@@ -76,18 +76,18 @@ def qwen2_5_vl(raw: Reader, text_parser: TextParser) -> ModelConfig:
     vrope = v.get("rope_parameters") or {}
     vision = VisionConfig(
         kind="qwen2_5_vl",
-        hidden_size=int(v.require("hidden_size")),
-        intermediate_size=int(v.require("intermediate_size")),
-        num_layers=int(v.require("depth")),
-        num_heads=int(v.require("num_heads")),
-        patch_size=int(v.get("patch_size", 14)),
-        image_token_id=int(raw.get("image_token_id", 151655)),
+        hidden_size=v.integer("hidden_size", low=0),
+        intermediate_size=v.integer("intermediate_size", low=0),
+        num_layers=v.integer("depth", low=0),
+        num_heads=v.integer("num_heads", low=0),
+        patch_size=v.integer("patch_size", 14, low=0),
+        image_token_id=raw.integer("image_token_id", 151655, low=0),
         hidden_act="silu",
-        merge_size=int(v.get("spatial_merge_size", 2)),
-        temporal_patch_size=int(v.get("temporal_patch_size", 2)),
-        window_size=int(v.get("window_size", 112)),
+        merge_size=v.integer("spatial_merge_size", 2, low=0),
+        temporal_patch_size=v.integer("temporal_patch_size", 2, low=0),
+        window_size=v.integer("window_size", 112, low=0),
         full_layers=tuple(int(i) for i in v.get("fullatt_block_indexes", [7, 15, 23, 31])),
-        out_hidden_size=int(v.require("out_hidden_size")),
+        out_hidden_size=v.integer("out_hidden_size", low=0),
         rope_theta=float(vrope.get("rope_theta", 10000.0)),
         mrope_section=section,
     )

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from resin_model.checkpoint_error import CheckpointError
+
 QuantScheme = Literal["fp8_block", "fp8_channel", "fp8_tensor", "mxfp4"]
 ActivationScheme = Literal["dynamic_token", "dynamic_group", "static_tensor", "none"]
 
@@ -53,7 +55,7 @@ class QuantConfig:
         raise ValueError(f"{self.scheme} is not an FP8 scheme")
 
 
-class UnsupportedQuantization(ValueError):
+class UnsupportedQuantization(CheckpointError):
     """A `quantization_config` this library cannot read; the message names what."""
 
 
@@ -114,12 +116,22 @@ def _parse_fp8(raw: Mapping[str, Any]) -> QuantConfig:
             f"{where}: no weight_block_size (per-tensor fp8 under quant_method fp8) is not "
             "supported; block-scaled checkpoints name e.g. [128, 128]"
         )
-    if not (isinstance(block, list) and len(block) == 2 and all(_positive_int(b) for b in block)):
-        raise _unsupported(where, "weight_block_size", block, "two positive integers")
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(_positive_int(b) and b <= MAX_BLOCK for b in block)
+    ):
+        raise _unsupported(
+            where, "weight_block_size", block, f"two positive integers up to {MAX_BLOCK}"
+        )
     return QuantConfig(
         "fp8_block", "dynamic_group", "weight_scale_inv", (block[0], block[1]), block[1],
         _hf_skip(raw.get("modules_to_not_convert"), where),
     )  # fmt: skip
+
+
+MAX_BLOCK = 4096
+"""The largest FP8 scale block side accepted (published checkpoints use 128)."""
 
 
 def _positive_int(v: object) -> bool:
@@ -197,8 +209,14 @@ def _ct_weights(args: Any, where: str) -> tuple[QuantScheme, tuple[int, int] | N
         return "fp8_channel", None
     if strategy == "block":
         block = args.get("block_structure")
-        if not (isinstance(block, list) and len(block) == 2 and all(map(_positive_int, block))):
-            raise _unsupported(where, "block_structure", block, "two positive integers")
+        if not (
+            isinstance(block, list)
+            and len(block) == 2
+            and all(_positive_int(b) and b <= MAX_BLOCK for b in block)
+        ):
+            raise _unsupported(
+                where, "block_structure", block, f"two positive integers up to {MAX_BLOCK}"
+            )
         return "fp8_block", (block[0], block[1])
     raise _unsupported(where, "strategy", strategy, "tensor, channel or block")
 

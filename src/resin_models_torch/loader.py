@@ -10,7 +10,6 @@ tensor, or a shape mismatch, raises with the offending names.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,16 +25,11 @@ NameMap = Callable[[str], str | None]
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint folder (sharded via its index when present)."""
-    root = Path(folder)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [root / name for name in sorted(set(weight_map.values()))]
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {root}")
-    return files
+    """The safetensors files of a checkpoint folder (sharded via its index when present), each
+    a regular file inside the folder (`resin_model.checkpoint_folder`)."""
+    from resin_model.checkpoint_folder import checkpoint_files as checked_files
+
+    return checked_files(folder)
 
 
 def iter_tensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

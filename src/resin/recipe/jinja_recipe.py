@@ -20,6 +20,7 @@ from resin.recipe.prefill import check_prefill, continue_final
 from resin.recipe.protocol import Recipe, RenderedPrompt, ResponseParser
 from resin.recipe.registry import get_native_recipe, native_recipe_names
 from resin.recipe.tagged import TaggedParser, TagSpec
+from resin.recipe.template_limits import TemplateLimits
 from resin.recipe.tool_choice import (
     ToolChoice,
     auto_calls,
@@ -46,6 +47,7 @@ class JinjaRecipe:
         template: str | None = None,
         family: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        limits: TemplateLimits | None = None,
     ) -> None:
         source = template if template is not None else tokenizer.chat_template
         if not source:
@@ -61,6 +63,8 @@ class JinjaRecipe:
         self.family = FAMILIES[family_name]
         self.name = f"jinja:{family_name}"
         self.template_kwargs = dict(template_kwargs or {})
+        self.limits = limits or TemplateLimits()
+        """What one render may use (`resin.recipe.sandbox`; `resin serve --template-*`)."""
         self.native_tools = "tools" in source
         """The template renders `tools` itself; otherwise `generic_tools.py` may state them."""
         self.generic_tools = not self.native_tools and self.family.spec == TagSpec()
@@ -162,7 +166,7 @@ class JinjaRecipe:
             variables["enable_thinking"] = enable_thinking
         from resin.recipe.sandbox import render_template
 
-        return render_template(self.template, **variables)
+        return render_template(self.template, self.limits, **variables)
 
     def create_parser(
         self, prompt: RenderedPrompt, *, tools: Sequence[ToolDef] | None = None

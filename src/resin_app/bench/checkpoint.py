@@ -64,15 +64,19 @@ def write_checkpoint(
     """Write `raw` (a config.json dict) as a random-weights checkpoint into `folder`."""
     import torch
 
+    from resin_model.checkpoint_folder import checked_file
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"a config must be a JSON object, not {type(raw).__name__}")
     start = time.perf_counter()
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     source = Path(tokenizer) if tokenizer is not None else _default_tokenizer()
     config = _config_for(raw, source, dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, out / name)
+    for name in TOKENIZER_FILES:  # regular files inside the tokenizer folder only
+        if (path := checked_file(source, name, required=False)) is not None:
+            shutil.copyfile(path, out / name)
     params = parameter_shapes(config)
     torch_dtype = getattr(torch, dtype)
     total = sum(_numel(shape) for _, shape, _ in params) * torch_dtype.itemsize

@@ -10,8 +10,6 @@ reference runners on the very same weights) and random weights of the real shape
 
 from __future__ import annotations
 
-import glob
-import json
 import math
 import os
 import sys
@@ -20,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from resin_model.checkpoint_folder import checked_file, checkpoint_files, shard_names
 from resin_model.checkpoint_names import default_names
 
 Init = str  # "normal" | "out" (writes into the residual stream) | "ones" | "zeros"
@@ -161,19 +160,16 @@ def _shard_index(folder: str) -> dict[str, tuple[str, str]]:
     from safetensors import safe_open
 
     index: dict[str, tuple[str, str]] = {}
-    index_file = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index_file):
-        with open(index_file, encoding="utf-8") as f:
-            weight_map: dict[str, str] = json.load(f)["weight_map"]
-        pairs = [(os.path.join(folder, file), raw) for raw, file in weight_map.items()]
-        for file in sorted(set(weight_map.values())):
-            if not os.path.isfile(os.path.join(folder, file)):
-                raise FileNotFoundError(f"{file} (in model.safetensors.index.json) is missing")
+    # every shard a regular file inside the folder, the index's names checked
+    listed = shard_names(folder)
+    if any(file is not None for file in listed.values()):
+        paths = {file: str(checked_file(folder, file)) for file in set(listed.values()) if file}
+        pairs = [(paths[str(file)], raw) for raw, file in listed.items()]
     else:
         pairs = []
-        for shard in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
-            with safe_open(shard, framework="pt") as f:
-                pairs += [(shard, raw) for raw in f.keys()]  # noqa: SIM118 - not a Mapping
+        for path in checkpoint_files(folder):
+            with safe_open(str(path), framework="pt") as f:
+                pairs += [(str(path), raw) for raw in f.keys()]  # noqa: SIM118 - not a Mapping
     for shard, raw in pairs:
         name = default_names(raw)
         if name is not None:
