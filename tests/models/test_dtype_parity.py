@@ -90,6 +90,19 @@ def test_rotary_tables_do_not_depend_on_the_model_dtype(arch: str) -> None:
         assert torch.equal(cos32, cos16) and torch.equal(sin32, sin16), arch
 
 
+def test_qwen2_5_vl_rotary_frequencies_stay_float32_in_bf16() -> None:
+    """Qwen2.5-VL's M-RoPE text rotary and its vision tower's 2-D rotary: float32 and exact."""
+    from vision_hf import qwen2_5_vl
+
+    folder, _ = qwen2_5_vl()
+    exact = load_runner(folder, dtype=torch.float32).model
+    model = load_runner(folder, dtype=torch.bfloat16).model
+    for name, buffer in exact.named_buffers():
+        if name.endswith("inv_freq"):
+            rounded = dict(model.named_buffers())[name]
+            assert rounded.dtype == torch.float32 and torch.equal(rounded, buffer), name
+
+
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 QUESTIONS = ("What is the boiling point of water?", "Who wrote Romeo and Juliet?")
 GREEDY_TOKENS = 8
