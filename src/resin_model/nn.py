@@ -28,12 +28,20 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class RMSNorm(nn.Module):
-    """RMS norm in float32. `unit_offset` is Gemma's (1 + w) form (weights stored as w)."""
+    """RMS norm in float32. `unit_offset` is Gemma's (1 + w) form (weights stored as w).
 
-    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
+    Where the rounding to the input dtype happens follows each model's transformers code, so
+    a bfloat16 model rounds as transformers does: the Llama form rounds the normalised input
+    and multiplies by the weight in the input dtype; `weight_in_float32` (OLMo 2, gpt-oss) and
+    `unit_offset` (Gemma) multiply in float32 and round once at the end."""
+
+    def __init__(
+        self, dim: int, eps: float, unit_offset: bool = False, weight_in_float32: bool = False
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.unit_offset = unit_offset
+        self.weight_in_float32 = weight_in_float32
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,4 +49,6 @@ class RMSNorm(nn.Module):
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.unit_offset:
             return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        if self.weight_in_float32:
+            return (self.weight.float() * normed).to(x.dtype)
         return self.weight * normed.to(x.dtype)

@@ -40,8 +40,28 @@ def keep_float32(model: ModuleT) -> ModuleT:
     return model
 
 
-class Rotary(nn.Module):
-    """Rotate-half rotary embedding; cos/sin are computed in float32 from absolute positions."""
+class Float32Buffers(nn.Module):
+    """A module whose float32 buffers stay float32 and unrounded through `model.to(dtype)`:
+    a bfloat16 cast would round rotary frequencies to 8 bits (a phase error that grows with
+    the position), where transformers keeps them float32. Device moves still apply."""
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        exact = {
+            name: buf
+            for name, buf in self._buffers.items()
+            if buf is not None and buf.dtype == torch.float32
+        }
+        super()._apply(fn, recurse)
+        for name, before in exact.items():
+            after = self._buffers[name]
+            assert after is not None
+            self._buffers[name] = before.to(after.device)
+        return self
+
+
+class Rotary(Float32Buffers):
+    """Rotate-half rotary embedding; cos/sin are computed in float32 from absolute positions
+    and float32 frequencies (whatever the model's dtype)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int) -> None:
         super().__init__()
@@ -177,9 +197,11 @@ def paged_attention(
     v_cached = cache[batch.cached_pages, 1, batch.cached_offsets]
     cache[batch.append_pages, 0, batch.append_offsets] = k.to(cache.dtype)
     cache[batch.append_pages, 1, batch.append_offsets] = v.to(cache.dtype)
-    keys = torch.cat((k_cached.to(k.dtype), k[batch.query_index]), dim=1)  # [B, C+Q, Hkv, D]
-    values = torch.cat((v_cached.to(v.dtype), v[batch.query_index]), dim=1)
-    queries = q[batch.query_index]  # [B, Q, Hq, D]
+    # Scores, softmax and the weighted sum in float32 over the (rounded) cached K/V, as fused
+    # attention kernels do (transformers' SDPA path); only the output is rounded.
+    keys = torch.cat((k_cached, k[batch.query_index]), dim=1).float()  # [B, C+Q, Hkv, D]
+    values = torch.cat((v_cached, v[batch.query_index]), dim=1).float()
+    queries = q[batch.query_index].float()  # [B, Q, Hq, D]
     groups = q.shape[1] // k.shape[1]
     keys = keys.repeat_interleave(groups, dim=2)
     values = values.repeat_interleave(groups, dim=2)
@@ -190,12 +212,12 @@ def paged_attention(
     if sinks is not None:
         column = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:3], 1)
         scores = torch.cat((scores, column), dim=-1)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = torch.softmax(scores, dim=-1)
     if sinks is not None:
         probs = probs[..., :-1]
     probs = torch.nan_to_num(probs)  # padded query slots see no key at all
     out = torch.einsum("bhqk,bkhd->bqhd", probs, values)
-    return out[batch.token_rows, batch.token_cols].reshape(q.shape[0], -1)
+    return out[batch.token_rows, batch.token_cols].reshape(q.shape[0], -1).to(q.dtype)
 
 
 def short_conv(

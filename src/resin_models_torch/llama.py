@@ -19,6 +19,14 @@ from resin_models_torch.layers import GatedMLP, Rotary, apply_rotary, paged_atte
 
 MlpFactory = Callable[[ModelConfig, int], nn.Module]
 
+_WEIGHT_IN_FLOAT32 = frozenset({"olmo2", "gpt_oss"})
+"""Model types whose transformers RMS norm multiplies by the weight before rounding."""
+
+
+def norm(config: ModelConfig, dim: int) -> RMSNorm:
+    """The model's RMS norm over `dim`, rounding where its transformers code rounds."""
+    return RMSNorm(dim, config.norm_eps, weight_in_float32=config.model_type in _WEIGHT_IN_FLOAT32)
+
 
 class LlamaAttention(AttentionProjections):
     def __init__(self, config: ModelConfig, slot: LayerSlot) -> None:
@@ -26,8 +34,8 @@ class LlamaAttention(AttentionProjections):
         d = config.head_dim
         # q/k norm per head (Qwen3) or over all heads at once (OLMo 2).
         q_width, k_width = (d, d) if config.qk_norm_per_head else (config.q_size, config.kv_size)
-        self.q_norm = RMSNorm(q_width, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(k_width, config.norm_eps) if config.qk_norm else None
+        self.q_norm = norm(config, q_width) if config.qk_norm else None
+        self.k_norm = norm(config, k_width) if config.qk_norm else None
         # gpt-oss: one learned "sink" logit per head joins every softmax (and takes mass).
         self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if config.sinks else None
 
@@ -51,9 +59,9 @@ class LlamaAttention(AttentionProjections):
 class LlamaLayer(nn.Module):
     def __init__(self, config: ModelConfig, index: int, slot: LayerSlot, mlp: nn.Module) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.input_layernorm = norm(config, config.hidden_size)
         self.self_attn = LlamaAttention(config, slot)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.post_attention_layernorm = norm(config, config.hidden_size)
         self.mlp = mlp
 
     def forward(
@@ -76,7 +84,7 @@ class LlamaForCausalLM(CausalLM):
         layers = nn.ModuleList(
             LlamaLayer(config, i, self.slots[i], mlp(config, i)) for i in range(config.num_layers)
         )
-        self.model = Backbone(config, layers, RMSNorm(config.hidden_size, config.norm_eps))
+        self.model = Backbone(config, layers, norm(config, config.hidden_size))
         self.rotary = Rotary(config.rope, config.rotary_dim)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -98,13 +98,14 @@ class MlaAttention(nn.Module):
         k_nope, values = kv.split([mla.nope_dim, mla.v_head_dim], dim=-1)
         shared = k_rot[:, :, None, :].expand(-1, -1, k_nope.shape[2], -1)  # one rotary key
         keys = torch.cat((k_nope, shared), dim=-1)
-        scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * self.scale
+        # Scores, softmax and the weighted sum in float32 (as fused attention kernels keep
+        # them); only the output is rounded to the model's dtype.
+        scores = torch.einsum("bqhd,bkhd->bhqk", queries.float(), keys.float()) * self.scale
         scores = scores.masked_fill(~batch.mask[:, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
-        probs = torch.nan_to_num(probs)  # padded query slots see no key at all
-        out = torch.einsum("bhqk,bkhd->bqhd", probs, values)
+        probs = torch.nan_to_num(torch.softmax(scores, dim=-1))  # padded slots see no key
+        out = torch.einsum("bhqk,bkhd->bqhd", probs, values.float())
         t = batch.token_rows.shape[0]
-        return out[batch.token_rows, batch.token_cols].reshape(t, -1)
+        return out[batch.token_rows, batch.token_cols].reshape(t, -1).to(queries.dtype)
 
 
 def paged_latents(entry: torch.Tensor, cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:

@@ -8,20 +8,19 @@ import torch
 from torch import nn
 
 from resin_model.config import ModelConfig
-from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, StepContext
 from resin_models_torch.layers import Rotary
-from resin_models_torch.llama import LlamaAttention, dense_mlp
+from resin_models_torch.llama import LlamaAttention, dense_mlp, norm
 
 
 class Olmo2Layer(nn.Module):
     def __init__(self, config: ModelConfig, index: int, slot: LayerSlot) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, slot)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.post_attention_layernorm = norm(config, config.hidden_size)
         self.mlp = dense_mlp(config, index)
-        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.post_feedforward_layernorm = norm(config, config.hidden_size)
 
     def forward(
         self, x: torch.Tensor, ctx: StepContext, cos: torch.Tensor, sin: torch.Tensor
@@ -37,7 +36,7 @@ class Olmo2ForCausalLM(CausalLM):
         layers = nn.ModuleList(
             Olmo2Layer(config, i, self.slots[i]) for i in range(config.num_layers)
         )
-        self.model = Backbone(config, layers, RMSNorm(config.hidden_size, config.norm_eps))
+        self.model = Backbone(config, layers, norm(config, config.hidden_size))
         self.rotary = Rotary(config.rope, config.head_dim)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:

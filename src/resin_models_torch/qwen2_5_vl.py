@@ -20,7 +20,7 @@ from resin.plan import BatchPlan, MediaItem
 from resin_model.config import ModelConfig, VisionConfig
 from resin_model.nn import RMSNorm
 from resin_models_torch.batch import StepContext
-from resin_models_torch.layers import GatedMLP, apply_rotary
+from resin_models_torch.layers import Float32Buffers, GatedMLP, apply_rotary
 from resin_models_torch.llama import LlamaForCausalLM
 
 
@@ -102,7 +102,7 @@ def _layout(config: VisionConfig, h: int, w: int) -> tuple[np.ndarray, np.ndarra
     return np.stack([pos_h, pos_w]), order, window[order]
 
 
-class Qwen25VisionTower(nn.Module):
+class Qwen25VisionTower(Float32Buffers):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
         self.config = config

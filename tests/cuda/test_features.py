@@ -157,10 +157,14 @@ def _teacher_forced(reference: Any, prompt: list[int], out: list[int]) -> torch.
 
 
 FILTERS: list[dict[str, Any]] = [
-    {"top_k": 3},
-    {"top_p": 0.6},
-    {"min_p": 0.2},
-    {"top_k": 4, "top_p": 0.8, "min_p": 0.05},
+    {"top_k": 3, "temperature": 4.0},
+    {"top_p": 0.6, "temperature": 4.0},
+    # min-p keeps every token whose logit is within temperature * ln(1 / min_p) of the best:
+    # at temperature 4 that is 6.4, more than the random model's logits may span (its weights
+    # are drawn on the device, so they differ between the GPU and the CPU interpreter), and the
+    # filter would then rightly keep the whole vocabulary and test nothing. At 1.5 it is 2.4.
+    {"min_p": 0.2, "temperature": 1.5},
+    {"top_k": 4, "top_p": 0.8, "min_p": 0.05, "temperature": 4.0},
 ]
 
 
@@ -168,8 +172,7 @@ def test_seeded_filters_keep_to_the_reference_allowed_sets(device: str) -> None:
     reference, fast = reference_and_fast(TINY["llama"], device)
     prompts = _prompts(256, 4, seed=8)
     requests = [
-        (prompt, SamplingParams(max_output_tokens=6, temperature=4.0, seed=11 + i,
-                                ignore_stop_tokens=True, **f))
+        (prompt, SamplingParams(max_output_tokens=6, seed=11 + i, ignore_stop_tokens=True, **f))
         for i, (prompt, f) in enumerate(zip(prompts, FILTERS, strict=True))
     ]  # fmt: skip
     batched = _run(fast, requests)

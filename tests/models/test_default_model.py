@@ -70,6 +70,18 @@ def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPat
     assert INSTALL_HINT in str(info.value)
 
 
+def test_an_environment_variable_names_the_gguf(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    packaged = default_model.default_gguf_path()
+    monkeypatch.setenv("RESIN_DEFAULT_GGUF", str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match=r"RESIN_DEFAULT_GGUF names .*missing\.gguf"):
+        default_model.default_gguf_path()
+    monkeypatch.setenv("RESIN_DEFAULT_GGUF", str(packaged))
+    monkeypatch.setattr(default_model, "DEFAULT_PACKAGE", "resin_no_such_package")
+    assert default_model.default_gguf_path() == packaged
+
+
 def test_resolve_checkpoint_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RESIN_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
