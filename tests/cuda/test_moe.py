@@ -185,8 +185,9 @@ def test_quantized_shared_expert_folds_into_the_stack(device: str, routed: str) 
     ups, downs = [fp8(2 * inner, h) for _ in range(e)], [fp8(h, inner) for _ in range(e)]
     shared_up, shared_down = fp8(4 * inner, h), fp8(h, 2 * inner)
     router = torch.randn(e, h).to(device)
-    dense_routed = ExpertWeights(router, None, torch.stack([dense(u) for u in ups]).to(device),
-                                 None, torch.stack([dense(d) for d in downs]).to(device), None)  # fmt: skip
+    dense_up = torch.stack([dense(u) for u in ups]).to(device)
+    dense_down = torch.stack([dense(d) for d in downs]).to(device)
+    dense_routed = ExpertWeights(router, None, dense_up, None, dense_down, None)
     if routed == "fp8":
         base = ExpertWeights(router, None, stack_fp8([on(u) for u in ups]), None,
                              stack_fp8([on(d) for d in downs]), None)  # fmt: skip

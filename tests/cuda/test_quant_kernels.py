@@ -98,8 +98,10 @@ def test_fp8_gemm_matches_dequantized_matmul(device: str, scheme: str, mode: str
         _close(got, x_ref @ w.T + bias.to(dtype).float(), dtype)
 
 
-@pytest.mark.parametrize(("scheme", "block_k"), [("tensor", 128), ("channel", 256),
-                                               ("block", 256), ("block", 64), ("fine", 128)])
+@pytest.mark.parametrize(
+    ("scheme", "block_k"),
+    [("tensor", 128), ("channel", 256), ("block", 256), ("block", 64), ("fine", 128)],
+)
 def test_fp8_gemv_matches_dequantized_matmul(device: str, scheme: str, block_k: int) -> None:
     """The decode GEMV over odd shapes: 1-3 rows, a partial column tile and K tile, scale
     blocks inside a tile (block: 128 wide under a 256 tile; fine: 32 wide) or spanning it;
@@ -297,8 +299,9 @@ def test_mxfp4_register_decode_reads_every_byte(device: str) -> None:
     want_w = dequantize_mxfp4(blocks, scales)[0]  # [16, 32]
     x = torch.randn(1, 32)
     w = Mxfp4Experts(blocks.to(device), scales.to(device))
-    got = mxfp4_expert_down(x.to(device), w, torch.zeros(1, dtype=torch.int32, device=device),
-                            torch.ones(1, device=device), 1, tiles=GemvTiles(16, 32, 4))  # fmt: skip
+    one = torch.zeros(1, dtype=torch.int32, device=device)
+    unit = torch.ones(1, device=device)
+    got = mxfp4_expert_down(x.to(device), w, one, unit, 1, tiles=GemvTiles(16, 32, 4))
     _close(got, x @ want_w.T, torch.float32)
 
 

@@ -38,6 +38,7 @@ from resin_models_cuda.kernels.tiles import (
     TileKey,
     add_tiles,
     gemv_tiles,
+    parse_table,
 )
 
 
@@ -245,11 +246,15 @@ def tiles_for(kernel: str, n: int, k: int, per_token: int, fmt: str = "dense") -
 
 
 def load_tiles(path: str) -> int:
-    """Add the `best` lines of a `resin bench tune-moe --graph` JSONL file (taking precedence
-    over the tuned files); returns how many."""
+    """Add a tile file's entries (`.json`: `resin bench tune-gemv --tiles-json`) or the `best`
+    lines of a `resin bench tune-moe --graph` JSONL file, taking precedence over the tuned
+    files; returns how many."""
     import json
 
     table: dict[TileKey, GemvTiles] = {}
+    if path.endswith(".json"):
+        with open(path) as f:
+            return add_tiles(parse_table(json.load(f)))
     with open(path) as f:
         for line in f:
             row = json.loads(line)

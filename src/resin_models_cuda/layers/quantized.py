@@ -115,9 +115,9 @@ def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
     (n, k), (qn, qk) = w.w.shape, w.block
     rows = x.shape[0]
     if rows <= GEMV_ROWS:  # (scale blocks of odd widths take the tile GEMM below)
-        tiles = gemv_tiles("fp8_gemv", _format_name(w), n, k, rows)
-        if fp8_tile_fits(qk, k, tiles.block_k, spans=True):
-            return fp8_gemv(x, w.w, w.scale, w.block, bias=bias, tiles=tiles)
+        gemv = gemv_tiles("fp8_gemv", _format_name(w), n, k, rows)
+        if fp8_tile_fits(qk, k, gemv.block_k, spans=True):
+            return fp8_gemv(x, w.w, w.scale, w.block, bias=bias, tiles=gemv)
     if x.dtype == torch.float32 or rows <= DECODE_ROWS:
         tiles = DECODE_TILES if x.shape[0] <= DECODE_ROWS else GemmTiles()
         if qk < k and qk % tiles.block_k:
