@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def record(kernel: str, fmt: str, n: int, k: int, r: int, tiles: Any, us: float,
                gbytes: float, model: str) -> None:  # fmt: skip
         row = {"kernel": kernel, "format": fmt, "n": n, "k": k, "rows": r, **tiles._asdict(),
-               "us": us, "tb_s": gbytes / us / 1e3 if us else 0.0, "model": model}  # fmt: skip
+               "us": us, "tb_s": gbytes / us * 1e3 if us else 0.0, "model": model}  # fmt: skip
         rows.append(row)
         key = (kernel, fmt, n, k, r)
         if us < float("inf") and (key not in best or us < best[key]["us"]):

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.fp8_quant import quantize_fp8_rows
-from resin_models_cuda.kernels.quant_tiles import fp8_quantize_rows, fp8_rows_dot
+from resin_models_cuda.kernels.quant_tiles import fp8_quantize_rows, fp8_rows_dot, gemv_qk
 from resin_models_cuda.kernels.tiles import FP8_GEMV_DEFAULT, GemvTiles
 
 
@@ -177,8 +177,9 @@ def fp8_gemv(
         return out
     _fp8_gemv_kernel[(triton.cdiv(n, tiles.block_n) * m,)](
         x, w, w_scale, w if bias is None else bias, out, m, n, k, x.stride(0), out.stride(0),
-        QN=block[0], QK=block[1], HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        QN=block[0], QK=gemv_qk(block[1], k), HAS_BIAS=bias is not None,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )  # fmt: skip
     return out
 

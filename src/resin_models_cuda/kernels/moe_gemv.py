@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
-from resin_models_cuda.kernels.quant_tiles import DENSE, MXFP4, MXFP4_DOT, rows_dot
+from resin_models_cuda.kernels.quant_tiles import DENSE, MXFP4, MXFP4_DOT, gemv_qk, rows_dot
 from resin_models_cuda.kernels.tiles import (
     DOWN_DEFAULT,
     GATE_UP_DEFAULT,
@@ -62,7 +62,10 @@ def _expert_matrix(w_ptr, s_ptr, e, N, K, W_FMT: tl.constexpr, QN: tl.constexpr,
     if W_FMT == 0:
         w_e, s_e = w_ptr + e * N * K, s_ptr
     elif W_FMT == 1:
-        w_e, s_e = w_ptr + e * N * K, s_ptr + e * tl.cdiv(N, QN) * tl.cdiv(K, QK)
+        per_expert = tl.cdiv(N, QN)  # QK 0: one scale per QN rows
+        if QK != 0:
+            per_expert = per_expert * tl.cdiv(K, QK)
+        w_e, s_e = w_ptr + e * N * K, s_ptr + e * per_expert
     else:
         w_e, s_e = w_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32)
     return w_e, s_e
@@ -182,7 +185,7 @@ def expert_gate_up(
             x, values, values if gw.scales is None else gw.scales, experts,
             values if bias is None else bias, out, x.stride(0), out.stride(0), inner, k, alpha,
             limit, ROW_DIV=row_div, ACT=ACTIVATION_CODES[act], HAS_BIAS=bias is not None,
-            W_FMT=gw.fmt, DOT_FMT=gw.dot_fmt, QN=gw.block[0], QK=gw.block[1],
+            W_FMT=gw.fmt, DOT_FMT=gw.dot_fmt, QN=gw.block[0], QK=gemv_qk(gw.block[1], k),
             BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
         )  # fmt: skip
@@ -224,7 +227,8 @@ def expert_down(
         act, values, values if gw.scales is None else gw.scales, experts, scale,
         values if bias is None else bias, summed, act.stride(0), summed.stride(0), n, k,
         TOPK=topk, HAS_BIAS=bias is not None, W_FMT=gw.fmt, DOT_FMT=gw.dot_fmt,
-        QN=gw.block[0], QK=gw.block[1], BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        QN=gw.block[0], QK=gemv_qk(gw.block[1], k), BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out.copy_(summed)

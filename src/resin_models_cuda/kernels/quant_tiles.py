@@ -160,28 +160,43 @@ def _fp8_rows_dot_blocks(x_ptr, w_ptr, s_ptr, n, nmask, K, QN: tl.constexpr, QK:
 @triton.jit
 def fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN: tl.constexpr, QK: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """float32 `W[n, :] @ x` for rows `n` of one e4m3 [N, K] matrix (scales at `s_ptr`,
-    [cdiv(N, QN), cdiv(K, QK)]); a K tile lies inside one scale block, or spans whole ones
-    (`BLOCK_K` a multiple of a power-of-two `QK`)."""
-    if QK < K and BLOCK_K > QK:
-        return _fp8_rows_dot_blocks(x_ptr, w_ptr, s_ptr, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    scale_row = s_ptr + (n // QN) * tl.cdiv(K, QK)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
-        if QK >= K:  # per-channel / per-tensor: one scale per row, applied after the loop
+    """float32 `W[n, :] @ x` for rows `n` of one e4m3 [N, K] matrix with scales at `s_ptr`:
+    `QK` 0 (`gemv_qk`: the block spans K, per-channel / per-tensor) one scale per `QN` rows,
+    [cdiv(N, QN)]; else [cdiv(N, QN), cdiv(K, QK)], a K tile inside one scale block or
+    spanning whole ones (`BLOCK_K` a multiple of a power-of-two `QK`). Every branch is
+    decided at compile time, so no tile shape of another branch is ever built."""
+    if QK == 0:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :],
+                        mask=nmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
             acc += w.to(tl.float32) * x[None, :]
-        else:  # measured faster on the H200 than a per-block reduction in the loop
+        y = tl.sum(acc, 1) * tl.load(s_ptr + n // QN, mask=nmask, other=0.0)
+    elif BLOCK_K > QK:
+        y = _fp8_rows_dot_blocks(x_ptr, w_ptr, s_ptr, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        scale_row = s_ptr + (n // QN) * tl.cdiv(K, QK)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :],
+                        mask=nmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+            # measured faster on the H200 than a per-block reduction in the loop
             s = tl.load(scale_row + k0 // QK, mask=nmask, other=0.0)
             acc += w.to(tl.float32) * (x[None, :] * s[:, None])
-    y = tl.sum(acc, 1)
-    if QK >= K:
-        y *= tl.load(scale_row, mask=nmask, other=0.0)
+        y = tl.sum(acc, 1)
     return y
+
+
+def gemv_qk(qk: int, k: int) -> int:
+    """`fp8_rows_dot`'s QK for a scale block `qk` columns wide over K: 0 where one block
+    spans K (one scale per row group)."""
+    return 0 if qk >= k else qk
 
 
 # Weight formats of the GEMV kernels (`W_FMT`, a compile-time parameter; `rows_dot` tests the
