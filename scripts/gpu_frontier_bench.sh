@@ -11,7 +11,7 @@ python="${PYTHON:-.venv/bin/python}"
 [ -x "$python" ] || python=python3
 args=(--random-weights --context-lengths 1024 --batch-sizes 1,64 --decode-contexts 1024
       --warmup "${WARMUP:-2}" --iters "${ITERS:-8}")
-after="llama-8b,llama-8b:fp8-channel,llama-8b:fp8-block,qwen3-30b-a3b,qwen3-30b-a3b:fp8-block,gpt-oss-20b:mxfp4"
+after="${AFTER_MODELS:-llama-8b,llama-8b:fp8-channel,llama-8b:fp8-block,qwen3-30b-a3b,qwen3-30b-a3b:fp8-block,gpt-oss-20b:mxfp4}"
 before="llama-8b:fp8-channel,llama-8b:fp8-block,qwen3-30b-a3b,qwen3-30b-a3b:fp8-block,gpt-oss-20b:mxfp4"
 bench() {  # tree, models, tag, seconds
     (cd "$1" && PYTHONPATH="$PWD/src:$PWD" timeout "$4" "$python" -m resin_app bench runner \

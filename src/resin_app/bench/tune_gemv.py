@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 LAYERS, REPLAYS = 12, 20
+CANDIDATES: list[tuple[int, ...]] = []  # `--candidates`: (block_n, block_k, warps) only
 DENSE_SHAPES = {  # (N, K) of batch-1 projections in FP8
     "llama-8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
     "qwen3-30b-a3b": [(5120, 2048), (2048, 4096)],
@@ -68,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--merge", type=Path, help="keep this tile file's other entries")
     p.add_argument("--only", default="mxfp4,fp8-block,dense", help="what to sweep")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop sweeping after this long")
+    p.add_argument("--candidates", default="",
+                   help="only these tiles, BLOCK_NxBLOCK_KxWARPS comma-separated")  # fmt: skip
     args = p.parse_args(argv)
+    if args.candidates:
+        CANDIDATES[:] = [tuple(int(v) for v in c.split("x")) for c in args.candidates.split(",")]
     rows: list[dict[str, Any]] = []
     best: dict[tuple[str, str, int, int, int], dict[str, Any]] = {}
     deadline = time.monotonic() + args.budget_s
@@ -120,6 +125,15 @@ def write_tiles(path: Path, best: list[dict[str, Any]], merge: Path | None) -> N
     print(f"wrote {len(entries)} tiles to {path}")
 
 
+def _chosen(candidates: list[Any]) -> list[Any]:
+    """`candidates`, or the `--candidates` tiles instead."""
+    if not CANDIDATES:
+        return candidates
+    from resin_models_cuda.kernels.tiles import GemvTiles
+
+    return [GemvTiles(*c) for c in CANDIDATES]
+
+
 def _experts(fmt: str, model: str, e: int, h: int, inner: int, k: int, bias: bool,
              record: Callable[..., None]) -> None:  # fmt: skip
     from resin_model.quant import quantize_fp8, quantize_mxfp4
@@ -156,7 +170,7 @@ def _experts(fmt: str, model: str, e: int, h: int, inner: int, k: int, bias: boo
     ks = (128, 256, 512)
     candidates = [GemvTiles(bn, bk, w) for bn in (4, 8, 16, 32) for bk in ks for w in (4, 8)
                   if bn * bk <= 8192]  # fmt: skip
-    for tiles in candidates:
+    for tiles in _chosen(candidates):
 
         def up_layers(tiles: Any = tiles) -> None:
             for w, i in zip(w_up, ids, strict=True):
@@ -181,7 +195,7 @@ def _dense(fmt: str, n: int, k: int, model: str, record: Callable[..., None]) ->
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     candidates = [GemvTiles(bn, bk, w) for bn in (4, 8, 16, 32) for bk in (256, 512, 1024)
                   for w in (4, 8) if bn * bk <= 16384]  # fmt: skip
-    for tiles in candidates:
+    for tiles in _chosen(candidates):
 
         def layers(tiles: Any = tiles) -> None:
             for w, s in ws:

@@ -120,6 +120,38 @@ def _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def _mxfp4_rows_pairs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
+                      BLOCK_G: tl.constexpr):  # fmt: skip
+    """`_mxfp4_rows_regs` with the activations read contiguously: a [groups, 16, 2] tile of
+    x (element 2j + t of a group is byte j's nibble t), each weight byte broadcast over its
+    two nibbles (shifts 0 and 4), so the loads of x are wide instead of two strided ones."""
+    groups = K // 32
+    acc = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)
+    j = tl.arange(0, 16)
+    t = tl.arange(0, 2)
+    for g0 in range(0, groups, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        gmask = g < groups
+        byte = g[:, None] * 16 + j[None, :]  # [G, 16] byte index in the row
+        col = 2 * byte[:, :, None] + t[None, None, :]  # [G, 16, 2] value index
+        x = tl.load(x_ptr + col, mask=gmask[:, None, None], other=0.0).to(tl.float32) * X_SCALE
+        wmask = nmask[:, None] & gmask[None, :]
+        w = tl.load(b_ptr + n[:, None, None].to(tl.int64) * (K // 2) + byte[None, :, :],
+                    mask=wmask[:, :, None], other=0).to(tl.int32)  # fmt: skip
+        v = e2m1_bits(w[:, :, :, None] >> (4 * t)[None, None, None, :], False)
+        part = tl.sum(tl.sum(v * x[None, :, :, :], 3), 2)
+        code = tl.load(s_ptr + n[:, None].to(tl.int64) * groups + g[None, :], mask=wmask,
+                       other=0)  # fmt: skip
+        acc += part * e8m0_shifted(code.to(tl.int32))
+    return tl.sum(acc, 1)
+
+
+# The MXFP4 GEMV's row-dot: the paired-nibble tile (`_mxfp4_rows_pairs`) or the even / odd
+# one (`_mxfp4_rows_regs`); both are exact, the H200 picks (`resin bench tune-gemv`).
+MXFP4_PAIRS = tl.constexpr(True)
+
+
+@triton.jit
 def dense_rows_dot(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -219,7 +251,10 @@ def rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, W_FMT: tl.constexpr, DOT_FMT: tl.
     elif W_FMT == 1:
         y = fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
     elif W_FMT == 2:
-        y = _mxfp4_rows_regs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
+        if MXFP4_PAIRS:
+            y = _mxfp4_rows_pairs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
+        else:
+            y = _mxfp4_rows_regs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
     else:
         y = _mxfp4_rows_dot_scaled(x_ptr, w_ptr, s_ptr, n, nmask, K, DOT_FMT, True, BLOCK_N,
                                    BLOCK_K // 32)  # fmt: skip
