@@ -290,8 +290,10 @@ def test_grouped_gemm_matches_dequantized(device: str, fmt: str, tokens: int) ->
 def test_mxfp4_register_decode_reads_every_byte(device: str) -> None:
     """The GEMV's register decode (`quant_tiles.e2m1_bits`: sign and magnitude bits placed
     into a float32, subnormal e2m1 codes included) over all 256 byte values, each row's
-    16 bytes one group under its own scale."""
+    16 bytes one group under its own scale; both register row-dots."""
+    from resin_models_cuda.kernels.moe_gemv import GemvWeights, expert_down
     from resin_models_cuda.kernels.moe_mxfp4 import Mxfp4Experts, mxfp4_expert_down
+    from resin_models_cuda.kernels.quant_tiles import MXFP4_PAIRS
     from resin_models_cuda.kernels.tiles import GemvTiles
 
     blocks = torch.arange(256, dtype=torch.uint8).reshape(1, 16, 1, 16)
@@ -302,6 +304,10 @@ def test_mxfp4_register_decode_reads_every_byte(device: str) -> None:
     one = torch.zeros(1, dtype=torch.int32, device=device)
     unit = torch.ones(1, device=device)
     got = mxfp4_expert_down(x.to(device), w, one, unit, 1, tiles=GemvTiles(16, 32, 4))
+    _close(got, x @ want_w.T, torch.float32)
+    # The paired-nibble row-dot (contiguous activation loads) reads them the same.
+    paired = GemvWeights(w.blocks, w.scales, MXFP4_PAIRS)
+    got = expert_down(x.to(device), paired, one, unit, 1, tiles=GemvTiles(8, 64, 4))
     _close(got, x @ want_w.T, torch.float32)
 
 

@@ -29,7 +29,14 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
-from resin_models_cuda.kernels.quant_tiles import DENSE, MXFP4, MXFP4_DOT, gemv_qk, rows_dot
+from resin_models_cuda.kernels.quant_tiles import (
+    DENSE,
+    MXFP4,
+    MXFP4_DOT,
+    MXFP4_PAIRS,
+    gemv_qk,
+    rows_dot,
+)
 from resin_models_cuda.kernels.tiles import (
     DOWN_DEFAULT,
     GATE_UP_DEFAULT,
@@ -236,7 +243,7 @@ def expert_down(
 
 def _shape(w: GemvWeights) -> tuple[int, int, int]:
     """(E, N, K) of the stack."""
-    if w.fmt in (MXFP4, MXFP4_DOT):
+    if w.fmt in (MXFP4, MXFP4_DOT, MXFP4_PAIRS):
         e, n, g, _ = w.values.shape
         return int(e), int(n), int(g) * 32
     e, n, k = w.values.shape

@@ -146,11 +146,6 @@ def _mxfp4_rows_pairs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
     return tl.sum(acc, 1)
 
 
-# The MXFP4 GEMV's row-dot: the paired-nibble tile (`_mxfp4_rows_pairs`) or the even / odd
-# one (`_mxfp4_rows_regs`); both are exact, the H200 picks (`resin bench tune-gemv`).
-MXFP4_PAIRS = tl.constexpr(True)
-
-
 @triton.jit
 def dense_rows_dot(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
@@ -237,6 +232,10 @@ DENSE = 0
 FP8 = 1
 MXFP4 = 2  # decoded in registers
 MXFP4_DOT = 3  # through tl.dot_scaled (DOT_FMT: "bf16" / "fp16")
+# Decoded in registers with the activations read contiguously (`_mxfp4_rows_pairs`): exact
+# on the CPU interpreter, not yet timed on the GPU (MXFP4, timed on the H200 at ~0.7-0.9 TB/s
+# of MXFP4 bytes, integer-bound, is the default): compare with `resin bench tune-gemv`.
+MXFP4_PAIRS = 4
 
 
 @triton.jit
@@ -251,10 +250,9 @@ def rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, W_FMT: tl.constexpr, DOT_FMT: tl.
     elif W_FMT == 1:
         y = fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
     elif W_FMT == 2:
-        if MXFP4_PAIRS:
-            y = _mxfp4_rows_pairs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
-        else:
-            y = _mxfp4_rows_regs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
+        y = _mxfp4_rows_regs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
+    elif W_FMT == 4:
+        y = _mxfp4_rows_pairs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
     else:
         y = _mxfp4_rows_dot_scaled(x_ptr, w_ptr, s_ptr, n, nmask, K, DOT_FMT, True, BLOCK_N,
                                    BLOCK_K // 32)  # fmt: skip
