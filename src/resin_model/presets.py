@@ -44,6 +44,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                             "original_max_position_embeddings": 4096},
     },
+    "gpt-oss-120b": {  # the published config: gpt-oss-20b's layer, 36 layers of 128 experts
+        "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
+        "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 4096},
+    },
     "gemma3-12b": {
         "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 3840,
         "intermediate_size": 15360, "num_hidden_layers": 48, "num_attention_heads": 16,
@@ -231,3 +240,19 @@ def weight_bytes_read(config: ModelConfig, batch: int, dtype_bytes: int = 2) -> 
     touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
     routed = sparse * touched * _expert_params(config) * expert
     return int(head * dtype_bytes + shared * dense + routed)
+
+
+def checkpoint_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
+    """Bytes of the model's weights as its format stores them (`stored_bytes` per weight; the
+    embedding and an untied LM head in `dtype_bytes`; norms, biases and FP8 scales, under 1%,
+    left out): what a model built on one device should hold, to within a few percent."""
+    _, total = param_counts(config)
+    head = config.vocab_size * config.hidden_size
+    embedding = 0 if config.tie_embeddings else head
+    dense, expert = stored_bytes(config, dtype_bytes)
+    experts = 0
+    if config.moe is not None:
+        sparse = sum(config.is_sparse(i) for i in range(config.num_layers))
+        experts = sparse * config.moe.num_experts * _expert_params(config)
+    rest = total - head - experts
+    return int((head + embedding) * dtype_bytes + rest * dense + experts * expert)

@@ -44,6 +44,7 @@ from resin.protocols import CacheLayout, RunnerConfig
 from resin_model.config import ModelConfig
 from resin_model.hf_config import load_config
 from resin_model.media_cache import MediaFeatures, StepMedia
+from resin_model.presets import checkpoint_bytes
 from resin_model.quant_checkpoint import QuantFormat, quantization_config
 from resin_model.quant_config import parse_quant_config
 from resin_models_cuda.architectures import build_model
@@ -102,7 +103,16 @@ def random_runner(
     if quantize is not None:
         source = QuantizingWeights(source, quantize)
         config = replace(config, quant=parse_quant_config(quantization_config(quantize)))
-    return CudaRunner(build_model(config, source, options.build_options()), options)
+    start = time.perf_counter()
+    model = build_model(config, source, options.build_options())
+    log.info(
+        "random weights: %.2f GB on %s, %.2f GB as stored, in %.1f s",
+        model.nbytes() / 1e9,
+        device,
+        checkpoint_bytes(config, dtype.itemsize) / 1e9,
+        time.perf_counter() - start,
+    )
+    return CudaRunner(model, options)
 
 
 def load_runner(
@@ -137,9 +147,9 @@ def load_model(
     finally:
         if isinstance(source, SafetensorsWeights):
             source.close()
-    read = source.loaded_bytes if isinstance(source, SafetensorsWeights) else model.nbytes()
+    read = source.loaded_bytes if isinstance(source, SafetensorsWeights) else source.stored_bytes
     log.info(
-        "weights: %.2f GB read, %.2f GB as %s on %s, in %.1f s",
+        "weights: %.2f GB stored, %.2f GB as %s on %s, in %.1f s",
         read / 1e9,
         model.nbytes() / 1e9,
         str(dtype).removeprefix("torch."),

@@ -157,6 +157,62 @@ def test_shared_experts_fold_into_the_expert_stack(device: str) -> None:
         torch.testing.assert_close(layer(x).float(), expect, atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("routed", ["fp8", "dense"])
+def test_quantized_shared_expert_folds_into_the_stack(device: str, routed: str) -> None:
+    """GLM-4.5-Air-FP8 / DeepSeek-V3's layout: an FP8 shared expert (128 x 128 scale blocks,
+    a shared width of two experts that cuts those blocks) beside FP8 routed experts stays
+    FP8, beside dense ones is dequantized into the stack; either equals the MoE of the
+    dequantized weights on both paths. MXFP4 routed experts with a shared one are refused."""
+    from resin_model.quant import dequantize_fp8, quantize_fp8
+    from resin_models_cuda.kernels.moe_fp8 import Fp8Experts
+    from resin_models_cuda.kernels.moe_mxfp4 import Mxfp4Experts
+    from resin_models_cuda.layers import ExpertWeights, MoE
+    from resin_models_cuda.layers.quantized import Fp8Weight, stack_fp8
+
+    torch.manual_seed(7)
+    e, h, inner, k, block = 4, 160, 48, 2, (128, 128)
+    moe = MoeConfig(e, k, inner, True, (True,), shared_intermediate_size=2 * inner)
+
+    def fp8(*shape: int) -> Fp8Weight:
+        return Fp8Weight(*quantize_fp8(torch.randn(shape) * 0.3, block), block)
+
+    def dense(w: Fp8Weight) -> torch.Tensor:
+        return dequantize_fp8(w.w, w.scale, w.block)
+
+    def on(w: Fp8Weight) -> Fp8Weight:
+        return Fp8Weight(w.w.to(device), w.scale.to(device), w.block)
+
+    ups, downs = [fp8(2 * inner, h) for _ in range(e)], [fp8(h, inner) for _ in range(e)]
+    shared_up, shared_down = fp8(4 * inner, h), fp8(h, 2 * inner)
+    router = torch.randn(e, h).to(device)
+    dense_up = torch.stack([dense(u) for u in ups]).to(device)
+    dense_down = torch.stack([dense(d) for d in downs]).to(device)
+    dense_routed = ExpertWeights(router, None, dense_up, None, dense_down, None)
+    if routed == "fp8":
+        base = ExpertWeights(router, None, stack_fp8([on(u) for u in ups]), None,
+                             stack_fp8([on(d) for d in downs]), None)  # fmt: skip
+    else:
+        base = dense_routed
+    folded = base.with_shared(on(shared_up), on(shared_down))
+    assert folded.shared == 2
+    assert isinstance(folded.gate_up, Fp8Experts) == (routed == "fp8")
+    x = torch.randn(5, h).to(device)
+    weight, expert = MoE(moe, base, "silu").route(x)
+    gate, up = F.linear(x.float().cpu(), dense(shared_up)).chunk(2, dim=-1)
+    want = _reference(moe, dense_routed, x, weight, expert).cpu()
+    want += F.linear(F.silu(gate) * up, dense(shared_down))
+    for pairs in (10**6, 0):  # expert GEMV, grouped GEMM
+        got = MoE(moe, folded, "silu", gemv_max_pairs=pairs)(x).float().cpu()
+        torch.testing.assert_close(got, want, atol=2e-3 * want.abs().max().item(), rtol=2e-3)
+    mx = Mxfp4Experts(torch.zeros(e, 2 * inner, h // 32, 16, dtype=torch.uint8),
+                      torch.zeros(e, 2 * inner, h // 32, dtype=torch.uint8))  # fmt: skip
+    with pytest.raises(ValueError, match="Mxfp4Experts"):
+        ExpertWeights(router, None, mx, None, mx, None).with_shared(shared_up, shared_down)
+    with pytest.raises(ValueError, match="FP8 routed experts need FP8 shared"):
+        base_fp8 = ExpertWeights(router, None, stack_fp8(ups), None, stack_fp8(downs), None)
+        base_fp8.with_shared(dense(shared_up), dense(shared_down))
+
+
 @pytest.mark.parametrize(
     "tiles",
     [(4, 128, 4, 1), (16, 64, 4, 1), (8, 32, 4, 2), (32, 128, 8, 1)],

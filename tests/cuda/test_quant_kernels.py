@@ -98,6 +98,46 @@ def test_fp8_gemm_matches_dequantized_matmul(device: str, scheme: str, mode: str
         _close(got, x_ref @ w.T + bias.to(dtype).float(), dtype)
 
 
+@pytest.mark.parametrize(
+    ("scheme", "block_k"),
+    [("tensor", 128), ("channel", 256), ("block", 256), ("block", 64), ("fine", 128)],
+)
+def test_fp8_gemv_matches_dequantized_matmul(device: str, scheme: str, block_k: int) -> None:
+    """The decode GEMV over odd shapes: 1-3 rows, a partial column tile and K tile, scale
+    blocks inside a tile (block: 128 wide under a 256 tile; fine: 32 wide) or spanning it;
+    float32 and float16 activations, a bias."""
+    from resin_models_cuda.kernels.fp8_gemm import fp8_gemv
+    from resin_models_cuda.kernels.tiles import GemvTiles
+
+    torch.manual_seed(block_k + len(scheme))
+    n, k = 70, 416
+    block = {"fine": (32, 32), "block": (128, 128)}.get(scheme) or _weight_block(scheme, n, k)
+    w_q, w_s = quantize_fp8(torch.randn(n, k) * 0.3, block)
+    w = dequantize_fp8(w_q, w_s, block)
+    bias = torch.randn(n)
+    d = device
+    for dtype, m in zip(_dtypes(device), (1, 3, 2), strict=False):
+        x = torch.randn(m, k).to(dtype)
+        got = fp8_gemv(x.to(d), w_q.to(d), w_s.to(d), block, bias=bias.to(dtype).to(d),
+                       tiles=GemvTiles(16, block_k, 4))  # fmt: skip
+        assert got.dtype == dtype
+        _close(got, x.float() @ w.T + bias.to(dtype).float(), dtype)
+
+
+def test_fp8_linear_takes_the_gemv_for_few_rows(device: str) -> None:
+    """`fp8_linear` up to `GEMV_ROWS` rows (the GEMV) and above (the tile GEMM) agree with the
+    dequantized matmul."""
+    from resin_models_cuda.layers.quantized import GEMV_ROWS, Fp8Weight, fp8_linear
+
+    torch.manual_seed(5)
+    w_q, w_s = quantize_fp8(torch.randn(48, 256) * 0.3, (128, 128))
+    w = dequantize_fp8(w_q, w_s, (128, 128))
+    weight = Fp8Weight(w_q.to(device), w_s.to(device), (128, 128))
+    for m in (GEMV_ROWS, GEMV_ROWS + 1):
+        x = torch.randn(m, 256)
+        _close(fp8_linear(x.to(device), weight, None), x @ w.T, torch.float32)
+
+
 def test_fp8_gemm_tile_shapes_agree(device: str) -> None:
     """Tile sizes, row grouping, warps, stages and K splits (with a bias added once) compute
     the same result; the output dtype follows `x` unless named."""
@@ -247,9 +287,34 @@ def test_grouped_gemm_matches_dequantized(device: str, fmt: str, tokens: int) ->
         _close(out, want, dtype)
 
 
+def test_mxfp4_register_decode_reads_every_byte(device: str) -> None:
+    """The GEMV's register decode (`quant_tiles.e2m1_bits`: sign and magnitude bits placed
+    into a float32, subnormal e2m1 codes included) over all 256 byte values, each row's
+    16 bytes one group under its own scale; both register row-dots."""
+    from resin_models_cuda.kernels.moe_gemv import GemvWeights, expert_down
+    from resin_models_cuda.kernels.moe_mxfp4 import Mxfp4Experts, mxfp4_expert_down
+    from resin_models_cuda.kernels.quant_tiles import MXFP4_PAIRS
+    from resin_models_cuda.kernels.tiles import GemvTiles
+
+    blocks = torch.arange(256, dtype=torch.uint8).reshape(1, 16, 1, 16)
+    scales = torch.arange(120, 136, dtype=torch.uint8).reshape(1, 16, 1)
+    want_w = dequantize_mxfp4(blocks, scales)[0]  # [16, 32]
+    x = torch.randn(1, 32)
+    w = Mxfp4Experts(blocks.to(device), scales.to(device))
+    one = torch.zeros(1, dtype=torch.int32, device=device)
+    unit = torch.ones(1, device=device)
+    got = mxfp4_expert_down(x.to(device), w, one, unit, 1, tiles=GemvTiles(16, 32, 4))
+    _close(got, x @ want_w.T, torch.float32)
+    # The paired-nibble row-dot (contiguous activation loads) reads them the same.
+    paired = GemvWeights(w.blocks, w.scales, MXFP4_PAIRS)
+    got = expert_down(x.to(device), paired, one, unit, 1, tiles=GemvTiles(8, 64, 4))
+    _close(got, x @ want_w.T, torch.float32)
+
+
 def test_mxfp4_register_and_dot_scaled_paths_agree(device: str) -> None:
-    """16-bit activations take `tl.dot_scaled` unless asked not to; both match the
-    dequantized weights (GEMV and grouped GEMM)."""
+    """The GEMV decodes in registers unless asked for `tl.dot_scaled`, the grouped GEMM takes
+    `tl.dot_scaled` for 16-bit activations unless asked not to; all match the dequantized
+    weights."""
     from resin_models_cuda.kernels.moe_gemv import GemvTiles
     from resin_models_cuda.kernels.moe_grouped import align_pairs
     from resin_models_cuda.kernels.moe_mxfp4 import mxfp4_expert_down, mxfp4_grouped_gemm

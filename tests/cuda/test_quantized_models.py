@@ -117,17 +117,28 @@ def test_fast_deepseek_router_reads_the_float32_bias(tmp_path: Path, device: str
 
 
 def test_random_weights_quantized_on_the_device(device: str) -> None:
-    """The benchmark's quantized random models (`random_runner(..., quantize=FMT)`)."""
+    """The benchmark's quantized random models (`random_runner(..., quantize=FMT)`): FP8 MoE
+    experts per expert as published FP8 checkpoints store them (GLM-4.5-Air's shared expert
+    too), and the device bytes near the stored format's (`checkpoint_bytes`; tiny models'
+    norms and biases are a larger share than real ones')."""
     from resin_model.hf_config import parse_config
+    from resin_model.presets import checkpoint_bytes
     from resin_models_cuda import RunnerOptions
     from resin_models_cuda.runner import random_runner
 
     options = RunnerOptions(page_size=4, max_batch=2, max_context=32, num_pages=8)
-    for arch, fmt in (("llama", "fp8-channel"), ("qwen3_moe", "fp8-block"), ("gpt_oss", "mxfp4")):
-        model = random_runner(parse_config(TINY[arch]), options, device, torch.float32,
+    cases = (("llama", "fp8-channel"), ("qwen3_moe", "fp8-block"), ("gpt_oss", "mxfp4"),
+             ("glm4_moe", "fp8-block"))  # fmt: skip
+    for arch, fmt in cases:
+        config = parse_config(TINY[arch])
+        model = random_runner(config, options, device, torch.float32,
                               quantize=fmt).model  # type: ignore[arg-type]  # fmt: skip
         assert model.config.quant is not None
         _assert_kept_quantized(model, fmt)
+        if arch == "glm4_moe":  # the shared expert folded into the FP8 stack
+            assert model.layers[-1].mlp.w.shared == 1
+        stored = checkpoint_bytes(model.config, 4)
+        assert 0.9 < model.nbytes() / stored < 1.25, (arch, model.nbytes(), stored)
 
 
 def test_fused_and_sliced_fp8_weights_keep_their_exact_values() -> None:

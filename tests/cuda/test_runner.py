@@ -83,11 +83,13 @@ def test_preset_parameter_counts_match_the_published_sizes() -> None:
     from resin_model.presets import param_counts
 
     billions = {name: param_counts(preset(name))[1] / 1e9 for name in
-                ("llama-8b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma3-12b",
+                ("llama-8b", "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", "gemma3-12b",
                  "glm-4.5-air")}  # fmt: skip
     assert 6.5 < billions["llama-8b"] < 8.1  # 8.0B with the embedding
     assert 29 < billions["qwen3-30b-a3b"] < 31
     assert 19.5 < billions["gpt-oss-20b"] < 21.5
+    assert 115 < billions["gpt-oss-120b"] < 118  # 116.8B with the embedding, 5.1B active
+    assert 4.5 < param_counts(preset("gpt-oss-120b"))[0] / 1e9 < 5.5
     assert 10.5 < billions["gemma3-12b"] < 12.5
     assert 105 < billions["glm-4.5-air"] < 107.5  # 106B with the embedding, 12B active
     assert 11.5 < param_counts(preset("glm-4.5-air"))[0] / 1e9 < 13

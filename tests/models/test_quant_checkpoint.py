@@ -172,3 +172,22 @@ def test_weight_bytes_count_the_stored_format() -> None:
     assert fp8 == (weight_bytes_read(llama, 1) - head) // 2 + head
     mxfp4 = weight_bytes_read(quantized("gpt-oss-20b", "mxfp4"), 64)
     assert mxfp4 < weight_bytes_read(preset("gpt-oss-20b"), 64) / 3
+
+
+def test_stored_bytes_of_the_published_checkpoints() -> None:
+    """`checkpoint_bytes`, what a model built on one device should hold: the published
+    checkpoints' sizes (gpt-oss-120b's 36 layers of 128 MXFP4 experts ~65 GB, which one
+    H200 holds; GLM-4.5-Air-FP8 ~108 GB; Llama-3.1-8B bf16 ~16 GB)."""
+    from dataclasses import replace
+
+    from resin_model.presets import checkpoint_bytes, preset
+    from resin_model.quant_checkpoint import quantization_config
+    from resin_model.quant_config import parse_quant_config
+
+    big = preset("gpt-oss-120b")
+    assert (big.num_layers, big.moe.num_experts, big.moe.top_k) == (36, 128, 4)  # type: ignore[union-attr]
+    mxfp4 = parse_quant_config(quantization_config("mxfp4"))
+    assert 63e9 < checkpoint_bytes(replace(big, quant=mxfp4)) < 67e9
+    fp8 = parse_quant_config(quantization_config("fp8-block"))
+    assert 105e9 < checkpoint_bytes(replace(preset("glm-4.5-air"), quant=fp8)) < 111e9
+    assert 15.5e9 < checkpoint_bytes(preset("llama-8b")) < 16.5e9

@@ -40,6 +40,7 @@ TOOLS: dict[str, Tool] = {
     "recipes": Tool("resin_app.bench.recipes", "chat recipe render and parse throughput"),
     "preprocess": Tool("resin_app.bench.preprocess", "image preprocessing vs transformers"),
     "tune-moe": Tool("resin_app.bench.tune_moe", "GPU: MoE kernel tile sweeps"),
+    "tune-gemv": Tool("resin_app.bench.tune_gemv", "GPU: quantized GEMV tile sweeps -> tile file"),
     "quant-kernels": Tool("resin_app.bench.quant_kernels", "GPU: FP8 / MXFP4 kernels beside bf16"),
     "checkpoint": Tool(
         "resin_app.bench.checkpoint", "write a random-weights checkpoint folder of real shapes"

@@ -363,11 +363,9 @@ def moe_variants(src: torch.Tensor, w: Experts, r: Routing) -> list[Variant]:
         for t in sweep:
             out.append(Variant(c.fmt, "triton_gemv", str(tuple(t)),
                                partial(_gemv, src, w, r, c.fmt, t)))  # fmt: skip
-        if c.fmt == "mxfp4":  # in registers instead of tl.dot_scaled; without fast math
-            regs = partial(_gemv, src, w, r, c.fmt, sweep[1], dot_scaled=False)
-            out.append(Variant(c.fmt, "triton_gemv_regs", str(tuple(sweep[1])), regs))
-            exact = partial(_gemv, src, w, r, c.fmt, sweep[1], fast_math=False)
-            out.append(Variant(c.fmt, "triton_gemv_exact", str(tuple(sweep[1])), exact))
+        if c.fmt == "mxfp4":  # through tl.dot_scaled instead of the register decode
+            dot = partial(_gemv, src, w, r, c.fmt, sweep[1], dot_scaled=True)
+            out.append(Variant(c.fmt, "triton_gemv_dot_scaled", str(tuple(sweep[1])), dot))
     shapes: tuple[tuple[int, int, int, int], ...] = (
         (64, 64, 3, 4),
         (64, 128, 4, 4),

@@ -142,7 +142,7 @@ def _bench_model(
     from resin.protocols import CacheLayout
     from resin_app.bench.plans import PagedPlanner
     from resin_app.bench.runner_bench import RunnerBench
-    from resin_model.presets import preset
+    from resin_model.presets import checkpoint_bytes, preset
     from resin_model.quant_checkpoint import check_format
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
@@ -159,6 +159,9 @@ def _bench_model(
         quantize = check_format(fmt, preset(base).model_type) if fmt else None
         runner = random_runner(preset(base), options, str(device), dtype, quantize=quantize)
     load_s = time.perf_counter() - t0
+    held, stored = runner.model.nbytes(), checkpoint_bytes(runner.config, dtype.itemsize)
+    print(f"{name}: weights {held / 1e9:.2f} GB on the device, {stored / 1e9:.2f} GB as stored "
+          f"({held / stored:.3f}x), built in {load_s:.1f} s")  # fmt: skip
     groups = len(runner.model.group_kinds)
     decode_pages = -(-(max(args.decode_contexts) + steps + 1) // args.page_size)
     prefill_pages = -(-max(args.context_lengths) // args.page_size)
@@ -187,7 +190,8 @@ def _bench_model(
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine(),
         "torch": torch.__version__, "triton": _triton_version(), "load_s": load_s,
         "capture_s": capture_s, "ceiling_bandwidth_tb_s": ceilings.bandwidth / 1e12,
-        "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": runner.model.nbytes(),
+        "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": held,
+        "stored_weight_bytes": stored,
         "cuda_graphs": not args.no_cuda_graphs, "moe_gemv_max_pairs": args.moe_gemv_max_pairs,
         "kv_bytes_per_token": rc.page_bytes // args.page_size,
         "llama_kv_bytes_per_token": 2 * runner.config.hidden_size * runner.config.num_layers

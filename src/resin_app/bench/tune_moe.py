@@ -115,8 +115,8 @@ def tune_graph(args: argparse.Namespace) -> None:
     distinct weights (so each reads DRAM, not L2) captured in one CUDA graph, replayed; per
     layer us (`down` with its zero fill and cast). Timing kernels one at a time (`do_bench`)
     ranked the tiles differently and picked slower ones for the model. Writes every row, and a
-    `best` row per (kernel, shape) for `resin bench runner --gemv-tiles` / the `TUNED` table;
-    a dense shape gets one only where the GEMV beats cuBLAS by 3%."""
+    `best` row per (kernel, shape) for `resin bench runner --gemv-tiles` / the tile file
+    `kernels/tuned/h200.json`; a dense shape gets one only where the GEMV beats cuBLAS by 3%."""
     from resin_models_cuda.kernels.moe_gemv import GemvTiles, expert_down, expert_gate_up
 
     def dense_gemv(x: torch.Tensor, w: torch.Tensor, tiles: GemvTiles) -> torch.Tensor:

@@ -16,6 +16,8 @@ Three ways to take the activations (`fp8_gemm`):
 Each K tile lies inside one weight scale block (`qk % BLOCK_K == 0`, or one block spans K), so
 a tile's partial sum is scaled once per output column. `scaled_mm_fp8` is the cuBLASLt path
 for per-tensor / per-channel weights (`torch._scaled_mm`, row-wise scales), to measure against.
+`fp8_gemv` is the decode path for a few rows: one program per (row, column tile), the FMA
+row-dot of the expert GEMVs (`quant_tiles.fp8_rows_dot`), no padding to a tensor-core tile.
 Grid-stable, no host sync: CUDA-graph safe.
 """
 
@@ -28,7 +30,8 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.fp8_quant import quantize_fp8_rows
-from resin_models_cuda.kernels.quant_tiles import fp8_quantize_rows
+from resin_models_cuda.kernels.quant_tiles import fp8_quantize_rows, fp8_rows_dot, gemv_qk
+from resin_models_cuda.kernels.tiles import FP8_GEMV_DEFAULT, GemvTiles
 
 
 class GemmTiles(NamedTuple):
@@ -106,6 +109,79 @@ def _fp8_gemm_kernel(
         tl.atomic_add(out, acc, mask=mmask[:, None] & nmask[None, :])
     else:
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    x_ptr,  # [M, K] float, row stride stride_x
+    w_ptr,  # float8e4nv [N, K] contiguous
+    ws_ptr,  # float32 [cdiv(N, QN), cdiv(K, QK)] contiguous
+    bias_ptr,  # [N] (HAS_BIAS)
+    out_ptr,  # [M, N], row stride stride_o
+    M,
+    N,
+    K,
+    stride_x,
+    stride_o,
+    QN: tl.constexpr,
+    QK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # The rows of one weight tile are neighbouring programs, so a tile read for one row is in
+    # L2 for the others: DRAM sees the weights about once.
+    pid = tl.program_id(0)
+    row = (pid % M).to(tl.int64)
+    n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    y = fp8_rows_dot(x_ptr + row * stride_x, w_ptr, ws_ptr, n, nmask, K, QN, QK, BLOCK_N,
+                     BLOCK_K)  # fmt: skip
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + n, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + n, y.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+def fp8_tile_fits(qk: int, k: int, block_k: int, spans: bool = False) -> bool:
+    """Whether K tiles of `block_k` stay inside one scale block of `qk` columns (or one block
+    spans K), or, `spans` (the row-dot of the GEMVs), cover whole power-of-two blocks."""
+    if qk >= k or qk % block_k == 0:
+        return True
+    return spans and block_k % qk == 0 and qk & (qk - 1) == 0
+
+
+def fp8_gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    block: tuple[int, int],
+    *,
+    bias: torch.Tensor | None = None,
+    tiles: GemvTiles | None = None,
+) -> torch.Tensor:
+    """`x` [M, K] (a few rows, any float dtype) @ dequantized `w` [N, K]^T (+ bias) -> [M, N]
+    in `x`'s dtype: each program one row and `tiles.block_n` output columns, streaming its
+    e4m3 rows in wide tiles converted in registers (float32 products and sums). For decode,
+    where the bytes are the weights and a tensor-core tile would be mostly padding."""
+    tiles = tiles or FP8_GEMV_DEFAULT
+    assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 2
+    (m, k), n = x.shape, w.shape[0]
+    assert w.shape[1] == k, (x.shape, w.shape)
+    check_fp8_weight(w, w_scale, block)
+    assert fp8_tile_fits(block[1], k, tiles.block_k, spans=True), (block, tiles.block_k)
+    assert x.dtype in (torch.bfloat16, torch.float16, torch.float32), x.dtype
+    if bias is not None:
+        assert bias.shape == (n,) and bias.is_contiguous()
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    _fp8_gemv_kernel[(triton.cdiv(n, tiles.block_n) * m,)](
+        x, w, w_scale, w if bias is None else bias, out, m, n, k, x.stride(0), out.stride(0),
+        QN=block[0], QK=gemv_qk(block[1], k), HAS_BIAS=bias is not None,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return out
 
 
 def check_fp8_weight(w: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int]) -> None:

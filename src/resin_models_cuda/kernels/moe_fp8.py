@@ -26,11 +26,18 @@ import torch
 import triton
 import triton.language as tl
 
-from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
-from resin_models_cuda.kernels.fp8_gemm import check_fp8_weight
-from resin_models_cuda.kernels.moe_gemv import DOWN_DEFAULT, GATE_UP_DEFAULT, GemvTiles
+from resin_models_cuda.kernels.activation import Activation
+from resin_models_cuda.kernels.fp8_gemm import check_fp8_weight, fp8_tile_fits
+from resin_models_cuda.kernels.moe_gemv import (
+    DOWN_DEFAULT,
+    GATE_UP_DEFAULT,
+    GemvTiles,
+    GemvWeights,
+    expert_down,
+    expert_gate_up,
+)
 from resin_models_cuda.kernels.moe_grouped import AlignedPairs, pair_block, store_pairs
-from resin_models_cuda.kernels.quant_tiles import fp8_quantize_rows
+from resin_models_cuda.kernels.quant_tiles import FP8, fp8_quantize_rows
 
 
 class Fp8Experts(NamedTuple):
@@ -41,110 +48,14 @@ class Fp8Experts(NamedTuple):
     scale: torch.Tensor
     block: tuple[int, int]
 
-    def check(self, block_k: int) -> tuple[int, int, int]:
-        """Asserts the layout and that K tiles of `block_k` stay inside a scale block;
-        returns (E, N, K)."""
+    def check(self, block_k: int, spans: bool = False) -> tuple[int, int, int]:
+        """Asserts the layout and that K tiles of `block_k` stay inside a scale block (or,
+        `spans`: the GEMV's row-dot, cover whole power-of-two blocks); returns (E, N, K)."""
         assert self.w.dim() == 3, self.w.shape
         check_fp8_weight(self.w, self.scale, self.block)
         e, n, k = self.w.shape
-        assert self.block[1] % block_k == 0 or self.block[1] >= k, (self.block, block_k)
+        assert fp8_tile_fits(self.block[1], k, block_k, spans), (self.block, block_k)
         return e, n, k
-
-
-@triton.jit
-def _fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN: tl.constexpr, QK: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """float32 `W[n, :] @ x` for rows `n` of one expert's e4m3 [N, K] matrix (scales at
-    `s_ptr`, [cdiv(N, QN), cdiv(K, QK)])."""
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    scale_row = s_ptr + (n // QN) * tl.cdiv(K, QK)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
-                    other=0.0)  # fmt: skip
-        if QK >= K:  # per-channel / per-tensor: one scale per row, applied after the loop
-            acc += w.to(tl.float32) * x[None, :]
-        else:  # measured faster on the H200 than a per-block reduction in the loop
-            s = tl.load(scale_row + k0 // QK, mask=nmask, other=0.0)
-            acc += w.to(tl.float32) * (x[None, :] * s[:, None])
-    y = tl.sum(acc, 1)
-    if QK >= K:
-        y *= tl.load(scale_row, mask=nmask, other=0.0)
-    return y
-
-
-@triton.jit
-def _fp8_gate_up_kernel(
-    x_ptr,  # [R, K], row stride stride_x
-    w_ptr,  # e4m3 [E, 2I, K]: gate rows, then up rows
-    s_ptr,  # float32 [E, cdiv(2I, QN), cdiv(K, QK)]
-    expert_ptr,  # int [P]
-    bias_ptr,  # [E, 2I] (HAS_BIAS)
-    out_ptr,  # [P, I], row stride stride_o
-    stride_x,
-    stride_o,
-    INTER,
-    K,
-    alpha,
-    limit,
-    QN: tl.constexpr,
-    QK: tl.constexpr,
-    ROW_DIV: tl.constexpr,
-    ACT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    p = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < INTER
-    e = tl.load(expert_ptr + p).to(tl.int64)
-    x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
-    w_e = w_ptr + e * 2 * INTER * K
-    s_e = s_ptr + e * tl.cdiv(2 * INTER, QN) * tl.cdiv(K, QK)
-    gate = _fp8_rows_dot(x_row, w_e, s_e, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
-    up = _fp8_rows_dot(x_row, w_e, s_e, n + INTER, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
-    if HAS_BIAS:
-        gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
-        up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
-    out = gated(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), alpha, limit, ACT,
-                dtype)  # fmt: skip
-    tl.store(out_ptr + p.to(tl.int64) * stride_o + n, out.to(dtype), mask=nmask)
-
-
-@triton.jit
-def _fp8_down_kernel(
-    act_ptr,  # [T * TOPK, K], row stride stride_a
-    w_ptr,  # e4m3 [E, N, K]
-    s_ptr,  # float32 [E, cdiv(N, QN), cdiv(K, QK)]
-    expert_ptr,  # int [T * TOPK]
-    scale_ptr,  # float32 [T * TOPK]: routing weights
-    bias_ptr,  # [E, N] (HAS_BIAS)
-    out_ptr,  # float32 [T, N] zeroed, row stride stride_o
-    stride_a,
-    stride_o,
-    N,
-    K,
-    QN: tl.constexpr,
-    QK: tl.constexpr,
-    TOPK: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    p = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
-    e = tl.load(expert_ptr + p).to(tl.int64)
-    s_e = s_ptr + e * tl.cdiv(N, QN) * tl.cdiv(K, QK)
-    y = _fp8_rows_dot(act_ptr + p * stride_a, w_ptr + e * N * K, s_e, n, nmask, K, QN, QK,
-                      BLOCK_N, BLOCK_K)  # fmt: skip
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
-    tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, tl.load(scale_ptr + p) * y, mask=nmask)
 
 
 @triton.jit
@@ -254,27 +165,13 @@ def fp8_expert_gate_up(
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
-    """`x` [R, H], `w` [E, 2I, H] FP8, `experts` [P] -> activated [P, I], as
-    `moe_gemv.expert_gate_up`."""
+    """`x` [R, H], `w` [E, 2I, H] FP8, `experts` [P] -> activated [P, I]: the expert GEMV
+    (`moe_gemv.expert_gate_up`) with the FP8 row-dot."""
     tiles = tiles or GATE_UP_DEFAULT
-    assert x.dim() == 2 and x.stride(1) == 1 and experts.dim() == 1
-    num_experts, two_inner, k = w.check(tiles.block_k)
-    assert x.shape[1] == k and two_inner % 2 == 0
-    inner, pairs = two_inner // 2, experts.shape[0]
-    if bias is not None:
-        assert bias.shape == (num_experts, two_inner) and bias.is_contiguous()
-    if out is None:
-        out = torch.empty((pairs, inner), dtype=x.dtype, device=x.device)
-    assert out.shape == (pairs, inner) and out.stride(1) == 1
-    if pairs:
-        _fp8_gate_up_kernel[(pairs, triton.cdiv(inner, tiles.block_n))](
-            x, w.w, w.scale, experts, w.w if bias is None else bias, out, x.stride(0),
-            out.stride(0), inner, k, alpha, limit, QN=w.block[0], QK=w.block[1],
-            ROW_DIV=row_div, ACT=ACTIVATION_CODES[act], HAS_BIAS=bias is not None,
-            BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages,
-        )  # fmt: skip
-    return out
+    w.check(tiles.block_k, spans=True)
+    return expert_gate_up(x, fp8_gemv_weights(w), experts, act=act, bias=bias,
+                          row_div=row_div, alpha=alpha, limit=limit, out=out,
+                          tiles=tiles)  # fmt: skip
 
 
 def fp8_expert_down(
@@ -289,27 +186,13 @@ def fp8_expert_down(
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """`act` [T * topk, I] (token-major pairs), `w` [E, H, I] FP8, `scale` float32
-    [T * topk] -> [T, H]: each token's weighted sum over its experts, as
-    `moe_gemv.expert_down`."""
+    [T * topk] -> [T, H]: each token's weighted sum over its experts
+    (`moe_gemv.expert_down` with the FP8 row-dot)."""
     tiles = tiles or DOWN_DEFAULT
-    assert act.dim() == 2 and act.stride(1) == 1
-    num_experts, n, k = w.check(tiles.block_k)
-    pairs = experts.shape[0]
-    assert act.shape == (pairs, k) and pairs % topk == 0
-    assert scale.dtype == torch.float32 and scale.shape == (pairs,) and scale.is_contiguous()
-    if bias is not None:
-        assert bias.shape == (num_experts, n) and bias.is_contiguous()
-    tokens = pairs // topk
-    if out is None:
-        out = torch.empty((tokens, n), dtype=act.dtype, device=act.device)
-    assert out.shape == (tokens, n) and out.stride(1) == 1
-    if not tokens:
-        return out
-    summed = torch.zeros((tokens, n), dtype=torch.float32, device=act.device)
-    _fp8_down_kernel[(pairs, triton.cdiv(n, tiles.block_n))](
-        act, w.w, w.scale, experts, scale, w.w if bias is None else bias, summed,
-        act.stride(0), summed.stride(0), n, k, QN=w.block[0], QK=w.block[1], TOPK=topk,
-        HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
-    return out.copy_(summed)
+    w.check(tiles.block_k, spans=True)
+    return expert_down(act, fp8_gemv_weights(w), experts, scale, topk, bias=bias, out=out,
+                       tiles=tiles)  # fmt: skip
+
+
+def fp8_gemv_weights(w: Fp8Experts) -> GemvWeights:
+    return GemvWeights(w.w, w.scale, FP8, w.block)

@@ -12,10 +12,12 @@ CUDA-graph safe).
   the whole GPU.
 
 At decode batch sizes pairs rarely share an expert, so each pair reading its expert once is
-the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). Programs keep a
-2-D float32 accumulator and reduce it once after the K loop. The tile shape (`GemvTiles`)
-depends on the layer's shape: `tiles_for` reads `TUNED`, the H200's best from
-`resin bench tune-moe --graph`.
+the minimum traffic; larger batches use the grouped GEMM (`moe_grouped.py`). One kernel per
+role for every weight format (`W_FMT`, compile time: dense, FP8, MXFP4; `GemvWeights`): the
+row-dot (`quant_tiles.rows_dot`) is the only part that differs, so the prologue (pair,
+expert, row) and the epilogue (bias, fused activation or weighted atomic sum) exist once.
+The tile shape (`GemvTiles`) depends on the layer's shape and format: `tiles_for` reads the
+GPU's tuned file (`tiles.py`).
 """
 
 from __future__ import annotations
@@ -27,35 +29,60 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
+from resin_models_cuda.kernels.quant_tiles import (
+    DENSE,
+    MXFP4,
+    MXFP4_DOT,
+    MXFP4_PAIRS,
+    gemv_qk,
+    rows_dot,
+)
+from resin_models_cuda.kernels.tiles import (
+    DOWN_DEFAULT,
+    GATE_UP_DEFAULT,
+    KERNELS,
+    GemvTiles,
+    TileKey,
+    add_tiles,
+    gemv_tiles,
+    parse_table,
+)
 
 
-class GemvTiles(NamedTuple):
-    """Launch shape of one expert-GEMV kernel (tuned by `resin bench tune-moe --graph`)."""
+class GemvWeights(NamedTuple):
+    """A stack of expert matrices [E, N, K] as the GEMV kernels read it: `values` (dense
+    [E, N, K], e4m3 [E, N, K], or MXFP4 bytes [E, N, K / 32, 16]), `scales` (FP8 float32
+    [E, cdiv(N, qn), cdiv(K, qk)], MXFP4 e8m0 [E, N, K / 32]; None when dense), the format
+    code (`quant_tiles.DENSE` / `FP8` / `MXFP4` / `MXFP4_DOT`) and the FP8 scale block."""
 
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int = 1
+    values: torch.Tensor
+    scales: torch.Tensor | None
+    fmt: int
+    block: tuple[int, int] = (1, 1)
+    dot_fmt: str = ""  # MXFP4_DOT: "bf16" / "fp16"
 
 
 @triton.jit
-def _dot_rows(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nmask[:, None] & kmask[None, :],
-                    other=0.0)  # fmt: skip
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, 1)
+def _expert_matrix(w_ptr, s_ptr, e, N, K, W_FMT: tl.constexpr, QN: tl.constexpr,
+                   QK: tl.constexpr):  # fmt: skip
+    """Pointers to expert `e`'s values and scales in a stack of [N, K] matrices."""
+    if W_FMT == 0:
+        w_e, s_e = w_ptr + e * N * K, s_ptr
+    elif W_FMT == 1:
+        per_expert = tl.cdiv(N, QN)  # QK 0: one scale per QN rows
+        if QK != 0:
+            per_expert = per_expert * tl.cdiv(K, QK)
+        w_e, s_e = w_ptr + e * N * K, s_ptr + e * per_expert
+    else:
+        w_e, s_e = w_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32)
+    return w_e, s_e
 
 
 @triton.jit
 def _gate_up_kernel(
     x_ptr,  # [R, K], row stride stride_x, last dim contiguous
-    w_ptr,  # [E, 2I, K] contiguous: gate rows, then up rows
+    w_ptr,  # [E, 2I, K] in format W_FMT: gate rows, then up rows
+    s_ptr,  # its scales (W_FMT != DENSE)
     expert_ptr,  # int32/int64 [P]: expert of each pair
     bias_ptr,  # [E, 2I] (read when HAS_BIAS)
     out_ptr,  # [P, I], row stride stride_o
@@ -68,6 +95,10 @@ def _gate_up_kernel(
     ROW_DIV: tl.constexpr,  # x row of pair p: p // ROW_DIV
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    W_FMT: tl.constexpr,
+    DOT_FMT: tl.constexpr,
+    QN: tl.constexpr,
+    QK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -76,9 +107,10 @@ def _gate_up_kernel(
     nmask = n < INTER
     e = tl.load(expert_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
-    w_gate = w_ptr + e * 2 * INTER * K
-    gate = _dot_rows(x_row, w_gate, n, nmask, K, BLOCK_N, BLOCK_K)
-    up = _dot_rows(x_row, w_gate + INTER * K, n, nmask, K, BLOCK_N, BLOCK_K)
+    w_e, s_e = _expert_matrix(w_ptr, s_ptr, e, 2 * INTER, K, W_FMT, QN, QK)
+    gate = rows_dot(x_row, w_e, s_e, n, nmask, K, W_FMT, DOT_FMT, QN, QK, BLOCK_N, BLOCK_K)
+    up = rows_dot(x_row, w_e, s_e, n + INTER, nmask, K, W_FMT, DOT_FMT, QN, QK, BLOCK_N,
+                  BLOCK_K)  # fmt: skip
     if HAS_BIAS:
         gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
         up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
@@ -92,7 +124,8 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     act_ptr,  # [T * TOPK, K], row stride stride_a: pair rows, token-major
-    w_ptr,  # [E, N, K] contiguous
+    w_ptr,  # [E, N, K] in format W_FMT
+    s_ptr,  # its scales (W_FMT != DENSE)
     expert_ptr,  # int32/int64 [T * TOPK]
     scale_ptr,  # fp32 [T * TOPK]: routing weights
     bias_ptr,  # [E, N] (read when HAS_BIAS)
@@ -103,6 +136,10 @@ def _down_kernel(
     K,
     TOPK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    W_FMT: tl.constexpr,
+    DOT_FMT: tl.constexpr,
+    QN: tl.constexpr,
+    QK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -110,15 +147,21 @@ def _down_kernel(
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     e = tl.load(expert_ptr + p).to(tl.int64)
-    y = _dot_rows(act_ptr + p * stride_a, w_ptr + e * N * K, n, nmask, K, BLOCK_N, BLOCK_K)
+    w_e, s_e = _expert_matrix(w_ptr, s_ptr, e, N, K, W_FMT, QN, QK)
+    y = rows_dot(act_ptr + p * stride_a, w_e, s_e, n, nmask, K, W_FMT, DOT_FMT, QN, QK, BLOCK_N,
+                 BLOCK_K)  # fmt: skip
     if HAS_BIAS:
         y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
     tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, tl.load(scale_ptr + p) * y, mask=nmask)
 
 
+def _as_gemv(w: torch.Tensor | GemvWeights) -> GemvWeights:
+    return w if isinstance(w, GemvWeights) else GemvWeights(w, None, DENSE)
+
+
 def expert_gate_up(
     x: torch.Tensor,
-    w: torch.Tensor,
+    w: torch.Tensor | GemvWeights,
     experts: torch.Tensor,
     *,
     act: Activation = "silu",
@@ -129,31 +172,36 @@ def expert_gate_up(
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
-    """`x` [R, H], `w` [E, 2I, H], `experts` [P] -> activated `[P, I]` (pair p reads row
-    `p // row_div` of `x`); `tiles` default: `GATE_UP_DEFAULT`."""
+    """`x` [R, H], `w` [E, 2I, H] (dense, or any format as `GemvWeights`: the quantized
+    modules' wrappers check their layouts), `experts` [P] -> activated `[P, I]` (pair p reads
+    row `p // row_div` of `x`); `tiles` default: `GATE_UP_DEFAULT`."""
     tiles = tiles or GATE_UP_DEFAULT
-    assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
-    _, two_inner, k = w.shape
+    gw = _as_gemv(w)
+    assert x.dim() == 2 and x.stride(1) == 1 and gw.values.is_contiguous()
+    e, two_inner, k = _shape(gw)
     assert x.shape[1] == k and two_inner % 2 == 0 and experts.dim() == 1
     inner, pairs = two_inner // 2, experts.shape[0]
     if bias is not None:
-        assert bias.shape == (w.shape[0], two_inner) and bias.is_contiguous()
+        assert bias.shape == (e, two_inner) and bias.is_contiguous()
     if out is None:
         out = torch.empty((pairs, inner), dtype=x.dtype, device=x.device)
     assert out.shape == (pairs, inner) and out.stride(1) == 1
     if pairs:
+        values = gw.values
         _gate_up_kernel[(pairs, triton.cdiv(inner, tiles.block_n))](
-            x, w, experts, w if bias is None else bias, out, x.stride(0), out.stride(0),
-            inner, k, alpha, limit, ROW_DIV=row_div, ACT=ACTIVATION_CODES[act],
-            HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            x, values, values if gw.scales is None else gw.scales, experts,
+            values if bias is None else bias, out, x.stride(0), out.stride(0), inner, k, alpha,
+            limit, ROW_DIV=row_div, ACT=ACTIVATION_CODES[act], HAS_BIAS=bias is not None,
+            W_FMT=gw.fmt, DOT_FMT=gw.dot_fmt, QN=gw.block[0], QK=gemv_qk(gw.block[1], k),
+            BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages,
         )  # fmt: skip
     return out
 
 
 def expert_down(
     act: torch.Tensor,
-    w: torch.Tensor,
+    w: torch.Tensor | GemvWeights,
     experts: torch.Tensor,
     scale: torch.Tensor,
     topk: int,
@@ -162,17 +210,18 @@ def expert_down(
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
-    """`act` [T * topk, I] (token-major pairs), `w` [E, H, I], `scale` fp32 [T * topk] ->
-    `[T, H]` in `act`'s dtype: each token's weighted sum over its experts (`tiles` default:
-    `DOWN_DEFAULT`; one expert of weight 1 makes it a dense GEMV)."""
+    """`act` [T * topk, I] (token-major pairs), `w` [E, H, I] (dense or `GemvWeights`),
+    `scale` fp32 [T * topk] -> `[T, H]` in `act`'s dtype: each token's weighted sum over its
+    experts (`tiles` default: `DOWN_DEFAULT`; one expert of weight 1 makes it a dense GEMV)."""
     tiles = tiles or DOWN_DEFAULT
-    assert act.dim() == 2 and act.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
-    _, n, k = w.shape
+    gw = _as_gemv(w)
+    assert act.dim() == 2 and act.stride(1) == 1 and gw.values.is_contiguous()
+    e, n, k = _shape(gw)
     pairs = experts.shape[0]
     assert act.shape == (pairs, k) and pairs % topk == 0
     assert scale.dtype == torch.float32 and scale.shape == (pairs,) and scale.is_contiguous()
     if bias is not None:
-        assert bias.shape == (w.shape[0], n) and bias.is_contiguous()
+        assert bias.shape == (e, n) and bias.is_contiguous()
     tokens = pairs // topk
     if out is None:
         out = torch.empty((tokens, n), dtype=act.dtype, device=act.device)
@@ -180,47 +229,48 @@ def expert_down(
     if not tokens:
         return out
     summed = torch.zeros((tokens, n), dtype=torch.float32, device=act.device)
+    values = gw.values
     _down_kernel[(pairs, triton.cdiv(n, tiles.block_n))](
-        act, w, experts, scale, w if bias is None else bias, summed, act.stride(0),
-        summed.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
-        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        act, values, values if gw.scales is None else gw.scales, experts, scale,
+        values if bias is None else bias, summed, act.stride(0), summed.stride(0), n, k,
+        TOPK=topk, HAS_BIAS=bias is not None, W_FMT=gw.fmt, DOT_FMT=gw.dot_fmt,
+        QN=gw.block[0], QK=gemv_qk(gw.block[1], k), BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out.copy_(summed)
 
 
-# Measured best launch shapes at batch 1, keyed by (kernel, N, K, pairs per token); other
-# shapes take the kernel's default. From `resin bench tune-moe --graph` on the H200 (12 layers of
-# distinct weights in one CUDA graph; docs/benchmarks.md), microseconds per layer in comments.
-# `load_tiles` adds a sweep's file (`resin bench runner --gemv-tiles`).
-GATE_UP_DEFAULT = GemvTiles(16, 128, 8)
-DOWN_DEFAULT = GemvTiles(32, 128, 8)
-TUNED: dict[tuple[str, int, int, int], GemvTiles] = {
-    ("gate_up", 1536, 2048, 8): GemvTiles(8, 128, 8),  # Qwen3-30B-A3B, 15.5
-    ("down", 2048, 768, 8): DOWN_DEFAULT,  # 11.4
-    ("gate_up", 5760, 2880, 4): GATE_UP_DEFAULT,  # gpt-oss-20b, 37.8
-    ("down", 2880, 2880, 4): GemvTiles(16, 128, 8),  # 24.0
-    ("gate_up", 2816, 2048, 8): GATE_UP_DEFAULT,  # DeepSeek-V2-Lite (6 + 2 shared), 25.9
-    ("down", 2048, 1408, 8): DOWN_DEFAULT,  # 16.6
-}
+def _shape(w: GemvWeights) -> tuple[int, int, int]:
+    """(E, N, K) of the stack."""
+    if w.fmt in (MXFP4, MXFP4_DOT, MXFP4_PAIRS):
+        e, n, g, _ = w.values.shape
+        return int(e), int(n), int(g) * 32
+    e, n, k = w.values.shape
+    return int(e), int(n), int(k)
 
 
-def tiles_for(kernel: str, n: int, k: int, per_token: int) -> GemvTiles:
-    default = GATE_UP_DEFAULT if kernel == "gate_up" else DOWN_DEFAULT
-    return TUNED.get((kernel, n, k, per_token), default)
+def tiles_for(kernel: str, n: int, k: int, per_token: int, fmt: str = "dense") -> GemvTiles:
+    """The launch shape of `kernel` ("gate_up" / "down") for experts [E, n, k] in `fmt` at
+    `per_token` pairs per token (`tiles.gemv_tiles`: the GPU's tuned file, else defaults)."""
+    return gemv_tiles(kernel, fmt, n, k, per_token)
 
 
 def load_tiles(path: str) -> int:
-    """Add the `best` lines of a `resin bench tune-moe --graph` JSONL file to `TUNED`; returns
-    how many."""
+    """Add a tile file's entries (`.json`: `resin bench tune-gemv --tiles-json`) or the `best`
+    lines of a `resin bench tune-moe --graph` JSONL file, taking precedence over the tuned
+    files; returns how many."""
     import json
 
-    count = 0
+    table: dict[TileKey, GemvTiles] = {}
+    if path.endswith(".json"):
+        with open(path) as f:
+            return add_tiles(parse_table(json.load(f)))
     with open(path) as f:
         for line in f:
             row = json.loads(line)
-            if row.get("best") and row["kernel"] in ("gate_up", "down"):
-                key = (row["kernel"], row["n"], row["k"], row["per_token"])
-                TUNED[key] = GemvTiles(*(row[name] for name in GemvTiles._fields))
-                count += 1
-    return count
+            if row.get("best") and row["kernel"] in KERNELS:
+                key = TileKey(row["kernel"], row.get("format", "dense"), row["n"], row["k"],
+                              row.get("rows", row.get("per_token", 1)))  # fmt: skip
+                table[key] = GemvTiles(*(row[name] for name in GemvTiles._fields))
+    return add_tiles(table)

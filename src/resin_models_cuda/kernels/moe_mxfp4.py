@@ -30,10 +30,17 @@ import torch
 import triton
 import triton.language as tl
 
-from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
-from resin_models_cuda.kernels.moe_gemv import DOWN_DEFAULT, GATE_UP_DEFAULT, GemvTiles
+from resin_models_cuda.kernels.activation import Activation
+from resin_models_cuda.kernels.moe_gemv import (
+    DOWN_DEFAULT,
+    GATE_UP_DEFAULT,
+    GemvTiles,
+    GemvWeights,
+    expert_down,
+    expert_gate_up,
+)
 from resin_models_cuda.kernels.moe_grouped import AlignedPairs, pair_block, store_pairs
-from resin_models_cuda.kernels.quant_tiles import mxfp4_rows_dot, mxfp4_tile
+from resin_models_cuda.kernels.quant_tiles import MXFP4, MXFP4_DOT, mxfp4_tile
 
 GROUP = 32
 
@@ -56,77 +63,6 @@ class Mxfp4Experts(NamedTuple):
         assert block_k % GROUP == 0, block_k
         e, n, g = s.shape
         return e, n, g * GROUP
-
-
-@triton.jit
-def _mxfp4_gate_up_kernel(
-    x_ptr,  # [R, K], row stride stride_x
-    b_ptr,  # uint8 [E, 2I, K / 2]: gate rows, then up rows
-    s_ptr,  # uint8 [E, 2I, K / 32]
-    expert_ptr,  # int [P]
-    bias_ptr,  # [E, 2I] (HAS_BIAS)
-    out_ptr,  # [P, I], row stride stride_o
-    stride_x,
-    stride_o,
-    INTER,
-    K,
-    alpha,
-    limit,
-    ROW_DIV: tl.constexpr,
-    ACT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    FMT: tl.constexpr,
-    FAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-):
-    p = tl.program_id(0)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < INTER
-    e = tl.load(expert_ptr + p).to(tl.int64)
-    x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
-    b_e = b_ptr + e * 2 * INTER * (K // 2)
-    s_e = s_ptr + e * 2 * INTER * (K // 32)
-    gate = mxfp4_rows_dot(x_row, b_e, s_e, n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
-    up = mxfp4_rows_dot(x_row, b_e, s_e, n + INTER, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
-    if HAS_BIAS:
-        gate += tl.load(bias_ptr + e * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)
-        up += tl.load(bias_ptr + e * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
-    out = gated(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), alpha, limit, ACT,
-                dtype)  # fmt: skip
-    tl.store(out_ptr + p.to(tl.int64) * stride_o + n, out.to(dtype), mask=nmask)
-
-
-@triton.jit
-def _mxfp4_down_kernel(
-    act_ptr,  # [T * TOPK, K], row stride stride_a
-    b_ptr,  # uint8 [E, N, K / 2]
-    s_ptr,  # uint8 [E, N, K / 32]
-    expert_ptr,  # int [T * TOPK]
-    scale_ptr,  # float32 [T * TOPK]: routing weights
-    bias_ptr,  # [E, N] (HAS_BIAS)
-    out_ptr,  # float32 [T, N] zeroed, row stride stride_o
-    stride_a,
-    stride_o,
-    N,
-    K,
-    TOPK: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    FMT: tl.constexpr,
-    FAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-):
-    p = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < N
-    e = tl.load(expert_ptr + p).to(tl.int64)
-    b_e, s_e = b_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32)
-    y = mxfp4_rows_dot(act_ptr + p * stride_a, b_e, s_e, n, nmask, K, FMT, FAST, BLOCK_N, BLOCK_G)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
-    tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, tl.load(scale_ptr + p) * y, mask=nmask)
 
 
 @triton.jit
@@ -248,31 +184,15 @@ def mxfp4_expert_gate_up(
     limit: float = 7.0,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
-    dot_scaled: bool = True,
-    fast_math: bool = True,
+    dot_scaled: bool = False,
 ) -> torch.Tensor:
-    """`x` [R, H], `w` [E, 2I, H] MXFP4, `experts` [P] -> activated [P, I], as
-    `moe_gemv.expert_gate_up` (`tiles.block_k`: a multiple of 32)."""
+    """`x` [R, H], `w` [E, 2I, H] MXFP4, `experts` [P] -> activated [P, I]: the expert GEMV
+    (`moe_gemv.expert_gate_up`) with the MXFP4 row-dot (`tiles.block_k`: a multiple of 32)."""
     tiles = tiles or GATE_UP_DEFAULT
-    assert x.dim() == 2 and x.stride(1) == 1 and experts.dim() == 1
-    num_experts, two_inner, k = w.check(tiles.block_k)
-    assert x.shape[1] == k and two_inner % 2 == 0
-    inner, pairs = two_inner // 2, experts.shape[0]
-    if bias is not None:
-        assert bias.shape == (num_experts, two_inner) and bias.is_contiguous()
-    if out is None:
-        out = torch.empty((pairs, inner), dtype=x.dtype, device=x.device)
-    assert out.shape == (pairs, inner) and out.stride(1) == 1
-    if pairs:
-        _mxfp4_gate_up_kernel[(pairs, triton.cdiv(inner, tiles.block_n))](
-            x, w.blocks, w.scales, experts, w.blocks if bias is None else bias, out,
-            x.stride(0), out.stride(0), inner, k, alpha, limit, ROW_DIV=row_div,
-            ACT=ACTIVATION_CODES[act], HAS_BIAS=bias is not None,
-            FMT=_dot_format(x, dot_scaled), FAST=fast_math, BLOCK_N=tiles.block_n,
-            BLOCK_G=tiles.block_k // GROUP, num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages,
-        )  # fmt: skip
-    return out
+    w.check(tiles.block_k)
+    return expert_gate_up(x, mxfp4_gemv_weights(w, x, dot_scaled), experts, act=act,
+                          bias=bias, row_div=row_div, alpha=alpha, limit=limit, out=out,
+                          tiles=tiles)  # fmt: skip
 
 
 def mxfp4_expert_down(
@@ -285,30 +205,21 @@ def mxfp4_expert_down(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
-    dot_scaled: bool = True,
-    fast_math: bool = True,
+    dot_scaled: bool = False,
 ) -> torch.Tensor:
     """`act` [T * topk, I] (token-major pairs), `w` [E, H, I] MXFP4, `scale` float32
-    [T * topk] -> [T, H], as `moe_gemv.expert_down`."""
+    [T * topk] -> [T, H], as `moe_gemv.expert_down` with the MXFP4 row-dot."""
     tiles = tiles or DOWN_DEFAULT
-    assert act.dim() == 2 and act.stride(1) == 1
-    num_experts, n, k = w.check(tiles.block_k)
-    pairs = experts.shape[0]
-    assert act.shape == (pairs, k) and pairs % topk == 0
-    assert scale.dtype == torch.float32 and scale.shape == (pairs,) and scale.is_contiguous()
-    if bias is not None:
-        assert bias.shape == (num_experts, n) and bias.is_contiguous()
-    tokens = pairs // topk
-    if out is None:
-        out = torch.empty((tokens, n), dtype=act.dtype, device=act.device)
-    assert out.shape == (tokens, n) and out.stride(1) == 1
-    if not tokens:
-        return out
-    summed = torch.zeros((tokens, n), dtype=torch.float32, device=act.device)
-    _mxfp4_down_kernel[(pairs, triton.cdiv(n, tiles.block_n))](
-        act, w.blocks, w.scales, experts, scale, w.blocks if bias is None else bias, summed,
-        act.stride(0), summed.stride(0), n, k, TOPK=topk, HAS_BIAS=bias is not None,
-        FMT=_dot_format(act, dot_scaled), FAST=fast_math, BLOCK_N=tiles.block_n,
-        BLOCK_G=tiles.block_k // GROUP, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
-    return out.copy_(summed)
+    w.check(tiles.block_k)
+    return expert_down(act, mxfp4_gemv_weights(w, act, dot_scaled), experts, scale, topk,
+                       bias=bias, out=out, tiles=tiles)  # fmt: skip
+
+
+def mxfp4_gemv_weights(w: Mxfp4Experts, x: torch.Tensor, dot_scaled: bool) -> GemvWeights:
+    """The GEMV's view of `w`: decoded in registers (`quant_tiles.e2m1_bits`; a GEMV row has
+    no 16 rows to fill a tensor-core tile), or through `tl.dot_scaled` when asked for and
+    `x` is 16-bit."""
+    fmt = _dot_format(x, dot_scaled)
+    if fmt == "fp32":
+        return GemvWeights(w.blocks, w.scales, MXFP4)
+    return GemvWeights(w.blocks, w.scales, MXFP4_DOT, dot_fmt=fmt)

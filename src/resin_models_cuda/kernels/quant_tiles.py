@@ -8,8 +8,9 @@ shared by the FP8 and MXFP4 kernels:
 - `e2m1_x4`: an e2m1 code (0..15) as float32, times 4 (integer arithmetic, exact);
 - `e8m0_quarter`: an e8m0 exponent as float32 `2 ** (code - 127) / 4`, by building its bits
   (codes 0..2 flush to 0: their true values are below 2**-125, far under any weight's scale);
-- `mxfp4_rows_dot`: float32 `W[n, :] @ x` over MXFP4 rows (the expert GEMV's inner loop),
-  through `tl.dot_scaled` or decoded here; `mxfp4_tile`: one nibble of a K tile decoded for
+- `rows_dot`: float32 `W[n, :] @ x` over rows of one matrix in any weight format (dense,
+  FP8, MXFP4 decoded here by `e2m1_bits` or through `tl.dot_scaled`): the inner loop of every
+  GEMV kernel, which differ in nothing else; `mxfp4_tile`: one nibble of a K tile decoded for
   `tl.dot` (the grouped GEMM's register path).
 """
 
@@ -66,10 +67,38 @@ def e8m0_quarter(code):
 
 
 @triton.jit
+def e2m1_bits(b, HIGH: tl.constexpr):
+    """The low (or HIGH) e2m1 nibble of int32 bytes `b` as float32 `value * 2 ** -126`: the
+    sign to bit 31 and the three magnitude bits (e1 e0 m) to bits 24..22, which makes an
+    exponent field of e and a mantissa of m / 2, so e > 0 reads 2 ** (e - 127) * (1 + m / 2)
+    and e == 0 the subnormal m * 2 ** -127: e2m1's values times 2 ** -126 in four integer
+    operations (no table, no branch)."""
+    if HIGH:
+        b = b >> 4
+    return (((b & 0x8) << 28) | ((b & 0x7) << 22)).to(tl.float32, bitcast=True)
+
+
+# `e2m1_bits` values are scaled by 2 ** -126 and the activations by 2 ** X_SHIFT, so products
+# stay normal floats for activations above 2 ** -100; the group scale takes back 2 ** (126 - X).
+X_SHIFT = tl.constexpr(100)
+X_SCALE = tl.constexpr(2.0**100)
+
+
+@triton.jit
+def e8m0_shifted(code):
+    """int32 e8m0 codes -> float32 `2 ** (code - 127 + 126 - X_SHIFT)` (codes whose value
+    would be subnormal flush to 0: real weight scales are far above them)."""
+    biased = tl.minimum(tl.maximum(code + 126 - X_SHIFT, 0), 254)
+    return (biased << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
                     BLOCK_G: tl.constexpr):  # fmt: skip
     """float32 `W[n, :] @ x` for rows `n` of one expert's MXFP4 matrix (bytes [N, K / 2],
-    scales [N, K / 32]), `BLOCK_G` groups of 32 values per step."""
+    scales [N, K / 32]), `BLOCK_G` groups of 32 values per step: a [rows, groups, 16 bytes]
+    tile (16-byte loads along each row), each nibble decoded by `e2m1_bits` and multiplied by
+    the (pre-scaled) activation, summed per group before its scale multiplies once."""
     groups = K // 32
     acc = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)
     j = tl.arange(0, 16)
@@ -79,13 +108,155 @@ def _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
         byte = g[:, None] * 16 + j[None, :]  # [G, 16] byte index in the row
         x_even = tl.load(x_ptr + 2 * byte, mask=gmask[:, None], other=0.0).to(tl.float32)
         x_odd = tl.load(x_ptr + 2 * byte + 1, mask=gmask[:, None], other=0.0).to(tl.float32)
+        x_even, x_odd = x_even * X_SCALE, x_odd * X_SCALE
         wmask = nmask[:, None] & gmask[None, :]
-        w = tl.load(b_ptr + n[:, None, None] * (K // 2) + byte[None, :, :],
+        w = tl.load(b_ptr + n[:, None, None].to(tl.int64) * (K // 2) + byte[None, :, :],
                     mask=wmask[:, :, None], other=0).to(tl.int32)  # fmt: skip
-        part = e2m1_x4(w & 15) * x_even[None, :, :] + e2m1_x4(w >> 4) * x_odd[None, :, :]
-        code = tl.load(s_ptr + n[:, None] * groups + g[None, :], mask=wmask, other=0)
-        acc += tl.sum(part, 2) * e8m0_quarter(code.to(tl.int32))
+        part = e2m1_bits(w, False) * x_even[None, :, :] + e2m1_bits(w, True) * x_odd[None, :, :]
+        code = tl.load(s_ptr + n[:, None].to(tl.int64) * groups + g[None, :], mask=wmask,
+                       other=0)  # fmt: skip
+        acc += tl.sum(part, 2) * e8m0_shifted(code.to(tl.int32))
     return tl.sum(acc, 1)
+
+
+@triton.jit
+def _mxfp4_rows_pairs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
+                      BLOCK_G: tl.constexpr):  # fmt: skip
+    """`_mxfp4_rows_regs` with the activations read contiguously: a [groups, 16, 2] tile of
+    x (element 2j + t of a group is byte j's nibble t), each weight byte broadcast over its
+    two nibbles (shifts 0 and 4), so the loads of x are wide instead of two strided ones."""
+    groups = K // 32
+    acc = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)
+    j = tl.arange(0, 16)
+    t = tl.arange(0, 2)
+    for g0 in range(0, groups, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        gmask = g < groups
+        byte = g[:, None] * 16 + j[None, :]  # [G, 16] byte index in the row
+        col = 2 * byte[:, :, None] + t[None, None, :]  # [G, 16, 2] value index
+        x = tl.load(x_ptr + col, mask=gmask[:, None, None], other=0.0).to(tl.float32) * X_SCALE
+        wmask = nmask[:, None] & gmask[None, :]
+        w = tl.load(b_ptr + n[:, None, None].to(tl.int64) * (K // 2) + byte[None, :, :],
+                    mask=wmask[:, :, None], other=0).to(tl.int32)  # fmt: skip
+        v = e2m1_bits(w[:, :, :, None] >> (4 * t)[None, None, None, :], False)
+        part = tl.sum(tl.sum(v * x[None, :, :, :], 3), 2)
+        code = tl.load(s_ptr + n[:, None].to(tl.int64) * groups + g[None, :], mask=wmask,
+                       other=0)  # fmt: skip
+        acc += part * e8m0_shifted(code.to(tl.int32))
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def dense_rows_dot(x_ptr, w_ptr, n, nmask, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 `W[n, :] @ x` for a tile of rows `n` of a row-major [N, K] matrix."""
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _fp8_rows_dot_blocks(x_ptr, w_ptr, s_ptr, n, nmask, K, QN: tl.constexpr, QK: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """`fp8_rows_dot` with K tiles of several scale blocks: a [rows, blocks, QK] tile, each
+    block's scale broadcast over its QK columns (wide tiles keep many bytes in flight when
+    the scale block is narrow, as DeepSeek / Qwen3's 128 is)."""
+    G: tl.constexpr = BLOCK_K // QK
+    acc = tl.zeros([BLOCK_N, G, QK], tl.float32)
+    sk = tl.cdiv(K, QK)
+    scale_row = s_ptr + (n // QN) * sk
+    j = tl.arange(0, QK)
+    for k0 in range(0, K, BLOCK_K):
+        blk = k0 // QK + tl.arange(0, G)
+        k = blk[:, None] * QK + j[None, :]  # [G, QK]
+        kmask = k < K
+        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + n[:, None, None].to(tl.int64) * K + k[None, :, :],
+                    mask=nmask[:, None, None] & kmask[None, :, :], other=0.0)  # fmt: skip
+        s = tl.load(scale_row[:, None] + blk[None, :], mask=nmask[:, None] & (blk < sk)[None, :],
+                    other=0.0)  # fmt: skip
+        acc += w.to(tl.float32) * (x[None, :, :] * s[:, :, None])
+    return tl.sum(tl.sum(acc, 2), 1)
+
+
+@triton.jit
+def fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN: tl.constexpr, QK: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """float32 `W[n, :] @ x` for rows `n` of one e4m3 [N, K] matrix with scales at `s_ptr`:
+    `QK` 0 (`gemv_qk`: the block spans K, per-channel / per-tensor) one scale per `QN` rows,
+    [cdiv(N, QN)]; else [cdiv(N, QN), cdiv(K, QK)], a K tile inside one scale block or
+    spanning whole ones (`BLOCK_K` a multiple of a power-of-two `QK`). Every branch is
+    decided at compile time, so no tile shape of another branch is ever built."""
+    if QK == 0:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :],
+                        mask=nmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+            acc += w.to(tl.float32) * x[None, :]
+        y = tl.sum(acc, 1) * tl.load(s_ptr + n // QN, mask=nmask, other=0.0)
+    elif BLOCK_K > QK:
+        y = _fp8_rows_dot_blocks(x_ptr, w_ptr, s_ptr, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        scale_row = s_ptr + (n // QN) * tl.cdiv(K, QK)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :],
+                        mask=nmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
+            # measured faster on the H200 than a per-block reduction in the loop
+            s = tl.load(scale_row + k0 // QK, mask=nmask, other=0.0)
+            acc += w.to(tl.float32) * (x[None, :] * s[:, None])
+        y = tl.sum(acc, 1)
+    return y
+
+
+def gemv_qk(qk: int, k: int) -> int:
+    """`fp8_rows_dot`'s QK for a scale block `qk` columns wide over K: 0 where one block
+    spans K (one scale per row group)."""
+    return 0 if qk >= k else qk
+
+
+# Weight formats of the GEMV kernels (`W_FMT`, a compile-time parameter; `rows_dot` tests the
+# numbers themselves).
+DENSE = 0
+FP8 = 1
+MXFP4 = 2  # decoded in registers
+MXFP4_DOT = 3  # through tl.dot_scaled (DOT_FMT: "bf16" / "fp16")
+# Decoded in registers with the activations read contiguously (`_mxfp4_rows_pairs`): exact
+# on the CPU interpreter, not yet timed on the GPU (MXFP4, timed on the H200 at ~0.7-0.9 TB/s
+# of MXFP4 bytes, integer-bound, is the default): compare with `resin bench tune-gemv`.
+MXFP4_PAIRS = 4
+
+
+@triton.jit
+def rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, W_FMT: tl.constexpr, DOT_FMT: tl.constexpr,
+             QN: tl.constexpr, QK: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):  # fmt: skip
+    """float32 `W[n, :] @ x` for rows `n` of one matrix in format `W_FMT`: the only part of
+    a GEMV that depends on how the weights are stored (`w_ptr`, `s_ptr`: that matrix's
+    values and scales)."""
+    if W_FMT == 0:
+        y = dense_rows_dot(x_ptr, w_ptr, n, nmask, K, BLOCK_N, BLOCK_K)
+    elif W_FMT == 1:
+        y = fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
+    elif W_FMT == 2:
+        y = _mxfp4_rows_regs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
+    elif W_FMT == 4:
+        y = _mxfp4_rows_pairs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
+    else:
+        y = _mxfp4_rows_dot_scaled(x_ptr, w_ptr, s_ptr, n, nmask, K, DOT_FMT, True, BLOCK_N,
+                                   BLOCK_K // 32)  # fmt: skip
+    return y
 
 
 @triton.jit
@@ -107,20 +278,6 @@ def _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, 
                         mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
         acc = tl.dot_scaled(x, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
     return tl.sum(acc, 0)
-
-
-@triton.jit
-def mxfp4_rows_dot(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, FAST: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
-    """float32 `W[n, :] @ x` for rows `n` of one expert's MXFP4 matrix (bytes [N, K / 2],
-    scales [N, K / 32]): through `tl.dot_scaled` (FMT "bf16" / "fp16", fast math when FAST),
-    or decoded in registers (FMT "fp32")."""
-    if FMT == "fp32":
-        y = _mxfp4_rows_regs(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_G)
-    else:
-        y = _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT, FAST, BLOCK_N,
-                                   BLOCK_G)  # fmt: skip
-    return y
 
 
 @triton.jit

@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from resin_model.config import MoeConfig
+from resin_model.quant import dequantize_fp8
 from resin_models_cuda.kernels.activation import Activation, gated_activation
+from resin_models_cuda.kernels.fp8_gemm import fp8_tile_fits
 from resin_models_cuda.kernels.moe_fp8 import (
     Fp8Experts,
     fp8_expert_down,
@@ -66,12 +68,20 @@ def expert_shape(w: Experts) -> tuple[int, int, int]:
 
 
 def _gemv_tiles(tiles: GemvTiles, w: Experts) -> GemvTiles:
-    """K tiles inside one FP8 scale block."""
+    """K tiles inside one FP8 scale block, or over whole ones."""
     if isinstance(w, Fp8Experts):
         qk, k = w.block[1], w.w.shape[2]
-        if qk < k and qk % tiles.block_k:
+        if not fp8_tile_fits(qk, k, tiles.block_k, spans=True):
             return tiles._replace(block_k=qk)
     return tiles
+
+
+def format_name(w: Experts) -> str:
+    """The tile files' name of a stack's format."""
+    if isinstance(w, Fp8Experts):
+        k = w.w.shape[2]
+        return "fp8-channel" if w.block[1] >= k else "fp8-block"
+    return "mxfp4" if isinstance(w, Mxfp4Experts) else "dense"
 
 
 def _gate_up_kernel(w: Experts) -> Callable[..., torch.Tensor]:
@@ -116,6 +126,13 @@ def _grouped_gemm(
     )
 
 
+def _dense(w: torch.Tensor | Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
+    """`w` as a dense matrix of `dtype` (FP8 dequantized through float32)."""
+    if isinstance(w, Fp8Weight):
+        return dequantize_fp8(w.w, w.scale, w.block).to(dtype)
+    return w
+
+
 @dataclass(frozen=True, slots=True)
 class ExpertWeights:
     """Stacked experts; `shared` trailing experts of `gate_up` / `down` (none of the router's
@@ -135,14 +152,27 @@ class ExpertWeights:
     ) -> ExpertWeights:
         """Append a gated MLP (`gate_up` [2S, H] as [gate; up], `down` [H, S], S a multiple
         of the expert width I) as S / I always-on experts: an MLP is a sum over its inner
-        dimension, so its slices of width I are experts of weight 1. FP8 routed experts take
-        FP8 shared ones (scales sliced with them); anything else stays dense."""
+        dimension, so its slices of width I are experts of weight 1. The shared slices take
+        the routed stack's format: FP8 routed experts take FP8 shared ones (scales sliced with
+        them; GLM-4.5-Air-FP8, DeepSeek-V3), dense routed experts take dense or FP8 shared
+        ones (FP8 dequantized into the stack's dtype). MXFP4 routed experts, or dense shared
+        ones beside FP8 routed experts, have no exact common format: refused."""
         inner = expert_shape(self.down)[2]
-        if isinstance(self.gate_up, Fp8Experts) and isinstance(self.down, Fp8Experts):
+        routed_fp8 = isinstance(self.gate_up, Fp8Experts) and isinstance(self.down, Fp8Experts)
+        shared_fp8 = isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)
+        if routed_fp8:
+            if not shared_fp8:
+                raise ValueError("FP8 routed experts need FP8 shared experts (got dense ones)")
             assert isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)
             return self._with_fp8_shared(gate_up, down, inner)
-        assert isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
-        assert isinstance(self.gate_up, torch.Tensor) and isinstance(self.down, torch.Tensor)
+        if not isinstance(self.gate_up, torch.Tensor) or not isinstance(self.down, torch.Tensor):
+            raise ValueError(
+                f"shared experts beside {type(self.gate_up).__name__} routed experts are not "
+                "supported (dense and FP8 stacks are)"
+            )
+        dtype = self.gate_up.dtype
+        gate_up = _dense(gate_up, dtype)
+        down = _dense(down, dtype)
         count = down.shape[1] // inner
         assert self.gate_up_bias is None and down.shape[1] == count * inner
         gate, up = gate_up.view(2, count, inner, -1).unbind(0)
@@ -238,7 +268,7 @@ class MoE:
         """The tuned launch shape for this layer's shape (looked up at call time, so a sweep's
         file loaded after the build still applies; a graph captures the choice)."""
         _, n, k = expert_shape(w)
-        return _gemv_tiles(tiles_for(kernel, n, k, self.per_token), w)
+        return _gemv_tiles(tiles_for(kernel, n, k, self.per_token, format_name(w)), w)
 
     def _grouped(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         k, w = self.per_token, self.w

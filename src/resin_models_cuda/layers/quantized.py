@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -40,12 +41,21 @@ from resin_model.quant_checkpoint import (
     mxfp4_weight_float,
 )
 from resin_model.quant_config import QuantConfig
-from resin_models_cuda.kernels.fp8_gemm import GemmTiles, fp8_gemm, scaled_mm_fp8
+from resin_models_cuda.kernels.fp8_gemm import (
+    GemmTiles,
+    fp8_gemm,
+    fp8_gemv,
+    fp8_tile_fits,
+    scaled_mm_fp8,
+)
 from resin_models_cuda.kernels.fp8_quant import quantize_fp8_rows
 from resin_models_cuda.kernels.moe_fp8 import Fp8Experts
 from resin_models_cuda.kernels.moe_mxfp4 import Mxfp4Experts
-from resin_models_cuda.layers.weights import Init, WeightSource
+from resin_models_cuda.kernels.tiles import gemv_tiles
+from resin_models_cuda.layers.weights import Init, RandomWeights, WeightSource
 
+FUSED_EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")  # transformers 5's in-memory names
+GEMV_ROWS = 4  # up to this many rows an FP8 matmul is the FMA GEMV (`fp8_gemv`)
 DECODE_ROWS = 16  # up to this many rows an FP8 matmul reads weights only (decode)
 DECODE_TILES = GemmTiles(16, 32, 128)  # the H200's best for batch-1 Llama-3.1-8B projections
 
@@ -91,13 +101,24 @@ def cat_fp8(parts: list[Fp8Weight], axis: int = 0) -> Fp8Weight:
     return Fp8Weight(w, torch.cat([p.scale for p in fine], dim=axis).contiguous(), block)
 
 
+def _format_name(w: Fp8Weight) -> str:
+    """The tile files' name of a matrix's format."""
+    return "fp8-channel" if w.block[1] >= w.w.shape[1] else "fp8-block"
+
+
 def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """`x @ W^T (+ bias)` by rows and format: float32 `x` and decode rows read e4m3 weights
+    """`x @ W^T (+ bias)` by rows and format: up to `GEMV_ROWS` rows the FMA GEMV
+    (`fp8_gemv`, tiles from `tiles.gemv_tiles`); float32 `x` and decode rows read e4m3 weights
     only (the bytes are the weights; exact against the dequantized matmul); more bf16 / fp16
     rows quantize activations per token (per-tensor / per-channel weights: cuBLASLt's
     `_scaled_mm`) or per token and 128 columns (block weights: the Triton e4m3 GEMM)."""
     (n, k), (qn, qk) = w.w.shape, w.block
-    if x.dtype == torch.float32 or x.shape[0] <= DECODE_ROWS:
+    rows = x.shape[0]
+    if rows <= GEMV_ROWS:  # (scale blocks of odd widths take the tile GEMM below)
+        gemv = gemv_tiles("fp8_gemv", _format_name(w), n, k, rows)
+        if fp8_tile_fits(qk, k, gemv.block_k, spans=True):
+            return fp8_gemv(x, w.w, w.scale, w.block, bias=bias, tiles=gemv)
+    if x.dtype == torch.float32 or rows <= DECODE_ROWS:
         tiles = DECODE_TILES if x.shape[0] <= DECODE_ROWS else GemmTiles()
         if qk < k and qk % tiles.block_k:
             tiles = tiles._replace(block_k=qk)
@@ -176,6 +197,8 @@ class StoredWeights(QuantizedWeights):
                         self._index[name] = (shard, raw)
         if not self._index:
             raise FileNotFoundError(f"no *.safetensors in {folder}")
+        shards = {shard for shard, _ in self._index.values()}
+        self.stored_bytes = sum(os.path.getsize(shard) for shard in shards)
 
     def _read(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
@@ -261,6 +284,11 @@ class QuantizingWeights(QuantizedWeights):
         self.device, self.dtype = inner.device, inner.dtype
 
     def has(self, name: str) -> bool:
+        """As `inner`, except that FP8 formats have no fused expert stacks: published FP8 MoE
+        checkpoints store their experts one by one, so a model asking whether the fused
+        `experts.gate_up_proj` exists reads the per-expert (FP8) tensors instead."""
+        if self.fmt != "mxfp4" and name.endswith(FUSED_EXPERTS):
+            return False
         return self.inner.has(name)
 
     def get(
@@ -288,9 +316,25 @@ class QuantizingWeights(QuantizedWeights):
         if self.fmt != "mxfp4":
             return None
         e, n, k = shape
-        dense = self.inner.get(name, (e, k, n), init).transpose(1, 2)  # gpt-oss's layout
-        blocks, scales = quantize_mxfp4(dense.contiguous())
-        return Mxfp4Experts(blocks.contiguous(), scales.contiguous())
+        device = self.device
+        blocks = torch.empty((e, n, k // 32, 16), dtype=torch.uint8, device=device)
+        scales = torch.empty((e, n, k // 32), dtype=torch.uint8, device=device)
+        for j, dense in enumerate(self._experts(name, (e, k, n), init)):
+            blocks[j], scales[j] = quantize_mxfp4(dense.transpose(0, 1).contiguous())
+        return Mxfp4Experts(blocks, scales)
+
+    def _experts(self, name: str, shape: tuple[int, int, int], init: Init) -> (
+        Iterator[torch.Tensor]
+    ):  # fmt: skip
+        """Expert j's [K, N] slice of `name` [E, K, N], one at a time: random weights draw
+        each expert alone (so no stack of the layer's experts exists in the model dtype, let
+        alone float32: gpt-oss-120b's would be 17 GB a layer); any other source is read whole
+        (small test models)."""
+        if isinstance(self.inner, RandomWeights):
+            for _ in range(shape[0]):
+                yield self.inner.get(name, shape[1:], init)
+        else:
+            yield from self.inner.get(name, shape, init).unbind(0)
 
 
 def _checked(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
