@@ -11,6 +11,7 @@ from resin_model.family import load_object
 
 _LLAMA = "resin_models_torch.llama:LlamaForCausalLM"
 _DEEPSEEK = "resin_models_torch.deepseek:DeepseekForCausalLM"
+_QWEN3_5 = "resin_models_torch.qwen3_5_moe:Qwen3_5MoeForCausalLM"
 
 ARCHITECTURES: dict[str, str] = {
     "llama": _LLAMA,
@@ -27,6 +28,8 @@ ARCHITECTURES: dict[str, str] = {
     "deepseek_v2": _DEEPSEEK,
     "deepseek_v3": _DEEPSEEK,
     "glm4_moe": "resin_models_torch.glm4_moe:Glm4MoeForCausalLM",
+    "qwen3_5_moe": _QWEN3_5,
+    "qwen3_5_moe_text": _QWEN3_5,
 }
 
 

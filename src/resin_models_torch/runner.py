@@ -39,6 +39,7 @@ from resin_models_torch.batch import (
     CacheSpec,
     KvSpec,
     LatentSpec,
+    LinearStateSpec,
     StateBatch,
     StepContext,
     attention_batch,
@@ -111,6 +112,8 @@ class TorchRunner:
             return spec.num_layers * 2 * self.page_size * spec.num_kv_heads * spec.head_dim * size
         if isinstance(spec, LatentSpec):
             return spec.num_layers * self.page_size * spec.width * size
+        if isinstance(spec, LinearStateSpec):
+            return spec.num_layers * spec.layer_bytes(size)
         return spec.num_layers * spec.channels * spec.width * size
 
     def _group_spec(self, spec: CacheSpec) -> CacheGroupSpec:
@@ -151,6 +154,10 @@ class TorchRunner:
         )
         views = []
         for spec in self.model.cache_specs:
+            if isinstance(spec, LinearStateSpec):  # mixed dtypes: layers split their bytes
+                raw = pages[:, : self._group_bytes(spec)]
+                views.append(raw.view(layout.num_pages, spec.num_layers, -1))
+                continue
             flat = pages[:, : self._group_bytes(spec)].view(self.dtype)
             shape: tuple[int, ...]
             if isinstance(spec, KvSpec):
