@@ -97,6 +97,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
         "routed_scaling_factor": 1.0, "num_nextn_predict_layers": 1,
     },
+    "qwen3.5-35b-a3b": {  # the text path of Qwen/Qwen3.5-35B-A3B (its config's text_config)
+        "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048,
+        "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+        "head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+        "full_attention_interval": 4, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "num_experts": 256, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                            "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                            "mrope_interleaved": True},
+    },
 }  # fmt: skip
 
 # Tiny shapes of every architecture (CPU interpreter tests, GPU correctness checks).
@@ -124,6 +136,11 @@ TINY: dict[str, dict[str, Any]] = {
                                     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                     "original_max_position_embeddings": 16}},
     "olmo2": {**_TINY, "model_type": "olmo2"},
+    "qwen3_5_moe": {**_TINY, "model_type": "qwen3_5_moe_text", "num_hidden_layers": 4,
+                    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 6,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                    "shared_expert_intermediate_size": 32},
     "glm4_moe": {**_TINY, "model_type": "glm4_moe", "attention_bias": True,
                  "use_qk_norm": True, "partial_rotary_factor": 0.5, "n_routed_experts": 8,
                  "num_experts_per_tok": 2, "moe_intermediate_size": 24, "n_shared_experts": 1,
@@ -185,13 +202,26 @@ def _attention_params(config: ModelConfig) -> int:
     return q + kv + heads * mla.v_head_dim * h
 
 
+def _linear_attention_params(config: ModelConfig) -> int:
+    """A Gated DeltaNet layer: in_proj_qkv/z/b/a, the conv, out_proj (norms left out)."""
+    lin = config.linear_attention
+    assert lin is not None
+    value = lin.num_v_heads * lin.v_head_dim
+    projections = config.hidden_size * (lin.conv_channels + value + 2 * lin.num_v_heads)
+    return projections + lin.conv_channels * lin.conv_kernel + value * config.hidden_size
+
+
 def param_counts(config: ModelConfig) -> tuple[int, int]:
     """(non-embedding parameters read per token at batch 1, all non-embedding parameters)
     plus the LM head; an MoE layer reads `top_k` of its experts per token."""
     h = config.hidden_size
-    attn = _attention_params(config)
+    full_attn = _attention_params(config)
+    if config.linear_attention is not None:  # Qwen3.5's q_proj also emits the output gate
+        full_attn += h * config.q_size
     active = total = 0
     for layer in range(config.num_layers):
+        linear = config.layer_types[layer] == "linear"
+        attn = _linear_attention_params(config) if linear else full_attn
         if config.is_sparse(layer):
             assert config.moe is not None
             router = h * config.moe.num_experts + 3 * h * config.moe.shared_intermediate_size

@@ -79,9 +79,10 @@ def chunked_delta_rule(
             0, 1
         )
         last = cum[:, -1:]
-        state = state * last.exp()[..., None] + (
-            kc * (last - cum).exp()[..., None]
-        ).transpose(-1, -2) @ corrections
+        state = (
+            state * last.exp()[..., None]
+            + (kc * (last - cum).exp()[..., None]).transpose(-1, -2) @ corrections
+        )
     return out, state
 
 

@@ -29,8 +29,14 @@ from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import LayerSlot, LinearStateSpec, StepContext
 from resin_models_torch.delta_rule import delta_rule_rows
-from resin_models_torch.layers import GatedMLP, Rotary, SparseMoe, apply_rotary, paged_attention
-from resin_models_torch.layers import short_conv
+from resin_models_torch.layers import (
+    GatedMLP,
+    Rotary,
+    SparseMoe,
+    apply_rotary,
+    paged_attention,
+    short_conv,
+)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -67,9 +73,7 @@ class GatedDeltaNet(nn.Module):
         key_dim = linear.num_k_heads * linear.k_head_dim
         value_dim = linear.num_v_heads * linear.v_head_dim
         channels = linear.conv_channels
-        self.conv1d = nn.Conv1d(
-            channels, channels, linear.conv_kernel, groups=channels, bias=False
-        )
+        self.conv1d = nn.Conv1d(channels, channels, linear.conv_kernel, groups=channels, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(linear.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(linear.num_v_heads))
         self.norm = GatedRMSNorm(linear.v_head_dim, config.norm_eps)
