@@ -104,6 +104,10 @@ class CausalLM(nn.Module):
         """The parameter a checkpoint tensor loads into (None: skip it)."""
         return default_names(name)
 
+    def split_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The tensors a checkpoint tensor holds (a fused layout unpacks into several)."""
+        return [(name, tensor)]
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x: torch.Tensor = self.model.embed_tokens(input_ids)
         if self.config.embed_scale != 1.0:

@@ -198,6 +198,24 @@ class Qwen3_5MoeForCausalLM(CausalLM):
             return None
         return default_names(name)
 
+    def split_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The published checkpoints fuse each layer's experts: `experts.gate_up_proj`
+        [E, 2I, H] (gate rows, then up rows) and `experts.down_proj` [E, H, I]; folders that
+        `transformers` saves list them one expert at a time, as this model holds them."""
+        prefix, _, kind = name.rpartition(".experts.")
+        if kind == "gate_up_proj":
+            gate, up = tensor.chunk(2, dim=1)
+            return [
+                (f"{prefix}.experts.{e}.{part}.weight", weight[e])
+                for e in range(tensor.shape[0])
+                for part, weight in (("gate_proj", gate), ("up_proj", up))
+            ]
+        if kind == "down_proj":
+            return [
+                (f"{prefix}.experts.{e}.down_proj.weight", tensor[e]) for e in range(len(tensor))
+            ]
+        return [(name, tensor)]
+
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         x = self.embed(input_ids)
         cos, sin = self.rotary.cos_sin(ctx.positions)

@@ -13,6 +13,7 @@ models built with transformers' own classes and saved as folders (the text-only
 from __future__ import annotations
 
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 import transformers
 from ref_compare import hf_greedy, hf_logits, max_logit_error
 from ref_hf import checkpoint as ref_checkpoint
+from safetensors.torch import load_file, save_file
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf_qwen
 
 from resin import Engine, SamplingParams, TokensEvent
@@ -29,7 +31,7 @@ from resin_model.hf_config import load_config
 from resin_model.presets import param_counts, preset
 from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from resin_models_torch.qwen3_5_moe import GatedDeltaNet
-from resin_models_torch.registry import load_runner, random_runner
+from resin_models_torch.registry import load_model, load_runner, random_runner
 from resin_models_torch.runner import TorchRunner
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-qwen3_5-"))
@@ -270,3 +272,24 @@ def test_presets_count_the_published_sizes_and_run() -> None:
     prompts = [[t % 256 for t in p] for p in _prompts(5)[:2]]  # the preset has 256 tokens
     requests, _ = _run(runner, prompts, 16, True, new_tokens=3)
     assert all(len(r.take_result()) == 3 for r in requests)
+
+
+def test_fused_expert_layout_loads_the_same_weights(tmp_path: Path) -> None:
+    """The published checkpoints store each layer's experts fused (`experts.gate_up_proj`
+    [E, 2I, H], `experts.down_proj` [E, H, I]); rewrite the tiny folder that way."""
+    folder, _ = tiny("vl")
+    tensors = load_file(folder / "model.safetensors")
+    fused: dict[str, torch.Tensor] = {}
+    for layer in range(_TEXT["num_hidden_layers"]):
+        base = f"model.language_model.layers.{layer}.mlp.experts"
+        experts = range(_TEXT["num_experts"])
+        gate, up, down = ([tensors.pop(f"{base}.{e}.{part}.weight") for e in experts]
+                          for part in ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
+        fused[f"{base}.gate_up_proj"] = torch.cat((torch.stack(gate), torch.stack(up)), dim=1)
+        fused[f"{base}.down_proj"] = torch.stack(down)
+    save_file({**tensors, **fused}, tmp_path / "model.safetensors")
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    want = dict(load_model(folder).named_parameters())
+    got = dict(load_model(tmp_path).named_parameters())
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[name], got[name]) for name in want)
