@@ -131,25 +131,6 @@ class VisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class MlaConfig:
-    """DeepSeek's multi-head latent attention: queries through an optional low-rank
-    `q_lora_rank`; keys and values from one per-token latent of `kv_lora_rank` (normed) plus a
-    shared `rope_dim` rotary key, which is all the cache keeps."""
-
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    nope_dim: int
-    rope_dim: int
-    v_head_dim: int
-    rope_interleave: bool = True
-
-    @property
-    def latent_dim(self) -> int:
-        """Cached values per token per layer: the latent and the rotary key."""
-        return self.kv_lora_rank + self.rope_dim
-
-
-@dataclass(frozen=True, slots=True)
 class LinearAttentionConfig:
     """Gated DeltaNet linear attention (Qwen3.5's "linear_attention" layers): q/k with
     `num_k_heads` heads of `k_head_dim`, v with `num_v_heads` of `v_head_dim` (q/k heads are
@@ -166,6 +147,46 @@ class LinearAttentionConfig:
     @property
     def conv_channels(self) -> int:
         return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class Glm5NextConfig:
+    """GLM-5.3-Flash's specifics (`hf_glm5_next.py`): its "full" layers are indexed MLA
+    (`ModelConfig.mla`, NoPE) whose DSA indexer (`index_heads` x `index_head_dim`, no rotary)
+    scores pools of `index_kpool` tokens and keeps the best `index_topk / index_kpool` plus
+    the incomplete tail pool; its "linear" layers are KDA (`ModelConfig.linear_attention`) with
+    a per-channel forget gate bounded below by `gate_lower_bound` (None: softplus form).
+    `swiglu_limit` clamps every SwiGLU (gate above, up both sides); the residual is `hc_mult`
+    streams mixed by mHC (`hc_iterations` Sinkhorn rounds, `hc_eps`)."""
+
+    index_heads: int
+    index_head_dim: int
+    index_topk: int
+    index_kpool: int
+    gate_lower_bound: float | None
+    swiglu_limit: float
+    hc_mult: int
+    hc_iterations: int
+    hc_eps: float
+
+
+@dataclass(frozen=True, slots=True)
+class MlaConfig:
+    """DeepSeek's multi-head latent attention: queries through an optional low-rank
+    `q_lora_rank`; keys and values from one per-token latent of `kv_lora_rank` (normed) plus a
+    shared `rope_dim` rotary key, which is all the cache keeps."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
+
+    @property
+    def latent_dim(self) -> int:
+        """Cached values per token per layer: the latent and the rotary key."""
+        return self.kv_lora_rank + self.rope_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +234,7 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0
     quant: QuantConfig | None = None  # how the checkpoint stores its weights (quant_config.py)
     linear_attention: LinearAttentionConfig | None = None  # layers of kind "linear"
+    glm5_next: Glm5NextConfig | None = None
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads) < 1:

@@ -19,6 +19,7 @@ from typing import Any
 from resin_model.config import ModelConfig, MoeConfig, RopeConfig
 from resin_model.hf_deepseek import parse_deepseek
 from resin_model.hf_glm import parse_glm4_moe
+from resin_model.hf_glm5_next import parse_glm5_next, parse_glm5_next_text
 from resin_model.hf_qwen3_5 import parse_qwen3_5_moe, parse_qwen3_5_moe_text
 from resin_model.hf_reader import (
     Reader,
@@ -235,4 +236,6 @@ _PARSERS: dict[str, Callable[[Reader], ModelConfig]] = {
     "glm4_moe": parse_glm4_moe,
     "qwen3_5_moe": parse_qwen3_5_moe,
     "qwen3_5_moe_text": parse_qwen3_5_moe_text,
+    "glm5_next": parse_glm5_next,
+    "glm5_next_text": parse_glm5_next_text,
 }

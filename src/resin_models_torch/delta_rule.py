@@ -4,11 +4,13 @@ result through a triangular solve per chunk, for prefill), plus `delta_rule_rows
 a step's rows against the State group's pages.
 
 Per head, with the state S [K, V], for every token t (q already l2-normed and scaled):
-    S <- S * exp(g_t)                       (g <= 0: a per-head decay in log space)
+    S <- S * exp(g_t)                       (g <= 0: a decay in log space, per head for Gated
+                                             DeltaNet, per key channel for KDA)
     S <- S + k_t (beta_t (v_t - S^T k_t))^T (the delta rule: write the correction only)
     o_t = S^T q_t
 
-Shapes for one sequence: q, k [L, H, K]; v [L, H, V]; g, beta [L, H]; state [H, K, V].
+Shapes for one sequence: q, k [L, H, K]; v [L, H, V]; beta [L, H]; g [L, H] (per head) or
+[L, H, K] (per key channel); state [H, K, V].
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def recurrent_delta_rule(
     """Token by token. Returns (o [L, H, V], final state [H, K, V])."""
     out = torch.empty_like(v)
     for t in range(q.shape[0]):
-        state = state * g[t].exp()[:, None, None]
+        decay = g[t].exp()
+        state = state * (decay[:, None, None] if decay.dim() == 1 else decay[:, :, None])
         predicted = torch.einsum("hk,hkv->hv", k[t], state)
         correction = (v[t] - predicted) * beta[t][:, None]
         state = state + k[t][:, :, None] * correction[:, None, :]
@@ -53,8 +56,11 @@ def chunked_delta_rule(
     (I + tril(beta_i k_i.k_j D_ij, -1)) X = rhs, solved once for the values (beta v) and for
     the decayed keys (beta k exp(G)); the corrections are then U - W S, the outputs
     (q exp(G)) S + tril(q_i.k_j D_ij) (U - W S), and the next state
-    exp(G_last) S + (k exp(G_last - G))^T (U - W S).
+    exp(G_last) S + (k exp(G_last - G))^T (U - W S). With a decay per key channel, D_ij is
+    per channel too and sits inside the k_i.k_j and q_i.k_j products.
     """
+    if g.dim() == 3:
+        return _chunked_per_channel(q, k, v, g, beta, state, chunk)
     length = q.shape[0]
     out = torch.empty_like(v)
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, L, *]
@@ -82,6 +88,49 @@ def chunked_delta_rule(
         state = (
             state * last.exp()[..., None]
             + (kc * (last - cum).exp()[..., None]).transpose(-1, -2) @ corrections
+        )
+    return out, state
+
+
+def _chunked_per_channel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    length = q.shape[0]
+    out = torch.empty_like(v)
+    qh, kh, vh, gh = (x.transpose(0, 1) for x in (q, k, v, g))  # [H, L, *]
+    bh = beta.transpose(0, 1)
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        qc, kc, vc, bc = (
+            qh[:, start:end],
+            kh[:, start:end],
+            vh[:, start:end],
+            bh[:, start:end, None],
+        )
+        cum = gh[:, start:end].cumsum(dim=1)  # [H, C, K]
+        n = end - start
+        lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        pair = cum[:, :, None, :] - cum[:, None, :, :]  # [H, C, C, K]: G_i - G_j per channel
+        decay = pair.masked_fill(~lower[..., None], float("-inf")).exp()
+        system = torch.einsum("hik,hjk,hijk->hij", bc * kc, kc, decay)
+        system = system.tril(-1) + torch.eye(n, dtype=q.dtype, device=q.device)
+        u = torch.linalg.solve_triangular(system, bc * vc, upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(
+            system, bc * kc * cum.exp(), upper=False, unitriangular=True
+        )
+        corrections = u - w @ state
+        scores = torch.einsum("hik,hjk,hijk->hij", qc, kc, decay)
+        out[start:end] = ((qc * cum.exp()) @ state + scores @ corrections).transpose(0, 1)
+        last = cum[:, -1:]
+        state = (
+            state * last[:, 0, :, None].exp()
+            + (kc * (last - cum).exp()).transpose(-1, -2) @ corrections
         )
     return out, state
 
