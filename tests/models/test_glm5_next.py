@@ -59,8 +59,15 @@ _TEXT: dict[str, Any] = dict(
     pad_token_id=None,
     initializer_range=0.1,
 )
-_VISION: dict[str, Any] = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2,
-                               out_hidden_size=64, projection_intermediate_size=32, image_size=28)  # fmt: skip
+_VISION: dict[str, Any] = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=64,
+    projection_intermediate_size=32,
+    image_size=28,
+)
 
 
 def _perturb(model: Any) -> Any:
