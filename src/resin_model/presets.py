@@ -109,6 +109,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                             "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
                             "mrope_interleaved": True},
     },
+    "glm-5.3-flash": {  # the text path of zai-org/GLM-5.3-Flash (class defaults: 45 layers)
+        "model_type": "glm5_next_text", "vocab_size": 154880, "hidden_size": 4096,
+        "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 45,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 288,
+        "num_experts_per_tok": 8, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 0,
+        "qk_nope_head_dim": 256, "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128,
+        "index_n_heads": 32, "index_kpool": 16, "linear_head_dim": 128, "linear_num_heads": 64,
+        "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0, "hc_mult": 4,
+        "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 1048576,
+    },
 }  # fmt: skip
 
 # Tiny shapes of every architecture (CPU interpreter tests, GPU correctness checks).
@@ -141,6 +153,12 @@ TINY: dict[str, dict[str, Any]] = {
                     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 6,
                     "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                     "shared_expert_intermediate_size": 32},
+    "glm5_next": {**_TINY, "model_type": "glm5_next_text", "num_hidden_layers": 4,
+                  "num_key_value_heads": 4, "moe_intermediate_size": 24, "n_routed_experts": 6,
+                  "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 24,
+                  "qk_nope_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16,
+                  "index_n_heads": 2, "linear_head_dim": 16, "linear_num_heads": 2,
+                  "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
     "glm4_moe": {**_TINY, "model_type": "glm4_moe", "attention_bias": True,
                  "use_qk_norm": True, "partial_rotary_factor": 0.5, "n_routed_experts": 8,
                  "num_experts_per_tok": 2, "moe_intermediate_size": 24, "n_shared_experts": 1,
@@ -161,6 +179,9 @@ PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `re
 }  # fmt: skip
 PRESETS["tiny-deepseek-mtp"] = {**PRESETS["tiny-deepseek"], "num_nextn_predict_layers": 1}
 PRESETS["tiny"] = TINY["llama"]
+PRESETS["glm-5.3-flash-8l"] = {  # two KDA x3 + indexed-MLA groups: 78 GB in bf16, one H200
+    **PRESETS["glm-5.3-flash"], "num_hidden_layers": 8,
+}  # fmt: skip
 
 
 def preset(name: str) -> ModelConfig:
@@ -203,12 +224,24 @@ def _attention_params(config: ModelConfig) -> int:
 
 
 def _linear_attention_params(config: ModelConfig) -> int:
-    """A Gated DeltaNet layer: in_proj_qkv/z/b/a, the conv, out_proj (norms left out)."""
-    lin = config.linear_attention
+    """A Gated DeltaNet layer (in_proj_qkv/z/b/a, the conv, out_proj) or a KDA layer (q/k/v,
+    the conv, low-rank forget gate and output gate, b_proj, o_proj); norms left out."""
+    lin, h = config.linear_attention, config.hidden_size
     assert lin is not None
     value = lin.num_v_heads * lin.v_head_dim
-    projections = config.hidden_size * (lin.conv_channels + value + 2 * lin.num_v_heads)
-    return projections + lin.conv_channels * lin.conv_kernel + value * config.hidden_size
+    conv = lin.conv_channels * lin.conv_kernel
+    if config.glm5_next is not None:
+        low_rank = 2 * (h * lin.v_head_dim + lin.v_head_dim * value)  # f_a/f_b and g_a/g_b
+        return h * lin.conv_channels + low_rank + h * lin.num_v_heads + conv + value * h
+    return h * (lin.conv_channels + value + 2 * lin.num_v_heads) + conv + value * h
+
+
+def _indexer_params(config: ModelConfig) -> int:
+    """GLM-5.3's DSA indexer: wq_b, wk, weights_proj, the pool gate (mHC left out)."""
+    glm, mla, h = config.glm5_next, config.mla, config.hidden_size
+    assert glm is not None and mla is not None and mla.q_lora_rank is not None
+    d = glm.index_head_dim
+    return mla.q_lora_rank * glm.index_heads * d + 2 * h * d + h * glm.index_heads
 
 
 def param_counts(config: ModelConfig) -> tuple[int, int]:
@@ -216,7 +249,9 @@ def param_counts(config: ModelConfig) -> tuple[int, int]:
     plus the LM head; an MoE layer reads `top_k` of its experts per token."""
     h = config.hidden_size
     full_attn = _attention_params(config)
-    if config.linear_attention is not None:  # Qwen3.5's q_proj also emits the output gate
+    if config.glm5_next is not None:
+        full_attn += _indexer_params(config)
+    elif config.linear_attention is not None:  # Qwen3.5's q_proj also emits the output gate
         full_attn += h * config.q_size
     active = total = 0
     for layer in range(config.num_layers):

@@ -29,9 +29,10 @@ from transformers.models.glm5_next import modeling_glm5_next as hf_glm
 
 from resin import Engine, SamplingParams, TokensEvent
 from resin_model.hf_config import load_config, parse_config
+from resin_model.presets import param_counts, preset
 from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from resin_models_torch.glm5_next import Indexer
-from resin_models_torch.registry import load_runner
+from resin_models_torch.registry import load_runner, random_runner
 from resin_models_torch.runner import TorchRunner
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-glm5-"))
@@ -279,3 +280,16 @@ def test_shared_prefix_hits_as_often_as_on_pure_attention() -> None:
     attention = _shared_prefix_hit_ratio(load_runner(ref_checkpoint("qwen3")[0], page_size=16))
     assert attention > 0.9
     assert abs(hybrid - attention) <= 0.05, (hybrid, attention)
+
+
+def test_presets_count_the_published_sizes_and_run() -> None:
+    full, reduced = preset("glm-5.3-flash"), preset("glm-5.3-flash-8l")
+    embedding = full.vocab_size * full.hidden_size
+    active, total = param_counts(full)
+    assert 313.2 < (total + embedding) / 1e9 < 313.4  # 313.3B text parameters (mHC left out)
+    assert 16.6 < active / 1e9 < 16.8  # 16.7B a token without the embedding
+    assert 78 < 2 * (param_counts(reduced)[1] + embedding) / 1e9 < 79  # bf16 GB, one H200
+    runner = random_runner(preset("tiny-glm5_next"), page_size=8)
+    prompts = [[t % 256 for t in p] for p in _prompts(5)[:2]]  # the preset has 256 tokens
+    requests, _ = _run(runner, prompts, 16, True, new_tokens=3)
+    assert all(len(r.take_result()) == 3 for r in requests)
