@@ -89,10 +89,12 @@ def parse_glm5_next_text(raw: Reader) -> ModelConfig:
     raw.expect("index_kpool_always_select_tail", (True,))
     raw.get("num_nextn_predict_layers")  # the MTP layer is not loaded
     linear: dict[str, Any] = dict(raw.get("linear_attn_config") or {})
-    lower = raw.get("linear_lower_bound", -5.0)
-    lower = linear.get("gate_lower_bound", lower)
-    if lower is None and linear.get("safe_gate", True) and "linear_attn_config" in raw.raw:
-        lower = -5.0
+    raw.get("linear_lower_bound")  # an explicit null selects the softplus form
+    lower = raw.raw.get("linear_lower_bound", -5.0)
+    if linear:
+        lower = linear.get("gate_lower_bound", lower)
+        if lower is None and linear.get("safe_gate", True):
+            lower = -5.0
     kda_heads = int(linear.get("num_heads", raw.get("linear_num_heads", 64)))
     kda_dim = int(linear.get("head_dim", raw.get("linear_head_dim", 128)))
     kernel = int(linear.get("short_conv_kernel_size", raw.get("linear_conv_kernel_dim", 4)))

@@ -31,8 +31,8 @@ from resin import Engine, SamplingParams, TokensEvent
 from resin_model.hf_config import load_config, parse_config
 from resin_model.presets import param_counts, preset
 from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
-from resin_models_torch.glm5_next import Indexer
-from resin_models_torch.registry import load_runner, random_runner
+from resin_models_torch.glm5_next import Indexer, KimiDeltaAttention
+from resin_models_torch.registry import load_model, load_runner, random_runner
 from resin_models_torch.runner import TorchRunner
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-glm5-"))
@@ -293,3 +293,23 @@ def test_presets_count_the_published_sizes_and_run() -> None:
     prompts = [[t % 256 for t in p] for p in _prompts(5)[:2]]  # the preset has 256 tokens
     requests, _ = _run(runner, prompts, 16, True, new_tokens=3)
     assert all(len(r.take_result()) == 3 for r in requests)
+
+
+@pytest.mark.parametrize("lower", [-5.0, None])
+def test_forget_gate_equals_transformers(lower: float | None) -> None:
+    raw = {**_TEXT, "model_type": "glm5_next_text", "linear_lower_bound": lower}
+    config = parse_config(raw)
+    assert config.glm5_next is not None and config.glm5_next.gate_lower_bound == lower
+    theirs = hf_glm.Glm5NextTextForgetGate(
+        transformers.Glm5NextTextConfig(**{**_TEXT, "linear_lower_bound": lower})
+    )
+    layer = load_model(tiny()[0]).model.layers[0].self_attn
+    assert isinstance(layer, KimiDeltaAttention)
+    layer.glm = config.glm5_next
+    with torch.no_grad():
+        for name in ("f_a_proj", "f_b_proj"):
+            getattr(theirs, name).weight.copy_(getattr(layer, name).weight)
+        theirs.dt_bias.copy_(layer.decay.dt_bias)
+        theirs.A_log.copy_(layer.decay.A_log)
+        x = torch.randn(7, 64) * 3
+        torch.testing.assert_close(layer.forget_gate(x), theirs(x[None])[0])

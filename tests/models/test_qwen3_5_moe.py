@@ -27,8 +27,8 @@ from safetensors.torch import load_file, save_file
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf_qwen
 
 from resin import Engine, SamplingParams, TokensEvent
-from resin_model.hf_config import load_config
-from resin_model.presets import param_counts, preset
+from resin_model.hf_config import load_config, parse_config
+from resin_model.presets import param_counts, preset, preset_hf
 from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from resin_models_torch.qwen3_5_moe import GatedDeltaNet
 from resin_models_torch.registry import load_model, load_runner, random_runner
@@ -293,3 +293,21 @@ def test_fused_expert_layout_loads_the_same_weights(tmp_path: Path) -> None:
     got = dict(load_model(tmp_path).named_parameters())
     assert want.keys() == got.keys()
     assert all(torch.equal(want[name], got[name]) for name in want)
+
+
+def test_published_style_config_parses_and_refuses_what_it_cannot_run() -> None:
+    text = {**preset_hf("qwen3.5-35b-a3b"), "model_type": "qwen3_5_moe_text",
+            "attn_output_gate": True, "mamba_ssm_dtype": "float32", "mtp_num_hidden_layers": 1,
+            "mtp_use_dedicated_embeddings": False, "eos_token_id": 248044}  # fmt: skip
+    raw = {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+           "text_config": text, "vision_config": {"depth": 27}, "image_token_id": 248056,
+           "video_token_id": 248057, "vision_start_token_id": 248053,
+           "vision_end_token_id": 248054, "tie_word_embeddings": False}  # fmt: skip
+    config = parse_config(raw)
+    assert config.layer_types.count("full") == 10 and config.layer_types[3] == "full"
+    assert config.rope.theta == 1e7 and config.rotary_dim == 64
+    assert config.eos_token_ids == (248044,)
+    for key, value in (("attn_output_gate", False), ("mamba_ssm_dtype", "bfloat16"),
+                       ("mlp_only_layers", [0]), ("unknown_knob", 1)):  # fmt: skip
+        with pytest.raises(ValueError):
+            parse_config({**raw, "text_config": {**text, key: value}})
