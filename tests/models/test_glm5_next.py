@@ -313,3 +313,20 @@ def test_forget_gate_equals_transformers(lower: float | None) -> None:
         theirs.A_log.copy_(layer.decay.A_log)
         x = torch.randn(7, 64) * 3
         torch.testing.assert_close(layer.forget_gate(x), theirs(x[None])[0])
+
+
+def test_recurrent_only_runner_equals_chunked() -> None:
+    folder, _ = tiny()
+    outputs = []
+    for chunk in (64, None):
+        runner = load_runner(folder, page_size=8)
+        for module in runner.model.modules():
+            if isinstance(module, KimiDeltaAttention):
+                module.chunk = chunk
+        runner.record_logits = True
+        requests, _ = _run(runner, [_prompts(3)[2]], 2048, False, new_tokens=3)
+        outputs.append(([r.take_result() for r in requests], runner.recorded))
+    assert outputs[0][0] == outputs[1][0]
+    for a, b in zip(outputs[0][1], outputs[1][1], strict=True):
+        assert a.logits is not None and b.logits is not None
+        torch.testing.assert_close(a.logits, b.logits, atol=2e-5, rtol=1e-4)
