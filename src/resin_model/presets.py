@@ -148,17 +148,6 @@ TINY: dict[str, dict[str, Any]] = {
                                     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                     "original_max_position_embeddings": 16}},
     "olmo2": {**_TINY, "model_type": "olmo2"},
-    "qwen3_5_moe": {**_TINY, "model_type": "qwen3_5_moe_text", "num_hidden_layers": 4,
-                    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-                    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 6,
-                    "num_experts_per_tok": 2, "moe_intermediate_size": 24,
-                    "shared_expert_intermediate_size": 32},
-    "glm5_next": {**_TINY, "model_type": "glm5_next_text", "num_hidden_layers": 4,
-                  "num_key_value_heads": 4, "moe_intermediate_size": 24, "n_routed_experts": 6,
-                  "num_experts_per_tok": 2, "kv_lora_rank": 32, "q_lora_rank": 24,
-                  "qk_nope_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16,
-                  "index_n_heads": 2, "linear_head_dim": 16, "linear_num_heads": 2,
-                  "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
     "glm4_moe": {**_TINY, "model_type": "glm4_moe", "attention_bias": True,
                  "use_qk_norm": True, "partial_rotary_factor": 0.5, "n_routed_experts": 8,
                  "num_experts_per_tok": 2, "moe_intermediate_size": 24, "n_shared_experts": 1,
@@ -179,6 +168,20 @@ PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `re
 }  # fmt: skip
 PRESETS["tiny-deepseek-mtp"] = {**PRESETS["tiny-deepseek"], "num_nextn_predict_layers": 1}
 PRESETS["tiny"] = TINY["llama"]
+# Tiny hybrids the reference runner alone serves (TINY lists what both families run).
+PRESETS["tiny-qwen3_5_moe"] = {
+    **_TINY, "model_type": "qwen3_5_moe_text", "num_hidden_layers": 4,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "num_experts": 6, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24, "shared_expert_intermediate_size": 32,
+}  # fmt: skip
+PRESETS["tiny-glm5_next"] = {
+    **_TINY, "model_type": "glm5_next_text", "num_hidden_layers": 4, "num_key_value_heads": 4,
+    "moe_intermediate_size": 24, "n_routed_experts": 6, "num_experts_per_tok": 2,
+    "kv_lora_rank": 32, "q_lora_rank": 24, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "index_head_dim": 16, "index_n_heads": 2, "linear_head_dim": 16, "linear_num_heads": 2,
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+}  # fmt: skip
 PRESETS["glm-5.3-flash-8l"] = {  # two KDA x3 + indexed-MLA groups: 78 GB in bf16, one H200
     **PRESETS["glm-5.3-flash"], "num_hidden_layers": 8,
 }  # fmt: skip
