@@ -75,6 +75,9 @@ GptOssForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Lfm2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Olmo2ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen3MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
+Qwen3_5MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
+Glm5NextForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py
+HyperHead  # resin_models_torch.mhc: DeepSeek-V4's final collapse (GLM-5.3 takes the mean)
 DeepseekForCausalLM  # resin_models_torch: loaded by name through architectures.py
 DeepseekV4ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 MtpProposer  # resin_models_torch/mtp.py: handed to the engine as a speculative proposer (docs/models.md)

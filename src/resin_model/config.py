@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from resin_model.quant_config import QuantConfig
 
-LayerKind = Literal["full", "sliding", "conv"]
+LayerKind = Literal["full", "sliding", "conv", "linear"]
 RopeKind = Literal["default", "linear", "llama3", "yarn"]
 
 
@@ -131,6 +131,46 @@ class VisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LinearAttentionConfig:
+    """Gated DeltaNet linear attention (Qwen3.5's "linear_attention" layers): q/k with
+    `num_k_heads` heads of `k_head_dim`, v with `num_v_heads` of `v_head_dim` (q/k heads are
+    shared by `num_v_heads // num_k_heads` value heads), a depthwise causal conv of
+    `conv_kernel` over q|k|v. A layer's state is the conv's last `conv_kernel - 1` inputs plus
+    a float32 recurrent matrix [num_v_heads, k_head_dim, v_head_dim]."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class Glm5NextConfig:
+    """GLM-5.3-Flash's specifics (`hf_glm5_next.py`): its "full" layers are indexed MLA
+    (`ModelConfig.mla`, NoPE) whose DSA indexer (`index_heads` x `index_head_dim`, no rotary)
+    scores pools of `index_kpool` tokens and keeps the best `index_topk / index_kpool` plus
+    the incomplete tail pool; its "linear" layers are KDA (`ModelConfig.linear_attention`) with
+    a per-channel forget gate bounded below by `gate_lower_bound` (None: softplus form).
+    `swiglu_limit` clamps every SwiGLU (gate above, up both sides); the residual is `hc_mult`
+    streams mixed by mHC (`hc_iterations` Sinkhorn rounds, `hc_eps`)."""
+
+    index_heads: int
+    index_head_dim: int
+    index_topk: int
+    index_kpool: int
+    gate_lower_bound: float | None
+    swiglu_limit: float
+    hc_mult: int
+    hc_iterations: int
+    hc_eps: float
+
+
+@dataclass(frozen=True, slots=True)
 class MlaConfig:
     """DeepSeek's multi-head latent attention: queries through an optional low-rank
     `q_lora_rank`; keys and values from one per-token latent of `kv_lora_rank` (normed) plus a
@@ -232,6 +272,8 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0
     deepseek_v4: DeepseekV4Config | None = None
     quant: QuantConfig | None = None  # how the checkpoint stores its weights (quant_config.py)
+    linear_attention: LinearAttentionConfig | None = None  # layers of kind "linear"
+    glm5_next: Glm5NextConfig | None = None
 
     def __post_init__(self) -> None:
         if min(self.hidden_size, self.num_layers, self.num_heads, self.num_kv_heads) < 1:
@@ -244,6 +286,12 @@ class ModelConfig:
             raise ValueError("sliding layers need a sliding_window")
         if "conv" in self.layer_types and self.conv_kernel < 2:
             raise ValueError("conv layers need conv_L_cache >= 2")
+        if "linear" in self.layer_types:
+            linear = self.linear_attention
+            if linear is None or linear.conv_kernel < 2:
+                raise ValueError("linear_attention layers need their dims and a conv kernel >= 2")
+            if linear.num_v_heads % linear.num_k_heads:
+                raise ValueError("linear_num_value_heads must be a multiple of the key heads")
 
     @property
     def scale(self) -> float:

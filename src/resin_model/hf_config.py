@@ -20,6 +20,8 @@ from resin_model.config import ModelConfig, MoeConfig, RopeConfig
 from resin_model.hf_deepseek import parse_deepseek
 from resin_model.hf_deepseek_v4 import parse_deepseek_v4
 from resin_model.hf_glm import parse_glm4_moe
+from resin_model.hf_glm5_next import parse_glm5_next, parse_glm5_next_text
+from resin_model.hf_qwen3_5 import parse_qwen3_5_moe, parse_qwen3_5_moe_text
 from resin_model.hf_reader import (
     Reader,
     common_fields,
@@ -234,4 +236,8 @@ _PARSERS: dict[str, Callable[[Reader], ModelConfig]] = {
     "deepseek_v3": parse_deepseek,
     "deepseek_v4": parse_deepseek_v4,
     "glm4_moe": parse_glm4_moe,
+    "qwen3_5_moe": parse_qwen3_5_moe,
+    "qwen3_5_moe_text": parse_qwen3_5_moe_text,
+    "glm5_next": parse_glm5_next,
+    "glm5_next_text": parse_glm5_next_text,
 }

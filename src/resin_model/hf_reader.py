@@ -13,6 +13,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
     "full_attention": "full",
     "sliding_attention": "sliding",
     "conv": "conv",
+    "linear_attention": "linear",
 }
 
 

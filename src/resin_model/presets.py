@@ -106,6 +106,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
         "routed_scaling_factor": 1.0, "num_nextn_predict_layers": 1,
     },
+    "qwen3.5-35b-a3b": {  # the text path of Qwen/Qwen3.5-35B-A3B (its config's text_config)
+        "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048,
+        "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+        "head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+        "full_attention_interval": 4, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "num_experts": 256, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                            "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                            "mrope_interleaved": True},
+    },
+    "glm-5.3-flash": {  # the text path of zai-org/GLM-5.3-Flash (class defaults: 45 layers)
+        "model_type": "glm5_next_text", "vocab_size": 154880, "hidden_size": 4096,
+        "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 45,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 288,
+        "num_experts_per_tok": 8, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 0,
+        "qk_nope_head_dim": 256, "v_head_dim": 256, "index_topk": 2048, "index_head_dim": 128,
+        "index_n_heads": 32, "index_kpool": 16, "linear_head_dim": 128, "linear_num_heads": 64,
+        "linear_conv_kernel_dim": 4, "linear_lower_bound": -5.0, "hc_mult": 4,
+        "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 1048576,
+    },
 }  # fmt: skip
 
 # Tiny shapes of every architecture (CPU interpreter tests, GPU correctness checks).
@@ -153,6 +177,23 @@ PRESETS["tiny-deepseek"] = {  # V2-Lite's structure, tiny (CPU smoke runs of `re
 }  # fmt: skip
 PRESETS["tiny-deepseek-mtp"] = {**PRESETS["tiny-deepseek"], "num_nextn_predict_layers": 1}
 PRESETS["tiny"] = TINY["llama"]
+# Tiny hybrids the reference runner alone serves (TINY lists what both families run).
+PRESETS["tiny-qwen3_5_moe"] = {
+    **_TINY, "model_type": "qwen3_5_moe_text", "num_hidden_layers": 4,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "num_experts": 6, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24, "shared_expert_intermediate_size": 32,
+}  # fmt: skip
+PRESETS["tiny-glm5_next"] = {
+    **_TINY, "model_type": "glm5_next_text", "num_hidden_layers": 4, "num_key_value_heads": 4,
+    "moe_intermediate_size": 24, "n_routed_experts": 6, "num_experts_per_tok": 2,
+    "kv_lora_rank": 32, "q_lora_rank": 24, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "index_head_dim": 16, "index_n_heads": 2, "linear_head_dim": 16, "linear_num_heads": 2,
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+}  # fmt: skip
+PRESETS["glm-5.3-flash-8l"] = {  # two KDA x3 + indexed-MLA groups: 78 GB in bf16, one H200
+    **PRESETS["glm-5.3-flash"], "num_hidden_layers": 8,
+}  # fmt: skip
 
 
 def preset(name: str) -> ModelConfig:
@@ -194,13 +235,40 @@ def _attention_params(config: ModelConfig) -> int:
     return q + kv + heads * mla.v_head_dim * h
 
 
+def _linear_attention_params(config: ModelConfig) -> int:
+    """A Gated DeltaNet layer (in_proj_qkv/z/b/a, the conv, out_proj) or a KDA layer (q/k/v,
+    the conv, low-rank forget gate and output gate, b_proj, o_proj); norms left out."""
+    lin, h = config.linear_attention, config.hidden_size
+    assert lin is not None
+    value = lin.num_v_heads * lin.v_head_dim
+    conv = lin.conv_channels * lin.conv_kernel
+    if config.glm5_next is not None:
+        low_rank = 2 * (h * lin.v_head_dim + lin.v_head_dim * value)  # f_a/f_b and g_a/g_b
+        return h * lin.conv_channels + low_rank + h * lin.num_v_heads + conv + value * h
+    return h * (lin.conv_channels + value + 2 * lin.num_v_heads) + conv + value * h
+
+
+def _indexer_params(config: ModelConfig) -> int:
+    """GLM-5.3's DSA indexer: wq_b, wk, weights_proj, the pool gate (mHC left out)."""
+    glm, mla, h = config.glm5_next, config.mla, config.hidden_size
+    assert glm is not None and mla is not None and mla.q_lora_rank is not None
+    d = glm.index_head_dim
+    return mla.q_lora_rank * glm.index_heads * d + 2 * h * d + h * glm.index_heads
+
+
 def param_counts(config: ModelConfig) -> tuple[int, int]:
     """(non-embedding parameters read per token at batch 1, all non-embedding parameters)
     plus the LM head; an MoE layer reads `top_k` of its experts per token."""
     h = config.hidden_size
-    attn = _attention_params(config)
+    full_attn = _attention_params(config)
+    if config.glm5_next is not None:
+        full_attn += _indexer_params(config)
+    elif config.linear_attention is not None:  # Qwen3.5's q_proj also emits the output gate
+        full_attn += h * config.q_size
     active = total = 0
     for layer in range(config.num_layers):
+        linear = config.layer_types[layer] == "linear"
+        attn = _linear_attention_params(config) if linear else full_attn
         if config.is_sparse(layer):
             assert config.moe is not None
             router = h * config.moe.num_experts + 3 * h * config.moe.shared_intermediate_size

@@ -11,6 +11,8 @@ from resin_model.family import load_object
 
 _LLAMA = "resin_models_torch.llama:LlamaForCausalLM"
 _DEEPSEEK = "resin_models_torch.deepseek:DeepseekForCausalLM"
+_QWEN3_5 = "resin_models_torch.qwen3_5_moe:Qwen3_5MoeForCausalLM"
+_GLM5_NEXT = "resin_models_torch.glm5_next:Glm5NextForConditionalGeneration"
 
 ARCHITECTURES: dict[str, str] = {
     "llama": _LLAMA,
@@ -28,6 +30,10 @@ ARCHITECTURES: dict[str, str] = {
     "deepseek_v3": _DEEPSEEK,
     "deepseek_v4": "resin_models_torch.deepseek_v4:DeepseekV4ForCausalLM",
     "glm4_moe": "resin_models_torch.glm4_moe:Glm4MoeForCausalLM",
+    "qwen3_5_moe": _QWEN3_5,
+    "qwen3_5_moe_text": _QWEN3_5,
+    "glm5_next": _GLM5_NEXT,
+    "glm5_next_text": _GLM5_NEXT,
 }
 
 

@@ -14,24 +14,37 @@ from resin_models_torch.batch import (
     KvSpec,
     LatentSpec,
     LayerSlot,
+    LinearStateSpec,
     StepContext,
 )
 
 
 def assign_groups(config: ModelConfig) -> tuple[tuple[CacheSpec, ...], tuple[LayerSlot, ...]]:
-    """One cache group per layer kind present, in the order full, sliding, conv.
+    """One cache group per layer kind present, in the order full, sliding, conv, linear.
 
     Every layer of a kind shares its group's pages (a page holds that group's layers).
     """
     specs: list[CacheSpec] = []
     group_of: dict[str, int] = {}
-    for kind in ("full", "sliding", "conv"):
+    for kind in ("full", "sliding", "conv", "linear"):
         count = config.layer_types.count(kind)  # type: ignore[arg-type,unused-ignore]
         if not count:
             continue
         group_of[kind] = len(specs)
+        linear = config.linear_attention
         if kind == "conv":
             specs.append(ConvSpec(count, config.hidden_size, config.conv_kernel - 1))
+        elif kind == "linear" and linear is not None:
+            specs.append(
+                LinearStateSpec(
+                    count,
+                    linear.conv_channels,
+                    linear.conv_kernel - 1,
+                    linear.num_v_heads,
+                    linear.k_head_dim,
+                    linear.v_head_dim,
+                )
+            )
         elif config.mla is not None:  # one latent per token per layer (MtpRunner adds MTP's)
             specs.append(LatentSpec(count, config.mla.latent_dim))
         else:
@@ -92,6 +105,10 @@ class CausalLM(nn.Module):
     def checkpoint_name(self, name: str) -> str | None:
         """The parameter a checkpoint tensor loads into (None: skip it)."""
         return default_names(name)
+
+    def split_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The tensors a checkpoint tensor holds (a fused layout unpacks into several)."""
+        return [(name, tensor)]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x: torch.Tensor = self.model.embed_tokens(input_ids)

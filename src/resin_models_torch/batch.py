@@ -267,7 +267,42 @@ class BufferSpec:
     width: int
 
 
-CacheSpec = KvSpec | ConvSpec | LatentSpec | EntrySpec | BufferSpec
+@dataclass(frozen=True, slots=True)
+class LinearStateSpec:
+    """A State group of linear-attention layers (Gated DeltaNet): per layer, one checkpoint is
+    the float32 recurrent matrices [heads, key_dim, value_dim] followed by the conv's last
+    `width` inputs [channels, width] in the model dtype; a page holds every layer's."""
+
+    num_layers: int
+    channels: int
+    width: int
+    heads: int
+    key_dim: int
+    value_dim: int
+
+    def recurrent_bytes(self) -> int:
+        return 4 * self.heads * self.key_dim * self.value_dim
+
+    def layer_bytes(self, itemsize: int) -> int:
+        """Bytes of one layer's checkpoint, rounded to 16 so every layer's float32 part
+        starts aligned."""
+        raw = self.recurrent_bytes() + self.channels * self.width * itemsize
+        return -(-raw // 16) * 16
+
+    def split(self, cache: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's uint8 view [pages, layer_bytes] -> (conv [pages, channels, width] in
+        `dtype`, recurrent [pages, heads, key_dim, value_dim] float32), both views of it."""
+        rec_end = self.recurrent_bytes()
+        conv_end = rec_end + self.channels * self.width * torch.empty(0, dtype=dtype).itemsize
+        recurrent = cache[:, :rec_end].view(torch.float32)
+        conv = cache[:, rec_end:conv_end].view(dtype)
+        return (
+            conv.unflatten(-1, (self.channels, self.width)),
+            recurrent.unflatten(-1, (self.heads, self.key_dim, self.value_dim)),
+        )
+
+
+CacheSpec = KvSpec | ConvSpec | LatentSpec | EntrySpec | BufferSpec | LinearStateSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,8 @@ from resin_model.quant_checkpoint import dequantized
 from resin_model.quant_config import QuantConfig
 
 NameMap = Callable[[str], str | None]
+Splitter = Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]]
+"""A checkpoint tensor -> the tensors it holds, under checkpoint names (fused layouts)."""
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
@@ -44,15 +46,19 @@ def load_weights(
     folder: str | Path,
     names: NameMap = default_names,
     quant: QuantConfig | None = None,
+    split: Splitter | None = None,
 ) -> None:
     """Copy every checkpoint tensor into `model` (cast to each parameter's dtype/device);
-    a quantized checkpoint's weights (`quant`) are dequantized exactly first."""
+    a quantized checkpoint's weights (`quant`) are dequantized exactly first; `split` unpacks
+    a fused tensor into the ones the model holds (before `names` maps them)."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     unexpected: list[str] = []
     tensors = iter_tensors(folder)
     with torch.no_grad():
-        for raw_name, tensor in tensors if quant is None else dequantized(tensors, quant):
+        stored = tensors if quant is None else dequantized(tensors, quant)
+        pieces = stored if split is None else (p for n, t in stored for p in split(n, t))
+        for raw_name, tensor in pieces:
             name = names(raw_name)
             if name is None:
                 continue

@@ -44,6 +44,7 @@ from resin_models_torch.batch import (
     EntrySpec,
     KvSpec,
     LatentSpec,
+    LinearStateSpec,
     StateBatch,
     StepContext,
     attention_batch,
@@ -121,6 +122,8 @@ class TorchRunner:
             return spec.num_layers * self._per_page(spec) * spec.width * size
         if isinstance(spec, BufferSpec):
             return spec.num_layers * spec.tokens * spec.width * size
+        if isinstance(spec, LinearStateSpec):
+            return spec.num_layers * spec.layer_bytes(size)
         return spec.num_layers * spec.channels * spec.width * size
 
     def _per_page(self, spec: EntrySpec) -> int:
@@ -172,6 +175,10 @@ class TorchRunner:
         states = arena[token_bytes:].view(layout.state_pages, layout.state_page_bytes)
         views = []
         for spec in self.model.cache_specs:
+            if isinstance(spec, LinearStateSpec):  # mixed dtypes: layers split their bytes
+                raw = states[:, : self._group_bytes(spec)]
+                views.append(raw.view(layout.state_pages, spec.num_layers, -1))
+                continue
             shape: tuple[int, ...]
             region = pages
             if isinstance(spec, KvSpec):

@@ -1,0 +1,332 @@
+"""GLM-5.3-Flash (`glm5_next`, text path): the reference runner against `transformers` on a tiny
+random `Glm5NextForConditionalGeneration` (a one-block vision tower, not loaded) saved as a
+folder in the published layout.
+
+- KDA's chunked delta rule (decay per key channel) equals its recurrent form and both equal
+  transformers';
+- the indexer's choice in the sparse regime equals transformers' modulo exact ties (its ReLU
+  scores are often exactly 0, where `topk`'s order is implementation-defined);
+- the Engine driving the runner, in the dense regime (`index_topk` above every prompt's pool
+  count, so attention is causal and ties cannot matter): logits at every computed position
+  and the prompt logprobs within 2e-4 of transformers (fp32), greedy continuations equal, under
+  16-token prefill chunks, with a prefix hit and with retraction; bf16 within transformers-bf16's
+  own error; 64 requests sharing a 1,024-token prefix hit as often as on a pure-attention model.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from ref_compare import hf_greedy, hf_logits, max_logit_error
+from ref_hf import checkpoint as ref_checkpoint
+from transformers.models.glm5_next import modeling_glm5_next as hf_glm
+
+from resin import Engine, SamplingParams, TokensEvent
+from resin_model.hf_config import load_config, parse_config
+from resin_model.presets import param_counts, preset
+from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
+from resin_models_torch.glm5_next import Indexer, KimiDeltaAttention
+from resin_models_torch.registry import load_model, load_runner, random_runner
+from resin_models_torch.runner import TorchRunner
+
+_ROOT = Path(tempfile.mkdtemp(prefix="resin-glm5-"))
+
+_TEXT: dict[str, Any] = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=5,  # KDA x3, indexed MLA, KDA
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    n_routed_experts=6,
+    num_experts_per_tok=2,
+    kv_lora_rank=32,
+    q_lora_rank=24,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    index_topk=2048,  # the dense regime: every visible pool is chosen
+    index_head_dim=16,
+    index_n_heads=2,
+    linear_head_dim=16,
+    linear_num_heads=2,
+    mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"],
+    pad_token_id=None,
+    initializer_range=0.1,
+)
+_VISION: dict[str, Any] = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=64,
+    projection_intermediate_size=32,
+    image_size=28,
+)
+
+
+def _perturb(model: Any) -> Any:
+    """Non-trivial norms, mHC biases, indexer pools and decays (the class init leaves the
+    pool gate at 1, the ape at 0 and A_log at 0)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith(("compress_ape", "hc.base", "hc.scale")):
+                param.add_(torch.randn_like(param) * 0.1)
+            if name.endswith("compress_gate"):
+                param.normal_(0.0, 0.1)
+            if name.endswith("A_log"):
+                param.normal_(0.0, 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(torch.randn_like(buffer) * 0.1)
+    return model.eval()
+
+
+@functools.cache
+def tiny() -> tuple[Path, Any]:
+    torch.manual_seed(0)
+    config = transformers.Glm5NextConfig(text_config=_TEXT, vision_config=_VISION)
+    model = _perturb(transformers.Glm5NextForConditionalGeneration(config))
+    folder = _ROOT / "glm5"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    shared = torch.randint(0, 300, (40,), generator=gen).tolist()
+    return [
+        shared + torch.randint(0, 300, (9,), generator=gen).tolist(),
+        torch.randint(0, 300, (23,), generator=gen).tolist(),
+        shared + torch.randint(0, 300, (30,), generator=gen).tolist(),
+        [*shared[:20], 7],
+    ]
+
+
+@pytest.mark.parametrize("length", [1, 37, 150])
+def test_per_channel_chunked_delta_rule_equals_recurrent_and_transformers(length: int) -> None:
+    gen = torch.Generator().manual_seed(length)
+    q = hf_glm.l2norm(torch.randn(length, 3, 16, generator=gen)) * 16**-0.5
+    k = hf_glm.l2norm(torch.randn(length, 3, 16, generator=gen))
+    v = torch.randn(length, 3, 8, generator=gen)
+    g = -torch.rand(length, 3, 16, generator=gen) * 0.5
+    beta = torch.rand(length, 3, generator=gen)
+    state = torch.randn(3, 16, 8, generator=gen) * 0.1
+    rec_out, rec_state = recurrent_delta_rule(q, k, v, g, beta, state)
+    for chunk in (8, 64):
+        out, final = chunked_delta_rule(q, k, v, g, beta, state, chunk=chunk)
+        torch.testing.assert_close(out, rec_out, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(final, rec_state, atol=2e-5, rtol=1e-4)
+    args = (q[None] * 16**0.5, k[None], v[None], g[None], beta[None])
+    for kernel in (hf_glm.chunk_kimi_delta_attention, hf_glm.recurrent_kimi_delta_attention):
+        hf_out, hf_state = kernel(*args, initial_state=state[None], output_final_state=True)
+        torch.testing.assert_close(hf_out[0], rec_out, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(hf_state[0], rec_state, atol=2e-5, rtol=1e-4)
+
+
+def test_config_reads_the_published_layout_and_refuses_shared_indexers() -> None:
+    config = load_config(tiny()[0])
+    assert config.layer_types == ("linear", "linear", "linear", "full", "linear")
+    assert config.moe is not None and config.moe.sparse_layers == (False,) + (True,) * 4
+    assert config.glm5_next is not None and config.glm5_next.gate_lower_bound == -5.0
+    flat = {**_TEXT, "model_type": "glm5_next", "index_topk_pattern": "FFFSF"}
+    with pytest.raises(ValueError, match="shared"):
+        parse_config(flat)
+    with pytest.raises(ValueError, match="NoPE"):
+        parse_config({**_TEXT, "model_type": "glm5_next_text", "qk_rope_head_dim": 8})
+
+
+def test_indexer_choice_equals_transformers_modulo_ties() -> None:
+    """Sparse regime (2 of up to 6 pools of 16, plus the tail), one 100-token sequence."""
+    raw = {**_TEXT, "model_type": "glm5_next_text", "index_topk": 32}
+    config = parse_config(raw)
+    assert config.glm5_next is not None
+    mine = Indexer(config, config.glm5_next)
+    hf_config = transformers.Glm5NextTextConfig(**{**_TEXT, "index_topk": 32})
+    theirs = hf_glm.Glm5NextTextIndexer(hf_config, layer_idx=3)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in mine.parameters():
+            param.normal_(0.0, 0.3)
+    theirs.load_state_dict(mine.state_dict())
+    length = 100
+    x, q_resid = torch.randn(length, 64), torch.randn(length, 24)
+    with torch.no_grad():
+        indices = theirs(x[None], q_resid[None], torch.ones(1, length, dtype=torch.bool), None)[0]
+        positions = torch.arange(length)
+        entries = mine.entry(x)
+        picked = mine.choose(x, q_resid, entries, positions)
+        scores = mine.pool_scores(x, q_resid, entries)
+    theirs_picked = torch.zeros_like(picked)
+    for p in range(length):
+        chosen = indices[p][indices[p] >= 0].long()
+        theirs_picked[p, chosen] = True
+    for p in range(length):
+        tail = (p + 1) - (p + 1) % 16
+        assert torch.equal(picked[p, tail:], theirs_picked[p, tail:])
+        mine_pools = picked[p, :tail].view(-1, 16).all(dim=1)
+        their_pools = theirs_picked[p, :tail].view(-1, 16).all(dim=1)
+        assert int(mine_pools.sum()) == int(their_pools.sum()) == min(2, tail // 16)
+        # The same scores were chosen (pool identities may differ only between equal scores).
+        a = scores[p, : tail // 16][mine_pools].sort().values
+        b = scores[p, : tail // 16][their_pools].sort().values
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert int((picked.sum(dim=1) < positions + 1).sum()) > length // 2  # really sparse
+
+
+SCENARIOS = {  # (prefill chunk, prefix cache, pages)
+    "chunk16": (16, False, None),
+    "chunk16-prefix": (16, True, None),
+    "chunk16-prefix-retract": (16, True, 24),
+}
+
+
+def _run(runner: TorchRunner, prompts: list[list[int]], chunk: int, prefix: bool,
+         new_tokens: int = 10) -> tuple[list[Any], Any]:  # fmt: skip
+    params = SamplingParams(max_output_tokens=new_tokens, temperature=0.0)
+    with Engine(runner, context_length=256, prefix_cache=prefix, prefill_chunk_tokens=chunk,
+                max_batch_tokens=max(chunk, 16)) as engine:  # fmt: skip
+        requests = [engine.submit(prompts[0], params)]
+        while not requests[0].output_token_ids:
+            engine.step()  # the first request is cached before the others arrive
+        requests += [engine.submit(p, params) for p in prompts[1:]]
+        while engine.has_work():
+            engine.step()
+            engine.check_invariants()
+        return requests, engine.metrics
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_engine_driven_runner_matches_transformers(scenario: str) -> None:
+    chunk, prefix, pages = SCENARIOS[scenario]
+    folder, hf = tiny()
+    runner = load_runner(folder, page_size=8, num_pages=pages)
+    runner.record_logits = True
+    prompts = _prompts(1)
+    requests, metrics = _run(runner, prompts, chunk, prefix)
+    assert (metrics.prefix_cache_hits > 0) == prefix
+    assert (metrics.num_preemptions > 0) == (pages is not None)
+    if prefix:
+        assert max(r.cached_tokens for r in requests) >= 40
+    for request, prompt in zip(requests, prompts, strict=True):
+        generated = request.take_result()
+        worst, count = max_logit_error(runner.recorded, request.id, hf, prompt + generated)
+        assert count >= len(prompt) + len(generated) - 1 - request.cached_tokens
+        assert worst < 2e-4, f"{scenario}: logits differ by {worst}"
+        assert generated == hf_greedy(hf, prompt, 10)
+
+
+def _drain(engine: Engine) -> list[TokensEvent]:
+    events = []
+    while engine.has_work():
+        events += [e for e in engine.step() if isinstance(e, TokensEvent)]
+    return events
+
+
+def test_prompt_logprobs_match_transformers() -> None:
+    folder, hf = tiny()
+    prompt = _prompts(2)[2]
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, prompt_logprobs=1)
+    with Engine(load_runner(folder, page_size=8), prefill_chunk_tokens=16) as engine:
+        request = engine.submit(prompt, params)
+        events = [e for e in _drain(engine) if e.request_id == request.id]
+    ref = torch.log_softmax(hf_logits(hf, prompt), dim=-1)
+    lps = events[0].prompt_logprobs
+    assert lps is not None and len(lps) == len(prompt) - 1
+    assert max(abs(v - float(ref[p, prompt[p + 1]])) for p, v in enumerate(lps)) < 2e-4
+
+
+def test_bfloat16_within_transformers_own_bfloat16_error() -> None:
+    folder, hf = tiny()
+    prompt = _prompts(4)[2]
+    exact = hf_logits(hf, prompt)
+    hf16 = type(hf).from_pretrained(folder, dtype=torch.bfloat16).eval()
+    hf_error = float((hf_logits(hf16, prompt) - exact).abs().max())
+    runner = load_runner(folder, page_size=8, dtype=torch.bfloat16)
+    runner.record_logits = True
+    requests, _ = _run(runner, [prompt], 16, False, new_tokens=1)
+    worst, _ = max_logit_error(runner.recorded, requests[0].id, hf, prompt)
+    assert worst < 3 * hf_error + 1e-2, (worst, hf_error)
+
+
+def _shared_prefix_hit_ratio(runner: TorchRunner) -> float:
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 300, (1024,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(0, 300, (32,), generator=gen).tolist() for _ in range(64)]
+    params = SamplingParams(max_output_tokens=1, temperature=0.0)
+    with Engine(runner, context_length=2048, prefix_cache=True,
+                max_batch_tokens=2048) as engine:  # fmt: skip
+        first = engine.submit(prompts[0], params)
+        while not first.output_token_ids:
+            engine.step()
+        for prompt in prompts[1:]:
+            engine.submit(prompt, params)
+        _drain(engine)
+        metrics = engine.metrics
+    assert metrics is not None and metrics.prefix_cache_queries == 64 * 1056
+    return metrics.prefix_cache_hits / metrics.prefix_cache_queries
+
+
+def test_shared_prefix_hits_as_often_as_on_pure_attention() -> None:
+    """Held out: KDA State checkpoints plus the latent/indexer History let 63 of 64 requests
+    resume after the 1,024-token prefix, as a History-only model (tiny Qwen3) does."""
+    hybrid = _shared_prefix_hit_ratio(load_runner(tiny()[0], page_size=16))
+    attention = _shared_prefix_hit_ratio(load_runner(ref_checkpoint("qwen3")[0], page_size=16))
+    assert attention > 0.9
+    assert abs(hybrid - attention) <= 0.05, (hybrid, attention)
+
+
+def test_presets_count_the_published_sizes_and_run() -> None:
+    full, reduced = preset("glm-5.3-flash"), preset("glm-5.3-flash-8l")
+    embedding = full.vocab_size * full.hidden_size
+    active, total = param_counts(full)
+    assert 313.2 < (total + embedding) / 1e9 < 313.4  # 313.3B text parameters (mHC left out)
+    assert 16.6 < active / 1e9 < 16.8  # 16.7B a token without the embedding
+    assert 78 < 2 * (param_counts(reduced)[1] + embedding) / 1e9 < 79  # bf16 GB, one H200
+    runner = random_runner(preset("tiny-glm5_next"), page_size=8)
+    prompts = [[t % 256 for t in p] for p in _prompts(5)[:2]]  # the preset has 256 tokens
+    requests, _ = _run(runner, prompts, 16, True, new_tokens=3)
+    assert all(len(r.take_result()) == 3 for r in requests)
+
+
+@pytest.mark.parametrize("lower", [-5.0, None])
+def test_forget_gate_equals_transformers(lower: float | None) -> None:
+    raw = {**_TEXT, "model_type": "glm5_next_text", "linear_lower_bound": lower}
+    config = parse_config(raw)
+    assert config.glm5_next is not None and config.glm5_next.gate_lower_bound == lower
+    theirs = hf_glm.Glm5NextTextForgetGate(
+        transformers.Glm5NextTextConfig(**{**_TEXT, "linear_lower_bound": lower})
+    )
+    layer = load_model(tiny()[0]).model.layers[0].self_attn
+    assert isinstance(layer, KimiDeltaAttention)
+    layer.glm = config.glm5_next
+    with torch.no_grad():
+        for name in ("f_a_proj", "f_b_proj"):
+            getattr(theirs, name).weight.copy_(getattr(layer, name).weight)
+        theirs.dt_bias.copy_(layer.decay.dt_bias)
+        theirs.A_log.copy_(layer.decay.A_log)
+        x = torch.randn(7, 64) * 3
+        torch.testing.assert_close(layer.forget_gate(x), theirs(x[None])[0])
+
+
+def test_recurrent_only_runner_equals_chunked() -> None:
+    folder, _ = tiny()
+    outputs = []
+    for chunk in (64, None):
+        runner = load_runner(folder, page_size=8)
+        for module in runner.model.modules():
+            if isinstance(module, KimiDeltaAttention):
+                module.chunk = chunk
+        runner.record_logits = True
+        requests, _ = _run(runner, [_prompts(3)[2]], 2048, False, new_tokens=3)
+        outputs.append(([r.take_result() for r in requests], runner.recorded))
+    assert outputs[0][0] == outputs[1][0]
+    for a, b in zip(outputs[0][1], outputs[1][1], strict=True):
+        assert a.logits is not None and b.logits is not None
+        torch.testing.assert_close(a.logits, b.logits, atol=2e-5, rtol=1e-4)
