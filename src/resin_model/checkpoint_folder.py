@@ -354,6 +354,11 @@ def check_shapes(config: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
     _check_dtypes(config, tensors)
 
 
+INTEGER_TABLES = (".tid2eid",)
+"""Tensors stored as integers by design: DeepSeek-V4's token -> expert hash-routing table."""
+INTEGER_DTYPES = frozenset({"I32", "I64"})
+
+
 def _check_dtypes(config: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
     """Weights are floats, except what the declared quantization stores (FP8 weights, MXFP4
     blocks and scales as bytes); a quantization label the shards do not carry is refused."""
@@ -367,7 +372,15 @@ def _check_dtypes(config: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
         allowed |= {"U8"}
         if not any(n.endswith("_blocks") and t.dtype == "U8" for n, t in tensors.items()):
             raise CheckpointError("config.json declares mxfp4, but no tensor holds MXFP4 blocks")
-    odd = next((n for n, t in tensors.items() if t.dtype not in allowed), None)
+    odd = next(
+        (
+            n
+            for n, t in tensors.items()
+            if t.dtype not in allowed
+            and not (n.endswith(INTEGER_TABLES) and t.dtype in INTEGER_DTYPES)
+        ),
+        None,
+    )
     if odd is not None:
         declared = f"declares {scheme}" if scheme else "declares no quantization"
         raise CheckpointError(

@@ -67,6 +67,8 @@ def _indexer_types(raw: Reader, n: int) -> list[str]:
 
 
 def parse_glm5_next_text(raw: Reader) -> ModelConfig:
+    # transformers writes head_dim = qk_rope_head_dim (0, NoPE): derived, not a size to check
+    raw.raw = {key: value for key, value in raw.raw.items() if key != "head_dim"}
     common = common_fields(raw, eps=1e-5)
     common["max_positions"] = int(raw.get("max_position_embeddings", 1048576))
     n, heads = common["num_layers"], common["num_heads"]

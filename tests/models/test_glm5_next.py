@@ -183,7 +183,7 @@ def test_indexer_choice_equals_transformers_modulo_ties() -> None:
 SCENARIOS = {  # (prefill chunk, prefix cache, pages)
     "chunk16": (16, False, None),
     "chunk16-prefix": (16, True, None),
-    "chunk16-prefix-retract": (16, True, 24),
+    "chunk16-prefix-retract": (16, True, 16),
 }
 
 
