@@ -160,6 +160,22 @@ def _build_parser() -> argparse.ArgumentParser:
         help="a client must send its request headers within S seconds (10)",
     )
     limits.add_argument(
+        "--timeout-body",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a client must send its whole request body within S seconds of its headers, "
+        "else 408 and the connection closes (%(default)s)",
+    )
+    limits.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="/health answers 503 'stalled' once the engine made no progress for S seconds "
+        "with work queued or running (%(default)s)",
+    )
+    limits.add_argument(
         "--max-header-kb",
         type=int,
         default=64,

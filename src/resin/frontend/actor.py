@@ -22,6 +22,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -97,6 +98,10 @@ class EngineActor(SlotsFront):
         self._delivery_scheduled = False
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._abandoned = False
+        self._busy_since: float | None = None
+        """While work is queued or running: when the engine last made progress (a step that
+        returned events, or work arriving); None while idle. Written by the actor thread."""
 
     # ---- event-loop side -------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -118,6 +123,23 @@ class EngineActor(SlotsFront):
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def stalled_for(self) -> float:
+        """Seconds the engine has made no progress while work is queued or running (0 while
+        idle or stepping along): a stopped engine process, or a step that never returns."""
+        since = self._busy_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
+    def abandon(self, reason: str = "server is shutting down; the answer was cut off") -> None:
+        """Shutdown with an engine that does not answer (event-loop side): every open stream
+        ends now with `reason` (its client gets the shutdown event), and the actor thread ends
+        without waiting for the engine's final events."""
+        self._abandoned = True
+        self.slots.accepting = False
+        self._intake.put(_Stop())
+        for stream in list(self._open):
+            stream.push(StreamError(reason))
+        self._open.clear()
 
     @property
     def load(self) -> int:
@@ -179,6 +201,7 @@ class EngineActor(SlotsFront):
 
     def abort(self, stream: RequestStream) -> None:
         """Cancel a request (client gone or too slow); its engine pages are freed."""
+        stream.cancelled = True
         if (sub := self._compiling.claim(stream)) is not None:  # its grammar is compiling
             self._reject(sub, StreamError("aborted", "aborted"))
         elif not stream.closed or stream.overflowed:
@@ -202,14 +225,21 @@ class EngineActor(SlotsFront):
         while True:
             try:
                 idle = not self._pending and not self.engine.has_work()
-                if stopping and idle and self._close():
+                if idle:
+                    self._busy_since = None
+                elif self._busy_since is None:
+                    self._busy_since = time.monotonic()
+                if (stopping and idle and self._close()) or self._abandoned:
                     return
                 stopping = self._drain(block=idle) or stopping
                 if stopping:
                     self._abort_all()
                 self._admit()
                 if self.engine.has_work():
-                    self._dispatch(self.engine.step())
+                    events = self.engine.step()
+                    if events:
+                        self._busy_since = time.monotonic()
+                    self._dispatch(events)
                     if getattr(self.engine, "dead", False) and not stopping:
                         self._die("the engine stopped (runner failure)")
                         return
@@ -254,6 +284,9 @@ class EngineActor(SlotsFront):
             if len(self._active) >= self.max_active:
                 return
             sub = self._pending.popleft()
+            if sub.stream.cancelled:  # its client left while it queued: never prefilled
+                self._reject(sub, StreamError("aborted", "aborted"))
+                continue
             try:
                 given = (("media", sub.media), ("grammar", sub.grammar))
                 extra: dict[str, Any] = {k: v for k, v in given if v}  # doubles know neither

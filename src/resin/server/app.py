@@ -13,6 +13,7 @@ If the actor dies, requests get 503 and the listener stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -43,6 +44,11 @@ from resin.server.service import Limits, Service
 from resin.tokenizer import TokenizerLike
 
 log = logging.getLogger("resin.server")
+
+STOP_GRACE_S = 5.0
+"""After a stop, how long open streams wait for the engine's final events; then they end
+with the shutdown event anyway (a stalled or stopped engine never sends them), well inside
+uvicorn's 10 s graceful-shutdown window."""
 
 
 class HttpServer:
@@ -114,9 +120,18 @@ class HttpServer:
         self.connection_limits = connection_limits or ConnectionLimits()
         if allowed_hosts == "loopback-default":
             allowed_hosts = default_allowed_hosts(host)
-        guard = GuardMiddleware(self._build_app(), api_key, max_body_bytes, allowed_hosts)
+        guard = GuardMiddleware(
+            self._build_app(),
+            api_key,
+            max_body_bytes,
+            allowed_hosts,
+            self.connection_limits.timeout_body,
+        )
         self.app: Any = RequestLog(guard) if log_requests else guard
         self.ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._grace_armed = False
+        self._abandoned = False
         self._stats = (
             None
             if log_stats_s is None
@@ -130,14 +145,16 @@ class HttpServer:
     def _build_app(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-            self.actor.start(asyncio.get_running_loop())
+            self._loop = asyncio.get_running_loop()
+            self.actor.start(self._loop)
             if self._stats is not None:
                 self._stats.start()
             self.ready.set()
             yield
             if self._stats is not None:
                 self._stats.stop()
-            await asyncio.to_thread(self.actor.stop)
+            # After an abandon the engine may never answer: do not wait long for its thread.
+            await asyncio.to_thread(self.actor.stop, 1.0 if self._abandoned else 10.0)
             await asyncio.sleep(0)  # let the actor's last deliveries reach their streams
 
         app = FastAPI(title="Resin", version="0.1.0", lifespan=lifespan)
@@ -164,7 +181,7 @@ class HttpServer:
 
         class _Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
-                owner.actor.request_stop()
+                owner._request_stop()
                 super().handle_exit(sig, frame)
 
         config: dict[str, Any] = {
@@ -188,10 +205,33 @@ class HttpServer:
         """Stop intake, end open requests (their streams finish cleanly), stop listening.
 
         Safe from any thread. The actor finishes its current step, aborts what is left and
-        delivers the final events; uvicorn then closes the drained connections."""
-        self.actor.request_stop()
+        delivers the final events; uvicorn then closes the drained connections. Streams the
+        engine has not ended `STOP_GRACE_S` later end with the shutdown event anyway."""
+        self._request_stop()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
+
+    def _request_stop(self) -> None:
+        self.actor.request_stop()
+        loop = self._loop
+        if loop is None or self._grace_armed:
+            return
+        self._grace_armed = True
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            loop.call_soon_threadsafe(loop.call_later, STOP_GRACE_S, self._abandon)
+
+    def _abandon(self) -> None:
+        """The engine did not end its requests within the grace: end their streams here."""
+        for actor in self.actor.replicas:
+            if actor.load:
+                log.warning(
+                    "the engine did not end %d requests within %g s of the stop; "
+                    "ending their streams",
+                    actor.load,
+                    STOP_GRACE_S,
+                )
+                actor.abandon()
+                self._abandoned = True
 
     def _on_death(self) -> None:
         log.error("engine actor died (%s); stopping the listener", self.actor.error)

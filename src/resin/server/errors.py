@@ -29,6 +29,7 @@ _KINDS: dict[int, tuple[str, str | None, str]] = {
     403: ("permission_error", None, "permission_error"),
     404: ("not_found_error", None, "not_found_error"),
     405: ("invalid_request_error", None, "invalid_request_error"),
+    408: ("invalid_request_error", "request_timeout", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large", "request_too_large"),
     429: ("rate_limit_exceeded", "rate_limit_exceeded", "rate_limit_error"),
     503: ("service_unavailable", "service_unavailable", "overloaded_error"),
