@@ -17,14 +17,23 @@ if TYPE_CHECKING:
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--checkpoint", help="a model folder (safetensors or converted GGUF)")
-    src.add_argument("--model", help="a model name known to the default-model resolver")
+    src.add_argument(
+        "--checkpoint",
+        help="a Hugging Face model folder (safetensors) or a .gguf file (converted once into "
+        "~/.cache/resin); default: the default model",
+    )
+    src.add_argument(
+        "--model",
+        help="a built-in model by name: SmolLM2-135M-Instruct (the default) or gemma-3-270m",
+    )
     src.add_argument(
         "--fake-runner",
         action="store_true",
         help="the real engine with a zero-cost runner (load tests)",
     )
-    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ... (%(default)s)"
+    )
     p.add_argument(
         "--runner",
         choices=["auto", "cuda", "torch"],
@@ -41,7 +50,12 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="longest sequence, prompt + output (default: the checkpoint's)",
     )
     _sizing_args(p.add_argument_group("sizing (docs/server.md, Serving on a GPU)"))
-    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV cache of shared prompt prefixes across requests (default: on)",
+    )
     p.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
@@ -50,7 +64,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "supports it; --no-overlap runs one step at a time, for debugging)",
     )
     p.add_argument("--recipe", default=None, help="chat recipe name (default: detected)")
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id clients send and /v1/models lists (default: the folder's name)",
+    )
     p.add_argument(
         "--speculative",
         choices=["ngram", "draft", "mtp"],
@@ -75,7 +93,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=1,
         metavar="M",
         help="M engine replicas behind one server: a request goes to the replica with the "
-        "longest cached prefix for it, else the least loaded (docs/distributed.md)",
+        "longest cached prefix for it, else the least loaded (docs/distributed.md; %(default)s)",
     )
     p.add_argument(
         "--generation-config",
@@ -115,7 +133,8 @@ def _sizing_args(p: Any) -> None:
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager)",
+        help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager; "
+        "default: on)",
     )
 
 
@@ -124,11 +143,23 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
     _serve_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (%(default)s: this machine)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (%(default)s)")
     serve.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
-    serve.add_argument("--queue-capacity", type=int, default=1024)
-    serve.add_argument("--max-active", type=int, default=128)
+    serve.add_argument(
+        "--queue-capacity",
+        type=int,
+        default=1024,
+        help="requests waiting to enter the engine; more get 429 (%(default)s)",
+    )
+    serve.add_argument(
+        "--max-active",
+        type=int,
+        default=128,
+        help="requests inside the engine at once; the rest wait in the queue (%(default)s)",
+    )
     serve.add_argument(
         "--api-server-count",
         type=int,
@@ -137,13 +168,29 @@ def _build_parser() -> argparse.ArgumentParser:
         help="N >= 1: N frontend processes sharing the port, each engine replica in its own "
         "process; 0 (default): everything in this one process",
     )
-    serve.add_argument("--stream-interval", type=int, default=4)
-    serve.add_argument("--max-body-mb", type=float, default=4.0)
+    serve.add_argument(
+        "--stream-interval",
+        type=int,
+        default=4,
+        help="tokens per streamed chunk once a stream has started (%(default)s)",
+    )
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=4.0,
+        help="request bodies above this many MiB get 413 (%(default)s)",
+    )
     serve.add_argument("--disable-log-requests", action="store_true", help="no line per request")
     serve.add_argument(
         "--disable-log-stats", action="store_true", help="no periodic throughput/queue/KV line"
     )
-    serve.add_argument("--log-stats-interval", type=float, default=10.0, metavar="S")
+    serve.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between the throughput / queue / KV-cache log lines (%(default)s)",
+    )
     limits = serve.add_argument_group("limits (docs/server.md)")
     limits.add_argument(
         "--timeout-keep-alive",
@@ -157,7 +204,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=float,
         default=10.0,
         metavar="S",
-        help="a client must send its request headers within S seconds (10)",
+        help="a client must send its request headers within S seconds (%(default)s)",
     )
     limits.add_argument(
         "--timeout-body",
@@ -209,10 +256,12 @@ def _build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat in the terminal (with a server URL or in-process)")
     _serve_args(chat)
     chat.add_argument("--url", default=None, help="an existing server; else start one")
-    chat.add_argument("--api-key", default=None)
-    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--api-key", default=None, help="the server's key (with --url)")
+    chat.add_argument(
+        "--max-tokens", type=int, default=512, help="longest reply in tokens (%(default)s)"
+    )
     chat.add_argument("--temperature", type=float, default=None, help="(the model's default)")
-    chat.add_argument("--system", default=None)
+    chat.add_argument("--system", default=None, help="a system message for the conversation")
     # `bench TOOL` parses its own options too: `resin bench --help` lists the tools.
     sub.add_parser("bench", help="run one benchmark tool (`resin bench --help` lists them)")
     # `check` parses its own options (main() hands them over); listed here for --help.
@@ -263,7 +312,8 @@ def _load(args: argparse.Namespace, on_stage: Any = None) -> object:
     try:
         check_options(options)
         return load(options, on_stage=on_stage)
-    except ValueError as exc:  # a bad option (say, an unknown --recipe), a failed start
+    except (ValueError, OSError) as exc:  # a bad option (an unknown --recipe), a failed start
+        # (a missing or unreadable file): one line, no traceback
         raise _refuse(args, exc) from None
 
 

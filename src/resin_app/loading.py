@@ -151,6 +151,19 @@ def check_options(options: LoadOptions) -> None:
     check_recipe_name(options.recipe)
     check_speculative(options)
     check_parallel(options)
+    check_checkpoint_exists(options.checkpoint)
+
+
+def check_checkpoint_exists(checkpoint: str | None) -> None:
+    """A `--checkpoint` that names nothing is refused before the port is taken or any process
+    starts (one line, exit 2), not deep in the loader."""
+    from pathlib import Path
+
+    if checkpoint is not None and not Path(checkpoint).expanduser().exists():
+        raise ValueError(
+            f"--checkpoint {checkpoint}: no such file or folder (give a Hugging Face folder "
+            "or a .gguf file; without --checkpoint the default model is served)"
+        )
 
 
 def start_engines(
