@@ -33,6 +33,7 @@ from resin.recipe.special_text import LiteralSpecials, texts
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
 from resin.server.asgi import until_disconnect
 from resin.server.errors import ApiError, ClientDisconnected, api_error
+from resin.server.logs import track
 from resin.server.metrics import ServerMetrics
 from resin.server.response_store import ResponseStore
 from resin.server.structured import NONE, Structured, name_field
@@ -332,7 +333,8 @@ class Service:
                 ticket.take(len(planned)), planned, parsers, strict=True
             )
         ]
-        batch = Generations(gens, self.actor.stream_capacity)
+        track(gens)
+        batch = Generations(gens, self.actor.stream_capacity, [p for _, _, p in planned])
         try:
             if request is None:
                 await batch.start()
