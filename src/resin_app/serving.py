@@ -4,7 +4,6 @@ server and every frontend process (`serve_split.py`), and its stderr log."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -59,14 +58,9 @@ def build_server(
 
 def log_to_stderr() -> None:
     """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
-    import logging
+    from resin.server.logs import log_to_stderr as to_stderr
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("resin")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    to_stderr()
 
 
 def hosts(value: str | None) -> list[str] | Literal["loopback-default"] | None:

@@ -31,6 +31,7 @@ from resin.frontend.errors import FrontendError
 from resin.frontend.ports import EngineLike
 from resin.frontend.replicas import ReplicaSet
 from resin.generation_config import GenerationDefaults
+from resin.generation_config import resolve as resolve_defaults
 from resin.metrics.collector import MetricsSnapshot
 from resin.metrics.prometheus import PrometheusExporter
 from resin.recipe import Recipe
@@ -38,7 +39,7 @@ from resin.server import anthropic_messages, misc, openai_chat, openai_completio
 from resin.server.asgi import GuardMiddleware, default_allowed_hosts
 from resin.server.connection_limits import ConnectionLimits, protocol_class
 from resin.server.errors import ApiError, ClientDisconnected, error_handler
-from resin.server.logs import RequestLog, StatsLog
+from resin.server.logs import RequestLog, StatsLog, log_to_stderr, logging_configured
 from resin.server.metrics import ServerMetrics
 from resin.server.service import Limits, Service
 from resin.tokenizer import TokenizerLike
@@ -76,11 +77,15 @@ class HttpServer:
         allowed_hosts: Sequence[str] | Literal["loopback-default"] | None = "loopback-default",
         special_tokens_in_text: bool = False,
         generation_defaults: GenerationDefaults | None = None,
-        log_requests: bool = False,
-        log_stats_s: float | None = None,
+        log_requests: bool = True,
+        log_stats_s: float | None = 10.0,
     ) -> None:
         """`log_requests`: a log line per request; `log_stats_s`: the engines' summary every
-        so many seconds while busy (`resin.server.logs`, the `resin.server` logger)."""
+        so many seconds while busy (`resin.server.logs`, the `resin.server` logger; None: no
+        summary). `generation_defaults`: sampling for the fields a request omits; None (the
+        default) reads them as `resin serve` does (`--generation-config auto`): the checkpoint
+        folder's `generation_config.json` (its `max_new_tokens` caps a request that names no
+        `max_tokens`), found through the tokenizer's folder (`Tokenizer.from_dir`)."""
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
@@ -115,7 +120,7 @@ class HttpServer:
             self.metrics,
             limits or Limits(),
             special_tokens_in_text,
-            defaults=generation_defaults or GenerationDefaults(),
+            defaults=_defaults(generation_defaults, tokenizer),
         )
         self.connection_limits = connection_limits or ConnectionLimits()
         if allowed_hosts == "loopback-default":
@@ -131,6 +136,7 @@ class HttpServer:
         self.ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grace_armed = False
+        self._announce = False
         self._abandoned = False
         self._stats = (
             None
@@ -150,6 +156,10 @@ class HttpServer:
             if self._stats is not None:
                 self._stats.start()
             self.ready.set()
+            if self._announce:
+                url = f"http://{self.host}:{self.port}"
+                name = self.service.model
+                log.info("serving %s at %s (chat page: %s/ , API: %s/v1)", name, url, url, url)
             yield
             if self._stats is not None:
                 self._stats.stop()
@@ -198,7 +208,12 @@ class HttpServer:
         return self._uvicorn
 
     def serve(self, **uvicorn_overrides: Any) -> None:
-        """Run until SIGTERM/SIGINT or `shutdown()` (blocks the calling thread)."""
+        """Run until SIGTERM/SIGINT or `shutdown()` (blocks the calling thread). Says where it
+        serves and logs its request and stats lines on stderr, as `resin serve` does, unless
+        the program configured logging itself."""
+        if not logging_configured():
+            log_to_stderr()
+        self._announce = True
         self.make_uvicorn(**uvicorn_overrides).run()
 
     def shutdown(self) -> None:
@@ -239,6 +254,14 @@ class HttpServer:
             loop = asyncio.get_running_loop()
             # Answer in-flight requests with 503 for a moment, then stop listening.
             loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
+
+
+def _defaults(given: GenerationDefaults | None, tokenizer: object) -> GenerationDefaults:
+    """`given`, else the checkpoint's (`generation_config.json` of the tokenizer's folder)."""
+    if given is not None:
+        return given
+    folder = getattr(tokenizer, "source_dir", None)
+    return resolve_defaults("auto", folder) if folder is not None else GenerationDefaults()
 
 
 def _engine_exporter(front: EngineActor | ReplicaSet, model: str) -> Callable[[], bytes] | None:

@@ -1,7 +1,9 @@
 """The server's log lines: one per HTTP request, and a periodic engine summary (as vLLM's).
 
-Both go to the `resin.server` logger at INFO; `resin serve` shows them (`--disable-log-requests`,
-`--disable-log-stats` turn them off); a library `HttpServer` logs them only when asked.
+Both go to the `resin.server` logger at INFO, by default in `resin serve` and in a library
+`HttpServer` alike (`--disable-log-requests` / `log_requests=False`, `--disable-log-stats` /
+`log_stats_s=None` turn them off); `HttpServer.serve()` shows them on stderr (`log_to_stderr`)
+unless the program configured logging itself.
 
 - `RequestLog` (pure ASGI): `POST /v1/chat/completions 200 1.234s 127.0.0.1 prompt_tokens=12
   completion_tokens=34` once the answer has been sent (a stream: when it ended); the token
@@ -17,6 +19,7 @@ Both go to the `resin.server` logger at INFO; `resin serve` shows them (`--disab
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -163,3 +166,18 @@ class StatsLog:
             f"running {running}, waiting {waiting}, KV cache {100 * kv:.1f}%, "
             f"prefix cache hits {hits:.1f}%"
         )
+
+
+def log_to_stderr() -> None:
+    """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("resin")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def logging_configured() -> bool:
+    """Whether the program set up logging for `resin` (a handler here or at the root)."""
+    return bool(logging.getLogger("resin").handlers or logging.getLogger().handlers)
