@@ -53,8 +53,10 @@ from resin.tokenizer import Tokenizer
 from resin_app.loading import ZeroCostRunner
 
 tokenizer = Tokenizer.from_dir(sys.argv[1])
-engine = Engine(ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0]), context_length=4096)
-HttpServer(engine, load_recipe(tokenizer), tokenizer=tokenizer, model="m", port=int(sys.argv[2])).serve()
+runner = ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0])
+engine = Engine(runner, context_length=4096)
+recipe = load_recipe(tokenizer)
+HttpServer(engine, recipe, tokenizer=tokenizer, model="m", port=int(sys.argv[2])).serve()
 """
 
 
