@@ -114,6 +114,17 @@ def _sizing_args(p: Any) -> None:
         help="share of the GPU's free memory for weights + KV arena (fast runner; 0.85)",
     )
     p.add_argument(
+        "--kv-cache-memory",
+        dest="kv_cache_bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="the KV cache's memory, in bytes or with a unit (512MiB, 4GiB, 2GB); it must "
+        "hold one --max-model-len sequence (default: on a CPU, 256 MiB or one full context, "
+        "whichever is larger; on a GPU, what --gpu-memory-utilization leaves after the "
+        "weights)",
+    )
+    p.add_argument(
         "--max-sequences",
         "--max-num-seqs",
         dest="max_sequences",
@@ -136,6 +147,24 @@ def _sizing_args(p: Any) -> None:
         help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager; "
         "default: on)",
     )
+
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
+
+
+def _size(text: str) -> int:
+    """`4GiB`, `512MiB`, `2GB`, `1e9`: bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (say 512MiB, 4GiB or 2GB)")
+    size = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the size must be positive")
+    return size
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -295,6 +324,7 @@ def _options(args: argparse.Namespace) -> LoadOptions:
         max_sequences=args.max_sequences,
         max_batch_tokens=args.max_batch_tokens,
         memory_fraction=args.memory_fraction,
+        kv_cache_bytes=args.kv_cache_bytes,
         cuda_graphs=args.cuda_graphs,
     )
 

@@ -47,6 +47,8 @@ class LoadOptions:
     max_batch_tokens: int | None = None
     """Query tokens per step (`Engine(max_batch_tokens=...)`)."""
     memory_fraction: float | None = None
+    kv_cache_bytes: int | None = None
+    """The KV arena's size (`--kv-cache-memory`); None: the runner family's default."""
     """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
     cuda_graphs: bool = True
 
@@ -170,14 +172,13 @@ def start_engines(
     runners: Sequence[Any], options: LoadOptions, tokenizer: Any, context: int
 ) -> tuple[Engine, ...]:
     """One engine per runner (each binds its runner: the KV arena is allocated and the CUDA
-    graphs captured here), after checking, on a GPU, that the arena holds one
-    `context`-token sequence (the memory knobs are the GPU's)."""
+    graphs captured here), after checking that the arena holds one `context`-token sequence
+    (the knobs named are the device's)."""
     engines: list[Engine] = []
     on_cuda = options.device.split(":", 1)[0] == "cuda"
     with startup_errors():
         for runner in runners:
-            if on_cuda:
-                check_arena(getattr(runner, "runner_config", None), context)
+            check_arena(getattr(runner, "runner_config", None), context, on_cuda)
             engines.append(
                 Engine(
                     runner,
@@ -193,9 +194,10 @@ def start_engines(
 
 
 KNOBS = "lower --max-model-len or --max-num-seqs, or raise --gpu-memory-utilization"
+CPU_KNOBS = "raise --kv-cache-memory or lower --max-model-len"
 
 
-def check_arena(rc: Any, context: int) -> None:
+def check_arena(rc: Any, context: int, on_cuda: bool = True) -> None:
     """A `ValueError` naming the knobs when the runner's KV arena (`RunnerConfig`: pages, or
     bytes) cannot hold one sequence of `context` tokens."""
     if not isinstance(rc, RunnerConfig) or rc.page_bytes <= 0:
@@ -209,7 +211,8 @@ def check_arena(rc: Any, context: int) -> None:
     if pages < need:
         raise ValueError(
             f"the KV arena holds {pages} pages ({pages * rc.page_size} tokens), not one "
-            f"sequence of --max-model-len {context} ({need} pages): {KNOBS}"
+            f"sequence of --max-model-len {context} ({need} pages): "
+            f"{KNOBS + ' or --kv-cache-memory' if on_cuda else CPU_KNOBS}"
         )
 
 
@@ -290,6 +293,7 @@ def replica_runners(
         memory_fraction=options.memory_fraction,
         cuda_graphs=options.cuda_graphs,
         mtp=options.speculative == "mtp",
+        kv_cache_bytes=options.kv_cache_bytes,
     )
     return checkpoint_replicas(
         folder,
@@ -329,6 +333,8 @@ def check_parallel(options: LoadOptions) -> None:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1")
+    if options.kv_cache_bytes is not None and options.kv_cache_bytes < 1:
+        raise ValueError("--kv-cache-memory must be a positive size")
     fraction = options.memory_fraction
     if fraction is not None and not 0.0 < fraction <= 1.0:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {fraction}")

@@ -76,6 +76,9 @@ class Limits:
     was queued or running."""
 
 
+CACHE_KNOBS = "the server's KV cache size: --kv-cache-memory, --gpu-memory-utilization"
+
+
 class Service:
     def __init__(
         self,
@@ -245,7 +248,8 @@ class Service:
             raise ApiError(
                 400,
                 f"prompt has {prompt_len} tokens; the context holds {self.context_length} "
-                "(prompt plus at least one generated token)",
+                "(prompt plus at least one generated token; the server's --max-model-len, "
+                "with a KV cache to match: --kv-cache-memory / --gpu-memory-utilization)",
                 "messages",
             )
         max_out = room if max_tokens is None else min(max_tokens, room)
@@ -341,7 +345,10 @@ class Service:
             else:
                 await until_disconnect(request, batch.start())
         except FrontendError as exc:  # an engine refusal of the constraint or bias: a 400
-            raise name_field(api_error(exc), structured) from None
+            error = api_error(exc)
+            if "cache pages" in error.message:  # a prompt larger than the whole KV cache
+                error.message += f" ({CACHE_KNOBS})"
+            raise name_field(error, structured) from None
         return batch
 
     def _route(
