@@ -162,3 +162,31 @@ def test_bad_bodies_get_clear_messages(fake: Served) -> None:
         assert got in message
     status, error = _raw(fake.url, "Content-Type: application/json\r\n", b"[1, 2]")
     assert error["error"]["message"] == "the request body must be a JSON object"  # type: ignore[index]
+
+
+def test_the_context_served_is_one_the_kv_cache_holds(folder: Path) -> None:
+    """A library server over an engine whose arena is smaller than its context reports and
+    enforces what the arena holds, and its refusal names the knob."""
+    pytest.importorskip("torch")
+    from resin import Engine
+    from resin.recipe import load_recipe
+    from resin.server import HttpServer
+    from resin.server.launch import free_port, running
+    from resin.tokenizer import Tokenizer
+    from resin_model.presets import TINY
+    from resin_models_torch.registry import random_runner
+
+    tokenizer = Tokenizer.from_dir(folder)
+    config = {**TINY["llama"], "vocab_size": tokenizer.vocab_size}
+    runner = random_runner(config, page_size=4, num_pages=64)  # 64 pages of 4: 255 tokens
+    engine = Engine(runner, context_length=4096)
+    server = HttpServer(
+        engine, load_recipe(tokenizer), tokenizer=tokenizer, model="m", port=free_port()
+    )
+    with running(server) as url:
+        card = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
+        assert card["max_model_len"] == 255
+        long = {"messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 1}
+        refused = httpx.post(url + CHAT, json=long, timeout=30)
+        assert refused.status_code == 400
+        assert "--kv-cache-memory" in refused.json()["error"]["message"]

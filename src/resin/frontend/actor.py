@@ -23,13 +23,11 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
+from resin.frontend.admission import Admission, Entry
 from resin.frontend.compiling import Compiling
 from resin.frontend.errors import EngineUnavailable
 from resin.frontend.intake_slots import IntakeSlots, Reservation, SlotsFront
@@ -89,7 +87,8 @@ class EngineActor(SlotsFront):
         self._intake: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._open: set[RequestStream] = set()
-        self._pending: deque[_Submit] = deque()
+        self._admission: Admission[_Submit] = Admission()
+        self._pending = self._admission.waiting
         self._compiling: Compiling[_Submit] = Compiling(self._enter, self._reject)
         self._active: dict[int, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -279,28 +278,28 @@ class EngineActor(SlotsFront):
         return False
 
     def _admit(self) -> None:
-        admitted = 0
-        while self._pending and admitted < self.admissions_per_step:
-            if len(self._active) >= self.max_active:
-                return
-            sub = self._pending.popleft()
-            if sub.stream.cancelled:  # its client left while it queued: never prefilled
-                self._reject(sub, StreamError("aborted", "aborted"))
-                continue
-            try:
-                given = (("media", sub.media), ("grammar", sub.grammar))
-                extra: dict[str, Any] = {k: v for k, v in given if v}  # doubles know neither
-                handle = self.engine.submit(sub.prompt, sub.params, **extra)
-            except EngineDeadError as exc:
+        """`Admission`'s rule; a request whose client left while it queued is dropped."""
+        outcomes = self._admission.admit(
+            self.engine,
+            len(self._active),
+            (self.max_active, self.admissions_per_step),
+            lambda sub: Entry(sub.prompt, sub.params, sub.media, sub.grammar),
+            lambda sub: sub.stream.cancelled,
+        )
+        for outcome in outcomes:
+            sub = outcome.item
+            if outcome.kind == "entered":
+                assert outcome.request_id is not None
+                sub.reservation.release()
+                sub.stream.request_id = outcome.request_id
+                self._active[outcome.request_id] = sub.stream
+            elif outcome.kind == "dead":
                 self._pending.appendleft(sub)
-                raise RuntimeError(str(exc)) from exc
-            except ValueError as exc:
-                self._reject(sub, StreamError(str(exc), "refused"))
-                continue
-            sub.reservation.release()
-            sub.stream.request_id = handle.id
-            self._active[handle.id] = sub.stream
-            admitted += 1
+                raise RuntimeError(outcome.message)
+            elif outcome.kind == "dropped":
+                self._reject(sub, StreamError("aborted", "aborted"))
+            else:
+                self._reject(sub, StreamError(outcome.message, "refused"))
 
     def _reject(self, sub: _Submit, error: StreamError) -> None:
         sub.reservation.release()

@@ -110,12 +110,24 @@ class HttpServer:
             waiting=lambda: float(sum(e.num_waiting for e in engines) + self.actor.queued),
             engine_render=_engine_exporter(self.actor, model),
         )
+        context = context_length or engines[0].context_length
+        held = min((_arena_tokens(e, context) for e in engines), default=context)
+        if held < context:
+            log.warning(
+                "the KV cache holds one sequence of %d tokens, not the context length %d: "
+                "serving %d (a larger cache: the runner's cache_bytes, `resin serve "
+                "--kv-cache-memory`)",
+                held,
+                context,
+                held,
+            )
+            context = held
         self.service = Service(
             self.actor,
             recipe,
             tokenizer,
             model,
-            context_length or engines[0].context_length,
+            context,
             stream_interval,
             self.metrics,
             limits or Limits(),
@@ -191,7 +203,7 @@ class HttpServer:
 
         class _Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
-                owner._request_stop()
+                owner.stop_intake()
                 super().handle_exit(sig, frame)
 
         config: dict[str, Any] = {
@@ -222,11 +234,13 @@ class HttpServer:
         Safe from any thread. The actor finishes its current step, aborts what is left and
         delivers the final events; uvicorn then closes the drained connections. Streams the
         engine has not ended `STOP_GRACE_S` later end with the shutdown event anyway."""
-        self._request_stop()
+        self.stop_intake()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
 
-    def _request_stop(self) -> None:
+    def stop_intake(self) -> None:
+        """Refuse new requests and end open ones: the engine ends them, or, after
+        `STOP_GRACE_S`, their streams end without it (safe from any thread)."""
         self.actor.request_stop()
         loop = self._loop
         if loop is None or self._grace_armed:
@@ -254,6 +268,44 @@ class HttpServer:
             loop = asyncio.get_running_loop()
             # Answer in-flight requests with 503 for a moment, then stop listening.
             loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
+
+
+def _arena_tokens(engine: object, context: int) -> int:
+    """The longest sequence the engine's KV arena holds alone (at most `context`), so the
+    context the server reports and enforces is one the cache can take; `context` when the
+    engine does not say (an engine in another process, a test double) or a cache group is of
+    a kind not counted here."""
+    from resin.protocols import History, State, Window
+
+    layout = getattr(engine, "layout", None)
+    groups = getattr(layout, "groups", None)
+    if layout is None or not groups:
+        return context
+    size = int(layout.page_size)
+
+    def pages(tokens: int) -> int | None:
+        total = 0
+        for g in groups:
+            if isinstance(g, State):
+                total += 2
+            elif isinstance(g, Window):
+                total += -(-(min(tokens, g.size) + 1) // size) + 1
+            elif isinstance(g, History):
+                total += -(-(tokens + 1) // size)
+            else:
+                return None
+        return total
+
+    if pages(context) is None or (pages(context) or 0) <= layout.num_pages:
+        return context
+    low, high = 0, context  # the largest `low` whose pages fit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if (pages(mid) or 0) <= layout.num_pages:
+            low = mid
+        else:
+            high = mid - 1
+    return max(low, 1)
 
 
 def _defaults(given: GenerationDefaults | None, tokenizer: object) -> GenerationDefaults:
