@@ -127,7 +127,12 @@ class EngineActor(SlotsFront):
         """Seconds the engine has made no progress while work is queued or running (0 while
         idle or stepping along): a stopped engine process, or a step that never returns."""
         since = self._busy_since
-        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+        if since is None:
+            return 0.0
+        heard = getattr(self.engine, "heard_at", None)  # an engine process's last report
+        if isinstance(heard, float):
+            since = max(since, heard)
+        return max(0.0, time.monotonic() - since)
 
     def abandon(self, reason: str = "server is shutting down; the answer was cut off") -> None:
         """Shutdown with an engine that does not answer (event-loop side): every open stream
