@@ -167,3 +167,35 @@ def test_a_stopped_engine_is_stalled_and_shutdown_is_bounded(tmp_path: Path) -> 
             for p in family:
                 if _alive(p):
                     p.kill()
+
+
+def test_a_step_that_never_returns_is_stalled_and_shutdown_ends_its_stream() -> None:
+    """In one process: the engine thread stuck inside a step (the fake engine's step sleeps
+    an hour) makes `/health` say `stalled`, and a shutdown still ends the open stream with
+    the shutdown event within the grace, without the engine."""
+    from resin.server.app import STOP_GRACE_S
+    from resin.server.launch import running
+    from resin.server.service import Limits
+    from tests.server.conftest import make_server
+    from tests.server.doubles import FakeEngine
+
+    engine = FakeEngine(step_delay=0.01)
+    server = make_server(engine, limits=Limits(stall_timeout_s=0.5))
+    with running(server) as url:
+        lines: list[str] = []
+        body = {"messages": [{"role": "user", "content": "x" * 2000}], "stream": True}
+        reader = stream_lines(url, lines, body)
+        engine.step_delay = 3600.0  # the next step never returns
+        deadline = time.monotonic() + 10
+        health = httpx.get(url + "/health", timeout=5)
+        while health.status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            health = httpx.get(url + "/health", timeout=5)
+        assert health.status_code == 503 and health.json()["status"] == "stalled"
+        started = time.monotonic()
+        server.shutdown()
+        reader.join(STOP_GRACE_S + 10)
+        assert not reader.is_alive()
+        assert time.monotonic() - started < STOP_GRACE_S + 5
+        data = [ln for ln in lines if ln.startswith("data: ")]
+        assert "shutting down" in data[-1] and '"error"' in data[-1], data[-1]
