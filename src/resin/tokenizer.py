@@ -61,6 +61,9 @@ class Tokenizer:
         self.info = info
         self._plain: tokenizers.Tokenizer | None = None
         self._plain_lock = threading.Lock()
+        self.source_dir: Path | None = None
+        """The checkpoint folder it was read from (`from_dir`): where a server finds the
+        checkpoint's generation defaults."""
 
     @classmethod
     def from_files(
@@ -93,6 +96,7 @@ class Tokenizer:
         if extra:
             ids = tuple(dict.fromkeys((*tok.info.extra_eos_token_ids, *extra)))
             tok = cls(tok.backend, dataclasses.replace(tok.info, extra_eos_token_ids=ids))
+        tok.source_dir = folder
         return tok
 
     def to_json(self) -> str:

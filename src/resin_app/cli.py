@@ -17,14 +17,23 @@ if TYPE_CHECKING:
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--checkpoint", help="a model folder (safetensors or converted GGUF)")
-    src.add_argument("--model", help="a model name known to the default-model resolver")
+    src.add_argument(
+        "--checkpoint",
+        help="a Hugging Face model folder (safetensors) or a .gguf file (converted once into "
+        "~/.cache/resin); default: the default model",
+    )
+    src.add_argument(
+        "--model",
+        help="a built-in model by name: SmolLM2-135M-Instruct (the default) or gemma-3-270m",
+    )
     src.add_argument(
         "--fake-runner",
         action="store_true",
         help="the real engine with a zero-cost runner (load tests)",
     )
-    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ... (%(default)s)"
+    )
     p.add_argument(
         "--runner",
         choices=["auto", "cuda", "torch"],
@@ -41,7 +50,12 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="longest sequence, prompt + output (default: the checkpoint's)",
     )
     _sizing_args(p.add_argument_group("sizing (docs/server.md, Serving on a GPU)"))
-    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV cache of shared prompt prefixes across requests (default: on)",
+    )
     p.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
@@ -72,7 +86,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="deepest nesting of a template's macro calls (64)",
     )
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id clients send and /v1/models lists (default: the folder's name)",
+    )
     p.add_argument(
         "--speculative",
         choices=["ngram", "draft", "mtp"],
@@ -97,7 +115,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=1,
         metavar="M",
         help="M engine replicas behind one server: a request goes to the replica with the "
-        "longest cached prefix for it, else the least loaded (docs/distributed.md)",
+        "longest cached prefix for it, else the least loaded (docs/distributed.md; %(default)s)",
     )
     p.add_argument(
         "--generation-config",
@@ -116,6 +134,17 @@ def _sizing_args(p: Any) -> None:
         type=float,
         default=None,
         help="share of the GPU's free memory for weights + KV arena (fast runner; 0.85)",
+    )
+    p.add_argument(
+        "--kv-cache-memory",
+        dest="kv_cache_bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="the KV cache's memory, in bytes or with a unit (512MiB, 4GiB, 2GB); it must "
+        "hold one --max-model-len sequence (default: on a CPU, 256 MiB or one full context, "
+        "whichever is larger; on a GPU, what --gpu-memory-utilization leaves after the "
+        "weights)",
     )
     p.add_argument(
         "--max-sequences",
@@ -137,8 +166,27 @@ def _sizing_args(p: Any) -> None:
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager)",
+        help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager; "
+        "default: on)",
     )
+
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
+
+
+def _size(text: str) -> int:
+    """`4GiB`, `512MiB`, `2GB`, `1e9`: bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (say 512MiB, 4GiB or 2GB)")
+    size = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the size must be positive")
+    return size
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -146,11 +194,23 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
     _serve_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (%(default)s: this machine)"
+    )
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (%(default)s)")
     serve.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
-    serve.add_argument("--queue-capacity", type=int, default=1024)
-    serve.add_argument("--max-active", type=int, default=128)
+    serve.add_argument(
+        "--queue-capacity",
+        type=int,
+        default=1024,
+        help="requests waiting to enter the engine; more get 429 (%(default)s)",
+    )
+    serve.add_argument(
+        "--max-active",
+        type=int,
+        default=128,
+        help="requests inside the engine at once; the rest wait in the queue (%(default)s)",
+    )
     serve.add_argument(
         "--api-server-count",
         type=int,
@@ -159,13 +219,29 @@ def _build_parser() -> argparse.ArgumentParser:
         help="N >= 1: N frontend processes sharing the port, each engine replica in its own "
         "process; 0 (default): everything in this one process",
     )
-    serve.add_argument("--stream-interval", type=int, default=4)
-    serve.add_argument("--max-body-mb", type=float, default=4.0)
+    serve.add_argument(
+        "--stream-interval",
+        type=int,
+        default=4,
+        help="tokens per streamed chunk once a stream has started (%(default)s)",
+    )
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=4.0,
+        help="request bodies above this many MiB get 413 (%(default)s)",
+    )
     serve.add_argument("--disable-log-requests", action="store_true", help="no line per request")
     serve.add_argument(
         "--disable-log-stats", action="store_true", help="no periodic throughput/queue/KV line"
     )
-    serve.add_argument("--log-stats-interval", type=float, default=10.0, metavar="S")
+    serve.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between the throughput / queue / KV-cache log lines (%(default)s)",
+    )
     limits = serve.add_argument_group("limits (docs/server.md)")
     limits.add_argument(
         "--timeout-keep-alive",
@@ -179,7 +255,23 @@ def _build_parser() -> argparse.ArgumentParser:
         type=float,
         default=10.0,
         metavar="S",
-        help="a client must send its request headers within S seconds (10)",
+        help="a client must send its request headers within S seconds (%(default)s)",
+    )
+    limits.add_argument(
+        "--timeout-body",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a client must send its whole request body within S seconds of its headers, "
+        "else 408 and the connection closes (%(default)s)",
+    )
+    limits.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="/health answers 503 'stalled' once the engine made no progress for S seconds "
+        "with work queued or running (%(default)s)",
     )
     limits.add_argument(
         "--max-header-kb",
@@ -215,10 +307,12 @@ def _build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat in the terminal (with a server URL or in-process)")
     _serve_args(chat)
     chat.add_argument("--url", default=None, help="an existing server; else start one")
-    chat.add_argument("--api-key", default=None)
-    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--api-key", default=None, help="the server's key (with --url)")
+    chat.add_argument(
+        "--max-tokens", type=int, default=512, help="longest reply in tokens (%(default)s)"
+    )
     chat.add_argument("--temperature", type=float, default=None, help="(the model's default)")
-    chat.add_argument("--system", default=None)
+    chat.add_argument("--system", default=None, help="a system message for the conversation")
     # `bench TOOL` parses its own options too: `resin bench --help` lists the tools.
     sub.add_parser("bench", help="run one benchmark tool (`resin bench --help` lists them)")
     # `check` parses its own options (main() hands them over); listed here for --help.
@@ -252,6 +346,7 @@ def _options(args: argparse.Namespace) -> LoadOptions:
         max_sequences=args.max_sequences,
         max_batch_tokens=args.max_batch_tokens,
         memory_fraction=args.memory_fraction,
+        kv_cache_bytes=args.kv_cache_bytes,
         cuda_graphs=args.cuda_graphs,
         template_limits=(args.template_max_chars, args.template_max_depth, args.template_timeout),
     )

@@ -47,6 +47,8 @@ class LoadOptions:
     max_batch_tokens: int | None = None
     """Query tokens per step (`Engine(max_batch_tokens=...)`)."""
     memory_fraction: float | None = None
+    kv_cache_bytes: int | None = None
+    """The KV arena's size (`--kv-cache-memory`); None: the runner family's default."""
     """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
     cuda_graphs: bool = True
     template_limits: tuple[int, int, float] | None = None
@@ -204,20 +206,32 @@ def check_options(options: LoadOptions) -> None:
         raise ValueError("--template-max-chars, --template-max-depth, --template-timeout > 0")
     check_speculative(options)
     check_parallel(options)
+    check_checkpoint_exists(options.checkpoint)
+
+
+def check_checkpoint_exists(checkpoint: str | None) -> None:
+    """A `--checkpoint` that names nothing is refused before the port is taken or any process
+    starts (one line, exit 2), not deep in the loader."""
+    from pathlib import Path
+
+    if checkpoint is not None and not Path(checkpoint).expanduser().exists():
+        raise ValueError(
+            f"--checkpoint {checkpoint}: no such file or folder (give a Hugging Face folder "
+            "or a .gguf file; without --checkpoint the default model is served)"
+        )
 
 
 def start_engines(
     runners: Sequence[Any], options: LoadOptions, tokenizer: Any, context: int
 ) -> tuple[Engine, ...]:
     """One engine per runner (each binds its runner: the KV arena is allocated and the CUDA
-    graphs captured here), after checking, on a GPU, that the arena holds one
-    `context`-token sequence (the memory knobs are the GPU's)."""
+    graphs captured here), after checking that the arena holds one `context`-token sequence
+    (the knobs named are the device's)."""
     engines: list[Engine] = []
     on_cuda = options.device.split(":", 1)[0] == "cuda"
     with startup_errors():
         for runner in runners:
-            if on_cuda:
-                check_arena(getattr(runner, "runner_config", None), context)
+            check_arena(getattr(runner, "runner_config", None), context, on_cuda)
             engines.append(
                 Engine(
                     runner,
@@ -233,9 +247,10 @@ def start_engines(
 
 
 KNOBS = "lower --max-model-len or --max-num-seqs, or raise --gpu-memory-utilization"
+CPU_KNOBS = "raise --kv-cache-memory or lower --max-model-len"
 
 
-def check_arena(rc: Any, context: int) -> None:
+def check_arena(rc: Any, context: int, on_cuda: bool = True) -> None:
     """A `ValueError` naming the knobs when the runner's KV arena (`RunnerConfig`: pages, or
     bytes) cannot hold one sequence of `context` tokens."""
     if not isinstance(rc, RunnerConfig) or rc.page_bytes <= 0:
@@ -249,7 +264,8 @@ def check_arena(rc: Any, context: int) -> None:
     if pages < need:
         raise ValueError(
             f"the KV arena holds {pages} pages ({pages * rc.page_size} tokens), not one "
-            f"sequence of --max-model-len {context} ({need} pages): {KNOBS}"
+            f"sequence of --max-model-len {context} ({need} pages): "
+            f"{KNOBS + ' or --kv-cache-memory' if on_cuda else CPU_KNOBS}"
         )
 
 
@@ -330,6 +346,7 @@ def replica_runners(
         memory_fraction=options.memory_fraction,
         cuda_graphs=options.cuda_graphs,
         mtp=options.speculative == "mtp",
+        kv_cache_bytes=options.kv_cache_bytes,
     )
     return checkpoint_replicas(
         folder,
@@ -369,6 +386,8 @@ def check_parallel(options: LoadOptions) -> None:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1")
+    if options.kv_cache_bytes is not None and options.kv_cache_bytes < 1:
+        raise ValueError("--kv-cache-memory must be a positive size")
     fraction = options.memory_fraction
     if fraction is not None and not 0.0 < fraction <= 1.0:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {fraction}")

@@ -191,6 +191,7 @@ class Supervisor:
             for proc in group:
                 if proc.is_alive() and proc.pid is not None:
                     os.kill(proc.pid, signal.SIGTERM)
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped child could not drain
             self._wait_for(group, STOP_TIMEOUT_S)
             for proc in group:
                 if proc.is_alive():

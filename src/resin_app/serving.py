@@ -4,7 +4,6 @@ server and every frontend process (`serve_split.py`), and its stderr log."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -41,12 +40,13 @@ def build_server(
         admissions_per_step=unlimited if forward_only else 4,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         context_length=context_length,
-        limits=Limits(max_generations=args.max_generations),
+        limits=Limits(max_generations=args.max_generations, stall_timeout_s=args.stall_timeout),
         connection_limits=ConnectionLimits(
             timeout_keep_alive=args.timeout_keep_alive,
             timeout_headers=args.timeout_headers,
             max_header_bytes=args.max_header_kb * 1024,
             max_connections=args.max_connections,
+            timeout_body=args.timeout_body,
         ),
         allowed_hosts=hosts(args.allowed_hosts),
         special_tokens_in_text=args.special_tokens_in_text,
@@ -58,14 +58,9 @@ def build_server(
 
 def log_to_stderr() -> None:
     """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
-    import logging
+    from resin.server.logs import log_to_stderr as to_stderr
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("resin")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    to_stderr()
 
 
 def hosts(value: str | None) -> list[str] | Literal["loopback-default"] | None:

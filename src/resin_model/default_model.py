@@ -5,8 +5,12 @@ converts it into a Hugging Face folder under the user's cache directory; later c
 folder and return at once.
 
 Invariants:
-- the cache folder of a GGUF is keyed by the file's name, size, mtime and the converter version,
-  so a replaced file or a fixed converter converts again and never reads stale weights;
+- the cache folder of a GGUF is keyed by the file's content (SHA-256) and the converter version,
+  so a replaced file or a fixed converter converts again and never reads stale weights, while
+  the same file installed again (a new virtualenv: a new path and mtime) reuses the folder; the
+  digest is remembered per (path, size, mtime), so only a new file is hashed;
+- a new conversion removes the older copies of the same file name: folders of an older
+  converter or of the old name-and-mtime key, and those whose source file is gone;
 - a cache folder appears atomically: conversion writes into a temporary sibling and renames it,
   so a crash or a concurrent start never leaves a half-written folder that looks complete;
 - the default model's folder carries the sampling its model card recommends
@@ -147,9 +151,10 @@ def converted_gguf_dir(
     if not source.is_file():
         raise GGUFError(f"GGUF file not found: {source}")
     stat = source.stat()
-    key = f"{source.name}|{stat.st_size}|{stat.st_mtime_ns}|v{CONVERTER_VERSION}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     parent = Path(root) if root is not None else cache_dir() / "gguf"
+    sha = _content_digest(source, parent)
+    key = f"{sha}|v{CONVERTER_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     target = parent / f"{source.stem}-{digest}"
     if (target / "config.json").is_file():
         return target
@@ -159,7 +164,13 @@ def converted_gguf_dir(
     scratch = Path(tempfile.mkdtemp(prefix=f".{source.stem}-", dir=parent))
     try:
         convert_gguf(source, scratch)
-        record = {"source": str(source), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        record = {
+            "source": str(source),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "sha256": sha,
+            "converter": CONVERTER_VERSION,
+        }
         (scratch / _SOURCE_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
         scratch.chmod(0o755)
         try:
@@ -169,7 +180,65 @@ def converted_gguf_dir(
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    _remove_old_copies(parent, source, target, sha)
     return target
+
+
+_DIGESTS = ".digests.json"
+"""In a cache folder: `{"path|size|mtime_ns": sha256}` of the GGUF files seen there."""
+
+
+def _content_digest(source: Path, parent: Path) -> str:
+    """The SHA-256 of `source`, remembered in `parent/.digests.json` by path, size and mtime
+    (an unchanged file is not read again)."""
+    stat = source.stat()
+    seen = f"{source}|{stat.st_size}|{stat.st_mtime_ns}"
+    index = parent / _DIGESTS
+    try:
+        known = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(seen), str):
+        return str(known[seen])
+    digest = hashlib.sha256()
+    with source.open("rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    sha = digest.hexdigest()
+    known[seen] = sha
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        scratch = index.with_name(f"{index.name}.{os.getpid()}")
+        scratch.write_text(json.dumps(known, indent=1) + "\n", encoding="utf-8")
+        scratch.replace(index)
+    except OSError:
+        pass  # a read-only cache only costs a hash next time
+    return sha
+
+
+def _remove_old_copies(parent: Path, source: Path, keep: Path, sha: str) -> None:
+    """Remove the other converted folders of `source`'s name that are stale: an older
+    converter, the old (name, size, mtime) key, the same content again, a source file that is
+    gone, or this very file before its content changed."""
+    for folder in parent.glob(f"{source.stem}-*"):
+        if folder == keep or not folder.is_dir() or not (folder / "config.json").is_file():
+            continue
+        try:
+            record = json.loads((folder / _SOURCE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}
+        if not isinstance(record, dict):
+            record = {}
+        stale = (
+            record.get("converter") != CONVERTER_VERSION
+            or record.get("sha256") == sha
+            or record.get("source") == str(source)
+            or not Path(str(record.get("source", ""))).is_file()
+        )
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def resolve_checkpoint(path_or_name: str | Path, on_convert: OnConvert | None = None) -> Path:

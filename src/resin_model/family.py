@@ -49,6 +49,9 @@ class BuildRequest:
     - `memory_fraction`: the share of the device's free memory (measured before the weights
       load) that weights and the KV arena may take together (None: the family's default);
     - `cuda_graphs`: whether a family that captures CUDA graphs does (False: eager steps);
+    - `kv_cache_bytes`: the KV arena's size (`--kv-cache-memory`); None: the family sizes it
+      (the reference runner: at least one `context_length` sequence; the fast runner: what
+      `memory_fraction` leaves after the weights);
     - `mtp`: a runner that also drafts with the checkpoint's multi-token-prediction layer
       (its `drafts`, read by `resin.engine.proposers.MtpProposer`); a family or model
       without one refuses.
@@ -62,12 +65,15 @@ class BuildRequest:
     memory_fraction: float | None = None
     cuda_graphs: bool = True
     mtp: bool = False
+    kv_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype {self.dtype!r}: float32, bfloat16 or float16")
         if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
             raise ValueError(f"memory_fraction {self.memory_fraction}: in (0, 1]")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ValueError(f"kv_cache_bytes {self.kv_cache_bytes}: must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,9 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
     device = torch.device(request.device)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     model = load_model(source, options, device, dtype)
-    if free is not None:
+    if request.kv_cache_bytes is not None:
+        options = replace(options, cache_bytes=request.kv_cache_bytes)
+    elif free is not None:
         options = replace(
             options, cache_bytes=arena_bytes(free, model.nbytes(), options.memory_fraction)
         )

@@ -4,6 +4,8 @@ elsewhere unless asked)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from resin.protocols import Runner
 from resin_model.config import ModelConfig
 from resin_model.family import BuildRequest, ModelSource, RunnerFamily
@@ -21,6 +23,10 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
         runner = random_runner(source, request.seed, request.device, dtype or torch.float32)
     else:
         runner = load_runner(source, device=request.device, dtype=dtype)
+    if request.kv_cache_bytes is not None:
+        runner.cache_bytes = request.kv_cache_bytes
+    elif request.context_length is not None:
+        runner.cache_bytes = max(runner.cache_bytes, sequence_bytes(runner, request.context_length))
     if not request.mtp:
         return runner
     from resin_models_torch.deepseek import DeepseekForCausalLM
@@ -30,6 +36,19 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
         raise ValueError("--speculative mtp needs a DeepSeek checkpoint with MTP layers")
     # One draft per step, as the fast runner; no overlap (plain steps between verify steps).
     return MtpRunner(runner.model, num_drafts=1, overlap=False)
+
+
+def sequence_bytes(runner: Any, context_length: int) -> int:
+    """Arena bytes that hold one sequence of `context_length` tokens in every cache group
+    (the arena's default grows to it, so the context a server reports is one the cache
+    holds)."""
+    from resin.protocols import State
+
+    rc = runner.runner_config
+    width = -(-(context_length + 1) // rc.page_size)
+    states = sum(isinstance(g, State) for g in rc.cache_groups)
+    pages = width * (len(rc.cache_groups) - states) + 2 * states
+    return int(pages * rc.page_bytes)
 
 
 FAMILY = RunnerFamily(

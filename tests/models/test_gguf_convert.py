@@ -5,7 +5,9 @@ with `transformers`' own GGUF loader."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -217,18 +219,32 @@ def test_unsupported_architecture_and_tokenizer(tmp_path: Path) -> None:
         build_tokenizer_files(read_gguf(path).metadata, path)
 
 
-def test_cache_key_follows_the_file(tmp_path: Path, synthetic: tuple) -> None:
+def test_cache_key_follows_the_content(tmp_path: Path, synthetic: tuple) -> None:
     _, file, _ = synthetic
+    cache = tmp_path / "cache"
     source = tmp_path / "model.gguf"
     source.write_bytes(file.read_bytes())
-    first = converted_gguf_dir(source, root=tmp_path / "cache")
-    assert converted_gguf_dir(source, root=tmp_path / "cache") == first
-    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
-    second = converted_gguf_dir(source, root=tmp_path / "cache")  # stale cache: convert again
+    first = converted_gguf_dir(source, root=cache)
+    assert converted_gguf_dir(source, root=cache) == first
+    # The same file in a new virtualenv (another path, another mtime): no second copy.
+    again = tmp_path / "venv2" / "model.gguf"
+    again.parent.mkdir()
+    again.write_bytes(file.read_bytes())
+    os.utime(again, ns=(again.stat().st_atime_ns, again.stat().st_mtime_ns + 10**9))
+    converting: list[Path] = []
+    assert converted_gguf_dir(again, root=cache, on_convert=converting.append) == first
+    assert not converting
+    # A copy under the old (name, size, mtime) key is removed by the next conversion, and so
+    # is the copy of this file's old content once the content changes.
+    old = cache / "model-0123456789abcdef"
+    shutil.copytree(first, old)
+    (old / "resin_source.json").write_text(json.dumps({"source": str(source)}))
+    data = bytearray(source.read_bytes())
+    data[-1] ^= 1  # the last tensor's last byte: still a valid file, other content
+    source.write_bytes(bytes(data))
+    second = converted_gguf_dir(source, root=cache)
     assert second != first and (second / "config.json").is_file()
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
-        [first.name, second.name]
-    )
+    assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == [second.name]
 
 
 def test_conversion_imports_neither_torch_nor_transformers(

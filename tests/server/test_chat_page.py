@@ -79,3 +79,28 @@ def test_chat_page_streams_renders_and_is_safe(page_url: str) -> None:
         assert page.locator(".msg.assistant strong").last.inner_text() == "Euler"
         assert not errors, errors
         browser.close()
+
+
+def test_chat_page_starts_at_the_models_defaults_and_counts_honestly() -> None:
+    from resin.generation_config import GenerationDefaults
+
+    defaults = GenerationDefaults(temperature=0.2, max_tokens=64)
+    server = make_server(FakeEngine(step_delay=0.05), generation_defaults=defaults)
+    with running(server) as url, playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(bypass_csp=True)  # string waits are evaluated scripts
+        page.goto(url + "/")
+        page.wait_for_function("document.getElementById('model').textContent === 'fake-chatml'")
+        assert page.input_value("#temperature") == "0.2"
+        assert page.input_value("#max-tokens") == "64"
+        page.fill("#prompt", "a reply long enough to be read while it streams")
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "document.querySelector('.msg.assistant .stats')?.textContent.includes('generated')"
+            " && document.querySelector('#send').hidden === true"
+        )
+        streaming = page.locator(".msg.assistant .stats").inner_text()
+        assert "prompt tokens" not in streaming, streaming  # unknown until the usage chunk
+        page.wait_for_function("document.querySelector('#send').hidden === false")
+        final = page.locator(".msg.assistant .stats").inner_text()
+        assert "prompt tokens" in final and not final.startswith("0 "), final

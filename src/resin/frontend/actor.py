@@ -22,13 +22,12 @@ import contextlib
 import logging
 import queue
 import threading
-from collections import deque
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from resin.errors import EngineDeadError
 from resin.events import Event, FinishedEvent, TokensEvent
+from resin.frontend.admission import Admission, Entry
 from resin.frontend.compiling import Compiling
 from resin.frontend.errors import EngineUnavailable
 from resin.frontend.intake_slots import IntakeSlots, Reservation, SlotsFront
@@ -88,7 +87,8 @@ class EngineActor(SlotsFront):
         self._intake: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._open: set[RequestStream] = set()
-        self._pending: deque[_Submit] = deque()
+        self._admission: Admission[_Submit] = Admission()
+        self._pending = self._admission.waiting
         self._compiling: Compiling[_Submit] = Compiling(self._enter, self._reject)
         self._active: dict[int, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,6 +97,10 @@ class EngineActor(SlotsFront):
         self._delivery_scheduled = False
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._abandoned = False
+        self._busy_since: float | None = None
+        """While work is queued or running: when the engine last made progress (a step that
+        returned events, or work arriving); None while idle. Written by the actor thread."""
 
     # ---- event-loop side -------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -118,6 +122,28 @@ class EngineActor(SlotsFront):
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def stalled_for(self) -> float:
+        """Seconds the engine has made no progress while work is queued or running (0 while
+        idle or stepping along): a stopped engine process, or a step that never returns."""
+        since = self._busy_since
+        if since is None:
+            return 0.0
+        heard = getattr(self.engine, "heard_at", None)  # an engine process's last report
+        if isinstance(heard, float):
+            since = max(since, heard)
+        return max(0.0, time.monotonic() - since)
+
+    def abandon(self, reason: str = "server is shutting down; the answer was cut off") -> None:
+        """Shutdown with an engine that does not answer (event-loop side): every open stream
+        ends now with `reason` (its client gets the shutdown event), and the actor thread ends
+        without waiting for the engine's final events."""
+        self._abandoned = True
+        self.slots.accepting = False
+        self._intake.put(_Stop())
+        for stream in list(self._open):
+            stream.push(StreamError(reason))
+        self._open.clear()
 
     @property
     def load(self) -> int:
@@ -179,6 +205,7 @@ class EngineActor(SlotsFront):
 
     def abort(self, stream: RequestStream) -> None:
         """Cancel a request (client gone or too slow); its engine pages are freed."""
+        stream.cancelled = True
         if (sub := self._compiling.claim(stream)) is not None:  # its grammar is compiling
             self._reject(sub, StreamError("aborted", "aborted"))
         elif not stream.closed or stream.overflowed:
@@ -202,14 +229,21 @@ class EngineActor(SlotsFront):
         while True:
             try:
                 idle = not self._pending and not self.engine.has_work()
-                if stopping and idle and self._close():
+                if idle:
+                    self._busy_since = None
+                elif self._busy_since is None:
+                    self._busy_since = time.monotonic()
+                if (stopping and idle and self._close()) or self._abandoned:
                     return
                 stopping = self._drain(block=idle) or stopping
                 if stopping:
                     self._abort_all()
                 self._admit()
                 if self.engine.has_work():
-                    self._dispatch(self.engine.step())
+                    events = self.engine.step()
+                    if events:
+                        self._busy_since = time.monotonic()
+                    self._dispatch(events)
                     if getattr(self.engine, "dead", False) and not stopping:
                         self._die("the engine stopped (runner failure)")
                         return
@@ -249,25 +283,28 @@ class EngineActor(SlotsFront):
         return False
 
     def _admit(self) -> None:
-        admitted = 0
-        while self._pending and admitted < self.admissions_per_step:
-            if len(self._active) >= self.max_active:
-                return
-            sub = self._pending.popleft()
-            try:
-                given = (("media", sub.media), ("grammar", sub.grammar))
-                extra: dict[str, Any] = {k: v for k, v in given if v}  # doubles know neither
-                handle = self.engine.submit(sub.prompt, sub.params, **extra)
-            except EngineDeadError as exc:
+        """`Admission`'s rule; a request whose client left while it queued is dropped."""
+        outcomes = self._admission.admit(
+            self.engine,
+            len(self._active),
+            (self.max_active, self.admissions_per_step),
+            lambda sub: Entry(sub.prompt, sub.params, sub.media, sub.grammar),
+            lambda sub: sub.stream.cancelled,
+        )
+        for outcome in outcomes:
+            sub = outcome.item
+            if outcome.kind == "entered":
+                assert outcome.request_id is not None
+                sub.reservation.release()
+                sub.stream.request_id = outcome.request_id
+                self._active[outcome.request_id] = sub.stream
+            elif outcome.kind == "dead":
                 self._pending.appendleft(sub)
-                raise RuntimeError(str(exc)) from exc
-            except ValueError as exc:
-                self._reject(sub, StreamError(str(exc), "refused"))
-                continue
-            sub.reservation.release()
-            sub.stream.request_id = handle.id
-            self._active[handle.id] = sub.stream
-            admitted += 1
+                raise RuntimeError(outcome.message)
+            elif outcome.kind == "dropped":
+                self._reject(sub, StreamError("aborted", "aborted"))
+            else:
+                self._reject(sub, StreamError(outcome.message, "refused"))
 
     def _reject(self, sub: _Submit, error: StreamError) -> None:
         sub.reservation.release()

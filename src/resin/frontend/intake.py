@@ -28,6 +28,7 @@ from resin.frontend.errors import (
 )
 from resin.frontend.generation import Generation, Update, merge
 from resin.frontend.intake_slots import Reservation
+from resin.params import SamplingParams
 
 
 class Ticket:
@@ -69,8 +70,13 @@ _End = None
 class Generations:
     """The generations of one request, read concurrently from `start()` on."""
 
-    def __init__(self, gens: list[Generation], buffer: int = 64) -> None:
+    def __init__(
+        self, gens: list[Generation], buffer: int = 64, params: list[SamplingParams] | None = None
+    ) -> None:
         self.gens = gens
+        self.params = params or []
+        """The sampling each generation runs with (defaults applied), for answers that echo
+        it (the Responses API)."""
         self._limit = buffer * 64 * max(1, len(gens))  # RequestStream's event cap, per gen
         self._queue: asyncio.Queue[tuple[int, Update | BaseException | None]] = asyncio.Queue()
         self._tasks: list[asyncio.Future[None]] = []

@@ -47,6 +47,9 @@ class RequestStream:
         self._ready = asyncio.Event()
         self.overflowed = False
         self.closed = False
+        self.cancelled = False
+        """Set by the reader's side when it aborts (its client left): the actor checks it
+        right before a queued request would enter the engine."""
 
     def push(self, item: StreamItem) -> bool:
         """Append one batch (event loop thread only). False when the reader is too slow."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,6 +93,10 @@ class EngineClient:
         )
         self.num_waiting = 0
         self.num_running = 0
+        self.heard_at = time.monotonic()
+        """When the engine process last sent anything (outputs or its status report, which
+        comes every status interval while it steps): the frontend's stall clock, so requests
+        queued behind other frontends' work do not count as a stall."""
         self.dead = False
         self._gone: str | None = None
         self._next = 0
@@ -164,6 +169,7 @@ class EngineClient:
                 self._read(msg, events)
 
     def _read(self, msg: wire.Outputs, events: list[Event | Refusal]) -> None:
+        self.heard_at = time.monotonic()
         self.num_waiting, self.num_running = msg.waiting, msg.running
         if msg.metrics:
             self.metrics = pickle.loads(msg.metrics)

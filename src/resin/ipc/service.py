@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -31,8 +30,9 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from resin.errors import EngineDeadError, GrammarBusy
+from resin.errors import GrammarBusy
 from resin.events import Event, FinishedEvent, FinishReason, TokensEvent
+from resin.frontend.admission import Admission, Entry
 from resin.ipc import wire
 from resin.params import SamplingParams
 from resin.plan import MediaItem
@@ -96,7 +96,8 @@ class EngineService:
         for front in self._fronts:
             self._poller.register(front.socket, zmq.POLLIN)
             self._poller.register(front.monitor, zmq.POLLIN)
-        self._pending: deque[_Waiting] = deque()
+        self._admission: Admission[_Waiting] = Admission()
+        self._pending = self._admission.waiting
         self._compiling: dict[int, _Waiting] = {}
         self._owner: dict[int, int] = {}  # rid -> frontend, from submit to its end
         self._inside: set[int] = set()  # rids inside the engine
@@ -289,24 +290,20 @@ class EngineService:
         self._fronts[item.frontend].refused.append((item.rid, message, kind))
 
     def _admit(self) -> None:
-        admitted = 0
-        while self._pending and admitted < self.policy.admissions_per_step:
-            if len(self._inside) >= self.policy.max_active:
-                return
-            item = self._pending.popleft()
-            extra = {"grammar": item.grammar} if item.grammar is not None else {}
-            try:
-                self.engine.submit(
-                    item.prompt, item.params, request_id=item.rid, media=item.media, **extra
-                )
-            except EngineDeadError as exc:
-                self._refuse(item, str(exc), "unavailable")
-                continue
-            except ValueError as exc:
-                self._refuse(item, str(exc), "refused")
-                continue
-            self._inside.add(item.rid)
-            admitted += 1
+        """`resin.frontend.admission`'s rule (the engine actor's too); an aborted request
+        left `_pending` when its abort was read, before this round."""
+        outcomes = self._admission.admit(
+            self.engine,
+            len(self._inside),
+            (self.policy.max_active, self.policy.admissions_per_step),
+            lambda w: Entry(w.prompt, w.params, w.media, w.grammar, w.rid),
+        )
+        for outcome in outcomes:
+            if outcome.kind == "entered":
+                self._inside.add(outcome.item.rid)
+            else:
+                kind = "unavailable" if outcome.kind == "dead" else "refused"
+                self._refuse(outcome.item, outcome.message, kind)
 
     # ---- messages out ------------------------------------------------------------------
     def _route(self, events: list[Event]) -> None:

@@ -13,6 +13,7 @@ If the actor dies, requests get 503 and the listener stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -30,6 +31,7 @@ from resin.frontend.errors import FrontendError
 from resin.frontend.ports import EngineLike
 from resin.frontend.replicas import ReplicaSet
 from resin.generation_config import GenerationDefaults
+from resin.generation_config import resolve as resolve_defaults
 from resin.metrics.collector import MetricsSnapshot
 from resin.metrics.prometheus import PrometheusExporter
 from resin.recipe import Recipe
@@ -37,12 +39,17 @@ from resin.server import anthropic_messages, misc, openai_chat, openai_completio
 from resin.server.asgi import GuardMiddleware, default_allowed_hosts
 from resin.server.connection_limits import ConnectionLimits, protocol_class
 from resin.server.errors import ApiError, ClientDisconnected, error_handler
-from resin.server.logs import RequestLog, StatsLog
+from resin.server.logs import RequestLog, StatsLog, log_to_stderr, logging_configured
 from resin.server.metrics import ServerMetrics
 from resin.server.service import Limits, Service
 from resin.tokenizer import TokenizerLike
 
 log = logging.getLogger("resin.server")
+
+STOP_GRACE_S = 5.0
+"""After a stop, how long open streams wait for the engine's final events; then they end
+with the shutdown event anyway (a stalled or stopped engine never sends them), well inside
+uvicorn's 10 s graceful-shutdown window."""
 
 
 class HttpServer:
@@ -70,11 +77,15 @@ class HttpServer:
         allowed_hosts: Sequence[str] | Literal["loopback-default"] | None = "loopback-default",
         special_tokens_in_text: bool = False,
         generation_defaults: GenerationDefaults | None = None,
-        log_requests: bool = False,
-        log_stats_s: float | None = None,
+        log_requests: bool = True,
+        log_stats_s: float | None = 10.0,
     ) -> None:
         """`log_requests`: a log line per request; `log_stats_s`: the engines' summary every
-        so many seconds while busy (`resin.server.logs`, the `resin.server` logger)."""
+        so many seconds while busy (`resin.server.logs`, the `resin.server` logger; None: no
+        summary). `generation_defaults`: sampling for the fields a request omits; None (the
+        default) reads them as `resin serve` does (`--generation-config auto`): the checkpoint
+        folder's `generation_config.json` (its `max_new_tokens` caps a request that names no
+        `max_tokens`), found through the tokenizer's folder (`Tokenizer.from_dir`)."""
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
@@ -99,24 +110,46 @@ class HttpServer:
             waiting=lambda: float(sum(e.num_waiting for e in engines) + self.actor.queued),
             engine_render=_engine_exporter(self.actor, model),
         )
+        context = context_length or engines[0].context_length
+        held = min((_arena_tokens(e, context) for e in engines), default=context)
+        if held < context:
+            log.warning(
+                "the KV cache holds one sequence of %d tokens, not the context length %d: "
+                "serving %d (a larger cache: the runner's cache_bytes, `resin serve "
+                "--kv-cache-memory`)",
+                held,
+                context,
+                held,
+            )
+            context = held
         self.service = Service(
             self.actor,
             recipe,
             tokenizer,
             model,
-            context_length or engines[0].context_length,
+            context,
             stream_interval,
             self.metrics,
             limits or Limits(),
             special_tokens_in_text,
-            defaults=generation_defaults or GenerationDefaults(),
+            defaults=_defaults(generation_defaults, tokenizer),
         )
         self.connection_limits = connection_limits or ConnectionLimits()
         if allowed_hosts == "loopback-default":
             allowed_hosts = default_allowed_hosts(host)
-        guard = GuardMiddleware(self._build_app(), api_key, max_body_bytes, allowed_hosts)
+        guard = GuardMiddleware(
+            self._build_app(),
+            api_key,
+            max_body_bytes,
+            allowed_hosts,
+            self.connection_limits.timeout_body,
+        )
         self.app: Any = RequestLog(guard) if log_requests else guard
         self.ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._grace_armed = False
+        self._announce = False
+        self._abandoned = False
         self._stats = (
             None
             if log_stats_s is None
@@ -130,14 +163,20 @@ class HttpServer:
     def _build_app(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-            self.actor.start(asyncio.get_running_loop())
+            self._loop = asyncio.get_running_loop()
+            self.actor.start(self._loop)
             if self._stats is not None:
                 self._stats.start()
             self.ready.set()
+            if self._announce:
+                url = f"http://{self.host}:{self.port}"
+                name = self.service.model
+                log.info("serving %s at %s (chat page: %s/ , API: %s/v1)", name, url, url, url)
             yield
             if self._stats is not None:
                 self._stats.stop()
-            await asyncio.to_thread(self.actor.stop)
+            # After an abandon the engine may never answer: do not wait long for its thread.
+            await asyncio.to_thread(self.actor.stop, 1.0 if self._abandoned else 10.0)
             await asyncio.sleep(0)  # let the actor's last deliveries reach their streams
 
         app = FastAPI(title="Resin", version="0.1.0", lifespan=lifespan)
@@ -164,7 +203,7 @@ class HttpServer:
 
         class _Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
-                owner.actor.request_stop()
+                owner.stop_intake()
                 super().handle_exit(sig, frame)
 
         config: dict[str, Any] = {
@@ -181,17 +220,47 @@ class HttpServer:
         return self._uvicorn
 
     def serve(self, **uvicorn_overrides: Any) -> None:
-        """Run until SIGTERM/SIGINT or `shutdown()` (blocks the calling thread)."""
+        """Run until SIGTERM/SIGINT or `shutdown()` (blocks the calling thread). Says where it
+        serves and logs its request and stats lines on stderr, as `resin serve` does, unless
+        the program configured logging itself."""
+        if not logging_configured():
+            log_to_stderr()
+        self._announce = True
         self.make_uvicorn(**uvicorn_overrides).run()
 
     def shutdown(self) -> None:
         """Stop intake, end open requests (their streams finish cleanly), stop listening.
 
         Safe from any thread. The actor finishes its current step, aborts what is left and
-        delivers the final events; uvicorn then closes the drained connections."""
-        self.actor.request_stop()
+        delivers the final events; uvicorn then closes the drained connections. Streams the
+        engine has not ended `STOP_GRACE_S` later end with the shutdown event anyway."""
+        self.stop_intake()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
+
+    def stop_intake(self) -> None:
+        """Refuse new requests and end open ones: the engine ends them, or, after
+        `STOP_GRACE_S`, their streams end without it (safe from any thread)."""
+        self.actor.request_stop()
+        loop = self._loop
+        if loop is None or self._grace_armed:
+            return
+        self._grace_armed = True
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            loop.call_soon_threadsafe(loop.call_later, STOP_GRACE_S, self._abandon)
+
+    def _abandon(self) -> None:
+        """The engine did not end its requests within the grace: end their streams here."""
+        for actor in self.actor.replicas:
+            if actor.load:
+                log.warning(
+                    "the engine did not end %d requests within %g s of the stop; "
+                    "ending their streams",
+                    actor.load,
+                    STOP_GRACE_S,
+                )
+                actor.abandon()
+                self._abandoned = True
 
     def _on_death(self) -> None:
         log.error("engine actor died (%s); stopping the listener", self.actor.error)
@@ -199,6 +268,52 @@ class HttpServer:
             loop = asyncio.get_running_loop()
             # Answer in-flight requests with 503 for a moment, then stop listening.
             loop.call_later(1.0, setattr, self._uvicorn, "should_exit", True)
+
+
+def _arena_tokens(engine: object, context: int) -> int:
+    """The longest sequence the engine's KV arena holds alone (at most `context`), so the
+    context the server reports and enforces is one the cache can take; `context` when the
+    engine does not say (an engine in another process, a test double) or a cache group is of
+    a kind not counted here."""
+    from resin.protocols import History, State, Window
+
+    layout = getattr(engine, "layout", None)
+    groups = getattr(layout, "groups", None)
+    if layout is None or not groups:
+        return context
+    size = int(layout.page_size)
+
+    def pages(tokens: int) -> int | None:
+        total = 0
+        for g in groups:
+            if isinstance(g, State):
+                total += 2
+            elif isinstance(g, Window):
+                total += -(-(min(tokens, g.size) + 1) // size) + 1
+            elif isinstance(g, History):
+                total += -(-(tokens + 1) // size)
+            else:
+                return None
+        return total
+
+    if pages(context) is None or (pages(context) or 0) <= layout.num_pages:
+        return context
+    low, high = 0, context  # the largest `low` whose pages fit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if (pages(mid) or 0) <= layout.num_pages:
+            low = mid
+        else:
+            high = mid - 1
+    return max(low, 1)
+
+
+def _defaults(given: GenerationDefaults | None, tokenizer: object) -> GenerationDefaults:
+    """`given`, else the checkpoint's (`generation_config.json` of the tokenizer's folder)."""
+    if given is not None:
+        return given
+    folder = getattr(tokenizer, "source_dir", None)
+    return resolve_defaults("auto", folder) if folder is not None else GenerationDefaults()
 
 
 def _engine_exporter(front: EngineActor | ReplicaSet, model: str) -> Callable[[], bytes] | None:

@@ -28,7 +28,9 @@ class GuardMiddleware:
     """Refuses a repeated Host, Authorization, x-api-key or Content-Length header (400), checks
     the Host header against `allowed_hosts` (None: any), the API key (Bearer or x-api-key,
     constant time) and the body size: the body is read here, up to the cap, so an
-    oversize body is a 413 however it is framed (Content-Length or chunked)."""
+    oversize body is a 413 however it is framed (Content-Length or chunked). The whole body
+    must arrive within `body_timeout_s`, else 408 and the connection closes: a client that
+    trickles its body a byte at a time holds its connection slot that long at most."""
 
     def __init__(
         self,
@@ -36,8 +38,10 @@ class GuardMiddleware:
         api_key: str | None,
         max_body_bytes: int,
         allowed_hosts: Collection[str] | None = None,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
+        self.body_timeout_s = body_timeout_s
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
@@ -68,17 +72,23 @@ class GuardMiddleware:
         body: list[bytes] = []
         seen = 0
         more = scope.get("method") not in ("GET", "HEAD")
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before its body arrived
-            chunk = message.get("body", b"")
-            seen += len(chunk)
-            if seen > self.max_body_bytes:
-                await _send_error(send, path, 413, too_large)
-                return
-            body.append(chunk)
-            more = bool(message.get("more_body", False))
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while more:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client left before its body arrived
+                    chunk = message.get("body", b"")
+                    seen += len(chunk)
+                    if seen > self.max_body_bytes:
+                        await _send_error(send, path, 413, too_large)
+                        return
+                    body.append(chunk)
+                    more = bool(message.get("more_body", False))
+        except TimeoutError:
+            late = f"the request body did not arrive within {self.body_timeout_s:g} s"
+            await _send_error(send, path, 408, late, {"connection": "close"})
+            return
         replayed = False
 
         async def replay() -> Message:

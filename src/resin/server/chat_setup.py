@@ -71,5 +71,6 @@ async def start_chat(
             fmt,
             rendered.multimodal,
             replica,
+            request,
         )
     return rendered, batch

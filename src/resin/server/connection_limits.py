@@ -34,6 +34,9 @@ class ConnectionLimits:
     """Request line plus headers; larger gets 431 and the connection is closed."""
     max_connections: int = 1024
     """Open connections at once (clamped below the process's file limit); more get 503."""
+    timeout_body: float = 30.0
+    """Seconds a client has to send a request's whole body once its headers arrived; a later
+    body gets 408 and the connection is closed (`GuardMiddleware`)."""
 
     def effective_max_connections(self) -> int:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

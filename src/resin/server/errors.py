@@ -29,6 +29,7 @@ _KINDS: dict[int, tuple[str, str | None, str]] = {
     403: ("permission_error", None, "permission_error"),
     404: ("not_found_error", None, "not_found_error"),
     405: ("invalid_request_error", None, "invalid_request_error"),
+    408: ("invalid_request_error", "request_timeout", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large", "request_too_large"),
     429: ("rate_limit_exceeded", "rate_limit_exceeded", "rate_limit_error"),
     503: ("service_unavailable", "service_unavailable", "overloaded_error"),
@@ -122,10 +123,7 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
         status, message, param, headers = exc.status, exc.message, exc.param, exc.headers
         code = exc.code
     elif isinstance(exc, RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        status = 400
-        message = f"{param}: {first.get('msg', 'invalid request')}" if param else "invalid request"
+        status, message, param = 400, *_invalid(request, exc)
     elif isinstance(exc, HTTPException):
         status, message = exc.status_code, str(exc.detail)
     elif isinstance(exc, ClientDisconnected):
@@ -138,3 +136,29 @@ async def error_handler(request: Request, exc: Exception) -> JSONResponse:
         headers = {"connection": "close"}
     body = error_body(request.url.path, status, message, param, code)
     return JSONResponse(body, status, headers=headers)
+
+
+def _invalid(request: Request, exc: RequestValidationError) -> tuple[str, str | None]:
+    """The message and `param` of a body FastAPI could not validate. The body as a whole (not
+    JSON, no JSON content type, empty, not an object) is said in words with no `param`;
+    a field's error names the field."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        at = loc[1] if len(loc) > 1 else "?"
+        reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+        return f"the request body is not valid JSON ({reason} at character {at})", None
+    if loc == ("body",):
+        kind = request.headers.get("content-type")
+        if kind is None or "json" not in kind.lower():
+            got = f"Content-Type {kind!r}" if kind else "no Content-Type header"
+            return (
+                f"the request body must be JSON sent with Content-Type: application/json "
+                f"(got {got})",
+                None,
+            )
+        if first.get("type") == "missing":
+            return "the request body is empty; send a JSON object", None
+        return "the request body must be a JSON object", None
+    param = ".".join(str(p) for p in loc if p != "body") or None
+    return (f"{param}: {first.get('msg', 'invalid')}" if param else "invalid request"), param

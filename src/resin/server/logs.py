@@ -1,10 +1,15 @@
 """The server's log lines: one per HTTP request, and a periodic engine summary (as vLLM's).
 
-Both go to the `resin.server` logger at INFO; `resin serve` shows them (`--disable-log-requests`,
-`--disable-log-stats` turn them off); a library `HttpServer` logs them only when asked.
+Both go to the `resin.server` logger at INFO, by default in `resin serve` and in a library
+`HttpServer` alike (`--disable-log-requests` / `log_requests=False`, `--disable-log-stats` /
+`log_stats_s=None` turn them off); `HttpServer.serve()` shows them on stderr (`log_to_stderr`)
+unless the program configured logging itself.
 
-- `RequestLog` (pure ASGI): `POST /v1/chat/completions 200 1.234s 127.0.0.1` once the answer
-  has been sent (a stream: when it ended).
+- `RequestLog` (pure ASGI): `POST /v1/chat/completions 200 1.234s 127.0.0.1 prompt_tokens=12
+  completion_tokens=34` once the answer has been sent (a stream: when it ended); the token
+  counts are those of the generations the request started (summed over n and prompts, what
+  was generated before an abort included). A client that left before its answer was complete
+  is logged as 499 (nginx's "client closed request"), whatever status had been sent.
 - `StatsLog` (a thread): every `interval` seconds while the engines are busy or were since the
   last line, `prompt 812.0 tok/s, generation 95.5 tok/s, running 4, waiting 0, KV cache 12.5%,
   prefix cache hits 40.0%`: token rates over the interval, requests now, KV-cache usage and the
@@ -14,15 +19,46 @@ Both go to the `resin.server` logger at INFO; `resin serve` shows them (`--disab
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from resin.metrics.collector import MetricsSnapshot
 
 log = logging.getLogger("resin.server")
+
+
+@dataclass(slots=True)
+class RequestTokens:
+    """The generations one HTTP request started (`track`), for its log line."""
+
+    generations: list[Any] = field(default_factory=list)
+
+    def counts(self) -> tuple[int, int]:
+        """(prompt tokens, completion tokens) over every generation."""
+        prompt = sum(int(g.prompt_len) for g in self.generations)
+        return prompt, sum(int(g.completion_tokens) for g in self.generations)
+
+
+_CURRENT: ContextVar[RequestTokens | None] = ContextVar("resin_request_tokens", default=None)
+
+
+def track(generations: Iterable[Any]) -> None:
+    """Count `generations` (`Generation`s: `prompt_len`, `completion_tokens`) in the log line
+    of the request being handled (nothing when requests are not logged)."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.generations.extend(generations)
+
+
+CLIENT_CLOSED = 499
+"""The status logged for a request whose client left before its answer was complete."""
 
 
 class RequestLog:
@@ -37,24 +73,40 @@ class RequestLog:
             return
         start = time.perf_counter()
         status = 0
+        complete = gone = False
+        tokens = RequestTokens()
+        _CURRENT.set(tokens)  # this task's context: the handler and its stream tasks see it
 
         async def tracked(message: Message) -> None:
-            nonlocal status
+            nonlocal status, complete
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                complete = True
             await send(message)
 
+        async def watched() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or (message["type"] == "http.disconnect" and not complete)
+            return message
+
         try:
-            await self.app(scope, receive, tracked)
+            await self.app(scope, watched, tracked)
         finally:
             client = scope.get("client")
+            counts = ""
+            if tokens.generations:
+                prompt, completion = tokens.counts()
+                counts = f" prompt_tokens={prompt} completion_tokens={completion}"
             log.info(
-                "%s %s %d %.3fs %s",
+                "%s %s %d %.3fs %s%s",
                 scope.get("method", "-"),
                 scope.get("path", "-"),
-                status,
+                CLIENT_CLOSED if gone else status,
                 time.perf_counter() - start,
                 client[0] if client else "-",
+                counts,
             )
 
 
@@ -114,3 +166,18 @@ class StatsLog:
             f"running {running}, waiting {waiting}, KV cache {100 * kv:.1f}%, "
             f"prefix cache hits {hits:.1f}%"
         )
+
+
+def log_to_stderr() -> None:
+    """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("resin")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def logging_configured() -> bool:
+    """Whether the program set up logging for `resin` (a handler here or at the root)."""
+    return bool(logging.getLogger("resin").handlers or logging.getLogger().handlers)

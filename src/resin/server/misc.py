@@ -47,7 +47,9 @@ async def model(model_id: str, request: Request) -> JSONResponse:
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     """200 while the engine actor lives (every replica's, with data parallelism); 503 once one
-    died ("degraded" while others still serve) or the server is stopping."""
+    died ("degraded" while others still serve) or the server is stopping, and 503 `stalled`
+    while an engine has made no progress for more than `stall_timeout_s` with work queued or
+    running (a stopped engine process, a step that never returns)."""
     svc: Service = request.app.state.service
     actors = svc.actor.replicas
     ok = svc.actor.alive
@@ -55,6 +57,13 @@ async def health(request: Request) -> JSONResponse:
     body: dict[str, object] = {"status": status, "queued": svc.actor.queued}
     if svc.actor.error:
         body["error"] = svc.actor.error
+    stalled = max((a.stalled_for() for a in actors), default=0.0)
+    if ok and stalled > svc.limits.stall_timeout_s:
+        ok, body["status"] = False, "stalled"
+        body["error"] = (
+            f"the engine made no progress for {stalled:.0f} s with work queued "
+            f"(bound {svc.limits.stall_timeout_s:g} s, --stall-timeout)"
+        )
     if len(actors) > 1:
         body["replicas"] = [{"alive": a.alive, "load": a.load} for a in actors]
     return JSONResponse(body, 200 if ok else 503)

@@ -85,7 +85,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             params = svc.params(len(ids), max_tokens, sampling, eos)
             runs.append((ids, apply(params, structured, None, body.logit_bias)[0]))
         parser = lambda: PlainTextParser(svc.tokenizer, svc.tokenizer.eos_token_ids)  # noqa: E731
-        gens = await svc.launch(ticket, runs, parser, stops, structured, replica=replica)
+        gens = await svc.launch(
+            ticket, runs, parser, stops, structured, replica=replica, request=request
+        )
     rid = f"cmpl-{uuid.uuid4().hex}"
     prompt_ids = [ids for ids in prompts for _ in range(body.n)]
     if body.stream:

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from resin.events import FinishReason
 from resin.frontend.generation import Finish, Update
 from resin.frontend.intake import Generations
+from resin.params import SamplingParams
 from resin.server.asgi import SSEResponse, sse, until_disconnect
 from resin.server.chat_setup import ChatSetup, start_chat
 from resin.server.errors import ApiError
@@ -49,7 +50,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         inputs = [*prior.conversation, *inputs]
         body = body.model_copy(update={"input": inputs})
     _, gens = await start_chat(svc, request, lambda: setup(body), body=body)
-    builder = ResponseBuilder(svc, body)
+    builder = ResponseBuilder(svc, body, gens.params[0] if gens.params else None)
     if body.store is not False:
         builder.on_done = lambda response: svc.responses.put(response, inputs)
     if body.stream:
@@ -119,9 +120,14 @@ def setup(body: ResponsesRequest) -> ChatSetup:
 class ResponseBuilder:
     """Tracks output items while deltas arrive; renders stream events or the final object."""
 
-    def __init__(self, svc: Service, body: ResponsesRequest) -> None:
+    def __init__(
+        self, svc: Service, body: ResponsesRequest, params: SamplingParams | None = None
+    ) -> None:
         self.svc = svc
         self.body = body
+        self.params = params
+        """The sampling the answer ran with (the checkpoint's defaults for omitted fields):
+        echoed as OpenAI does, never `null` for a default that applied."""
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.items = Items()
@@ -140,6 +146,7 @@ class ResponseBuilder:
                 "total_tokens": finish.prompt_tokens + finish.completion_tokens,
             }
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        p = self.params
         error = None
         if status == "failed":
             error = {"code": "server_error", "message": finish.error if finish else "failed"}
@@ -158,9 +165,9 @@ class ResponseBuilder:
             "parallel_tool_calls": True,
             "tool_choice": self.body.tool_choice or "auto",
             "tools": self.body.tools or [],
-            "temperature": self.body.temperature,
-            "top_p": self.body.top_p,
-            "max_output_tokens": self.body.max_output_tokens,
+            "temperature": self.body.temperature if p is None else p.temperature,
+            "top_p": self.body.top_p if p is None else p.top_p,
+            "max_output_tokens": self.body.max_output_tokens or (p and p.max_output_tokens),
             "text": self.body.text or {"format": {"type": "text"}},
             "reasoning": self.body.reasoning,
             "previous_response_id": self.body.previous_response_id,

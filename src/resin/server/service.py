@@ -31,7 +31,9 @@ from resin.plan import MediaItem
 from resin.recipe import Message, Recipe, RenderedPrompt, ToolCall, ToolDef
 from resin.recipe.special_text import LiteralSpecials, texts
 from resin.recipe.tool_choice import ToolChoice, UnsupportedToolChoice
-from resin.server.errors import ApiError, api_error
+from resin.server.asgi import until_disconnect
+from resin.server.errors import ApiError, ClientDisconnected, api_error
+from resin.server.logs import track
 from resin.server.metrics import ServerMetrics
 from resin.server.response_store import ResponseStore
 from resin.server.structured import NONE, Structured, name_field
@@ -69,6 +71,12 @@ class Limits:
     """Fraction of the intake queue one client connection may hold at once."""
     max_chars_per_token: int = 64
     """Text longer than context_length * this is refused before it is tokenized."""
+    stall_timeout_s: float = 60.0
+    """`/health` answers 503 `stalled` once an engine made no progress this long while work
+    was queued or running."""
+
+
+CACHE_KNOBS = "the server's KV cache size: --kv-cache-memory, --gpu-memory-utilization"
 
 
 class Service:
@@ -240,7 +248,8 @@ class Service:
             raise ApiError(
                 400,
                 f"prompt has {prompt_len} tokens; the context holds {self.context_length} "
-                "(prompt plus at least one generated token)",
+                "(prompt plus at least one generated token; the server's --max-model-len, "
+                "with a KV cache to match: --kv-cache-memory / --gpu-memory-utilization)",
                 "messages",
             )
         max_out = room if max_tokens is None else min(max_tokens, room)
@@ -291,13 +300,21 @@ class Service:
         structured: Structured = NONE,
         media: Sequence[MediaItem] = (),
         replica: int | None = None,
+        request: Request | None = None,
     ) -> Generations:
         """One generation per slot of `ticket`, shared evenly by `runs` (a prompt and its
         params; choice i of a prompt samples with seed + i). Everything that can fail (seeds,
         parsers, routing) runs before the first generation is handed to an actor; then all
         start together, and an engine refusal of the constraint or bias is a 400 naming the
         field. With data-parallel replicas each prompt is routed once (`replica`: the one the
-        client named), so its `n` choices share one replica and its prefix cache."""
+        client named), so its `n` choices share one replica and its prefix cache.
+
+        `request`: its connection is watched until every generation has its first events (a
+        queued request waits here until the engine admits it); a client that leaves aborts its
+        generations, and the actor drops an aborted request before it enters the engine (a
+        burst of closed streams costs no prefill). A client already gone is not submitted."""
+        if request is not None and await _gone(request):
+            raise ClientDisconnected
         n = len(ticket) // len(runs)
         actors = [self._route(ids, media, replica) for ids, _ in runs]
         planned = [
@@ -320,11 +337,18 @@ class Service:
                 ticket.take(len(planned)), planned, parsers, strict=True
             )
         ]
-        batch = Generations(gens, self.actor.stream_capacity)
+        track(gens)
+        batch = Generations(gens, self.actor.stream_capacity, [p for _, _, p in planned])
         try:
-            await batch.start()
+            if request is None:
+                await batch.start()
+            else:
+                await until_disconnect(request, batch.start())
         except FrontendError as exc:  # an engine refusal of the constraint or bias: a 400
-            raise name_field(api_error(exc), structured) from None
+            error = api_error(exc)
+            if "cache pages" in error.message:  # a prompt larger than the whole KV cache
+                error.message += f" ({CACHE_KNOBS})"
+            raise name_field(error, structured) from None
         return batch
 
     def _route(
@@ -354,3 +378,8 @@ def _connection(request: Request | None) -> object:
         return None
     client = request.scope.get("client")
     return None if client is None else (client[0], client[1])
+
+
+async def _gone(request: Request) -> bool:
+    """Whether the client already left (an `http.disconnect` is waiting; never blocks)."""
+    return await request.is_disconnected()

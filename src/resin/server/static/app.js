@@ -29,6 +29,9 @@
   }
 
   keyEl.value = localStorage.getItem("resin-api-key") || "";
+  for (const id of ["temperature", "max-tokens"]) {
+    $(id).addEventListener("input", () => { $(id).dataset.touched = "1"; });
+  }
   keyEl.addEventListener("change", () => { localStorage.setItem("resin-api-key", keyEl.value); loadModel(); });
 
   function headers() {
@@ -42,6 +45,13 @@
       const r = await fetch("/v1/models", { headers: headers() });
       const body = await r.json();
       $("model").textContent = r.ok ? body.data[0].id : `(${body.error ? body.error.message : r.status})`;
+      // The fields start at the model's own defaults (its generation config), as a request
+      // that leaves them out would sample; a value the user already typed is kept.
+      const defaults = (r.ok && body.data[0].generation_defaults) || {};
+      for (const [id, key] of [["temperature", "temperature"], ["max-tokens", "max_tokens"]]) {
+        const input = $(id);
+        if (defaults[key] !== undefined && !input.dataset.touched) input.value = String(defaults[key]);
+      }
     } catch (e) { $("model").textContent = "(offline)"; }
   }
 
@@ -78,7 +88,9 @@
     const elapsed = (now - state.start) / 1000;
     const decode = state.first ? (now - state.first) / 1000 : 0;
     const rate = decode > 0 && state.generated > 1 ? (state.generated - 1) / decode : 0;
-    stats.textContent = `${state.prompt} prompt tokens · ${state.generated} generated · ` +
+    // The prompt's size is known from the usage chunk at the end; until then it is not shown.
+    const prompt = state.prompt === null ? "" : `${state.prompt} prompt tokens · `;
+    stats.textContent = `${prompt}${state.generated} generated · ` +
       `${elapsed.toFixed(2)} s · ${rate.toFixed(1)} tok/s`;
     stats.dataset.tokensPerSecond = rate.toFixed(3);
   }
@@ -96,7 +108,7 @@
       showImages(shown, sent); userDiv.insertBefore(shown, userDiv.querySelector(".text"));
     }
     const div = addMessage("assistant");
-    const state = { text: "", reasoning: "", prompt: 0, generated: 0, start: performance.now(), first: null };
+    const state = { text: "", reasoning: "", prompt: null, generated: 0, start: performance.now(), first: null };
     controller = new AbortController();
     $("send").hidden = true; $("stop").hidden = false;
     let pending = false;
