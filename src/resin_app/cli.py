@@ -70,21 +70,21 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=2.0,
         metavar="S",
-        help="a checkpoint's chat template renders within S seconds, else 400 (2)",
+        help="a checkpoint's chat template renders within S seconds, else 400 (default: %(default)s)",
     )
     templates.add_argument(
         "--template-max-chars",
         type=int,
         default=8_000_000,
         metavar="N",
-        help="longest string or list a template builds, and its output (8000000)",
+        help="longest string or list a template builds, and its output (default: %(default)s)",
     )
     templates.add_argument(
         "--template-max-depth",
         type=int,
         default=64,
         metavar="N",
-        help="deepest nesting of a template's macro calls (64)",
+        help="deepest nesting of a template's macro calls (default: %(default)s)",
     )
     p.add_argument(
         "--served-model-name",
