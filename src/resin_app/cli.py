@@ -70,7 +70,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=2.0,
         metavar="S",
-        help="a checkpoint's chat template renders within S seconds, else 400 (default: %(default)s)",
+        help="a chat template renders within S seconds, else 400 (default: %(default)s)",
     )
     templates.add_argument(
         "--template-max-chars",
