@@ -232,6 +232,7 @@ class VocabParallelLM(CausalLM):
         self.inner, self.group, self.size = inner, group, size
         self.config, self.model, self.lm_head = inner.config, inner.model, inner.lm_head
         self.cache_specs, self.slots = inner.cache_specs, inner.slots
+        self.layer_groups = inner.layer_groups
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         out: torch.Tensor = self.inner(input_ids, ctx)

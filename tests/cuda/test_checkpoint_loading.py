@@ -131,7 +131,9 @@ def test_a_shard_the_index_names_but_the_folder_lacks_is_named(folder: Path) -> 
     index = json.loads((folder / INDEX).read_text())["weight_map"]
     missing = sorted(set(index.values()))[-1]
     (folder / missing).unlink()
-    with pytest.raises(FileNotFoundError, match=f"{missing} .*index.json.* is missing"):
+    from resin_model.checkpoint_error import CheckpointError
+
+    with pytest.raises(CheckpointError, match=f"{missing}.* is missing"):
         _load(folder)
 
 
