@@ -42,13 +42,11 @@ def sequence_bytes(runner: Any, context_length: int) -> int:
     """Arena bytes that hold one sequence of `context_length` tokens in every cache group
     (the arena's default grows to it, so the context a server reports is one the cache
     holds)."""
-    from resin.protocols import State
-
     rc = runner.runner_config
     width = -(-(context_length + 1) // rc.page_size)
-    states = sum(isinstance(g, State) for g in rc.cache_groups)
-    pages = width * (len(rc.cache_groups) - states) + 2 * states
-    return int(pages * rc.page_bytes)
+    states = sum(g.state_region for g in rc.cache_groups)  # a two-page ring each
+    tokens = len(rc.cache_groups) - states
+    return int(width * tokens * rc.page_bytes + 2 * states * rc.state_page_bytes)
 
 
 FAMILY = RunnerFamily(

@@ -76,26 +76,30 @@ class StepRows:
         return start
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a kind lives: its place in the plan (`index`), its pool (`pool_index` 1: the
+    state region), and the size of its per-slot tables."""
+
+    index: int
+    pool: PagePool
+    pool_index: int
+    max_sequences: int
+    table_width: int
+    page_size: int
+
+
 class Kind:
     """One cache group: its spec, its place in the plan (`index`), its pool and table."""
 
     spec: CacheGroupSpec
 
-    def __init__(
-        self,
-        spec: CacheGroupSpec,
-        index: int,
-        pool: PagePool,
-        pool_index: int,
-        max_sequences: int,
-        table_width: int,
-        page_size: int,
-    ) -> None:
+    def __init__(self, spec: CacheGroupSpec, at: Placement) -> None:
         self.spec = spec
-        self.index = index
-        self.pool = pool
-        self.pool_index = pool_index
-        self.page_size = page_size
+        self.index = at.index
+        self.pool = at.pool
+        self.pool_index = at.pool_index
+        self.page_size = at.page_size
 
     # -- sizing (pages of `self.pool`) ----------------------------------------------------
     def max_pages_for(self, length: int, chunk: int, checkpoints: bool) -> int:
@@ -190,21 +194,12 @@ class _Paged(Kind):
 
     window: int | None = None
 
-    def __init__(
-        self,
-        spec: CacheGroupSpec,
-        index: int,
-        pool: PagePool,
-        pool_index: int,
-        max_sequences: int,
-        table_width: int,
-        page_size: int,
-    ) -> None:
-        super().__init__(spec, index, pool, pool_index, max_sequences, table_width, page_size)
-        self.span = page_size
-        self.table = np.full((max_sequences, table_width), -1, dtype=np.int32)
-        self.npages = np.zeros(max_sequences, dtype=np.int32)
-        self.live_from = np.zeros(max_sequences, dtype=np.int32)
+    def __init__(self, spec: CacheGroupSpec, at: Placement) -> None:
+        super().__init__(spec, at)
+        self.span = at.page_size
+        self.table = np.full((at.max_sequences, at.table_width), -1, dtype=np.int32)
+        self.npages = np.zeros(at.max_sequences, dtype=np.int32)
+        self.live_from = np.zeros(at.max_sequences, dtype=np.int32)
 
     def need(self, totals: I32) -> I32:
         """Pages a slot needs so that everything positions < `totals` write is addressable."""
@@ -340,17 +335,8 @@ class WindowKind(HistoryKind):
     """Sliding-window KV: a slot holds at most `ceil(size / page_size) + 1` pages between
     steps, however long it runs."""
 
-    def __init__(
-        self,
-        spec: CacheGroupSpec,
-        index: int,
-        pool: PagePool,
-        pool_index: int,
-        max_sequences: int,
-        table_width: int,
-        page_size: int,
-    ) -> None:
-        super().__init__(spec, index, pool, pool_index, max_sequences, table_width, page_size)
+    def __init__(self, spec: CacheGroupSpec, at: Placement) -> None:
+        super().__init__(spec, at)
         assert isinstance(spec, Window)
         self.window = spec.size
 
@@ -384,21 +370,12 @@ class WindowKind(HistoryKind):
 class CompressedKind(_Paged):
     """One entry per `ratio` tokens, written when its block completes (`Compressed`)."""
 
-    def __init__(
-        self,
-        spec: CacheGroupSpec,
-        index: int,
-        pool: PagePool,
-        pool_index: int,
-        max_sequences: int,
-        table_width: int,
-        page_size: int,
-    ) -> None:
-        super().__init__(spec, index, pool, pool_index, max_sequences, table_width, page_size)
+    def __init__(self, spec: CacheGroupSpec, at: Placement) -> None:
+        super().__init__(spec, at)
         assert isinstance(spec, Compressed)
         self.ratio = spec.ratio
-        self.per_page = spec.entries_per_page(page_size)
-        self.span = spec.page_tokens(page_size)
+        self.per_page = spec.entries_per_page(at.page_size)
+        self.span = spec.page_tokens(at.page_size)
 
     def need(self, totals: I32) -> I32:
         return ceil_div(np.asarray(totals) // self.ratio, self.per_page)
@@ -472,20 +449,11 @@ class StateKind(Kind):
     else each row's deepest, else none, as the state region allows).
     """
 
-    def __init__(
-        self,
-        spec: CacheGroupSpec,
-        index: int,
-        pool: PagePool,
-        pool_index: int,
-        max_sequences: int,
-        table_width: int,
-        page_size: int,
-    ) -> None:
-        super().__init__(spec, index, pool, pool_index, max_sequences, table_width, page_size)
-        self.ring = np.full((max_sequences, 2), -1, dtype=np.int32)
-        self.current = np.full(max_sequences, -1, dtype=np.int32)
-        self.borrowed = np.full(max_sequences, -1, dtype=np.int32)
+    def __init__(self, spec: CacheGroupSpec, at: Placement) -> None:
+        super().__init__(spec, at)
+        self.ring = np.full((at.max_sequences, 2), -1, dtype=np.int32)
+        self.current = np.full(at.max_sequences, -1, dtype=np.int32)
+        self.borrowed = np.full(at.max_sequences, -1, dtype=np.int32)
 
     # -- sizing ---------------------------------------------------------------------------
     def max_pages_for(self, length: int, chunk: int, checkpoints: bool) -> int:
@@ -606,7 +574,8 @@ def make_kind(
     """The kind for `spec`, on the state pool (`pools[1]`) or the token pool (`pools[0]`)."""
     pool_index = 1 if spec.state_region else 0
     kind = KINDS[type(spec)]
-    return kind(spec, index, pools[pool_index], pool_index, max_sequences, table_width, page_size)
+    at = Placement(index, pools[pool_index], pool_index, max_sequences, table_width, page_size)
+    return kind(spec, at)
 
 
 def sequence_pages(

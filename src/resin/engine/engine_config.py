@@ -66,6 +66,9 @@ class ArenaReport:
     """Full-context sequences the token region holds."""
     state_sequences: int | None
     """Sequences the state region holds (None: no State group)."""
+    longest_sequence: int
+    """The longest sequence (at most `context_length` tokens) the token region holds alone:
+    the context a server can promise."""
 
     @property
     def sequences(self) -> int:
@@ -149,7 +152,22 @@ def arena_report(layout: CacheLayout, config: EngineConfig) -> ArenaReport:
         state_pages_per_sequence=states,
         token_sequences=layout.num_pages // tokens if tokens else config.max_sequences,
         state_sequences=layout.state_pages // states if states else None,
+        longest_sequence=_longest_sequence(layout, config.context_length, chunk),
     )
+
+
+def _longest_sequence(layout: CacheLayout, context: int, chunk: int) -> int:
+    """The largest length <= `context` whose token pages fit the token region (at least 1)."""
+
+    def fits(tokens: int) -> bool:
+        pages, _ = sequence_pages(layout.groups, tokens + 1, chunk, layout.page_size)
+        return pages <= layout.num_pages
+
+    low, high = 1, context
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
 
 
 def validate_prompt(

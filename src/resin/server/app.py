@@ -273,39 +273,9 @@ class HttpServer:
 def _arena_tokens(engine: object, context: int) -> int:
     """The longest sequence the engine's KV arena holds alone (at most `context`), so the
     context the server reports and enforces is one the cache can take; `context` when the
-    engine does not say (an engine in another process, a test double) or a cache group is of
-    a kind not counted here."""
-    from resin.protocols import History, State, Window
-
-    layout = getattr(engine, "layout", None)
-    groups = getattr(layout, "groups", None)
-    if layout is None or not groups:
-        return context
-    size = int(layout.page_size)
-
-    def pages(tokens: int) -> int | None:
-        total = 0
-        for g in groups:
-            if isinstance(g, State):
-                total += 2
-            elif isinstance(g, Window):
-                total += -(-(min(tokens, g.size) + 1) // size) + 1
-            elif isinstance(g, History):
-                total += -(-(tokens + 1) // size)
-            else:
-                return None
-        return total
-
-    if pages(context) is None or (pages(context) or 0) <= layout.num_pages:
-        return context
-    low, high = 0, context  # the largest `low` whose pages fit
-    while low < high:
-        mid = (low + high + 1) // 2
-        if (pages(mid) or 0) <= layout.num_pages:
-            low = mid
-        else:
-            high = mid - 1
-    return max(low, 1)
+    engine does not say (an engine in another process, a test double)."""
+    longest = getattr(getattr(engine, "arena", None), "longest_sequence", None)
+    return context if longest is None else min(context, int(longest))
 
 
 def _defaults(given: GenerationDefaults | None, tokenizer: object) -> GenerationDefaults:
