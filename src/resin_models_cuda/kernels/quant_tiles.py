@@ -193,15 +193,8 @@ def fp8_rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, QN: tl.constexpr, QK: tl.cons
     spanning whole ones (`BLOCK_K` a multiple of a power-of-two `QK`). Every branch is
     decided at compile time, so no tile shape of another branch is ever built."""
     if QK == 0:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            kmask = k < K
-            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + k[None, :],
-                        mask=nmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
-            acc += w.to(tl.float32) * x[None, :]
-        y = tl.sum(acc, 1) * tl.load(s_ptr + n // QN, mask=nmask, other=0.0)
+        y = dense_rows_dot(x_ptr, w_ptr, n, nmask, K, BLOCK_N, BLOCK_K)
+        y = y * tl.load(s_ptr + n // QN, mask=nmask, other=0.0)
     elif BLOCK_K > QK:
         y = _fp8_rows_dot_blocks(x_ptr, w_ptr, s_ptr, n, nmask, K, QN, QK, BLOCK_N, BLOCK_K)
     else:
