@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from resin import Engine, SamplingParams, TokensEvent
 from resin_models_torch.runner import RecordedStep
 
 
@@ -48,3 +49,30 @@ def max_logit_error(
         diff = (step.logits[torch.from_numpy(mask)] - ref[torch.from_numpy(positions)]).abs()
         worst, count = max(worst, float(diff.max())), count + int(mask.sum())
     return worst, count
+
+
+def drain(engine: Engine) -> list[TokensEvent]:
+    events = []
+    while engine.has_work():
+        events += [e for e in engine.step() if isinstance(e, TokensEvent)]
+    return events
+
+
+def shared_prefix_hit_ratio(runner: Any) -> float:
+    """Prefix-hit ratio of 64 requests sharing a 1,024-token prefix (the first one cached
+    before the others arrive): the held-out check hybrid models run against pure attention."""
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 300, (1024,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(0, 300, (32,), generator=gen).tolist() for _ in range(64)]
+    params = SamplingParams(max_output_tokens=1, temperature=0.0)
+    with Engine(runner, context_length=2048, prefix_cache=True,
+                max_batch_tokens=2048) as engine:  # fmt: skip
+        first = engine.submit(prompts[0], params)
+        while not first.output_token_ids:
+            engine.step()
+        for prompt in prompts[1:]:
+            engine.submit(prompt, params)
+        drain(engine)
+        metrics = engine.metrics
+    assert metrics is not None and metrics.prefix_cache_queries == 64 * 1056
+    return metrics.prefix_cache_hits / metrics.prefix_cache_queries

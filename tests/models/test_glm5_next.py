@@ -23,11 +23,17 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from ref_compare import hf_greedy, hf_logits, max_logit_error
+from ref_compare import (
+    drain,
+    hf_greedy,
+    hf_logits,
+    max_logit_error,
+    shared_prefix_hit_ratio,
+)
 from ref_hf import checkpoint as ref_checkpoint
 from transformers.models.glm5_next import modeling_glm5_next as hf_glm
 
-from resin import Engine, SamplingParams, TokensEvent
+from resin import Engine, SamplingParams
 from resin_model.hf_config import load_config, parse_config
 from resin_model.presets import param_counts, preset
 from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
@@ -222,20 +228,13 @@ def test_engine_driven_runner_matches_transformers(scenario: str) -> None:
         assert generated == hf_greedy(hf, prompt, 10)
 
 
-def _drain(engine: Engine) -> list[TokensEvent]:
-    events = []
-    while engine.has_work():
-        events += [e for e in engine.step() if isinstance(e, TokensEvent)]
-    return events
-
-
 def test_prompt_logprobs_match_transformers() -> None:
     folder, hf = tiny()
     prompt = _prompts(2)[2]
     params = SamplingParams(max_output_tokens=2, temperature=0.0, prompt_logprobs=1)
     with Engine(load_runner(folder, page_size=8), prefill_chunk_tokens=16) as engine:
         request = engine.submit(prompt, params)
-        events = [e for e in _drain(engine) if e.request_id == request.id]
+        events = [e for e in drain(engine) if e.request_id == request.id]
     ref = torch.log_softmax(hf_logits(hf, prompt), dim=-1)
     lps = events[0].prompt_logprobs
     assert lps is not None and len(lps) == len(prompt) - 1
@@ -255,29 +254,11 @@ def test_bfloat16_within_transformers_own_bfloat16_error() -> None:
     assert worst < 3 * hf_error + 1e-2, (worst, hf_error)
 
 
-def _shared_prefix_hit_ratio(runner: TorchRunner) -> float:
-    gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, 300, (1024,), generator=gen).tolist()
-    prompts = [prefix + torch.randint(0, 300, (32,), generator=gen).tolist() for _ in range(64)]
-    params = SamplingParams(max_output_tokens=1, temperature=0.0)
-    with Engine(runner, context_length=2048, prefix_cache=True,
-                max_batch_tokens=2048) as engine:  # fmt: skip
-        first = engine.submit(prompts[0], params)
-        while not first.output_token_ids:
-            engine.step()
-        for prompt in prompts[1:]:
-            engine.submit(prompt, params)
-        _drain(engine)
-        metrics = engine.metrics
-    assert metrics is not None and metrics.prefix_cache_queries == 64 * 1056
-    return metrics.prefix_cache_hits / metrics.prefix_cache_queries
-
-
 def test_shared_prefix_hits_as_often_as_on_pure_attention() -> None:
     """Held out: KDA State checkpoints plus the latent/indexer History let 63 of 64 requests
     resume after the 1,024-token prefix, as a History-only model (tiny Qwen3) does."""
-    hybrid = _shared_prefix_hit_ratio(load_runner(tiny()[0], page_size=16))
-    attention = _shared_prefix_hit_ratio(load_runner(ref_checkpoint("qwen3")[0], page_size=16))
+    hybrid = shared_prefix_hit_ratio(load_runner(tiny()[0], page_size=16))
+    attention = shared_prefix_hit_ratio(load_runner(ref_checkpoint("qwen3")[0], page_size=16))
     assert attention > 0.9
     assert abs(hybrid - attention) <= 0.05, (hybrid, attention)
 
