@@ -162,6 +162,9 @@ def test_a_stopped_engine_is_stalled_and_shutdown_is_bounded(tmp_path: Path) -> 
             assert "shutting down" in data[-1] and '"error"' in data[-1], data[-1]
             served.proc.wait(30)
             assert time.monotonic() - started < 15
+            # helpers of the children (multiprocessing's resource tracker) exit once their
+            # pipes close: the same grace as the split server's other no-orphan checks
+            psutil.wait_procs(family, timeout=10)
             assert not [p for p in family if _alive(p)]
         finally:
             for p in family:
