@@ -168,9 +168,21 @@ class StatsLog:
         )
 
 
+class _Stderr(logging.Handler):
+    """Writes to `sys.stderr` as it is when a line is logged (a harness that swaps the stream,
+    as pytest's capture does, leaves no handler writing to a closed file)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
 def log_to_stderr() -> None:
     """`resin.*` INFO lines (requests, engine stats, warnings) on stderr, timestamped."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("resin")
     logger.addHandler(handler)
