@@ -72,6 +72,12 @@ def test_n_choices_and_stop_string(client: openai.OpenAI) -> None:
     assert r.usage is not None and r.usage.completion_tokens >= 3 * len("You said: one ")
 
 
+def test_an_answer_cut_to_nothing_by_a_stop_string_is_empty_not_null(url: str) -> None:
+    body = {"model": MODEL, "messages": user("one two"), "stop": ["You"], "max_tokens": 20}
+    choice = httpx.post(url + "/v1/chat/completions", json=body, timeout=30).json()["choices"][0]
+    assert choice["message"]["content"] == "" and choice["finish_reason"] == "stop"
+
+
 def test_stop_string_split_across_tokens_is_held_back(client: openai.OpenAI) -> None:
     chunks = list(
         client.chat.completions.create(

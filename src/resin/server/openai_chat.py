@@ -213,7 +213,9 @@ async def _collect(
             {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.text}}
             for c in items.of("tool_call")
         ]
-        message: dict[str, Any] = {"role": "assistant", "content": items.text("text") or None}
+        text = items.text("text")
+        # null only beside tool calls (OpenAI's shape); an empty answer is ""
+        message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
         if reasoning := items.text("reasoning"):
             message["reasoning_content"] = reasoning
         if calls:
