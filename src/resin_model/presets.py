@@ -19,6 +19,16 @@ _LLAMA_8B: dict[str, Any] = {
     "max_position_embeddings": 131072,
 }  # fmt: skip
 
+_GPT_OSS_20B: dict[str, Any] = {
+    "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+    "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+    "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072,
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                        "original_max_position_embeddings": 4096},
+}  # fmt: skip
+
 PRESETS: dict[str, dict[str, Any]] = {
     "llama-8b": _LLAMA_8B,
     "llama-1b": {**_LLAMA_8B, "hidden_size": 2048, "intermediate_size": 8192,
@@ -35,24 +45,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 40960, "num_experts": 128, "num_experts_per_tok": 8,
         "moe_intermediate_size": 768, "norm_topk_prob": True,
     },
-    "gpt-oss-20b": {
-        "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
-        "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
-        "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072,
-        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
-                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                            "original_max_position_embeddings": 4096},
-    },
-    "gpt-oss-120b": {  # the published config: gpt-oss-20b's layer, 36 layers of 128 experts
-        "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
-        "intermediate_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
-        "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072,
-        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
-                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                            "original_max_position_embeddings": 4096},
-    },
+    "gpt-oss-20b": _GPT_OSS_20B,
+    # the published config: gpt-oss-20b's layer, 36 layers of 128 experts
+    "gpt-oss-120b": {**_GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128},
     "gemma3-12b": {
         "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 3840,
         "intermediate_size": 15360, "num_hidden_layers": 48, "num_attention_heads": 16,

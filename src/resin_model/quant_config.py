@@ -116,22 +116,26 @@ def _parse_fp8(raw: Mapping[str, Any]) -> QuantConfig:
             f"{where}: no weight_block_size (per-tensor fp8 under quant_method fp8) is not "
             "supported; block-scaled checkpoints name e.g. [128, 128]"
         )
-    if not (
-        isinstance(block, list)
-        and len(block) == 2
-        and all(_positive_int(b) and b <= MAX_BLOCK for b in block)
-    ):
-        raise _unsupported(
-            where, "weight_block_size", block, f"two positive integers up to {MAX_BLOCK}"
-        )
+    rows, cols = _block_shape(block, where, "weight_block_size")
     return QuantConfig(
-        "fp8_block", "dynamic_group", "weight_scale_inv", (block[0], block[1]), block[1],
+        "fp8_block", "dynamic_group", "weight_scale_inv", (rows, cols), cols,
         _hf_skip(raw.get("modules_to_not_convert"), where),
     )  # fmt: skip
 
 
 MAX_BLOCK = 4096
 """The largest FP8 scale block side accepted (published checkpoints use 128)."""
+
+
+def _block_shape(block: Any, where: str, key: str) -> tuple[int, int]:
+    """A scale block `[rows, cols]`: two positive integers up to `MAX_BLOCK`."""
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(_positive_int(b) and b <= MAX_BLOCK for b in block)
+    ):
+        raise _unsupported(where, key, block, f"two positive integers up to {MAX_BLOCK}")
+    return block[0], block[1]
 
 
 def _positive_int(v: object) -> bool:
@@ -208,16 +212,7 @@ def _ct_weights(args: Any, where: str) -> tuple[QuantScheme, tuple[int, int] | N
     if strategy == "channel":
         return "fp8_channel", None
     if strategy == "block":
-        block = args.get("block_structure")
-        if not (
-            isinstance(block, list)
-            and len(block) == 2
-            and all(_positive_int(b) and b <= MAX_BLOCK for b in block)
-        ):
-            raise _unsupported(
-                where, "block_structure", block, f"two positive integers up to {MAX_BLOCK}"
-            )
-        return "fp8_block", (block[0], block[1])
+        return "fp8_block", _block_shape(args.get("block_structure"), where, "block_structure")
     raise _unsupported(where, "strategy", strategy, "tensor, channel or block")
 
 
