@@ -1,0 +1,60 @@
+"""The sharded fast runner (`resin_models_cuda.parallel`) over two Gloo processes equals one
+process: the Engine drives a `DistributedRunner` whose ranks each run a `CudaRunner` over
+their shard (on CPU the kernels run in Triton's interpreter, float32), and greedy tokens and
+every step's sampled logits match the unsharded fast runner's. A worker killed mid-run makes
+the engine report the runner dead. The jobs run `parallel_scenario.py` (cases there)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.backend.launcher import launch
+from tests.cuda import parallel_scenario as scenario
+
+pytestmark = pytest.mark.timeout(240)
+
+SCRIPT = Path(scenario.__file__)
+HAS_CUDA = torch.cuda.is_available()
+
+# What rank 0 holds. Unsharded: q/k/v rows 64 + 2 x 32 = 128 per layer, 6 experts in layer 0
+# (layer 1 is dense), 301 embedding rows, 2 KV heads.
+SHARDS = {
+    "dense-tp": {"qkv_rows": [64, 64], "experts": [], "embed_rows": 151, "kv_heads": 1},
+    "moe-tp-ep": {"qkv_rows": [64, 64], "experts": [3], "embed_rows": 151, "kv_heads": 1},
+    "moe-ep": {"qkv_rows": [128, 128], "experts": [3], "embed_rows": 301, "kv_heads": 2},
+    "moe-tp": {"qkv_rows": [64, 64], "experts": [6], "embed_rows": 151, "kv_heads": 1},
+}
+# CPU CI time: one dense and one MoE job (attention TP with expert parallelism); the other
+# styles run where the kernels are compiled.
+CASES = ["dense-tp", "moe-tp-ep"] + (["moe-ep", "moe-tp"] if HAS_CUDA else [])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_two_ranks_equal_one(name: str, tmp_path: Path) -> None:
+    job = launch(name, tmp_path, script=SCRIPT, wall=200.0, collective_timeout=60.0)
+    assert job.returncodes == [0, 0], job.output
+    sharded = torch.load(tmp_path / "result.pt")
+    assert sharded["shards"] == SHARDS[name]  # the leader really holds only its part
+    single = scenario.runner(name, None)
+    tokens = scenario.generate(single)
+    assert sharded["tokens"] == tokens
+    assert sorted(sharded["logits"]) == sorted(single.logits)
+    sampled = [s for s, logits in single.logits.items() if logits.numel()]
+    assert len(sampled) >= scenario.OUTPUT_TOKENS
+    worst = max(float((sharded["logits"][s] - single.logits[s]).abs().max()) for s in sampled)
+    assert worst < 1e-4, f"{name}: logits differ by {worst}"
+
+
+def test_killed_worker_makes_the_engine_report_the_runner_dead(tmp_path: Path) -> None:
+    job = launch("killed", tmp_path, script=SCRIPT, wall=200.0, collective_timeout=60.0)
+    assert job.returncodes[0] == 0, job.output
+    report = json.loads((tmp_path / "result.json").read_text())
+    assert sorted(report["finished"]) == sorted(report["requests"])
+    assert set(report["finished"].values()) == {"error"}
+    assert report["submit_raised"] is True
+    assert any("runner died" in str(m) for m in report["errors"]), report
+    assert float(report["seconds_to_death"]) < 30.0  # a lost peer is seen at once
