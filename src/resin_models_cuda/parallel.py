@@ -11,10 +11,10 @@ What is split how over the `size` ranks of the group (`ParallelStyle()`):
 |---|---|---|
 | q/k/v (fused) | column-parallel by heads: query and KV heads `[r H/size, (r+1) H/size)` | none |
 | o_proj | row-parallel, bias on rank 0 | one all-reduce |
-| MLA (DeepSeek) | q / `kv_b` rows and absorbed `W_uk`, `W_uv` by heads; latents replicated | one all-reduce |
+| MLA (DeepSeek) | q, `kv_b`, `W_uk`, `W_uv` by heads; latents replicated | one all-reduce |
 | dense MLP | `[gate; up]` column-parallel, down row-parallel | one all-reduce |
 | MoE, `experts="tensor"` | every expert (shared ones too) split like a dense MLP | one all-reduce |
-| MoE, `experts="expert"` | contiguous runs of whole experts; shared experts on rank 0 | one all-reduce |
+| MoE, `experts="expert"` | runs of whole experts; shared experts on rank 0 | one all-reduce |
 | embedding | vocab-parallel: ids `[r ceil(V/size), ...)`, others embed to zero | one all-reduce |
 | LM head | the same vocabulary rows; logits all-gathered to [N, V] | one all-gather |
 | norms, rotary, routers, MTP `eh_proj` | replicated | none |
@@ -32,7 +32,6 @@ with modules, so the model file's straight-line `forward` stays as written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Literal
 
 import torch
@@ -49,6 +48,7 @@ from resin_models_cuda.layers.parallel import (
     RowParallelMla,
     Shard,
     column_parallel,
+    own,
 )
 from resin_models_cuda.models.base import FastModel
 from resin_models_cuda.step import MediaTensors
@@ -152,7 +152,7 @@ def _split_attention(attn: Attention, shard: Shard) -> None:
     attn.o_proj = RowParallelLinear(attn.o_proj, shard)
     if attn.sinks is not None:
         start, length = shard.run(attn.sinks.shape[0])
-        attn.sinks = attn.sinks.narrow(0, start, length).contiguous()
+        attn.sinks = own(attn.sinks.narrow(0, start, length))
 
 
 def _vocab_parallel(model: FastModel, shard: Shard) -> None:
@@ -162,8 +162,8 @@ def _vocab_parallel(model: FastModel, shard: Shard) -> None:
     start = min(shard.rank * width, vocab)
     stop = min(start + width, vocab)
     tied = model.lm_head is model.embed
-    model.embed = model.embed[start:stop].contiguous()
-    model.lm_head = model.embed if tied else model.lm_head[start:stop].contiguous()
+    model.embed = own(model.embed[start:stop])
+    model.lm_head = model.embed if tied else own(model.lm_head[start:stop])
     model.__class__ = _tensor_parallel(type(model))
     assert isinstance(model, TensorParallelModel)
     model.shard, model.vocab_start, model.vocab_width = shard, start, width
@@ -206,6 +206,11 @@ class TensorParallelModel(FastModel):
         return planes, heads // self.shard.size, dim
 
 
-@cache
 def _tensor_parallel(cls: type[FastModel]) -> type[FastModel]:
-    return type(f"TensorParallel{cls.__name__}", (TensorParallelModel, cls), {})
+    """One subclass per model class, `TensorParallelModel`'s methods first."""
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(f"TensorParallel{cls.__name__}", (TensorParallelModel, cls), {})
+    return _SUBCLASSES[cls]
+
+
+_SUBCLASSES: dict[type[FastModel], type[FastModel]] = {}

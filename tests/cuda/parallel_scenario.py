@@ -7,6 +7,7 @@ fast model, `resin_models_cuda.parallel.shard_model` cuts its shard, and the ran
 Without CUDA the kernels run in Triton's interpreter (`tests/cuda/conftest.py` sets it up).
 """
 
+# ruff: noqa: E402  (run as a script, the interpreter is set up before torch and the kernels)
 from __future__ import annotations
 
 import json
@@ -30,11 +31,15 @@ from resin import Engine, EngineDeadError, ErrorEvent, FinishedEvent, SamplingPa
 from resin.plan import BatchPlan, ForwardOutput
 from resin.protocols import CacheLayout, RunnerConfig
 from resin_model.hf_config import parse_config
+from resin_model.presets import preset_hf
 from resin_models_cuda import CudaRunner, RunnerOptions, build_model
 from resin_models_cuda.layers import RandomWeights
 from resin_models_cuda.parallel import ParallelStyle, shard_model
 
 SEED = 5
+# With CUDA both ranks run on cuda:0 over Gloo (NCCL refuses two ranks on one device): the
+# one-GPU proof of the sharded math. Without it, the CPU and Triton's interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OPTIONS = RunnerOptions(
     page_size=4, max_batch=8, max_context=64, num_pages=64, cuda_graphs=False, keep_logits=True
 )
@@ -68,6 +73,13 @@ QWEN3_MOE: dict[str, Any] = {
     "norm_topk_prob": True,
     "mlp_only_layers": [1],
 }
+# DeepSeek-V2-Lite's structure: MLA without q LoRA, a dense first layer, then 8 routed experts
+# and 2 shared ones (folded into the stack; rank 0 holds them under expert parallelism).
+DEEPSEEK: dict[str, Any] = {
+    **preset_hf("tiny-deepseek"),
+    "vocab_size": 301,
+    "tie_word_embeddings": True,  # embedding and LM head: one vocabulary shard
+}
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,7 @@ CASES: dict[str, Case] = {
     "moe-tp-ep": Case(QWEN3_MOE, ParallelStyle(experts="expert")),
     "moe-ep": Case(QWEN3_MOE, ParallelStyle(tensor=False, experts="expert")),
     "moe-tp": Case(QWEN3_MOE, ParallelStyle()),
+    "mla-tp-ep": Case(DEEPSEEK, ParallelStyle(experts="expert")),
     "killed": Case(LLAMA, ParallelStyle()),
 }
 
@@ -113,7 +126,7 @@ def runner(name: str, group: torch.distributed.ProcessGroup | None) -> Recording
     """The case's fast runner on every rank's same random weights (peaky: std 0.2, so greedy
     choices are not near-ties), sharded over `group` (None: the whole model)."""
     case = CASES[name]
-    source = RandomWeights("cpu", torch.float32, seed=SEED, std=0.2)
+    source = RandomWeights(DEVICE, torch.float32, seed=SEED, std=0.2)
     model = build_model(parse_config(case.config), source, OPTIONS.build_options())
     if group is not None:
         model = shard_model(model, group, case.style)
@@ -140,12 +153,17 @@ def generate(local: Any) -> list[list[int]]:
 
 
 def shards(model: Any) -> dict[str, Any]:
-    """What this rank holds: per layer q/k/v rows and expert stack sizes, embedding rows."""
+    """What this rank holds: per layer query heads and expert stack sizes, embedding rows and
+    the KV heads its arena holds per token."""
     from resin_models_cuda.layers import MoE
+    from resin_models_cuda.layers.mla import MlaAttention
+
+    def heads(attn: Any) -> int:
+        return attn.heads if isinstance(attn, MlaAttention) else attn.q_size // 16
 
     stacks = [layer.mlp.w.down.shape[0] for layer in model.layers if isinstance(layer.mlp, MoE)]
     return {
-        "qkv_rows": [layer.attn.qkv.out_features for layer in model.layers],
+        "q_heads": [heads(layer.attn) for layer in model.layers],
         "experts": stacks,
         "embed_rows": int(model.embed.shape[0]),
         "kv_heads": model.cache_token_shape()[1],
@@ -189,8 +207,9 @@ def main(name: str, out: Path, timeout_s: float) -> None:
     torch.set_num_threads(1)
     leader = start_tensor_parallel(
         lambda groups: runner(name, groups.model),  # type: ignore[arg-type, return-value]
-        device="cpu",
+        device="cuda:0" if DEVICE == "cuda" else "cpu",
         timeout=timedelta(seconds=timeout_s),
+        backend="gloo",
     )
     if leader is None:  # a worker whose leader closed the runner: leave at once (as
         sys.stdout.flush()  # `resin worker` does; Gloo's destructors may abort at teardown)

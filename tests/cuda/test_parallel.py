@@ -20,17 +20,19 @@ pytestmark = pytest.mark.timeout(240)
 SCRIPT = Path(scenario.__file__)
 HAS_CUDA = torch.cuda.is_available()
 
-# What rank 0 holds. Unsharded: q/k/v rows 64 + 2 x 32 = 128 per layer, 6 experts in layer 0
-# (layer 1 is dense), 301 embedding rows, 2 KV heads.
+# What rank 0 holds. Unsharded: 4 query heads per layer, 2 KV heads; Qwen3-MoE: 6 experts in
+# layer 0 (layer 1 is dense); DeepSeek: layer 0 dense, 8 routed + 2 shared experts in layer 1,
+# one latent per token; 301 embedding rows.
 SHARDS = {
-    "dense-tp": {"qkv_rows": [64, 64], "experts": [], "embed_rows": 151, "kv_heads": 1},
-    "moe-tp-ep": {"qkv_rows": [64, 64], "experts": [3], "embed_rows": 151, "kv_heads": 1},
-    "moe-ep": {"qkv_rows": [128, 128], "experts": [3], "embed_rows": 301, "kv_heads": 2},
-    "moe-tp": {"qkv_rows": [64, 64], "experts": [6], "embed_rows": 151, "kv_heads": 1},
+    "dense-tp": {"q_heads": [2, 2], "experts": [], "embed_rows": 151, "kv_heads": 1},
+    "moe-tp-ep": {"q_heads": [2, 2], "experts": [3], "embed_rows": 151, "kv_heads": 1},
+    "moe-ep": {"q_heads": [4, 4], "experts": [3], "embed_rows": 301, "kv_heads": 2},
+    "moe-tp": {"q_heads": [2, 2], "experts": [6], "embed_rows": 151, "kv_heads": 1},
+    "mla-tp-ep": {"q_heads": [2, 2], "experts": [6], "embed_rows": 151, "kv_heads": 1},
 }
-# CPU CI time: one dense and one MoE job (attention TP with expert parallelism); the other
-# styles run where the kernels are compiled.
-CASES = ["dense-tp", "moe-tp-ep"] + (["moe-ep", "moe-tp"] if HAS_CUDA else [])
+# CPU CI time: one dense job and one MoE job (DeepSeek: MLA split by heads, experts spread,
+# shared experts); every style runs where the kernels are compiled.
+CASES = ["dense-tp", "mla-tp-ep"] + (["moe-tp-ep", "moe-ep", "moe-tp"] if HAS_CUDA else [])
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -46,7 +48,10 @@ def test_two_ranks_equal_one(name: str, tmp_path: Path) -> None:
     sampled = [s for s, logits in single.logits.items() if logits.numel()]
     assert len(sampled) >= scenario.OUTPUT_TOKENS
     worst = max(float((sharded["logits"][s] - single.logits[s]).abs().max()) for s in sampled)
-    assert worst < 1e-4, f"{name}: logits differ by {worst}"
+    # On a GPU the Triton kernels' fp32 dots round through TF32, whose error a split sum
+    # changes: there the bound is relative to the largest logit.
+    largest = max(float(single.logits[s].abs().max()) for s in sampled)
+    assert worst < (1e-3 * largest if HAS_CUDA else 1e-4), f"{name}: logits differ by {worst}"
 
 
 def test_killed_worker_makes_the_engine_report_the_runner_dead(tmp_path: Path) -> None:

@@ -65,10 +65,16 @@ class Shard:
         return self.rank * part, part
 
 
+def own(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy: a slice that stayed a view would keep the whole built tensor alive."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _narrow(w: Matrix, axis: int, start: int, length: int) -> Matrix:
     if isinstance(w, Fp8Weight):
-        return slice_fp8(w, axis, start, length)
-    return w.narrow(axis, start, length).contiguous()
+        cut = slice_fp8(w, axis, start, length)
+        return Fp8Weight(own(cut.w), own(cut.scale), cut.block)
+    return own(w.narrow(axis, start, length))
 
 
 def _cat(parts: list[Matrix]) -> Matrix:
@@ -113,7 +119,7 @@ class RowParallelMla(MlaAttention):
     """`MlaAttention` over this rank's heads (the built layer's tensors, sliced), its output
     projection's partial sums added by one all-reduce."""
 
-    def __init__(self, built: MlaAttention, shard: Shard) -> None:  # noqa: super-init-not-called
+    def __init__(self, built: MlaAttention, shard: Shard) -> None:
         vars(self).update(vars(built))  # adopt the built layer, then cut it
         mla = built.mla
         first, heads = shard.run(built.heads)
@@ -121,16 +127,16 @@ class RowParallelMla(MlaAttention):
         per_q = built.qk
         if built.q_b is None:  # `in_proj` is [q ; kv_a]: keep this rank's q rows
             q = built.in_proj[: built.q_size].narrow(0, first * per_q, heads * per_q)
-            self.in_proj = torch.cat((q, built.in_proj[built.q_size :])).contiguous()
+            self.in_proj = torch.cat((q, built.in_proj[built.q_size :]))
             self.q_size = heads * per_q
         else:  # `in_proj` is [q_a ; kv_a], shared by every head
-            self.q_b = built.q_b.narrow(0, first * per_q, heads * per_q).contiguous()
+            self.q_b = own(built.q_b.narrow(0, first * per_q, heads * per_q))
         per_kv = mla.nope_dim + mla.v_head_dim
-        self.kv_b = built.kv_b.narrow(0, first * per_kv, heads * per_kv).contiguous()
-        self.w_uk = built.w_uk.narrow(0, first, heads).contiguous()
-        self.w_uv_t = built.w_uv_t.narrow(0, first, heads).contiguous()
+        self.kv_b = own(built.kv_b.narrow(0, first * per_kv, heads * per_kv))
+        self.w_uk = own(built.w_uk.narrow(0, first, heads))
+        self.w_uv_t = own(built.w_uv_t.narrow(0, first, heads))
         v = mla.v_head_dim
-        self.o_proj = built.o_proj.narrow(1, first * v, heads * v).contiguous()
+        self.o_proj = own(built.o_proj.narrow(1, first * v, heads * v))
 
     def __call__(
         self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor, rows: PrefillRows | None
@@ -166,15 +172,15 @@ def _fp8_rows(w: Fp8Weight, rows: int, halves: int, shard: Shard) -> Fp8Weight:
 def _experts_columns(w: Experts, shard: Shard) -> Experts:
     """This rank's run of every expert's input columns (MXFP4: whole 32-column groups)."""
     if isinstance(w, Fp8Experts):
-        columns = w.w.shape[2]
+        columns = int(w.w.shape[2])
         start, length = shard.run(columns)
         return stack_fp8([slice_fp8(p, 1, start, length) for p in unstack_fp8(w)])
     if isinstance(w, Mxfp4Experts):
         start, length = shard.run(w.scales.shape[2])  # groups of 32 columns
-        blocks = w.blocks.narrow(2, start, length).contiguous()
-        return Mxfp4Experts(blocks, w.scales.narrow(2, start, length).contiguous())
+        blocks = own(w.blocks.narrow(2, start, length))
+        return Mxfp4Experts(blocks, own(w.scales.narrow(2, start, length)))
     start, length = shard.run(w.shape[2])
-    return w.narrow(2, start, length).contiguous()
+    return own(w.narrow(2, start, length))
 
 
 def split_experts(w: ExpertWeights, shard: Shard) -> ExpertWeights:
