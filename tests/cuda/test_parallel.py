@@ -63,3 +63,36 @@ def test_killed_worker_makes_the_engine_report_the_runner_dead(tmp_path: Path) -
     assert report["submit_raised"] is True
     assert any("runner died" in str(m) for m in report["errors"]), report
     assert float(report["seconds_to_death"]) < 30.0  # a lost peer is seen at once
+
+
+@pytest.mark.skipif(
+    HAS_CUDA and torch.cuda.device_count() < 2, reason="NCCL needs 2 CUDA GPUs for 2 ranks"
+)
+def test_resin_bench_tp_runs_the_fast_runner_shards(tmp_path: Path) -> None:
+    """`resin bench tp --runner cuda --tensor-parallel 2` without torchrun: the leader starts a
+    `resin worker --runner cuda`, and TP=2 and TP=1 rows of the fast runner come out (on CPU
+    in Triton's interpreter, whose environment the worker inherits)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.backend.launcher import SRC
+
+    output = tmp_path / "tp.jsonl"
+    argv = ["--tensor-parallel", "2", "--runner", "cuda", "--preset", "tiny"]
+    argv += ["--batch", "1", "--context", "8", "--decode-steps", "2", "--timeout", "60"]
+    if not HAS_CUDA:
+        argv += ["--device", "cpu", "--dtype", "float32"]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "resin_app.cli", "bench", "tp", *argv, "--output", str(output)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [(r["tp"], r["runner"]) for r in rows] == [(2, "cuda"), (1, "cuda")]
+    assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in rows)
