@@ -1,7 +1,9 @@
-"""The ranks of a tensor-parallel job of the reference runner, and `resin worker`
-(`python -m resin_app.worker`), one non-leader rank.
+"""The ranks of a tensor-parallel job, and `resin worker` (`python -m resin_app.worker`), one
+non-leader rank.
 
-`reference_runner` is the shard every rank builds; `checkpoint_replicas` is what
+`reference_runner` is the reference runner's shard every rank builds, `fast_runner` the fast
+runner's (`resin worker --runner cuda`, `resin bench tp --runner cuda`); `checkpoint_replicas`
+is what
 `resin serve --tensor-parallel N --data-parallel M` runs (the leader starts its workers with
 `resin.backend.launch.spawn_local` and `worker_command`). A worker builds its shard exactly as
 the leader builds its own (same checkpoint or random-weights config and seed, same page size)
