@@ -26,6 +26,7 @@ if __name__ == "__main__":
     import tests.cuda.conftest  # noqa: F401  (the interpreter, before any kernel is defined)
 
 import torch
+import torch.distributed as dist
 
 from resin import Engine, EngineDeadError, ErrorEvent, FinishedEvent, SamplingParams
 from resin.plan import BatchPlan, ForwardOutput
@@ -39,9 +40,12 @@ from resin_models_cuda.parallel import ParallelStyle, shard_model
 SEED = 5
 # With CUDA both ranks run on cuda:0 over Gloo (NCCL refuses two ranks on one device): the
 # one-GPU proof of the sharded math. Without it, the CPU and Triton's interpreter.
+# `RESIN_PARALLEL_NCCL=1` (2 GPUs): rank r on cuda:r over NCCL, decode steps in CUDA graphs
+# that hold the collectives (the unsharded side captures graphs too).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NCCL = os.environ.get("RESIN_PARALLEL_NCCL") == "1"
 OPTIONS = RunnerOptions(
-    page_size=4, max_batch=8, max_context=64, num_pages=64, cuda_graphs=False, keep_logits=True
+    page_size=4, max_batch=8, max_context=64, num_pages=64, cuda_graphs=NCCL, keep_logits=True
 )
 ENGINE_KWARGS: dict[str, Any] = {
     "context_length": 64,
@@ -122,15 +126,18 @@ class Recording:
         self.inner.close()
 
 
-def runner(name: str, group: torch.distributed.ProcessGroup | None) -> Recording:
+def runner(
+    name: str, group: torch.distributed.ProcessGroup | None, options: RunnerOptions = OPTIONS
+) -> Recording:
     """The case's fast runner on every rank's same random weights (peaky: std 0.2, so greedy
     choices are not near-ties), sharded over `group` (None: the whole model)."""
     case = CASES[name]
-    source = RandomWeights(DEVICE, torch.float32, seed=SEED, std=0.2)
-    model = build_model(parse_config(case.config), source, OPTIONS.build_options())
+    device = f"cuda:{dist.get_rank(group)}" if NCCL and group is not None else DEVICE
+    source = RandomWeights(device, torch.float32, seed=SEED, std=0.2)
+    model = build_model(parse_config(case.config), source, options.build_options())
     if group is not None:
         model = shard_model(model, group, case.style)
-    return Recording(CudaRunner(model, OPTIONS))
+    return Recording(CudaRunner(model, options))
 
 
 def prompts() -> list[list[int]]:
@@ -207,9 +214,9 @@ def main(name: str, out: Path, timeout_s: float) -> None:
     torch.set_num_threads(1)
     leader = start_tensor_parallel(
         lambda groups: runner(name, groups.model),  # type: ignore[arg-type, return-value]
-        device="cuda:0" if DEVICE == "cuda" else "cpu",
+        device=None if NCCL else "cuda:0" if DEVICE == "cuda" else "cpu",  # None: cuda:RANK
         timeout=timedelta(seconds=timeout_s),
-        backend="gloo",
+        backend="nccl" if NCCL else "gloo",
     )
     if leader is None:  # a worker whose leader closed the runner: leave at once (as
         sys.stdout.flush()  # `resin worker` does; Gloo's destructors may abort at teardown)

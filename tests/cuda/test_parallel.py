@@ -7,6 +7,7 @@ the engine report the runner dead. The jobs run `parallel_scenario.py` (cases th
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,26 @@ CASES = ["dense-tp", "mla-tp-ep"] + (["moe-tp-ep", "moe-ep", "moe-tp"] if HAS_CU
 
 @pytest.mark.parametrize("name", CASES)
 def test_two_ranks_equal_one(name: str, tmp_path: Path) -> None:
-    job = launch(name, tmp_path, script=SCRIPT, wall=200.0, collective_timeout=60.0)
+    check_two_ranks(name, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("name", ["dense-tp", "moe-tp-ep", "mla-tp-ep"])
+def test_nccl_collectives_replay_inside_cuda_graphs(name: str, tmp_path: Path) -> None:
+    """Two GPUs: the model group on NCCL and decode steps replayed from CUDA graphs that
+    captured the all-reduces and the logits' all-gather; tokens as one GPU's graphs give."""
+    check_two_ranks(name, tmp_path, {"RESIN_PARALLEL_NCCL": "1"})
+
+
+def check_two_ranks(name: str, tmp_path: Path, env: dict[str, str] | None = None) -> None:
+    """The job's leader's tokens and logits against one process's (same graphs setting)."""
+    job = launch(name, tmp_path, script=SCRIPT, wall=200.0, collective_timeout=60.0, env=env)
     assert job.returncodes == [0, 0], job.output
     sharded = torch.load(tmp_path / "result.pt")
     assert sharded["shards"] == SHARDS[name]  # the leader really holds only its part
-    single = scenario.runner(name, None)
+    graphs = replace(scenario.OPTIONS, cuda_graphs=bool(env))  # as the job's ranks ran
+    single = scenario.runner(name, None, graphs)
     tokens = scenario.generate(single)
     assert sharded["tokens"] == tokens
     assert sorted(sharded["logits"]) == sorted(single.logits)
