@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-GPU proof of the fast runner's sharded math (docs/distributed.md, "The one-GPU proof"):
 # two ranks share cuda:0, their model group on Gloo with CUDA tensors (NCCL refuses two ranks on
-# one device), and TP=2 / EP=2 must give TP=1's greedy tokens (fp32 logits within 1e-4) under
+# one device), and TP=2 / EP=2 must give TP=1's greedy tokens (fp32 logits close: TF32 dots) under
 # the real Engine: dense Llama, Qwen3-MoE with TP+EP, EP over replicated attention and split
 # experts, DeepSeek MLA split by heads with spread experts; then a worker killed mid-run must
 # make the engine report the runner dead; and every cut layer (dense, FP8, MXFP4) sums to the
