@@ -94,3 +94,4 @@ dequantize_fp8, quantize_fp8_activations, dequantize_mxfp4, quantize_mxfp4, pars
 scale_name, activation_group, _.quantizes, _.weight_block
 FAMILY  # resin_models_torch/family.py, resin_models_cuda/family.py: `resin.runners` entry points (pyproject.toml)
 family_names  # resin_app/runners.py: public API (the installed families' names without importing them)
+_.__class__  # resin_models_cuda.parallel: a sharded model moves into its TensorParallel subclass

@@ -94,8 +94,6 @@ def test_bench_tp_is_the_tensor_parallel_benchmark(capsys: pytest.CaptureFixture
     assert "--preset" in out and "--expert-parallel" in out and "--skip-single" in out
 
 
-def test_bench_refuses_tensor_parallel_on_the_fast_runner(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["bench", "tp", "--tensor-parallel", "2", "--runner", "cuda"]) == 2
-    assert "not sharded yet" in capsys.readouterr().err
+def test_bench_tp_quantizes_only_the_fast_runner(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "tp", "--tensor-parallel", "2", "--quantize", "mxfp4"]) == 2
+    assert "--quantize needs --runner cuda" in capsys.readouterr().err

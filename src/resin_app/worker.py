@@ -1,7 +1,9 @@
-"""The ranks of a tensor-parallel job of the reference runner, and `resin worker`
-(`python -m resin_app.worker`), one non-leader rank.
+"""The ranks of a tensor-parallel job, and `resin worker` (`python -m resin_app.worker`), one
+non-leader rank.
 
-`reference_runner` is the shard every rank builds; `checkpoint_replicas` is what
+`reference_runner` is the reference runner's shard every rank builds, `fast_runner` the fast
+runner's (`resin worker --runner cuda`, `resin bench tp --runner cuda`); `checkpoint_replicas`
+is what
 `resin serve --tensor-parallel N --data-parallel M` runs (the leader starts its workers with
 `resin.backend.launch.spawn_local` and `worker_command`). A worker builds its shard exactly as
 the leader builds its own (same checkpoint or random-weights config and seed, same page size)
@@ -76,6 +78,58 @@ def reference_runner(
     return TorchRunner(shard_model(model, groups.model, style), **runner_kwargs)
 
 
+def fast_runner(
+    groups: ProcessGroups,
+    *,
+    checkpoint: str | Path | None = None,
+    config: dict[str, Any] | None = None,
+    expert_parallel: bool = False,
+    tensor: bool = True,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    quantize: str | None = None,
+    options: Any = None,
+) -> Runner:
+    """This rank's `CudaRunner` over its shard of a fast model (`resin_models_cuda.parallel`):
+    a checkpoint, or random weights of a Hugging Face style `config` dict (`quantize`: made
+    FP8 / MXFP4 on the device as they are drawn), the same on every rank for the same `seed`.
+
+    `expert_parallel`: whole experts spread over the ranks, else every expert is split;
+    `tensor` False keeps attention, dense MLPs and the vocabulary replicated. CUDA graphs only
+    over NCCL (a Gloo collective cannot be captured); `options` is a `RunnerOptions`."""
+    import torch
+    import torch.distributed as dist
+
+    from resin_model.hf_config import parse_config
+    from resin_model.quant_checkpoint import quantization_config
+    from resin_model.quant_config import parse_quant_config
+    from resin_models_cuda import CudaRunner, RunnerOptions, build_model
+    from resin_models_cuda.layers import RandomWeights, WeightSource
+    from resin_models_cuda.layers.quantized import QuantizingWeights
+    from resin_models_cuda.parallel import ParallelStyle, shard_model
+    from resin_models_cuda.runner import load_model
+
+    if (checkpoint is None) == (config is None):
+        raise ValueError("give exactly one of checkpoint or config")
+    opts = options if isinstance(options, RunnerOptions) else RunnerOptions()
+    nccl = dist.get_backend(groups.model) == "nccl"
+    opts = replace(opts, cuda_graphs=opts.cuda_graphs and nccl)
+    device = groups.device
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if checkpoint is not None:
+        model = load_model(checkpoint, opts, device, dtype)
+    else:
+        assert config is not None
+        parsed = parse_config(config)
+        source: WeightSource = RandomWeights(device, dtype, seed, num_layers=parsed.num_layers)
+        if quantize is not None:
+            source = QuantizingWeights(source, quantize)  # type: ignore[arg-type]
+            parsed = replace(parsed, quant=parse_quant_config(quantization_config(quantize)))  # type: ignore[arg-type]
+        model = build_model(parsed, source, opts.build_options())
+    style = ParallelStyle(tensor, "expert" if expert_parallel else "tensor")
+    return CudaRunner(shard_model(model, groups.model, style), opts)
+
+
 def checkpoint_replicas(
     folder: str | Path,
     *,
@@ -135,7 +189,22 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rank 0 leads every replica (launch.spawn_local's layout, docs/distributed.md)",
     )
+    p.add_argument(
+        "--runner",
+        choices=["torch", "cuda"],
+        default="torch",
+        help="the reference runner's shards, or the fast runner's (resin_models_cuda)",
+    )
     p.add_argument("--expert-parallel", action="store_true")
+    p.add_argument(
+        "--quantize",
+        choices=["fp8-block", "fp8-channel", "mxfp4"],
+        default=None,
+        help="--runner cuda with --config-json: random weights made FP8 / MXFP4 as drawn",
+    )
+    p.add_argument("--max-sequences", type=int, default=256, help="--runner cuda: graph rows")
+    p.add_argument("--context-length", type=int, default=8192, help="--runner cuda: longest")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="--runner cuda: eager steps")
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK if present, else cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     p.add_argument("--page-size", type=int, default=16)
@@ -152,17 +221,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     config = json.loads(Path(args.config_json).read_text()) if args.config_json else None
-    try:
-        runner = start_tensor_parallel(
-            lambda groups: reference_runner(
+
+    def build(groups: ProcessGroups) -> Runner:
+        if args.runner == "cuda":
+            from resin_models_cuda import RunnerOptions
+
+            options = RunnerOptions(
+                page_size=args.page_size,
+                max_batch=args.max_sequences,
+                max_context=args.context_length,
+                cuda_graphs=not args.no_cuda_graphs,
+            )
+            return fast_runner(
                 groups,
                 checkpoint=args.checkpoint,
                 config=config,
                 expert_parallel=args.expert_parallel,
                 dtype=dtype,
                 seed=args.seed,
-                page_size=args.page_size,
-            ),
+                quantize=args.quantize,
+                options=options,
+            )
+        return reference_runner(
+            groups,
+            checkpoint=args.checkpoint,
+            config=config,
+            expert_parallel=args.expert_parallel,
+            dtype=dtype,
+            seed=args.seed,
+            page_size=args.page_size,
+        )
+
+    try:
+        runner = start_tensor_parallel(
+            build,
             topology=Topology.from_env(args.tensor_parallel, shared_leader=args.shared_leader),
             device=args.device,
             timeout=timedelta(seconds=args.timeout),

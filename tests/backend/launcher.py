@@ -47,8 +47,10 @@ def launch(
     collective_timeout: float = 20.0,
     wall: float = 90.0,
     env: dict[str, str] | None = None,
+    script: Path = SCENARIO,
 ) -> Finished:
-    """Run scenario `name` on ranks 0 and 1; the worker starts first so rank 0 knows its pid.
+    """Run scenario `name` of `script` on ranks 0 and 1; the worker starts first so rank 0
+    knows its pid.
 
     Both processes are killed if the job outlives `wall` seconds (the test then fails).
     """
@@ -62,7 +64,7 @@ def launch(
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
     }
-    args = [sys.executable, str(SCENARIO), name, str(out), str(collective_timeout)]
+    args = [sys.executable, str(script), name, str(out), str(collective_timeout)]
     logs = [out / "rank0.log", out / "rank1.log"]
     procs: list[subprocess.Popen[bytes]] = []
     try:

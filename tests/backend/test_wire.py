@@ -87,3 +87,21 @@ def test_a_shared_leader_leads_every_replica() -> None:
     assert Topology(1, 2, 1, 2, shared_leader=True).replica_ranks(0) == [0, 1]  # = plain TP=2
     with pytest.raises(ValueError, match="1 \\+ a multiple"):
         Topology(0, 4, 0, 3, shared_leader=True)
+
+
+def test_the_leader_declares_what_a_broadcast_plan_can_carry() -> None:
+    """A `DistributedRunner` passes its local runner's config on, except a mask filled while
+    the step runs (`mask_pending` is a callable on the leader) and overlapped plans (it steps
+    one plan at a time): the Engine then fills masks before the plan is broadcast."""
+    from resin.backend.distributed import DistributedRunner, PlanChannel
+    from resin.protocols import RunnerConfig
+
+    class Local(_Recorder):
+        runner_config = RunnerConfig(
+            vocab_size=50, waits_for_masks=True, overlap=True, max_draft_tokens=3
+        )
+
+    channel = PlanChannel.__new__(PlanChannel)  # never used: no step is run here
+    config = DistributedRunner(Local(), channel).runner_config
+    assert (config.waits_for_masks, config.overlap) == (False, False)
+    assert (config.vocab_size, config.max_draft_tokens) == (50, 3)

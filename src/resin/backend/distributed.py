@@ -23,6 +23,7 @@ within one timeout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import pickle
@@ -180,8 +181,13 @@ class DistributedRunner:
 
     @property
     def runner_config(self) -> RunnerConfig:
+        """The local runner's, less what a broadcast plan cannot carry: a pending mask is a
+        callable on the leader's engine thread (so masks are filled before the plan goes out),
+        and steps run one at a time (`forward`, no `submit` / `collect`)."""
         rc = getattr(self.local, "runner_config", None)
-        return rc if isinstance(rc, RunnerConfig) else RunnerConfig()
+        if not isinstance(rc, RunnerConfig):
+            return RunnerConfig()
+        return dataclasses.replace(rc, waits_for_masks=False, overlap=False)
 
     @property
     def dead(self) -> str | None:

@@ -48,12 +48,18 @@ def start_tensor_parallel(
     capacity: int = DEFAULT_CAPACITY,
     topology: Topology | None = None,
     init_method: str | None = None,
+    backend: str | None = None,
 ) -> DistributedRunner | None:
     """Join the job (torchrun environment unless `topology` + `init_method` are given), build
     this rank's runner with `build(groups)`; return the `DistributedRunner` on a leader, or
-    follow the leader until it closes."""
+    follow the leader until it closes. `backend`: the model group's (`init_process_groups`)."""
     groups = init_process_groups(
-        tensor_parallel, device=device, timeout=timeout, topology=topology, init_method=init_method
+        tensor_parallel,
+        device=device,
+        timeout=timeout,
+        topology=topology,
+        init_method=init_method,
+        backend=backend,
     )
     local = build(groups)
     channel = PlanChannel(groups.control, groups.topology.leader, capacity)

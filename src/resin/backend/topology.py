@@ -120,16 +120,19 @@ def init_process_groups(
     timeout: timedelta = DEFAULT_TIMEOUT,
     topology: Topology | None = None,
     init_method: str | None = None,
+    backend: str | None = None,
 ) -> ProcessGroups:
     """Join the world and build this rank's groups.
 
     The world comes from torchrun's environment unless `topology` and `init_method` (e.g.
     "tcp://127.0.0.1:PORT") say otherwise. Every rank must call this (groups are created
-    collectively, in the same order everywhere).
+    collectively, in the same order everywhere). `backend`: the model group's (default NCCL
+    on CUDA, Gloo on the CPU); "gloo" on CUDA lets two ranks share one GPU, which NCCL
+    refuses (a test of the sharded math, not a fast path).
     """
     topology = topology or Topology.from_env(tensor_parallel)
     device = torch.device(device) if device is not None else default_device(topology)
-    groups = _join(topology, device, timeout, init_method)
+    groups = _join(topology, device, timeout, init_method, backend)
     model, control = groups[topology.replica]
     return ProcessGroups(topology, device, model, control, timeout)
 
@@ -152,11 +155,15 @@ def init_shared_leader(
 
 
 def _join(
-    topology: Topology, device: torch.device, timeout: timedelta, init_method: str | None
+    topology: Topology,
+    device: torch.device,
+    timeout: timedelta,
+    init_method: str | None,
+    backend: str | None = None,
 ) -> list[tuple[dist.ProcessGroup, dist.ProcessGroup]]:
     """Init the world and create every replica's (model, control) groups, in the same order
     on every rank (groups are created collectively)."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():

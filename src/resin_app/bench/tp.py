@@ -10,9 +10,16 @@ the leader starts its own workers (`spawn_local`); under torchrun every rank run
     resin bench tp --tensor-parallel 2 --preset tiny --device cpu --dtype float32   # smoke test
     torchrun --nproc-per-node 2 -m resin_app.bench.tp --preset qwen3-30b-a3b --expert-parallel
 
-Figures are the plain-PyTorch reference runner's (gathered paged attention, per-expert loops):
-they prove the sharded path end to end on the device. The fast runner (`resin_models_cuda`)
-is not sharded yet: `--runner cuda` is refused.
+`--runner torch` (the default) measures the plain-PyTorch reference runner (gathered paged
+attention, per-expert loops); `--runner cuda` the fast runner's shards
+(`resin_models_cuda.parallel`; CUDA graphs over NCCL, random weights made FP8 / MXFP4 with
+`--quantize`), with `--preset` also any `resin_model.presets` name:
+
+    resin bench tp --runner cuda --tensor-parallel 2 --preset gpt-oss-120b --quantize mxfp4
+    resin bench tp --runner cuda --tensor-parallel 2 --preset qwen3-30b-a3b --expert-parallel
+
+Both sides of a `--runner cuda` run step one plan at a time (no overlap: a `DistributedRunner`
+does not pipeline), so the ratio compares like with like.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from resin.backend.distributed import DistributedRunner
 from resin.backend.launch import spawn_local, start_tensor_parallel
 from resin.backend.topology import ProcessGroups, shutdown
 from resin.protocols import Runner
-from resin_app.worker import worker_command
+from resin_app.worker import fast_runner, worker_command
+from resin_model.presets import PRESETS as MODEL_PRESETS
 from resin_models_torch.parallel import ParallelStyle, shard_model
 from resin_models_torch.registry import random_runner
 from resin_models_torch.runner import TorchRunner
@@ -124,7 +132,15 @@ def _args(argv: list[str]) -> argparse.Namespace:
         help="ranks (default: torchrun's world; without torchrun the workers are started here)",
     )
     p.add_argument("--runner", choices=["torch", "cuda"], default="torch")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS.keys() | MODEL_PRESETS.keys()), default="tiny"
+    )
+    p.add_argument(
+        "--quantize",
+        choices=["fp8-block", "fp8-channel", "mxfp4"],
+        default=None,
+        help="--runner cuda: random weights made FP8 / MXFP4 on the device as drawn",
+    )
     p.add_argument("--layers", type=int, default=None, help="override the layer count")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--context", type=int, default=1024, help="prompt tokens per sequence")
@@ -139,7 +155,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
-    config = dict(PRESETS[args.preset])
+    config = dict(PRESETS.get(args.preset) or MODEL_PRESETS[args.preset])
     if args.layers is not None:
         config["num_hidden_layers"] = args.layers
     return config
@@ -153,11 +169,41 @@ def _num_pages(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace, groups: ProcessGroups | None, device: torch.device) -> Runner:
     dtype = getattr(torch, args.dtype)
+    if args.runner == "cuda":
+        return _fast(args, groups, device, dtype)
     model = random_runner(_config(args), 0, device, dtype).model
     if groups is not None:
         style = ParallelStyle(experts="expert" if args.expert_parallel else "tensor")
         model = shard_model(model, groups.model, style)
     return TorchRunner(model, page_size=PAGE_SIZE, num_pages=_num_pages(args))
+
+
+def _fast(
+    args: argparse.Namespace, groups: ProcessGroups | None, device: torch.device, dtype: Any
+) -> Runner:
+    """The fast runner: this rank's shard, or (no groups) the whole model, on the same
+    random weights (`fast_runner` draws them as `random_runner` does)."""
+    from resin_model.hf_config import parse_config
+    from resin_models_cuda import RunnerOptions, random_runner
+
+    options = RunnerOptions(
+        page_size=PAGE_SIZE,
+        num_pages=_num_pages(args),
+        max_batch=max(args.batch),
+        max_context=args.context + args.decode_steps + 8,
+        overlap=False,
+    )
+    if groups is None:
+        config = parse_config(_config(args))
+        return random_runner(config, options, str(device), dtype, 0, args.quantize)
+    return fast_runner(
+        groups,
+        config=_config(args),
+        expert_parallel=args.expert_parallel,
+        dtype=dtype,
+        quantize=args.quantize,
+        options=options,
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -224,12 +270,8 @@ def _report(rows: list[dict[str, Any]], output: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(list(sys.argv[1:] if argv is None else argv))
-    if args.runner == "cuda":
-        print(
-            "resin bench tp: --tensor-parallel runs the reference runner; the fast runner "
-            "(resin_models_cuda, --runner cuda) is not sharded yet",
-            file=sys.stderr,
-        )
+    if args.quantize is not None and args.runner != "cuda":
+        print("resin bench tp: --quantize needs --runner cuda", file=sys.stderr)
         return 2
     holder: dict[str, torch.device] = {}
 
@@ -243,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     device, tp = holder["device"], args.tensor_parallel or int(os.environ.get("WORLD_SIZE", "1"))
     common = {"preset": args.preset, "context": args.context, "dtype": args.dtype}
+    common |= {"runner": args.runner, "quantize": args.quantize}
     common |= {"expert_parallel": args.expert_parallel, "device": str(device)}
     rows = [{"tp": tp, **common, **row} for row in measure(runner, args)]
     shutdown()
@@ -273,6 +316,10 @@ def _start(
     config.write_text(json.dumps(_config(args)))
     worker_args = ["--config-json", str(config), "--seed", "0", "--dtype", args.dtype]
     worker_args += ["--page-size", str(PAGE_SIZE)] + (["--expert-parallel"] * args.expert_parallel)
+    if args.runner == "cuda":
+        worker_args += ["--runner", "cuda", "--max-sequences", str(max(args.batch))]
+        worker_args += ["--context-length", str(args.context + args.decode_steps + 8)]
+        worker_args += ["--quantize", args.quantize] if args.quantize else []
     if args.device is not None and torch.device(args.device).type != "cuda":
         worker_args += ["--device", args.device]
     job = spawn_local(
