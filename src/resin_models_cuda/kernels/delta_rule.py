@@ -1,0 +1,161 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+"""The gated delta rule of Gated DeltaNet layers (Qwen3.5), recurrent form, one launch for a
+whole step: prefill chunks and decode rows alike.
+
+Per value head h, with the float32 state S [K, V] (for every token t of a row, in order):
+    q, k = l2norm(q_t) * K^-0.5, l2norm(k_t)      (key head h // (HV / HK), as transformers'
+                                                   repeat_interleave shares it)
+    g = -exp(A_log[h]) * softplus(a_t[h] + dt_bias[h]);  beta = sigmoid(b_t[h])
+    S <- S * exp(g);  S <- S + k (beta (v_t - S^T k))^T;  o_t = S^T q
+
+The row starts from its input checkpoint (`state_in[row]`, a page of the State region; -1:
+zeros) and the state after its last token goes to `state_out[row]` (-1: nowhere, CUDA-graph
+padding); the states after the row's first `ckpt_len[c]` tokens go to `ckpt_page[c]` for the
+row's checkpoints `ckpt_indptr[row] .. ckpt_indptr[row + 1]` (prefix caching). A program owns
+one (row, head, value block) tile of the state from the first read to the last write, so a
+checkpoint read and written in place (`state_in == state_out`) is safe.
+
+A prefill chunk of L tokens runs its L steps in sequence inside each program; the chunked
+(triangular-solve) form is the next step for long prompts (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.step import StateRows
+
+
+# A scalar condition enters a mask as a bound (`x < where(cond, n, 0)`): the interpreter
+# cannot AND a scalar into a block mask.
+@triton.jit
+def _load_state(state_ptr, page, stride_p, head, kk, vv, vmask, K: tl.constexpr, V: tl.constexpr):
+    base = state_ptr + tl.maximum(page, 0).to(tl.int64) * stride_p + head * K * V
+    mask = (kk[:, None] < K) & (vv[None, :] < tl.where(page >= 0, V, 0))
+    return tl.load(base + kk[:, None] * V + vv[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_state(state_ptr, page, stride_p, head, kk, vv, vmask, s, K: tl.constexpr, V: tl.constexpr):  # fmt: skip
+    base = state_ptr + tl.maximum(page, 0).to(tl.int64) * stride_p + head * K * V
+    mask = (kk[:, None] < K) & (vv[None, :] < tl.where(page >= 0, V, 0))
+    tl.store(base + kk[:, None] * V + vv[None, :], s, mask=mask)
+
+
+@triton.jit
+def _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt):
+    """Tokens covered by checkpoint `ck` of the row, or -1 past the row's last."""
+    length = tl.load(ckpt_len_ptr + tl.minimum(ck, last_ckpt))
+    return tl.where(ck < ck_end, length, -1)
+
+
+@triton.jit
+def _delta_rule_kernel(
+    mixed_ptr,  # [T, 2 * HK * K + HV * V]: q | k | v per token (conv output), row stride_m
+    a_ptr,  # [T, HV], row stride stride_a: decay input
+    b_ptr,  # [T, HV], row stride stride_b: beta input
+    a_log_ptr,  # [HV]
+    dt_bias_ptr,  # [HV]
+    out_ptr,  # [T, HV, V] contiguous, the model dtype
+    state_ptr,  # float32 [pages, HV, K, V], page stride stride_p (this layer's view)
+    query_indptr_ptr,  # int32 [B + 1]
+    state_in_ptr,  # int32 [B]
+    state_out_ptr,  # int32 [B]
+    ckpt_indptr_ptr,  # int32 [B + 1]
+    ckpt_len_ptr,  # int32 [C]
+    ckpt_page_ptr,  # int32 [C]
+    stride_m,
+    stride_a,
+    stride_b,
+    stride_p,
+    last_ckpt,  # C - 1
+    scale,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kh = head // (HV // HK)
+    kk = tl.arange(0, K)
+    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = vv < V
+    start = tl.load(query_indptr_ptr + row)
+    end = tl.load(query_indptr_ptr + row + 1)
+    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, vmask, K, V)
+    neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    ck = tl.load(ckpt_indptr_ptr + row)
+    ck_end = tl.load(ckpt_indptr_ptr + row + 1)
+    next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    for t in range(start, end):
+        token = mixed_ptr + t * stride_m
+        q = tl.load(token + kh * K + kk).to(tl.float32)
+        k = tl.load(token + HK * K + kh * K + kk).to(tl.float32)
+        v = tl.load(token + 2 * HK * K + head * V + vv, mask=vmask, other=0.0).to(tl.float32)
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * scale
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        a = tl.load(a_ptr + t * stride_a + head).to(tl.float32) + dt_bias
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + head).to(tl.float32))
+        s = s * tl.exp(neg_a * softplus)
+        correction = (v - tl.sum(k[:, None] * s, 0)) * beta
+        s = s + k[:, None] * correction[None, :]
+        o = tl.sum(q[:, None] * s, 0)
+        dst = out_ptr + (t * HV + head) * V + vv
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=vmask)
+        if t - start + 1 == next_len:
+            page = tl.load(ckpt_page_ptr + ck)
+            _store_state(state_ptr, page, stride_p, head, kk, vv, vmask, s, K, V)
+            ck += 1
+            next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, vmask, s, K, V)
+
+
+def gated_delta_rule(
+    mixed: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    rows: StateRows,
+    num_k_heads: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """o [T, HV, V] (mixed's dtype) of the rows `rows` describes; `mixed` [T, 2*HK*K + HV*V]
+    (q | k | v, rows contiguous), `a` / `b` [T, HV] (rows may be strided), `a_log` /
+    `dt_bias` [HV], `state` float32 [pages, HV, K, V] (this layer's view of the State
+    region; page stride free). Reads each row's input checkpoint and writes its output and
+    checkpoint pages in place (module docstring)."""
+    pages, heads, k_dim, v_dim = state.shape
+    t = mixed.shape[0]
+    assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
+    assert k_dim == next_pow2(k_dim), "the key head dim must be a power of two"
+    assert mixed.stride(1) == 1 and mixed.shape[1] == 2 * num_k_heads * k_dim + heads * v_dim
+    assert heads % num_k_heads == 0
+    for x in (a, b):
+        assert x.shape == (t, heads) and x.stride(1) == 1
+    assert a_log.shape == (heads,) and dt_bias.shape == (heads,)
+    rows.check()
+    if out is None:
+        out = torch.empty((t, heads, v_dim), dtype=mixed.dtype, device=mixed.device)
+    assert out.shape == (t, heads, v_dim) and out.is_contiguous()
+    assert max(t * mixed.stride(0), out.numel()) < 2**31, "token offsets are int32"
+    block_v = min(next_pow2(v_dim), 32)
+    batch = rows.state_in.shape[0]
+    if batch:
+        grid = (batch, heads, triton.cdiv(v_dim, block_v))
+        _delta_rule_kernel[grid](
+            mixed, a, b, a_log, dt_bias, out, state, rows.query_indptr, rows.state_in,
+            rows.state_out, rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page,
+            mixed.stride(0), a.stride(0), b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1,
+            k_dim**-0.5,
+            HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, num_warps=4,
+        )  # fmt: skip
+    return out
