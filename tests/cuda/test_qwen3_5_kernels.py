@@ -60,7 +60,9 @@ def _expected_pages(pages: torch.Tensor, run: object) -> tuple[list[torch.Tensor
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.float16, 2e-2)])
-def test_delta_rule_kernel_equals_recurrent_pytorch(device: str, dtype: torch.dtype, atol: float) -> None:  # fmt: skip
+def test_delta_rule_kernel_equals_recurrent_pytorch(
+    device: str, dtype: torch.dtype, atol: float
+) -> None:
     gen = torch.Generator().manual_seed(0)
     hk, hv, kd, vd = 2, 4, 16, 12
     t = sum(LENS)

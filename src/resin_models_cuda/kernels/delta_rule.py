@@ -32,14 +32,14 @@ from resin_models_cuda.step import StateRows
 # A scalar condition enters a mask as a bound (`x < where(cond, n, 0)`): the interpreter
 # cannot AND a scalar into a block mask.
 @triton.jit
-def _load_state(state_ptr, page, stride_p, head, kk, vv, vmask, K: tl.constexpr, V: tl.constexpr):
+def _load_state(state_ptr, page, stride_p, head, kk, vv, K: tl.constexpr, V: tl.constexpr):
     base = state_ptr + tl.maximum(page, 0).to(tl.int64) * stride_p + head * K * V
     mask = (kk[:, None] < K) & (vv[None, :] < tl.where(page >= 0, V, 0))
     return tl.load(base + kk[:, None] * V + vv[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
-def _store_state(state_ptr, page, stride_p, head, kk, vv, vmask, s, K: tl.constexpr, V: tl.constexpr):  # fmt: skip
+def _store_state(state_ptr, page, stride_p, head, kk, vv, s, K: tl.constexpr, V: tl.constexpr):
     base = state_ptr + tl.maximum(page, 0).to(tl.int64) * stride_p + head * K * V
     mask = (kk[:, None] < K) & (vv[None, :] < tl.where(page >= 0, V, 0))
     tl.store(base + kk[:, None] * V + vv[None, :], s, mask=mask)
@@ -87,7 +87,7 @@ def _delta_rule_kernel(
     vmask = vv < V
     start = tl.load(query_indptr_ptr + row)
     end = tl.load(query_indptr_ptr + row + 1)
-    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, vmask, K, V)
+    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
     neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
     ck = tl.load(ckpt_indptr_ptr + row)
@@ -111,10 +111,10 @@ def _delta_rule_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=vmask)
         if t - start + 1 == next_len:
             page = tl.load(ckpt_page_ptr + ck)
-            _store_state(state_ptr, page, stride_p, head, kk, vv, vmask, s, K, V)
+            _store_state(state_ptr, page, stride_p, head, kk, vv, s, K, V)
             ck += 1
             next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
-    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, vmask, s, K, V)
+    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)
 
 
 def gated_delta_rule(
@@ -133,7 +133,7 @@ def gated_delta_rule(
     `dt_bias` [HV], `state` float32 [pages, HV, K, V] (this layer's view of the State
     region; page stride free). Reads each row's input checkpoint and writes its output and
     checkpoint pages in place (module docstring)."""
-    pages, heads, k_dim, v_dim = state.shape
+    _, heads, k_dim, v_dim = state.shape
     t = mixed.shape[0]
     assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
     assert k_dim == next_pow2(k_dim), "the key head dim must be a power of two"

@@ -38,7 +38,9 @@ def _gated_rmsnorm_kernel(
     tl.store(out_ptr + (t * H + h) * D + cols, y.to(dtype), mask=mask)
 
 
-def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """[T, H * D]: each head of `x` [T, H, D] normed, times `weight` [D], times silu of its
     slice of `z` [T, H * D] (rows may be strided)."""
     t, heads, dim = x.shape
