@@ -26,6 +26,7 @@ from resin_models_cuda.kernels import PagedKV, decode_attention, prefill_attenti
 from resin_models_cuda.kernels.conv1d import causal_conv1d, conv_state_store
 from resin_models_cuda.kernels.delta_rule import gated_delta_rule
 from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
+from resin_models_cuda.kernels.router import router_topk
 from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, Rotary, WeightSource, activation_of
 from resin_models_cuda.layers.quantized import linear
 from resin_models_cuda.models.base import BuildOptions, FastModel
@@ -138,16 +139,18 @@ class GatedAttention:
 
 class SharedGateMoE(MoE):
     """Routed experts plus shared ones weighted by sigmoid(shared_expert_gate(x)) per token:
-    the router's always-chosen columns carry that weight instead of 1."""
+    the router's always-chosen columns carry that weight instead of 1. The gate is one more
+    row of the router's matmul."""
 
     def __init__(self, moe: MoE, shared_gate: torch.Tensor) -> None:
         super().__init__(moe.moe, moe.w, moe.act, moe.gemv_max_pairs)
-        self.shared_gate = shared_gate
+        self.router = torch.cat((self.router, shared_gate.to(self.router.dtype)))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weight, expert = super().route(x)
-        gate = torch.sigmoid(F.linear(x, self.shared_gate)).float()
-        weight[:, self.moe.top_k :] = gate
+        logits = F.linear(x.to(self.router.dtype), self.router)
+        experts = self.moe.num_experts
+        weight, expert = router_topk(logits[:, :experts], self.moe, None, self.w.shared)
+        weight[:, self.moe.top_k :] = torch.sigmoid(logits[:, experts:]).float()
         return weight, expert
 
 
