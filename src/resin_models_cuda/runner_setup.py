@@ -46,7 +46,7 @@ def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig
             free, _ = torch.cuda.mem_get_info(model.device)
             cache_bytes = int(free * options.memory_fraction)
         else:
-            cache_bytes = 256 * page_bytes
+            cache_bytes = 256 * page_bytes + 8 * model.state_bytes()
     return RunnerConfig(
         vocab_size=c.vocab_size,
         page_size=ps,
