@@ -1,6 +1,7 @@
 """The Gated DeltaNet kernels (Qwen3.5's linear attention) against plain PyTorch, over odd
 shapes: rows of several lengths (a decode-like one-token row among them), input checkpoints
-from pages and from zeros, prefix-cache checkpoints inside rows, an in-place state page."""
+from pages and from zeros, prefix-cache checkpoints inside rows, an in-place state page; the
+delta rule in its recurrent and its chunked form (chunks cut at the checkpoints)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
 from resin_models_cuda.step import StateRows
 from resin_models_torch.delta_rule import recurrent_delta_rule
 
-LENS = [5, 1, 3]
+LENS = [20, 1, 3]
 STATE_IN = [2, -1, 0]
 STATE_OUT = [3, 4, 0]  # row 2 updates its checkpoint in place
-CHECKPOINTS = {0: [(2, 6), (4, 7)], 2: [(3, 1)]}  # row: [(tokens covered, page)]
+CHECKPOINTS = {
+    0: [(2, 6), (18, 7)],
+    2: [(3, 1)],
+}  # row 0: chunks of 2, 16 and 2 tokens  # row: [(tokens covered, page)]
 
 
 def _rows(device: str, region: torch.Tensor) -> StateRows:
@@ -60,8 +64,9 @@ def _expected_pages(pages: torch.Tensor, run: object) -> tuple[list[torch.Tensor
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.float16, 2e-2)])
+@pytest.mark.parametrize("chunk", [0, 16], ids=["recurrent", "chunked"])
 def test_delta_rule_kernel_equals_recurrent_pytorch(
-    device: str, dtype: torch.dtype, atol: float
+    device: str, dtype: torch.dtype, atol: float, chunk: int
 ) -> None:
     gen = torch.Generator().manual_seed(0)
     hk, hv, kd, vd = 2, 4, 16, 12
@@ -95,7 +100,7 @@ def test_delta_rule_kernel_equals_recurrent_pytorch(
     rows = _rows(device, got_pages)
     out = gated_delta_rule(
         mixed.to(device), a.to(device), b.to(device), a_log.to(device), dt_bias.to(device),
-        got_pages, rows, hk,
+        got_pages, rows, hk, chunk=chunk,
     )  # fmt: skip
     torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
     torch.testing.assert_close(got_pages.cpu(), want, atol=atol, rtol=1e-3)

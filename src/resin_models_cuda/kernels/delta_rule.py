@@ -15,8 +15,10 @@ row's checkpoints `ckpt_indptr[row] .. ckpt_indptr[row + 1]` (prefix caching). A
 one (row, head, value block) tile of the state from the first read to the last write, so a
 checkpoint read and written in place (`state_in == state_out`) is safe.
 
-A prefill chunk of L tokens runs its L steps in sequence inside each program; the chunked
-(triangular-solve) form is the next step for long prompts (docs/gpu.md).
+`chunk` > 0 picks the chunked form (`_chunked_kernel`): the same result `chunk` tokens at a
+time through a unit-triangular system per chunk, most of it matrix products. Its inverse is
+built by forward substitution, row by row, so its serial depth per chunk is still `chunk`
+small steps: a blocked inverse is what would make it pay (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -127,12 +129,14 @@ def gated_delta_rule(
     rows: StateRows,
     num_k_heads: int,
     out: torch.Tensor | None = None,
+    chunk: int = 0,
 ) -> torch.Tensor:
     """o [T, HV, V] (mixed's dtype) of the rows `rows` describes; `mixed` [T, 2*HK*K + HV*V]
     (q | k | v, rows contiguous), `a` / `b` [T, HV] (rows may be strided), `a_log` /
     `dt_bias` [HV], `state` float32 [pages, HV, K, V] (this layer's view of the State
     region; page stride free). Reads each row's input checkpoint and writes its output and
-    checkpoint pages in place (module docstring)."""
+    checkpoint pages in place (module docstring). `chunk` > 0 (a power of two >= 16): the
+    chunked form, `chunk` tokens a step (prefill; not yet measured on a GPU)."""
     _, heads, k_dim, v_dim = state.shape
     t = mixed.shape[0]
     assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
@@ -148,14 +152,100 @@ def gated_delta_rule(
     assert out.shape == (t, heads, v_dim) and out.is_contiguous()
     assert max(t * mixed.stride(0), out.numel()) < 2**31, "token offsets are int32"
     block_v = min(next_pow2(v_dim), 32)
+    if chunk:
+        assert chunk >= 16 and chunk == next_pow2(chunk) and k_dim >= 16
+        block_v = max(block_v, 16)  # tl.dot's smallest tile
     batch = rows.state_in.shape[0]
     if batch:
         grid = (batch, heads, triton.cdiv(v_dim, block_v))
-        _delta_rule_kernel[grid](
+        args = (
             mixed, a, b, a_log, dt_bias, out, state, rows.query_indptr, rows.state_in,
             rows.state_out, rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page,
             mixed.stride(0), a.stride(0), b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1,
             k_dim**-0.5,
-            HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, num_warps=4,
         )  # fmt: skip
+        shapes = dict(HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v)
+        if chunk:
+            _chunked_kernel[grid](*args, **shapes, CHUNK=chunk, num_warps=8)
+        else:
+            _delta_rule_kernel[grid](*args, **shapes, num_warps=4)
     return out
+
+
+@triton.jit
+def _chunked_kernel(
+    mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, out_ptr, state_ptr, query_indptr_ptr,
+    state_in_ptr, state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
+    stride_m, stride_a, stride_b, stride_p, last_ckpt, scale,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """`_delta_rule_kernel`'s arguments; the row's tokens CHUNK at a time (cut at its
+    checkpoints), through `(I + A) X = rhs` with A the chunk's strictly lower
+    `beta_i k_i.k_j exp(G_i - G_j)` (G the cumulative log decay): the inverse by forward
+    substitution over rows, then matrix products (`resin_models_torch.delta_rule`'s
+    `chunked_delta_rule`, the same algebra)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kh = head // (HV // HK)
+    kk = tl.arange(0, K)
+    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = vv < V
+    cc = tl.arange(0, CHUNK)
+    ii, jj = cc[:, None], cc[None, :]
+    start = tl.load(query_indptr_ptr + row)
+    end = tl.load(query_indptr_ptr + row + 1)
+    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
+    neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    ck = tl.load(ckpt_indptr_ptr + row)
+    ck_end = tl.load(ckpt_indptr_ptr + row + 1)
+    next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    pos = start
+    while pos < end:
+        n = tl.minimum(end - pos, CHUNK)
+        n = tl.where(next_len > 0, tl.minimum(n, start + next_len - pos), n)
+        t = pos + cc
+        tok = mixed_ptr + t[:, None] * stride_m
+        mk = (cc[:, None] < n) & (kk[None, :] < K)
+        q = tl.load(tok + kh * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(tok + HK * K + kh * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        mv = (cc[:, None] < n) & vmask[None, :]
+        v = tl.load(tok + 2 * HK * K + head * V + vv[None, :], mask=mv, other=0.0).to(tl.float32)
+        q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
+        k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+        a = tl.load(a_ptr + t * stride_a + head, mask=cc < n, other=0.0).to(tl.float32) + dt_bias
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        g = tl.where(cc < n, neg_a * softplus, 0.0)
+        b = tl.load(b_ptr + t * stride_b + head, mask=cc < n, other=0.0).to(tl.float32)
+        beta = tl.where(cc < n, tl.sigmoid(b), 0.0)
+        cum = tl.cumsum(g, 0)
+        lower = ii >= jj
+        decay = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
+        kt = tl.trans(k)
+        system = tl.where(
+            ii > jj, beta[:, None] * tl.dot(k, kt, input_precision="ieee") * decay, 0.0
+        )
+        inverse = tl.where(ii == jj, 1.0, 0.0)
+        for i in range(1, CHUNK):  # row i of (I + A)^-1 from the rows above it
+            a_row = tl.sum(tl.where(ii == i, system, 0.0), 0)
+            t_row = tl.where(cc == i, 1.0, 0.0) - tl.sum(a_row[:, None] * inverse, 0)
+            inverse = tl.where(ii == i, t_row[None, :], inverse)
+        u = tl.dot(inverse, beta[:, None] * v, input_precision="ieee")
+        w = tl.dot(inverse, (beta * tl.exp(cum))[:, None] * k, input_precision="ieee")
+        corrections = u - tl.dot(w, s, input_precision="ieee")
+        scores = tl.dot(q, kt, input_precision="ieee") * decay
+        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision="ieee")
+        o += tl.dot(scores, corrections, input_precision="ieee")
+        dst = out_ptr + (t[:, None] * HV + head) * V + vv[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mv)
+        last = tl.sum(g, 0)
+        carried = tl.trans(k * tl.exp(last - cum)[:, None])
+        s = s * tl.exp(last) + tl.dot(carried, corrections, input_precision="ieee")
+        pos += n
+        if pos - start == next_len:
+            page = tl.load(ckpt_page_ptr + ck)
+            _store_state(state_ptr, page, stride_p, head, kk, vv, s, K, V)
+            ck += 1
+            next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)

@@ -31,7 +31,7 @@ from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, Rotary, WeightSourc
 from resin_models_cuda.layers.quantized import linear
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
-from resin_models_cuda.step import DecodeInfo, LayerSlot, StepTensors
+from resin_models_cuda.step import DecodeInfo, LayerSlot, PrefillInfo, StepTensors
 
 
 def state_layer_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -44,7 +44,12 @@ def state_layer_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
 
 
 class GatedDeltaNet:
-    """`prefix` is the layer's `...linear_attn.`; `index` its place among the linear layers."""
+    """`prefix` is the layer's `...linear_attn.`; `index` its place among the linear layers.
+    `prefill_chunk` > 0 runs prefill steps through the chunked delta-rule kernel, that many
+    tokens a chunk (0: the recurrent kernel, which decode always runs; the chunked one is not
+    yet measured on a GPU, docs/gpu.md)."""
+
+    prefill_chunk = 0
 
     def __init__(self, config: ModelConfig, w: WeightSource, prefix: str, index: int) -> None:
         lin = config.linear_attention
@@ -87,8 +92,9 @@ class GatedDeltaNet:
         conv_state, recurrent = self.state_views(rows.region, x.dtype)
         mixed = causal_conv1d(mixed_in, self.conv, conv_state, rows)
         conv_state_store(mixed_in, conv_state, rows)
+        chunk = self.prefill_chunk if isinstance(step.info, PrefillInfo) else 0
         o = gated_delta_rule(
-            mixed, a, b, self.a_log, self.dt_bias, recurrent, rows, lin.num_k_heads
+            mixed, a, b, self.a_log, self.dt_bias, recurrent, rows, lin.num_k_heads, chunk=chunk
         )
         return self.out_proj(gated_rmsnorm(o, z, self.norm, self.eps))
 
