@@ -18,10 +18,9 @@ from resin_models_torch.delta_rule import recurrent_delta_rule
 LENS = [20, 1, 3]
 STATE_IN = [2, -1, 0]
 STATE_OUT = [3, 4, 0]  # row 2 updates its checkpoint in place
-CHECKPOINTS = {
-    0: [(2, 6), (18, 7)],
-    2: [(3, 1)],
-}  # row 0: chunks of 2, 16 and 2 tokens  # row: [(tokens covered, page)]
+# row: [(tokens covered, page)]. Row 0 is cut at 1 and 19: chunks of 1, 16, 2 and 1 tokens
+# (chunk 16) or 1, 18 and 1 (chunk 32: across two 16-row blocks of the system's inverse).
+CHECKPOINTS = {0: [(1, 6), (19, 7)], 2: [(3, 1)]}
 
 
 def _rows(device: str, region: torch.Tensor) -> StateRows:
@@ -64,7 +63,7 @@ def _expected_pages(pages: torch.Tensor, run: object) -> tuple[list[torch.Tensor
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.float16, 2e-2)])
-@pytest.mark.parametrize("chunk", [0, 16], ids=["recurrent", "chunked"])
+@pytest.mark.parametrize("chunk", [0, 16, 32], ids=["recurrent", "chunk16", "chunk32"])
 def test_delta_rule_kernel_equals_recurrent_pytorch(
     device: str, dtype: torch.dtype, atol: float, chunk: int
 ) -> None:

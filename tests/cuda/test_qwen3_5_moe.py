@@ -4,10 +4,10 @@ that folder): the Engine drives each over the same requests with 8-token prefill
 (State checkpoints inside chunks), decode, and a second round that resumes from the State
 checkpoints of the shared prefix (prefix-cache hits), and they produce the same greedy tokens.
 The shared expert runs fused into the routed experts (its width a multiple of theirs) or as
-its own MLP (there prefill runs the chunked delta-rule kernel). On CPU the kernels run in
-the Triton interpreter. Held out: the prefix-hit ratio of 64 requests sharing a 1,024-token
-prefix on the fast runner's cache layout for the real shapes equals a pure-attention
-layout's."""
+its own MLP (there prefill runs the recurrent delta-rule kernel, elsewhere the chunked
+one). On CPU the kernels run in the Triton interpreter. Held out: the prefix-hit ratio of
+64 requests sharing a 1,024-token prefix on the fast runner's cache layout for the real
+shapes equals a pure-attention layout's."""
 
 from __future__ import annotations
 
@@ -111,13 +111,13 @@ def test_same_tokens_as_reference_runner_with_prefix_hits(device: str) -> None:
     assert reused == reused_ref == 24  # the second round resumed both rows at 12 tokens
 
 
-def test_separate_shared_expert_mlp_and_chunked_prefill(device: str) -> None:
+def test_separate_shared_expert_mlp_and_recurrent_prefill(device: str) -> None:
     from resin_models_cuda.models.qwen3_5_moe import GatedDeltaNet
 
     reference, fast = _runners(device, 24)  # 24 is no multiple of the experts' 16
     for layer in fast.model.layers:
         if isinstance(layer.mixer, GatedDeltaNet):
-            layer.mixer.prefill_chunk = 16  # prefill through the chunked delta-rule kernel
+            layer.mixer.prefill_chunk = 0  # prefill through the recurrent delta-rule kernel
     prompt = _prompts()[1:]
     assert _generate(fast, prompt, 1, 2) == _generate(reference, prompt, 1, 2)
 

@@ -15,10 +15,10 @@ row's checkpoints `ckpt_indptr[row] .. ckpt_indptr[row + 1]` (prefix caching). A
 one (row, head, value block) tile of the state from the first read to the last write, so a
 checkpoint read and written in place (`state_in == state_out`) is safe.
 
-`chunk` > 0 picks the chunked form (`_chunked_kernel`): the same result `chunk` tokens at a
-time through a unit-triangular system per chunk, most of it matrix products. Its inverse is
-built by forward substitution, row by row, so its serial depth per chunk is still `chunk`
-small steps: a blocked inverse is what would make it pay (docs/gpu.md).
+`chunk` > 0 (16, 32 or 64) picks the chunked form (`_chunked_kernel`): the same result
+`chunk` tokens at a time through a unit-triangular system per chunk, all of it matrix
+products (the system's inverse: 16 x 16 diagonal blocks by forward substitution, 15 serial
+products, then a short series; `_unit_lower_inverse`).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def gated_delta_rule(
     assert max(t * mixed.stride(0), out.numel()) < 2**31, "token offsets are int32"
     block_v = min(next_pow2(v_dim), 32)
     if chunk:
-        assert chunk >= 16 and chunk == next_pow2(chunk) and k_dim >= 16
+        assert chunk in (16, 32, 64) and k_dim >= 16
         block_v = max(block_v, 16)  # tl.dot's smallest tile
     batch = rows.state_in.shape[0]
     if batch:
@@ -173,6 +173,27 @@ def gated_delta_rule(
 
 
 @triton.jit
+def _unit_lower_inverse(system, ii, jj, CHUNK: tl.constexpr):
+    """(I + A)^-1 of a strictly lower A [CHUNK, CHUNK] (CHUNK <= 64). With D = I + A's 16 x 16
+    diagonal blocks and E the rest: D^-1 by forward substitution, row r of every block at
+    once (15 serial steps, each a product); then (I + A)^-1 = (I + N)^-1 D^-1 with
+    N = D^-1 E strictly block-lower, so N^4 = 0 and (I + N)^-1 = (I - N)(I + N^2)."""
+    eye = tl.where(ii == jj, 1.0, 0.0)
+    within = (ii // 16) == (jj // 16)
+    blocks = tl.where(within, system, 0.0)
+    inverse = eye
+    for r in range(1, 16):
+        rows = (ii % 16) == r
+        above = tl.dot(tl.where(rows, blocks, 0.0), inverse, input_precision="ieee")
+        inverse = tl.where(rows, eye - above, inverse)
+    if CHUNK > 16:
+        n = tl.dot(inverse, tl.where(within, 0.0, system), input_precision="ieee")
+        series = tl.dot(eye - n, eye + tl.dot(n, n, input_precision="ieee"), input_precision="ieee")
+        inverse = tl.dot(series, inverse, input_precision="ieee")
+    return inverse
+
+
+@triton.jit
 def _chunked_kernel(
     mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, out_ptr, state_ptr, query_indptr_ptr,
     state_in_ptr, state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
@@ -182,9 +203,8 @@ def _chunked_kernel(
 ):  # fmt: skip
     """`_delta_rule_kernel`'s arguments; the row's tokens CHUNK at a time (cut at its
     checkpoints), through `(I + A) X = rhs` with A the chunk's strictly lower
-    `beta_i k_i.k_j exp(G_i - G_j)` (G the cumulative log decay): the inverse by forward
-    substitution over rows, then matrix products (`resin_models_torch.delta_rule`'s
-    `chunked_delta_rule`, the same algebra)."""
+    `beta_i k_i.k_j exp(G_i - G_j)` (G the cumulative log decay), then matrix products
+    (`resin_models_torch.delta_rule`'s `chunked_delta_rule`, the same algebra)."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     kh = head // (HV // HK)
@@ -226,11 +246,7 @@ def _chunked_kernel(
         system = tl.where(
             ii > jj, beta[:, None] * tl.dot(k, kt, input_precision="ieee") * decay, 0.0
         )
-        inverse = tl.where(ii == jj, 1.0, 0.0)
-        for i in range(1, CHUNK):  # row i of (I + A)^-1 from the rows above it
-            a_row = tl.sum(tl.where(ii == i, system, 0.0), 0)
-            t_row = tl.where(cc == i, 1.0, 0.0) - tl.sum(a_row[:, None] * inverse, 0)
-            inverse = tl.where(ii == i, t_row[None, :], inverse)
+        inverse = _unit_lower_inverse(system, ii, jj, CHUNK)
         u = tl.dot(inverse, beta[:, None] * v, input_precision="ieee")
         w = tl.dot(inverse, (beta * tl.exp(cum))[:, None] * k, input_precision="ieee")
         corrections = u - tl.dot(w, s, input_precision="ieee")

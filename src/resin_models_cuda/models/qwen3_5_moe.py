@@ -45,11 +45,11 @@ def state_layer_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
 
 class GatedDeltaNet:
     """`prefix` is the layer's `...linear_attn.`; `index` its place among the linear layers.
-    `prefill_chunk` > 0 runs prefill steps through the chunked delta-rule kernel, that many
-    tokens a chunk (0: the recurrent kernel, which decode always runs; the chunked one is not
-    yet measured on a GPU, docs/gpu.md)."""
+    Prefill steps run the chunked delta-rule kernel, `prefill_chunk` tokens a chunk (16, 32
+    or 64; 0: the recurrent kernel, which decode always runs). Neither is measured on a GPU
+    yet (docs/gpu.md)."""
 
-    prefill_chunk = 0
+    prefill_chunk = 32
 
     def __init__(self, config: ModelConfig, w: WeightSource, prefix: str, index: int) -> None:
         lin = config.linear_attention
