@@ -62,7 +62,7 @@ _.weight_bytes  # resin_app/bench/runner_bench.py: a benchmark record field read
 _.last_logits  # resin_models_cuda/runner.py: RunnerOptions.keep_logits output (tests/cuda read it)
 expert_bias  # resin_model/config.py: a config field (layers read it through MoeConfig)
 GptOss  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
-Deepseek, Olmo2, Glm4Moe  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
+Deepseek, Olmo2, Glm4Moe, Qwen3_5Moe  # resin_models_cuda/models: loaded by name through resin_models_cuda/architectures.py
 Glm4MoeForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Gemma3ForCausalLM  # resin_models_torch: loaded by name through architectures.py
 Qwen2_5_VLForConditionalGeneration  # resin_models_torch: loaded by name through architectures.py

@@ -203,15 +203,22 @@ def preset_hf(name: str) -> dict[str, Any]:
 
 
 def kv_bytes_read(config: ModelConfig, context: int, dtype_bytes: int = 2) -> int:
-    """KV bytes attention reads for one row at `context` tokens (sliding layers: the window)."""
+    """KV bytes attention reads for one row at `context` tokens (sliding layers: the window;
+    linear-attention layers: their state, float32 recurrent matrices and conv inputs)."""
     window = int(config.sliding_window or context)
     per_layer = 2 * config.kv_size * dtype_bytes
     if config.mla is not None:  # one latent per token per layer
         per_layer = config.mla.latent_dim * dtype_bytes
+    lin = config.linear_attention
+    state = 0
+    if lin is not None:
+        recurrent = 4 * lin.num_v_heads * lin.k_head_dim * lin.v_head_dim
+        state = recurrent + lin.conv_channels * (lin.conv_kernel - 1) * dtype_bytes
     return sum(
-        per_layer * (min(context, window) if kind == "sliding" else context)
+        state if kind == "linear"
+        else per_layer * (min(context, window) if kind == "sliding" else context)
         for kind in config.layer_types
-    )
+    )  # fmt: skip
 
 
 def _expert_params(config: ModelConfig) -> int:

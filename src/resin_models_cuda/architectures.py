@@ -13,6 +13,7 @@ from resin_models_cuda.models.base import BuildOptions, FastModel
 
 _LLAMA = "resin_models_cuda.models.llama:Llama"
 _DEEPSEEK = "resin_models_cuda.models.deepseek:Deepseek"
+_QWEN3_5 = "resin_models_cuda.models.qwen3_5_moe:Qwen3_5Moe"
 
 ARCHITECTURES: dict[str, str] = {
     "llama": _LLAMA,
@@ -27,6 +28,8 @@ ARCHITECTURES: dict[str, str] = {
     "deepseek_v2": _DEEPSEEK,
     "deepseek_v3": _DEEPSEEK,
     "glm4_moe": "resin_models_cuda.models.glm4_moe:Glm4Moe",
+    "qwen3_5_moe": _QWEN3_5,
+    "qwen3_5_moe_text": _QWEN3_5,
 }
 
 

@@ -12,7 +12,9 @@ can stage step n+1 while step n's copy may still be queued (an event guards each
 
 A row with q real query tokens (1, or 1 + k drafts) fills its first q slots of `query`; the
 rest are padding (slot -1, position 0). Padding rows (graph bucket larger than the batch) get
-a length of 0 and a slot of -1: they read and write no cache.
+a length of 0 and a slot of -1: they read and write no cache. A model with a State group
+(linear attention, declared after the token groups) reads each row's `state_in` / `state_out`
+page (padding: -1, zeros read and nothing written).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from resin.plan import BatchPlan
 from resin_models_cuda.step import GroupTensors
 
 _TOKEN_FIELDS = ("input_ids", "positions")
-_ROW_FIELDS = ("seq_lens", "q_lens", "prev_rows")
+_ROW_FIELDS = ("seq_lens", "q_lens", "prev_rows", "state_in", "state_out")
 _GROUP_FIELDS = ("slots", "page_start", "page_indptr")
 
 
@@ -40,6 +42,8 @@ class DecodeViews:
     q_lens: torch.Tensor
     prev_rows: torch.Tensor
     groups: tuple[GroupTensors, ...]
+    state_in: torch.Tensor
+    state_out: torch.Tensor
 
 
 class DecodeBuffers:
@@ -110,6 +114,8 @@ class DecodeBuffers:
             self._dev("q_lens", 0, rows),
             self._dev("prev_rows", 0, rows),
             groups,
+            self._dev("state_in", 0, rows),
+            self._dev("state_out", 0, rows),
         )
 
     def _next_mirror(self) -> None:
@@ -156,8 +162,11 @@ class DecodeBuffers:
         self.fill(self._field("seq_lens", 0, rows), plan.total_lens, 0)
         prev = plan.prev_token_rows
         self.fill(self._field("prev_rows", 0, rows), prev if prev.size else np.full(b, -1), -1)
+        for g in plan.cache_groups[self.num_groups :]:  # the State group, if any
+            self.fill(self._field("state_in", 0, rows), g.state_in, -1)
+            self.fill(self._field("state_out", 0, rows), g.state_out, -1)
         at = self._page_ids_at
-        for gi, g in enumerate(plan.cache_groups):
+        for gi, g in enumerate(plan.cache_groups[: self.num_groups]):
             shift = at - self._page_ids_at
             self._scatter(self._field("slots", gi, t), g.append_slots, dest, -1)
             self.fill(self._field("page_start", gi, rows), g.page_start, 0)
@@ -178,6 +187,8 @@ class DecodeBuffers:
         self._field("seq_lens", 0, rows)[:] = 0
         self._field("q_lens", 0, rows)[:] = 1
         self._field("prev_rows", 0, rows)[:] = -1
+        self._field("state_in", 0, rows)[:] = -1
+        self._field("state_out", 0, rows)[:] = -1
         for g in range(self.num_groups):
             self._field("slots", g, t)[:] = -1
             self._field("page_start", g, rows)[:] = 0

@@ -77,7 +77,7 @@ from resin_models_cuda.sampling import (
     plain_output,
     speculative_output,
 )
-from resin_models_cuda.step import DecodeInfo, StepTensors
+from resin_models_cuda.step import DecodeInfo, StateRows, StepTensors
 
 __all__ = ["CudaRunner", "RunnerOptions", "load_model", "load_runner", "random_runner"]
 
@@ -199,8 +199,13 @@ class CudaRunner:
         )
         self._runner_config = make_runner_config(model, self.options)
         self._sampler = DeviceSampler(self.device, self.options.seed)
-        self._max_query = 1 + self.options.max_draft_tokens
+        # A State group (linear attention) cannot be rewound: no drafts to verify.
+        self._max_query = 1 if model.state_bytes() else 1 + self.options.max_draft_tokens
         self.kv: torch.Tensor | None = None
+        self.state: torch.Tensor | None = None  # the State region [pages, page bytes] (uint8)
+        rows = self.options.max_batch
+        self._state_index = torch.arange(rows + 1, dtype=torch.int32, device=self.device)
+        self._state_zeros = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
         self._buffers: DecodeBuffers | None = None
         self._graphs: dict[tuple[int, int], CapturedStep] = {}
         self._draft_graphs: dict[tuple[int, int], CapturedDrafts] = {}
@@ -252,6 +257,11 @@ class CudaRunner:
         # fewer layers use the first slots.
         shape = (layout.num_pages, max(self.model.layers_per_group), planes, layout.page_size)
         self.kv = torch.zeros((*shape, heads, dim), dtype=self.dtype, device=self.device)
+        if self._runner_config.state_page_bytes:
+            if layout.state_page_bytes < self._runner_config.state_page_bytes:
+                raise ValueError(f"layout {layout} has State pages smaller than a checkpoint")
+            size = (layout.state_pages, layout.state_page_bytes)
+            self.state = torch.zeros(size, dtype=torch.uint8, device=self.device)
         pages_per_seq = -(-self.options.max_context // layout.page_size) + 1
         groups = len(self.model.group_kinds)
         rows = self.options.max_batch
@@ -311,7 +321,7 @@ class CudaRunner:
     def close(self) -> None:
         self._inflight.clear()
         self._graphs.clear()
-        self.kv = None
+        self.kv = self.state = None
         self._buffers = None
 
     # ----- internals -------------------------------------------------------------------------
@@ -331,7 +341,7 @@ class CudaRunner:
     def _launch(self, plan: BatchPlan) -> _InFlight | partial[_InFlight]:
         assert self.kv is not None and self._buffers is not None
         media = self.media.gather(plan)  # refuses media without an encoder
-        copy_pages(plan, self.kv)
+        copy_pages(plan, self.kv, self.state)
         b = plan.num_sequences
         qlens = plan.query_lens
         query = int(qlens.max(initial=1))
@@ -341,6 +351,7 @@ class CudaRunner:
         asks_prompt = bool(plan.prompt_logprob_rows.any())  # a decode row's target is unknown
         buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows and media is None
         buffered = buffered and not (asks_prompt and prompt_tokens(plan).size)  # needs hidden
+        buffered = buffered and not any(g.checkpoint_token.size for g in plan.cache_groups)
         if buffered and query <= self._max_query:
             prompt = prompt_logprobs(plan, None, self.model.logits, 0) if asks_prompt else None
             shape = self._pick_graph(b, query) or (b, query)
@@ -377,7 +388,9 @@ class CudaRunner:
         """A varlen step: the plan row and query offset (verify rows) of each logits row, the
         logits, the prompt logprobs the plan asks for, and the MTP layer's inputs."""
         assert self.kv is not None
-        step_tensors = prefill_step(plan, self.options, self.config, self.dtype, self.device, media)
+        step_tensors = prefill_step(
+            plan, self.options, self.config, self.dtype, self.device, media, self.state
+        )
         hidden = self.model.forward(self._with_prev(plan, step_tensors), self.kv)
         prompt = None
         if plan.prompt_logprob_rows.any():
@@ -508,7 +521,14 @@ class CudaRunner:
         ids = self._resolve_prev(v.input_ids, v.prev_rows) if query == 1 else v.input_ids
         splits = decode_splits(rows, self.config.num_kv_heads, self._num_sms)
         info = DecodeInfo(v.seq_lens, splits, query, v.q_lens if query > 1 else None)
-        return StepTensors(ids, v.positions, v.groups, info)
+        state = None
+        if self.state is not None:  # one token a row: row b's token is token b
+            index, zeros = self._state_index, self._state_zeros
+            state = StateRows(
+                self.state, index[: rows + 1], index[:rows], v.state_in, v.state_out,
+                zeros[: rows + 1], zeros[:1], zeros[:1],
+            )  # fmt: skip
+        return StepTensors(ids, v.positions, v.groups, info, state=state)
 
     def _drafts_body(self, rows: int, query: int) -> torch.Tensor:
         """The MTP pass after the decode graph of shape (rows, query) (graph body): a greedy

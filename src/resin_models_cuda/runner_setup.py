@@ -7,13 +7,13 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, Phase
-from resin.protocols import PENALTY_FEATURES, History, RunnerConfig, Window
+from resin.protocols import PENALTY_FEATURES, History, RunnerConfig, State, Window
 from resin_model.config import ModelConfig
 from resin_model.media_cache import MultimodalModel, StepMedia
 from resin_models_cuda.kernels import prefill_blocks
 from resin_models_cuda.models import FastModel
 from resin_models_cuda.options import RunnerOptions
-from resin_models_cuda.step import GroupTensors, MediaTensors, PrefillInfo, StepTensors
+from resin_models_cuda.step import GroupTensors, MediaTensors, PrefillInfo, StateRows, StepTensors
 
 FEATURES = frozenset(
     {"logprobs", "prompt_logprobs", "logit_bias", "constraint", "seed", "top_k", "top_p", "min_p"}
@@ -25,24 +25,28 @@ implements, plus `media` for a model with a vision encoder. Listed, not derived:
 
 
 def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig:
-    """One cache group per layer kind (History for full attention, Window for sliding)."""
+    """One cache group per layer kind (History for full attention, Window for sliding), then
+    a State group for linear-attention layers (one checkpoint of all of them a page; such a
+    model verifies no drafts: its state cannot be rewound)."""
     c, ps = model.config, options.page_size
     planes, heads, dim = model.cache_token_shape()
     per_layer = ps * planes * heads * dim * model.dtype.itemsize
-    groups: list[History | Window] = []
+    groups: list[History | Window | State] = []
     for kind, layers in zip(model.group_kinds, model.layers_per_group, strict=True):
         if kind == "sliding":
             groups.append(Window(int(c.sliding_window or 0), layers * per_layer))
         else:
             groups.append(History(layers * per_layer))
     page_bytes = max(g.bytes_per_page for g in groups)
+    if model.state_bytes():
+        groups.append(State(model.state_bytes()))
     cache_bytes = options.cache_bytes
     if cache_bytes is None and options.num_pages is None:
         if model.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(model.device)
             cache_bytes = int(free * options.memory_fraction)
         else:
-            cache_bytes = 256 * page_bytes
+            cache_bytes = 256 * page_bytes + 8 * model.state_bytes()
     return RunnerConfig(
         vocab_size=c.vocab_size,
         page_size=ps,
@@ -50,7 +54,7 @@ def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig
         num_pages=options.num_pages,
         cache_bytes=cache_bytes,
         waits_for_masks=True,  # constrain_logits reads the mask through bitmask()
-        max_draft_tokens=options.max_draft_tokens,
+        max_draft_tokens=0 if model.state_bytes() else options.max_draft_tokens,
         overlap=options.overlap,
         features=FEATURES | {"media"} if isinstance(model, MultimodalModel) else FEATURES,
     )
@@ -78,13 +82,41 @@ def check_plan(
         raise ValueError("a decode row without drafts has one query token")
 
 
-def copy_pages(plan: BatchPlan, kv: torch.Tensor) -> None:
-    """The plan's copy-on-write page copies, before anything reads the arena."""
+def copy_pages(plan: BatchPlan, kv: torch.Tensor, state: torch.Tensor | None = None) -> None:
+    """The plan's copy-on-write page copies, before anything reads the arena (a State
+    group's in the State region `state`)."""
     for group in plan.cache_groups:
         if group.copy_src.shape[0]:
+            arena = state if group.state_in.shape[0] and state is not None else kv
             src = torch.from_numpy(group.copy_src.astype(np.int64)).to(kv.device)
             dst = torch.from_numpy(group.copy_dst.astype(np.int64)).to(kv.device)
-            kv[dst] = kv[src]
+            arena[dst] = arena[src]
+
+
+def state_rows(plan: BatchPlan, region: torch.Tensor) -> StateRows | None:
+    """The device tensors of the plan's State group (None without one): a State group's plan
+    is the one with a `state_in` per row."""
+    groups = [g for g in plan.cache_groups if g.state_in.shape[0]]
+    if not groups:
+        return None
+    g = groups[0]
+    lens = plan.query_lens.astype(np.int64)
+    indptr = g.checkpoint_indptr if g.checkpoint_indptr.shape[0] else np.zeros(len(lens) + 1)
+    rows = np.repeat(np.arange(plan.num_sequences), np.diff(indptr).astype(np.int64))
+    # A checkpoint after flat query token i covers the row's tokens up to and including i.
+    covered = g.checkpoint_token.astype(np.int64) - plan.query_indptr[rows] + 1
+    pad = np.zeros(1, dtype=np.int64)  # the kernels read one entry past a row's last
+    arrays = (
+        plan.query_indptr,
+        np.repeat(np.arange(plan.num_sequences), lens),
+        g.state_in,
+        g.state_out,
+        indptr,
+        np.concatenate((covered, pad)),
+        np.concatenate((g.checkpoint_page.astype(np.int64), pad)),
+    )
+    dev = [torch.from_numpy(np.array(a, dtype=np.int32)).to(region.device) for a in arrays]
+    return StateRows(region, *dev)
 
 
 def prefill_step(
@@ -94,9 +126,11 @@ def prefill_step(
     dtype: torch.dtype,
     device: torch.device,
     media: StepMedia | None = None,
+    state: torch.Tensor | None = None,
 ) -> StepTensors:
     """Device tensors of a varlen step (prefill chunks, or decode rows run eagerly), with the
-    step's image features and each query token's bidirectional span end (`media`)."""
+    step's image features and each query token's bidirectional span end (`media`), and its
+    State group's rows over the State region `state`."""
     block_m = options.prefill_block_m if device.type == "cuda" else 16
     if dtype == torch.float32:
         block_m = min(block_m, 64)  # float32 tiles need twice the shared memory
@@ -129,4 +163,5 @@ def prefill_step(
         block_m,
         span_end,
     )
-    return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info, tensors)
+    rows = None if state is None else state_rows(plan, state)
+    return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info, tensors, rows)

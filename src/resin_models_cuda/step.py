@@ -61,9 +61,41 @@ class MediaTensors:
 
 
 @dataclass(frozen=True, slots=True)
+class StateRows:
+    """The State group of a step (linear-attention layers), int32 tensors: row b's query
+    tokens are `query_indptr[b] .. query_indptr[b + 1]` (`token_row` maps each token back);
+    it reads its checkpoint from state page `state_in[b]` (-1: zeros) and writes the state
+    after its last token to `state_out[b]` (-1: nowhere, graph padding), and the state after
+    its first `ckpt_len[c]` tokens to `ckpt_page[c]` for `c` in `ckpt_indptr[b] ..
+    ckpt_indptr[b + 1]` (prefix-cache checkpoints; `ckpt_len` / `ckpt_page` hold at least one
+    entry, unread past the last). `region` is the State region [state pages, page bytes]
+    (uint8), each page one checkpoint of every linear layer."""
+
+    region: torch.Tensor
+    query_indptr: torch.Tensor
+    token_row: torch.Tensor
+    state_in: torch.Tensor
+    state_out: torch.Tensor
+    ckpt_indptr: torch.Tensor
+    ckpt_len: torch.Tensor
+    ckpt_page: torch.Tensor
+
+    def check(self) -> None:
+        """Assert the dtypes and the row counts the kernels rely on."""
+        batch = self.state_in.shape[0]
+        for t in (self.query_indptr, self.token_row, self.state_in, self.state_out,
+                  self.ckpt_indptr, self.ckpt_len, self.ckpt_page):  # fmt: skip
+            assert t.dtype == torch.int32, "State row tensors are int32"
+        assert self.state_out.shape[0] == batch and self.query_indptr.shape[0] == batch + 1
+        assert self.ckpt_indptr.shape[0] == batch + 1 and self.ckpt_len.shape[0] >= 1
+        assert self.ckpt_page.shape == self.ckpt_len.shape
+
+
+@dataclass(frozen=True, slots=True)
 class StepTensors:
     input_ids: torch.Tensor  # int32 [T]
     positions: torch.Tensor  # int32 [T]
     groups: tuple[GroupTensors, ...]
     info: DecodeInfo | PrefillInfo
     media: MediaTensors | None = None
+    state: StateRows | None = None  # models with a State group (linear attention)

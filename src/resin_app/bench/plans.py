@@ -6,6 +6,8 @@ does), and `plan()` turns (sequence, new tokens) rows into a frozen plan with ex
 slots. It does no scheduling and no eviction: it is a test and benchmark harness, not an engine.
 With several cache groups (a sliding-window model), each group gets its own page range of the
 arena and lists every page of the row (page_start 0): the kernels bound the window themselves.
+With `state=True` (a model with a State group, declared after the token groups) row i of a
+step reads and writes State page i in place (a sequence's first step starts from zeros).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ class Sampling:
 
 
 class PagedPlanner:
-    def __init__(self, num_pages: int, page_size: int, num_groups: int = 1) -> None:
-        self.page_size, self.num_groups = page_size, num_groups
+    def __init__(
+        self, num_pages: int, page_size: int, num_groups: int = 1, state: bool = False
+    ) -> None:
+        self.page_size, self.num_groups, self.state = page_size, num_groups, state
         self.pages_per_group = num_pages // num_groups
         self._free = list(range(self.pages_per_group - 1, -1, -1))
         self._next_id = 0
@@ -114,6 +118,17 @@ class PagedPlanner:
             )
             for g in range(self.num_groups)
         )
+        if self.state:
+            rows_i32 = np.arange(b, dtype=i32)
+            state_in = np.where(np.asarray(cached) > 0, rows_i32, -1).astype(i32)
+            groups += (
+                CacheGroupPlan(
+                    group=self.num_groups,
+                    state_in=state_in,
+                    state_out=rows_i32,
+                    checkpoint_indptr=np.zeros(b + 1, dtype=i32),
+                ),
+            )
         arrays = SamplingArrays(
             temperature=np.array([s.temperature for s in sampling], dtype=np.float32),
             top_p=np.array([s.top_p for s in sampling], dtype=np.float32),

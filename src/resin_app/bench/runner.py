@@ -41,8 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-config", default="llama-8b",
                    help="comma-separated presets: llama-8b, qwen3-8b, qwen3-30b-a3b, "
                         "gpt-oss-20b, gemma3-12b, olmo2-7b, llama-1b, deepseek-v2-lite, "
-                        "tiny-<arch>; PRESET:FORMAT quantizes the random weights on the "
-                        "device (fp8-block, fp8-channel, mxfp4)")  # fmt: skip
+                        "qwen3.5-35b-a3b, tiny-<arch>; PRESET:FORMAT quantizes the random "
+                        "weights on the device (fp8-block, fp8-channel, mxfp4)")  # fmt: skip
     p.add_argument("--context-lengths", type=_ints, default=[1024, 4096, 8192],
                    help="prefill sweep: prompt lengths")  # fmt: skip
     p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 32, 64, 128, 256],
@@ -167,12 +167,17 @@ def _bench_model(
     prefill_pages = -(-max(args.context_lengths) // args.page_size)
     num_pages = groups * (max(args.batch_sizes) * decode_pages + prefill_pages + 8)
     rc = runner.runner_config
+    # A State group (linear attention): one checkpoint page per row of the largest batch.
+    states = max(args.batch_sizes) if rc.state_page_bytes else 0
+    layout = CacheLayout(num_pages, args.page_size, rc.page_bytes, rc.cache_groups, states,
+                         rc.state_page_bytes)  # fmt: skip
     t0 = time.perf_counter()
-    runner.bind(CacheLayout(num_pages, args.page_size, rc.page_bytes, rc.cache_groups))
+    runner.bind(layout)
     capture_s = time.perf_counter() - t0
     assert runner.kv is not None
     runner.kv.normal_()
-    bench = RunnerBench(runner, PagedPlanner(num_pages, args.page_size, groups), name, ceilings)
+    planner = PagedPlanner(num_pages, args.page_size, groups, state=states > 0)
+    bench = RunnerBench(runner, planner, name, ceilings)
     records = []
     for ctx in _progress(args.context_lengths, f"{name} prefill"):
         records.append(bench.prefill(ctx, args.warmup, args.iters))

@@ -87,7 +87,8 @@ def measure_ceilings(device: torch.device) -> Ceilings:
 
 def _flops(config: ModelConfig, tokens: int, context: int, causal: bool) -> float:
     active, _ = param_counts(config)
-    attn = 4 * config.num_layers * config.num_heads * config.head_dim * tokens * context
+    layers = sum(kind != "linear" for kind in config.layer_types)  # linear: O(1) a token
+    attn = 4 * layers * config.num_heads * config.head_dim * tokens * context
     return 2 * active * tokens + (attn / 2 if causal else attn)
 
 

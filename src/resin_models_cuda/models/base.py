@@ -15,6 +15,7 @@ from resin_models_cuda.layers import Attention, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.step import LayerSlot, MediaTensors, StepTensors
 
 GROUP_KINDS: tuple[LayerKind, ...] = ("full", "sliding")  # the reference runner's group order
+STATE_KINDS: tuple[LayerKind, ...] = ("linear",)  # State groups, after the token groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,8 @@ class BuildOptions:
 
 class FastModel:
     """Subclasses set `self.layers` and implement `forward(step, kv) -> hidden [T, H]` (after
-    the final norm). `kv` is the arena `[pages, max layers per group, 2, page, Hkv, D]`."""
+    the final norm). `kv` is the arena `[pages, max layers per group, 2, page, Hkv, D]`; a
+    model with linear-attention layers also reads the step's State region (`step.state`)."""
 
     unit_offset_norms = False  # Gemma's (1 + w) RMSNorm weights
 
@@ -40,10 +42,12 @@ class FastModel:
         self.config, self.options = config, options
         self.device, self.dtype = weights.device, weights.dtype
         self.group_kinds = tuple(k for k in GROUP_KINDS if k in config.layer_types)
-        seen = dict.fromkeys(self.group_kinds, 0)
+        state_kinds = tuple(k for k in STATE_KINDS if k in config.layer_types)
+        kinds = self.group_kinds + state_kinds
+        seen = dict.fromkeys(kinds, 0)
         slots = []
         for kind in config.layer_types:
-            slots.append(LayerSlot(self.group_kinds.index(kind), seen[kind]))
+            slots.append(LayerSlot(kinds.index(kind), seen[kind]))
             seen[kind] += 1
         self.slots = tuple(slots)
         self.layers_per_group = tuple(seen[k] for k in self.group_kinds)
@@ -59,6 +63,11 @@ class FastModel:
         )
         tied = config.tie_embeddings
         self.lm_head = self.embed if tied else weights.get("lm_head.weight", (vocab, hidden))
+
+    def state_bytes(self) -> int:
+        """Bytes of one checkpoint of the model's State group (its linear-attention layers,
+        declared after the token groups), or 0 without one."""
+        return 0
 
     def cache_token_shape(self) -> tuple[int, int, int]:
         """(planes, heads, dim) cached per token per layer: K and V of every KV head here; an

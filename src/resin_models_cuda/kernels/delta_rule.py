@@ -1,0 +1,267 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+"""The gated delta rule of Gated DeltaNet layers (Qwen3.5), recurrent form, one launch for a
+whole step: prefill chunks and decode rows alike.
+
+Per value head h, with the float32 state S [K, V] (for every token t of a row, in order):
+    q, k = l2norm(q_t) * K^-0.5, l2norm(k_t)      (key head h // (HV / HK), as transformers'
+                                                   repeat_interleave shares it)
+    g = -exp(A_log[h]) * softplus(a_t[h] + dt_bias[h]);  beta = sigmoid(b_t[h])
+    S <- S * exp(g);  S <- S + k (beta (v_t - S^T k))^T;  o_t = S^T q
+
+The row starts from its input checkpoint (`state_in[row]`, a page of the State region; -1:
+zeros) and the state after its last token goes to `state_out[row]` (-1: nowhere, CUDA-graph
+padding); the states after the row's first `ckpt_len[c]` tokens go to `ckpt_page[c]` for the
+row's checkpoints `ckpt_indptr[row] .. ckpt_indptr[row + 1]` (prefix caching). A program owns
+one (row, head, value block) tile of the state from the first read to the last write, so a
+checkpoint read and written in place (`state_in == state_out`) is safe.
+
+`chunk` > 0 (16, 32 or 64) picks the chunked form (`_chunked_kernel`): the same result
+`chunk` tokens at a time through a unit-triangular system per chunk, all of it matrix
+products (the system's inverse: 16 x 16 diagonal blocks by forward substitution, 15 serial
+products, then a short series; `_unit_lower_inverse`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.step import StateRows
+
+
+# A scalar condition enters a mask as a bound (`x < where(cond, n, 0)`): the interpreter
+# cannot AND a scalar into a block mask.
+@triton.jit
+def _load_state(state_ptr, page, stride_p, head, kk, vv, K: tl.constexpr, V: tl.constexpr):
+    base = state_ptr + tl.maximum(page, 0).to(tl.int64) * stride_p + head * K * V
+    mask = (kk[:, None] < K) & (vv[None, :] < tl.where(page >= 0, V, 0))
+    return tl.load(base + kk[:, None] * V + vv[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_state(state_ptr, page, stride_p, head, kk, vv, s, K: tl.constexpr, V: tl.constexpr):
+    base = state_ptr + tl.maximum(page, 0).to(tl.int64) * stride_p + head * K * V
+    mask = (kk[:, None] < K) & (vv[None, :] < tl.where(page >= 0, V, 0))
+    tl.store(base + kk[:, None] * V + vv[None, :], s, mask=mask)
+
+
+@triton.jit
+def _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt):
+    """Tokens covered by checkpoint `ck` of the row, or -1 past the row's last."""
+    length = tl.load(ckpt_len_ptr + tl.minimum(ck, last_ckpt))
+    return tl.where(ck < ck_end, length, -1)
+
+
+@triton.jit
+def _delta_rule_kernel(
+    mixed_ptr,  # [T, 2 * HK * K + HV * V]: q | k | v per token (conv output), row stride_m
+    a_ptr,  # [T, HV], row stride stride_a: decay input
+    b_ptr,  # [T, HV], row stride stride_b: beta input
+    a_log_ptr,  # [HV]
+    dt_bias_ptr,  # [HV]
+    out_ptr,  # [T, HV, V] contiguous, the model dtype
+    state_ptr,  # float32 [pages, HV, K, V], page stride stride_p (this layer's view)
+    query_indptr_ptr,  # int32 [B + 1]
+    state_in_ptr,  # int32 [B]
+    state_out_ptr,  # int32 [B]
+    ckpt_indptr_ptr,  # int32 [B + 1]
+    ckpt_len_ptr,  # int32 [C]
+    ckpt_page_ptr,  # int32 [C]
+    stride_m,
+    stride_a,
+    stride_b,
+    stride_p,
+    last_ckpt,  # C - 1
+    scale,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kh = head // (HV // HK)
+    kk = tl.arange(0, K)
+    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = vv < V
+    start = tl.load(query_indptr_ptr + row)
+    end = tl.load(query_indptr_ptr + row + 1)
+    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
+    neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    ck = tl.load(ckpt_indptr_ptr + row)
+    ck_end = tl.load(ckpt_indptr_ptr + row + 1)
+    next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    for t in range(start, end):
+        token = mixed_ptr + t * stride_m
+        q = tl.load(token + kh * K + kk).to(tl.float32)
+        k = tl.load(token + HK * K + kh * K + kk).to(tl.float32)
+        v = tl.load(token + 2 * HK * K + head * V + vv, mask=vmask, other=0.0).to(tl.float32)
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * scale
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        a = tl.load(a_ptr + t * stride_a + head).to(tl.float32) + dt_bias
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + head).to(tl.float32))
+        s = s * tl.exp(neg_a * softplus)
+        correction = (v - tl.sum(k[:, None] * s, 0)) * beta
+        s = s + k[:, None] * correction[None, :]
+        o = tl.sum(q[:, None] * s, 0)
+        dst = out_ptr + (t * HV + head) * V + vv
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=vmask)
+        if t - start + 1 == next_len:
+            page = tl.load(ckpt_page_ptr + ck)
+            _store_state(state_ptr, page, stride_p, head, kk, vv, s, K, V)
+            ck += 1
+            next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)
+
+
+def gated_delta_rule(
+    mixed: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    rows: StateRows,
+    num_k_heads: int,
+    out: torch.Tensor | None = None,
+    chunk: int = 0,
+) -> torch.Tensor:
+    """o [T, HV, V] (mixed's dtype) of the rows `rows` describes; `mixed` [T, 2*HK*K + HV*V]
+    (q | k | v, rows contiguous), `a` / `b` [T, HV] (rows may be strided), `a_log` /
+    `dt_bias` [HV], `state` float32 [pages, HV, K, V] (this layer's view of the State
+    region; page stride free). Reads each row's input checkpoint and writes its output and
+    checkpoint pages in place (module docstring). `chunk` > 0 (a power of two >= 16): the
+    chunked form, `chunk` tokens a step (prefill; not yet measured on a GPU)."""
+    _, heads, k_dim, v_dim = state.shape
+    t = mixed.shape[0]
+    assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
+    assert k_dim == next_pow2(k_dim), "the key head dim must be a power of two"
+    assert mixed.stride(1) == 1 and mixed.shape[1] == 2 * num_k_heads * k_dim + heads * v_dim
+    assert heads % num_k_heads == 0
+    for x in (a, b):
+        assert x.shape == (t, heads) and x.stride(1) == 1
+    assert a_log.shape == (heads,) and dt_bias.shape == (heads,)
+    rows.check()
+    if out is None:
+        out = torch.empty((t, heads, v_dim), dtype=mixed.dtype, device=mixed.device)
+    assert out.shape == (t, heads, v_dim) and out.is_contiguous()
+    assert max(t * mixed.stride(0), out.numel()) < 2**31, "token offsets are int32"
+    block_v = min(next_pow2(v_dim), 32)
+    if chunk:
+        assert chunk in (16, 32, 64) and k_dim >= 16
+        block_v = max(block_v, 16)  # tl.dot's smallest tile
+    batch = rows.state_in.shape[0]
+    if batch:
+        grid = (batch, heads, triton.cdiv(v_dim, block_v))
+        args = (
+            mixed, a, b, a_log, dt_bias, out, state, rows.query_indptr, rows.state_in,
+            rows.state_out, rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page,
+            mixed.stride(0), a.stride(0), b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1,
+            k_dim**-0.5,
+        )  # fmt: skip
+        shapes = dict(HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v)
+        if chunk:
+            _chunked_kernel[grid](*args, **shapes, CHUNK=chunk, num_warps=8)
+        else:
+            _delta_rule_kernel[grid](*args, **shapes, num_warps=4)
+    return out
+
+
+@triton.jit
+def _unit_lower_inverse(system, ii, jj, CHUNK: tl.constexpr):
+    """(I + A)^-1 of a strictly lower A [CHUNK, CHUNK] (CHUNK <= 64). With D = I + A's 16 x 16
+    diagonal blocks and E the rest: D^-1 by forward substitution, row r of every block at
+    once (15 serial steps, each a product); then (I + A)^-1 = (I + N)^-1 D^-1 with
+    N = D^-1 E strictly block-lower, so N^4 = 0 and (I + N)^-1 = (I - N)(I + N^2)."""
+    eye = tl.where(ii == jj, 1.0, 0.0)
+    within = (ii // 16) == (jj // 16)
+    blocks = tl.where(within, system, 0.0)
+    inverse = eye
+    for r in range(1, 16):
+        rows = (ii % 16) == r
+        above = tl.dot(tl.where(rows, blocks, 0.0), inverse, input_precision="ieee")
+        inverse = tl.where(rows, eye - above, inverse)
+    if CHUNK > 16:
+        n = tl.dot(inverse, tl.where(within, 0.0, system), input_precision="ieee")
+        series = tl.dot(eye - n, eye + tl.dot(n, n, input_precision="ieee"), input_precision="ieee")
+        inverse = tl.dot(series, inverse, input_precision="ieee")
+    return inverse
+
+
+@triton.jit
+def _chunked_kernel(
+    mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, out_ptr, state_ptr, query_indptr_ptr,
+    state_in_ptr, state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
+    stride_m, stride_a, stride_b, stride_p, last_ckpt, scale,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """`_delta_rule_kernel`'s arguments; the row's tokens CHUNK at a time (cut at its
+    checkpoints), through `(I + A) X = rhs` with A the chunk's strictly lower
+    `beta_i k_i.k_j exp(G_i - G_j)` (G the cumulative log decay), then matrix products
+    (`resin_models_torch.delta_rule`'s `chunked_delta_rule`, the same algebra)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kh = head // (HV // HK)
+    kk = tl.arange(0, K)
+    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = vv < V
+    cc = tl.arange(0, CHUNK)
+    ii, jj = cc[:, None], cc[None, :]
+    start = tl.load(query_indptr_ptr + row)
+    end = tl.load(query_indptr_ptr + row + 1)
+    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
+    neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    ck = tl.load(ckpt_indptr_ptr + row)
+    ck_end = tl.load(ckpt_indptr_ptr + row + 1)
+    next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    pos = start
+    while pos < end:
+        n = tl.minimum(end - pos, CHUNK)
+        n = tl.where(next_len > 0, tl.minimum(n, start + next_len - pos), n)
+        t = pos + cc
+        tok = mixed_ptr + t[:, None] * stride_m
+        mk = (cc[:, None] < n) & (kk[None, :] < K)
+        q = tl.load(tok + kh * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(tok + HK * K + kh * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        mv = (cc[:, None] < n) & vmask[None, :]
+        v = tl.load(tok + 2 * HK * K + head * V + vv[None, :], mask=mv, other=0.0).to(tl.float32)
+        q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
+        k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+        a = tl.load(a_ptr + t * stride_a + head, mask=cc < n, other=0.0).to(tl.float32) + dt_bias
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        g = tl.where(cc < n, neg_a * softplus, 0.0)
+        b = tl.load(b_ptr + t * stride_b + head, mask=cc < n, other=0.0).to(tl.float32)
+        beta = tl.where(cc < n, tl.sigmoid(b), 0.0)
+        cum = tl.cumsum(g, 0)
+        lower = ii >= jj
+        decay = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
+        kt = tl.trans(k)
+        system = tl.where(
+            ii > jj, beta[:, None] * tl.dot(k, kt, input_precision="ieee") * decay, 0.0
+        )
+        inverse = _unit_lower_inverse(system, ii, jj, CHUNK)
+        u = tl.dot(inverse, beta[:, None] * v, input_precision="ieee")
+        w = tl.dot(inverse, (beta * tl.exp(cum))[:, None] * k, input_precision="ieee")
+        corrections = u - tl.dot(w, s, input_precision="ieee")
+        scores = tl.dot(q, kt, input_precision="ieee") * decay
+        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision="ieee")
+        o += tl.dot(scores, corrections, input_precision="ieee")
+        dst = out_ptr + (t[:, None] * HV + head) * V + vv[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mv)
+        last = tl.sum(g, 0)
+        carried = tl.trans(k * tl.exp(last - cum)[:, None])
+        s = s * tl.exp(last) + tl.dot(carried, corrections, input_precision="ieee")
+        pos += n
+        if pos - start == next_len:
+            page = tl.load(ckpt_page_ptr + ck)
+            _store_state(state_ptr, page, stride_p, head, kk, vv, s, K, V)
+            ck += 1
+            next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)

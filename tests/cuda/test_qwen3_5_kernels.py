@@ -1,0 +1,145 @@
+"""The Gated DeltaNet kernels (Qwen3.5's linear attention) against plain PyTorch, over odd
+shapes: rows of several lengths (a decode-like one-token row among them), input checkpoints
+from pages and from zeros, prefix-cache checkpoints inside rows, an in-place state page; the
+delta rule in its recurrent and its chunked form (chunks cut at the checkpoints)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from resin_models_cuda.kernels.conv1d import causal_conv1d, conv_state_store
+from resin_models_cuda.kernels.delta_rule import gated_delta_rule
+from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
+from resin_models_cuda.step import StateRows
+from resin_models_torch.delta_rule import recurrent_delta_rule
+
+LENS = [20, 1, 3]
+STATE_IN = [2, -1, 0]
+STATE_OUT = [3, 4, 0]  # row 2 updates its checkpoint in place
+# row: [(tokens covered, page)]. Row 0 is cut at 1 and 19: chunks of 1, 16, 2 and 1 tokens
+# (chunk 16) or 1, 18 and 1 (chunk 32: across two 16-row blocks of the system's inverse).
+CHECKPOINTS = {0: [(1, 6), (19, 7)], 2: [(3, 1)]}
+
+
+def _rows(device: str, region: torch.Tensor) -> StateRows:
+    def i32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    indptr = [0]
+    for n in LENS:
+        indptr.append(indptr[-1] + n)
+    ck_indptr, ck_len, ck_page = [0], [], []
+    for row in range(len(LENS)):
+        for length, page in CHECKPOINTS.get(row, []):
+            ck_len.append(length)
+            ck_page.append(page)
+        ck_indptr.append(len(ck_len))
+    token_row = [row for row, n in enumerate(LENS) for _ in range(n)]
+    return StateRows(region, i32(indptr), i32(token_row), i32(STATE_IN), i32(STATE_OUT),
+                     i32(ck_indptr), i32(ck_len), i32(ck_page))  # fmt: skip
+
+
+def _expected_pages(pages: torch.Tensor, run: object) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per row, `run(row, start_state, start, end) -> (out, state after each token)`; returns
+    the outputs and the pages as the kernels must leave them."""
+    want = pages.clone()
+    outs = []
+    start = 0
+    writes = []
+    for row, n in enumerate(LENS):
+        page = STATE_IN[row]
+        initial = pages[page] if page >= 0 else torch.zeros_like(pages[0])
+        out, states = run(row, initial, start, start + n)  # type: ignore[operator]
+        outs.append(out)
+        for length, ck in CHECKPOINTS.get(row, []):
+            writes.append((ck, states[length - 1]))
+        writes.append((STATE_OUT[row], states[-1]))
+        start += n
+    for page, value in writes:
+        want[page] = value
+    return outs, want
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.float16, 2e-2)])
+@pytest.mark.parametrize("chunk", [0, 16, 32], ids=["recurrent", "chunk16", "chunk32"])
+def test_delta_rule_kernel_equals_recurrent_pytorch(
+    device: str, dtype: torch.dtype, atol: float, chunk: int
+) -> None:
+    gen = torch.Generator().manual_seed(0)
+    hk, hv, kd, vd = 2, 4, 16, 12
+    t = sum(LENS)
+    mixed = torch.randn(t, 2 * hk * kd + hv * vd, generator=gen).to(dtype)
+    ab = torch.randn(t, 2 * hv + 3, generator=gen).to(dtype)  # a and b as strided views
+    a, b = ab[:, :hv], ab[:, hv + 3 :]
+    a_log = torch.rand(hv, generator=gen).log()
+    dt_bias = torch.randn(hv, generator=gen)
+    pages = torch.randn(8, hv, kd, vd, generator=gen) * 0.3
+
+    def run(row: int, state: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, list]:
+        x = mixed[lo:hi].float()
+        q = x[:, : hk * kd].view(-1, hk, kd).repeat_interleave(hv // hk, 1)
+        k = x[:, hk * kd : 2 * hk * kd].view(-1, hk, kd).repeat_interleave(hv // hk, 1)
+        v = x[:, 2 * hk * kd :].view(-1, hv, vd)
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * kd**-0.5
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        g = -a_log.exp() * F.softplus(a[lo:hi].float() + dt_bias)
+        beta = torch.sigmoid(b[lo:hi].float())
+        outs, states = [], []
+        for i in range(hi - lo):
+            o, state = recurrent_delta_rule(q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                                            g[i : i + 1], beta[i : i + 1], state)  # fmt: skip
+            outs.append(o)
+            states.append(state)
+        return torch.cat(outs), states
+
+    outs, want = _expected_pages(pages, run)
+    got_pages = pages.to(device)
+    rows = _rows(device, got_pages)
+    out = gated_delta_rule(
+        mixed.to(device), a.to(device), b.to(device), a_log.to(device), dt_bias.to(device),
+        got_pages, rows, hk, chunk=chunk,
+    )  # fmt: skip
+    torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
+    torch.testing.assert_close(got_pages.cpu(), want, atol=atol, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv1d_kernels_equal_pytorch(device: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    channels, kw = 37, 4
+    t = sum(LENS)
+    x = torch.randn(t, channels + 5, generator=gen).to(dtype)[:, 2 : channels + 2]  # strided rows
+    weight = torch.randn(channels, kw, generator=gen).to(dtype)
+    pages = torch.randn(8, channels, kw - 1, generator=gen).to(dtype)
+
+    def run(row: int, state: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, list]:
+        full = torch.cat((state.float(), x[lo:hi].float().T), dim=1)  # [C, W + n]
+        conv = F.conv1d(full[None], weight.float()[:, None], groups=channels)[0].T
+        out = F.silu(conv.to(dtype).float())
+        states = [full[:, i + 1 : i + kw].to(dtype) for i in range(hi - lo)]
+        return out, states
+
+    outs, want = _expected_pages(pages, run)
+    got_pages = pages.to(device)
+    rows = _rows(device, got_pages)
+    out = causal_conv1d(x.to(device), weight.to(device), got_pages, rows)
+    conv_state_store(x.to(device), got_pages, rows)
+    atol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
+    torch.testing.assert_close(got_pages.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_rmsnorm_equals_pytorch(device: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    t, heads, dim = 5, 3, 24
+    x = torch.randn(t, heads, dim, generator=gen).to(dtype)
+    z = torch.randn(t, heads * dim + 7, generator=gen).to(dtype)[:, 7:]
+    weight = (1 + 0.1 * torch.randn(dim, generator=gen)).to(dtype)
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    want = ((weight * normed) * F.silu(z.float().view(t, heads, dim))).to(dtype)
+    got = gated_rmsnorm(x.to(device), z.to(device), weight.to(device), 1e-6)
+    torch.testing.assert_close(got.cpu(), want.reshape(t, -1), atol=1e-5, rtol=1e-3)

@@ -1,0 +1,164 @@
+"""Qwen3.5 (`qwen3_5_moe`) on the fast runner against the reference runner, in float32, on a
+tiny random model built with transformers' own class and saved as a folder (both runners load
+that folder): the Engine drives each over the same requests with 8-token prefill chunks
+(State checkpoints inside chunks), decode, and a second round that resumes from the State
+checkpoints of the shared prefix (prefix-cache hits), and they produce the same greedy tokens.
+The shared expert runs fused into the routed experts (its width a multiple of theirs) or as
+its own MLP (there prefill runs the recurrent delta-rule kernel, elsewhere the chunked
+one). On CPU the kernels run in the Triton interpreter. Held out: the prefix-hit ratio of
+64 requests sharing a 1,024-token prefix on the fast runner's cache layout for the real
+shapes equals a pure-attention layout's."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+
+from resin import Engine, SamplingParams
+from resin.protocols import State
+
+_ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-qwen3_5-"))
+
+_TEXT: dict[str, Any] = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=2,
+    layer_types=["linear_attention", "full_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    moe_intermediate_size=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+    initializer_range=0.2,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]},
+)  # fmt: skip
+
+
+@functools.cache
+def tiny(shared: int) -> Path:
+    """A saved tiny model whose shared expert is `shared` wide, with non-trivial norms and
+    decays that keep the recurrent state alive over the prompt."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3_5MoeTextConfig(**_TEXT, shared_expert_intermediate_size=shared)
+    model = transformers.Qwen3_5MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+            if name.endswith("A_log"):
+                param.copy_(torch.empty_like(param).uniform_(0.02, 0.5).log())
+    folder = _ROOT / f"shared{shared}"
+    model.save_pretrained(folder)
+    return folder
+
+
+def _generate(
+    runner: object, prompts: list[list[int]], rounds: int = 2, tokens: int = 3
+) -> tuple[list[list[int]], int]:
+    """Greedy tokens of `rounds` rounds over `prompts` (each after the first resumes from the
+    cached prefixes), and the prefix tokens the last round reused."""
+    params = SamplingParams(max_output_tokens=tokens, temperature=0.0, ignore_stop_tokens=True)
+    with Engine(runner, context_length=64, prefix_cache=True, prefill_chunk_tokens=8,  # type: ignore[arg-type]
+                max_batch_tokens=24, max_sequences=4) as engine:  # fmt: skip
+        outputs, reused = [], 0
+        for _ in range(rounds):
+            requests = [engine.submit(p, params) for p in prompts]
+            while engine.has_work():
+                engine.step()
+                engine.check_invariants()
+            outputs.append([list(r.take_result()) for r in requests])
+            reused = sum(r.cached_tokens for r in requests)
+    assert all(out == outputs[0] for out in outputs)
+    return outputs[0], reused
+
+
+def _runners(device: str, shared: int) -> tuple[Any, Any]:
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.registry import load_runner as load_reference
+
+    folder = tiny(shared)
+    reference = load_reference(folder, page_size=4, num_pages=96, device=device)
+    options = RunnerOptions(page_size=4, max_batch=4, max_context=64, num_pages=96)
+    return reference, load_runner(folder, options, device, torch.float32)
+
+
+def _prompts() -> list[list[int]]:
+    """Two prompts of 13 and 16 tokens sharing a 10-token prefix."""
+    rng = np.random.default_rng(3)
+    shared = rng.integers(0, 128, size=10).tolist()
+    return [shared + rng.integers(0, 128, size=n).tolist() for n in (3, 6)]
+
+
+def test_same_tokens_as_reference_runner_with_prefix_hits(device: str) -> None:
+    reference, fast = _runners(device, 16)  # the shared expert fused into the routed ones
+    assert isinstance(fast.runner_config.cache_groups[-1], State)
+    assert fast.runner_config.max_draft_tokens == 0  # a State group is not rewound
+    want, reused_ref = _generate(reference, _prompts())
+    got, reused = _generate(fast, _prompts())
+    assert got == want
+    assert reused == reused_ref == 24  # the second round resumed both rows at 12 tokens
+
+
+def test_separate_shared_expert_mlp_and_recurrent_prefill(device: str) -> None:
+    from resin_models_cuda.models.qwen3_5_moe import GatedDeltaNet
+
+    reference, fast = _runners(device, 24)  # 24 is no multiple of the experts' 16
+    for layer in fast.model.layers:
+        if isinstance(layer.mixer, GatedDeltaNet):
+            layer.mixer.prefill_chunk = 0  # prefill through the recurrent delta-rule kernel
+    prompt = _prompts()[1:]
+    assert _generate(fast, prompt, 1, 2) == _generate(reference, prompt, 1, 2)
+
+
+def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
+    """Held out (issue 37): 64 requests sharing a 1,024-token prefix, on the cache groups and
+    page bytes the fast runner declares for Qwen3.5-35B-A3B's cache shapes (a State page of
+    61.4 MiB beside 320 KiB History pages) in a 60 GB arena, hit the cache as often as a
+    pure-attention layout of the same History pages and bytes. The engine drives a runner
+    that simulates the model through the cache (`CacheSimRunner`)."""
+    from dataclasses import dataclass, replace
+
+    from resin.protocols import History, RunnerConfig
+    from resin_model.presets import preset
+    from resin_models_cuda import CudaRunner, RunnerOptions, build_model
+    from resin_models_cuda.layers import RandomWeights
+    from tests.engine.fakes import CacheSimRunner
+    from tests.models.ref_compare import shared_prefix_hit_ratio
+
+    # The real attention and linear-attention shapes; hidden, experts and vocabulary shrunk.
+    real = preset("qwen3.5-35b-a3b")
+    moe = replace(real.moe, num_experts=2, top_k=1) if real.moe else None
+    config = replace(real, hidden_size=16, vocab_size=300, moe=moe)
+    model = build_model(config, RandomWeights("cpu", torch.bfloat16))
+    layout = CudaRunner(model, RunnerOptions(cache_bytes=60 * 10**9)).runner_config
+    assert isinstance(layout.cache_groups[1], State)
+    assert layout.cache_groups[1].bytes_per_page == 30 * (32 * 128 * 128 * 4 + 8192 * 3 * 2)
+    assert layout.page_bytes == 10 * 16 * 2 * 2 * 256 * 2  # 10 layers of K and V, 16 tokens
+
+    @dataclass
+    class Sized(CacheSimRunner):
+        rc: RunnerConfig | None = None
+
+        @property
+        def runner_config(self) -> RunnerConfig:
+            assert self.rc is not None
+            return replace(self.rc, vocab_size=self.vocab)
+
+    hybrid = Sized(layout.cache_groups, 16, None, rc=layout)
+    attention = replace(layout, cache_groups=(History(layout.page_bytes),))
+    pure = Sized(attention.cache_groups, 16, None, rc=attention)
+    ratios = shared_prefix_hit_ratio(hybrid), shared_prefix_hit_ratio(pure)
+    assert ratios[1] > 0.9
+    assert abs(ratios[0] - ratios[1]) <= 0.05, ratios
