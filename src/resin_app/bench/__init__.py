@@ -31,6 +31,9 @@ TOOLS: dict[str, Tool] = {
     ),
     "tp": Tool("resin_app.bench.tp", "reference runner TP / EP beside TP=1"),
     "cpu": Tool("resin_app.bench.cpu", "CPU tokens/s: reference runner vs transformers"),
+    "serve-parity": Tool(
+        "resin_app.bench.serve_parity", "resin serve on each runner vs transformers, same dtype"
+    ),
     "reference": Tool("resin_app.bench.reference", "reference runner vs transformers, any device"),
     "grammar": Tool("resin_app.bench.grammar", "constrained decoding: token-mask time per step"),
     "grammar-isolation": Tool(

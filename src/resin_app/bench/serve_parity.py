@@ -6,7 +6,7 @@ tokens; `resin serve --device D --runner R` (R: torch, cuda where the device has
 the same token ids through `/v1/completions`. Prints one JSON line per prompt and runner and a
 summary; writes them to `--output` (JSONL). Exit 1 when any answer differs.
 
-    python scripts/gpu_bf16_serve_check.py --device cuda --runners torch cuda --output out.jsonl
+    resin bench serve-parity --device cuda --runners torch cuda --output out.jsonl
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -84,7 +85,7 @@ def _served(runner: str, device: str, prompts: list[list[int]], port: int) -> li
         proc.wait(30)
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from resin.tokenizer import Tokenizer
     from resin_model.default_model import default_model_dir
 
@@ -93,7 +94,7 @@ def main() -> int:
     p.add_argument("--runners", nargs="+", default=["torch", "cuda"])
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--output", type=Path, default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     folder = default_model_dir()
     tok = Tokenizer.from_dir(folder)
     eos = tok.token_to_id("<|im_end|>")
