@@ -47,7 +47,8 @@ def _reference(folder: Path, prompts: list[list[int]], device: str, eos: int) ->
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = model.to(device).eval()  # type: ignore[arg-type]
     out = []
     for prompt in prompts:
         ids = torch.tensor([prompt], device=device)
@@ -66,7 +67,8 @@ def _served(runner: str, device: str, prompts: list[list[int]], port: int) -> li
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"resin serve --runner {runner} exited: {proc.stderr.read()}")
+                err = proc.stderr.read() if proc.stderr else ""
+                raise RuntimeError(f"resin serve --runner {runner} exited: {err}")
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
