@@ -55,7 +55,7 @@ def test_trie_lock_evict_lru_order() -> None:
     a = trie.insert(trie.root, b"a", [int(pages[0])], taken)
     b = trie.insert(a, b"b", [int(pages[1])], taken)
     c = trie.insert(trie.root, b"c", [int(pages[2])], taken)
-    pool.incref(np.asarray(taken[0], dtype=np.int32))
+    pool.cache(np.asarray(taken[0], dtype=np.int32))
     pool.decref(pages)  # the "request" lets go of its own references
     assert trie.evictable == [0]
     trie.unlock([c])
@@ -66,9 +66,18 @@ def test_trie_lock_evict_lru_order() -> None:
     # evict(pool, n): until the pool has n free pages (5 are free now)
     assert trie.evict(0, 6) == 1 and trie.walk(b"c", 1) == []  # oldest leaf first
     trie.lock(trie.walk(b"ab", 1))
-    assert trie.evict(0, 8) == 0  # locked nodes are never evicted
+    read = np.asarray([a.pages[0], b.pages[0]], dtype=np.int32)
+    pool.incref(read)  # the request locking a-b reads both pages
+    assert trie.evict(0, 8) == 0  # pages a request references are never evicted
+    pool.decref(read[:1])  # it stops reading a's page (a Window slid past it)
+    assert pool.num_cache_only == 1
+    # The page goes, the node stays: the request's path is intact, a match stops short of it.
+    assert trie.evict(0, 8) == 1 and a.pages == [-1] and trie.walk(b"ab", 1) == [a, b]
+    trie.check_invariants()
+    pool.check_invariants()
+    pool.decref(read[1:])
     trie.unlock([a, b])
-    assert trie.evict(0, 8) == 2 and pool.num_free == 8
+    assert trie.evict(0, 8) == 1 and pool.num_free == 8
     trie.check_invariants()
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resin import CacheGroupSpec, Compressed, Engine, History, State, Window
+from resin.cache.groups import sequence_pages
 from tests.engine.fakes import CacheSimRunner, fake_logprob, naive_generate
 from tests.engine.workload import (
     Job,
@@ -55,18 +56,18 @@ def setups(
     jobs = [j for j in jobs if len(j.prompt) < context_length] or [jobs[0]]
     if len(jobs[0].prompt) >= context_length:
         jobs = [Job(0, jobs[0].prompt[: context_length - 1], jobs[0].params)]
-    # The pool fits every request alone (else it could never finish); tiny pools force
-    # retraction.
-    longest = max(
-        -(-min(len(j.prompt) + j.params.max_output_tokens, context_length) // page_size)
-        for j in jobs
-    )
-    alone = len(groups) * (longest + 3)
-    num_pages = alone + draw(st.integers(0, 12))
+    chunk = draw(st.integers(1, 32))
+    # The pool fits every request alone (else it could never finish), from exactly what the
+    # engine says the longest one holds at its peak (`sequence_pages`) to room for every group
+    # as History; tiny pools force retraction.
+    longest = max(min(len(j.prompt) + j.params.max_output_tokens, context_length) for j in jobs)
+    exact, _ = sequence_pages(groups, longest, min(chunk, context_length), page_size)
+    alone = len(groups) * (-(-longest // page_size) + 3)
+    num_pages = draw(st.integers(max(1, exact), max(exact, alone) + 12))
     knobs: dict[str, object] = {
         "context_length": context_length,
         "max_batch_tokens": draw(st.integers(1, 64)),
-        "prefill_chunk_tokens": draw(st.integers(1, 32)),
+        "prefill_chunk_tokens": chunk,
         "max_sequences": draw(st.integers(1, 8)),
         "prefix_cache": draw(st.booleans()) if prefix_cache is None else prefix_cache,
     }

@@ -186,3 +186,43 @@ def test_cached_prefix_predicts_the_hit_and_changes_nothing(
     assert hints[0] == 20 and hints[1] == 8
     plain = CacheSimRunner(groups=groups, page_size=4, num_pages=64, vocab=50)
     assert Engine(plain, context_length=64).cached_prefix(prompt) == 0  # no prefix cache
+
+
+V4_TINY: tuple[CacheGroupSpec, ...] = (Window(16), Compressed(4), Compressed(16), State(), State())
+"""The groups of tests/models/test_deepseek_v4.py's tiny model (16-token window, CSA, HCA shrunk
+to 16, the compressors' tails in two State groups)."""
+
+
+def test_a_tight_pool_runs_window_prefix_hits_without_retraction() -> None:
+    """56 pages hold one 364-token sequence of V4_TINY (a Window never holds more than 3
+    pages), but not its whole path of Window pages: the trie keeps those that slid out, and a
+    request's lock on its own path must not pin them, or it runs out of pages and retracts
+    itself forever (it once did, with prefix caching on: 3,000 steps and no end)."""
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, 300, 300).tolist()
+    prompts = [first[:256] + rng.integers(0, 300, 100).tolist(), rng.integers(0, 300, 300).tolist()]
+    runner = CacheSimRunner(groups=V4_TINY, page_size=16, num_pages=56, vocab=300)
+    engine = Engine(
+        runner,
+        context_length=512,
+        prefill_chunk_tokens=16,
+        max_batch_tokens=32,
+        prefix_cache=True,
+    )
+    params = SamplingParams(max_output_tokens=8, temperature=0.0)
+    steps = 0
+    requests = [engine.submit(first, params)]
+    for batch in ([], prompts):
+        requests += [engine.submit(p, params) for p in batch]
+        while engine.has_work():
+            engine.step()
+            engine.check_invariants()
+            steps += 1
+            assert steps < 200, "the engine does not make progress"
+    snap = engine.metrics
+    assert snap is not None and snap.num_preemptions == 0
+    assert requests[1].cached_tokens == 256
+    for request, prompt in zip(requests, [first, *prompts], strict=True):
+        assert request.take_result() == naive_generate(V4_TINY, prompt, params, 300, 512)[0]
+    assert engine._scheduler.cache.drop_prefix_cache() > 0
+    assert engine._scheduler.cache.pool.num_free == 56

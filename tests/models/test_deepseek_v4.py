@@ -210,19 +210,20 @@ def _collect(engine: Engine) -> dict[int, list[TokensEvent]]:
     return events
 
 
-@pytest.mark.parametrize(("page_size", "chunk", "num_pages"), [(16, 16, 88), (4, 12, 330)])
+@pytest.mark.parametrize(("page_size", "chunk", "num_pages"), [(16, 16, 88), (4, 12, 220)])
 def test_engine_chunks_retraction_prefix_hit(
     tiny: tuple[Path, Any], page_size: int, chunk: int, num_pages: int
 ) -> None:
     """Chunked prefill and decode for two 300-token prompts at once in too few pages
-    for both to finish: the engine retracts one and recomputes it (resuming from its own
-    cached pages and compressor-state checkpoints); then a third prompt shares a prefix of
-    the first: a hit at a page boundary where the engine kept a State checkpoint (the CSA
-    overlap, and any pending HCA tokens, come from it)."""
+    for both to finish: the engine evicts what only the prefix cache holds, then retracts
+    the second and recomputes it; then a third prompt shares a prefix of the second (whose
+    recompute ran with room to spare, so the cache kept its Window pages): a hit at a page
+    boundary where the engine kept a State checkpoint (the CSA overlap, and any pending HCA
+    tokens, come from it)."""
     folder, hf = tiny
-    first = _prompt(2, 300)
+    second = _prompt(4, 300)
     shared = 256 + (page_size if page_size < HCA_RATIO else 0)
-    prompts = [first, _prompt(4, 300), first[:shared] + _prompt(3, 40)]
+    prompts = [_prompt(2, 300), second, second[:shared] + _prompt(3, 40)]
     new = (40, 40, 8)
     runner = load_runner(folder, page_size=page_size, num_pages=num_pages)
     runner.record_logits = True

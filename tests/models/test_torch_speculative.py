@@ -86,7 +86,7 @@ SETUPS = {
 def test_greedy_text_is_identical_with_speculation(arch: str, proposer: str, setup: str) -> None:
     knobs = dict(SETUPS[setup])
     if arch == "mistral" and "num_pages" in knobs:
-        knobs["num_pages"] = 8  # sliding-window only: a request holds a few pages
+        knobs["num_pages"] = 5  # sliding-window only: a request holds a few pages
     plain, _ = _generate(arch, None, **knobs)  # type: ignore[arg-type]
     prop = NgramProposer(min_ngram=1) if proposer == "ngram" else _draft_proposer(arch)
     spec, engine = _generate(arch, Speculation(prop, 4), **knobs)  # type: ignore[arg-type]

@@ -3,9 +3,10 @@
 A kind keeps, per sequence slot, the pages its group holds, and answers every question the
 manager asks about them: how many pages a row needs for its next tokens (`pages_to_allocate`,
 `max_pages_for`), what `reserve` / `rollback` / `trim` / `commit` / `release` do, what a prefix
-hit shares (`hit_ok`, `admit`, `hit_pages`) and publishes (`publish_pages`), and what the plan row
-carries (`plan`). This module is the only place that tells kinds apart: `KINDS` maps each spec
-class of `resin.protocols` to its kind, so a new kind is a spec class plus a class here.
+hit shares (`hit_ok`, `hit_page_ids`, `admit`, `hit_pages`) and publishes (`publish_pages`),
+and what the plan row carries (`plan`). This module is the only place that tells kinds apart:
+`KINDS` maps each spec class of `resin.protocols` to its kind, so a new kind is a spec class
+plus a class here.
 
 - `HistoryKind` / `WindowKind` (token pages): a slot's pages live in `table[slot, k]` for
   logical page k (tokens `k*page_size .. (k+1)*page_size - 1`). A Window releases pages that
@@ -111,7 +112,14 @@ class Kind:
         raise NotImplementedError
 
     def hit_pages(self, tokens: int, k: int) -> int:
-        """Pages a prefix hit of `k` nodes (`tokens` tokens) attaches to a slot."""
+        """Pages a prefix hit of `k` nodes (`tokens` tokens) attaches to a slot, counted in
+        `max_pages_for` (a State kind's borrowed checkpoint is not: it goes at the first
+        commit)."""
+        raise NotImplementedError
+
+    def hit_page_ids(self, path: list[Node], tokens: int) -> I32:
+        """The cached pages a slot starting with the hit `path` (`tokens` long, may be empty)
+        references: what it reads, not every page of the path."""
         raise NotImplementedError
 
     # -- prefix cache -----------------------------------------------------------------------
@@ -142,10 +150,9 @@ class Kind:
         """Optional pages a prefill step with prefix caching would like (State checkpoints)."""
         return 0
 
-    def admit(self, slot: int, path: list[Node], tokens: int, fresh: I32) -> I32:
-        """Start a slot with a prefix hit (`path`, `tokens` long, may be empty) and `fresh`
-        (`admit_pages` new pages); returns the cached pages it now references (the caller
-        adds those references)."""
+    def admit(self, slot: int, tokens: int, hit: I32, fresh: I32) -> None:
+        """Start a slot with a prefix hit `tokens` long whose pages are `hit` (`hit_page_ids`;
+        the caller added their references) and `fresh` (`admit_pages` new pages)."""
         raise NotImplementedError
 
     def reserve(self, slots: I32, cached: I32, totals: I32, pages: I32, checkpoints: bool) -> Undo:
@@ -243,18 +250,25 @@ class _Paged(Kind):
         return True
 
     # -- lifecycle ------------------------------------------------------------------------
-    def admit(self, slot: int, path: list[Node], tokens: int, fresh: I32) -> I32:
+    def hit_page_ids(self, path: list[Node], tokens: int) -> I32:
+        gi = self.index
+        return np.asarray(
+            [
+                path[self._node_of(c)].pages[gi]
+                for c in range(self.first_live(tokens), tokens // self.span)
+            ],
+            dtype=np.int32,
+        )
+
+    def admit(self, slot: int, tokens: int, hit: I32, fresh: I32) -> None:
         n = tokens // self.span
         if n == 0:
-            return _NONE
-        first = self.first_live(tokens)
-        gi = self.index
-        pages = np.asarray([path[self._node_of(c)].pages[gi] for c in range(n)], dtype=np.int32)
-        pages[:first] = -1
-        self.table[slot, :n] = pages
+            return
+        first = n - hit.size
+        self.table[slot, :first] = -1
+        self.table[slot, first:n] = hit
         self.npages[slot] = n
         self.live_from[slot] = first
-        return pages[first:]
 
     def reserve(self, slots: I32, cached: I32, totals: I32, pages: I32, checkpoints: bool) -> Undo:
         old = self.npages[slots].copy()
@@ -482,13 +496,16 @@ class StateKind(Kind):
     admit_pages = 2
     grows = False
 
-    def admit(self, slot: int, path: list[Node], tokens: int, fresh: I32) -> I32:
+    def hit_page_ids(self, path: list[Node], tokens: int) -> I32:
+        """The checkpoint after the hit's `tokens` (borrowed until the first commit)."""
+        return np.asarray([path[-1].pages[self.index]] if path else [], dtype=np.int32)
+
+    def admit(self, slot: int, tokens: int, hit: I32, fresh: I32) -> None:
         """`fresh` is the slot's ring; it starts from the hit's checkpoint (borrowed)."""
         self.ring[slot] = fresh
-        borrowed = path[-1].pages[self.index] if path else -1
+        borrowed = int(hit[0]) if hit.size else -1
         self.current[slot] = borrowed
         self.borrowed[slot] = borrowed
-        return np.asarray([borrowed] if borrowed >= 0 else [], dtype=np.int32)
 
     def reserve(self, slots: I32, cached: I32, totals: I32, pages: I32, checkpoints: bool) -> Undo:
         """`pages`: the checkpoint pages the manager could get for this step (every wanted

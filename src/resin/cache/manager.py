@@ -93,11 +93,9 @@ class CacheManager:
         return self._growing
 
     def available(self) -> Pages:
-        """Pages a live request can get now: free ones plus evictable prefix-cache ones."""
-        free = np.asarray([p.num_free for p in self.pools], dtype=np.int64)
-        if self.prefix is not None:
-            free += np.asarray(self.prefix.trie.evictable, dtype=np.int64)
-        return free
+        """Pages a live request can get now: free ones plus those only the prefix cache
+        holds (`make_free` can evict every one of them, on a live path or not)."""
+        return np.asarray([p.num_free + p.num_cache_only for p in self.pools], dtype=np.int64)
 
     def make_free(self, pool: int, n: int) -> bool:
         """Ensure `n` pages of pool `pool` are free, evicting least recently used prefix
@@ -132,7 +130,7 @@ class CacheManager:
         return self.evictable() / self._total_pages
 
     def evictable(self) -> int:
-        return sum(self.prefix.trie.evictable) if self.prefix is not None else 0
+        return sum(p.num_cache_only for p in self.pools)
 
     # -- prefix matching ------------------------------------------------------------------
     def match(self, tokens: I32) -> Match:
@@ -148,10 +146,23 @@ class CacheManager:
         return total
 
     def lock_cost(self, match: Match) -> Pages:
-        """Evictable pages that admitting with `match` takes out of `available()`."""
-        if self.prefix is None:
-            return self._zeros()
-        return np.asarray(self.prefix.trie.unlocked_pages(list(match.nodes)), dtype=np.int64)
+        """Evictable pages that admitting with `match` takes out of `available()`: those of
+        the hit's pages the slot will reference that only the prefix cache holds now."""
+        cost = self._zeros()
+        if not match.nodes:
+            return cost
+        path = list(match.nodes)
+        for g in self.groups:
+            ids = g.hit_page_ids(path, match.tokens)
+            cost[g.pool_index] += int(np.count_nonzero(g.pool.refcount[ids] == 1))
+        return cost
+
+    def held(self, slot: int) -> Pages:
+        """Pages the slot references now, per pool."""
+        total = self._zeros()
+        for g in self.groups:
+            total[g.pool_index] += g.held(slot).size
+        return total
 
     @property
     def prefix_queries(self) -> int:
@@ -169,10 +180,11 @@ class CacheManager:
         if self.prefix is not None:
             self.prefix.attach(slot, match, num_tokens)
         path = list(match.nodes)
-        for g in self.groups:
-            cached = g.admit(slot, path, match.tokens, self._alloc(g.pool_index, g.admit_pages))
-            if cached.size:
-                g.pool.incref(cached)
+        hits = [g.hit_page_ids(path, match.tokens) for g in self.groups]
+        for g, hit in zip(self.groups, hits, strict=True):
+            g.pool.incref(hit)  # before any allocation, which could evict cache-only pages
+        for g, hit in zip(self.groups, hits, strict=True):
+            g.admit(slot, match.tokens, hit, self._alloc(g.pool_index, g.admit_pages))
         return match.tokens
 
     def reserve(

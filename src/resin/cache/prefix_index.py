@@ -104,7 +104,7 @@ class PrefixIndex:
                         swaps.append((gi, j, page, cached))
         for pool, new in zip(self.pools, taken, strict=True):
             if new:
-                pool.incref(np.asarray(new, dtype=np.int32))
+                pool.cache(np.asarray(new, dtype=np.int32))
         if swaps:
             self._dedupe(slot, swaps)
 

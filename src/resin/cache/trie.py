@@ -6,14 +6,22 @@ cache group it may hold a page (-1: not available):
 - Compressed: the entry page that the first `k * page_size` tokens complete, if one does;
 - State: a checkpoint of the state after `k * page_size` tokens.
 Each group's pages belong to one pool (token or state region); counts are kept per pool.
-Cached pages are immutable and shared: the trie holds one reference on each page it stores, and
-every request using a node's pages (matched or inserted them) holds a *lock* on the node.
+Cached pages are immutable and shared: the trie holds one reference on each page it stores
+(`PagePool.cache`), and every request whose path runs through a node (it matched or inserted
+it) holds a *lock* on the node: the node stays, so the request's path stays contiguous.
+
+A lock does not pin the node's pages; the request's own references do. A request references
+only what it still reads (a Window's last pages, the checkpoint it resumed from once), so the
+rest of its path's pages are held by the trie alone, and eviction may take them page by page
+(`strip`) when no unlocked node is left to evict. Otherwise one long request could fill the
+pool with pages of its own path that nobody reads, and retract itself forever.
 
 Invariants (`check_invariants`):
 - `evictable[p]` = pages of pool p stored in unlocked nodes; each such page has refcount 1
   (only the trie references it), so evicting an unlocked node frees exactly its pages;
 - `lru` holds exactly the unlocked leaves; eviction takes leaves only, oldest first, so a path
-  from the root is always contiguous.
+  from the root is always contiguous;
+- each pool's `cached` mask is exactly the pages the trie stores, each in one node.
 """
 
 from __future__ import annotations
@@ -54,6 +62,11 @@ class PrefixTrie:
         self.lru: OrderedDict[Node, None] = OrderedDict()
         self.evictable = [0] * len(pools)
         self.num_nodes = 0
+        self.owner: list[dict[int, tuple[Node, int]]] = [{} for _ in pools]
+        """Per pool: the node and group of every page the trie stores."""
+        self.used = [np.zeros(p.num_pages, dtype=np.int64) for p in pools]
+        """Per pool: when each stored page's node was last locked or inserted (`strip`'s LRU)."""
+        self._clock = 0
 
     def _count(self, node: Node, sign: int) -> None:
         for g, page in enumerate(node.pages):
@@ -81,6 +94,14 @@ class PrefixTrie:
                 self._count(node, -1)
                 self.lru.pop(node, None)
             node.lock += 1
+            self._touch(node)
+
+    def _touch(self, node: Node) -> None:
+        """Mark the node's pages used now (deeper nodes of one path count as more recent)."""
+        self._clock += 1
+        for g, page in enumerate(node.pages):
+            if page >= 0:
+                self.used[self.group_pool[g]][page] = self._clock
 
     def unlock(self, nodes: list[Node]) -> None:
         for node in reversed(nodes):
@@ -91,16 +112,6 @@ class PrefixTrie:
                 if not node.children:
                     self.lru[node] = None
 
-    def unlocked_pages(self, nodes: list[Node]) -> list[int]:
-        """Pages of each pool that locking `nodes` would take out of the evictable ones."""
-        out = [0] * len(self.pools)
-        for n in nodes:
-            if n.lock == 0:
-                for g, page in enumerate(n.pages):
-                    if page >= 0:
-                        out[self.group_pool[g]] += 1
-        return out
-
     # -- insert ---------------------------------------------------------------------------
     def insert(
         self, parent: Node, key: bytes, pages: Sequence[int], taken: list[list[int]]
@@ -108,8 +119,8 @@ class PrefixTrie:
         """The child of `parent` for `key`, created if needed, *locked by the caller*.
 
         Pages the node lacks are taken from `pages` and appended to `taken[pool]`: the caller must
-        add the trie's reference on them (batched, one pool call per step). Pages the node
-        already has win (the caller swaps its duplicates for them).
+        add the trie's reference on them (`PagePool.cache`, batched: one pool call per step).
+        Pages the node already has win (the caller swaps its duplicates for them).
         """
         node = parent.children.get(key)
         if node is None:
@@ -126,19 +137,43 @@ class PrefixTrie:
         for g, page in enumerate(pages):
             if page >= 0 and node_pages[g] < 0:
                 node_pages[g] = page
-                taken[self.group_pool[g]].append(page)
+                pool = self.group_pool[g]
+                taken[pool].append(page)
+                self.owner[pool][page] = (node, g)
+        self._touch(node)
         return node
 
     # -- eviction -------------------------------------------------------------------------
     def evict(self, pool: int, n: int) -> int:
-        """Evict unlocked leaves, oldest first, until pool `pool` has `n` free pages or
-        nothing is left to evict; returns the pages freed (all pools)."""
+        """Evict unlocked leaves, oldest first, then strip pages only the trie holds from
+        locked nodes, until pool `pool` has `n` free pages or nothing is left to evict;
+        returns the pages freed (all pools)."""
         freed = 0
         target = self.pools[pool]
         while target.num_free < n and self.lru:
             node, _ = self.lru.popitem(last=False)
             freed += self._remove(node)
+        if target.num_free < n:
+            freed += self.strip(pool, n - target.num_free)
         return freed
+
+    def strip(self, pool: int, n: int) -> int:
+        """Free up to `n` pages of pool `pool` that only the trie references, least recently
+        used first, by taking them out of their nodes (which stay: a live request's path
+        runs through them, and a later match stops short of a node that lacks a page its
+        hit needs). Returns the pages freed."""
+        target = self.pools[pool]
+        pages = target.cache_only_pages()
+        if pages.size > n:
+            pages = pages[np.argpartition(self.used[pool][pages], n - 1)[:n]]
+        owner = self.owner[pool]
+        for page in pages.tolist():
+            node, g = owner.pop(page)
+            node.pages[g] = -1
+            if node.lock == 0:
+                self.evictable[pool] -= 1
+        target.uncache(pages)
+        return int(pages.size)
 
     def _remove(self, node: Node) -> int:
         self._count(node, -1)
@@ -146,11 +181,13 @@ class PrefixTrie:
         by_pool: list[list[int]] = [[] for _ in self.pools]
         for g, page in enumerate(node.pages):
             if page >= 0:
-                by_pool[self.group_pool[g]].append(page)
+                p = self.group_pool[g]
+                by_pool[p].append(page)
+                del self.owner[p][page]
                 held += 1
         for pool, pages in zip(self.pools, by_pool, strict=True):
             if pages:
-                pool.decref(np.asarray(pages, dtype=np.int32))
+                pool.uncache(np.asarray(pages, dtype=np.int32))
         parent = node.parent
         assert parent is not None
         del parent.children[node.key]
@@ -160,11 +197,14 @@ class PrefixTrie:
         return held
 
     def clear(self) -> int:
-        """Evict every unlocked node (tests: prove that nothing else holds pages)."""
+        """Evict every unlocked node and every page only the trie holds (tests: prove that
+        nothing else holds pages)."""
         freed = 0
         while self.lru:
             node, _ = self.lru.popitem(last=False)
             freed += self._remove(node)
+        for p, pool in enumerate(self.pools):
+            freed += self.strip(p, pool.num_cache_only)
         return freed
 
     # -- checks ---------------------------------------------------------------------------
@@ -202,3 +242,8 @@ class PrefixTrie:
                 assert parent is self.root or parent.lock > 0, "a locked node's parent is unlocked"
         assert evictable == self.evictable, "evictable page count drifted"
         assert leaves == set(self.lru), "LRU differs from the unlocked leaves"
+        for region, held, owner in zip(self.pools, self.held_pages(), self.owner, strict=True):
+            assert np.unique(held).size == held.size, "a page is stored in two nodes"
+            cached = np.flatnonzero(region.cached)
+            assert np.array_equal(cached, np.sort(held)), "cached mask drifted"
+            assert sorted(owner) == sorted(held.tolist()), "page owners drifted"

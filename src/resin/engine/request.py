@@ -72,7 +72,6 @@ class Request:
         self.times = Times()
         self._prompt = np.asarray(prompt, dtype=np.int32)
         self._full: npt.NDArray[np.int32] = self._prompt
-        self._num_tokens = len(prompt)
         self._prompt_keys = cache_keys(self._prompt, media) if media else self._prompt
         self.grammar: GrammarState | None = None
         self.constrained = False
@@ -89,11 +88,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         """Known tokens: prompt + output."""
-        return self._num_tokens
+        return self._prompt.size + len(self.output_token_ids)
 
     def append_output(self, token: int) -> None:
         self.output_token_ids.append(token)
-        self._num_tokens += 1
 
     def token_array(self, end: int) -> npt.NDArray[np.int32]:
         """Prompt + output as one array, valid at least up to `end` (rebuilt only as needed:

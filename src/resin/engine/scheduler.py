@@ -203,11 +203,13 @@ class Scheduler:
         return np.zeros_like(self._watermark)
 
     def _outstanding(self, request: Request) -> Pages:
-        """Pages an admitted prefill may still take before its known tokens are computed."""
-        cache, chunk = self.cache, self.config.prefill_chunk_tokens
-        more: Pages = cache.max_pages_for(request.num_tokens, chunk) - cache.max_pages_for(
-            int(self.slot_store.num_computed[request.slot]), chunk
-        )
+        """Pages an admitted prefill may still take before its known tokens are computed: its
+        peak (`max_pages_for`) less what it holds now (a Window after a prefix hit or a slide
+        holds fewer pages than the bound for its length)."""
+        cache = self.cache
+        more: Pages = cache.max_pages_for(
+            request.num_tokens, self.config.prefill_chunk_tokens
+        ) - cache.held(request.slot)
         np.maximum(more, 0, out=more)
         return more
 

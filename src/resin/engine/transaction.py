@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from itertools import repeat
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -37,6 +41,43 @@ from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import AsyncRunner, Runner
 
 I32 = npt.NDArray[np.int32]
+
+_ID = attrgetter("id")
+_CACHED = attrgetter("cached_tokens")
+_OUTPUT = attrgetter("output_token_ids")
+_TIMES = attrgetter("times")
+_LAST = attrgetter("times.last_token")
+_STARTED = attrgetter("started")
+_RETRIES = attrgetter("retries")
+_EVENT_FIELDS = (
+    "request_id",
+    "token_ids",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "prompt_top_logprobs",
+    "cached_tokens",
+)
+assert tuple(f.name for f in fields(TokensEvent)) == _EVENT_FIELDS
+assert not hasattr(TokensEvent, "__post_init__")
+_SLOTS = [TokensEvent.__dict__[name] for name in _EVENT_FIELDS]
+
+
+def token_events(
+    ids: Iterable[int], tokens: Iterable[int], cached: Iterable[int], n: int
+) -> list[TokensEvent]:
+    """`[TokensEvent(id, (token,), cached_tokens=c) ...]` for `n` rows, built field by field
+    over the whole batch (each pass a C-level loop) instead of one frozen-dataclass
+    `__init__` per row, the bulk of a large decode step's CPU. Equal objects of the same
+    type; the asserts above fail at import if `TokensEvent` changes shape."""
+    events = list(map(object.__new__, repeat(TokensEvent, n)))
+    request_id, token_ids, *optional, cached_tokens = _SLOTS
+    deque(map(request_id.__set__, events, ids), maxlen=0)
+    deque(map(token_ids.__set__, events, zip(tokens)), maxlen=0)
+    for slot in optional:
+        deque(map(slot.__set__, events, repeat(None)), maxlen=0)
+    deque(map(cached_tokens.__set__, events, cached), maxlen=0)
+    return events
 
 
 class OutcomeSink(Protocol):
@@ -252,8 +293,10 @@ class Transaction:
         sample = plan.sample_rows
         toks = ids.tolist()
         now = time.monotonic()
-        stats = _StepStats()
         plain = out.logprobs is None and not plan.prompt_logprob_rows.any()
+        if decode and plain and all(map(_STARTED, requests)):
+            return self._append_decode(requests, toks, ends, now, events)
+        stats = _StepStats()
         k = 0
         for i, r in enumerate(requests):
             r.retries = 0
@@ -286,6 +329,36 @@ class Transaction:
             k += 1
         stats.generated = k
         return stats
+
+    def _append_decode(
+        self,
+        requests: tuple[Request, ...],
+        toks: list[int],
+        ends: dict[int, FinishReason],
+        now: float,
+        events: list[Event],
+    ) -> _StepStats:
+        """`_append` for a decode step of started requests without logprobs (the common
+        step), over the whole batch at once: the same appends, events (in the same order) and
+        statistics, with no Python loop per row except the requests that end."""
+        if any(map(_RETRIES, requests)):
+            for r in requests:
+                r.retries = 0
+        deque(map(list.append, map(_OUTPUT, requests), toks), maxlen=0)
+        n = len(requests)
+        tokens = token_events(map(_ID, requests), toks, map(_CACHED, requests), n)
+        itl = (now - np.fromiter(map(_LAST, requests), np.float64, n)).tolist()
+        deque(map(setattr, map(_TIMES, requests), repeat("last_token"), repeat(now)), maxlen=0)
+        if not ends:
+            events.extend(tokens)
+        else:  # each FinishedEvent right after its request's TokensEvent
+            lo = 0
+            for k in sorted(ends):
+                events.extend(tokens[lo : k + 1])
+                events.append(self._sink.finish(requests[k], ends[k]))
+                lo = k + 1
+            events.extend(tokens[lo:])
+        return _StepStats(n, itl=itl)
 
     def _record(self, plan: BatchPlan, out: ForwardOutput, stats: _StepStats) -> None:
         c = self._collector
