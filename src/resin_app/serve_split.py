@@ -11,8 +11,9 @@ The `resin serve` process supervises and serves no request itself:
    recipe and generation defaults (no weights), drives every engine through a
    `resin.ipc.EngineClient` under the ordinary `HttpServer` and accepts on the same listening
    socket (handed to it at spawn; the kernel gives each connection to one of them);
-3. when every frontend serves, it stops answering `loading` (connections that arrive in
-   between wait in the listen backlog, never refused), prints the URL, then waits.
+3. when every frontend is built, it stops answering `loading` and tells them to serve
+   (connections that arrive in between wait in the listen backlog, never refused, and no
+   client sees 200 and then 503); once all serve it prints the URL, then waits.
 
 Ends: SIGTERM or SIGINT stops the frontends first (their open streams end with the usual
 "server is shutting down" error), then the engines; a frontend that dies has its requests
@@ -142,6 +143,14 @@ class Supervisor:
             return False
         self.listener.readiness.set("start frontends")
         front_ends = [self._spawn_frontend(j) for j in range(self.layout.frontends)]
+        if not self._await(front_ends, self.frontends, "frontend", until="built"):
+            return False
+        # The handover, as in one process: the loading answer stops before any frontend
+        # accepts, so a client never sees 200 then 503; connections in between wait in the
+        # listen backlog.
+        self.listener.stop_loading()
+        for end in front_ends:
+            end.send(("go",))
         return self._await(front_ends, self.frontends, "frontend")
 
     def _spawn_engine(self, index: int, options: LoadOptions) -> Connection:
@@ -156,7 +165,7 @@ class Supervisor:
         return mine
 
     def _spawn_frontend(self, index: int) -> Connection:
-        mine, theirs = self.context.Pipe(duplex=False)
+        mine, theirs = self.context.Pipe()  # ready reports up, the go to serve down
         addresses = [row[index] for row in self.layout.addresses]
         proc = self.context.Process(
             target=frontend_main,
@@ -175,8 +184,10 @@ class Supervisor:
         self.frontends.append(proc)
         return mine
 
-    def _await(self, ends: list[Connection], procs: list[BaseProcess], what: str) -> bool:
-        """Every child of `procs` reported ready (False: one failed, or a signal came)."""
+    def _await(
+        self, ends: list[Connection], procs: list[BaseProcess], what: str, until: str = "ready"
+    ) -> bool:
+        """Every child of `procs` reported `until` (False: one failed, or a signal came)."""
         waiting = dict(zip(ends, procs, strict=True))
         while waiting and self.signal is None:
             for end in wait([*waiting, *(p.sentinel for p in waiting.values())], 0.2):
@@ -185,12 +196,13 @@ class Supervisor:
                     if message[0] == "stage":  # what the port's `loading` answer says
                         self.listener.readiness.set(str(message[1]))
                         continue
-                    if message[0] != "ready":
+                    if message[0] != until:
                         print(f"resin serve: error: {what}: {message[1]}", file=sys.stderr)
                         self.refused = message[1] != "exited"
                         return False
                     del waiting[end]
-                    self.served.append(str(message[1]))
+                    if until == "ready":
+                        self.served.append(str(message[1]))
             if any(not p.is_alive() for p in waiting.values()):
                 dead = next(p for p in waiting.values() if not p.is_alive())
                 print(f"resin serve: {dead.name} exited ({dead.exitcode})", file=sys.stderr)
@@ -336,6 +348,13 @@ def frontend_main(
     )  # fmt: skip
     log_to_stderr()
     uv = server.make_uvicorn()
+    ready.send(("built", name))
+    try:
+        ready.recv()  # the go: the supervisor stopped answering `loading` on the socket
+    except (EOFError, KeyboardInterrupt):  # the supervisor is gone or stopping
+        for client in clients:
+            client.close()
+        return
     served = (uv, ready, args.served_model_name or name)
     threading.Thread(target=_report_ready, args=served, daemon=True).start()
     try:
