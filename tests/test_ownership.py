@@ -14,7 +14,13 @@
    pattern (`case State():`) naming a kind (the spec classes of `resin.protocols` and the
    kind classes of `resin.cache.groups`) outside `KIND_MODULES`; everywhere else asks the
    kind itself (its methods and class attributes).
-All three cover every module under `src/`.
+4. One engine loop: the loop that drives an engine for served requests (admission, the
+   grammar-compile wait, stepping, shutdown) is `resin.frontend.engine_loop.EngineLoop`, and
+   both of its drivers build it (`EngineActor`, a thread of the server process, and
+   `EngineService`, an engine process). Under `resin.frontend`, `resin.ipc` and
+   `resin.server` no other module names `Admission`, calls `.admit(`, `.step(` or
+   `.prepare(`, or defines an admission method (`_admit`, `admit`).
+The first three cover every module under `src/`.
 """
 
 from __future__ import annotations
@@ -270,3 +276,59 @@ def test_the_kind_rule_sees_each_form() -> None:
     assert tests("type(g) is Window")
     assert not tests("isinstance(g, KvSpec)")
     assert not tests("g.state_region and not g.rewindable")
+
+
+# -- 4. one engine loop -----------------------------------------------------------------------
+LOOP_MODULE = "resin.frontend.engine_loop"
+LOOP_PACKAGES = ("resin.frontend", "resin.ipc", "resin.server")
+LOOP_DRIVERS = ("resin.frontend.actor", "resin.ipc.service")
+LOOP_CALLS = frozenset({"admit", "step", "prepare"})
+
+
+def loop_reaches(tree: ast.Module) -> list[str]:
+    """What in `tree` drives an engine itself instead of through `EngineLoop`."""
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name | ast.alias) and "Admission" in (
+            getattr(node, "id", None),
+            getattr(node, "name", None),
+        ):
+            found.append(f"line {getattr(node, 'lineno', 0)}: names Admission")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in LOOP_CALLS
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node.func)}(...)")
+        elif isinstance(node, ast.FunctionDef) and node.name in ("admit", "_admit"):
+            found.append(f"line {node.lineno}: def {node.name}")
+    return found
+
+
+def test_one_engine_loop_drives_the_engine() -> None:
+    modules = _modules()
+    bad = {
+        name: found
+        for name, tree in modules.items()
+        if name.startswith(LOOP_PACKAGES) and name not in (LOOP_MODULE, "resin.frontend.admission")
+        for found in [loop_reaches(tree)]
+        if found
+    }
+    assert not bad, f"drive the engine through resin.frontend.engine_loop.EngineLoop: {bad}"
+    for driver in LOOP_DRIVERS:
+        names = {n.id for n in ast.walk(modules[driver]) if isinstance(n, ast.Name)}
+        assert "EngineLoop" in names, f"{driver} runs its own loop instead of EngineLoop"
+    assert loop_reaches(modules[LOOP_MODULE]), "the loop rule no longer sees the loop's own calls"
+
+
+def test_the_loop_rule_sees_each_form() -> None:
+    def reaches(code: str) -> list[str]:
+        return loop_reaches(ast.parse(code))
+
+    assert reaches("from resin.frontend.admission import Admission")
+    assert reaches("x = Admission()")
+    assert reaches("self._admission.admit(engine, 0, (1, 1), f)")
+    assert reaches("events = self.engine.step()")
+    assert reaches("future = backend.prepare(constraint)")
+    assert reaches("class A:\n    def _admit(self):\n        pass")
+    assert not reaches("loop.submit(item)")

@@ -189,6 +189,19 @@ def _size(text: str) -> int:
     return size
 
 
+def _server_count(value: str) -> int | str:
+    """`--api-server-count`: `auto`, or a count >= 0."""
+    if value == "auto":
+        return value
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count or auto, got {value!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or auto, got {count}")
+    return count
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resin", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -213,11 +226,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--api-server-count",
-        type=int,
+        type=_server_count,
         default=0,
-        metavar="N",
+        metavar="N|auto",
         help="N >= 1: N frontend processes sharing the port, each engine replica in its own "
-        "process; 0 (default): everything in this one process",
+        "process; auto: as many frontends as the cores allow (1 to 4); 0 (default): "
+        "everything in this one process",
     )
     serve.add_argument(
         "--stream-interval",
@@ -379,19 +393,15 @@ def serve(args: argparse.Namespace) -> int:
     from resin_app.startup import Listener, serve_after_loading
 
     options = _options(args)
-    if args.api_server_count != 0:
-        try:
-            check_options(options)  # refused before any process starts
-        except ValueError as exc:
-            raise _refuse(args, exc) from None
-        from resin_app import serve_split
-
-        return serve_split.serve(args, options)
     try:
-        check_options(options)
+        check_options(options)  # refused before any process starts or weight loads
         listener = Listener(args.host, args.port)
     except (ValueError, OSError) as exc:
         raise _refuse(args, exc) from None
+    if args.api_server_count != 0:
+        from resin_app import serve_split
+
+        return serve_split.serve(args, options, listener)
     log_to_stderr()
     url = f"http://{args.host}:{args.port}"
     return serve_after_loading(

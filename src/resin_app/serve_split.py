@@ -1,14 +1,19 @@
 """`resin serve` as processes: an engine process per replica, N frontend processes.
 
-The `resin serve` process supervises and serves nothing itself:
+The `resin serve` process supervises and serves no request itself:
+0. the caller bound the port already (`startup.Listener`: a port in use fails before anything
+   starts); while the processes start, the supervisor answers 503 `loading` on it with the
+   stage the engines report (`/health`: `{"status": "loading", "stage": ...}`);
 1. it starts one engine process per data-parallel replica (`engine_main`): each builds its
-   engine and runner through `resin_app.loading.load` (one replica, its own device) and runs
-   `resin.ipc.EngineService`; it reports ready once loaded;
+   engine and runner through `resin_app.loading.load` (one replica, its own device), reporting
+   each loading stage, and runs `resin.ipc.EngineService`; it reports ready once loaded;
 2. then `--api-server-count` frontend processes (`frontend_main`): each loads the tokenizer,
    recipe and generation defaults (no weights), drives every engine through a
-   `resin.ipc.EngineClient` under the ordinary `HttpServer` and listens on the shared port
-   (`SO_REUSEPORT`: the kernel spreads connections over the frontends);
-3. it prints the URL when every frontend listens, then waits.
+   `resin.ipc.EngineClient` under the ordinary `HttpServer` and accepts on the same listening
+   socket (handed to it at spawn; the kernel gives each connection to one of them);
+3. when every frontend is built, it stops answering `loading` and tells them to serve
+   (connections that arrive in between wait in the listen backlog, never refused, and no
+   client sees 200 and then 503); once all serve it prints the URL, then waits.
 
 Ends: SIGTERM or SIGINT stops the frontends first (their open streams end with the usual
 "server is shutting down" error), then the engines; a frontend that dies has its requests
@@ -38,6 +43,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from resin_app.loading import LoadOptions
+from resin_app.startup import Listener
 
 log = logging.getLogger("resin.serve")
 
@@ -46,7 +52,7 @@ STOP_TIMEOUT_S = 20.0
 
 
 def default_api_server_count(replicas: int, cores: int | None = None) -> int:
-    """Frontends for `--api-server-count` 0 (auto): a third of the cores the engines leave,
+    """Frontends for `--api-server-count auto`: a third of the cores the engines leave,
     between 1 and 4 (one frontend streams about 14k tokens/s; 2 cores: 1)."""
     cores = cores or os.cpu_count() or 1
     return max(1, min(4, (cores - replicas) // 3))
@@ -84,19 +90,26 @@ def _device(options: LoadOptions, replica: int) -> str:
 
 
 # ---- the supervisor -------------------------------------------------------------------------
-def serve(args: argparse.Namespace, options: LoadOptions) -> int:
-    """`resin serve` with engine processes: returns the exit code."""
-    count = args.api_server_count or default_api_server_count(options.data_parallel)
-    with tempfile.TemporaryDirectory(prefix="resin-ipc-") as folder:
-        layout = plan(options, count, folder)
-        supervisor = Supervisor(layout, args)
-        return supervisor.run()
+def serve(args: argparse.Namespace, options: LoadOptions, listener: Listener) -> int:
+    """`resin serve` with engine processes on `listener`'s port: returns the exit code (the
+    listener is closed then)."""
+    count = args.api_server_count
+    if count == "auto":
+        count = default_api_server_count(options.data_parallel)
+    try:
+        with tempfile.TemporaryDirectory(prefix="resin-ipc-") as folder:
+            layout = plan(options, count, folder)
+            supervisor = Supervisor(layout, args, listener)
+            return supervisor.run()
+    finally:
+        listener.close()
 
 
 class Supervisor:
-    def __init__(self, layout: Plan, args: argparse.Namespace) -> None:
+    def __init__(self, layout: Plan, args: argparse.Namespace, listener: Listener) -> None:
         self.layout = layout
         self.args = args
+        self.listener = listener
         self.context = mp.get_context("spawn")
         self.engines: list[BaseProcess] = []
         self.frontends: list[BaseProcess] = []
@@ -107,8 +120,12 @@ class Supervisor:
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
+            self.listener.answer_loading()
             if not self._start():  # a child that could not load is a startup error: 2
-                return 2 if self.refused else 1 if self.signal is None else 0
+                if self.signal is not None:
+                    return 130 if self.signal == signal.SIGINT else 0
+                return 2 if self.refused else 1
+            self.listener.stop_loading()  # the frontends accept on the socket from now on
             print(_banner(self.args, self.served[-1]), flush=True)
             code = self._watch()
         finally:
@@ -124,7 +141,16 @@ class Supervisor:
         engine_ends = [self._spawn_engine(i, opts) for i, opts in enumerate(self.layout.engines)]
         if not self._await(engine_ends, self.engines, "engine"):
             return False
+        self.listener.readiness.set("start frontends")
         front_ends = [self._spawn_frontend(j) for j in range(self.layout.frontends)]
+        if not self._await(front_ends, self.frontends, "frontend", until="built"):
+            return False
+        # The handover, as in one process: the loading answer stops before any frontend
+        # accepts, so a client never sees 200 then 503; connections in between wait in the
+        # listen backlog.
+        self.listener.stop_loading()
+        for end in front_ends:
+            end.send(("go",))
         return self._await(front_ends, self.frontends, "frontend")
 
     def _spawn_engine(self, index: int, options: LoadOptions) -> Connection:
@@ -139,11 +165,18 @@ class Supervisor:
         return mine
 
     def _spawn_frontend(self, index: int) -> Connection:
-        mine, theirs = self.context.Pipe(duplex=False)
+        mine, theirs = self.context.Pipe()  # ready reports up, the go to serve down
         addresses = [row[index] for row in self.layout.addresses]
         proc = self.context.Process(
             target=frontend_main,
-            args=(self.args, self.layout.engines[0], index, addresses, theirs),
+            args=(
+                self.args,
+                self.layout.engines[0],
+                index,
+                addresses,
+                theirs,
+                self.listener.socket,
+            ),
             name=f"resin-frontend-{index}",
         )
         proc.start()
@@ -151,19 +184,25 @@ class Supervisor:
         self.frontends.append(proc)
         return mine
 
-    def _await(self, ends: list[Connection], procs: list[BaseProcess], what: str) -> bool:
-        """Every child of `procs` reported ready (False: one failed, or a signal came)."""
+    def _await(
+        self, ends: list[Connection], procs: list[BaseProcess], what: str, until: str = "ready"
+    ) -> bool:
+        """Every child of `procs` reported `until` (False: one failed, or a signal came)."""
         waiting = dict(zip(ends, procs, strict=True))
         while waiting and self.signal is None:
             for end in wait([*waiting, *(p.sentinel for p in waiting.values())], 0.2):
                 if isinstance(end, Connection) and end in waiting:
                     message = end.recv() if end.poll() else ("error", "exited")
-                    if message[0] != "ready":
+                    if message[0] == "stage":  # what the port's `loading` answer says
+                        self.listener.readiness.set(str(message[1]))
+                        continue
+                    if message[0] != until:
                         print(f"resin serve: error: {what}: {message[1]}", file=sys.stderr)
                         self.refused = message[1] != "exited"
                         return False
                     del waiting[end]
-                    self.served.append(str(message[1]))
+                    if until == "ready":
+                        self.served.append(str(message[1]))
             if any(not p.is_alive() for p in waiting.values()):
                 dead = next(p for p in waiting.values() if not p.is_alive())
                 print(f"resin serve: {dead.name} exited ({dead.exitcode})", file=sys.stderr)
@@ -245,7 +284,7 @@ def engine_main(
     tqdm.tqdm.set_lock(threading.RLock())
     try:
         try:
-            loaded = load(options, progress=False)
+            loaded = load(options, progress=False, on_stage=lambda s: ready.send(("stage", s)))
         except Exception as exc:  # a bad checkpoint or option: `resin serve` reports it
             ready.send(("error", _one_line(exc)))
             sys.exit(2)
@@ -289,8 +328,9 @@ def frontend_main(
     index: int,
     addresses: Sequence[str],
     ready: Connection,
+    listener: socket.socket,
 ) -> None:
-    """A frontend process: HTTP over every engine, on the shared port."""
+    """A frontend process: HTTP over every engine, accepting on the shared `listener`."""
     _die_with_parent()
     from resin.ipc import EngineClient
     from resin_app.serving import build_server, log_to_stderr
@@ -298,7 +338,6 @@ def frontend_main(
     try:
         text = load_text(options)
         clients = [EngineClient(address, index) for address in addresses]
-        listener = _listen(args.host, args.port)
     except Exception as exc:
         ready.send(("error", _one_line(exc)))
         sys.exit(2)
@@ -309,6 +348,13 @@ def frontend_main(
     )  # fmt: skip
     log_to_stderr()
     uv = server.make_uvicorn()
+    ready.send(("built", name))
+    try:
+        ready.recv()  # the go: the supervisor stopped answering `loading` on the socket
+    except (EOFError, KeyboardInterrupt):  # the supervisor is gone or stopping
+        for client in clients:
+            client.close()
+        return
     served = (uv, ready, args.served_model_name or name)
     threading.Thread(target=_report_ready, args=served, daemon=True).start()
     try:
@@ -327,16 +373,6 @@ def _report_ready(uv: Any, ready: Connection, name: str) -> None:
         time.sleep(0.02)
     ready.send(("ready", name))
     ready.close()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
 
 
 def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:

@@ -101,48 +101,44 @@ class Generation:
 
     async def updates(self) -> AsyncIterator[Update]:
         try:
-            async for update in self._coalesced():
+            async for update in self._batches():
                 yield update
         finally:
             self.cancel()
 
-    async def _coalesced(self) -> AsyncIterator[Update]:
-        pending = Update()
-        sent_first = False
-        async for update in self._raw():
-            merge(pending, update)
-            ready = len(pending.token_ids) >= self.stream_interval or not sent_first
-            if ready or pending.finish is not None:
-                sent_first = True
-                yield pending
-                pending = Update()
-
-    async def _raw(self) -> AsyncIterator[Update]:
+    async def _batches(self) -> AsyncIterator[Update]:
+        """One update per batch the stream hands over: the first at once, then each once
+        it holds `stream_interval` tokens or the end (`RequestStream.get` coalesces)."""
         batch = self._first
         self._first = None
         while True:
             if batch is None:
-                item = await self.stream.get()
+                item = await self.stream.get(self.stream_interval)
                 if isinstance(item, StreamError):
                     yield self._finish_update([], FinishReason.ERROR, item.message)
                     return
                 batch = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
+            update = Update()
             for event in batch:
                 if isinstance(event, FinishedEvent):
                     reason = event.reason
                     error = event.error
                     if reason is FinishReason.ABORT:
                         error = error or self.stream.abort_reason or "the request was aborted"
-                    yield self._finish_update([], reason, error)
+                    merge(update, self._finish_update([], reason, error))
+                    yield update
                     return
                 # With stop strings, a speculative step's tokens are taken one at a time, so
                 # a stop string inside them ends the output where one-token steps would.
                 for part in _one_by_one(event) if self.stops.stops else (event,):
-                    update = self._on_tokens(part)
+                    piece = self._on_tokens(part)
                     if self.stops.hit:
-                        yield self._finish_update(update.deltas, FinishReason.STOP, None, update)
+                        stop = self._finish_update(piece.deltas, FinishReason.STOP, None, piece)
+                        merge(update, stop)
+                        yield update
                         return
-                    yield update
+                    merge(update, piece)
+            yield update
             batch = None
 
     def _on_tokens(self, event: TokensEvent) -> Update:

@@ -1,21 +1,21 @@
 """Per-request event buffer between the engine actor (producer) and one reader (a handler).
 
-Lives on the event loop: the actor hands over events with `loop.call_soon_threadsafe`
-(coalesced: one delivery per loop turn holds every step since the last one). The buffer holds
-at most `capacity` deliveries and at most `capacity * 64` events; a client that falls that far
-behind (it stopped reading, its socket is full) is cut off (`overflowed`) and its request
-aborted, so a slow reader never makes the actor or other clients wait and never holds more
-than a bounded amount of memory.
+Lives on the event loop: the actor hands over each engine turn's events with
+`loop.call_soon_threadsafe`, and the buffer is where they coalesce (the only place: the
+reader takes everything buffered in one `get`, once it holds the reader's `stream_interval`
+tokens). The buffer holds at most `capacity` deliveries and at most `capacity * 64` events
+that the reader could have taken; a client that falls that far behind (it stopped reading,
+its socket is full) is cut off (`overflowed`) and its request aborted, so a slow reader never
+makes the actor or other clients wait and never holds more than a bounded amount of memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from resin.events import Event, FinishedEvent
+from resin.events import Event, FinishedEvent, TokensEvent
 from resin.frontend.errors import ClientTooSlow
 
 
@@ -35,15 +35,21 @@ StreamItem = list[Event] | StreamError
 
 
 class RequestStream:
-    """A bounded FIFO of event batches for one engine request; closes after its last item."""
+    """The one place a request's streamed events coalesce: the engine thread's deliveries
+    append to one buffer, and the reader takes all of it at once (`get`), as soon as it
+    holds `min_tokens` new tokens or an end. Closes after its last item."""
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
         self.request_id: int | None = None  # written by the actor thread once submitted
         self.abort_reason: str | None = None  # why the server (not the client) aborted it
         self.max_events = capacity * 64
-        self._items: deque[StreamItem] = deque()
-        self._events = 0
+        self._events: list[Event] = []
+        self._tokens = 0
+        self._pushes = 0  # deliveries since the reader last took the buffer
+        self._delivery: int | None = None  # the producer's number of the last one
+        self._end: StreamError | None = None
+        self._want = 0  # tokens the waiting reader asked for (0: none is waiting)
         self._ready = asyncio.Event()
         self.overflowed = False
         self.closed = False
@@ -51,38 +57,67 @@ class RequestStream:
         """Set by the reader's side when it aborts (its client left): the actor checks it
         right before a queued request would enter the engine."""
 
-    def push(self, item: StreamItem) -> bool:
-        """Append one batch (event loop thread only). False when the reader is too slow."""
+    def push(self, item: StreamItem, delivery: int | None = None) -> bool:
+        """Append one item (event loop thread only); the items of one `delivery` (a number
+        the producer gives each of its hand-overs) count as one. False when the reader is
+        too slow: it left `capacity` deliveries or `max_events` events unread while not
+        waiting for more."""
         if self.closed:
             return True
-        if isinstance(item, StreamError) or any(isinstance(e, FinishedEvent) for e in item):
+        if isinstance(item, StreamError):
             self.closed = True
-        elif len(self._items) >= self.capacity or self._events + len(item) > self.max_events:
+            self._end = item
+            self._ready.set()
+            return True
+        finished = any(isinstance(e, FinishedEvent) for e in item)
+        behind = self._want == 0 or self._tokens >= self._want
+        same = delivery is not None and delivery == self._delivery
+        full = (self._pushes >= self.capacity and not same) or (
+            len(self._events) + len(item) > self.max_events
+        )
+        if not finished and behind and full:
             self.overflowed = True
             self.closed = True
             self._ready.set()
             return False
-        self._items.append(item)
-        if not isinstance(item, StreamError):
-            self._events += len(item)
-        self._ready.set()
+        self.closed = finished
+        self._events.extend(item)
+        self._tokens += sum(len(e.token_ids) for e in item if isinstance(e, TokensEvent))
+        if not same or not self._pushes:
+            self._pushes += 1
+        self._delivery = delivery
+        if self.closed or self._tokens >= self._want:
+            self._ready.set()
         return True
 
-    async def get(self) -> StreamItem:
-        """Everything buffered so far, as one batch (a StreamError comes alone, last).
+    async def get(self, min_tokens: int = 0) -> StreamItem:
+        """Everything buffered so far, as one batch, once it holds at least `min_tokens`
+        tokens (or its finish); a StreamError comes alone, last.
 
         Raises ClientTooSlow once the buffer overflowed."""
-        while not self._items:
+        want = max(1, min_tokens)
+        while not self._taken(want):
             if self.overflowed:
                 raise ClientTooSlow("client fell too far behind the engine")
+            self._want = want
             self._ready.clear()
-            await self._ready.wait()
-        if isinstance(self._items[0], StreamError):
-            return self._items.popleft()
-        events: list[Event] = []
-        while self._items and not isinstance(self._items[0], StreamError):
-            head = self._items.popleft()
-            assert not isinstance(head, StreamError)
-            events.extend(head)
-        self._events = 0
+            try:
+                await self._ready.wait()
+            finally:
+                self._want = 0
+        if not self._pushes:
+            assert self._end is not None
+            end, self._end = self._end, None
+            return end
+        events, self._events = self._events, []
+        self._tokens = self._pushes = 0
         return events
+
+    def _taken(self, want: int) -> bool:
+        """Whether `get` returns now: an end, or events with `want` tokens (any events for
+        a first batch, `want` 1, which may hold no token yet)."""
+        if self._end is not None or (self.closed and self._pushes):
+            return True
+        if want <= 1:
+            return self._pushes > 0
+        return self._tokens >= want

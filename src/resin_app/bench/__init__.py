@@ -23,6 +23,9 @@ class Tool:
 TOOLS: dict[str, Tool] = {
     "runner": Tool("resin_app.bench.runner", "GPU runner prefill/decode sweeps vs the hardware"),
     "serve": Tool("resin_app.bench.serve", "load-test an OpenAI-compatible server (--url)"),
+    "replay": Tool(
+        "resin_app.bench.replay", "a `serve --output` workload through the Engine alone"
+    ),
     "engine": Tool("resin_app.bench.engine", "engine CPU time per step, zero-cost runner"),
     "overlap": Tool("resin_app.bench.overlap", "GPU: engine vs the runner's own decode, overlap"),
     "speculative": Tool("resin_app.bench.speculative", "plain vs speculative through the Engine"),

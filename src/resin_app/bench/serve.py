@@ -6,6 +6,11 @@ Random word prompts, Poisson arrivals (`--request-rate`) or a fixed number of st
 token throughput, and goodput against optional SLOs; appends one JSON line per run. Against a
 data-parallel server (`resin serve --data-parallel N`) it also reports how the output tokens
 split over the replicas (from `/metrics`, `replica` label).
+
+The JSON line also records the workload the server was given (`workload`: per completed
+request, in arrival order, its arrival time in seconds from the start, prompt, output and
+prefix-cached tokens as the server counted them), which `resin bench replay` runs through the
+Engine alone to state HTTP / Engine on the same request mix.
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ class Outcome:
     prompt_tokens: int = 0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    arrival_s: float = 0.0
+    """When the request arrived (was due to be sent), from the run's start."""
+    cached_tokens: int = 0
 
 
 def make_prompt(rng: random.Random, words: int) -> str:
@@ -79,9 +87,11 @@ async def one_request(
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    out.output_tokens = chunk["usage"]["completion_tokens"]
-                    out.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                if usage := chunk.get("usage"):
+                    out.output_tokens = usage["completion_tokens"]
+                    out.prompt_tokens = usage["prompt_tokens"]
+                    details = usage.get("prompt_tokens_details") or {}
+                    out.cached_tokens = int(details.get("cached_tokens") or 0)
                 if not chunk.get("choices"):
                     continue
                 c = chunk["choices"][0]
@@ -127,7 +137,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=None)
     outcomes: list[Outcome] = []
 
-    async def fire(session: Any, prompt: str) -> None:
+    async def fire(session: Any, prompt: str, arrival: float) -> None:
         body: dict[str, Any] = {
             "model": args.model,
             "max_tokens": args.output_len,
@@ -141,14 +151,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             body["prompt"] = prompt
         async with sem:
-            outcomes.append(await one_request(session, url, body, headers))
+            outcome = await one_request(session, url, body, headers)
+        outcome.arrival_s = arrival
+        outcomes.append(outcome)
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         before = await replica_tokens(session, base, headers)
         start = time.perf_counter()
         tasks = []
         for _ in range(args.num_prompts):
-            tasks.append(asyncio.ensure_future(fire(session, make_prompt(rng, args.input_len))))
+            prompt = make_prompt(rng, args.input_len)
+            arrival = time.perf_counter() - start
+            tasks.append(asyncio.ensure_future(fire(session, prompt, arrival)))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         await asyncio.gather(*tasks)
@@ -205,7 +219,16 @@ def summarize(args: argparse.Namespace, outcomes: list[Outcome], duration: float
         "itl_ms": {k: v * 1000 for k, v in percentiles([x for o in good for x in o.itl]).items()},
         "e2e_ms": {k: v * 1000 for k, v in percentiles([o.e2e for o in good]).items()},
         "errors": [o.error for o in outcomes if not o.ok][:5],
+        "workload": workload(good),
     }
+
+
+def workload(outcomes: Sequence[Outcome]) -> list[list[float]]:
+    """[arrival s, prompt tokens, output tokens, cached tokens] per request, by arrival."""
+    rows = sorted(outcomes, key=lambda o: o.arrival_s)
+    return [
+        [round(o.arrival_s, 6), o.prompt_tokens, o.output_tokens, o.cached_tokens] for o in rows
+    ]
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -246,7 +269,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", default=None, help="append one JSON line per run here")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="append one JSON line per run here (with the workload, for `resin bench replay`)",
+    )
     return p
 
 
