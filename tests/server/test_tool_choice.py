@@ -60,7 +60,9 @@ def url() -> Iterator[str]:
             out = "Let me think about that."
         return [*tok.encode(out), end]
 
-    engine = FakeEngine(respond, vocab_size=tok.vocab_size, context_length=2048)
+    # Paced like a real engine (a token per 10 ms), so a reader keeps up and the streamed
+    # arguments arrive in several deltas instead of one coalesced batch.
+    engine = FakeEngine(respond, vocab_size=tok.vocab_size, context_length=2048, step_delay=0.01)
     server = HttpServer(engine, recipe, tokenizer=tok, model="smol", port=free_port())
     with running(server) as base:
         yield base
