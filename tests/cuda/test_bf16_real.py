@@ -12,22 +12,9 @@ import pytest
 import torch
 
 from resin import Engine, SamplingParams
+from resin_app.bench.serve_parity import NEW_TOKENS, chat_prompts, transformers_greedy
 
 pytestmark = pytest.mark.gpu
-
-SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-QUESTIONS = [
-    "What is the capital of France?",
-    "Who wrote Romeo and Juliet?",
-    "What is the boiling point of water?",
-    "Give me one tip for staying healthy.",
-    "What is 12 times 12?",
-]
-NEW_TOKENS = 10
-"""On the 11th token of "Who wrote Romeo and Juliet?" the top two candidates lie 0.07 nats apart
-in float32 ("is attributed" / "is a classic"): a tie that bfloat16 rounding breaks either way
-(H200: transformers and the fast runner one way, the reference runner the other). The first
-10 tokens of the five prompts have no such tie."""
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +26,7 @@ def model() -> tuple[Path, Any, list[list[int]], int]:
     tok = Tokenizer.from_dir(folder)
     eos = tok.token_to_id("<|im_end|>")
     assert eos is not None
-    prompts = [
-        tok.encode(
-            f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"
-            "<|im_start|>assistant\n"
-        )
-        for q in QUESTIONS
-    ]
+    prompts = chat_prompts(tok)
     return folder, tok, prompts, eos
 
 
@@ -58,26 +39,6 @@ def _engine_greedy(runner: Any, prompts: list[list[int]], eos: int) -> list[list
         return [list(r.take_result()) for r in requests]
 
 
-def _transformers_greedy(folder: Path, prompts: list[list[int]], eos: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
-    outs = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt], device="cuda")
-        with torch.inference_mode():
-            out = hf.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos,
-            )
-        outs.append([int(t) for t in out[0, len(prompt) :]])
-    return outs
-
-
 def test_reference_and_fast_runner_bf16_write_transformers_bf16_text(
     model: tuple[Path, Any, list[list[int]], int],
 ) -> None:
@@ -86,7 +47,7 @@ def test_reference_and_fast_runner_bf16_write_transformers_bf16_text(
     from resin_models_torch.registry import load_runner as load_reference
 
     folder, tok, prompts, eos = model
-    want = _transformers_greedy(folder, prompts, eos)
+    want = transformers_greedy(folder, prompts, "cuda", eos)
     reference = _engine_greedy(load_reference(folder, "cuda", torch.bfloat16), prompts, eos)
     options = RunnerOptions(page_size=16, max_batch=8, max_context=256)
     fast = _engine_greedy(load_fast(folder, options, "cuda", torch.bfloat16), prompts, eos)

@@ -76,3 +76,83 @@ def shared_prefix_hit_ratio(runner: Any) -> float:
         metrics = engine.metrics
     assert metrics is not None and metrics.prefix_cache_queries == 64 * 1056
     return metrics.prefix_cache_hits / metrics.prefix_cache_queries
+
+
+def run_staggered(
+    runner: Any, prompts: list[list[int]], chunk: int, prefix: bool, new_tokens: int
+) -> tuple[list[Any], Any]:
+    """Greedy requests through the Engine, the first one cached (it has an output token)
+    before the others arrive; invariants checked after every step."""
+    params = SamplingParams(max_output_tokens=new_tokens, temperature=0.0)
+    with Engine(runner, context_length=256, prefix_cache=prefix, prefill_chunk_tokens=chunk,
+                max_batch_tokens=max(chunk, 16)) as engine:  # fmt: skip
+        requests = [engine.submit(prompts[0], params)]
+        while not requests[0].output_token_ids:
+            engine.step()
+        requests += [engine.submit(p, params) for p in prompts[1:]]
+        while engine.has_work():
+            engine.step()
+            engine.check_invariants()
+        return requests, engine.metrics
+
+
+def assert_engine_matches_hf(
+    runner: Any, hf_model: Any, prompts: list[list[int]], *, chunk: int, prefix: bool,
+    retract: bool, new_tokens: int,
+) -> None:  # fmt: skip
+    """The Engine driving a logit-recording runner: the prefix cache hits (>= 40 tokens) when
+    on, retraction happens when the pool is small (`retract`), every computed position's
+    logits are within 2e-4 of transformers and greedy continuations are equal."""
+    runner.record_logits = True
+    requests, metrics = run_staggered(runner, prompts, chunk, prefix, new_tokens)
+    assert (metrics.prefix_cache_hits > 0) == prefix
+    assert (metrics.num_preemptions > 0) == retract
+    if prefix:
+        assert max(r.cached_tokens for r in requests) >= 40
+    for request, prompt in zip(requests, prompts, strict=True):
+        generated = request.take_result()
+        worst, count = max_logit_error(runner.recorded, request.id, hf_model, prompt + generated)
+        assert count >= len(prompt) + len(generated) - 1 - request.cached_tokens
+        assert worst < 2e-4, f"logits differ by {worst}"
+        assert generated == hf_greedy(hf_model, prompt, new_tokens)
+
+
+def assert_prompt_logprobs_match_hf(
+    runner: Any, hf_model: Any, prompt: list[int], new_tokens: int
+) -> None:
+    """Prompt logprobs (16-token prefill chunks) within 2e-4 of transformers' log-softmax, and
+    the greedy continuation equal."""
+    params = SamplingParams(max_output_tokens=new_tokens, temperature=0.0, prompt_logprobs=1)
+    with Engine(runner, prefill_chunk_tokens=16) as engine:
+        request = engine.submit(prompt, params)
+        events = [e for e in drain(engine) if e.request_id == request.id]
+    ref = torch.log_softmax(hf_logits(hf_model, prompt), dim=-1)
+    lps = events[0].prompt_logprobs
+    assert lps is not None and len(lps) == len(prompt) - 1
+    assert max(abs(v - float(ref[p, prompt[p + 1]])) for p, v in enumerate(lps)) < 2e-4
+    assert request.take_result() == hf_greedy(hf_model, prompt, new_tokens)
+
+
+def assert_bfloat16_within_hf_error(
+    runner: Any, hf_model: Any, folder: Any, prompt: list[int]
+) -> None:
+    """A bfloat16 runner's prompt logits stay within 3x (+0.01) of how far transformers'
+    own bfloat16 model is from its float32 one (`hf_model`)."""
+    exact = hf_logits(hf_model, prompt)
+    hf16 = type(hf_model).from_pretrained(folder, dtype=torch.bfloat16).eval()
+    hf_error = float((hf_logits(hf16, prompt) - exact).abs().max())
+    runner.record_logits = True
+    requests, _ = run_staggered(runner, [prompt], 16, False, new_tokens=1)
+    worst, _ = max_logit_error(runner.recorded, requests[0].id, hf_model, prompt)
+    assert worst < 3 * hf_error + 1e-2, (worst, hf_error)
+
+
+def assert_hits_like_attention(hybrid: Any, attention: Any) -> None:
+    """Held out: a hybrid runner's shared-prefix hit ratio within 5 points of a pure-attention
+    runner's (which itself resumes nearly every request)."""
+    hybrid_ratio, attention_ratio = (
+        shared_prefix_hit_ratio(hybrid),
+        shared_prefix_hit_ratio(attention),
+    )
+    assert attention_ratio > 0.9
+    assert abs(hybrid_ratio - attention_ratio) <= 0.05, (hybrid_ratio, attention_ratio)

@@ -22,23 +22,21 @@ import pytest
 import torch
 import transformers
 from ref_compare import (
-    drain,
-    hf_greedy,
-    hf_logits,
-    max_logit_error,
-    shared_prefix_hit_ratio,
+    assert_bfloat16_within_hf_error,
+    assert_engine_matches_hf,
+    assert_hits_like_attention,
+    assert_prompt_logprobs_match_hf,
+    run_staggered,
 )
 from ref_hf import checkpoint as ref_checkpoint
 from safetensors.torch import load_file, save_file
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf_qwen
 
-from resin import Engine, SamplingParams
 from resin_model.hf_config import load_config, parse_config
 from resin_model.presets import param_counts, preset, preset_hf
 from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from resin_models_torch.qwen3_5_moe import GatedDeltaNet
 from resin_models_torch.registry import load_model, load_runner, random_runner
-from resin_models_torch.runner import TorchRunner
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-qwen3_5-"))
 
@@ -154,54 +152,19 @@ SCENARIOS = {  # (prefill chunk, prefix cache, pages)
 }
 
 
-def _run(runner: TorchRunner, prompts: list[list[int]], chunk: int, prefix: bool,
-         new_tokens: int = 12) -> tuple[list[Any], Any]:  # fmt: skip
-    params = SamplingParams(max_output_tokens=new_tokens, temperature=0.0)
-    with Engine(runner, context_length=256, prefix_cache=prefix, prefill_chunk_tokens=chunk,
-                max_batch_tokens=max(chunk, 16)) as engine:  # fmt: skip
-        requests = [engine.submit(prompts[0], params)]
-        while not requests[0].output_token_ids:
-            engine.step()  # the first request is cached before the others arrive
-        requests += [engine.submit(p, params) for p in prompts[1:]]
-        while engine.has_work():
-            engine.step()
-            engine.check_invariants()
-        return requests, engine.metrics
-
-
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_engine_driven_runner_matches_transformers(scenario: str) -> None:
     chunk, prefix, pages = SCENARIOS[scenario]
     folder, hf = tiny("text")
     runner = load_runner(folder, page_size=8, num_pages=pages)
-    runner.record_logits = True
-    prompts = _prompts(1)
-    requests, metrics = _run(runner, prompts, chunk, prefix)
-    assert (metrics.prefix_cache_hits > 0) == prefix
-    assert (metrics.num_preemptions > 0) == (pages is not None)
-    if prefix:
-        assert max(r.cached_tokens for r in requests) >= 40
-    for request, prompt in zip(requests, prompts, strict=True):
-        generated = request.take_result()
-        worst, count = max_logit_error(runner.recorded, request.id, hf, prompt + generated)
-        assert count >= len(prompt) + len(generated) - 1 - request.cached_tokens
-        assert worst < 2e-4, f"{scenario}: logits differ by {worst}"
-        assert generated == hf_greedy(hf, prompt, 12)
+    assert_engine_matches_hf(runner, hf, _prompts(1), chunk=chunk, prefix=prefix,
+                             retract=pages is not None, new_tokens=12)  # fmt: skip
 
 
 def test_prompt_logprobs_of_the_multimodal_folder_match_transformers() -> None:
     folder, hf = tiny("vl")
     prompt = _prompts(2)[2]
-    params = SamplingParams(max_output_tokens=4, temperature=0.0, prompt_logprobs=1)
-    with Engine(load_runner(folder, page_size=8), prefill_chunk_tokens=16) as engine:
-        request = engine.submit(prompt, params)
-        events = [e for e in drain(engine) if e.request_id == request.id]
-    ref = torch.log_softmax(hf_logits(hf, prompt), dim=-1)
-    lps = events[0].prompt_logprobs
-    assert lps is not None and len(lps) == len(prompt) - 1
-    worst = max(abs(v - float(ref[p, prompt[p + 1]])) for p, v in enumerate(lps))
-    assert worst < 2e-4
-    assert request.take_result() == hf_greedy(hf, prompt, 4)
+    assert_prompt_logprobs_match_hf(load_runner(folder, page_size=8), hf, prompt, 4)
 
 
 def test_recurrent_only_runner_equals_chunked() -> None:
@@ -213,7 +176,7 @@ def test_recurrent_only_runner_equals_chunked() -> None:
             if isinstance(module, GatedDeltaNet):
                 module.chunk = chunk
         runner.record_logits = True
-        requests, _ = _run(runner, _prompts(3)[:3], 2048, False, new_tokens=4)
+        requests, _ = run_staggered(runner, _prompts(3)[:3], 2048, False, 4)
         outputs.append(([r.take_result() for r in requests], runner.recorded))
     assert outputs[0][0] == outputs[1][0]
     for a, b in zip(outputs[0][1], outputs[1][1], strict=True):
@@ -224,23 +187,15 @@ def test_recurrent_only_runner_equals_chunked() -> None:
 def test_bfloat16_within_transformers_own_bfloat16_error() -> None:
     folder, hf = tiny("text")
     prompt = _prompts(4)[2]
-    exact = hf_logits(hf, prompt)
-    hf16 = type(hf).from_pretrained(folder, dtype=torch.bfloat16).eval()
-    hf_error = float((hf_logits(hf16, prompt) - exact).abs().max())
     runner = load_runner(folder, page_size=8, dtype=torch.bfloat16)
-    runner.record_logits = True
-    requests, _ = _run(runner, [prompt], 16, False, new_tokens=1)
-    worst, _ = max_logit_error(runner.recorded, requests[0].id, hf, prompt)
-    assert worst < 3 * hf_error + 1e-2, (worst, hf_error)
+    assert_bfloat16_within_hf_error(runner, hf, folder, prompt)
 
 
 def test_shared_prefix_hits_as_often_as_on_pure_attention() -> None:
     """Held out: the hybrid's State checkpoints let 63 of 64 requests resume after the
     1,024-token prefix, as a History-only model (tiny Qwen3) does."""
-    hybrid = shared_prefix_hit_ratio(load_runner(tiny("text")[0], page_size=16))
-    attention = shared_prefix_hit_ratio(load_runner(ref_checkpoint("qwen3")[0], page_size=16))
-    assert attention > 0.9
-    assert abs(hybrid - attention) <= 0.05, (hybrid, attention)
+    hybrid = load_runner(tiny("text")[0], page_size=16)
+    assert_hits_like_attention(hybrid, load_runner(ref_checkpoint("qwen3")[0], page_size=16))
 
 
 def test_presets_count_the_published_sizes_and_run() -> None:
@@ -251,7 +206,7 @@ def test_presets_count_the_published_sizes_and_run() -> None:
     assert 2.9 < active / 1e9 < 3.0  # "A3B": 2.95B a token without the embedding
     runner = random_runner(preset("tiny-qwen3_5_moe"), page_size=8)
     prompts = [[t % 256 for t in p] for p in _prompts(5)[:2]]  # the preset has 256 tokens
-    requests, _ = _run(runner, prompts, 16, True, new_tokens=3)
+    requests, _ = run_staggered(runner, prompts, 16, True, 3)
     assert all(len(r.take_result()) == 3 for r in requests)
 
 
