@@ -1,13 +1,23 @@
 """`resin serve`'s start, with a real HTTP client: the port answers 503 `loading` (with the
 step under way) while a slow loader runs, then 200 from the real server on the same socket;
 a failed start (an out-of-memory from a runner's bind, an arena too small) is an error naming
-the knobs, and the port is free again; the warm-up runs a prefill and a decode step."""
+the knobs, and the port is free again; the warm-up runs a prefill and a decode step.
+
+With engine processes (`--api-server-count auto`) it starts the same way: the port is bound
+first and answers 503 `loading` with its stage while the engine process loads, then 200 with
+no refused connection in between; a port in use fails before any process starts (exit 2, one
+line); Ctrl-C exits 130 without a traceback and frees the port."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +39,8 @@ from resin_app.loading import (
     warm_up,
 )
 from resin_app.startup import Listener, serve_after_loading
+
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _port_is_free(port: int) -> bool:
@@ -167,7 +179,12 @@ def test_the_warm_up_runs_one_prompt_through_prefill_and_decode() -> None:
     loaded.close()
 
 
-def test_serve_on_a_port_in_use_fails_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("servers", ["0", "auto"])
+def test_serve_on_a_port_in_use_fails_before_loading(
+    servers: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In one process and with engine processes alike: exit 2 and one line, before any
+    weights load or process starts."""
     from resin_app.cli import main
 
     port = free_port()
@@ -175,20 +192,14 @@ def test_serve_on_a_port_in_use_fails_before_loading(capsys: pytest.CaptureFixtu
         taken.bind(("127.0.0.1", port))
         taken.listen()
         with pytest.raises(SystemExit) as exit_info:
-            main(["serve", "--fake-runner", "--api-server-count", "0", "--port", str(port)])
+            main(["serve", "--fake-runner", "--api-server-count", servers, "--port", str(port)])
     assert exit_info.value.code == 2
-    assert "Address already in use" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Address already in use" in err and len(err.strip().splitlines()) == 1
 
 
 def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port() -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
     port = free_port()
-    src = Path(__file__).resolve().parents[2] / "src"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -200,7 +211,7 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port()
             "--port",
             str(port),
         ],
-        env={**os.environ, "PYTHONPATH": str(src)},
+        env={**os.environ, "PYTHONPATH": str(SRC)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -221,3 +232,57 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port()
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_split_serve_answers_loading_then_serves_and_ctrl_c_frees_the_port() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resin_app", "serve", "--fake-runner", "--port", str(port),
+         "--api-server-count", "auto"],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        seen: list[tuple[int, str | None]] = []
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, seen
+            try:
+                r = httpx.get(url + "/health", timeout=5)
+            except httpx.ConnectError:
+                assert not seen, f"refused after it answered: {seen}"  # bound once, kept
+                time.sleep(0.05)
+                continue
+            except httpx.TransportError:  # a read timeout on this loaded host: ask again
+                continue
+            seen.append((r.status_code, r.json().get("stage")))
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503 and r.json()["status"] == "loading"
+            api = httpx.post(url + "/v1/completions", json={"prompt": "x"}, timeout=5)
+            assert api.status_code in (200, 503)
+            time.sleep(0.05)
+        assert seen[0][0] == 503 and seen[0][1], seen  # the stage under way
+        answer = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+        assert proc.stdout is not None and "Traceback" not in proc.stdout.read()
+        assert _port_is_free(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_the_server_count_is_a_count_or_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    from resin_app.cli import main
+
+    for bad in ("-1", "many"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "--api-server-count", bad])
+        assert exit_info.value.code == 2
+        assert "--api-server-count" in capsys.readouterr().err
