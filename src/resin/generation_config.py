@@ -57,7 +57,7 @@ class GenerationDefaults:
         return dict(self._values)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, GenerationDefaults) and self._values == other._values
+        return isinstance(other, GenerationDefaults) and self._values == other.as_dict()
 
     def __hash__(self) -> int:
         return hash(frozenset(self._values.items()))
@@ -85,7 +85,7 @@ class GenerationDefaults:
 
     def fill(self, other: GenerationDefaults) -> GenerationDefaults:
         """These defaults, with `other`'s values where these have none."""
-        return GenerationDefaults(**{**other._values, **self._values})
+        return GenerationDefaults(**{**other.as_dict(), **self._values})
 
     def apply(self, sent: Mapping[str, Any]) -> dict[str, Any]:
         """`sent` (values by public name, None = omitted) with these defaults where omitted."""

@@ -131,32 +131,20 @@ class SlotStore:
         """A step committed: positions < `totals` are in the cache."""
         self.num_computed[slots] = totals
 
-    def append(self, slots: I32, ids: I32) -> dict[int, FinishReason]:
-        """Record one sampled token per slot; return {row: reason} for the rows it ends.
-
-        A stop token (when allowed) wins over `length`; a row in neither goes on."""
-        self.last_token[slots] = ids
-        n_out = self.num_output[slots] + 1
-        self.num_output[slots] = n_out
-        ends: dict[int, FinishReason] = {}
-        length = n_out >= self.limit[slots]
-        if length.any():
-            ends = dict.fromkeys(np.flatnonzero(length).tolist(), FinishReason.LENGTH)
-        stoppable = self.has_stops[slots]
-        if stoppable.any():  # most steps: no row has stop tokens, or none is past its minimum
-            maybe = np.flatnonzero(stoppable & (n_out >= self.stop_ok_from[slots]))
-            for k in maybe.tolist():
-                if int(ids[k]) in self.stops[int(slots[k])]:
-                    ends[k] = FinishReason.STOP
-        return ends
-
-    def append_rows(self, slots: I32, counts: I32, ids: I32) -> tuple[I32, dict[int, FinishReason]]:
-        """Record `counts[i]` tokens per slot (flat `ids`, a speculative step's accepted drafts
-        plus one); return (kept [B], {row: reason}) for the rows that end.
+    def append(
+        self, slots: I32, ids: I32, counts: I32 | None = None
+    ) -> tuple[I32 | None, dict[int, FinishReason]]:
+        """Record `counts[i]` tokens for slot i (flat `ids`: a prefill row's one sampled token
+        or none, a verify row's accepted drafts plus one); return (kept [B], {row: reason})
+        for the rows that end. `counts=None` is the one-token-per-row step (decode with no
+        drafts: kept is None, every token is kept), done over the batch without a Python loop
+        per row except for rows with stop tokens past their minimum.
 
         A row keeps its tokens up to the first that ends it, exactly where one-token steps
         would have stopped: a stop token (when allowed) wins over `length` at the same token;
         tokens after the end are dropped."""
+        if counts is None:
+            return None, self._append_one(slots, ids)
         b = slots.size
         first = np.cumsum(counts) - counts
         j = np.arange(ids.size, dtype=np.int32) - np.repeat(first, counts).astype(np.int32)
@@ -176,6 +164,23 @@ class SlotStore:
         for i in np.flatnonzero(ended).tolist():
             k = int(first[i] + end_at[i])
             ends[i] = FinishReason.STOP if stop[k] else FinishReason.LENGTH
-        self.last_token[slots] = ids[first + kept - 1]
+        some = kept > 0
+        self.last_token[slots[some]] = ids[(first + kept - 1)[some]]
         self.num_output[slots] += kept
         return kept, ends
+
+    def _append_one(self, slots: I32, ids: I32) -> dict[int, FinishReason]:
+        self.last_token[slots] = ids
+        n_out = self.num_output[slots] + 1
+        self.num_output[slots] = n_out
+        ends: dict[int, FinishReason] = {}
+        length = n_out >= self.limit[slots]
+        if length.any():
+            ends = dict.fromkeys(np.flatnonzero(length).tolist(), FinishReason.LENGTH)
+        stoppable = self.has_stops[slots]
+        if stoppable.any():  # most steps: no row has stop tokens, or none is past its minimum
+            maybe = np.flatnonzero(stoppable & (n_out >= self.stop_ok_from[slots]))
+            for k in maybe.tolist():
+                if int(ids[k]) in self.stops[int(slots[k])]:
+                    ends[k] = FinishReason.STOP
+        return ends
