@@ -50,6 +50,8 @@ class SlotStore:
             for name, c in COLUMNS.items()
         }
         """`COLUMNS` by name: row s holds `encode(value)` of the request in slot s."""
+        self._plain = tuple((n, a) for n, a in self.columns.items() if not COLUMNS[n].penalty)
+        self._penalty = {n: self.columns[n] for n in PENALTY_COLUMNS}
         self.penalized = np.zeros(max_sequences, dtype=np.bool_)
         self.num_output = np.zeros(max_sequences, dtype=np.int32)
         self.num_computed = np.zeros(max_sequences, dtype=np.int32)
@@ -124,8 +126,7 @@ class SlotStore:
             output_index=self.num_output[slots] + self.ahead[slots],
             prompt_logprobs=_EMPTY_I32 if prompt_k is None else prompt_k,
         )
-        penalties = {name: self.columns[name] for name in PENALTY_COLUMNS}
-        return with_penalties(arrays, penalties, slots, self.penalized[slots], resets)
+        return with_penalties(arrays, self._penalty, slots, self.penalized[slots], resets)
 
     def computed(self, slots: I32, totals: I32) -> None:
         """A step committed: positions < `totals` are in the cache."""
