@@ -13,6 +13,7 @@ import pytest
 from resin import BatchPlan, Engine, FinishReason, ForwardOutput, History, SamplingParams
 from resin.engine.proposers import MtpProposer
 from resin.engine.speculative import Speculation
+from resin.engine.transaction import out_rows
 from tests.engine.fakes import naive_generate, next_token
 from tests.engine.spec_fakes import SpecCacheSimRunner
 
@@ -144,3 +145,21 @@ def test_invalid_drafts_quarantine_the_step(
     assert handle.finish_reason is FinishReason.ERROR
     assert handle.error is not None and problem in handle.error
     engine.check_invariants()
+
+
+def test_an_overlapped_commit_of_fewer_rows_keeps_their_drafts() -> None:
+    """Rows of requests that left while a plan was in flight are dropped at collection
+    (`engine/pipeline.py`); the kept rows keep their own proposed drafts."""
+    out = ForwardOutput(
+        np.asarray([5, 6, 7], dtype=np.uint32),
+        np.arange(4, dtype=np.uint32),
+        draft_ids=np.asarray([1, 2, 3, 4, 8, 9], dtype=np.int32),
+        draft_indptr=np.asarray([0, 2, 4, 6], dtype=np.int32),
+    )
+    part = out_rows(out, np.asarray([True, False, True]))
+    assert part.token_ids.tolist() == [5, 7]
+    assert part.draft_ids is not None and part.draft_indptr is not None
+    assert part.draft_ids.tolist() == [1, 2, 8, 9]
+    assert part.draft_indptr.tolist() == [0, 2, 4]
+    plain = out_rows(ForwardOutput(out.token_ids, out.token_indptr), np.asarray([0, 1, 1], bool))
+    assert plain.draft_ids is None and plain.token_ids.tolist() == [6, 7]
