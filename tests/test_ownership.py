@@ -332,3 +332,162 @@ def test_the_loop_rule_sees_each_form() -> None:
     assert reaches("future = backend.prepare(constraint)")
     assert reaches("class A:\n    def _admit(self):\n        pass")
     assert not reaches("loop.submit(item)")
+
+
+# -- 5. the scheduler alone writes a request's progress ---------------------------------------
+PROGRESS_OWNER = "resin.engine.scheduler"
+REQUEST = SRC / "resin" / "engine" / "request.py"
+SLOTS = SRC / "resin" / "engine" / "slots.py"
+SCHEDULER = SRC / "resin" / "engine" / "scheduler.py"
+PROGRESS = frozenset(
+    {
+        "output_token_ids",
+        "status",
+        "slot",
+        "arrival",
+        "cached_tokens",
+        "retries",
+        "drafts",
+        "finish_reason",
+        "error",
+    }
+)
+"""A request's progress (`Request`'s docstring): its tokens, queue state, slot, attempts, the
+runner's drafts for it, its outcome."""
+QUEUES = frozenset({"waiting", "prefilling", "running", "live", "free_slots", "held"})
+"""The scheduler's queues and tables (`Scheduler`)."""
+MUTATORS = frozenset(
+    {"append", "appendleft", "extend", "insert", "pop", "popleft", "remove", "clear", "sort"}
+)
+STORE_RECEIVER = re.compile(r"store$")
+SCHEDULER_RECEIVER = re.compile(r"(^|_)scheduler$")
+
+
+def request_fields(request: ast.Module) -> frozenset[str]:
+    """The attributes `Request.__init__` sets (what a progress name must be one of)."""
+    cls = next(n for n in request.body if isinstance(n, ast.ClassDef) and n.name == "Request")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return frozenset(
+        node.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+    )
+
+
+def store_writers(slots: ast.Module) -> frozenset[str]:
+    """`SlotStore`'s public methods that write its arrays (any store through `self.`)."""
+    cls = next(n for n in slots.body if isinstance(n, ast.ClassDef) and n.name == "SlotStore")
+    writers = set()
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef) or fn.name.startswith("_"):
+            continue
+        calls_private = any(
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and _own(n.func.value)
+            and n.func.attr.startswith("_")
+            for n in ast.walk(fn)
+        )
+        if calls_private or _writes_self(fn):
+            writers.add(fn.name)
+    return frozenset(writers)
+
+
+def _writes_self(fn: ast.AST) -> bool:
+    for node in ast.walk(fn):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for t in targets:
+            while isinstance(t, ast.Subscript | ast.Attribute):
+                if isinstance(t, ast.Attribute) and _own(t.value):
+                    return True
+                t = t.value
+    return False
+
+
+def progress_writes(tree: ast.Module, writers: frozenset[str]) -> list[str]:
+    """Every place a module writes a request's progress, the slot store or the scheduler's
+    queues (rule 5): an assignment to `<x>.<progress>` (x not `self`), a mutating call on
+    `<x>.output_token_ids` or a scheduler's queue, `attrgetter("output_token_ids")`, a call of
+    a `SlotStore` writer on a store, a store into a store's arrays or a scheduler's queues."""
+    found = []
+
+    def store_target(t: ast.expr) -> None:
+        base = t
+        while isinstance(base, ast.Subscript):
+            base = base.value
+        if not isinstance(base, ast.Attribute):
+            return
+        receiver = _last_name(base.value) or ""
+        progress = base is t and base.attr in PROGRESS and not _own(base.value)
+        array = base is not t and STORE_RECEIVER.search(receiver)
+        queue = base.attr in QUEUES and SCHEDULER_RECEIVER.search(receiver)
+        if progress or array or queue:
+            found.append(f"line {t.lineno}: {ast.unparse(t)} =")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                store_target(t)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            store_target(node.target)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner, name = node.func.value, node.func.attr
+            if isinstance(owner, ast.Attribute):
+                receiver = _last_name(owner.value) or ""
+                queue = owner.attr in QUEUES and SCHEDULER_RECEIVER.search(receiver)
+                if name in MUTATORS and (owner.attr == "output_token_ids" or queue):
+                    found.append(f"line {node.lineno}: {ast.unparse(node.func)}(...)")
+            if name in writers and STORE_RECEIVER.search(_last_name(owner) or ""):
+                found.append(f"line {node.lineno}: {ast.unparse(node.func)}(...)")
+        if (
+            isinstance(node, ast.Call)
+            and _last_name(node.func) == "attrgetter"
+            and any(
+                isinstance(a, ast.Constant) and a.value == "output_token_ids" for a in node.args
+            )
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_scheduler_writes_request_progress() -> None:
+    assert request_fields(ast.parse(REQUEST.read_text())) >= PROGRESS
+    writers = store_writers(ast.parse(SLOTS.read_text()))
+    assert {"admit", "release", "launched", "landed", "computed", "append"} <= writers
+    allowed = {PROGRESS_OWNER, "resin.engine.request", "resin.engine.slots"}
+    bad = {
+        name: found
+        for name, tree in _modules().items()
+        if name.startswith("resin.") and name not in allowed  # the library holds requests
+        for found in [progress_writes(tree, writers)]
+        if found
+    }
+    assert not bad, f"only {PROGRESS_OWNER} writes a request's progress: {bad}"
+    # ... and it does write them (the rule is not vacuous)
+    assert progress_writes(ast.parse(SCHEDULER.read_text()), writers)
+
+
+def test_the_progress_rule_sees_each_form() -> None:
+    writers = frozenset({"append", "landed"})
+
+    def writes(code: str) -> list[str]:
+        return progress_writes(ast.parse(code), writers)
+
+    assert writes("r.retries += 1")
+    assert writes("request.status = Status.DECODE")
+    assert writes("r.output_token_ids.append(t)")
+    assert writes("deque(map(list.append, map(attrgetter('output_token_ids'), rs), ts))")
+    assert writes("self._slot_store.landed(slots)")
+    assert writes("scheduler.slot_store.append(slots, ids)")
+    assert writes("store.num_output[slots] += 1")
+    assert writes("self._scheduler.running.remove(r)")
+    assert writes("queues.held = ()") == []  # a Protocol's name: only `scheduler` receivers
+    assert writes("self._scheduler.held = frozenset()")
+    assert not writes("self.status = 'ok'")  # a class's own attribute
+    assert not writes("n = store.num_output[slots]")  # reading
+    assert not writes("tokens.append(t)")
+    assert not writes("self._scheduler.commit(requests, pages, plan, out)")

@@ -6,14 +6,16 @@ request's omitted fields from it (`resin.server.service.Service.params`).
 vLLM applies a model's `generation_config.json` the same way: a request that sends no
 `temperature` samples at the checkpoint's temperature, not at 1.0. Sources, by
 `resin serve --generation-config`:
-- `auto` (default): the checkpoint folder's `generation_config.json` (`temperature`, `top_p`,
-  `top_k`, `min_p`, `repetition_penalty`, `max_new_tokens` -> the default `max_tokens`); for a
+- `auto` (default): the checkpoint folder's `generation_config.json` (the keys `Knob.config` of
+  `resin.params.SamplingParams` names: `temperature`, `top_p`, `top_k`, `min_p`,
+  `repetition_penalty`, `max_new_tokens` -> the default `max_tokens`); for a
   folder converted from a GGUF file, the file's `general.sampling.*` metadata fills what the
   JSON lacks;
 - `none`: no defaults (temperature 1.0, no top-p/top-k/min-p, max_tokens = what the context
   has left);
 - a path: a JSON file in `generation_config.json`'s shape (errors there stop the server).
-A field a request sends always wins; `/v1/models` shows the defaults in effect.
+A field a request sends always wins; `/v1/models` shows the defaults in effect. A value is
+valid where `SamplingParams` accepts it.
 """
 
 from __future__ import annotations
@@ -21,43 +23,52 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-GGUF_KEYS = {
-    "general.sampling.temp": "temperature",
-    "general.sampling.top_p": "top_p",
-    "general.sampling.top_k": "top_k",
-    "general.sampling.min_p": "min_p",
+from resin.params import FIELD_TYPES, KNOBS, Knob, SamplingParams
+
+DEFAULTABLE: Mapping[str, Knob] = {
+    k.public_name: k for k in KNOBS.values() if k.config is not None or k.gguf is not None
 }
-JSON_KEYS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "max_new_tokens": "max_tokens",
-    "repetition_penalty": "repetition_penalty",
-}
+"""The fields a checkpoint may give defaults for, by public name (`Knob.config` / `.gguf`)."""
+JSON_KEYS = {k.config: name for name, k in DEFAULTABLE.items() if k.config is not None}
+GGUF_KEYS = {k.gguf: name for name, k in DEFAULTABLE.items() if k.gguf is not None}
 
 
-@dataclass(frozen=True, slots=True)
 class GenerationDefaults:
-    """Defaults for omitted request fields (None: the server's own default)."""
+    """Defaults for omitted request fields, by public name (`DEFAULTABLE`; a field left out
+    or None takes the server's own default). Immutable, compared by value."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    max_tokens: int | None = None
-    repetition_penalty: float | None = None
+    __slots__ = ("_values",)
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(set(values) - set(DEFAULTABLE))
+        if unknown:
+            raise TypeError(f"no generation defaults for {unknown}; known: {sorted(DEFAULTABLE)}")
+        self._values = {k: v for k, v in values.items() if v is not None}
+
+    def get(self, name: str) -> Any:
+        """The default for the field of public name `name`, or None."""
+        return self._values.get(name)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return dict(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GenerationDefaults) and self._values == other.as_dict()
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._values.items()))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return f"GenerationDefaults({inner})"
 
     @classmethod
     def from_mapping(
-        cls, raw: dict[str, Any], keys: dict[str, str], strict: bool
+        cls, raw: Mapping[str, Any], keys: Mapping[str, str], strict: bool
     ) -> GenerationDefaults:
         """The known fields of `raw` (renamed by `keys`); an invalid value raises `ValueError`
         when `strict`, else is left out."""
@@ -74,7 +85,11 @@ class GenerationDefaults:
 
     def fill(self, other: GenerationDefaults) -> GenerationDefaults:
         """These defaults, with `other`'s values where these have none."""
-        return replace(other, **self.as_dict())
+        return GenerationDefaults(**{**other.as_dict(), **self._values})
+
+    def apply(self, sent: Mapping[str, Any]) -> dict[str, Any]:
+        """`sent` (values by public name, None = omitted) with these defaults where omitted."""
+        return {**self._values, **{k: v for k, v in sent.items() if v is not None}}
 
 
 NO_DEFAULTS = GenerationDefaults()
@@ -169,16 +184,17 @@ def _value(f: BinaryIO, kind: int) -> Any:
 
 
 def _checked(name: str, value: Any) -> float | int | None:
+    """`value` as the field of public name `name` takes it, or None when `SamplingParams`
+    would refuse it (one set of bounds for requests and checkpoints)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
-    if name in ("top_k", "max_tokens"):
-        if int(value) != value or value < 0 or (name == "max_tokens" and value < 1):
-            return None
-        return int(value) if value > 0 else None
-    if name == "temperature":
-        return float(value) if 0 <= value <= 2 else None
-    if name == "top_p":
-        return float(value) if 0 < value <= 1 else None
-    if name == "repetition_penalty":
-        return float(value) if 0 < value <= 100 else None
-    return float(value) if 0 <= value <= 1 else None
+    knob = DEFAULTABLE[name]
+    if FIELD_TYPES[knob.name] is int and int(value) != value:
+        return None
+    number: float | int = int(value) if FIELD_TYPES[knob.name] is int else float(value)
+    try:
+        one: dict[str, Any] = {knob.name: number}
+        SamplingParams(**one)
+    except ValueError:
+        return None
+    return number

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, TypeVar, cast, get_type_hints
 
 MAX_LOGPROBS = 20
 """Upper bound on `logprobs` / `prompt_logprobs` alternatives (OpenAI's own cap)."""
@@ -87,6 +87,66 @@ class Constraint:
         return cls("json_schema", text, strict)
 
 
+T = TypeVar("T")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _none_is_minus_one(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def _greedy_is_zero(temperature: float) -> float:
+    return 0.0 if temperature < GREEDY_TEMPERATURE else temperature
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A field's column in the engine's per-slot table (`resin.engine.slots.SlotStore`), sent to
+    runners as the `SamplingArrays` field of the same name: `encode(value)` as `dtype`.
+    `penalty`: sent only in plans where some row is penalized (`SamplingArrays`, "Penalties")."""
+
+    dtype: str
+    encode: Callable[[Any], float | int] = _same
+    penalty: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """Where one `SamplingParams` field appears beyond the engine's API; everything else that
+    names sampling fields iterates `KNOBS` instead of listing them:
+
+    - `core`: every runner honours it (else it is an optional runner feature,
+      `resin.protocols.OPTIONAL_FEATURES`, used when it differs from its default);
+    - `public`: its name in request bodies and in `/v1/models`' defaults (None: the field's);
+    - `http`: the pydantic bounds of the field in OpenAI bodies (`SamplingFields`, where it is
+      optional: None takes the default); None: not one of those shared fields (the routes map
+      it themselves: logprobs, stops, bias, constraints);
+    - `config` / `gguf`: the checkpoint's key for its default (`generation_config.json`, GGUF
+      metadata; `resin.generation_config`);
+    - `column`: its per-slot column (None: the engine's stop rule or a per-plan array uses it).
+    """
+
+    name: str = ""
+    core: bool = False
+    public: str | None = None
+    http: Mapping[str, float] | None = None
+    config: str | None = None
+    gguf: str | None = None
+    column: Column | None = None
+
+    @property
+    def public_name(self) -> str:
+        return self.public or self.name
+
+
+def knob(default: T, **how: Any) -> T:
+    """A `SamplingParams` field with its `Knob` (`how`); typed as its default for mypy."""
+    return cast("T", field(default=default, metadata={"knob": Knob(**how)}))
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How one request generates.
@@ -112,24 +172,58 @@ class SamplingParams:
     (`docs/constraints.md`, `docs/engine.md`).
     """
 
-    max_output_tokens: int = 16
-    stop_token_ids: tuple[int, ...] = ()
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    min_output_tokens: int = 0
+    max_output_tokens: int = knob(16, core=True, public="max_tokens", config="max_new_tokens")
+    stop_token_ids: tuple[int, ...] = knob((), core=True)
+    temperature: float = knob(
+        1.0,
+        core=True,
+        http={"ge": 0, "le": 2},
+        config="temperature",
+        gguf="general.sampling.temp",
+        column=Column("float32", _greedy_is_zero),
+    )
+    top_p: float = knob(
+        1.0,
+        http={"gt": 0, "le": 1},
+        config="top_p",
+        gguf="general.sampling.top_p",
+        column=Column("float32"),
+    )
+    top_k: int = knob(
+        0, http={"ge": -1}, config="top_k", gguf="general.sampling.top_k", column=Column("int32")
+    )
+    """-1 in a body is vLLM's "off" (0 here; the server maps both, and values >= vocabulary)."""
+    min_p: float = knob(
+        0.0,
+        http={"ge": 0, "le": 1},
+        config="min_p",
+        gguf="general.sampling.min_p",
+        column=Column("float32"),
+    )
+    seed: int | None = knob(
+        None, http={"ge": 0, "lt": 2**63}, column=Column("int64", _none_is_minus_one)
+    )
+    logprobs: int | None = knob(None, column=Column("int32", _none_is_minus_one))
+    prompt_logprobs: int | None = knob(None)
+    min_output_tokens: int = knob(0, core=True, public="min_tokens", http={"ge": 0})
     """Stop tokens are ignored until this many tokens were generated."""
-    ignore_stop_tokens: bool = False
+    ignore_stop_tokens: bool = knob(False, core=True, public="ignore_eos", http={})
     """Generate exactly `max_output_tokens` (benchmarks; `ignore_eos` in vLLM)."""
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    constraint: Constraint | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = knob(())
+    constraint: Constraint | None = knob(None)  # noqa: RUF009 (a frozen field with its Knob)
+    presence_penalty: float = knob(
+        0.0, http={"ge": -2, "le": 2}, column=Column("float32", penalty=True)
+    )
+    frequency_penalty: float = knob(
+        0.0, http={"ge": -2, "le": 2}, column=Column("float32", penalty=True)
+    )
+    repetition_penalty: float = knob(
+        1.0,
+        http={"gt": 0, "le": 100},
+        config="repetition_penalty",
+        column=Column("float32", penalty=True),
+    )
+    """vLLM's (over prompt and output); the other two are OpenAI's (over the output)."""
 
     def __post_init__(self) -> None:
         # Accept any iterable of ints for convenience, store a tuple (hashable, frozen).
@@ -189,6 +283,27 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty) or (
             self.repetition_penalty != 1.0
         )
+
+
+KNOBS: Mapping[str, Knob] = {
+    f.name: replace(f.metadata["knob"], name=f.name) for f in fields(SamplingParams)
+}
+"""Every `SamplingParams` field's `Knob`, by field name, in declaration order."""
+
+FIELD_TYPES: Mapping[str, Any] = get_type_hints(SamplingParams)
+"""Each field's type (the HTTP schema's sampling fields are these, made optional)."""
+
+PUBLIC: Mapping[str, Knob] = {k.public_name: k for k in KNOBS.values()}
+"""`KNOBS` by public name (request bodies, generation defaults)."""
+
+
+def from_public(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`SamplingParams` keyword arguments from values by public name; None values are left
+    out (the field keeps its default)."""
+    unknown = sorted(set(values) - set(PUBLIC))
+    if unknown:
+        raise KeyError(f"not sampling fields: {unknown}")
+    return {PUBLIC[k].name: v for k, v in values.items() if v is not None}
 
 
 def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:

@@ -354,6 +354,11 @@ class ForwardOutput:
     - `prompt_logprobs` f32 [T]: logprob of `plan.target_ids[t]` after query token t, for rows in
       `prompt_logprob_rows` (NaN elsewhere); `prompt_top_ids` / `prompt_top_logprobs` [T, K].
     - `observations`: (name, value) pairs the runner wants in the engine's metrics.
+    - `draft_ids` i32 [D] / `draft_indptr` i32 [B+1] (both or neither): drafts the runner
+      proposes for each row's next step (multi-token prediction): row i's
+      `draft_ids[draft_indptr[i]:draft_indptr[i+1]]` follow its sequence once this step's
+      tokens are appended; a row that returns no token proposes none. The engine keeps them
+      with the request (`Request.drafts`) for a `Proposer` (`MtpProposer`) to offer back.
     The engine validates shapes and ranges; an invalid output quarantines the plan's rows.
     """
 
@@ -366,3 +371,5 @@ class ForwardOutput:
     prompt_top_ids: I32 | None = None
     prompt_top_logprobs: F32 | None = None
     observations: tuple[tuple[str, float], ...] = ()
+    draft_ids: I32 | None = None
+    draft_indptr: I32 | None = None

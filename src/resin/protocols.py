@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import ClassVar, Protocol, runtime_checkable
 
-from resin.params import SamplingParams
+from resin.params import KNOBS, SamplingParams
 from resin.plan import BatchPlan, ForwardOutput
 
 
@@ -128,26 +128,18 @@ class Compressed:
 
 CacheGroupSpec = History | Window | State | Compressed
 
-CORE_FIELDS = frozenset(
-    {
-        "max_output_tokens",
-        "stop_token_ids",
-        "temperature",
-        "min_output_tokens",
-        "ignore_stop_tokens",
-    }
-)
+CORE_FIELDS = frozenset(name for name, knob in KNOBS.items() if knob.core)
 """`SamplingParams` fields every runner honours (limits and stops are the engine's; temperature
 is sampling itself)."""
 
 OPTIONAL_FEATURES: frozenset[str] = frozenset(
-    {f.name for f in fields(SamplingParams) if f.name not in CORE_FIELDS} | {"media"}
+    {name for name, knob in KNOBS.items() if not knob.core} | {"media"}
 )
 """What a runner may lack: every other `SamplingParams` field (a request uses one when its value
 differs from the field's default), and `media` (images; `Engine.submit(media=...)`)."""
 
 PENALTY_FEATURES: frozenset[str] = frozenset(
-    {"presence_penalty", "frequency_penalty", "repetition_penalty"}
+    name for name, knob in KNOBS.items() if knob.column is not None and knob.column.penalty
 )
 """The penalty fields: a runner implements all three (token counts on its side) or none."""
 

@@ -493,7 +493,7 @@ def speculation_for(options: LoadOptions, context_length: int, runner: Any = Non
 
         if not hasattr(runner, "drafts"):
             raise ValueError("--speculative mtp needs a runner built with its MTP layer")
-        return Speculation(MtpProposer(runner), 1)
+        return Speculation(MtpProposer(), 1)
     assert options.draft_model is not None
     from resin_app.runners import build_runner
     from resin_model.checkpoint_folder import check_checkpoint

@@ -26,8 +26,8 @@ class RunnerOptions:
     - `overlap`: declare `RunnerConfig.overlap` (the engine may keep two plans in flight);
     - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks);
     - `mtp`: draft with the checkpoint's first MTP layer (DeepSeek): every step also runs it
-      and leaves one draft per row in `CudaRunner.drafts` (`MtpProposer` hands them to the
-      engine's speculative decoding).
+      and returns one draft per row in `ForwardOutput.draft_ids` (`MtpProposer` hands them to
+      the engine's speculative decoding).
     """
 
     page_size: int = 16

@@ -19,10 +19,10 @@ device and with no host round trip, the model's MTP layer runs over the step's p
 the entry at position i pairs the final hidden state at i with token i+1 (the next input,
 or for the last position of a row the token just chosen), written at position i's append
 slot of its cache layer, and the chosen tokens' entries give one greedy draft per row, read
-back with the tokens into `drafts` (`MtpProposer`). This is the reference `MtpRunner`'s
-pairing (token i with the hidden state at i-1, at position i) shifted one position back,
-which rotary attention cannot tell apart, so that every entry a draft needs is one the step
-has an append slot for. The entry at the last position of a prefill chunk that samples
+back with the tokens into `ForwardOutput.draft_ids` (`MtpProposer`). This is the reference
+`MtpRunner`'s pairing (token i with the hidden state at i-1, at position i) shifted one
+position back, which rotary attention cannot tell apart, so that every entry a draft needs is
+one the step has an append slot for. The entry at the last position of a prefill chunk that samples
 nothing pairs with a stand-in token (the next chunk's first token is not in the plan); like
 an entry under a prefix hit, it can make a draft worse, never an output different.
 """
@@ -219,7 +219,8 @@ class CudaRunner:
         self._prev_valid = 0  # rows of the previous plan whose token is in _prev_tokens
         self._readback = ReadBack(max(PREV_ROWS, self.options.max_batch), self.device)
         self.last_logits: torch.Tensor | None = None
-        # MTP drafts: seq_id -> (num_tokens, drafts that follow a sequence that long)
+        # MTP drafts travel in ForwardOutput.draft_ids; this is the runner's own record:
+        # seq_id -> (num_tokens, drafts that follow a sequence that long)
         self.drafts: dict[int, tuple[int, list[int]]] = {}
         # MTP drafts every step (a model built with its MTP layer); benchmarks switch it off
         # for their plain runs
@@ -315,7 +316,7 @@ class CudaRunner:
                 step.plan, step.rows, step.offsets, tokens, lps, self.accept_first
             )
         if step.drafts is not None:
-            self._remember_drafts(step, out)
+            out = self._remember_drafts(step, out)
         return out if step.prompt is None else step.prompt.attach(out)
 
     def close(self) -> None:
@@ -460,9 +461,9 @@ class CudaRunner:
             return tokens.new_empty(0)
         return argmax_rows(model.logits(out[mtp.flat]))
 
-    def _remember_drafts(self, step: _InFlight, out: ForwardOutput) -> None:
-        """Each row's draft: the one at its last kept entry, following the sequence as it
-        stands after this step (`num_tokens`)."""
+    def _remember_drafts(self, step: _InFlight, out: ForwardOutput) -> ForwardOutput:
+        """`out` with each row's draft (`ForwardOutput.draft_ids`): the one at its last kept
+        entry, following the sequence as it stands after this step (`num_tokens`)."""
         assert step.drafts is not None
         host = step.picked.host
         n = step.rows.shape[0]
@@ -472,11 +473,15 @@ class CudaRunner:
         k = np.diff(plan.draft_indptr.astype(np.int64)) if plan.draft_ids.size else 0
         lengths = plan.total_lens.astype(np.int64) - k + kept
         first = np.searchsorted(step.rows, np.arange(plan.num_sequences))  # rows are in order
-        for row in np.flatnonzero(kept > 0).tolist():
-            draft = int(drafts[first[row] + kept[row] - 1])
+        rows = np.flatnonzero(kept > 0)
+        ids = drafts[first[rows] + kept[rows] - 1].astype(np.int32)
+        for row, draft in zip(rows.tolist(), ids.tolist(), strict=True):
             self.drafts[int(plan.sequence_ids[row])] = (int(lengths[row]), [draft])
         for sid in list(self.drafts)[: max(len(self.drafts) - MAX_REMEMBERED, 0)]:
             del self.drafts[sid]  # forget the sequences seen longest ago
+        indptr = np.zeros(plan.num_sequences + 1, dtype=np.int32)
+        np.cumsum(kept > 0, out=indptr[1:])
+        return replace(out, draft_ids=ids, draft_indptr=indptr)
 
     def _pick_graph(self, b: int, query: int) -> tuple[int, int] | None:
         if not self._graphs:

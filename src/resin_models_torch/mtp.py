@@ -14,9 +14,11 @@ After sampling, every row that produced a token gets `num_drafts` greedy drafts:
 on (the new token, the hidden state of the last accepted position), attended over the row's MTP
 cache without being stored, gives draft 1; draft j+1 chains the same layer on (draft j, the MTP
 hidden state that predicted it) one position further, the chain recomputed as a window of
-non-stored queries. `drafts[seq_id] = (num_tokens, tokens)`: the drafts that should follow a
-sequence of `num_tokens` tokens. `MtpProposer` hands these to the engine's speculative
-decoding; verification (the target runner's) keeps outputs exact whatever the drafts are.
+non-stored queries. They travel in the step's `ForwardOutput.draft_ids` (the engine keeps them
+with the request; `MtpProposer` offers them back to speculative decoding); the runner's own
+record, `drafts[seq_id] = (num_tokens, tokens)` (the drafts that should follow a sequence of
+`num_tokens` tokens), is for inspection. Verification (the target runner's) keeps outputs
+exact whatever the drafts are.
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ class MtpRunner(TorchRunner):
 
     def _outputs(self, plan: BatchPlan, hidden: torch.Tensor) -> ForwardOutput:
         output = super()._outputs(plan, hidden)
-        self._advance(plan, hidden, output)
-        return output
+        return self._advance(plan, hidden, output)
 
-    def _advance(self, plan: BatchPlan, hidden: torch.Tensor, output: ForwardOutput) -> None:
+    def _advance(
+        self, plan: BatchPlan, hidden: torch.Tensor, output: ForwardOutput
+    ) -> ForwardOutput:
         group = plan.cache_groups[0]
         starts = plan.query_indptr[:-1].astype(np.int64)
         sids = plan.sequence_ids.tolist()
@@ -88,11 +91,12 @@ class MtpRunner(TorchRunner):
             logits = self.model.logits(mtp_hidden).float().cpu()
             step = RecordedStep(plan.step_id, plan.sequence_ids[rows], plan.positions, logits)
             self.mtp_recorded.append(step)
-        self._draft(plan, group, hidden, output)
+        return self._draft(plan, group, hidden, output)
 
     def _draft(
         self, plan: BatchPlan, group: CacheGroupPlan, hidden: torch.Tensor, output: ForwardOutput
-    ) -> None:
+    ) -> ForwardOutput:
+        """`output` with each producing row's drafts (`ForwardOutput.draft_ids`)."""
         produced = np.diff(output.token_indptr.astype(np.int64))
         drafts = np.diff(plan.draft_indptr.astype(np.int64)) if plan.draft_ids.size else 0
         valid = plan.query_lens.astype(np.int64) - drafts + np.maximum(produced - 1, 0)
@@ -103,8 +107,10 @@ class MtpRunner(TorchRunner):
             for sid in list(remembered)[: max(len(remembered) - MAX_REMEMBERED, 0)]:
                 del remembered[sid]
         rows = np.flatnonzero(produced > 0)
+        indptr = np.zeros(plan.num_sequences + 1, dtype=np.int32)
+        np.cumsum(np.where(produced > 0, self.num_drafts, 0), out=indptr[1:])
         if not rows.size:
-            return
+            return replace(output, draft_ids=np.zeros(0, dtype=np.int32), draft_indptr=indptr)
         new_tokens = output.token_ids[output.token_indptr[rows + 1].astype(np.int64) - 1]
         first = plan.positions[last[rows]].astype(np.int64) + 1  # the new token's position
         index = torch.from_numpy(last[rows]).to(self.device)
@@ -125,6 +131,8 @@ class MtpRunner(TorchRunner):
         drafted = torch.stack(tokens[1:], dim=1).tolist()
         for row, position, chain in zip(rows.tolist(), first.tolist(), drafted, strict=True):
             self.drafts[int(plan.sequence_ids[row])] = (position + 1, [int(t) for t in chain])
+        flat = np.asarray(drafted, dtype=np.int32).reshape(-1)
+        return replace(output, draft_ids=flat, draft_indptr=indptr)
 
     def _ctx(self, positions: np.ndarray, batch: AttentionBatch) -> StepContext:
         tensor = torch.from_numpy(positions.astype(np.int64)).to(self.device)

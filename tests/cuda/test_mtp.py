@@ -83,7 +83,7 @@ def runners() -> tuple[Any, Any, Any]:
 def test_fast_mtp_drafts_equal_the_reference_mtp_runner(runners: tuple[Any, Any, Any]) -> None:
     reference, mtp, fast = runners
     expected = _run(reference, None, chunk=512, prefix=False)
-    ours, theirs = Recording(MtpProposer(fast)), Recording(MtpProposer(mtp))
+    ours, theirs = Recording(MtpProposer()), Recording(MtpProposer())
     assert _run(fast, ours, chunk=512, prefix=False) == expected
     assert _run(mtp, theirs, chunk=512, prefix=False) == expected
     assert ours.seen == theirs.seen
@@ -95,7 +95,7 @@ def test_fast_mtp_keeps_tokens_under_chunks_and_prefix_hits(
 ) -> None:
     reference, _, fast = runners
     expected = _run(reference, None, chunk=4, prefix=True)
-    ours = Recording(MtpProposer(fast))
+    ours = Recording(MtpProposer())
     assert _run(fast, ours, chunk=4, prefix=True) == expected
     assert sum(len(d) for _, _, d in ours.seen) > 10
 

@@ -84,7 +84,7 @@ def test_outputs_identical_with_and_without_mtp_drafts() -> None:
     assert base.prefix_cache_hits > 0
     for drafts in (1, 3):  # one MTP draft per step, and the layer chained for three
         mtp = MtpRunner(plain.model, num_drafts=drafts, page_size=4)  # type: ignore[arg-type]
-        got, metrics = _generate(mtp, Speculation(MtpProposer(mtp), num_draft_tokens=drafts))
+        got, metrics = _generate(mtp, Speculation(MtpProposer(), num_draft_tokens=drafts))
         assert got == expected
         assert metrics.prefix_cache_hits > 0
         # Drafts really ran through verification, some accepted and some rejected.

@@ -25,7 +25,7 @@ all-allowed row: its request ended, so the row's token is dropped and never cons
 
 Runners that cannot wait for masks: the next masks fill ahead, off the engine thread, right
 after each commit (`masks_ahead.py`); a request whose mask is still filling sits a step out
-(`hold` -> `Scheduler.held`), and `attach` copies the masks filled ahead.
+(`held` -> `Scheduler.hold`), and `attach` copies the masks filled ahead.
 
 Zero overhead without constraints: the engine calls `attach` / `advance` only while `active`
 (a live request has a grammar or a bias), and `hold` returns at once without them.
@@ -81,7 +81,8 @@ class Queues(Protocol):
     @property
     def running(self) -> Sequence[Request]: ...
 
-    held: Collection[Request]
+    @property
+    def held(self) -> Collection[Request]: ...
 
 
 class ConstraintSet:
@@ -299,13 +300,14 @@ class ConstraintSet:
         if self.ahead is not None:  # the next masks fill while the engine goes on
             self.ahead.start(requests)
 
-    def hold(self, queues: Queues) -> None:
-        """Before scheduling: `queues.held` becomes the decode requests that sit out the next
-        step (`MasksAhead.hold`); nothing runs without constraints."""
+    def held(self, queues: Queues) -> Collection[Request]:
+        """Before scheduling: the decode requests that sit out the next step
+        (`MasksAhead.hold`; the scheduler takes them, `Scheduler.hold`); nothing sits out
+        without constraints."""
         if self.ahead is None or not (self.active or queues.held):
-            return
+            return queues.held
         others = bool(queues.waiting or queues.prefilling)
-        queues.held = self.ahead.hold(queues.running, others)
+        return self.ahead.hold(queues.running, others)
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._worker is None:

@@ -21,7 +21,6 @@ One thread drives an Engine; other threads may only read `metrics` and call `cac
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from resin.engine.constraints import ConstraintSet
@@ -102,14 +101,14 @@ class Engine:
             max_retries=config.max_retries,
             vocab_size=self._runner_config.vocab_size,
             collector=self._collector,
+            constraints=self._constraints,
         )
         self._pipeline = make_pipeline(
             overlap,
             runner,
             self._runner_config,
             self._transaction,
-            self._scheduler.slot_store,
-            self._lifecycle.finish_constrained,
+            self._scheduler,
             self._constraints,
         )
         self._speculator: Speculator | None = None
@@ -206,7 +205,6 @@ class Engine:
         rid = self._lifecycle.take_id(request_id)
         items = validate_media(media, len(prompt), self._config.prefill_chunk_tokens)
         request = Request(rid, prompt, params, items)
-        request.times.arrival = time.monotonic()
         self._constraints.admit(request, grammar)
         self._scheduler.add(request)
         return request
@@ -231,7 +229,8 @@ class Engine:
                 self._update_gauges()  # aborts since the last step changed the counts
             return events
         preemptions = self._scheduler.num_preemptions
-        self._constraints.hold(self._scheduler)  # requests whose masks still fill sit out
+        # requests whose masks still fill sit out
+        self._scheduler.hold(self._constraints.held(self._scheduler))
         cohort = self._scheduler.schedule()
         if cohort is None:
             if self._pipeline is not None:
@@ -290,8 +289,6 @@ class Engine:
         if self._constraints.active:
             plan = self._constraints.attach(plan, requests)
         self._transaction.execute(plan, requests, reserved.pages, events)
-        if self._constraints.active:
-            self._constraints.advance(requests, events, self._lifecycle.finish_constrained)
 
     def _plan(
         self, cohort: Cohort, chained: Pipeline | None = None

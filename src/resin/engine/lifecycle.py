@@ -67,11 +67,9 @@ class Lifecycle:
         ended = reason in (FinishReason.STOP, FinishReason.LENGTH)
         if ended and grammar is not None and (failure := grammar.mask_failure) is not None:
             reason, error, cacheable = FinishReason.ERROR, failure, False
-        self._scheduler.drop(request, cacheable=cacheable)
+        self._scheduler.drop(request, reason, error, cacheable)
         if self._release is not None:
             self._release(request)
-        request.finish_reason = reason
-        request.error = error
         if self._collector is not None:
             self._record(request, reason)
         return FinishedEvent(

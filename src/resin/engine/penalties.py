@@ -9,23 +9,18 @@ makes every case the same rebuild, and decode steps cost nothing beyond the per-
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from resin.engine.request import Request
-from resin.params import SamplingParams
 from resin.plan import SamplingArrays
 
 I32 = npt.NDArray[np.int32]
-F32 = npt.NDArray[np.float32]
 BoolArray = npt.NDArray[np.bool_]
-
-OFF = (0.0, 0.0, 1.0)
-"""(presence, frequency, repetition) of a request without penalties."""
 
 
 class CountResets(NamedTuple):
@@ -34,10 +29,6 @@ class CountResets(NamedTuple):
     indptr: I32
     ids: I32
     prompt: I32
-
-
-def penalty_values(params: SamplingParams) -> tuple[float, float, float]:
-    return (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
 
 
 def count_resets(requests: Sequence[Request], sample_rows: BoolArray) -> CountResets | None:
@@ -61,22 +52,18 @@ def count_resets(requests: Sequence[Request], sample_rows: BoolArray) -> CountRe
 
 def with_penalties(
     arrays: SamplingArrays,
-    values: F32,
+    columns: Mapping[str, npt.NDArray[np.generic]],
     slots: I32,
     penalized: BoolArray,
     resets: CountResets | None,
 ) -> SamplingArrays:
     """`arrays` for rows in `slots` with their penalty columns (unchanged when no row is
-    penalized): `values` [B, 3] (presence, frequency, repetition), `penalized` [B]."""
+    penalized): `columns` are the slot table's penalty columns by field name (all slots),
+    `penalized` [B]."""
     if not penalized.any():
         return arrays
-    arrays = replace(
-        arrays,
-        presence_penalty=np.ascontiguousarray(values[:, 0]),
-        frequency_penalty=np.ascontiguousarray(values[:, 1]),
-        repetition_penalty=np.ascontiguousarray(values[:, 2]),
-        count_slot=np.where(penalized, slots, -1).astype(np.int32),
-    )
+    gathered: dict[str, Any] = {name: column[slots] for name, column in columns.items()}
+    arrays = replace(arrays, **gathered, count_slot=np.where(penalized, slots, -1).astype(np.int32))
     if resets is None:
         return arrays
     return replace(

@@ -38,9 +38,9 @@ import numpy as np
 import numpy.typing as npt
 
 from resin.cache.manager import PageReservation
-from resin.engine.constraints import ConstraintSet, Finish
+from resin.engine.constraints import ConstraintSet
 from resin.engine.request import Request
-from resin.engine.slots import SlotStore
+from resin.engine.scheduler import Scheduler
 from resin.engine.transaction import StepFailure, Transaction, Verdict
 from resin.events import Event
 from resin.plan import BatchPlan, ForwardOutput
@@ -68,19 +68,17 @@ class Pipeline:
         self,
         runner: AsyncRunner,
         transaction: Transaction,
-        slot_store: SlotStore,
+        scheduler: Scheduler,
         config: RunnerConfig,
-        finish: Finish,
         constraints: ConstraintSet | None = None,
     ) -> None:
         self._runner = runner
         self._transaction = transaction
-        self._slot_store = slot_store
-        self._finish = finish
-        """Ends a request whose grammar stopped or failed (`Lifecycle.finish_constrained`)."""
+        self._scheduler = scheduler
+        """Told what goes in flight (`launched`); its slot epochs are read, never written."""
         self._constraints = constraints
         self._flights: deque[Flight] = deque()
-        self._row_of = np.full(slot_store.num_slots, -1, dtype=np.int32)
+        self._row_of = np.full(scheduler.slot_store.num_slots, -1, dtype=np.int32)
         """Row of each slot in the newest flight (-1: not in it)."""
         self._rings = tuple(i for i, g in enumerate(config.cache_groups) if g.state_region)
         """Groups whose rows read `state_in` and write `state_out` (State rings)."""
@@ -141,11 +139,12 @@ class Pipeline:
             self._transaction.fail(failure, _alive(requests), events)
             return
         slots = reservation.slots
-        self._slot_store.launched(slots)
+        self._scheduler.launched(slots)
         if self._flights:
             self._row_of[self._flights[-1].reservation.slots] = -1
         self._row_of[slots] = np.arange(slots.size, dtype=np.int32)
-        self._flights.append(Flight(plan, requests, reservation, self._slot_store.epoch[slots]))
+        epochs = self._scheduler.slot_store.epoch[slots]
+        self._flights.append(Flight(plan, requests, reservation, epochs))
 
     # -- collect ----------------------------------------------------------------------------
     def settle(self, events: list[Event]) -> None:
@@ -159,53 +158,23 @@ class Pipeline:
             self.land(events)
 
     def land(self, events: list[Event]) -> None:
-        """Collect the oldest flight, validate it and commit the rows still live; then its
-        grammars advance and the next plan's mask may fill."""
+        """Collect the oldest flight and land it (`Transaction.settle`: validated, its rows
+        still live committed, its grammars advanced); then the next plan's mask may fill."""
         f = self._flights.popleft()
-        self._land(f, events)
-        c = self._constraints
-        if c is not None and c.hooked:
-            c.advance(f.requests, events, self._finish)
-            c.open_gate()
-
-    def _land(self, f: Flight, events: list[Event]) -> None:
         slots = f.reservation.slots
         if not self._flights:
             self._row_of[slots] = -1
+        result: ForwardOutput | StepFailure
         try:
-            out = self._runner.collect()
+            result = self._runner.collect()
         except Exception as exc:  # after acceptance: only this plan's requests are affected
-            self._fail(f, StepFailure.of(f.plan.step_id, exc, accepted=True), events)
-            return
-        failure = self._transaction.check(f.plan, out)
-        if failure is not None:
-            self._fail(f, failure, events)
-            return
-        keep = self._slot_store.epoch[slots] == f.epochs
-        if keep.all():
-            self._slot_store.landed(slots)
-            self._transaction.commit(f.plan, out, f.requests, f.reservation, events)
-            return
-        if not keep.any():
-            return
-        self._slot_store.landed(slots[keep])
-        rows = np.flatnonzero(keep)
-        requests = tuple(f.requests[i] for i in rows.tolist())
-        reservation = f.reservation.rows(keep)
-        self._transaction.commit(
-            _rows(f.plan, keep), _out_rows(out, keep), requests, reservation, events
-        )
-
-    # -- failures ---------------------------------------------------------------------------
-    def _fail(self, f: Flight, failure: StepFailure, events: list[Event]) -> None:
-        """A collected step failed: the policy applies to its rows still live (the others'
-        requests left while it was in flight)."""
-        keep = self._slot_store.epoch[f.reservation.slots] == f.epochs
-        live = tuple(r for r, k in zip(f.requests, keep.tolist(), strict=True) if k)
-        self._transaction.undo(f.reservation, failure)
-        if failure.verdict is Verdict.DEAD:
+            result = StepFailure.of(f.plan.step_id, exc, accepted=True)
+        keep = self._scheduler.slot_store.epoch[slots] == f.epochs
+        failure = self._transaction.settle(f.plan, result, f.requests, f.reservation, events, keep)
+        if failure is not None and failure.verdict is Verdict.DEAD:
             self._forget()
-        self._transaction.fail(failure, live, events)
+        if self._constraints is not None:
+            self._constraints.open_gate()
 
     def _discard(self) -> None:
         if self._constraints is not None:
@@ -223,8 +192,7 @@ def make_pipeline(
     runner: object,
     config: RunnerConfig,
     transaction: Transaction,
-    slot_store: SlotStore,
-    finish: Finish,
+    scheduler: Scheduler,
     constraints: ConstraintSet | None = None,
 ) -> Pipeline | None:
     """The engine's pipeline: None when `overlap` is False, or None (auto) and the runner does
@@ -237,47 +205,8 @@ def make_pipeline(
     if not able:
         raise ValueError("overlap=True needs an AsyncRunner whose RunnerConfig.overlap is True")
     assert isinstance(runner, AsyncRunner)
-    return Pipeline(runner, transaction, slot_store, config, finish, constraints)
+    return Pipeline(runner, transaction, scheduler, config, constraints)
 
 
 def _alive(requests: tuple[Request, ...]) -> tuple[Request, ...]:
     return tuple(r for r in requests if r.finish_reason is None)
-
-
-def _rows(plan: BatchPlan, keep: npt.NDArray[np.bool_]) -> BatchPlan:
-    """The decode plan restricted to the kept rows (one query token each), for the commit."""
-    k = int(keep.sum())
-    indptr = np.arange(k + 1, dtype=np.int32)
-    return replace(
-        plan,
-        sequence_ids=plan.sequence_ids[keep],
-        input_ids=plan.input_ids[keep],
-        query_indptr=indptr,
-        positions=plan.positions[keep],
-        cached_lens=plan.cached_lens[keep],
-        total_lens=plan.total_lens[keep],
-        sample_rows=plan.sample_rows[keep],
-        prompt_logprob_rows=plan.prompt_logprob_rows[keep],
-        target_ids=plan.target_ids[keep],
-        draft_indptr=np.zeros(k + 1, dtype=np.int32),
-        prev_token_rows=plan.prev_token_rows[keep]
-        if plan.prev_token_rows.size
-        else plan.prev_token_rows,
-    )
-
-
-def _out_rows(out: ForwardOutput, keep: npt.NDArray[np.bool_]) -> ForwardOutput:
-    """A decode output (one token per row) restricted to the kept rows."""
-    k = int(keep.sum())
-
-    def pick(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else np.asarray(a)[keep]
-
-    return replace(
-        out,
-        token_ids=np.asarray(out.token_ids)[keep],
-        token_indptr=np.arange(k + 1, dtype=np.uint32),
-        logprobs=pick(out.logprobs),
-        top_ids=pick(out.top_ids),
-        top_logprobs=pick(out.top_logprobs),
-    )

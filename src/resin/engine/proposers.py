@@ -10,14 +10,14 @@
   recomputed.
 - `MtpProposer`: drafts the target runner computed itself in its last step with the
   checkpoint's multi-token-prediction layer (the reference `MtpRunner`, or a `CudaRunner`
-  with `RunnerOptions.mtp`): `runner.drafts[seq_id] = (num_tokens, tokens)`, the drafts that
-  follow a sequence of `num_tokens` tokens; a sequence that moved on since gets none.
+  with `RunnerOptions.mtp`), returned in its `ForwardOutput.draft_ids` and kept with the
+  request at commit (`Request.drafts`: the drafts that follow a sequence of `num_tokens`
+  tokens); a sequence that moved on since gets none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -103,21 +103,13 @@ class DraftModelProposer:
         self.engine.close()
 
 
-class DraftingRunner(Protocol):
-    @property
-    def drafts(self) -> Mapping[int, tuple[int, list[int]]]: ...
-
-
 class MtpProposer:
-    """Drafts a runner left from its last step (see module docstring)."""
-
-    def __init__(self, runner: DraftingRunner) -> None:
-        self.runner = runner
+    """Drafts the runner proposed at each request's last step (see module docstring)."""
 
     def propose(self, requests: Sequence[Request], limits: Sequence[int]) -> list[list[int]]:
         out: list[list[int]] = []
         for request, limit in zip(requests, limits, strict=True):
-            known = self.runner.drafts.get(request.id)
-            fits = known is not None and known[0] == request.num_tokens
-            out.append(known[1][:limit] if fits and known is not None else [])
+            num_tokens, drafts = request.drafts
+            fresh = num_tokens == request.num_tokens
+            out.append(list(drafts[:limit]) if fresh else [])
         return out

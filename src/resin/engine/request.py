@@ -34,15 +34,19 @@ class Request:
     latest admission).
     `take_result()` returns the generated ids once finished (raises `RuntimeError` before).
 
-    Engine side (written only inside `resin.engine`, each by one owner):
-    - `status`, `slot` (-1 unless admitted), `arrival` (submit order): the `Scheduler`'s;
-      its progress (tokens in the cache, outputs, in flight) is the `SlotStore`'s row `slot`;
-    - `num_tokens` (prompt + output), `token_array(end)`, `append_output(token)`: the sequence;
-    - `retries`: consecutive failed attempts (the `Transaction`'s);
+    Engine side (written only inside `resin.engine`, each by one owner;
+    `tests/test_ownership.py` holds the scheduler to it):
+    - its progress, the `Scheduler`'s alone: `output_token_ids`, `status`, `slot` (-1 unless
+      admitted), `arrival` (submit order), `cached_tokens`, `retries` (consecutive failed
+      attempts), `drafts` (what the runner proposed to follow it, `ForwardOutput.draft_ids`),
+      `finish_reason` / `error`; its committed / in-flight counts are the `SlotStore`'s row
+      `slot`, which the scheduler alone writes too. Other modules hand the scheduler results
+      (`Scheduler.commit`, `retried`, `drop`, ...);
+    - `num_tokens` (prompt + output), `token_array(end)`: the sequence, read-only;
     - `started` (its first `TokensEvent` was sent) and `prompt_lp` (prompt logprobs collected
-      so far; None unless asked for): the `Transaction`'s, reset by the scheduler on admission
-      until `started`;
-    - `times`: monotonic timestamps for metrics;
+      so far; None unless asked for): the events' bookkeeping, the `Transaction`'s (cleared by
+      the scheduler on admission until `started`);
+    - `times`: monotonic timestamps for metrics (the transaction's and the scheduler's);
     - `grammar` (its constraint's state, None without one) and `constrained` (has a grammar or
       a logit bias): the `ConstraintSet`'s.
     """
@@ -67,6 +71,9 @@ class Request:
         self.arrival = 0
         self.slot = -1
         self.retries = 0
+        self.drafts: tuple[int, tuple[int, ...]] = (0, ())
+        """(num_tokens, ids): drafts the runner proposed to follow the sequence once it had
+        `num_tokens` tokens (stale once it moved on; `MtpProposer`)."""
         self.started = False
         self.prompt_lp = PromptLogprobs() if params.prompt_logprobs is not None else None
         self.times = Times()
@@ -89,9 +96,6 @@ class Request:
     def num_tokens(self) -> int:
         """Known tokens: prompt + output."""
         return self._prompt.size + len(self.output_token_ids)
-
-    def append_output(self, token: int) -> None:
-        self.output_token_ids.append(token)
 
     def token_array(self, end: int) -> npt.NDArray[np.int32]:
         """Prompt + output as one array, valid at least up to `end` (rebuilt only as needed:

@@ -15,12 +15,14 @@ Policy (sticky continuous batching, phase-homogeneous steps):
   queue to recompute later. Victims are always the youngest, so the oldest keeps making
   progress, and the headroom rule keeps a retracted request out until it fits again: no thrash.
 
-Ownership: the scheduler is the one owner of the `CacheManager` and the `SlotStore`, and the one
-table of live requests. Every page operation goes through it: admission (`schedule`),
-`reserve` (a `ReservedCohort`: the cohort, its pages and its plan rows), `commit` (the cache
-takes the step, the slot store its progress), `rollback` / `abandon` (a failed step), `retract`
-and `drop` (a request leaves: its slot and pages are freed). Other engine modules never see
-the cache; they read facts from what it returns.
+Ownership: the scheduler is the one owner of the `CacheManager`, the `SlotStore` and every
+request's progress (its tokens, status, slot, retries, outcome), and the one table of live
+requests. Every page operation and every progress write goes through it: admission
+(`schedule`), `reserve` (a `ReservedCohort`: the cohort, its pages and its plan rows), `commit`
+(a validated step: the stop rule, the cache, the slot store and the requests take it),
+`launched` (an overlapped plan is in flight), `retried`, `rollback` / `abandon` (a failed
+step), `retract` and `drop` (a request leaves: its slot and pages are freed). Other engine
+modules never see the cache and hand the scheduler results (`tests/test_ownership.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -41,10 +44,25 @@ from resin.engine.engine_config import EngineConfig
 from resin.engine.media import chunk_end
 from resin.engine.request import Request, Status
 from resin.engine.slots import SlotStore
-from resin.plan import CacheGroupPlan, Phase
+from resin.events import FinishReason
+from resin.plan import BatchPlan, CacheGroupPlan, ForwardOutput, Phase
 from resin.protocols import CacheLayout
 
 I32 = npt.NDArray[np.int32]
+
+_OUTPUT = attrgetter("output_token_ids")
+_RETRIES = attrgetter("retries")
+
+
+class Committed(NamedTuple):
+    """What `Scheduler.commit` recorded, for the step's events: row i kept `kept[i]` tokens,
+    `tokens[offsets[i]:offsets[i] + kept[i]]` (`offsets` / `kept` None: one token per row,
+    token i); `ends`: {row: reason} for the rows that end (the caller finishes them)."""
+
+    tokens: list[int]
+    offsets: list[int] | None
+    kept: list[int] | None
+    ends: dict[int, FinishReason]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +150,7 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         """Register and queue a new request; its arrival order is what retraction ranks by."""
+        request.times.arrival = time.monotonic()
         request.arrival = self._arrivals
         self._arrivals += 1
         self.live[request.id] = request
@@ -139,6 +158,10 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
+
+    def hold(self, requests: Collection[Request]) -> None:
+        """Running requests the next decode cohort leaves out (`held`)."""
+        self.held = requests
 
     # -- the step decision ----------------------------------------------------------------
     def schedule(self) -> Cohort | None:
@@ -319,13 +342,21 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def drop(self, request: Request, cacheable: bool = True) -> None:
-        """The request ends (`Lifecycle.finish` is the one caller): out of the live table and
-        its queue, its slot and pages freed (`cacheable=False`: nothing enters the prefix
-        cache)."""
+    def drop(
+        self,
+        request: Request,
+        reason: FinishReason,
+        error: str | None = None,
+        cacheable: bool = True,
+    ) -> None:
+        """The request ends with `reason` (`Lifecycle.finish` is the one caller): out of the
+        live table and its queue, its slot and pages freed (`cacheable=False`: nothing enters
+        the prefix cache)."""
         self._free(request, cacheable)
         self.live.pop(request.id, None)
         request.status = Status.FINISHED
+        request.finish_reason = reason
+        request.error = error
 
     def _free(self, request: Request, cacheable: bool = True) -> None:
         if request.status is Status.PREFILL:
@@ -370,21 +401,80 @@ class Scheduler:
         self,
         requests: Sequence[Request],
         pages: PageReservation,
-        totals: I32,
+        plan: BatchPlan,
+        out: ForwardOutput,
         *,
-        trim: bool = False,
-    ) -> None:
-        """A validated step computed each row up to `totals`: the cache takes it (State rings
-        flip, a prefill's full pages enter the prefix cache, Windows slide) and the slot store
-        records the progress. `trim` (a verify step kept fewer positions than it reserved):
-        the pages wholly past `totals` go back first."""
-        if trim:
-            self.cache.trim(pages, totals)
-        tokens: list[I32] = []
+        landed: bool = False,
+    ) -> Committed:
+        """A validated step's results, row by row over the CSR output: a decode row is a
+        verify row with k = 0 drafts, a prefill row samples one token or none. The slot store
+        appends each row's tokens up to the first that ends it (the stop rule), the cache
+        takes the positions kept (pages wholly past them go back first: rejected drafts; State
+        rings flip, a prefill's full pages enter the prefix cache, Windows slide), each request
+        takes its tokens and the drafts proposed to follow them, and a prefill whose last
+        known token was computed decodes from now on. `landed`: an overlapped plan, whose rows
+        were counted in flight (`SlotStore.ahead`)."""
+        store, slots = self.slot_store, pages.slots
+        if landed:
+            store.landed(slots)
+        ids = np.asarray(out.token_ids).astype(np.int32)
+        toks: list[int] = ids.tolist()
+        single = plan.phase is Phase.DECODE and not plan.draft_ids.size
+        if single:  # k = 0 on every row: one token each, the whole batch at once
+            kept, ends = store.append(slots, ids)
+            totals = plan.total_lens
+        else:
+            counts = np.diff(np.asarray(out.token_indptr).astype(np.int64)).astype(np.int32)
+            kept, ends = store.append(slots, ids, counts)
+            assert kept is not None
+            # In the cache now: every query token up to the input of the row's next step.
+            short = np.where(plan.sample_rows, 1 + np.diff(plan.draft_indptr) - kept, 0)
+            totals = (plan.total_lens - short).astype(np.int32)
+            if short.any():
+                self.cache.trim(pages, totals)
+        keys: list[I32] = []
         if pages.prefill and self.config.prefix_cache:
-            tokens = [r.cache_keys(t) for r, t in zip(requests, totals.tolist(), strict=True)]
-        self.cache.commit(pages, totals, tokens)
-        self.slot_store.computed(pages.slots, totals)
+            keys = [r.cache_keys(t) for r, t in zip(requests, totals.tolist(), strict=True)]
+        self.cache.commit(pages, totals, keys)
+        store.computed(slots, totals)
+        if any(map(_RETRIES, requests)):
+            for r in requests:
+                r.retries = 0
+        if kept is None:
+            deque(map(list.append, map(_OUTPUT, requests), toks), maxlen=0)
+            offsets = kept_list = None
+        else:
+            offsets = (np.cumsum(counts) - counts).tolist()
+            kept_list = kept.tolist()
+            for r, lo, n in zip(requests, offsets, kept_list, strict=True):
+                if n:
+                    r.output_token_ids.extend(toks[lo : lo + n])
+        if out.draft_ids is not None and out.draft_indptr is not None:
+            self._take_drafts(requests, out.draft_ids, out.draft_indptr)
+        if plan.phase is Phase.PREFILL:
+            for i in np.flatnonzero(plan.sample_rows).tolist():
+                if i not in ends:
+                    self.prefill_done(requests[i])
+        return Committed(toks, offsets, kept_list, ends)
+
+    def _take_drafts(self, requests: Sequence[Request], ids: object, indptr: object) -> None:
+        """Each row's proposed drafts, following its sequence as committed."""
+        flat: list[int] = np.asarray(ids).astype(np.int64).tolist()
+        bounds: list[int] = np.asarray(indptr).astype(np.int64).tolist()
+        for i, r in enumerate(requests):
+            lo, hi = bounds[i], bounds[i + 1]
+            r.drafts = (r.num_tokens, tuple(flat[lo:hi]))
+
+    def retried(self, requests: Sequence[Request], max_retries: int) -> list[Request]:
+        """The requests' step was refused: each counts a failed attempt; returns those past
+        `max_retries` (they end; the others run again)."""
+        for r in requests:
+            r.retries += 1
+        return [r for r in requests if r.retries > max_retries]
+
+    def launched(self, slots: I32) -> None:
+        """An overlapped plan of these slots was submitted (one more token each in flight)."""
+        self.slot_store.launched(slots)
 
     def rollback(self, pages: PageReservation) -> None:
         """A step the runner never had: return exactly what `reserve` took."""

@@ -9,12 +9,14 @@ the stop rule is vectorized over the step's sampled rows. This is the only place
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
-from resin.engine.penalties import OFF, CountResets, penalty_values, with_penalties
+from resin.engine.penalties import CountResets, with_penalties
 from resin.events import FinishReason
-from resin.params import GREEDY_TEMPERATURE, SamplingParams
+from resin.params import KNOBS, Column, SamplingParams
 from resin.plan import SamplingArrays
 
 I32 = npt.NDArray[np.int32]
@@ -22,6 +24,12 @@ I32 = npt.NDArray[np.int32]
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
 _EMPTY_I32.flags.writeable = False
 _NEVER = 2**31 - 1
+
+COLUMNS: dict[str, Column] = {
+    name: knob.column for name, knob in KNOBS.items() if knob.column is not None
+}
+"""The per-slot sampling columns: the `SamplingParams` fields whose `Knob` has one."""
+PENALTY_COLUMNS = tuple(name for name, column in COLUMNS.items() if column.penalty)
 
 
 class SlotStore:
@@ -36,13 +44,14 @@ class SlotStore:
     def __init__(self, max_sequences: int, context_length: int) -> None:
         self.context_length = context_length
         self.last_token = np.zeros(max_sequences, dtype=np.int32)
-        self.temperature = np.ones(max_sequences, dtype=np.float32)
-        self.top_p = np.ones(max_sequences, dtype=np.float32)
-        self.top_k = np.zeros(max_sequences, dtype=np.int32)
-        self.min_p = np.zeros(max_sequences, dtype=np.float32)
-        self.seed = np.full(max_sequences, -1, dtype=np.int64)
-        self.logprobs = np.full(max_sequences, -1, dtype=np.int32)
-        self.penalties = np.tile(np.array(OFF, dtype=np.float32), (max_sequences, 1))
+        defaults = SamplingParams()
+        self.columns = {
+            name: np.full(max_sequences, c.encode(getattr(defaults, name)), dtype=c.dtype)
+            for name, c in COLUMNS.items()
+        }
+        """`COLUMNS` by name: row s holds `encode(value)` of the request in slot s."""
+        self._plain = tuple((n, a) for n, a in self.columns.items() if not COLUMNS[n].penalty)
+        self._penalty = {n: self.columns[n] for n in PENALTY_COLUMNS}
         self.penalized = np.zeros(max_sequences, dtype=np.bool_)
         self.num_output = np.zeros(max_sequences, dtype=np.int32)
         self.num_computed = np.zeros(max_sequences, dtype=np.int32)
@@ -78,13 +87,9 @@ class SlotStore:
         self.stop_ok_from[s] = _NEVER if p.ignore_stop_tokens else p.min_output_tokens
         self.stops[s] = frozenset(p.stop_token_ids)
         self.has_stops[s] = bool(p.stop_token_ids)
-        self.temperature[s] = 0.0 if p.temperature < GREEDY_TEMPERATURE else p.temperature
-        self.top_p[s] = p.top_p
-        self.top_k[s] = p.top_k
-        self.min_p[s] = p.min_p
-        self.seed[s] = -1 if p.seed is None else p.seed
-        self.logprobs[s] = -1 if p.logprobs is None else p.logprobs
-        self.penalties[s], self.penalized[s] = penalty_values(p), p.penalized
+        for name, c in COLUMNS.items():
+            self.columns[name][s] = c.encode(getattr(p, name))
+        self.penalized[s] = p.penalized
         self.num_output[s] = len(outputs)
         self.num_computed[s] = num_computed
         self.ahead[s] = 0
@@ -113,48 +118,34 @@ class SlotStore:
     def sampling(
         self, slots: I32, prompt_k: I32 | None = None, resets: CountResets | None = None
     ) -> SamplingArrays:
+        gathered: dict[str, Any] = {
+            n: self.columns[n][slots] for n, c in COLUMNS.items() if not c.penalty
+        }
         arrays = SamplingArrays(
-            temperature=self.temperature[slots],
-            top_p=self.top_p[slots],
-            top_k=self.top_k[slots],
-            min_p=self.min_p[slots],
-            seed=self.seed[slots],
+            **gathered,
             output_index=self.num_output[slots] + self.ahead[slots],
-            logprobs=self.logprobs[slots],
             prompt_logprobs=_EMPTY_I32 if prompt_k is None else prompt_k,
         )
-        return with_penalties(arrays, self.penalties[slots], slots, self.penalized[slots], resets)
+        return with_penalties(arrays, self._penalty, slots, self.penalized[slots], resets)
 
     def computed(self, slots: I32, totals: I32) -> None:
         """A step committed: positions < `totals` are in the cache."""
         self.num_computed[slots] = totals
 
-    def append(self, slots: I32, ids: I32) -> dict[int, FinishReason]:
-        """Record one sampled token per slot; return {row: reason} for the rows it ends.
-
-        A stop token (when allowed) wins over `length`; a row in neither goes on."""
-        self.last_token[slots] = ids
-        n_out = self.num_output[slots] + 1
-        self.num_output[slots] = n_out
-        ends: dict[int, FinishReason] = {}
-        length = n_out >= self.limit[slots]
-        if length.any():
-            ends = dict.fromkeys(np.flatnonzero(length).tolist(), FinishReason.LENGTH)
-        stoppable = self.has_stops[slots]
-        if stoppable.any():  # most steps: no row has stop tokens, or none is past its minimum
-            maybe = np.flatnonzero(stoppable & (n_out >= self.stop_ok_from[slots]))
-            for k in maybe.tolist():
-                if int(ids[k]) in self.stops[int(slots[k])]:
-                    ends[k] = FinishReason.STOP
-        return ends
-
-    def append_rows(self, slots: I32, counts: I32, ids: I32) -> tuple[I32, dict[int, FinishReason]]:
-        """Record `counts[i]` tokens per slot (flat `ids`, a speculative step's accepted drafts
-        plus one); return (kept [B], {row: reason}) for the rows that end.
+    def append(
+        self, slots: I32, ids: I32, counts: I32 | None = None
+    ) -> tuple[I32 | None, dict[int, FinishReason]]:
+        """Record `counts[i]` tokens for slot i (flat `ids`: a prefill row's one sampled token
+        or none, a verify row's accepted drafts plus one); return (kept [B], {row: reason})
+        for the rows that end. `counts=None` is the one-token-per-row step (decode with no
+        drafts: kept is None, every token is kept), done over the batch without a Python loop
+        per row except for rows with stop tokens past their minimum.
 
         A row keeps its tokens up to the first that ends it, exactly where one-token steps
         would have stopped: a stop token (when allowed) wins over `length` at the same token;
         tokens after the end are dropped."""
+        if counts is None:
+            return None, self._append_one(slots, ids)
         b = slots.size
         first = np.cumsum(counts) - counts
         j = np.arange(ids.size, dtype=np.int32) - np.repeat(first, counts).astype(np.int32)
@@ -174,6 +165,23 @@ class SlotStore:
         for i in np.flatnonzero(ended).tolist():
             k = int(first[i] + end_at[i])
             ends[i] = FinishReason.STOP if stop[k] else FinishReason.LENGTH
-        self.last_token[slots] = ids[first + kept - 1]
+        some = kept > 0
+        self.last_token[slots[some]] = ids[(first + kept - 1)[some]]
         self.num_output[slots] += kept
         return kept, ends
+
+    def _append_one(self, slots: I32, ids: I32) -> dict[int, FinishReason]:
+        self.last_token[slots] = ids
+        n_out = self.num_output[slots] + 1
+        self.num_output[slots] = n_out
+        ends: dict[int, FinishReason] = {}
+        length = n_out >= self.limit[slots]
+        if length.any():
+            ends = dict.fromkeys(np.flatnonzero(length).tolist(), FinishReason.LENGTH)
+        stoppable = self.has_stops[slots]
+        if stoppable.any():  # most steps: no row has stop tokens, or none is past its minimum
+            maybe = np.flatnonzero(stoppable & (n_out >= self.stop_ok_from[slots]))
+            for k in maybe.tolist():
+                if int(ids[k]) in self.stops[int(slots[k])]:
+                    ends[k] = FinishReason.STOP
+        return ends

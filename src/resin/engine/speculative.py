@@ -5,33 +5,29 @@ A decode step with speculation is still one transaction. Before reserving, `Spec
 asks the `Proposer` for up to k drafts per eligible row (not constrained; room left under
 `max_output_tokens`, the step's token budget and the free pages) and grows the cohort's totals
 to `cached + 1 + k`, so pages and append slots are reserved for every draft like any query
-token. The runner returns 1..k+1 tokens per row; `commit_drafts` appends them through the
-`SlotStore` stop rule (a stop token or the length limit inside the accepted run cuts it where
-one-token steps would have) and commits only the kept positions through the scheduler, which
-first returns the pages past them (`Scheduler.commit(trim=True)`), so the prefix cache never
-sees a rejected draft.
+token. The runner returns 1..k+1 tokens per row, and the step commits like any other
+(`Transaction.commit` -> `Scheduler.commit`, the one commit: a decode row is a verify row with
+k = 0): the `SlotStore` stop rule cuts a row where one-token steps would have (a stop token or
+the length limit inside the accepted run), and only the kept positions enter the cache, the
+pages past them going back first, so the prefix cache never sees a rejected draft.
 A failed or refused verify step rolls back or quarantines like any other step.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from resin.cache.manager import PageReservation
-from resin.engine.outputs import token_logprobs
 from resin.engine.request import Request
 from resin.engine.scheduler import Cohort, ReservedCohort, Scheduler
 from resin.engine.slots import SlotStore
-from resin.events import Event, FinishedEvent, FinishReason, TokensEvent
 from resin.metrics.collector import MetricsCollector
-from resin.plan import BatchPlan, ForwardOutput, Phase
+from resin.plan import BatchPlan, Phase
 from resin.protocols import RunnerConfig
 
 I32 = npt.NDArray[np.int32]
@@ -191,57 +187,3 @@ def check_runner(rc: RunnerConfig, num_draft_tokens: int) -> None:
             "speculative decoding is not supported for runners with State cache groups "
             "(recurrent state would need a checkpoint after every draft token to roll back)"
         )
-
-
-def commit_drafts(
-    plan: BatchPlan,
-    out: ForwardOutput,
-    requests: tuple[Request, ...],
-    reservation: PageReservation,
-    events: list[Event],
-    scheduler: Scheduler,
-    finish: Callable[[Request, FinishReason], FinishedEvent],
-    collector: MetricsCollector | None,
-) -> tuple[int, list[float]]:
-    """Commit a validated verify step; returns (tokens generated, inter-token gaps)."""
-    indptr = np.asarray(out.token_indptr).astype(np.int64)
-    counts = np.diff(indptr).astype(np.int32)
-    ids = np.asarray(out.token_ids).astype(np.int32)
-    kept, ends = scheduler.slot_store.append_rows(reservation.slots, counts, ids)
-    # In the cache now: the input token and every kept token but the last (the next input).
-    totals = (plan.cached_lens + kept).astype(np.int32)
-    scheduler.commit(requests, reservation, totals, trim=True)
-    now = time.monotonic()
-    gaps: list[float] = []
-    for i, r in enumerate(requests):
-        r.retries = 0
-        lo, n = int(indptr[i]), int(kept[i])
-        toks = ids[lo : lo + n].tolist()
-        for tok in toks:
-            r.append_output(tok)
-        gaps.extend([(now - r.times.last_token) / n] * n)  # the step's gap, spread evenly
-        r.times.last_token = now
-        events.append(_event(r, toks, out, lo))
-        reason = ends.get(i)
-        if reason is not None:
-            events.append(finish(r, reason))
-    if collector is not None:
-        drafts = np.diff(plan.draft_indptr)
-        accepted = (counts - 1)[drafts > 0]
-        with collector.lock:
-            collector.spec_drafts += int(accepted.size)
-            collector.spec_draft_tokens += int(drafts.sum())
-            collector.spec_accepted_tokens += int(accepted.sum())
-            collector.acceptance.observe_many(accepted.astype(np.float64))
-    return int(kept.sum()), gaps
-
-
-def _event(r: Request, toks: list[int], out: ForwardOutput, lo: int) -> TokensEvent:
-    lps = tops = None
-    want = r.sampling_params.logprobs
-    if want is not None and out.logprobs is not None:
-        pairs = [token_logprobs(out, lo + j, want) for j in range(len(toks))]
-        lps = tuple(p[0][0] for p in pairs)
-        if want > 0 and all(p[1] is not None for p in pairs):
-            tops = tuple(p[1][0] for p in pairs if p[1] is not None)
-    return TokensEvent(r.id, tuple(toks), lps, tops, cached_tokens=r.cached_tokens)

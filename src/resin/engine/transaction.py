@@ -20,35 +20,33 @@ import enum
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from itertools import repeat
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from resin.cache.manager import PageReservation
+from resin.engine.constraints import ConstraintSet
 from resin.engine.outputs import collect_prompt_logprobs, token_logprobs
 from resin.engine.request import Request
-from resin.engine.scheduler import Scheduler
-from resin.engine.speculative import commit_drafts
+from resin.engine.scheduler import Committed, Scheduler
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
-from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent
+from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
 from resin.metrics.collector import MetricsCollector
-from resin.plan import BatchPlan, ForwardOutput, Phase
+from resin.plan import BatchPlan, ForwardOutput
 from resin.protocols import AsyncRunner, Runner
 
 I32 = npt.NDArray[np.int32]
 
 _ID = attrgetter("id")
 _CACHED = attrgetter("cached_tokens")
-_OUTPUT = attrgetter("output_token_ids")
 _TIMES = attrgetter("times")
 _LAST = attrgetter("times.last_token")
 _STARTED = attrgetter("started")
-_RETRIES = attrgetter("retries")
 _EVENT_FIELDS = (
     "request_id",
     "token_ids",
@@ -93,6 +91,10 @@ class OutcomeSink(Protocol):
     ) -> FinishedEvent: ...
 
     def die(self, message: str, events: list[Event]) -> None: ...
+
+    def finish_constrained(
+        self, request: Request, reason: FinishReason, error: str | None
+    ) -> FinishedEvent: ...
 
 
 class Verdict(enum.Enum):
@@ -151,10 +153,12 @@ class Transaction:
         max_retries: int,
         vocab_size: int | None,
         collector: MetricsCollector | None,
+        constraints: ConstraintSet | None = None,
     ) -> None:
         self._runner = runner
         self._scheduler = scheduler
-        self._slot_store = scheduler.slot_store
+        self._constraints = constraints
+        """Whose grammars take each landed step's tokens (`ConstraintSet.advance`)."""
         self._sink = sink
         self._max_retries = max_retries
         self._vocab_size = vocab_size
@@ -170,18 +174,42 @@ class Transaction:
         reservation: PageReservation,
         events: list[Event],
     ) -> None:
-        """The synchronous step: run the plan, then commit it or apply the failure policy."""
-        out = self._run(plan)
-        failure: StepFailure | None
-        if isinstance(out, StepFailure):
-            failure = out
-        else:
-            failure = self.check(plan, out)
-            if failure is None:
-                self.commit(plan, out, requests, reservation, events)
-                return
-        self.undo(reservation, failure)
-        self.fail(failure, requests, events)
+        """The synchronous step: run the plan, then land it (`settle`)."""
+        self.settle(plan, self._run(plan), requests, reservation, events)
+
+    def settle(
+        self,
+        plan: BatchPlan,
+        result: ForwardOutput | StepFailure,
+        requests: tuple[Request, ...],
+        reservation: PageReservation,
+        events: list[Event],
+        keep: npt.NDArray[np.bool_] | None = None,
+    ) -> StepFailure | None:
+        """The one landing of a step, synchronous or overlapped: validate the output, commit
+        it or apply the failure policy, then the step's grammars take what was committed
+        (or learn that nothing was). `keep` (overlap): the rows whose request is still the
+        one the plan was built for (None: a synchronous step, every row). Returns the
+        failure, if any."""
+        failure = result if isinstance(result, StepFailure) else self.check(plan, result)
+        if failure is not None:
+            self.undo(reservation, failure)
+            live = requests
+            if keep is not None:
+                live = tuple(r for r, k in zip(requests, keep.tolist(), strict=True) if k)
+            self.fail(failure, live, events)
+        elif isinstance(result, ForwardOutput):
+            if keep is None or keep.all():
+                self.commit(plan, result, requests, reservation, events, landed=keep is not None)
+            elif keep.any():
+                rows = tuple(requests[i] for i in np.flatnonzero(keep).tolist())
+                part = reservation.rows(keep)
+                self.commit(rows_of(plan, keep), out_rows(result, keep), rows, part, events,
+                            landed=True)  # fmt: skip
+        c = self._constraints
+        if c is not None and c.hooked:
+            c.advance(requests, events, self._sink.finish_constrained)
+        return failure
 
     def _run(self, plan: BatchPlan) -> ForwardOutput | StepFailure:
         runner = self._runner
@@ -233,11 +261,8 @@ class Transaction:
             self._quarantine(requests, failure.message, events)
 
     def _retry(self, requests: tuple[Request, ...], message: str, events: list[Event]) -> None:
-        again: list[Request] = []
-        failed: list[Request] = []
-        for r in requests:
-            r.retries += 1
-            (failed if r.retries > self._max_retries else again).append(r)
+        failed = self._scheduler.retried(requests, self._max_retries)
+        again = [r for r in requests if r not in failed]
         if again:
             events.append(ErrorEvent(message, tuple(r.id for r in again), retryable=True))
         if failed:
@@ -259,96 +284,70 @@ class Transaction:
         requests: tuple[Request, ...],
         reservation: PageReservation,
         events: list[Event],
+        *,
+        landed: bool = False,
     ) -> None:
-        """The step is valid: the cache and slot store take it, then tokens, events, metrics."""
-        if plan.draft_ids.size:  # a verify step (engine/speculative.py)
-            finish, collector = self._sink.finish, self._collector
-            generated, itl = commit_drafts(
-                plan, out, requests, reservation, events, self._scheduler, finish, collector
-            )
-            if self._collector is not None:
-                self._record(plan, out, _StepStats(generated, itl=itl))
-            return
-        totals = plan.total_lens
-        prefill = plan.phase is Phase.PREFILL
-        self._scheduler.commit(requests, reservation, totals)
-        ids = np.asarray(out.token_ids).astype(np.int32)
-        slots = reservation.slots
-        ends = self._slot_store.append(slots[plan.sample_rows] if prefill else slots, ids)
-        stats = self._append(plan, out, requests, ids, ends, events)
+        """The step is valid: the scheduler records it row by row (`Scheduler.commit`: the
+        stop rule, the cache, the slot store, the requests' tokens), then each row's events,
+        then the metrics. A decode row is a verify row with k = 0 drafts; a step of those
+        whose events carry no logprobs takes the batch-wide path (`_decode_events`), the
+        common step at hundreds of rows. `landed`: an overlapped plan."""
+        done = self._scheduler.commit(requests, reservation, plan, out, landed=landed)
+        now = time.monotonic()
+        plain = out.logprobs is None and not plan.prompt_logprob_rows.any()
+        if done.kept is None and plain and all(map(_STARTED, requests)):
+            stats = self._decode_events(requests, done, now, events)
+        else:
+            stats = self._events(plan, out, requests, done, now, events)
         if self._collector is not None:
             self._record(plan, out, stats)
 
-    def _append(
+    def _events(
         self,
         plan: BatchPlan,
         out: ForwardOutput,
         requests: tuple[Request, ...],
-        ids: I32,
-        ends: dict[int, FinishReason],
-        events: list[Event],
-    ) -> _StepStats:
-        """Append each sampled token to its request, emit its event, end or advance it."""
-        decode = plan.phase is Phase.DECODE
-        sample = plan.sample_rows
-        toks = ids.tolist()
-        now = time.monotonic()
-        plain = out.logprobs is None and not plan.prompt_logprob_rows.any()
-        if decode and plain and all(map(_STARTED, requests)):
-            return self._append_decode(requests, toks, ends, now, events)
-        stats = _StepStats()
-        k = 0
-        for i, r in enumerate(requests):
-            r.retries = 0
-            if not decode:
-                if plan.prompt_logprob_rows[i] and r.prompt_lp is not None:
-                    k_top = r.sampling_params.prompt_logprobs or 0
-                    collect_prompt_logprobs(r.prompt_lp, k_top, plan, out, i)
-                if not sample[i]:
-                    continue
-            tok = toks[k]
-            r.append_output(tok)
-            times = r.times
-            if plain and r.started:
-                events.append(TokensEvent(r.id, (tok,), None, None, None, None, r.cached_tokens))
-                stats.itl.append(now - times.last_token)
-            else:
-                if times.first_token == 0.0:
-                    times.first_token = now
-                    stats.first_prompt += r.num_prompt_tokens
-                    stats.ttft.append(now - times.arrival)
-                else:
-                    stats.itl.append(now - times.last_token)
-                events.append(self._tokens_event(r, tok, out, k))
-            times.last_token = now
-            reason = ends.get(k)
-            if reason is not None:
-                events.append(self._sink.finish(r, reason))
-            elif not decode:
-                self._scheduler.prefill_done(r)
-            k += 1
-        stats.generated = k
-        return stats
-
-    def _append_decode(
-        self,
-        requests: tuple[Request, ...],
-        toks: list[int],
-        ends: dict[int, FinishReason],
+        done: Committed,
         now: float,
         events: list[Event],
     ) -> _StepStats:
-        """`_append` for a decode step of started requests without logprobs (the common
-        step), over the whole batch at once: the same appends, events (in the same order) and
-        statistics, with no Python loop per row except the requests that end."""
-        if any(map(_RETRIES, requests)):
-            for r in requests:
-                r.retries = 0
-        deque(map(list.append, map(_OUTPUT, requests), toks), maxlen=0)
+        """Row by row: prompt logprobs collected, one `TokensEvent` per row with tokens (its
+        first carries the prompt logprobs), the request's `FinishedEvent` right after it."""
+        stats = _StepStats()
+        toks, offsets, kept = done.tokens, done.offsets, done.kept
+        for i, r in enumerate(requests):
+            if plan.prompt_logprob_rows[i] and r.prompt_lp is not None:
+                k_top = r.sampling_params.prompt_logprobs or 0
+                collect_prompt_logprobs(r.prompt_lp, k_top, plan, out, i)
+            lo, n = (i, 1) if offsets is None or kept is None else (offsets[i], kept[i])
+            if not n:
+                continue
+            times = r.times
+            if times.first_token == 0.0:
+                times.first_token = now
+                stats.first_prompt += r.num_prompt_tokens
+                stats.ttft.append(now - times.arrival)
+            else:  # the step's gap, spread evenly over its tokens
+                stats.itl.extend([(now - times.last_token) / n] * n)
+            times.last_token = now
+            stats.generated += n
+            events.append(self._tokens_event(r, toks[lo : lo + n], out, lo))
+            reason = done.ends.get(i)
+            if reason is not None:
+                events.append(self._sink.finish(r, reason))
+        return stats
+
+    def _decode_events(
+        self, requests: tuple[Request, ...], done: Committed, now: float, events: list[Event]
+    ) -> _StepStats:
+        """`_events` for one token per started row without logprobs, over the whole batch at
+        once: the same events (in the same order) and statistics, with no Python loop per row
+        except the requests that end."""
         n = len(requests)
-        tokens = token_events(map(_ID, requests), toks, map(_CACHED, requests), n)
+        tokens = token_events(map(_ID, requests), done.tokens, map(_CACHED, requests), n)
         itl = (now - np.fromiter(map(_LAST, requests), np.float64, n)).tolist()
         deque(map(setattr, map(_TIMES, requests), repeat("last_token"), repeat(now)), maxlen=0)
+        ends = done.ends
         if not ends:
             events.extend(tokens)
         else:  # each FinishedEvent right after its request's TokensEvent
@@ -374,17 +373,88 @@ class Transaction:
                 c.ttft.observe_many(np.asarray(stats.ttft))
             if out.observations:
                 c.observe_runner(out.observations)
+            if plan.draft_ids.size:  # a verify step: how many drafts each drafted row kept
+                drafts = np.diff(plan.draft_indptr)
+                returned = np.diff(np.asarray(out.token_indptr).astype(np.int64))
+                accepted = (returned - 1)[drafts > 0]
+                c.spec_drafts += int(accepted.size)
+                c.spec_draft_tokens += int(drafts.sum())
+                c.spec_accepted_tokens += int(accepted.sum())
+                c.acceptance.observe_many(accepted.astype(np.float64))
 
-    def _tokens_event(self, r: Request, tok: int, out: ForwardOutput, k: int) -> TokensEvent:
+    def _tokens_event(
+        self, r: Request, toks: list[int], out: ForwardOutput, lo: int
+    ) -> TokensEvent:
+        """Row tokens `toks` (flat output index `lo` on) as the request's event; its first
+        event carries the prompt logprobs."""
         lps = tops = None
         want = r.sampling_params.logprobs
         if want is not None and out.logprobs is not None:
-            lps, tops = token_logprobs(out, k, want)
+            lps, tops = _logprobs(out, lo, len(toks), want)
         if r.started:
-            return TokensEvent(r.id, (tok,), lps, tops, cached_tokens=r.cached_tokens)
+            return TokensEvent(r.id, tuple(toks), lps, tops, cached_tokens=r.cached_tokens)
         r.started = True
         plp = ptop = None
         if r.prompt_lp is not None:
             plp = tuple(r.prompt_lp.values)
             ptop = tuple(r.prompt_lp.top) if r.prompt_lp.top else None
-        return TokensEvent(r.id, (tok,), lps, tops, plp, ptop, r.cached_tokens)
+        return TokensEvent(r.id, tuple(toks), lps, tops, plp, ptop, r.cached_tokens)
+
+
+def _logprobs(
+    out: ForwardOutput, lo: int, n: int, want: int
+) -> tuple[tuple[float, ...], tuple[tuple[TopLogprob, ...], ...] | None]:
+    """The logprobs (and top-`want` alternatives) of output tokens `lo .. lo + n - 1`."""
+    if n == 1:
+        return token_logprobs(out, lo, want)
+    pairs = [token_logprobs(out, lo + j, want) for j in range(n)]
+    lps = tuple(p[0][0] for p in pairs)
+    tops = [p[1][0] for p in pairs if p[1] is not None]
+    return lps, tuple(tops) if want > 0 and len(tops) == n else None
+
+
+def rows_of(plan: BatchPlan, keep: npt.NDArray[np.bool_]) -> BatchPlan:
+    """A decode plan (one query token a row) restricted to the kept rows, for the commit."""
+    k = int(keep.sum())
+    indptr = np.arange(k + 1, dtype=np.int32)
+    return replace(
+        plan,
+        sequence_ids=plan.sequence_ids[keep],
+        input_ids=plan.input_ids[keep],
+        query_indptr=indptr,
+        positions=plan.positions[keep],
+        cached_lens=plan.cached_lens[keep],
+        total_lens=plan.total_lens[keep],
+        sample_rows=plan.sample_rows[keep],
+        prompt_logprob_rows=plan.prompt_logprob_rows[keep],
+        target_ids=plan.target_ids[keep],
+        draft_indptr=np.zeros(k + 1, dtype=np.int32),
+        prev_token_rows=plan.prev_token_rows[keep]
+        if plan.prev_token_rows.size
+        else plan.prev_token_rows,
+    )
+
+
+def out_rows(out: ForwardOutput, keep: npt.NDArray[np.bool_]) -> ForwardOutput:
+    """A decode output (one token a row) restricted to the kept rows, proposed drafts too."""
+    k = int(keep.sum())
+
+    def pick(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.asarray(a)[keep]
+
+    drafts: dict[str, Any] = {}
+    if out.draft_ids is not None and out.draft_indptr is not None:
+        indptr = np.asarray(out.draft_indptr).astype(np.int64)
+        per_row = np.diff(indptr)[keep]
+        take = np.repeat(keep, np.diff(indptr))
+        drafts["draft_ids"] = np.asarray(out.draft_ids)[take]
+        drafts["draft_indptr"] = np.concatenate(([0], np.cumsum(per_row))).astype(np.int32)
+    return replace(
+        out,
+        token_ids=np.asarray(out.token_ids)[keep],
+        token_indptr=np.arange(k + 1, dtype=np.uint32),
+        logprobs=pick(out.logprobs),
+        top_ids=pick(out.top_ids),
+        top_logprobs=pick(out.top_logprobs),
+        **drafts,
+    )

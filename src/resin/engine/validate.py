@@ -7,6 +7,7 @@ goes on. Nothing here mutates engine state.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from resin.plan import BatchPlan, ForwardOutput
 
@@ -44,10 +45,38 @@ def validate_output(plan: BatchPlan, out: ForwardOutput, vocab_size: int | None)
             return (
                 f"top logprobs were asked for: expected top_ids/top_logprobs of shape ({n}, >={k})"
             )
+    drafted = _check_drafts(out, counts, vocab_size)
+    if drafted is not None:
+        return drafted
     if plan.prompt_logprob_rows.any():
         t = plan.num_tokens
         if out.prompt_logprobs is None or np.asarray(out.prompt_logprobs).shape != (t,):
             return f"prompt logprobs were asked for: expected prompt_logprobs of shape ({t},)"
+    return None
+
+
+def _check_drafts(
+    out: ForwardOutput, counts: npt.NDArray[np.int64], vocab_size: int | None
+) -> str | None:
+    """`draft_ids` / `draft_indptr`: both or neither, CSR over the rows, ids in range, none on
+    a row that returned no token."""
+    if out.draft_ids is None and out.draft_indptr is None:
+        return None
+    if out.draft_ids is None or out.draft_indptr is None:
+        return "draft_ids and draft_indptr come together"
+    ids, indptr = np.asarray(out.draft_ids), np.asarray(out.draft_indptr)
+    if ids.ndim != 1 or indptr.shape != (counts.size + 1,):
+        return f"draft_ids must be [D] and draft_indptr [{counts.size + 1}]"
+    if not (np.issubdtype(ids.dtype, np.integer) and np.issubdtype(indptr.dtype, np.integer)):
+        return "draft_ids / draft_indptr must be integer arrays"
+    per_row = np.diff(indptr.astype(np.int64))
+    if indptr[0] != 0 or int(indptr[-1]) != ids.size or (per_row < 0).any():
+        return "draft_indptr must start at 0, be non-decreasing and end at len(draft_ids)"
+    if ((per_row > 0) & (counts == 0)).any():
+        return "a row that returned no token proposed drafts"
+    top = vocab_size if vocab_size is not None else np.iinfo(np.int64).max
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= top):
+        return f"draft id out of range [0, {vocab_size})"
     return None
 
 

@@ -26,7 +26,7 @@ from resin.server.errors import ApiError
 from resin.server.items import Item, Items
 from resin.server.media import anthropic_blocks
 from resin.server.schemas_anthropic import Block, CountTokensRequest, MessagesRequest
-from resin.server.service import Sampling, Service
+from resin.server.service import Service
 from resin.server.structured import anthropic_format
 from resin.server.text import parts_text
 from resin.server.tool_choice import anthropic_choice
@@ -134,7 +134,7 @@ def setup(body: MessagesRequest) -> ChatSetup:
         anthropic_choice(tc.type, tc.name, tools) if tc else None,
         None if body.thinking is None else body.thinking.type != "disabled",
         body.max_tokens,
-        Sampling(body.temperature, body.top_p, body.top_k),
+        {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k},
         anthropic_format(output_format(body)),
         continue_final=ends_with_prefill(messages),
     )

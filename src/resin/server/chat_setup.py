@@ -32,7 +32,7 @@ class ChatSetup:
     tool_choice: ToolChoice | None = None
     thinking: bool | None = None
     max_tokens: int | None = None
-    sampling: Sampling = field(default_factory=Sampling)
+    sampling: Sampling = field(default_factory=dict)
     structured: Structured = NONE
     logit_bias: Mapping[Any, Any] | None = None
     continue_final: bool = False  # the model continues the last (assistant) message

@@ -83,21 +83,8 @@ def tools_of(body: ChatCompletionRequest) -> list[ToolDef]:
 def sampling_of(
     body: SamplingFields, logprobs: int | None, prompt_logprobs: int | None = None
 ) -> Sampling:
-    """The sampling fields chat and completions share."""
-    return Sampling(
-        body.temperature,
-        body.top_p,
-        body.top_k,
-        body.min_p,
-        body.seed,
-        logprobs,
-        body.min_tokens,
-        body.ignore_eos,
-        prompt_logprobs,
-        body.presence_penalty,
-        body.frequency_penalty,
-        body.repetition_penalty,
-    )
+    """The sampling fields chat and completions share, with the route's logprobs."""
+    return {**body.sampling(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
 
 
 def setup(body: ChatCompletionRequest) -> ChatSetup:

@@ -78,7 +78,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         prompts = await tokenized(svc, body.prompts)
         structured = openai_fields(body)
         sampling = sampling_of(body, body.logprobs, body.logprobs if body.echo else None)
-        eos = () if body.ignore_eos else svc.tokenizer.eos_token_ids
+        eos = () if sampling["ignore_eos"] else svc.tokenizer.eos_token_ids
         max_tokens = None if body.max_tokens is None else max(1, body.max_tokens)
         runs = []
         for ids in prompts:

@@ -31,7 +31,7 @@ from resin.server.responses_input import (
     to_messages,
     tools_of,
 )
-from resin.server.service import Sampling, Service
+from resin.server.service import Service
 from resin.server.structured import responses_format
 from resin.server.tool_choice import openai_choice
 from resin.server.unsupported import RESPONSES, refuse_unsupported
@@ -112,7 +112,7 @@ def setup(body: ResponsesRequest) -> ChatSetup:
         openai_choice(body.tool_choice, tools),
         None if effort is None else effort not in ("none", "minimal"),
         body.max_output_tokens,
-        Sampling(body.temperature, body.top_p),
+        {"temperature": body.temperature, "top_p": body.top_p},
         responses_format(body.text),
     )
 

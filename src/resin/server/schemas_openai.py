@@ -4,9 +4,11 @@ send fields of other servers); known ones the server does not implement are refu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from resin.params import FIELD_TYPES, KNOBS
 
 MAX_N = 16
 MAX_MESSAGES = 2048  # messages / input items, counted while parsing (before any conversion)
@@ -71,29 +73,45 @@ class StreamOptions(Loose):
     include_usage: bool = False
 
 
-class SamplingFields(Loose):
-    """Fields shared by chat and completions."""
+class BodyFields(Loose):
+    """Fields shared by chat and completions, sampling aside."""
 
     model: str | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=100)
-    """vLLM's (over prompt and output); the other two are OpenAI's (over the output)."""
-    seed: int | None = Field(None, ge=0, lt=2**63)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES)
     response_format: dict[str, Any] | None = None
     """Also read (vLLM): structured_outputs, guided_json/regex/choice/grammar (extras)."""
+
+
+SAMPLING_FIELDS = tuple(k.public_name for k in KNOBS.values() if k.http is not None)
+"""The sampling fields of OpenAI bodies: each `SamplingParams` field whose `Knob.http` gives
+its bounds, by its public name, optional (None takes the checkpoint's or server's default)."""
+
+if TYPE_CHECKING:  # the fields are built from `KNOBS`; code reads them through `sampling()`
+    _WithSampling = BodyFields
+else:
+    _WithSampling = create_model(
+        "_WithSampling",
+        __base__=BodyFields,
+        __module__=__name__,
+        **{
+            k.public_name: (FIELD_TYPES[k.name] | None, Field(None, **k.http))
+            for k in KNOBS.values()
+            if k.http is not None
+        },
+    )
+
+
+class SamplingFields(_WithSampling):
+    """Fields shared by chat and completions: `BodyFields` and `SAMPLING_FIELDS`."""
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling fields sent, by public name (None: omitted)."""
+        return {name: getattr(self, name) for name in SAMPLING_FIELDS}
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

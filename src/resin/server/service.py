@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,7 +26,7 @@ from resin.frontend.intake import Generations, Ticket
 from resin.frontend.ports import OutputParser
 from resin.frontend.replicas import ReplicaSet
 from resin.generation_config import NO_DEFAULTS, GenerationDefaults
-from resin.params import SamplingParams
+from resin.params import SamplingParams, from_public
 from resin.plan import MediaItem
 from resin.recipe import Message, Recipe, RenderedPrompt, ToolCall, ToolDef
 from resin.recipe.special_text import LiteralSpecials, texts
@@ -42,22 +42,9 @@ from resin.tokenizer import TokenizerLike
 log = logging.getLogger("resin.server")
 
 
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """Optional sampling fields of a body; None takes the server's (or checkpoint's) default."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    logprobs: int | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    prompt_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+Sampling = Mapping[str, Any]
+"""The sampling fields a body sent, by public name (`resin.params.PUBLIC`; None or absent takes
+the checkpoint's default, then `SamplingParams`')."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +228,7 @@ class Service:
     ) -> SamplingParams:
         """SamplingParams with `max_tokens` clamped to what the context has left; omitted
         fields take the checkpoint's generation defaults, then the server's."""
-        d, s = self.defaults, sampling
-        max_tokens = d.max_tokens if max_tokens is None else max_tokens
+        max_tokens = self.defaults.get("max_tokens") if max_tokens is None else max_tokens
         room = self.context_length - prompt_len
         if room < 1:
             raise ApiError(
@@ -253,32 +239,14 @@ class Service:
                 "messages",
             )
         max_out = room if max_tokens is None else min(max_tokens, room)
-
-        def pick(name: str, server_default: float) -> Any:
-            given = getattr(s, name)
-            given = getattr(d, name, None) if given is None else given
-            return server_default if given is None else given
-
-        top_k = pick("top_k", 0)
+        values = from_public({**self.defaults.apply(sampling), "max_tokens": max_out})
+        # top_k >= vocabulary (or vLLM's -1) is no top-k at all; mapping it to 0 also keeps
+        # huge values out of the engine's int32 sampling arrays.
+        top_k = values.get("top_k", 0)
+        values["top_k"] = top_k if 0 < top_k < self.tokenizer.vocab_size else 0
+        values["min_output_tokens"] = min(values.get("min_output_tokens", 0), max_out)
         try:
-            return SamplingParams(
-                max_output_tokens=max_out,
-                stop_token_ids=tuple(stop_token_ids),
-                temperature=pick("temperature", 1.0),
-                top_p=pick("top_p", 1.0),
-                # top_k >= vocabulary is no top-k at all; mapping it to 0 also keeps huge
-                # values out of the engine's int32 sampling arrays.
-                top_k=top_k if 0 < top_k < self.tokenizer.vocab_size else 0,
-                min_p=pick("min_p", 0.0),
-                seed=s.seed,
-                logprobs=s.logprobs,
-                prompt_logprobs=s.prompt_logprobs,
-                min_output_tokens=min(s.min_tokens, max_out),
-                ignore_stop_tokens=s.ignore_eos,
-                presence_penalty=pick("presence_penalty", 0.0),
-                frequency_penalty=pick("frequency_penalty", 0.0),
-                repetition_penalty=pick("repetition_penalty", 1.0),
-            )
+            return SamplingParams(**values, stop_token_ids=tuple(stop_token_ids))
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
 

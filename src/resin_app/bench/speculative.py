@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("resin bench speculative: --speculative mtp needs a model with MTP layers",
                   file=sys.stderr)  # fmt: skip
             return 2
-        proposer = MtpProposer(runner)
+        proposer = MtpProposer()
     if args.accepted_drafts is not None:
         proposer = PaddedProposer(proposer)
     k = args.num_draft_tokens if args.accepted_drafts is None else args.accepted_drafts
