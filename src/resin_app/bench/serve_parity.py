@@ -102,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from resin.tokenizer import Tokenizer
     from resin_model.default_model import default_model_dir
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="resin bench serve-parity", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--runners", nargs="+", default=["torch", "cuda"])
     p.add_argument("--port", type=int, default=8765)
