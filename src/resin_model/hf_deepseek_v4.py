@@ -77,7 +77,8 @@ def parse_deepseek_v4(raw: Reader) -> ModelConfig:
     raw.expect("scoring_func", ("sqrtsoftplus",))
     raw.expect("hidden_act", ("silu",))
     raw.get("norm_topk_prob")  # V4 always renormalises the chosen weights
-    raw.get("num_nextn_predict_layers")  # the MTP layer is not loaded (`checkpoint_name`)
+    # MTP layers (transformers' default 1, and it saves none: the runner drops them then)
+    mtp = raw.integer("num_nextn_predict_layers", 1, low=0)
     common = common_fields(raw, partial_rotary=True)
     n, head_dim = common["num_layers"], common["head_dim"]
     if raw.has("partial_rotary_factor"):
@@ -138,4 +139,5 @@ def parse_deepseek_v4(raw: Reader) -> ModelConfig:
         sliding_window=int(raw.get("sliding_window", 128)),
         moe=moe,
         deepseek_v4=v4,
+        num_mtp_layers=mtp,
     )

@@ -152,7 +152,23 @@ def test_config_schedule_and_names(tiny: tuple[Path, Any]) -> None:
     assert v4_checkpoint_name("embed.weight") == "model.embed_tokens.weight"
     assert v4_checkpoint_name("head.weight") == "lm_head.weight"
     assert v4_checkpoint_name("hc_head_fn") == "model.hc_head.hc_fn"
-    assert v4_checkpoint_name("mtp.0.attn.wq_a.weight") is None
+    # the MTP layer: its own pieces, a decoder layer's names, no copy of embedding or head
+    mtp = {
+        "mtp.0.attn.wq_a.weight": "mtp.0.self_attn.q_a_proj.weight",
+        "mtp.0.attn.kv_norm.weight": "mtp.0.self_attn.kv_norm.weight",
+        "mtp.0.attn.norm.weight": "mtp.0.self_attn.kv_norm.weight",
+        "mtp.0.hc_attn_fn": "mtp.0.attn_hc.fn",
+        "mtp.0.ffn.experts.1.w3.weight": "mtp.0.mlp.experts.1.up_proj.weight",
+        "mtp.0.e_proj.weight": "mtp.0.e_proj.weight",
+        "mtp.0.hnorm.weight": "mtp.0.hnorm.weight",
+        "mtp.0.norm.weight": "mtp.0.norm.weight",
+        "mtp.0.hc_head_scale": "mtp.0.hc_head.hc_scale",
+        "mtp.0.emb.tok_emb.weight": None,
+        "mtp.0.head.weight": None,
+    }
+    for published, mapped in mtp.items():
+        assert v4_checkpoint_name(published) == mapped
+        assert v4_checkpoint_name("model." + published) == mapped
     expect = {
         "layers.2.attn.indexer.compressor.wkv.weight": "compressor.indexer.kv_proj.weight",
         "layers.2.attn.indexer.wq_b.weight": "compressor.indexer.q_b_proj.weight",
