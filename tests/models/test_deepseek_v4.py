@@ -26,8 +26,11 @@ import transformers
 from ref_compare import hf_greedy, hf_logits
 
 from resin import Compressed, Engine, SamplingParams, State, TokensEvent, Window
+from resin_app.bench.checkpoint import write_checkpoint
 from resin_model.hf_config import parse_config
-from resin_models_torch.deepseek_v4 import v4_checkpoint_name
+from resin_model.presets import checkpoint_bytes, param_counts, preset, preset_hf
+from resin_model.quant_checkpoint import quantization_config
+from resin_models_torch.deepseek_v4 import DeepseekV4ForCausalLM, v4_checkpoint_name
 from resin_models_torch.registry import load_runner
 from resin_models_torch.runner import RecordedStep
 
@@ -291,3 +294,34 @@ def test_bfloat16_within_transformers_own_error(tiny: tuple[Path, Any]) -> None:
     error = (ours[: len(prompt)] - ref).abs()
     assert float(error.max()) < 1.5 * float(theirs.max())
     assert float(error.mean()) < 1.5 * float(theirs.mean())
+
+
+def test_presets_count_the_published_sizes_and_run(tmp_path: Path) -> None:
+    full, reduced = preset("deepseek-v4-flash"), preset("deepseek-v4-flash-8l")
+    assert full.deepseek_v4 is not None and reduced.deepseek_v4 is not None
+    assert (full.deepseek_v4.attention.count("csa"), full.deepseek_v4.attention.count("hca")) == (
+        21, 20)  # fmt: skip
+    assert reduced.deepseek_v4.attention == ("sliding",) * 2 + ("csa", "hca") * 3
+    embedding = full.vocab_size * full.hidden_size
+    active, total = param_counts(full)
+    assert 284.2 < (total + embedding) / 1e9 < 284.5  # 284 B published (MTP left out)
+    assert 13.2 < active / 1e9 < 13.3  # 13.3 B a token without the embedding
+    # the 8-layer preset fits one H200 (~141 GB) in bf16 and in FP8 (head and embedding bf16)
+    assert 107 < checkpoint_bytes(reduced) / 1e9 < 108
+    fp8_block = quantization_config("fp8-block")
+    raw = {**preset_hf("deepseek-v4-flash-8l"), "quantization_config": fp8_block}
+    fp8 = parse_config(raw)
+    assert 54 < checkpoint_bytes(fp8) / 1e9 < 55.5
+    # `resin bench checkpoint`'s folder of the tiny preset loads (MTP included) and serves; the
+    # hash-routing table spreads tokens over the experts
+    written = write_checkpoint(preset_hf("tiny-deepseek_v4"), tmp_path / "tiny")
+    runner = load_runner(written.folder, page_size=16)
+    model = runner.model
+    assert isinstance(model, DeepseekV4ForCausalLM) and len(model.mtp) == 1
+    table = model.model.layers[0].mlp.gate.tid2eid
+    assert table is not None and set(table[:2].flatten().tolist()) == {0, 1, 2, 3}
+    with Engine(runner, context_length=256) as engine:
+        request = engine.submit(_prompt(3, 40), SamplingParams(max_output_tokens=4))
+        while engine.has_work():
+            engine.step()
+    assert len(request.take_result()) == 4

@@ -41,7 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-config", default="llama-8b",
                    help="comma-separated presets: llama-8b, qwen3-8b, qwen3-30b-a3b, "
                         "gpt-oss-20b, gemma3-12b, olmo2-7b, llama-1b, deepseek-v2-lite, "
-                        "qwen3.5-35b-a3b, tiny-<arch>; PRESET:FORMAT quantizes the random "
+                        "qwen3.5-35b-a3b, glm-5.3-flash-8l, deepseek-v4-flash-8l, "
+                        "tiny-<arch>; PRESET:FORMAT quantizes the random "
                         "weights on the device (fp8-block, fp8-channel, mxfp4)")  # fmt: skip
     p.add_argument("--context-lengths", type=_ints, default=[1024, 4096, 8192],
                    help="prefill sweep: prompt lengths")  # fmt: skip
