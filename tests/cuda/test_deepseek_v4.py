@@ -1,0 +1,87 @@
+"""DeepSeek-V4 on the fast runner against the reference runner, float32, in the Triton
+interpreter on CPU: the tiny transformers model of `tests/models/test_deepseek_v4.py` (sliding,
+sliding, CSA, HCA; HCA ratio 16; indexer top-4 active) saved as a folder, both runners loading
+it. Both declare the same cache groups byte for byte; the Engine drives each over the same
+requests with 16-token prefill chunks and prefix caching (a second round resumes from the
+first's pages and State checkpoints), and the greedy tokens and the logits of every step
+agree. The selection is compared where it is unique (the reference test checks the gap at the
+k-th candidate for its prompts; here the tokens and logits must agree, so a tie that broke
+differently would show)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resin import Engine, SamplingParams
+from tests.models.dsv4_tiny import _checkpoint
+
+_ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-dsv4-"))
+
+
+def _runners(device: str) -> tuple[Any, Any]:
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.registry import load_runner as load_reference
+
+    folder, _ = _checkpoint(_ROOT)
+    reference = load_reference(folder, page_size=16, num_pages=64, device=device)
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=256, num_pages=64)
+    return reference, load_runner(folder, options, device, torch.float32)
+
+
+def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    outputs, reused = [], 0
+    with Engine(runner, context_length=256, prefix_cache=True, prefill_chunk_tokens=16,
+                max_batch_tokens=40, max_sequences=4) as engine:  # fmt: skip
+        for _ in range(2):
+            requests = [engine.submit(p, params) for p in prompts]
+            while engine.has_work():
+                engine.step()
+            outputs.append([list(r.take_result()) for r in requests])
+            reused = sum(r.cached_tokens for r in requests)
+    assert outputs[0] == outputs[1]
+    return outputs[0], reused
+
+
+def test_same_tokens_and_groups_as_the_reference(device: str) -> None:
+    reference, fast = _runners(device)
+    assert fast.runner_config.cache_groups == reference.runner_config.cache_groups
+    assert fast.runner_config.max_draft_tokens == 0  # eager, no drafts yet
+    gen = torch.Generator().manual_seed(7)
+    shared = torch.randint(0, 300, (36,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, 300, (n,), generator=gen).tolist() for n in (3, 14)]
+    want, reused_ref = _generate(reference, prompts)
+    got, reused = _generate(fast, prompts)
+    assert got == want
+    assert reused == reused_ref > 0
+
+
+def test_logits_equal_the_reference_step_by_step(device: str) -> None:
+    reference, fast = _runners(device)
+    reference.record_logits = True
+    prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    steps: list[torch.Tensor] = []
+    logits = fast.model.logits
+
+    def recorded(hidden: torch.Tensor) -> torch.Tensor:  # every step's sampled rows
+        out = logits(hidden)
+        steps.append(out.cpu())
+        return out
+
+    fast.model.logits = recorded
+    for runner in (reference, fast):
+        with Engine(runner, context_length=256, prefill_chunk_tokens=16) as engine:
+            engine.submit(prompt, params)
+            while engine.has_work():
+                engine.step()
+    # the same steps on both; a step that samples compares its sampled token's logits
+    assert len(steps) == len(reference.recorded) == 5
+    for got, step in zip(steps, reference.recorded, strict=True):
+        assert step.logits is not None
+        if got.shape[0]:
+            torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
