@@ -315,8 +315,9 @@ class _Moe:
         self.moe, self.limit = moe, v4.swiglu_limit
         self.router = w.get(f"{p}gate.weight", (moe.num_experts, h))
         self.table = self.bias = None
-        if hashed:
-            self.table = w.get(f"{p}gate.tid2eid", (c.vocab_size, moe.top_k), dtype=torch.int64)
+        if hashed:  # a checkpoint's ids are < E already; random weights' become valid ids
+            table = w.get(f"{p}gate.tid2eid", (c.vocab_size, moe.top_k), dtype=torch.int64)
+            self.table = table.remainder(moe.num_experts)
         else:
             name = f"{p}gate.e_score_correction_bias"
             self.bias = w.get(name, (moe.num_experts,), "zeros", dtype=torch.float32)
