@@ -71,6 +71,11 @@ class MtpRunner(TorchRunner):
         self.drafts: dict[int, tuple[int, list[int]]] = {}
         self.mtp_recorded: list[RecordedStep] = []  # MTP logits of every token (record_logits)
         self._previous: dict[int, tuple[int, torch.Tensor]] = {}  # sid -> (position, hidden)
+        self._ids = torch.zeros(0, dtype=torch.long)
+
+    def _input_ids(self, plan: BatchPlan) -> torch.Tensor:
+        self._ids = super()._input_ids(plan)
+        return self._ids
 
     def _outputs(self, plan: BatchPlan, hidden: torch.Tensor) -> ForwardOutput:
         output = super()._outputs(plan, hidden)
@@ -92,7 +97,7 @@ class MtpRunner(TorchRunner):
         batch = attention_batch(
             plan, group, grid, self.page_size, self.window, self.device, first_key=1
         )
-        ids = torch.from_numpy(plan.input_ids.astype(np.int64)).to(self.device)
+        ids = self._ids  # the step's tokens, pipelined rows' resolved from the last samples
         ctx = self._ctx(plan.positions, batch)
         mtp_hidden, _ = self.deepseek.mtp_step(0, ids, previous, ctx)
         if self.record_logits:

@@ -85,3 +85,43 @@ def test_logits_equal_the_reference_step_by_step(device: str) -> None:
         assert step.logits is not None
         if got.shape[0]:
             torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+
+
+def _drafts_each_step(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], set[Any]]:
+    """The greedy tokens, and every (request, sequence length, drafts) the runner offered
+    (what `MtpProposer` would propose after a sequence that long; the fast runner offers them
+    a step later, as it collects a step after the next is submitted)."""
+    params = SamplingParams(max_output_tokens=6, temperature=0.0, ignore_stop_tokens=True)
+    seen = set()
+    with Engine(runner, context_length=128, prefill_chunk_tokens=512) as engine:
+        requests = [engine.submit(p, params) for p in prompts]
+        while engine.has_work():
+            engine.step()
+            for r in requests:
+                if r.id in runner.drafts:
+                    length, drafts = runner.drafts[r.id]
+                    seen.add((r.id, length, tuple(drafts)))
+        tokens = [r.take_result() for r in requests]
+    return tokens, seen
+
+
+def test_mtp_drafts_equal_the_reference_mtp_runner(device: str, tmp_path_factory: Any) -> None:
+    """The MTP layer (`RunnerOptions.mtp`) drafts what the reference `MtpRunner` drafts, step
+    by step (one draft, no verification: the fast version's State groups cannot drop drafts
+    yet). The checkpoint of `tests/models/test_deepseek_v4_mtp.py` (vocabulary 16, the
+    indexer keeping every entry)."""
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.mtp import MtpRunner
+    from resin_models_torch.registry import load_model
+    from tests.models.test_deepseek_v4_mtp import _checkpoint as mtp_checkpoint
+
+    folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4mtp"))[0]
+    reference = MtpRunner(load_model(folder, device), num_drafts=1, page_size=16, num_pages=64)
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True)
+    fast = load_runner(folder, options, device, torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 16, (n,), generator=gen).tolist() for n in (21, 6)]
+    want = _drafts_each_step(reference, prompts)
+    got = _drafts_each_step(fast, prompts)
+    assert got == want
+    assert len(got[1]) >= 12  # a draft after every sampled token of both requests

@@ -139,11 +139,11 @@ class _Pooler:
 
 class _Attention:
     def __init__(
-        self, c: ModelConfig, w: WeightSource, layer: int, kind: AttentionKind, slots: list[int]
+        self, c: ModelConfig, w: WeightSource, prefix: str, kind: AttentionKind, slots: list[int]
     ) -> None:
         v4 = c.deepseek_v4
         assert v4 is not None
-        p, h, heads, d = f"model.layers.{layer}.self_attn.", c.hidden_size, c.num_heads, c.head_dim
+        p, h, heads, d = f"{prefix}self_attn.", c.hidden_size, c.num_heads, c.head_dim
         self.v4, self.kind, self.slots, self.eps = v4, kind, slots, c.norm_eps
         self.heads, self.dim, self.window = heads, d, int(c.sliding_window or 0)
         f32 = torch.float32
@@ -308,10 +308,10 @@ class _Moe:
     """Routed experts (`sqrt(softplus)` scores; the top-k of score + bias, or the token-id
     table of a hash layer), renormalised and scaled, plus the shared expert; SwiGLU clamped."""
 
-    def __init__(self, c: ModelConfig, w: WeightSource, layer: int, hashed: bool) -> None:
+    def __init__(self, c: ModelConfig, w: WeightSource, prefix: str, hashed: bool) -> None:
         moe, v4 = c.moe, c.deepseek_v4
         assert moe is not None and v4 is not None
-        p, h, inner = f"model.layers.{layer}.mlp.", c.hidden_size, moe.intermediate_size
+        p, h, inner = f"{prefix}mlp.", c.hidden_size, moe.intermediate_size
         self.moe, self.limit = moe, v4.swiglu_limit
         self.router = w.get(f"{p}gate.weight", (moe.num_experts, h))
         self.table = self.bias = None
@@ -381,14 +381,35 @@ def _mix(
 
 class _Layer:
     def __init__(
-        self, c: ModelConfig, w: WeightSource, layer: int, attention: _Attention, moe: _Moe
+        self, c: ModelConfig, w: WeightSource, p: str, attention: _Attention, moe: _Moe
     ) -> None:
-        p, h, f32 = f"model.layers.{layer}.", c.hidden_size, torch.float32
+        h, f32 = c.hidden_size, torch.float32
         self.attention, self.moe, self.eps = attention, moe, c.norm_eps
         self.input_norm = w.get(f"{p}input_layernorm.weight", (h,), "ones", dtype=f32)
         self.post_norm = w.get(f"{p}post_attention_layernorm.weight", (h,), "ones", dtype=f32)
         self.attn_hc = _HyperConnection(c, w, f"{p}attn_hc.")
         self.ffn_hc = _HyperConnection(c, w, f"{p}ffn_hc.")
+
+
+class _Mtp:
+    """The published MTP block (`mtp.0.*`, as the reference's `V4MtpLayer`): `e_proj(enorm(
+    embedding))` plus `h_proj(hnorm(stream))` per stream, a sliding-only layer (its window one
+    more layer of the Window group), its own `hc_head` and `norm`; the LM head is the model's."""
+
+    def __init__(self, c: ModelConfig, w: WeightSource, window_layer: int) -> None:
+        v4 = c.deepseek_v4
+        assert v4 is not None
+        p, h, n, f32 = "mtp.0.", c.hidden_size, v4.hc_mult, torch.float32
+        attention = _Attention(c, w, p, "sliding", [window_layer])
+        self.layer = _Layer(c, w, p, attention, _Moe(c, w, p, False))
+        self.e_proj = w.get(f"{p}e_proj.weight", (h, h))
+        self.h_proj = w.get(f"{p}h_proj.weight", (h, h))
+        self.enorm = w.get(f"{p}enorm.weight", (h,), "ones", dtype=f32)
+        self.hnorm = w.get(f"{p}hnorm.weight", (h,), "ones", dtype=f32)
+        self.norm = w.get(f"{p}norm.weight", (h,), "ones", dtype=f32)
+        self.hc_fn = w.get(f"{p}hc_head.hc_fn", (n, n * h), dtype=f32)
+        self.hc_base = w.get(f"{p}hc_head.hc_base", (n,), "zeros", dtype=f32)
+        self.hc_scale = w.get(f"{p}hc_head.hc_scale", (1,), "ones", dtype=f32)
 
 
 class DeepseekV4(FastModel):
@@ -412,14 +433,15 @@ class DeepseekV4(FastModel):
                 k = kinds.index(kind)
                 slots += [1 + k, 1 + len(kinds) + k, seen[kind]]
                 seen[kind] += 1
-            attention = _Attention(config, weights, i, kind, slots)
+            prefix = f"model.layers.{i}."
+            attention = _Attention(config, weights, prefix, kind, slots)
             if attention.pooler is not None:
                 extra = attention.indexer.projected if attention.indexer is not None else 0
                 entry = config.head_dim + (v4.index_head_dim if kind == "csa" else 0)
                 buffer = attention.pooler.buffer_tokens()
                 self._widths[kind] = (entry, buffer, attention.pooler.projected + extra)
-            moe = _Moe(config, weights, i, v4.hash_layers[i])
-            self.layers.append(_Layer(config, weights, i, attention, moe))
+            moe = _Moe(config, weights, prefix, v4.hash_layers[i])
+            self.layers.append(_Layer(config, weights, prefix, attention, moe))
         f32, h, n = torch.float32, config.hidden_size, v4.hc_mult
         self.norm_weight = weights.get("model.norm.weight", (h,), "ones", dtype=f32)
         self.hc_fn = weights.get("model.hc_head.hc_fn", (n, n * h), dtype=f32)
@@ -427,6 +449,14 @@ class DeepseekV4(FastModel):
         self.hc_scale = weights.get("model.hc_head.hc_scale", (1,), "ones", dtype=f32)
         self.main_rotary = _Rotary(config.rope, v4.rope_dim, self.device)
         self.compress_rotary = _Rotary(v4.compress_rope, v4.rope_dim, self.device)
+        self.mtp: _Mtp | None = None
+        self.window_layers = config.num_layers
+        if options.mtp:
+            if not config.num_mtp_layers:
+                raise ValueError(f"{config.model_type}: the checkpoint has no MTP layers")
+            self.mtp = _Mtp(config, weights, config.num_layers)
+            self.window_layers += 1  # its window: one more layer of the Window group
+        self._streams: torch.Tensor | None = None
         self.layers_per_group = (1,)
         self.page_size = 0  # set by `cache_groups`
         self._kv: torch.Tensor | None = None
@@ -441,7 +471,7 @@ class DeepseekV4(FastModel):
         """The reference runner's groups, byte for byte (module docstring)."""
         self.page_size = page_size
         size, v4 = self.dtype.itemsize, self.v4
-        layers, d = self.config.num_layers, self.config.head_dim
+        layers, d = self.window_layers, self.config.head_dim
         groups: list[CacheGroupSpec] = [Window(int(self.config.sliding_window or 0),
                                                layers * page_size * d * size)]  # fmt: skip
         for kind in self.kinds:
@@ -471,7 +501,7 @@ class DeepseekV4(FastModel):
 
     def window_view(self, layer: int) -> _Slots:
         """Layer `layer`'s K=V vectors by arena token slot (page * page_size + offset)."""
-        n, ps, d = self.config.num_layers, self.page_size, self.config.head_dim
+        n, ps, d = self.window_layers, self.page_size, self.config.head_dim
         pages = self._flat()[:, : n * ps * d].view(-1, n, ps, d)
         return _Slots(pages[:, layer])
 
@@ -513,27 +543,65 @@ class DeepseekV4(FastModel):
 
     # ----- forward ------------------------------------------------------------------------
 
-    def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+    def _rows(self, step: StepTensors, kv: torch.Tensor) -> list[_Row]:
         info = step.info
         assert isinstance(info, PrefillInfo), "DeepSeek-V4 runs eagerly (varlen steps)"
         self._kv = kv
         if step.states:
             self._region = step.states[0].region
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
-        rows = [
+        return [
             _Row(lo, hi, c, c + hi - lo)
             for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
         ]
+
+    def mtp_forward(
+        self, ids: torch.Tensor, previous: torch.Tensor, step: StepTensors, kv: torch.Tensor
+    ) -> torch.Tensor:
+        """The MTP layer on (token `ids[t]`, the main model's final streams at t from this
+        step's `forward`; `previous`, its collapsed output, is not what V4 pairs with) at the
+        step's positions, writing its window layer at the append slots: [T, hidden] whose
+        `logits` are drafts one past the main model's tokens."""
+        mtp, streams = self.mtp, self._streams
+        if mtp is None:
+            raise RuntimeError("the model was built without its MTP layer (BuildOptions.mtp)")
+        assert streams is not None and streams.shape[0] == previous.shape[0]
+        rows = self._rows(step, kv)
+        eps = self.config.norm_eps
+        embeds = _norm(self.embed_tokens(ids), mtp.enorm, eps)
+        x = F.linear(embeds, mtp.e_proj)[:, None, :] + F.linear(
+            _norm(streams, mtp.hnorm, eps), mtp.h_proj
+        )
+        x = self._layer(mtp.layer, "sliding", x, step, rows, ids)
+        flat = _unweighted(x.flatten(1).float(), eps)
+        pre = hc_head_weights(F.linear(flat, mtp.hc_fn).contiguous(), mtp.hc_scale,
+                              mtp.hc_base, self.v4.hc_eps)  # fmt: skip
+        return _norm((pre[..., None] * x).sum(dim=1).to(x.dtype), mtp.norm, eps)
+
+    def _layer(
+        self,
+        layer: _Layer,
+        kind: str,
+        streams: torch.Tensor,
+        step: StepTensors,
+        rows: list[_Row],
+        ids: torch.Tensor,
+    ) -> torch.Tensor:
+        rot = self.main_rotary if kind == "sliding" else self.compress_rotary
+        post, comb, collapsed = layer.attn_hc(streams)
+        x = _norm(collapsed, layer.input_norm, layer.eps)
+        streams = _mix(streams, post, comb, layer.attention(x, step, self, rows, rot))
+        post, comb, collapsed = layer.ffn_hc(streams)
+        x = _norm(collapsed, layer.post_norm, layer.eps)
+        return _mix(streams, post, comb, layer.moe(x, ids))
+
+    def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+        rows = self._rows(step, kv)
         x = self.embed_tokens(step.input_ids)
         streams = x[:, None, :].expand(-1, self.v4.hc_mult, -1).contiguous()
         for layer, kind in zip(self.layers, self.v4.attention, strict=True):
-            rot = self.main_rotary if kind == "sliding" else self.compress_rotary
-            post, comb, collapsed = layer.attn_hc(streams)
-            x = _norm(collapsed, layer.input_norm, layer.eps)
-            streams = _mix(streams, post, comb, layer.attention(x, step, self, rows, rot))
-            post, comb, collapsed = layer.ffn_hc(streams)
-            x = _norm(collapsed, layer.post_norm, layer.eps)
-            streams = _mix(streams, post, comb, layer.moe(x, step.input_ids))
+            streams = self._layer(layer, kind, streams, step, rows, step.input_ids)
+        self._streams = streams if self.mtp is not None else None
         flat = _unweighted(streams.flatten(1).float(), self.config.norm_eps)
         mixes = F.linear(flat, self.hc_fn).contiguous()
         pre = hc_head_weights(mixes, self.hc_scale, self.hc_base, self.v4.hc_eps)
