@@ -42,7 +42,9 @@ def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig
         return RunnerConfig(
             vocab_size=c.vocab_size, page_size=ps, cache_groups=declared,
             num_pages=options.num_pages, cache_bytes=budget, waits_for_masks=True,
-            max_draft_tokens=0 if states else options.max_draft_tokens, overlap=options.overlap,
+            max_draft_tokens=options.max_draft_tokens
+            if all(g.rewinds(options.max_draft_tokens) for g in declared) else 0,
+            overlap=options.overlap,
             features=FEATURES,
         )  # fmt: skip
     planes, heads, dim = model.cache_token_shape()

@@ -28,7 +28,9 @@ def _runners(device: str) -> tuple[Any, Any]:
 
     folder, _ = _checkpoint(_ROOT)
     reference = load_reference(folder, page_size=16, num_pages=64, device=device)
-    options = RunnerOptions(page_size=16, max_batch=4, max_context=256, num_pages=64)
+    # no draft room, so the State groups are the reference's byte for byte
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=256, num_pages=64,
+                            max_draft_tokens=0)  # fmt: skip
     return reference, load_runner(folder, options, device, torch.float32)
 
 
@@ -50,7 +52,6 @@ def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], i
 def test_same_tokens_and_groups_as_the_reference(device: str) -> None:
     reference, fast = _runners(device)
     assert fast.runner_config.cache_groups == reference.runner_config.cache_groups
-    assert fast.runner_config.max_draft_tokens == 0  # eager, no drafts yet
     gen = torch.Generator().manual_seed(7)
     shared = torch.randint(0, 300, (36,), generator=gen).tolist()
     prompts = [shared + torch.randint(0, 300, (n,), generator=gen).tolist() for n in (3, 14)]
@@ -125,3 +126,42 @@ def test_mtp_drafts_equal_the_reference_mtp_runner(device: str, tmp_path_factory
     got = _drafts_each_step(fast, prompts)
     assert got == want
     assert len(got[1]) >= 12  # a draft after every sampled token of both requests
+
+
+def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_factory: Any) -> None:
+    """With room for a draft in its State groups (`State.rewind`), the fast runner verifies
+    its MTP drafts through the Engine's speculative decoding: greedy tokens equal the plain
+    reference's, under 16-token chunks and a prefix hit, with drafts kept and dropped."""
+    from resin.engine.proposers import MtpProposer
+    from resin.engine.speculative import Speculation
+    from resin.protocols import State
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.registry import load_runner as load_reference
+    from tests.models.test_deepseek_v4_mtp import _checkpoint as mtp_checkpoint
+
+    folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4spec"))[0]
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True,
+                            max_draft_tokens=1)  # fmt: skip
+    fast = load_runner(folder, options, device, torch.float32)
+    assert fast.runner_config.max_draft_tokens == 1
+    assert all(g.rewind == 1 for g in fast.runner_config.cache_groups if isinstance(g, State))
+    gen = torch.Generator().manual_seed(4)
+    shared = torch.randint(0, 16, (20,), generator=gen).tolist()
+    prompts = [[*shared, 3, 1], [*shared, 9]]
+    params = SamplingParams(max_output_tokens=12, temperature=0.0, ignore_stop_tokens=True)
+
+    def run(runner: Any, speculation: Any) -> tuple[list[list[int]], Any]:
+        with Engine(runner, context_length=128, prefix_cache=True, prefill_chunk_tokens=16,
+                    speculation=speculation) as engine:  # fmt: skip
+            requests = [engine.submit(prompts[0], params)]
+            engine.step()
+            requests.append(engine.submit(prompts[1], params))
+            while engine.has_work():
+                engine.step()
+            return [r.take_result() for r in requests], engine.metrics
+
+    want, _ = run(load_reference(folder, page_size=16, num_pages=64, device=device), None)
+    got, metrics = run(fast, Speculation(MtpProposer(fast), num_draft_tokens=1))
+    assert got == want
+    assert metrics.prefix_cache_hits > 0
+    assert 0 < metrics.spec_decode_num_accepted_tokens < metrics.spec_decode_num_draft_tokens

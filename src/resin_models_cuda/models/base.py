@@ -23,11 +23,14 @@ STATE_KINDS: tuple[LayerKind, ...] = ("linear",)  # State groups, after the toke
 class BuildOptions:
     """`max_positions`: rotary table length; `moe_gemv_max_pairs`: token-expert pairs up to
     which MoE layers take the expert-GEMV path instead of the grouped GEMM; `mtp`: load the
-    checkpoint's first multi-token-prediction layer (DeepSeek) to draft with."""
+    checkpoint's first multi-token-prediction layer (DeepSeek) to draft with;
+    `max_draft_tokens`: drafts a row may verify (a model whose State can drop them keeps room
+    for that many, DeepSeek-V4)."""
 
     max_positions: int = 8192
     moe_gemv_max_pairs: int = 64
     mtp: bool = False
+    max_draft_tokens: int = 0
 
 
 class FastModel:

@@ -6,7 +6,9 @@ Window group of every layer's K=V vectors, a Compressed group per compressed kin
 holding the compressor projections entries to come still need, a ring over positions (slot
 p % capacity). It views the runner's token arena per group (the arena is one flat vector a
 page, `cache_token_shape`) and the State region per group (`step.states`), and runs eagerly
-(`eager_only`: every step through the varlen path, no CUDA graphs, no drafts).
+(`eager_only`: every step through the varlen path, no CUDA graphs). A State page keeps room
+for `max_draft_tokens` more positions (`State.rewind`), and a step writes what every length
+from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer tokens).
 
 Kernels: mHC's Sinkhorn weights and the final collapse's (`kernels/mhc.py`), the compressor's
 gated pooling (`kernels/compressor.py`) and the indexer's scores (`kernels/indexer.py`,
@@ -240,13 +242,16 @@ class _Attention:
                 assert slots.shape[0] == end - first, "the plan's entry slots disagree"
                 store[slots] = new.to(store.dtype)
             result.append(store[arena.entry_slots(group, b, end, pooler.ratio)].to(x.dtype))
-            ends = [row.total] if state_out[b] >= 0 else []
-            pages = [state_out[b]] if state_out[b] >= 0 else []
+            # (page, length, the shortest length it must also serve: the engine may keep up
+            # to `rewind` fewer tokens than a step computed, rejected drafts)
+            ends = []
+            if state_out[b] >= 0:
+                ends.append((state_out[b], row.total, max(row.total - arena.rewind, row.cached)))
             for c in range(ck_indptr[b], ck_indptr[b + 1]):
-                ends.append(row.cached + ck_len[c])
-                pages.append(ck_page[c])
-            for page, length in zip(pages, ends, strict=True):
-                lo = pooler.start(length)
+                length = row.cached + ck_len[c]
+                ends.append((ck_page[c], length, length))
+            for page, length, shortest in ends:
+                lo = pooler.start(shortest)
                 keep = tokens[lo - start : length - start]
                 ring = torch.arange(lo, length, device=x.device) % capacity
                 writes.append((page, ring, keep))
@@ -421,6 +426,7 @@ class DeepseekV4(FastModel):
             raise ValueError("deepseek_v4 needs its DeepseekV4Config, MoE and window")
         super().__init__(config, weights, options)
         self.v4 = v4
+        self.rewind = options.max_draft_tokens  # State room for drafts a step may drop
         kinds = [k for k in ("csa", "hca") if k in v4.attention]
         self.kinds = kinds
         self.counts = {k: v4.attention.count(k) for k in kinds}
@@ -438,7 +444,7 @@ class DeepseekV4(FastModel):
             if attention.pooler is not None:
                 extra = attention.indexer.projected if attention.indexer is not None else 0
                 entry = config.head_dim + (v4.index_head_dim if kind == "csa" else 0)
-                buffer = attention.pooler.buffer_tokens()
+                buffer = attention.pooler.buffer_tokens() + self.rewind
                 self._widths[kind] = (entry, buffer, attention.pooler.projected + extra)
             moe = _Moe(config, weights, prefix, v4.hash_layers[i])
             self.layers.append(_Layer(config, weights, prefix, attention, moe))
@@ -481,7 +487,7 @@ class DeepseekV4(FastModel):
             groups.append(Compressed(ratio, self.counts[kind] * per_page * entry * size))
         for kind in self.kinds:
             _, tokens, width = self._widths[kind]
-            groups.append(State(self.counts[kind] * tokens * width * size))
+            groups.append(State(self.counts[kind] * tokens * width * size, self.rewind))
         return tuple(groups)
 
     def state_bytes(self) -> int:
