@@ -33,8 +33,11 @@ class History:
 
     state_region: ClassVar[bool] = False
     """Whether the group's pages live in the state region (State) or the token region."""
-    rewindable: ClassVar[bool] = True
-    """Whether a step may keep fewer positions than it computed (speculative drafts)."""
+
+    def rewinds(self, tokens: int) -> bool:
+        """Whether a step may keep up to `tokens` fewer positions than it computed
+        (speculative drafts rejected)."""
+        return True
 
     def check_page_size(self, page_size: int) -> None:
         """A `ValueError` when the group cannot use pages of `page_size` tokens."""
@@ -52,7 +55,10 @@ class Window:
     bytes_per_page: int = 0
 
     state_region: ClassVar[bool] = False
-    rewindable: ClassVar[bool] = True
+
+    def rewinds(self, tokens: int) -> bool:
+        """Whether a step may keep up to `tokens` fewer positions than it computed."""
+        return True
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -67,12 +73,25 @@ class State:
     """Fixed-size recurrent / conv state per sequence, with a two-checkpoint ring.
 
     `bytes_per_page`: bytes of one checkpoint; its pages live in the arena's state region.
+    `rewind`: how many of a step's last tokens the state it writes can still drop. A
+    recurrent state (0) holds only the step's end; a state of raw per-token inputs
+    (DeepSeek-V4's compressor projections) can keep enough of them to serve any length from
+    `total - rewind` to `total`, which is what speculative decoding with up to `rewind`
+    drafts needs (the next step reads it as of the length the engine kept).
     """
 
     bytes_per_page: int = 0
+    rewind: int = 0
 
     state_region: ClassVar[bool] = True
-    rewindable: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.rewind < 0:
+            raise ValueError("State rewind must be >= 0")
+
+    def rewinds(self, tokens: int) -> bool:
+        """Whether a step may keep up to `tokens` fewer positions than it computed."""
+        return tokens <= self.rewind
 
     def check_page_size(self, page_size: int) -> None:
         """A `ValueError` when the group cannot use pages of `page_size` tokens."""
@@ -103,7 +122,10 @@ class Compressed:
     bytes_per_page: int = 0
 
     state_region: ClassVar[bool] = False
-    rewindable: ClassVar[bool] = True
+
+    def rewinds(self, tokens: int) -> bool:
+        """Whether a step may keep up to `tokens` fewer positions than it computed."""
+        return True
 
     def __post_init__(self) -> None:
         if self.ratio < 1:

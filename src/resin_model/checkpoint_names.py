@@ -3,6 +3,8 @@ reference loader and the fast runner's `SafetensorsWeights`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 # Multimodal checkpoints nest the text model; their parts map onto the reference model's
 # `model.*` (text), `vision_tower.*` / `visual.*` and `multi_modal_projector.*` attributes.
 _PREFIXES = (
@@ -28,3 +30,13 @@ def default_names(name: str) -> str | None:
     if name.startswith("vision_tower.head."):  # SigLIP's pooling head: Gemma 3 does not use it
         return None
     return name
+
+
+def names_for(model_type: str) -> Callable[[str], str | None]:
+    """The checkpoint-name map of an architecture (both runner families read checkpoints
+    through it): DeepSeek-V4's published layout maps onto transformers' module names."""
+    if model_type == "deepseek_v4":
+        from resin_model.hf_deepseek_v4 import checkpoint_name
+
+        return checkpoint_name
+    return default_names

@@ -77,7 +77,8 @@ def parse_deepseek_v4(raw: Reader) -> ModelConfig:
     raw.expect("scoring_func", ("sqrtsoftplus",))
     raw.expect("hidden_act", ("silu",))
     raw.get("norm_topk_prob")  # V4 always renormalises the chosen weights
-    raw.get("num_nextn_predict_layers")  # the MTP layer is not loaded (`checkpoint_name`)
+    # MTP layers (transformers' default 1, and it saves none: the runner drops them then)
+    mtp = raw.integer("num_nextn_predict_layers", 1, low=0)
     common = common_fields(raw, partial_rotary=True)
     n, head_dim = common["num_layers"], common["head_dim"]
     if raw.has("partial_rotary_factor"):
@@ -138,4 +139,78 @@ def parse_deepseek_v4(raw: Reader) -> ModelConfig:
         sliding_window=int(raw.get("sliding_window", 128)),
         moe=moe,
         deepseek_v4=v4,
+        num_mtp_layers=mtp,
     )
+
+
+# Published name piece -> transformers' module name piece, applied in order (transformers'
+# `conversion_mapping.py` lists the same renames for `deepseek_v4`).
+_RENAMES = (
+    (".attn.", ".self_attn."),
+    (".ffn.", ".mlp."),
+    (".indexer.compressor.", ".compressor.indexer."),
+    (".attn_norm.", ".input_layernorm."),
+    (".ffn_norm.", ".post_attention_layernorm."),
+    (".hc_attn_fn", ".attn_hc.fn"),
+    (".hc_attn_base", ".attn_hc.base"),
+    (".hc_attn_scale", ".attn_hc.scale"),
+    (".hc_ffn_fn", ".ffn_hc.fn"),
+    (".hc_ffn_base", ".ffn_hc.base"),
+    (".hc_ffn_scale", ".ffn_hc.scale"),
+    (".attn_sink", ".sinks"),
+    (".indexer.weights_proj.", ".compressor.indexer.scorer.weights_proj."),
+    (".indexer.wq_b.", ".compressor.indexer.q_b_proj."),
+    (".norm.", ".kv_norm."),
+    (".ape", ".position_bias"),
+    (".wq_a.", ".q_a_proj."),
+    (".self_attn.wq_b.", ".self_attn.q_b_proj."),
+    (".wkv.", ".kv_proj."),
+    (".wgate.", ".gate_proj."),
+    (".wo_a.", ".o_a_proj."),
+    (".wo_b.", ".o_b_proj."),
+    (".q_norm.", ".q_a_norm."),
+    (".gate.bias", ".gate.e_score_correction_bias"),
+    (".w1.", ".gate_proj."),
+    (".w2.", ".down_proj."),
+    (".w3.", ".up_proj."),
+)
+_TOP = {
+    "embed.weight": "model.embed_tokens.weight",
+    "embed_tokens.weight": "model.embed_tokens.weight",
+    "head.weight": "lm_head.weight",
+    "lm_head.weight": "lm_head.weight",
+    "norm.weight": "model.norm.weight",
+    "hc_head_fn": "model.hc_head.hc_fn",
+    "hc_head_base": "model.hc_head.hc_base",
+    "hc_head_scale": "model.hc_head.hc_scale",
+    "hc_head.hc_fn": "model.hc_head.hc_fn",
+    "hc_head.hc_base": "model.hc_head.hc_base",
+    "hc_head.hc_scale": "model.hc_head.hc_scale",
+}
+
+
+_MTP_OWN = ("e_proj.", "h_proj.", "enorm.", "hnorm.", "norm.")
+
+
+def checkpoint_name(name: str) -> str | None:
+    """A checkpoint tensor's module name (None: an MTP layer's copy of the shared embedding
+    or LM head)."""
+    name = name.removeprefix("model.")
+    if name.startswith("mtp."):
+        _, k, rest = name.split(".", 2)
+        if rest.startswith(("emb.", "embed", "head.", "shared_head.head.")):
+            return None
+        if rest.startswith("hc_head_"):
+            return f"mtp.{k}.hc_head.hc_{rest.removeprefix('hc_head_')}"
+        if rest.startswith(_MTP_OWN):
+            return f"mtp.{k}.{rest}"
+        for old, new in _RENAMES:
+            rest = ("." + rest).replace(old, new)[1:]
+        return f"mtp.{k}.{rest}"
+    if name in _TOP:
+        return _TOP[name]
+    if not name.startswith("layers."):
+        return "model." + name
+    for old, new in _RENAMES:
+        name = name.replace(old, new)
+    return "model." + name

@@ -127,6 +127,33 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
+# deepseek-ai/DeepSeek-V4-Flash: transformers 5.24's class defaults (its config of the model)
+# with the published per-layer schedule (`compress_ratios`: two sliding-only layers, then CSA
+# on even and HCA on odd layers: 21 CSA, 20 HCA) and YaRN factor 16 on the compressed layers
+# (original context 65,536 = 1,048,576 / 16).
+PRESETS["deepseek-v4-flash"] = {
+    "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096,
+    "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1,
+    "head_dim": 512, "q_lora_rank": 1024, "qk_rope_head_dim": 64, "n_routed_experts": 256,
+    "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
+    "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "num_hash_layers": 3,
+    "compress_ratios": [0, 0] + [4 if i % 2 == 0 else 128 for i in range(41)],
+    "compress_rope_theta": 160000.0, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+    "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64,
+    "index_head_dim": 128, "index_topk": 512, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6, "swiglu_limit": 10.0, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 1048576, "num_nextn_predict_layers": 1, "bos_token_id": 0,
+    "eos_token_id": 1,
+}  # fmt: skip
+# Its first 8 layers (sliding x2, then CSA / HCA x3) and the MTP layer: 53.7 B parameters,
+# 107.5 GB in bf16 or 53.7 GB in FP8 (the LM head and embedding in bf16: 54.8 GB), one H200.
+PRESETS["deepseek-v4-flash-8l"] = {
+    **PRESETS["deepseek-v4-flash"], "num_hidden_layers": 8,
+    "compress_ratios": PRESETS["deepseek-v4-flash"]["compress_ratios"][:8],
+}  # fmt: skip
+
 # Tiny shapes of every architecture (CPU interpreter tests, GPU correctness checks).
 _TINY: dict[str, Any] = {
     "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -186,6 +213,17 @@ PRESETS["tiny-glm5_next"] = {
     "index_head_dim": 16, "index_n_heads": 2, "linear_head_dim": 16, "linear_num_heads": 2,
     "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
 }  # fmt: skip
+PRESETS["tiny-deepseek_v4"] = {  # every V4 mechanism, HCA ratio 16 (CPU smoke runs)
+    **PRESETS["deepseek-v4-flash"], "vocab_size": 256, "hidden_size": 64,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 32, "q_lora_rank": 32,
+    "qk_rope_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "num_hash_layers": 1, "compress_ratios": [0, 0, 4, 128],
+    "compress_rate_hca": 16, "sliding_window": 16, "o_groups": 2, "o_lora_rank": 16,
+    "index_n_heads": 8, "index_head_dim": 16, "index_topk": 4, "hc_mult": 2,
+    "max_position_embeddings": 1024,
+    "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                     "beta_fast": 32, "beta_slow": 1},
+}  # fmt: skip
 PRESETS["glm-5.3-flash-8l"] = {  # two KDA x3 + indexed-MLA groups: 78 GB in bf16, one H200
     **PRESETS["glm-5.3-flash"], "num_hidden_layers": 8,
 }  # fmt: skip
@@ -206,6 +244,8 @@ def kv_bytes_read(config: ModelConfig, context: int, dtype_bytes: int = 2) -> in
     """KV bytes attention reads for one row at `context` tokens (sliding layers: the window;
     linear-attention layers: their state, float32 recurrent matrices and conv inputs)."""
     window = int(config.sliding_window or context)
+    if config.deepseek_v4 is not None:
+        return _v4_kv_bytes_read(config, context, dtype_bytes)
     per_layer = 2 * config.kv_size * dtype_bytes
     if config.mla is not None:  # one latent per token per layer
         per_layer = config.mla.latent_dim * dtype_bytes
@@ -219,6 +259,43 @@ def kv_bytes_read(config: ModelConfig, context: int, dtype_bytes: int = 2) -> in
         else per_layer * (min(context, window) if kind == "sliding" else context)
         for kind in config.layer_types
     )  # fmt: skip
+
+
+def _v4_kv_bytes_read(config: ModelConfig, context: int, dtype_bytes: int) -> int:
+    """DeepSeek-V4: every layer reads its window of K=V vectors; CSA layers all indexer keys
+    and the `index_topk` entries chosen, HCA layers every entry."""
+    v4, d = config.deepseek_v4, config.head_dim
+    assert v4 is not None and config.sliding_window is not None
+    window = min(context, config.sliding_window) * d
+    total = 0
+    for kind in v4.attention:
+        total += window
+        if kind == "csa":
+            entries = context // v4.csa_ratio
+            total += entries * v4.index_head_dim + min(entries, v4.index_topk) * d
+        elif kind == "hca":
+            total += context // v4.hca_ratio * d
+    return total * dtype_bytes
+
+
+def _v4_layer_params(config: ModelConfig, kind: str) -> int:
+    """A DeepSeek-V4 layer's attention (q / K=V / grouped output projections, sinks; the
+    compressor, twice as wide in CSA layers, plus CSA's indexer) and its two mHC maps; norms
+    left out."""
+    v4, h, heads, d = config.deepseek_v4, config.hidden_size, config.num_heads, config.head_dim
+    assert v4 is not None
+    rank = v4.q_lora_rank
+    params = h * rank + rank * heads * d + h * d + heads * d * v4.o_lora_rank
+    params += v4.o_groups * v4.o_lora_rank * h + heads
+    if kind != "sliding":
+        width, ratio = (2 * d, v4.csa_ratio) if kind == "csa" else (d, v4.hca_ratio)
+        params += 2 * h * width + ratio * width
+    if kind == "csa":
+        width, dim = 2 * v4.index_head_dim, v4.index_head_dim
+        params += 2 * h * width + v4.csa_ratio * width
+        params += rank * v4.index_heads * dim + h * v4.index_heads
+    n = v4.hc_mult
+    return params + 2 * ((2 + n) * n * (n * h + 1) + 3)
 
 
 def _expert_params(config: ModelConfig) -> int:
@@ -268,9 +345,12 @@ def param_counts(config: ModelConfig) -> tuple[int, int]:
     elif config.linear_attention is not None:  # Qwen3.5's q_proj also emits the output gate
         full_attn += h * config.q_size
     active = total = 0
+    v4 = config.deepseek_v4
     for layer in range(config.num_layers):
         linear = config.layer_types[layer] == "linear"
         attn = _linear_attention_params(config) if linear else full_attn
+        if v4 is not None:
+            attn = _v4_layer_params(config, v4.attention[layer])
         if config.is_sparse(layer):
             assert config.moe is not None
             router = h * config.moe.num_experts + 3 * h * config.moe.shared_intermediate_size

@@ -28,6 +28,7 @@ ARCHITECTURES: dict[str, str] = {
     "deepseek_v2": _DEEPSEEK,
     "deepseek_v3": _DEEPSEEK,
     "glm4_moe": "resin_models_cuda.models.glm4_moe:Glm4Moe",
+    "deepseek_v4": "resin_models_cuda.models.deepseek_v4:DeepseekV4",
     "qwen3_5_moe": _QWEN3_5,
     "qwen3_5_moe_text": _QWEN3_5,
 }

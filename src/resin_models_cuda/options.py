@@ -51,4 +51,6 @@ class RunnerOptions:
             raise ValueError("max_draft_tokens must be >= 0")
 
     def build_options(self) -> BuildOptions:
-        return BuildOptions(self.max_context, self.moe_gemv_max_pairs, self.mtp)
+        return BuildOptions(
+            self.max_context, self.moe_gemv_max_pairs, self.mtp, self.max_draft_tokens
+        )

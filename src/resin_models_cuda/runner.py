@@ -41,6 +41,7 @@ import torch
 
 from resin.plan import BatchPlan, ForwardOutput, Phase
 from resin.protocols import CacheLayout, RunnerConfig
+from resin_model.checkpoint_names import names_for
 from resin_model.config import ModelConfig
 from resin_model.hf_config import load_config
 from resin_model.media_cache import MediaFeatures, StepMedia
@@ -138,10 +139,11 @@ def load_model(
     start = time.perf_counter()
     config = load_config(folder)
     source: WeightSource
+    names = names_for(config.model_type)
     if needs_stored_weights(config):  # quantized weights, or float32 routers read exactly
-        source = StoredWeights(str(folder), config.quant, device, dtype)
+        source = StoredWeights(str(folder), config.quant, device, dtype, names)
     else:
-        source = SafetensorsWeights(str(folder), device, dtype)
+        source = SafetensorsWeights(str(folder), device, dtype, names=names)
     try:
         model = build_model(config, source, options.build_options())
     finally:
@@ -191,6 +193,7 @@ class CudaRunner:
         self.options = options or RunnerOptions()
         self.device, self.dtype = model.device, model.dtype
         self._graphs_enabled = self.options.cuda_graphs and self.device.type == "cuda"
+        self._graphs_enabled = self._graphs_enabled and not model.eager_only
         self._max_positions = min(self.options.max_context, self.config.max_positions) + 1
         self._num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count
@@ -351,6 +354,7 @@ class CudaRunner:
         mtp: _MtpInputs | None = None
         asks_prompt = bool(plan.prompt_logprob_rows.any())  # a decode row's target is unknown
         buffered = plan.phase is Phase.DECODE and b <= self._buffers.max_rows and media is None
+        buffered = buffered and not self.model.eager_only
         buffered = buffered and not (asks_prompt and prompt_tokens(plan).size)  # needs hidden
         buffered = buffered and not any(g.checkpoint_token.size for g in plan.cache_groups)
         if buffered and query <= self._max_query:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from resin.plan import BatchPlan, Phase
+from resin.plan import BatchPlan, CacheGroupPlan, Phase
 from resin.protocols import PENALTY_FEATURES, History, RunnerConfig, State, Window
 from resin_model.config import ModelConfig
 from resin_model.media_cache import MultimodalModel, StepMedia
@@ -29,6 +29,24 @@ def make_runner_config(model: FastModel, options: RunnerOptions) -> RunnerConfig
     a State group for linear-attention layers (one checkpoint of all of them a page; such a
     model verifies no drafts: its state cannot be rewound)."""
     c, ps = model.config, options.page_size
+    declared = model.cache_groups(ps)
+    if declared is not None:  # a model with its own groups (DeepSeek-V4)
+        token = max(g.bytes_per_page for g in declared if not g.state_region)
+        states = [g.bytes_per_page for g in declared if g.state_region]
+        budget = options.cache_bytes
+        if budget is None and options.num_pages is None:
+            budget = 256 * token + 8 * max(states, default=0)  # the CPU default, as below
+            if model.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(model.device)
+                budget = int(free * options.memory_fraction)
+        return RunnerConfig(
+            vocab_size=c.vocab_size, page_size=ps, cache_groups=declared,
+            num_pages=options.num_pages, cache_bytes=budget, waits_for_masks=True,
+            max_draft_tokens=options.max_draft_tokens
+            if all(g.rewinds(options.max_draft_tokens) for g in declared) else 0,
+            overlap=options.overlap,
+            features=FEATURES,
+        )  # fmt: skip
     planes, heads, dim = model.cache_token_shape()
     per_layer = ps * planes * heads * dim * model.dtype.itemsize
     groups: list[History | Window | State] = []
@@ -94,12 +112,19 @@ def copy_pages(plan: BatchPlan, kv: torch.Tensor, state: torch.Tensor | None = N
 
 
 def state_rows(plan: BatchPlan, region: torch.Tensor) -> StateRows | None:
-    """The device tensors of the plan's State group (None without one): a State group's plan
-    is the one with a `state_in` per row."""
+    """The device tensors of the plan's (first) State group (None without one): a State
+    group's plan is the one with a `state_in` per row."""
+    rows = all_state_rows(plan, region)
+    return rows[0] if rows else None
+
+
+def all_state_rows(plan: BatchPlan, region: torch.Tensor) -> tuple[StateRows, ...]:
+    """The device tensors of each State group of the plan, in order."""
     groups = [g for g in plan.cache_groups if g.state_in.shape[0]]
-    if not groups:
-        return None
-    g = groups[0]
+    return tuple(_state_rows(plan, g, region) for g in groups)
+
+
+def _state_rows(plan: BatchPlan, g: CacheGroupPlan, region: torch.Tensor) -> StateRows:
     lens = plan.query_lens.astype(np.int64)
     indptr = g.checkpoint_indptr if g.checkpoint_indptr.shape[0] else np.zeros(len(lens) + 1)
     rows = np.repeat(np.arange(plan.num_sequences), np.diff(indptr).astype(np.int64))
@@ -142,9 +167,14 @@ def prefill_step(
         return torch.from_numpy(np.array(a, dtype=np.int32)).to(device)
 
     groups = tuple(
-        GroupTensors(dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids), dev(g.page_start))
+        GroupTensors(
+            dev(g.append_slots), dev(g.page_indptr), dev(g.page_ids), dev(g.page_start),
+            dev(g.entry_indptr) if g.entry_indptr.size else None,
+            torch.from_numpy(g.entry_slots.astype(np.int64)).to(device)
+            if g.entry_indptr.size else None,
+        )
         for g in plan.cache_groups
-    )
+    )  # fmt: skip
     span_end = tensors = None
     if media is not None:
         index = torch.from_numpy(media.token_index).to(device)
@@ -164,4 +194,5 @@ def prefill_step(
         span_end,
     )
     rows = None if state is None else state_rows(plan, state)
-    return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info, tensors, rows)
+    every = () if state is None else all_state_rows(plan, state)
+    return StepTensors(dev(plan.input_ids), dev(plan.positions), groups, info, tensors, rows, every)

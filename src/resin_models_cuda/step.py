@@ -26,12 +26,16 @@ class LayerSlot:
 
 @dataclass(frozen=True, slots=True)
 class GroupTensors:
-    """One cache group's int32 tensors: append slot per token, CSR page rows, first page index."""
+    """One cache group's int32 tensors: append slot per token, CSR page rows, first page index;
+    a Compressed group's (varlen steps) also the entries its rows complete: row b's are
+    `entry_slots[entry_indptr[b] .. entry_indptr[b + 1]]` (arena slot `page * E + w % E`)."""
 
     slots: torch.Tensor
     page_indptr: torch.Tensor
     page_ids: torch.Tensor
     page_start: torch.Tensor
+    entry_indptr: torch.Tensor | None = None
+    entry_slots: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +103,4 @@ class StepTensors:
     info: DecodeInfo | PrefillInfo
     media: MediaTensors | None = None
     state: StateRows | None = None  # models with a State group (linear attention)
+    states: tuple[StateRows, ...] = ()  # every State group, in order (varlen steps)

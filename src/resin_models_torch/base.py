@@ -106,6 +106,11 @@ class CausalLM(nn.Module):
         """The parameter a checkpoint tensor loads into (None: skip it)."""
         return default_names(name)
 
+    def optional_missing(self, missing: set[str]) -> set[str]:
+        """Of the parameters a checkpoint lacks, those that are an error (the model may drop
+        optional parts instead)."""
+        return missing
+
     def split_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """The tensors a checkpoint tensor holds (a fused layout unpacks into several)."""
         return [(name, tensor)]

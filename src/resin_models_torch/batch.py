@@ -260,11 +260,13 @@ class EntrySpec:
 @dataclass(frozen=True, slots=True)
 class BufferSpec:
     """A State group of `num_layers` layers of up to `tokens` buffered per-token vectors of
-    `width` values (DeepSeek-V4's compressor inputs not yet pooled into an entry)."""
+    `width` values (DeepSeek-V4's compressor inputs not yet pooled into an entry); `rewind`
+    of the tokens are room to serve a length that many tokens shorter (`State.rewind`)."""
 
     num_layers: int
     tokens: int
     width: int
+    rewind: int = 0
 
 
 @dataclass(frozen=True, slots=True)

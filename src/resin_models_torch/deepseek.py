@@ -11,6 +11,8 @@ renormalised over the chosen k, then multiplied by `routed_scale`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,7 +21,7 @@ from resin_model.config import ModelConfig, MoeConfig
 from resin_model.expert_routing import deepseek_route
 from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
-from resin_models_torch.batch import LayerSlot, StepContext
+from resin_models_torch.batch import CacheSpec, LatentSpec, LayerSlot, StepContext
 from resin_models_torch.layers import Float32Module, GatedMLP, Rotary
 from resin_models_torch.mla import MlaAttention
 
@@ -168,11 +170,24 @@ class DeepseekForCausalLM(CausalLM):
         out: torch.Tensor = self.model.norm(x)
         return out
 
+    def drafting_specs(self, num_drafts: int) -> tuple[CacheSpec, ...]:
+        """The latent group with the MTP layers as more layers of it."""
+        (spec,) = self.cache_specs
+        assert isinstance(spec, LatentSpec)
+        layers = self.config.num_layers + len(self.mtp)
+        return (replace(spec, num_layers=layers),)
+
+    def draft_source(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What an MTP layer pairs token i + 1 with: the final hidden state at i."""
+        return hidden
+
     def mtp_step(
         self, depth: int, ids: torch.Tensor, previous: torch.Tensor, ctx: StepContext
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP layer `depth` on (token i, final hidden state at i-1) pairs at the positions i
         of `ctx` (writing its cache layer where the plan appends): returns [T, hidden] whose
-        `logits` predict token i+1 (a draft one past the main model's)."""
+        `logits` predict token i+1 (a draft one past the main model's), twice: it is also
+        what a chained draft pairs with."""
         cos, sin = self.rotary.cos_sin(ctx.positions)
-        return self.mtp[depth].draft(self.embed(ids), previous, ctx, cos, sin)
+        out = self.mtp[depth].draft(self.embed(ids), previous, ctx, cos, sin)
+        return out, out

@@ -29,18 +29,27 @@ pooled once, from the same projections, in float32 softmax.
 
 Checkpoint names: the published layout (`layers.N.attn.wq_a`, `ffn.experts.E.w1`,
 `hc_attn_fn`, `embed`, `head`; with or without `model.`, as transformers saves it) maps to
-transformers' module names (`checkpoint_name`); the MTP layer (`mtp.*`) is not loaded.
+transformers' module names (`checkpoint_name`). The MTP layer (`mtp.0.*`, which transformers
+does not build) loads into `mtp` when the checkpoint has it; `MtpRunner` drafts with it.
+
+Speculative decoding: rejected drafts leave entries and window vectors past the kept length,
+rewritten before any query reads them, as for any paged group. The pending projections are a
+State, so a runner that drafts declares them with `rewind` = its draft count: each state page
+is a ring over positions (slot p % capacity, capacity = what a length needs + rewind) and a
+step writes every position the lengths `total - rewind .. total` need, so the next step reads
+the state as of whatever length the engine kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resin_model.config import DeepseekV4Config, ModelConfig, RopeConfig
+from resin_model.config import AttentionKind, DeepseekV4Config, ModelConfig, RopeConfig
+from resin_model.hf_deepseek_v4 import checkpoint_name as v4_checkpoint_name
 from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import (
@@ -154,6 +163,11 @@ class Compressor(nn.Module):
         return rope_tail(pooled, *rotary.cos_sin(windows * m))
 
 
+def _ring(lo: int, hi: int, capacity: int, device: torch.device) -> torch.Tensor:
+    """Ring slots of positions lo .. hi - 1 in a state page of `capacity` tokens."""
+    return torch.arange(lo, hi, device=device) % capacity
+
+
 class IndexerScorer(nn.Module):
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
@@ -256,7 +270,7 @@ class V4Slots:
 class V4Attention(nn.Module):
     float32_params = ("sinks",)
 
-    def __init__(self, config: ModelConfig, layer: int, slots: V4Slots) -> None:
+    def __init__(self, config: ModelConfig, kind: AttentionKind, slots: V4Slots) -> None:
         super().__init__()
         v4 = config.deepseek_v4
         assert v4 is not None
@@ -271,7 +285,6 @@ class V4Attention(nn.Module):
         self.o_a_proj = nn.Linear(heads * d // v4.o_groups, v4.o_groups * v4.o_lora_rank, False)
         self.o_b_proj = nn.Linear(v4.o_groups * v4.o_lora_rank, hidden, bias=False)
         self.sinks = nn.Parameter(torch.empty(heads))
-        kind = v4.attention[layer]
         self.compressor = None if kind == "sliding" else V4Compressed(config, v4, kind == "csa")
 
     def forward(
@@ -311,19 +324,27 @@ class V4Attention(nn.Module):
         projected = comp.project_all(x)
         store, ebatch = ctx.entries(self.slots.entries)
         buffers, sbatch = ctx.state(self.slots.buffer)
+        # A state page is a ring: position p's projections live in slot p % capacity.
+        # Capacity beyond `buffer_tokens` is the group's rewind: the state written after a
+        # step also serves the shorter lengths the engine may keep (rejected drafts).
+        capacity = buffers.shape[1]
+        rewind = capacity - comp.buffer_tokens
         state_in = sbatch.state_in.tolist()
         out_page = dict(zip(sbatch.state_rows.tolist(), sbatch.state_out.tolist(), strict=True))
         ckpt_rows, ckpt_local = sbatch.checkpoint_rows.tolist(), sbatch.checkpoint_local.tolist()
         ckpt_pages = sbatch.checkpoint_pages.tolist()
-        writes: list[tuple[int, torch.Tensor]] = []  # after every read of this layer's states
+        # after every read of this layer's states: (page, ring slots, projections)
+        writes: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         result = []
         for b, row in enumerate(rows):
             start = comp.buffer_start(row.cached)
-            held = buffers[state_in[b], : row.cached - start] if state_in[b] >= 0 else None
-            if held is None and row.cached > start:
-                raise ValueError("a row resumes without its compressor state")
             fresh = projected[row.tokens]
-            tokens = fresh if held is None else torch.cat((held.to(fresh.dtype), fresh))
+            tokens = fresh
+            if row.cached > start:
+                if state_in[b] < 0:
+                    raise ValueError("a row resumes without its compressor state")
+                held = buffers[state_in[b], _ring(start, row.cached, capacity, x.device)]
+                tokens = torch.cat((held.to(fresh.dtype), fresh))
             first, end = row.cached // comp.ratio, row.total // comp.ratio
             if end > first:
                 lo, hi = ebatch.new_indptr[b], ebatch.new_indptr[b + 1]
@@ -332,14 +353,18 @@ class V4Attention(nn.Module):
                 store[ebatch.new_pages[lo:hi], ebatch.new_offsets[lo:hi]] = new.to(store.dtype)
             count = ebatch.counts[b]
             result.append(store[ebatch.pages[b, :count], ebatch.offsets[b, :count]].to(x.dtype))
-            ends = [(out_page[b], row.total)] if b in out_page else []
-            ends += [(page, row.cached + local + 1) for r, local, page in
-                     zip(ckpt_rows, ckpt_local, ckpt_pages, strict=True) if r == b]  # fmt: skip
-            for page, length in ends:
-                keep = tokens[comp.buffer_start(length) - start : length - start]
-                writes.append((page, keep))
-        for page, keep in writes:
-            buffers[page, : keep.shape[0]] = keep.to(buffers.dtype)
+            # (page, length, shortest length the page must also serve)
+            ends = []
+            if b in out_page:
+                ends.append((out_page[b], row.total, max(row.total - rewind, row.cached)))
+            ends += [(page, row.cached + local + 1, row.cached + local + 1) for r, local, page
+                     in zip(ckpt_rows, ckpt_local, ckpt_pages, strict=True) if r == b]  # fmt: skip
+            for page, length, shortest in ends:
+                lo = comp.buffer_start(shortest)
+                keep = tokens[lo - start : length - start]
+                writes.append((page, _ring(lo, length, capacity, x.device), keep))
+        for page, slots, keep in writes:
+            buffers[page, slots] = keep.to(buffers.dtype)
         return result
 
     def _visible(
@@ -447,14 +472,16 @@ class V4Moe(nn.Module):
 
 
 class V4Layer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, slots: V4Slots) -> None:
+    def __init__(
+        self, config: ModelConfig, kind: AttentionKind, hashed: bool, slots: V4Slots
+    ) -> None:
         super().__init__()
         v4 = config.deepseek_v4
         assert v4 is not None
         hidden, eps = config.hidden_size, config.norm_eps
-        self.uses_compress_rope = v4.attention[layer] != "sliding"
-        self.self_attn = V4Attention(config, layer, slots)
-        self.mlp = V4Moe(config, v4.hash_layers[layer])
+        self.uses_compress_rope = kind != "sliding"
+        self.self_attn = V4Attention(config, kind, slots)
+        self.mlp = V4Moe(config, hashed)
         self.input_layernorm = V4Norm(hidden, eps)
         self.post_attention_layernorm = V4Norm(hidden, eps)
         self.attn_hc = HyperConnection(hidden, v4.hc_mult, v4.hc_iterations, v4.hc_eps, eps)
@@ -474,6 +501,42 @@ class V4Layer(nn.Module):
         post, comb, collapsed = self.ffn_hc(streams)
         out = self.mlp(self.post_attention_layernorm(collapsed), ids)
         return hc_mix(streams, post, comb, out)
+
+
+class V4MtpLayer(V4Layer):
+    """`mtp.k`: the multi-token-prediction block of the published checkpoint (transformers
+    does not build it). Token i's embedding and the main model's final streams at i-1 (before
+    `hc_head`) become its input streams, `e_proj(enorm(embed)) + h_proj(hnorm(stream))` per
+    stream; a sliding-only decoder layer (its K=V window is one more layer of the Window
+    group, non-hashed routing) follows, then its own `hc_head` and `norm` and the shared LM
+    head: the logits of token i + 1. The layer's output streams are what a chained draft pairs
+    with next."""
+
+    def __init__(self, config: ModelConfig, slots: V4Slots) -> None:
+        super().__init__(config, "sliding", False, slots)
+        v4 = config.deepseek_v4
+        assert v4 is not None
+        hidden, eps = config.hidden_size, config.norm_eps
+        self.e_proj = nn.Linear(hidden, hidden, bias=False)
+        self.h_proj = nn.Linear(hidden, hidden, bias=False)
+        self.enorm = V4Norm(hidden, eps)
+        self.hnorm = V4Norm(hidden, eps)
+        self.norm = V4Norm(hidden, eps)
+        self.hc_head = HyperHead(hidden, v4.hc_mult, v4.hc_eps, eps)
+
+    def draft(
+        self,
+        embeds: torch.Tensor,
+        previous: torch.Tensor,
+        ids: torch.Tensor,
+        ctx: StepContext,
+        rotary: V4Rotary,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """embeds [T, hidden], previous streams [T, n, hidden] -> (hidden for the LM head
+        [T, hidden], output streams [T, n, hidden])."""
+        streams = self.e_proj(self.enorm(embeds))[:, None, :] + self.h_proj(self.hnorm(previous))
+        streams = self(streams, ids, ctx, step_rows(ctx), rotary)
+        return self.norm(self.hc_head(streams)), streams
 
 
 class V4Backbone(Backbone):
@@ -508,7 +571,7 @@ class DeepseekV4ForCausalLM(CausalLM):
                 slots = V4Slots(LayerSlot(0, i), LayerSlot(entry_group[kind], seen[kind]),
                                 LayerSlot(buffer_group[kind], seen[kind]))  # fmt: skip
                 seen[kind] += 1
-            layers.append(V4Layer(config, i, slots))
+            layers.append(V4Layer(config, kind, v4.hash_layers[i], slots))
             if layers[-1].self_attn.compressor is not None:
                 shapes[kind] = layers[-1].self_attn.compressor
         specs: list[CacheSpec] = [LatentSpec(n, config.head_dim, config.sliding_window)]
@@ -516,6 +579,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         specs += [BufferSpec(counts[k], shapes[k].buffer_tokens, shapes[k].all_width)
                   for k in kinds]  # fmt: skip
         self.cache_specs = tuple(specs)
+        self.plain_specs = self.cache_specs
         self.slots = tuple(LayerSlot(0, i) for i in range(n))
         self.layer_groups = tuple(
             (0,) if kind == "sliding" else (0, entry_group[kind], buffer_group[kind])
@@ -524,9 +588,49 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.model = V4Backbone(config, nn.ModuleList(layers))
         self.main_rotary = V4Rotary(config.rope, v4.rope_dim)
         self.compress_rotary = V4Rotary(v4.compress_rope, v4.rope_dim)
+        # MTP layers (dropped at load when the checkpoint has none); each keeps its window as
+        # one more layer of group 0, declared only by a runner that drafts (`drafting_specs`)
+        self.mtp = nn.ModuleList(
+            V4MtpLayer(config, V4Slots(LayerSlot(0, n + k))) for k in range(config.num_mtp_layers)
+        )
+        self._streams: torch.Tensor | None = None
 
     def checkpoint_name(self, name: str) -> str | None:
         return v4_checkpoint_name(name)
+
+    def optional_missing(self, missing: set[str]) -> set[str]:
+        """A checkpoint without MTP weights (transformers saves none) loads without the MTP
+        layers; one with some of them must have all."""
+        mtp = {name for name, _ in self.mtp.named_parameters(prefix="mtp")}
+        if mtp and mtp <= missing:
+            self.mtp = nn.ModuleList()
+            return missing - mtp
+        return missing
+
+    def drafting_specs(self, num_drafts: int) -> tuple[CacheSpec, ...]:
+        """The cache groups with the MTP layers' windows in group 0, and compressor states
+        that can drop `num_drafts` rejected tokens (`State.rewind`)."""
+        window, *rest = self.plain_specs
+        assert isinstance(window, LatentSpec)
+        specs: list[CacheSpec] = [replace(window, num_layers=window.num_layers + len(self.mtp))]
+        for spec in rest:
+            if isinstance(spec, BufferSpec):
+                spec = replace(spec, tokens=spec.tokens + num_drafts, rewind=num_drafts)
+            specs.append(spec)
+        return tuple(specs)
+
+    def draft_source(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What an MTP layer pairs token i + 1 with: the last forward's final streams at i."""
+        assert self._streams is not None and self._streams.shape[0] == hidden.shape[0]
+        return self._streams
+
+    def mtp_step(
+        self, depth: int, ids: torch.Tensor, previous: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP layer `depth` on (token i, streams `previous` at i-1) at the positions of `ctx`
+        (window group only): (hidden whose `logits` predict token i + 1, streams to chain)."""
+        layer: V4MtpLayer = self.mtp[depth]  # type: ignore[assignment]
+        return layer.draft(self.embed(ids), previous, ids, ctx, self.main_rotary)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         v4 = self.config.deepseek_v4
@@ -538,6 +642,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         for layer in layers:
             rotary = self.compress_rotary if layer.uses_compress_rope else self.main_rotary
             streams = layer(streams, input_ids, ctx, rows, rotary)
+        self._streams = streams if len(self.mtp) else None
         out: torch.Tensor = self.model.norm(self.model.hc_head(streams))
         return out
 
@@ -552,63 +657,3 @@ def step_rows(ctx: StepContext) -> list[Row]:
         positions = ctx.positions[tokens]
         rows.append(Row(tokens, positions, int(positions[0]), int(positions[-1]) + 1))
     return rows
-
-
-# Published name piece -> transformers' module name piece, applied in order (transformers'
-# `conversion_mapping.py` lists the same renames for `deepseek_v4`).
-_RENAMES = (
-    (".attn.", ".self_attn."),
-    (".ffn.", ".mlp."),
-    (".indexer.compressor.", ".compressor.indexer."),
-    (".attn_norm.", ".input_layernorm."),
-    (".ffn_norm.", ".post_attention_layernorm."),
-    (".hc_attn_fn", ".attn_hc.fn"),
-    (".hc_attn_base", ".attn_hc.base"),
-    (".hc_attn_scale", ".attn_hc.scale"),
-    (".hc_ffn_fn", ".ffn_hc.fn"),
-    (".hc_ffn_base", ".ffn_hc.base"),
-    (".hc_ffn_scale", ".ffn_hc.scale"),
-    (".attn_sink", ".sinks"),
-    (".indexer.weights_proj.", ".compressor.indexer.scorer.weights_proj."),
-    (".indexer.wq_b.", ".compressor.indexer.q_b_proj."),
-    (".norm.", ".kv_norm."),
-    (".ape", ".position_bias"),
-    (".wq_a.", ".q_a_proj."),
-    (".self_attn.wq_b.", ".self_attn.q_b_proj."),
-    (".wkv.", ".kv_proj."),
-    (".wgate.", ".gate_proj."),
-    (".wo_a.", ".o_a_proj."),
-    (".wo_b.", ".o_b_proj."),
-    (".q_norm.", ".q_a_norm."),
-    (".gate.bias", ".gate.e_score_correction_bias"),
-    (".w1.", ".gate_proj."),
-    (".w2.", ".down_proj."),
-    (".w3.", ".up_proj."),
-)
-_TOP = {
-    "embed.weight": "model.embed_tokens.weight",
-    "embed_tokens.weight": "model.embed_tokens.weight",
-    "head.weight": "lm_head.weight",
-    "lm_head.weight": "lm_head.weight",
-    "norm.weight": "model.norm.weight",
-    "hc_head_fn": "model.hc_head.hc_fn",
-    "hc_head_base": "model.hc_head.hc_base",
-    "hc_head_scale": "model.hc_head.hc_scale",
-    "hc_head.hc_fn": "model.hc_head.hc_fn",
-    "hc_head.hc_base": "model.hc_head.hc_base",
-    "hc_head.hc_scale": "model.hc_head.hc_scale",
-}
-
-
-def v4_checkpoint_name(name: str) -> str | None:
-    """A checkpoint tensor's module name (None: the MTP layer, not loaded)."""
-    name = name.removeprefix("model.")
-    if name.startswith("mtp."):
-        return None
-    if name in _TOP:
-        return _TOP[name]
-    if not name.startswith("layers."):
-        return "model." + name
-    for old, new in _RENAMES:
-        name = name.replace(old, new)
-    return "model." + name

@@ -30,12 +30,14 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
     if not request.mtp:
         return runner
     from resin_models_torch.deepseek import DeepseekForCausalLM
+    from resin_models_torch.deepseek_v4 import DeepseekV4ForCausalLM
     from resin_models_torch.mtp import MtpRunner
 
-    if not isinstance(runner.model, DeepseekForCausalLM) or not runner.model.mtp:
+    model = runner.model
+    if not isinstance(model, DeepseekForCausalLM | DeepseekV4ForCausalLM) or not model.mtp:
         raise ValueError("--speculative mtp needs a DeepSeek checkpoint with MTP layers")
     # One draft per step, as the fast runner; no overlap (plain steps between verify steps).
-    return MtpRunner(runner.model, num_drafts=1, overlap=False)
+    return MtpRunner(model, num_drafts=1, overlap=False)
 
 
 def sequence_bytes(runner: Any, context_length: int) -> int:

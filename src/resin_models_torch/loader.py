@@ -47,10 +47,13 @@ def load_weights(
     names: NameMap = default_names,
     quant: QuantConfig | None = None,
     split: Splitter | None = None,
+    optional: Callable[[set[str]], set[str]] | None = None,
 ) -> None:
     """Copy every checkpoint tensor into `model` (cast to each parameter's dtype/device);
     a quantized checkpoint's weights (`quant`) are dequantized exactly first; `split` unpacks
-    a fused tensor into the ones the model holds (before `names` maps them)."""
+    a fused tensor into the ones the model holds (before `names` maps them); `optional` gets
+    the missing parameter names and returns those that are an error (the model may drop
+    optional parts a checkpoint lacks, e.g. DeepSeek-V4's MTP layer)."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     unexpected: list[str] = []
@@ -70,7 +73,8 @@ def load_weights(
                 raise ValueError(f"{raw_name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
             param.copy_(tensor.to(dtype=param.dtype))
             loaded.add(name)
-    missing = sorted(set(params) - loaded)
+    missing_names = set(params) - loaded
+    missing = sorted(optional(missing_names) if optional is not None else missing_names)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {folder} does not match the model: missing {missing[:8]}"

@@ -1,6 +1,10 @@
 """DeepSeek multi-token prediction (MTP) as a draft source for speculative decoding.
 
-`MtpRunner` is a `TorchRunner` for a DeepSeek checkpoint with MTP layers. Each step, after the
+`MtpRunner` is a `TorchRunner` for a DeepSeek (V3 or V4) checkpoint with MTP layers. The model
+says what its MTP layer pairs a token with (`draft_source`: V3's final hidden state, V4's
+final mHC streams) and which cache groups drafting needs (`drafting_specs`: the MTP layer as
+one more layer of group 0, V3's latents or V4's window; V4's compressor State able to drop
+rejected drafts). Each step, after the
 main model, it runs the first MTP layer on the step's tokens — token i paired with the main
 model's final hidden state at i-1 — at the same positions and append slots, so the MTP cache
 layer (one more layer of the latent group, which `MtpRunner` declares and a plain
@@ -38,6 +42,7 @@ from resin_models_torch.batch import (
     make_grid,
 )
 from resin_models_torch.deepseek import DeepseekForCausalLM
+from resin_models_torch.deepseek_v4 import DeepseekV4ForCausalLM
 from resin_models_torch.runner import RecordedStep, TorchRunner
 
 MAX_REMEMBERED = 4096  # rows whose last hidden state is kept between steps
@@ -46,25 +51,34 @@ MAX_REMEMBERED = 4096  # rows whose last hidden state is kept between steps
 class MtpRunner(TorchRunner):
     """A `TorchRunner` that also proposes MTP drafts (see the module docstring)."""
 
-    def __init__(self, model: DeepseekForCausalLM, *, num_drafts: int = 1, **kwargs: Any) -> None:
-        if not isinstance(model, DeepseekForCausalLM) or not model.mtp:
+    def __init__(
+        self,
+        model: DeepseekForCausalLM | DeepseekV4ForCausalLM,
+        *,
+        num_drafts: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(model, DeepseekForCausalLM | DeepseekV4ForCausalLM) or not model.mtp:
             raise ValueError("MtpRunner needs a DeepSeek model whose checkpoint has MTP layers")
         if num_drafts < 1:
             raise ValueError("num_drafts must be >= 1")
-        # The MTP layers cache their latents as more layers of the group (set, not added:
-        # several runners may wrap one model).
-        (spec,) = model.cache_specs
-        assert isinstance(spec, LatentSpec)
-        layers = model.config.num_layers + len(model.mtp)
-        model.cache_specs = (replace(spec, num_layers=layers),)
+        # The MTP layers cache as more layers of group 0 (set, not added: several runners may
+        # wrap one model).
+        model.cache_specs = model.drafting_specs(num_drafts)
         super().__init__(model, **kwargs)
         self.num_drafts = num_drafts
         self.deepseek = model
-        if {slot.group for slot in model.slots} != {0}:
-            raise ValueError("a DeepSeek model has one (latent) cache group")
+        spec = model.cache_specs[0]
+        assert isinstance(spec, LatentSpec)
+        self.window = spec.window
         self.drafts: dict[int, tuple[int, list[int]]] = {}
         self.mtp_recorded: list[RecordedStep] = []  # MTP logits of every token (record_logits)
         self._previous: dict[int, tuple[int, torch.Tensor]] = {}  # sid -> (position, hidden)
+        self._ids = torch.zeros(0, dtype=torch.long)
+
+    def _input_ids(self, plan: BatchPlan) -> torch.Tensor:
+        self._ids = super()._input_ids(plan)
+        return self._ids
 
     def _outputs(self, plan: BatchPlan, hidden: torch.Tensor) -> ForwardOutput:
         output = super()._outputs(plan, hidden)
@@ -73,6 +87,7 @@ class MtpRunner(TorchRunner):
     def _advance(
         self, plan: BatchPlan, hidden: torch.Tensor, output: ForwardOutput
     ) -> ForwardOutput:
+        hidden = self.deepseek.draft_source(hidden)
         group = plan.cache_groups[0]
         starts = plan.query_indptr[:-1].astype(np.int64)
         sids = plan.sequence_ids.tolist()
@@ -83,9 +98,12 @@ class MtpRunner(TorchRunner):
             ok = kept is not None and kept[0] == first - 1
             previous[start] = kept[1] if ok and kept is not None else 0.0
         grid = make_grid(plan, self.device)
-        batch = attention_batch(plan, group, grid, self.page_size, None, self.device, first_key=1)
-        ids = torch.from_numpy(plan.input_ids.astype(np.int64)).to(self.device)
-        mtp_hidden = self.deepseek.mtp_step(0, ids, previous, self._ctx(plan.positions, batch))
+        batch = attention_batch(
+            plan, group, grid, self.page_size, self.window, self.device, first_key=1
+        )
+        ids = self._ids  # the step's tokens, pipelined rows' resolved from the last samples
+        ctx = self._ctx(plan.positions, batch)
+        mtp_hidden, _ = self.deepseek.mtp_step(0, ids, previous, ctx)
         if self.record_logits:
             rows = np.repeat(np.arange(plan.num_sequences), plan.query_lens)
             logits = self.model.logits(mtp_hidden).float().cpu()
@@ -121,13 +139,15 @@ class MtpRunner(TorchRunner):
             # of queries over the cached MTP entries: the last query gives the next draft.
             width = depth + 1
             positions = first[:, None] + np.arange(width)[None, :]
-            batch = draft_batch(group, rows, first, width, self.page_size, self.device)
+            batch = draft_batch(group, rows, first, width, self.page_size, self.device, self.window)
             ids = torch.stack(tokens, dim=1).flatten()
             ctx = self._ctx(positions.flatten(), batch)
-            out = self.deepseek.mtp_step(0, ids, torch.stack(previous, dim=1).flatten(0, 1), ctx)
-            chained = out.view(len(rows), width, -1)[:, -1]
-            tokens.append(self.model.logits(chained).argmax(dim=-1))
-            previous.append(chained)
+            out, chain = self.deepseek.mtp_step(
+                0, ids, torch.stack(previous, dim=1).flatten(0, 1), ctx
+            )
+            newest = out.view(len(rows), width, -1)[:, -1]
+            tokens.append(self.model.logits(newest).argmax(dim=-1))
+            previous.append(chain.view(len(rows), width, *chain.shape[1:])[:, -1])
         drafted = torch.stack(tokens[1:], dim=1).tolist()
         for row, position, chain in zip(rows.tolist(), first.tolist(), drafted, strict=True):
             self.drafts[int(plan.sequence_ids[row])] = (position + 1, [int(t) for t in chain])
@@ -146,10 +166,12 @@ def draft_batch(
     width: int,
     page_size: int,
     device: Any,
+    window: int | None = None,
 ) -> AttentionBatch:
     """`width` queries per row at positions first[i] .. first[i] + width - 1 (never stored),
     seeing the row's cached keys at positions 1 .. first[i]-1 through its page row, then each
-    other causally. Queries are laid out row-major: query j of row i is flat token i*width+j."""
+    other causally; with a `window`, query p sees positions (p - window, p] only. Queries are
+    laid out row-major: query j of row i is flat token i*width+j."""
     lo = np.maximum(group.page_start[rows].astype(np.int64) * page_size, 1)
     counts = np.maximum(first - lo, 0)
     j = np.arange(int(counts.max(initial=0)))[None, :]
@@ -159,10 +181,12 @@ def draft_batch(
     pages = np.where(valid, group.page_ids[np.where(valid, entry, 0)], 0)
     b = len(rows)
     causal = np.tril(np.ones((width, width), dtype=bool))
-    mask = np.concatenate(
-        (np.repeat(valid[:, None, :], width, axis=1), np.broadcast_to(causal, (b, width, width))),
-        axis=2,
-    )
+    seen = np.repeat(valid[:, None, :], width, axis=1)
+    if window is not None:  # query j of row i is at first[i] + j
+        query_pos = first[:, None, None] + np.arange(width)[None, :, None]
+        seen &= key_pos[:, None, :] > query_pos - window
+        causal &= np.arange(width)[None, :] > np.arange(width)[:, None] - window
+    mask = np.concatenate((seen, np.broadcast_to(causal, (b, width, width))), axis=2)
 
     def t(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device)

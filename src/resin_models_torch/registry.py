@@ -43,7 +43,14 @@ def load_model(
     if dtype is None:
         dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     model = build_model(config, device, dtype)
-    load_weights(model, folder, model.checkpoint_name, config.quant, model.split_tensor)
+    load_weights(
+        model,
+        folder,
+        model.checkpoint_name,
+        config.quant,
+        model.split_tensor,
+        model.optional_missing,
+    )
     return model
 
 

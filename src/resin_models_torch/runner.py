@@ -135,6 +135,8 @@ class TorchRunner:
             return Compressed(ratio=spec.ratio, bytes_per_page=nbytes)
         if isinstance(spec, LatentSpec) and spec.window is None:
             return History(bytes_per_page=nbytes)
+        if isinstance(spec, BufferSpec):
+            return State(bytes_per_page=nbytes, rewind=spec.rewind)
         if not isinstance(spec, KvSpec | LatentSpec):
             return State(bytes_per_page=nbytes)
         if spec.window is None:

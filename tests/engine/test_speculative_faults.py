@@ -112,6 +112,13 @@ def test_refusals_say_why() -> None:
         Engine(CacheSimRunner(), speculation=Speculation(proposer))
     with pytest.raises(ValueError, match="State cache groups"):
         Engine(SpecCacheSimRunner(groups=(History(), State())), speculation=Speculation(proposer))
+    # A State that keeps what `rewind` rejected drafts need is accepted up to that many drafts.
+    rewinding = (History(), State(rewind=4))
+    with pytest.raises(ValueError, match="cannot drop 5 rejected"):
+        Engine(SpecCacheSimRunner(groups=rewinding), speculation=Speculation(proposer, 5))
+    Engine(SpecCacheSimRunner(groups=rewinding), speculation=Speculation(proposer, 4)).close()
+    with pytest.raises(ValueError, match="rewind"):
+        State(rewind=-1)
     with pytest.raises(ValueError, match="exceeds the runner's max_draft_tokens=8"):
         Engine(SpecCacheSimRunner(), speculation=Speculation(proposer, 9))
     with pytest.raises(ValueError, match="num_draft_tokens"):

@@ -15,7 +15,6 @@ selection is unique and the logits must agree everywhere.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -23,66 +22,21 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from dsv4_tiny import _CONFIG, HCA_RATIO, _checkpoint
 from ref_compare import hf_greedy, hf_logits
 
 from resin import Compressed, Engine, SamplingParams, State, TokensEvent, Window
+from resin_app.bench.checkpoint import write_checkpoint
 from resin_model.hf_config import parse_config
-from resin_models_torch.deepseek_v4 import v4_checkpoint_name
+from resin_model.presets import checkpoint_bytes, param_counts, preset, preset_hf
+from resin_model.quant_checkpoint import quantization_config
+from resin_models_torch.deepseek_v4 import DeepseekV4ForCausalLM, v4_checkpoint_name
 from resin_models_torch.registry import load_runner
 from resin_models_torch.runner import RecordedStep
 
 torch.set_num_threads(1)  # tiny matrices: threads only add contention
 
 TIE = 1e-6
-HCA_RATIO = 16  # the published 128, shrunk so short prompts emit HCA entries
-
-_CONFIG: dict[str, Any] = dict(
-    vocab_size=300,
-    hidden_size=64,
-    moe_intermediate_size=32,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    head_dim=32,
-    q_lora_rank=32,
-    qk_rope_head_dim=8,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    compress_ratios=[0, 0, 4, 128],  # the published spelling; 128 maps to HCA
-    compress_rate_hca=HCA_RATIO,
-    num_hash_layers=1,
-    sliding_window=16,
-    o_groups=2,
-    o_lora_rank=16,
-    index_n_heads=8,
-    index_head_dim=16,
-    index_topk=4,
-    hc_mult=2,
-    max_position_embeddings=1024,
-    initializer_range=0.1,
-    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
-                     "beta_fast": 32, "beta_slow": 1},
-)  # fmt: skip
-
-
-@functools.cache
-def _checkpoint(root: Path) -> tuple[Path, Any]:
-    config = transformers.DeepseekV4Config(**_CONFIG)
-    torch.manual_seed(0)
-    model = transformers.DeepseekV4ForCausalLM(config).eval()
-    with torch.no_grad():  # transformers zero-initialises these; exercise them
-        for name, param in model.named_parameters():
-            if name.endswith(("position_bias", "sinks", ".base", "hc_base")) or "norm" in name:
-                param.add_(torch.randn_like(param) * 0.1)
-        for layer in model.model.layers:
-            gate = layer.mlp.gate
-            if hasattr(gate, "tid2eid"):  # a fixed token -> experts table
-                table = torch.stack([torch.randperm(4)[:2] for _ in range(300)])
-                gate.tid2eid.copy_(table)
-            else:
-                gate.e_score_correction_bias.add_(torch.randn(4) * 0.1)
-    folder = root / "tiny-deepseek-v4"
-    model.save_pretrained(folder)
-    return folder, model
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +106,23 @@ def test_config_schedule_and_names(tiny: tuple[Path, Any]) -> None:
     assert v4_checkpoint_name("embed.weight") == "model.embed_tokens.weight"
     assert v4_checkpoint_name("head.weight") == "lm_head.weight"
     assert v4_checkpoint_name("hc_head_fn") == "model.hc_head.hc_fn"
-    assert v4_checkpoint_name("mtp.0.attn.wq_a.weight") is None
+    # the MTP layer: its own pieces, a decoder layer's names, no copy of embedding or head
+    mtp = {
+        "mtp.0.attn.wq_a.weight": "mtp.0.self_attn.q_a_proj.weight",
+        "mtp.0.attn.kv_norm.weight": "mtp.0.self_attn.kv_norm.weight",
+        "mtp.0.attn.norm.weight": "mtp.0.self_attn.kv_norm.weight",
+        "mtp.0.hc_attn_fn": "mtp.0.attn_hc.fn",
+        "mtp.0.ffn.experts.1.w3.weight": "mtp.0.mlp.experts.1.up_proj.weight",
+        "mtp.0.e_proj.weight": "mtp.0.e_proj.weight",
+        "mtp.0.hnorm.weight": "mtp.0.hnorm.weight",
+        "mtp.0.norm.weight": "mtp.0.norm.weight",
+        "mtp.0.hc_head_scale": "mtp.0.hc_head.hc_scale",
+        "mtp.0.emb.tok_emb.weight": None,
+        "mtp.0.head.weight": None,
+    }
+    for published, mapped in mtp.items():
+        assert v4_checkpoint_name(published) == mapped
+        assert v4_checkpoint_name("model." + published) == mapped
     expect = {
         "layers.2.attn.indexer.compressor.wkv.weight": "compressor.indexer.kv_proj.weight",
         "layers.2.attn.indexer.wq_b.weight": "compressor.indexer.q_b_proj.weight",
@@ -276,3 +246,34 @@ def test_bfloat16_within_transformers_own_error(tiny: tuple[Path, Any]) -> None:
     error = (ours[: len(prompt)] - ref).abs()
     assert float(error.max()) < 1.5 * float(theirs.max())
     assert float(error.mean()) < 1.5 * float(theirs.mean())
+
+
+def test_presets_count_the_published_sizes_and_run(tmp_path: Path) -> None:
+    full, reduced = preset("deepseek-v4-flash"), preset("deepseek-v4-flash-8l")
+    assert full.deepseek_v4 is not None and reduced.deepseek_v4 is not None
+    assert (full.deepseek_v4.attention.count("csa"), full.deepseek_v4.attention.count("hca")) == (
+        21, 20)  # fmt: skip
+    assert reduced.deepseek_v4.attention == ("sliding",) * 2 + ("csa", "hca") * 3
+    embedding = full.vocab_size * full.hidden_size
+    active, total = param_counts(full)
+    assert 284.2 < (total + embedding) / 1e9 < 284.5  # 284 B published (MTP left out)
+    assert 13.2 < active / 1e9 < 13.3  # 13.3 B a token without the embedding
+    # the 8-layer preset fits one H200 (~141 GB) in bf16 and in FP8 (head and embedding bf16)
+    assert 107 < checkpoint_bytes(reduced) / 1e9 < 108
+    fp8_block = quantization_config("fp8-block")
+    raw = {**preset_hf("deepseek-v4-flash-8l"), "quantization_config": fp8_block}
+    fp8 = parse_config(raw)
+    assert 54 < checkpoint_bytes(fp8) / 1e9 < 55.5
+    # `resin bench checkpoint`'s folder of the tiny preset loads (MTP included) and serves; the
+    # hash-routing table spreads tokens over the experts
+    written = write_checkpoint(preset_hf("tiny-deepseek_v4"), tmp_path / "tiny")
+    runner = load_runner(written.folder, page_size=16)
+    model = runner.model
+    assert isinstance(model, DeepseekV4ForCausalLM) and len(model.mtp) == 1
+    table = model.model.layers[0].mlp.gate.tid2eid
+    assert table is not None and set(table[:2].flatten().tolist()) == {0, 1, 2, 3}
+    with Engine(runner, context_length=256) as engine:
+        request = engine.submit(_prompt(3, 40), SamplingParams(max_output_tokens=4))
+        while engine.has_work():
+            engine.step()
+    assert len(request.take_result()) == 4

@@ -182,8 +182,9 @@ def check_runner(rc: RunnerConfig, num_draft_tokens: int) -> None:
             f"num_draft_tokens={num_draft_tokens} exceeds the runner's max_draft_tokens="
             f"{rc.max_draft_tokens}"
         )
-    if not all(g.rewindable for g in rc.cache_groups):
+    if not all(g.rewinds(num_draft_tokens) for g in rc.cache_groups):
         raise ValueError(
             "speculative decoding is not supported for runners with State cache groups "
-            "(recurrent state would need a checkpoint after every draft token to roll back)"
+            f"that cannot drop {num_draft_tokens} rejected draft tokens (a recurrent state "
+            "would need a checkpoint after every draft token to roll back)"
         )

@@ -92,7 +92,9 @@ def write_checkpoint(
 
 
 Param = tuple[str, tuple[int, ...], str]
-"""A tensor's checkpoint name, shape and fill ("normal", "ones" or "zeros")."""
+"""A tensor's checkpoint name, shape and fill ("normal", "ones", "zeros", or "table:E" for an
+integer table [rows, k] of expert ids below E: DeepSeek-V4's hash routing, row t naming
+experts t*k .. t*k + k - 1 modulo E, so tokens spread over the experts)."""
 
 
 def parameter_shapes(raw: dict[str, Any]) -> list[Param]:
@@ -101,11 +103,16 @@ def parameter_shapes(raw: dict[str, Any]) -> list[Param]:
     from resin_model.nn import RMSNorm
     from resin_models_torch.registry import build_model
 
-    model = build_model(parse_config(raw), "meta")
+    config = parse_config(raw)
+    model = build_model(config, "meta")
     norms = {
         id(m.weight): "zeros" if m.unit_offset else "ones"
         for m in model.modules()
         if isinstance(m, RMSNorm)
+    }
+    experts = config.moe.num_experts if config.moe is not None else 1
+    norms |= {
+        id(p): f"table:{experts}" for p in model.parameters() if not p.dtype.is_floating_point
     }
     return [
         (name, tuple(p.shape), norms.get(id(p), "normal")) for name, p in model.named_parameters()
@@ -167,6 +174,11 @@ def _write_shard(
 
     tensors: dict[str, torch.Tensor] = {}
     for name, shape, fill in group:
+        if fill.startswith("table:"):
+            rows, k = shape
+            ids = torch.arange(rows)[:, None] * k + torch.arange(k)[None, :]
+            tensors[name] = ids % int(fill.removeprefix("table:"))
+            continue
         if fill != "normal":
             make = torch.ones if fill == "ones" else torch.zeros
             tensors[name] = make(shape, dtype=dtype)

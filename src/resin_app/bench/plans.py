@@ -8,6 +8,10 @@ With several cache groups (a sliding-window model), each group gets its own page
 arena and lists every page of the row (page_start 0): the kernels bound the window themselves.
 With `state=True` (a model with a State group, declared after the token groups) row i of a
 step reads and writes State page i in place (a sequence's first step starts from zeros).
+`specs` (a runner's declared groups) replaces both: every token group gets its page range
+(a Compressed group its entry pages: entry page j lives on the page of the sequence's token
+page that starts its span, with the entry slots its rows complete), and State group k gives
+row i State page k * max rows + i (`max_rows` rows at most a step).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from resin.plan import BatchPlan, CacheGroupPlan, Phase, SamplingArrays
+from resin.protocols import CacheGroupSpec
 
 
 @dataclass
@@ -39,8 +44,18 @@ class Sampling:
 
 class PagedPlanner:
     def __init__(
-        self, num_pages: int, page_size: int, num_groups: int = 1, state: bool = False
+        self,
+        num_pages: int,
+        page_size: int,
+        num_groups: int = 1,
+        state: bool = False,
+        specs: tuple[CacheGroupSpec, ...] | None = None,
+        max_rows: int = 0,
     ) -> None:
+        self.specs, self.max_rows = specs, max_rows
+        if specs is not None:
+            num_groups = sum(not g.state_region for g in specs)
+            state = False
         self.page_size, self.num_groups, self.state = page_size, num_groups, state
         self.pages_per_group = num_pages // num_groups
         self._free = list(range(self.pages_per_group - 1, -1, -1))
@@ -118,6 +133,8 @@ class PagedPlanner:
             )
             for g in range(self.num_groups)
         )
+        if self.specs is not None:
+            groups = self._declared(rows, slots, pages, counts)
         if self.state:
             rows_i32 = np.arange(b, dtype=i32)
             state_in = np.where(np.asarray(cached) > 0, rows_i32, -1).astype(i32)
@@ -157,6 +174,66 @@ class PagedPlanner:
             draft_indptr=np.zeros(b + 1, dtype=i32),
             draft_ids=np.zeros(0, dtype=i32),
         )
+
+    def _declared(
+        self,
+        rows: list[tuple[Sequence, int]],
+        slots: list[np.ndarray],
+        pages: list[np.ndarray],
+        counts: list[int],
+    ) -> tuple[CacheGroupPlan, ...]:
+        """The plan rows of the runner's declared groups (`specs`, class docstring)."""
+        assert self.specs is not None
+        i32, b, ps, ppg = np.int32, len(rows), self.page_size, self.pages_per_group
+        groups: list[CacheGroupPlan] = []
+        token_group = state_group = 0
+        qstart = np.concatenate([[0], np.cumsum([n for _, n in rows])])
+        for index, spec in enumerate(self.specs):
+            if spec.state_region:
+                first = state_group * self.max_rows
+                rows_i32 = np.arange(b, dtype=i32) + first
+                state_in = np.where(np.asarray([s.cached for s, _ in rows]) > 0, rows_i32, -1)
+                groups.append(CacheGroupPlan(
+                    group=index, state_in=state_in.astype(i32), state_out=rows_i32,
+                    checkpoint_indptr=np.zeros(b + 1, dtype=i32),
+                ))  # fmt: skip
+                state_group += 1
+                continue
+            offset = token_group * ppg
+            token_group += 1
+            ratio = getattr(spec, "ratio", None)  # a Compressed group's entries
+            if ratio is None:
+                groups.append(CacheGroupPlan(
+                    group=index,
+                    page_indptr=np.concatenate([[0], np.cumsum(counts)]).astype(i32),
+                    page_ids=(np.concatenate(pages) + offset).astype(i32),
+                    page_start=np.zeros(b, dtype=i32),
+                    append_slots=(np.concatenate(slots) + offset * ps).astype(np.int64),
+                ))  # fmt: skip
+                continue
+            per_page = max(1, ps // ratio)
+            span = max(ps, ratio) // ps  # token pages an entry page spans
+            ids, page_counts, new, entry_slots, entry_token = [], [], [], [], []
+            for row, (seq, n) in enumerate(rows):
+                start, end = seq.cached, seq.cached + n
+                owned = np.asarray(seq.pages, dtype=np.int64)[::span] + offset
+                used = -(-(end // ratio) // per_page)
+                ids.append(owned[:used])
+                page_counts.append(used)
+                w = np.arange(start // ratio, end // ratio)
+                new.append(w.size)
+                entry_slots.append(owned[w // per_page] * per_page + w % per_page)
+                entry_token.append(qstart[row] + (w + 1) * ratio - 1 - start)
+            groups.append(CacheGroupPlan(
+                group=index,
+                page_indptr=np.concatenate([[0], np.cumsum(page_counts)]).astype(i32),
+                page_ids=np.concatenate(ids).astype(i32),
+                page_start=np.zeros(b, dtype=i32),
+                entry_indptr=np.concatenate([[0], np.cumsum(new)]).astype(i32),
+                entry_slots=np.concatenate(entry_slots).astype(np.int64),
+                entry_token=np.concatenate(entry_token).astype(i32),
+            ))  # fmt: skip
+        return tuple(groups)
 
     def free(self, seq: Sequence, shared_pages: int = 0) -> None:
         """Return a finished sequence's own pages (all but its first `shared_pages`)."""

@@ -41,7 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-config", default="llama-8b",
                    help="comma-separated presets: llama-8b, qwen3-8b, qwen3-30b-a3b, "
                         "gpt-oss-20b, gemma3-12b, olmo2-7b, llama-1b, deepseek-v2-lite, "
-                        "qwen3.5-35b-a3b, tiny-<arch>; PRESET:FORMAT quantizes the random "
+                        "qwen3.5-35b-a3b, glm-5.3-flash-8l, deepseek-v4-flash-8l, "
+                        "tiny-<arch>; PRESET:FORMAT quantizes the random "
                         "weights on the device (fp8-block, fp8-channel, mxfp4)")  # fmt: skip
     p.add_argument("--context-lengths", type=_ints, default=[1024, 4096, 8192],
                    help="prefill sweep: prompt lengths")  # fmt: skip
@@ -162,13 +163,14 @@ def _bench_model(
     held, stored = runner.model.nbytes(), checkpoint_bytes(runner.config, dtype.itemsize)
     print(f"{name}: weights {held / 1e9:.2f} GB on the device, {stored / 1e9:.2f} GB as stored "
           f"({held / stored:.3f}x), built in {load_s:.1f} s")  # fmt: skip
-    groups = len(runner.model.group_kinds)
+    rc = runner.runner_config
+    groups = sum(not g.state_region for g in rc.cache_groups)
     decode_pages = -(-(max(args.decode_contexts) + steps + 1) // args.page_size)
     prefill_pages = -(-max(args.context_lengths) // args.page_size)
     num_pages = groups * (max(args.batch_sizes) * decode_pages + prefill_pages + 8)
-    rc = runner.runner_config
-    # A State group (linear attention): one checkpoint page per row of the largest batch.
-    states = max(args.batch_sizes) if rc.state_page_bytes else 0
+    # Each State group: one checkpoint page per row of the largest batch.
+    state_groups = sum(g.state_region for g in rc.cache_groups)
+    states = state_groups * max(args.batch_sizes)
     layout = CacheLayout(num_pages, args.page_size, rc.page_bytes, rc.cache_groups, states,
                          rc.state_page_bytes)  # fmt: skip
     t0 = time.perf_counter()
@@ -176,7 +178,8 @@ def _bench_model(
     capture_s = time.perf_counter() - t0
     assert runner.kv is not None
     runner.kv.normal_()
-    planner = PagedPlanner(num_pages, args.page_size, groups, state=states > 0)
+    planner = PagedPlanner(num_pages, args.page_size, specs=rc.cache_groups,
+                           max_rows=max(args.batch_sizes))  # fmt: skip
     bench = RunnerBench(runner, planner, name, ceilings)
     records = []
     for ctx in _progress(args.context_lengths, f"{name} prefill"):

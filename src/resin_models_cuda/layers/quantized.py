@@ -24,7 +24,7 @@ from __future__ import annotations
 import glob
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -183,7 +183,12 @@ class StoredWeights(QuantizedWeights):
     tensors are still read exactly through `float32`."""
 
     def __init__(
-        self, folder: str, quant: QuantConfig | None, device: torch.device | str, dtype: torch.dtype
+        self,
+        folder: str,
+        quant: QuantConfig | None,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        names: Callable[[str], str | None] = default_names,
     ) -> None:
         from safetensors import safe_open
 
@@ -192,7 +197,7 @@ class StoredWeights(QuantizedWeights):
         for shard in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
             with safe_open(shard, framework="pt") as f:
                 for raw in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                    name = default_names(raw)
+                    name = names(raw)
                     if name is not None:
                         self._index[name] = (shard, raw)
         if not self._index:

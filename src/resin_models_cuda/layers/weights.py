@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
@@ -88,10 +88,11 @@ class SafetensorsWeights:
         device: torch.device | str,
         dtype: torch.dtype,
         progress: bool | None = None,
+        names: Callable[[str], str | None] = default_names,
     ) -> None:
         self.device, self.dtype = torch.device(device), dtype
         self.folder = folder
-        self._index = _shard_index(folder)  # name -> (shard, checkpoint name)
+        self._index = _shard_index(folder, names)  # name -> (shard, checkpoint name)
         self._files: dict[str, object] = {}  # open shards, by path
         self.loaded_bytes = 0
         total = sum(os.path.getsize(f) for f in {f for f, _ in self._index.values()})
@@ -154,7 +155,9 @@ class SafetensorsWeights:
         return "one of " + ", ".join(shards) + " (model.safetensors.index.json lists none)"
 
 
-def _shard_index(folder: str) -> dict[str, tuple[str, str]]:
+def _shard_index(
+    folder: str, names: Callable[[str], str | None] = default_names
+) -> dict[str, tuple[str, str]]:
     """Model name -> (shard path, checkpoint name): from `model.safetensors.index.json`'s
     weight map when present, else from the headers of every `*.safetensors` file."""
     from safetensors import safe_open
@@ -171,7 +174,7 @@ def _shard_index(folder: str) -> dict[str, tuple[str, str]]:
             with safe_open(str(path), framework="pt") as f:
                 pairs += [(str(path), raw) for raw in f.keys()]  # noqa: SIM118 - not a Mapping
     for shard, raw in pairs:
-        name = default_names(raw)
+        name = names(raw)
         if name is not None:
             index[name] = (shard, raw)
     if not index:

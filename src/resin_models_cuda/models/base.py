@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from resin.protocols import CacheGroupSpec
 from resin_model.config import LayerKind, ModelConfig
 from resin_models_cuda.layers import Attention, RMSNorm, Rotary, WeightSource
 from resin_models_cuda.step import LayerSlot, MediaTensors, StepTensors
@@ -22,11 +23,14 @@ STATE_KINDS: tuple[LayerKind, ...] = ("linear",)  # State groups, after the toke
 class BuildOptions:
     """`max_positions`: rotary table length; `moe_gemv_max_pairs`: token-expert pairs up to
     which MoE layers take the expert-GEMV path instead of the grouped GEMM; `mtp`: load the
-    checkpoint's first multi-token-prediction layer (DeepSeek) to draft with."""
+    checkpoint's first multi-token-prediction layer (DeepSeek) to draft with;
+    `max_draft_tokens`: drafts a row may verify (a model whose State can drop them keeps room
+    for that many, DeepSeek-V4)."""
 
     max_positions: int = 8192
     moe_gemv_max_pairs: int = 64
     mtp: bool = False
+    max_draft_tokens: int = 0
 
 
 class FastModel:
@@ -35,6 +39,7 @@ class FastModel:
     model with linear-attention layers also reads the step's State region (`step.state`)."""
 
     unit_offset_norms = False  # Gemma's (1 + w) RMSNorm weights
+    eager_only = False  # True: every step through `forward` on varlen tensors, no CUDA graphs
 
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         if "conv" in config.layer_types:
@@ -63,6 +68,13 @@ class FastModel:
         )
         tied = config.tie_embeddings
         self.lm_head = self.embed if tied else weights.get("lm_head.weight", (vocab, hidden))
+
+    def cache_groups(self, page_size: int) -> tuple[CacheGroupSpec, ...] | None:
+        """The model's own cache groups, or None: one per layer kind (`GROUP_KINDS`), then a
+        State group of `state_bytes` (the runner's default). A model that declares its own
+        views the token arena (`kv`, `cache_token_shape` per token of a one-layer group) and
+        the State region (`step.states`) as it likes, and runs eagerly (`eager_only`)."""
+        return None
 
     def state_bytes(self) -> int:
         """Bytes of one checkpoint of the model's State group (its linear-attention layers,

@@ -1,0 +1,615 @@
+"""DeepSeek-V4 (Flash) on the fast runner: a first, correctness-first version.
+
+The model declares the reference runner's cache groups byte for byte (`cache_groups`): the
+Window group of every layer's K=V vectors, a Compressed group per compressed kind present
+(CSA: the K=V entry then the indexer key; HCA: the K=V entry) and a State group per kind
+holding the compressor projections entries to come still need, a ring over positions (slot
+p % capacity). It views the runner's token arena per group (the arena is one flat vector a
+page, `cache_token_shape`) and the State region per group (`step.states`), and runs eagerly
+(`eager_only`: every step through the varlen path, no CUDA graphs). A State page keeps room
+for `max_draft_tokens` more positions (`State.rewind`), and a step writes what every length
+from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer tokens).
+
+Kernels: mHC's Sinkhorn weights and the final collapse's (`kernels/mhc.py`), the compressor's
+gated pooling (`kernels/compressor.py`) and the indexer's scores (`kernels/indexer.py`,
+top-k by `torch.topk`). Still plain torch here: the projections (dense matmuls), the window +
+compressed-entry attention with sinks (a row at a time), the MoE (`sqrt(softplus)` or hash
+routing, clamped SwiGLU, an expert at a time), norms and rotary. The math and its float32
+points are the reference runner's (`resin_models_torch/deepseek_v4.py`), which the tests
+compare against in the Triton interpreter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from resin.protocols import CacheGroupSpec, Compressed, State, Window
+from resin_model.config import AttentionKind, ModelConfig, RopeConfig
+from resin_models_cuda.kernels.compressor import gated_pool
+from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select
+from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
+from resin_models_cuda.layers import WeightSource
+from resin_models_cuda.models.base import BuildOptions, FastModel
+from resin_models_cuda.step import PrefillInfo, StateRows, StepTensors
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm with the float32 weight applied before the cast back (V4's)."""
+    xf = x.float()
+    return (weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+def _unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
+    scale = torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
+    return x * scale.to(x.dtype)
+
+
+class _Rotary:
+    """Interleaved-pair rotary on the trailing `dim` channels (float32 tables)."""
+
+    def __init__(self, rope: RopeConfig, dim: int, device: torch.device) -> None:
+        self.inv_freq = rope.inv_freq(dim).to(device)
+        self.factor = rope.attention_factor
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        return freqs.cos() * self.factor, freqs.sin() * self.factor
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    r = 2 * cos.shape[-1]
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (r,)
+    cos = cos.to(x.dtype).repeat_interleave(2, dim=-1).float().view(shape)
+    sin = sin.to(x.dtype).repeat_interleave(2, dim=-1).float().view(shape)
+    nope, rope = x[..., :-r], x[..., -r:].float()
+    turned = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    return torch.cat((nope, (rope * cos + turned * sin).to(x.dtype)), dim=-1)
+
+
+class _Slots:
+    """A layer's view of its group's pages [pages, per page, width], read and written by flat
+    arena slot (page * per page + offset) without copying the strided view."""
+
+    def __init__(self, pages: torch.Tensor) -> None:
+        self.pages, self.per_page = pages, pages.shape[1]
+        self.dtype = pages.dtype
+
+    def __getitem__(self, slots: torch.Tensor) -> torch.Tensor:
+        slots = slots.long()
+        return self.pages[slots // self.per_page, slots % self.per_page]
+
+    def __setitem__(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        slots = slots.long()
+        self.pages[slots // self.per_page, slots % self.per_page] = values
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    lo: int  # flat query tokens lo .. hi - 1
+    hi: int
+    cached: int
+    total: int
+
+
+class _Pooler:
+    """One compressor (`prefix`: `...compressor.` or `...compressor.indexer.`): `width`
+    values an entry, `ratio` tokens a block, CSA's overlap when `overlap`."""
+
+    def __init__(
+        self, w: WeightSource, prefix: str, hidden: int, width: int, ratio: int, overlap: bool
+    ) -> None:
+        proj = 2 * width if overlap else width
+        self.width, self.ratio, self.overlap = width, ratio, overlap
+        self.kv = w.get(f"{prefix}kv_proj.weight", (proj, hidden))
+        self.gate = w.get(f"{prefix}gate_proj.weight", (proj, hidden))
+        self.bias = w.get(f"{prefix}position_bias", (ratio, proj), dtype=torch.float32)
+        self.norm = w.get(f"{prefix}kv_norm.weight", (width,), "ones", dtype=torch.float32)
+        self.projected = 2 * proj  # values a token keeps in the State group
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat((F.linear(x, self.kv), F.linear(x, self.gate)), dim=-1)
+
+    def start(self, length: int) -> int:
+        complete = length // self.ratio
+        return max(0, complete - 1 if self.overlap else complete) * self.ratio
+
+    def buffer_tokens(self) -> int:
+        return max(1, (2 * self.ratio if self.overlap else self.ratio) - 1)
+
+    def entries(
+        self, tokens: torch.Tensor, start: int, first: int, end: int, rot: _Rotary, eps: float
+    ) -> torch.Tensor:
+        """Entries [first, end) from the projections of positions start, start + 1, ..."""
+        m, w, dev = self.ratio, self.width, tokens.device
+        windows = torch.arange(first, end, device=dev)
+        index = windows[:, None] * m - start + torch.arange(m, device=dev)[None, :]
+        kv_all, gate_all = tokens.chunk(2, dim=-1)
+        kv, gate, bias = kv_all[index], gate_all[index].float(), self.bias
+        if self.overlap:  # the previous block's first half-channels, then the block's second
+            none = (windows == 0)[:, None, None]
+            prev = (index - m).clamp(min=0)
+            prev_kv = kv_all[prev][..., :w].masked_fill(none, 0.0)
+            prev_gate = gate_all[prev][..., :w].float().masked_fill(none, float("-inf"))
+            kv = torch.cat((prev_kv, kv[..., w:]), dim=1)
+            gate = torch.cat((prev_gate, gate[..., w:]), dim=1)
+            bias = torch.cat((bias[:, :w], bias[:, w:]))
+        pooled = _norm(gated_pool(kv, gate, bias), self.norm, eps)
+        return _rope(pooled, *rot.cos_sin(windows * m))
+
+
+class _Attention:
+    def __init__(
+        self, c: ModelConfig, w: WeightSource, prefix: str, kind: AttentionKind, slots: list[int]
+    ) -> None:
+        v4 = c.deepseek_v4
+        assert v4 is not None
+        p, h, heads, d = f"{prefix}self_attn.", c.hidden_size, c.num_heads, c.head_dim
+        self.v4, self.kind, self.slots, self.eps = v4, kind, slots, c.norm_eps
+        self.heads, self.dim, self.window = heads, d, int(c.sliding_window or 0)
+        f32 = torch.float32
+        self.q_a = w.get(f"{p}q_a_proj.weight", (v4.q_lora_rank, h))
+        self.q_a_norm = w.get(f"{p}q_a_norm.weight", (v4.q_lora_rank,), "ones", dtype=f32)
+        self.q_b = w.get(f"{p}q_b_proj.weight", (heads * d, v4.q_lora_rank))
+        self.kv = w.get(f"{p}kv_proj.weight", (d, h))
+        self.kv_norm = w.get(f"{p}kv_norm.weight", (d,), "ones", dtype=f32)
+        g, rank = v4.o_groups, v4.o_lora_rank
+        self.o_a = w.get(f"{p}o_a_proj.weight", (g * rank, heads * d // g)).view(g, rank, -1)
+        self.o_b = w.get(f"{p}o_b_proj.weight", (h, g * rank), "out")
+        self.sinks = w.get(f"{p}sinks", (heads,), "zeros", dtype=f32)
+        self.pooler = self.indexer = None
+        if kind != "sliding":
+            ratio = v4.csa_ratio if kind == "csa" else v4.hca_ratio
+            self.pooler = _Pooler(w, f"{p}compressor.", h, d, ratio, kind == "csa")
+        if kind == "csa":
+            ip = f"{p}compressor.indexer."
+            self.indexer = _Pooler(w, ip, h, v4.index_head_dim, v4.csa_ratio, True)
+            dim = v4.index_head_dim
+            self.index_q = w.get(f"{ip}q_b_proj.weight", (v4.index_heads * dim, v4.q_lora_rank))
+            self.index_w = w.get(f"{ip}scorer.weights_proj.weight", (v4.index_heads, h))
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        step: StepTensors,
+        arena: DeepseekV4,
+        rows: list[_Row],
+        rot: _Rotary,
+    ) -> torch.Tensor:
+        cos, sin = rot.cos_sin(step.positions)
+        t = x.shape[0]
+        q_res = _norm(F.linear(x, self.q_a), self.q_a_norm, self.eps)
+        q = F.linear(q_res, self.q_b).view(t, self.heads, self.dim)
+        q = _rope(_unweighted(q, self.eps), cos, sin)
+        kv = _rope(_norm(F.linear(x, self.kv), self.kv_norm, self.eps), cos, sin)
+        window = arena.window_view(self.slots[0])
+        group = step.groups[0]
+        window[group.slots] = kv.to(window.dtype)
+        entries = self._update(x, step, arena, rows) if self.pooler is not None else None
+        out = torch.empty_like(q)
+        positions = step.positions.long()
+        for b, row in enumerate(rows):
+            qpos = positions[row.lo : row.hi]
+            lo = max(row.cached - self.window + 1, 0, int(group.page_start[b]) * arena.page_size)
+            kpos = torch.arange(lo, row.total, device=x.device)
+            keys = window[arena.token_slots(group, b, kpos)].to(x.dtype)
+            mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - self.window)
+            if entries is not None:
+                pooled, visible = self._visible(b, row, entries[b], x, q_res, qpos, rot)
+                keys, mask = torch.cat((keys, pooled)), torch.cat((mask, visible), dim=1)
+            out[row.lo : row.hi] = self._attend(q[row.lo : row.hi], keys, mask)
+        out = _rope(out, cos, -sin)  # V carried rotary: turn it back by the query's position
+        grouped = torch.einsum("tgi,gli->tgl", out.view(t, self.v4.o_groups, -1), self.o_a)
+        return F.linear(grouped.flatten(1), self.o_b)
+
+    def _update(
+        self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4, rows: list[_Row]
+    ) -> list[torch.Tensor]:
+        """Pool the entries the step completes into the Compressed group and carry the
+        projections entries to come need in the State group (and its checkpoints); each
+        row's entries after the step."""
+        pooler = self.pooler
+        assert pooler is not None
+        entry_group, state_group, index = self.slots[1], self.slots[2], self.slots[3]
+        projected = pooler.project(x)
+        if self.indexer is not None:
+            projected = torch.cat((projected, self.indexer.project(x)), dim=-1)
+        store = arena.entry_view(entry_group, index)
+        buffers = arena.state_view(state_group, index)
+        capacity = buffers.shape[1]
+        states = arena.state_rows(step, state_group)
+        state_in, state_out = states.state_in.tolist(), states.state_out.tolist()
+        ck_indptr, ck_len = states.ckpt_indptr.tolist(), states.ckpt_len.tolist()
+        ck_page = states.ckpt_page.tolist()
+        group = step.groups[entry_group]
+        assert group.entry_indptr is not None and group.entry_slots is not None
+        entry_indptr = group.entry_indptr.tolist()
+        writes: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        result = []
+        for b, row in enumerate(rows):
+            start = pooler.start(row.cached)
+            tokens = projected[row.lo : row.hi]
+            if row.cached > start:
+                if state_in[b] < 0:
+                    raise ValueError("a row resumes without its compressor state")
+                ring = torch.arange(start, row.cached, device=x.device) % capacity
+                tokens = torch.cat((buffers[state_in[b], ring].to(tokens.dtype), tokens))
+            first, end = row.cached // pooler.ratio, row.total // pooler.ratio
+            if end > first:
+                new = self._entries(tokens, start, first, end, arena)
+                slots = group.entry_slots[entry_indptr[b] : entry_indptr[b + 1]]
+                assert slots.shape[0] == end - first, "the plan's entry slots disagree"
+                store[slots] = new.to(store.dtype)
+            result.append(store[arena.entry_slots(group, b, end, pooler.ratio)].to(x.dtype))
+            # (page, length, the shortest length it must also serve: the engine may keep up
+            # to `rewind` fewer tokens than a step computed, rejected drafts)
+            ends = []
+            if state_out[b] >= 0:
+                ends.append((state_out[b], row.total, max(row.total - arena.rewind, row.cached)))
+            for c in range(ck_indptr[b], ck_indptr[b + 1]):
+                length = row.cached + ck_len[c]
+                ends.append((ck_page[c], length, length))
+            for page, length, shortest in ends:
+                lo = pooler.start(shortest)
+                keep = tokens[lo - start : length - start]
+                ring = torch.arange(lo, length, device=x.device) % capacity
+                writes.append((page, ring, keep))
+        for page, ring, keep in writes:
+            buffers[page, ring] = keep.to(buffers.dtype)
+        return result
+
+    def _entries(
+        self, tokens: torch.Tensor, start: int, first: int, end: int, arena: DeepseekV4
+    ) -> torch.Tensor:
+        pooler = self.pooler
+        assert pooler is not None
+        rot, split = arena.compress_rotary, pooler.projected
+        pooled = pooler.entries(tokens[:, :split], start, first, end, rot, self.eps)
+        if self.indexer is None:
+            return pooled
+        keys = self.indexer.entries(tokens[:, split:], start, first, end, rot, self.eps)
+        return torch.cat((pooled, keys), dim=-1)
+
+    def _visible(
+        self,
+        b: int,
+        row: _Row,
+        entries: torch.Tensor,
+        x: torch.Tensor,
+        q_res: torch.Tensor,
+        qpos: torch.Tensor,
+        rot: _Rotary,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A row's K=V entries [E, D] and which of them each of its queries reads [Q, E]."""
+        pooler = self.pooler
+        assert pooler is not None
+        pooled = entries[:, : self.dim]
+        if self.indexer is None:
+            index = torch.arange(entries.shape[0], device=x.device)
+            return pooled, index[None, :] < (qpos[:, None] + 1) // pooler.ratio
+        v4, n = self.v4, row.hi - row.lo
+        dim = v4.index_head_dim
+        q = F.linear(q_res[row.lo : row.hi], self.index_q).view(n, v4.index_heads, dim)
+        q = _rope(q, *rot.cos_sin(qpos)).float()
+        weights = F.linear(x[row.lo : row.hi], self.index_w).float() * v4.index_heads**-0.5
+        keys = entries[None, :, self.dim :]
+        zeros = torch.zeros(n, dtype=torch.int32, device=x.device)
+        count = torch.tensor([entries.shape[0]], dtype=torch.int32, device=x.device)
+        scores = indexer_scores(q, keys, weights, zeros, qpos, count, v4.csa_ratio)
+        return pooled, indexer_select(scores, v4.index_topk)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.dim**-0.5
+        logits = logits.masked_fill(~mask[None], float("-inf"))
+        sinks = self.sinks[:, None, None].expand(-1, q.shape[0], 1)
+        combined = torch.cat((logits.float(), sinks), dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = combined.softmax(dim=-1)[..., :-1].to(q.dtype)
+        return torch.einsum("hqk,kd->qhd", probs, keys)
+
+
+class _Moe:
+    """Routed experts (`sqrt(softplus)` scores; the top-k of score + bias, or the token-id
+    table of a hash layer), renormalised and scaled, plus the shared expert; SwiGLU clamped."""
+
+    def __init__(self, c: ModelConfig, w: WeightSource, prefix: str, hashed: bool) -> None:
+        moe, v4 = c.moe, c.deepseek_v4
+        assert moe is not None and v4 is not None
+        p, h, inner = f"{prefix}mlp.", c.hidden_size, moe.intermediate_size
+        self.moe, self.limit = moe, v4.swiglu_limit
+        self.router = w.get(f"{p}gate.weight", (moe.num_experts, h))
+        self.table = self.bias = None
+        if hashed:  # a checkpoint's ids are < E already; random weights' become valid ids
+            table = w.get(f"{p}gate.tid2eid", (c.vocab_size, moe.top_k), dtype=torch.int64)
+            self.table = table.remainder(moe.num_experts)
+        else:
+            name = f"{p}gate.e_score_correction_bias"
+            self.bias = w.get(name, (moe.num_experts,), "zeros", dtype=torch.float32)
+        self.experts = [self._mlp(w, f"{p}experts.{e}.", h, inner) for e in range(moe.num_experts)]
+        self.shared = self._mlp(w, f"{p}shared_experts.", h, moe.shared_intermediate_size)
+
+    @staticmethod
+    def _mlp(w: WeightSource, p: str, h: int, inner: int) -> tuple[torch.Tensor, ...]:
+        return (
+            w.get(f"{p}gate_proj.weight", (inner, h)),
+            w.get(f"{p}up_proj.weight", (inner, h)),
+            w.get(f"{p}down_proj.weight", (h, inner), "out"),
+        )
+
+    def _swiglu(self, x: torch.Tensor, mlp: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        gate = F.linear(x, mlp[0]).clamp(max=self.limit)
+        up = F.linear(x, mlp[1]).clamp(-self.limit, self.limit)
+        return F.linear(F.silu(gate) * up, mlp[2])
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        scores = F.softplus(F.linear(x, self.router)).sqrt()
+        if self.table is not None:
+            chosen = self.table[ids.long()]
+        else:
+            assert self.bias is not None
+            chosen = torch.topk(scores + self.bias, self.moe.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, chosen)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.moe.routed_scale
+        out = torch.zeros_like(x)
+        for expert in torch.unique(chosen).tolist():
+            token, slot = torch.where(chosen == expert)
+            y = self._swiglu(x[token], self.experts[expert]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(x.dtype))
+        return out + self._swiglu(x, self.shared)
+
+
+class _HyperConnection:
+    def __init__(self, c: ModelConfig, w: WeightSource, prefix: str) -> None:
+        v4 = c.deepseek_v4
+        assert v4 is not None
+        n, h, f32 = v4.hc_mult, c.hidden_size, torch.float32
+        self.fn = w.get(f"{prefix}fn", ((2 + n) * n, n * h), dtype=f32)
+        self.base = w.get(f"{prefix}base", ((2 + n) * n,), "zeros", dtype=f32)
+        self.scale = w.get(f"{prefix}scale", (3,), "ones", dtype=f32)
+        self.iterations, self.eps, self.norm_eps = v4.hc_iterations, v4.hc_eps, c.norm_eps
+
+    def __call__(self, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        flat = _unweighted(streams.flatten(1).float(), self.norm_eps)
+        mixes = F.linear(flat, self.fn).contiguous()
+        pre, post, comb = hc_weights(mixes, self.scale, self.base, self.iterations, self.eps)
+        return post, comb, (pre[..., None] * streams).sum(dim=1).to(streams.dtype)
+
+
+def _mix(
+    streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    dtype = streams.dtype
+    mixed = torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
+    return post.to(dtype)[..., None] * out[:, None, :] + mixed
+
+
+class _Layer:
+    def __init__(
+        self, c: ModelConfig, w: WeightSource, p: str, attention: _Attention, moe: _Moe
+    ) -> None:
+        h, f32 = c.hidden_size, torch.float32
+        self.attention, self.moe, self.eps = attention, moe, c.norm_eps
+        self.input_norm = w.get(f"{p}input_layernorm.weight", (h,), "ones", dtype=f32)
+        self.post_norm = w.get(f"{p}post_attention_layernorm.weight", (h,), "ones", dtype=f32)
+        self.attn_hc = _HyperConnection(c, w, f"{p}attn_hc.")
+        self.ffn_hc = _HyperConnection(c, w, f"{p}ffn_hc.")
+
+
+class _Mtp:
+    """The published MTP block (`mtp.0.*`, as the reference's `V4MtpLayer`): `e_proj(enorm(
+    embedding))` plus `h_proj(hnorm(stream))` per stream, a sliding-only layer (its window one
+    more layer of the Window group), its own `hc_head` and `norm`; the LM head is the model's."""
+
+    def __init__(self, c: ModelConfig, w: WeightSource, window_layer: int) -> None:
+        v4 = c.deepseek_v4
+        assert v4 is not None
+        p, h, n, f32 = "mtp.0.", c.hidden_size, v4.hc_mult, torch.float32
+        attention = _Attention(c, w, p, "sliding", [window_layer])
+        self.layer = _Layer(c, w, p, attention, _Moe(c, w, p, False))
+        self.e_proj = w.get(f"{p}e_proj.weight", (h, h))
+        self.h_proj = w.get(f"{p}h_proj.weight", (h, h))
+        self.enorm = w.get(f"{p}enorm.weight", (h,), "ones", dtype=f32)
+        self.hnorm = w.get(f"{p}hnorm.weight", (h,), "ones", dtype=f32)
+        self.norm = w.get(f"{p}norm.weight", (h,), "ones", dtype=f32)
+        self.hc_fn = w.get(f"{p}hc_head.hc_fn", (n, n * h), dtype=f32)
+        self.hc_base = w.get(f"{p}hc_head.hc_base", (n,), "zeros", dtype=f32)
+        self.hc_scale = w.get(f"{p}hc_head.hc_scale", (1,), "ones", dtype=f32)
+
+
+class DeepseekV4(FastModel):
+    eager_only = True
+
+    def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
+        v4 = config.deepseek_v4
+        if v4 is None or config.moe is None or config.sliding_window is None:
+            raise ValueError("deepseek_v4 needs its DeepseekV4Config, MoE and window")
+        super().__init__(config, weights, options)
+        self.v4 = v4
+        self.rewind = options.max_draft_tokens  # State room for drafts a step may drop
+        kinds = [k for k in ("csa", "hca") if k in v4.attention]
+        self.kinds = kinds
+        self.counts = {k: v4.attention.count(k) for k in kinds}
+        self.layers = []
+        seen = dict.fromkeys(kinds, 0)
+        self._widths: dict[str, tuple[int, int, int]] = {}  # entry width, buffer tokens, width
+        for i, kind in enumerate(v4.attention):
+            slots = [i]
+            if kind != "sliding":
+                k = kinds.index(kind)
+                slots += [1 + k, 1 + len(kinds) + k, seen[kind]]
+                seen[kind] += 1
+            prefix = f"model.layers.{i}."
+            attention = _Attention(config, weights, prefix, kind, slots)
+            if attention.pooler is not None:
+                extra = attention.indexer.projected if attention.indexer is not None else 0
+                entry = config.head_dim + (v4.index_head_dim if kind == "csa" else 0)
+                buffer = attention.pooler.buffer_tokens() + self.rewind
+                self._widths[kind] = (entry, buffer, attention.pooler.projected + extra)
+            moe = _Moe(config, weights, prefix, v4.hash_layers[i])
+            self.layers.append(_Layer(config, weights, prefix, attention, moe))
+        f32, h, n = torch.float32, config.hidden_size, v4.hc_mult
+        self.norm_weight = weights.get("model.norm.weight", (h,), "ones", dtype=f32)
+        self.hc_fn = weights.get("model.hc_head.hc_fn", (n, n * h), dtype=f32)
+        self.hc_base = weights.get("model.hc_head.hc_base", (n,), "zeros", dtype=f32)
+        self.hc_scale = weights.get("model.hc_head.hc_scale", (1,), "ones", dtype=f32)
+        self.main_rotary = _Rotary(config.rope, v4.rope_dim, self.device)
+        self.compress_rotary = _Rotary(v4.compress_rope, v4.rope_dim, self.device)
+        self.mtp: _Mtp | None = None
+        self.window_layers = config.num_layers
+        if options.mtp:
+            if not config.num_mtp_layers:
+                raise ValueError(f"{config.model_type}: the checkpoint has no MTP layers")
+            self.mtp = _Mtp(config, weights, config.num_layers)
+            self.window_layers += 1  # its window: one more layer of the Window group
+        self._streams: torch.Tensor | None = None
+        self.layers_per_group = (1,)
+        self.page_size = 0  # set by `cache_groups`
+        self._kv: torch.Tensor | None = None
+        self._region = torch.zeros(0, 0, dtype=torch.uint8)  # the step's State region
+
+    # ----- cache groups and views ---------------------------------------------------------
+
+    def _entries_per_page(self, ratio: int) -> int:
+        return Compressed(ratio).entries_per_page(self.page_size)
+
+    def cache_groups(self, page_size: int) -> tuple[CacheGroupSpec, ...]:
+        """The reference runner's groups, byte for byte (module docstring)."""
+        self.page_size = page_size
+        size, v4 = self.dtype.itemsize, self.v4
+        layers, d = self.window_layers, self.config.head_dim
+        groups: list[CacheGroupSpec] = [Window(int(self.config.sliding_window or 0),
+                                               layers * page_size * d * size)]  # fmt: skip
+        for kind in self.kinds:
+            ratio = v4.csa_ratio if kind == "csa" else v4.hca_ratio
+            entry = self._widths[kind][0]
+            per_page = self._entries_per_page(ratio)
+            groups.append(Compressed(ratio, self.counts[kind] * per_page * entry * size))
+        for kind in self.kinds:
+            _, tokens, width = self._widths[kind]
+            groups.append(State(self.counts[kind] * tokens * width * size, self.rewind))
+        return tuple(groups)
+
+    def state_bytes(self) -> int:
+        groups = self.cache_groups(self.page_size or 16)
+        return max(g.bytes_per_page for g in groups if g.state_region)
+
+    def cache_token_shape(self) -> tuple[int, int, int]:
+        """The token arena as one flat vector a page (a one-layer group of one plane)."""
+        token = max(g.bytes_per_page for g in self.cache_groups(self.page_size or 16)
+                    if not g.state_region)  # fmt: skip
+        per_token = -(-token // (self.dtype.itemsize * (self.page_size or 16)))
+        return 1, 1, per_token
+
+    def _flat(self) -> torch.Tensor:
+        assert self._kv is not None
+        return self._kv.view(self._kv.shape[0], -1)
+
+    def window_view(self, layer: int) -> _Slots:
+        """Layer `layer`'s K=V vectors by arena token slot (page * page_size + offset)."""
+        n, ps, d = self.window_layers, self.page_size, self.config.head_dim
+        pages = self._flat()[:, : n * ps * d].view(-1, n, ps, d)
+        return _Slots(pages[:, layer])
+
+    def entry_view(self, group: int, index: int) -> _Slots:
+        """Layer `index` of Compressed group `group` by arena entry slot (page * E + w % E)."""
+        kind = self.kinds[group - 1]
+        ratio = self.v4.csa_ratio if kind == "csa" else self.v4.hca_ratio
+        per_page, width = self._entries_per_page(ratio), self._widths[kind][0]
+        count = self.counts[kind]
+        pages = self._flat()[:, : count * per_page * width].view(-1, count, per_page, width)
+        return _Slots(pages[:, index])
+
+    def state_view(self, group: int, index: int) -> torch.Tensor:
+        """Layer `index` of State group `group`: [state pages, tokens, width] (a ring)."""
+        kind = self.kinds[group - 1 - len(self.kinds)]
+        _, tokens, width = self._widths[kind]
+        count = self.counts[kind]
+        region = self._region
+        flat = region[:, : count * tokens * width * self.dtype.itemsize].view(self.dtype)
+        return flat.view(region.shape[0], count, tokens, width)[:, index]
+
+    def state_rows(self, step: StepTensors, group: int) -> StateRows:
+        return step.states[group - 1 - len(self.kinds)]
+
+    def token_slots(self, group: object, b: int, positions: torch.Tensor) -> torch.Tensor:
+        """Arena token slots of row b's positions in a Window / History group's pages."""
+        ps = self.page_size
+        indptr, ids, start = group.page_indptr, group.page_ids, group.page_start  # type: ignore[attr-defined]
+        page = ids[(indptr[b] + positions // ps - start[b]).long()].long()
+        return page * ps + positions % ps
+
+    def entry_slots(self, group: object, b: int, count: int, ratio: int) -> torch.Tensor:
+        """Arena entry slots of row b's entries [0, count)."""
+        per_page = self._entries_per_page(ratio)
+        w = torch.arange(count, device=self.device)
+        indptr, ids = group.page_indptr, group.page_ids  # type: ignore[attr-defined]
+        page = ids[(indptr[b] + w // per_page).long()].long()
+        return page * per_page + w % per_page
+
+    # ----- forward ------------------------------------------------------------------------
+
+    def _rows(self, step: StepTensors, kv: torch.Tensor) -> list[_Row]:
+        info = step.info
+        assert isinstance(info, PrefillInfo), "DeepSeek-V4 runs eagerly (varlen steps)"
+        self._kv = kv
+        if step.states:
+            self._region = step.states[0].region
+        indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
+        return [
+            _Row(lo, hi, c, c + hi - lo)
+            for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
+        ]
+
+    def mtp_forward(
+        self, ids: torch.Tensor, previous: torch.Tensor, step: StepTensors, kv: torch.Tensor
+    ) -> torch.Tensor:
+        """The MTP layer on (token `ids[t]`, the main model's final streams at t from this
+        step's `forward`; `previous`, its collapsed output, is not what V4 pairs with) at the
+        step's positions, writing its window layer at the append slots: [T, hidden] whose
+        `logits` are drafts one past the main model's tokens."""
+        mtp, streams = self.mtp, self._streams
+        if mtp is None:
+            raise RuntimeError("the model was built without its MTP layer (BuildOptions.mtp)")
+        assert streams is not None and streams.shape[0] == previous.shape[0]
+        rows = self._rows(step, kv)
+        eps = self.config.norm_eps
+        embeds = _norm(self.embed_tokens(ids), mtp.enorm, eps)
+        x = F.linear(embeds, mtp.e_proj)[:, None, :] + F.linear(
+            _norm(streams, mtp.hnorm, eps), mtp.h_proj
+        )
+        x = self._layer(mtp.layer, "sliding", x, step, rows, ids)
+        flat = _unweighted(x.flatten(1).float(), eps)
+        pre = hc_head_weights(F.linear(flat, mtp.hc_fn).contiguous(), mtp.hc_scale,
+                              mtp.hc_base, self.v4.hc_eps)  # fmt: skip
+        return _norm((pre[..., None] * x).sum(dim=1).to(x.dtype), mtp.norm, eps)
+
+    def _layer(
+        self,
+        layer: _Layer,
+        kind: str,
+        streams: torch.Tensor,
+        step: StepTensors,
+        rows: list[_Row],
+        ids: torch.Tensor,
+    ) -> torch.Tensor:
+        rot = self.main_rotary if kind == "sliding" else self.compress_rotary
+        post, comb, collapsed = layer.attn_hc(streams)
+        x = _norm(collapsed, layer.input_norm, layer.eps)
+        streams = _mix(streams, post, comb, layer.attention(x, step, self, rows, rot))
+        post, comb, collapsed = layer.ffn_hc(streams)
+        x = _norm(collapsed, layer.post_norm, layer.eps)
+        return _mix(streams, post, comb, layer.moe(x, ids))
+
+    def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
+        rows = self._rows(step, kv)
+        x = self.embed_tokens(step.input_ids)
+        streams = x[:, None, :].expand(-1, self.v4.hc_mult, -1).contiguous()
+        for layer, kind in zip(self.layers, self.v4.attention, strict=True):
+            streams = self._layer(layer, kind, streams, step, rows, step.input_ids)
+        self._streams = streams if self.mtp is not None else None
+        flat = _unweighted(streams.flatten(1).float(), self.config.norm_eps)
+        mixes = F.linear(flat, self.hc_fn).contiguous()
+        pre = hc_head_weights(mixes, self.hc_scale, self.hc_base, self.v4.hc_eps)
+        collapsed = (pre[..., None] * streams).sum(dim=1).to(streams.dtype)
+        return _norm(collapsed, self.norm_weight, self.config.norm_eps)

@@ -1,0 +1,167 @@
+"""DeepSeek-V4 on the fast runner against the reference runner, float32, in the Triton
+interpreter on CPU: the tiny transformers model of `tests/models/test_deepseek_v4.py` (sliding,
+sliding, CSA, HCA; HCA ratio 16; indexer top-4 active) saved as a folder, both runners loading
+it. Both declare the same cache groups byte for byte; the Engine drives each over the same
+requests with 16-token prefill chunks and prefix caching (a second round resumes from the
+first's pages and State checkpoints), and the greedy tokens and the logits of every step
+agree. The selection is compared where it is unique (the reference test checks the gap at the
+k-th candidate for its prompts; here the tokens and logits must agree, so a tie that broke
+differently would show)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resin import Engine, SamplingParams
+from tests.models.dsv4_tiny import _checkpoint
+
+_ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-dsv4-"))
+
+
+def _runners(device: str) -> tuple[Any, Any]:
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.registry import load_runner as load_reference
+
+    folder, _ = _checkpoint(_ROOT)
+    reference = load_reference(folder, page_size=16, num_pages=64, device=device)
+    # no draft room, so the State groups are the reference's byte for byte
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=256, num_pages=64,
+                            max_draft_tokens=0)  # fmt: skip
+    return reference, load_runner(folder, options, device, torch.float32)
+
+
+def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    outputs, reused = [], 0
+    with Engine(runner, context_length=256, prefix_cache=True, prefill_chunk_tokens=16,
+                max_batch_tokens=40, max_sequences=4) as engine:  # fmt: skip
+        for _ in range(2):
+            requests = [engine.submit(p, params) for p in prompts]
+            while engine.has_work():
+                engine.step()
+            outputs.append([list(r.take_result()) for r in requests])
+            reused = sum(r.cached_tokens for r in requests)
+    assert outputs[0] == outputs[1]
+    return outputs[0], reused
+
+
+def test_same_tokens_and_groups_as_the_reference(device: str) -> None:
+    reference, fast = _runners(device)
+    assert fast.runner_config.cache_groups == reference.runner_config.cache_groups
+    gen = torch.Generator().manual_seed(7)
+    shared = torch.randint(0, 300, (36,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, 300, (n,), generator=gen).tolist() for n in (3, 14)]
+    want, reused_ref = _generate(reference, prompts)
+    got, reused = _generate(fast, prompts)
+    assert got == want
+    assert reused == reused_ref > 0
+
+
+def test_logits_equal_the_reference_step_by_step(device: str) -> None:
+    reference, fast = _runners(device)
+    reference.record_logits = True
+    prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    steps: list[torch.Tensor] = []
+    logits = fast.model.logits
+
+    def recorded(hidden: torch.Tensor) -> torch.Tensor:  # every step's sampled rows
+        out = logits(hidden)
+        steps.append(out.cpu())
+        return out
+
+    fast.model.logits = recorded
+    for runner in (reference, fast):
+        with Engine(runner, context_length=256, prefill_chunk_tokens=16) as engine:
+            engine.submit(prompt, params)
+            while engine.has_work():
+                engine.step()
+    # the same steps on both; a step that samples compares its sampled token's logits
+    assert len(steps) == len(reference.recorded) == 5
+    for got, step in zip(steps, reference.recorded, strict=True):
+        assert step.logits is not None
+        if got.shape[0]:
+            torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+
+
+def _drafts_each_step(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], set[Any]]:
+    """The greedy tokens, and every (request, sequence length, drafts) the runner offered
+    (what `MtpProposer` would propose after a sequence that long; the fast runner offers them
+    a step later, as it collects a step after the next is submitted)."""
+    params = SamplingParams(max_output_tokens=6, temperature=0.0, ignore_stop_tokens=True)
+    seen = set()
+    with Engine(runner, context_length=128, prefill_chunk_tokens=512) as engine:
+        requests = [engine.submit(p, params) for p in prompts]
+        while engine.has_work():
+            engine.step()
+            for r in requests:
+                if r.id in runner.drafts:
+                    length, drafts = runner.drafts[r.id]
+                    seen.add((r.id, length, tuple(drafts)))
+        tokens = [r.take_result() for r in requests]
+    return tokens, seen
+
+
+def test_mtp_drafts_equal_the_reference_mtp_runner(device: str, tmp_path_factory: Any) -> None:
+    """The MTP layer (`RunnerOptions.mtp`) drafts what the reference `MtpRunner` drafts, step
+    by step (one draft, no verification: the fast version's State groups cannot drop drafts
+    yet). The checkpoint of `tests/models/test_deepseek_v4_mtp.py` (vocabulary 16, the
+    indexer keeping every entry)."""
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.mtp import MtpRunner
+    from resin_models_torch.registry import load_model
+    from tests.models.test_deepseek_v4_mtp import _checkpoint as mtp_checkpoint
+
+    folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4mtp"))[0]
+    reference = MtpRunner(load_model(folder, device), num_drafts=1, page_size=16, num_pages=64)
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True)
+    fast = load_runner(folder, options, device, torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 16, (n,), generator=gen).tolist() for n in (21, 6)]
+    want = _drafts_each_step(reference, prompts)
+    got = _drafts_each_step(fast, prompts)
+    assert got == want
+    assert len(got[1]) >= 12  # a draft after every sampled token of both requests
+
+
+def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_factory: Any) -> None:
+    """With room for a draft in its State groups (`State.rewind`), the fast runner verifies
+    its MTP drafts through the Engine's speculative decoding: greedy tokens equal the plain
+    reference's, under 16-token chunks and a prefix hit, with drafts kept and dropped."""
+    from resin.engine.proposers import MtpProposer
+    from resin.engine.speculative import Speculation
+    from resin.protocols import State
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.registry import load_runner as load_reference
+    from tests.models.test_deepseek_v4_mtp import _checkpoint as mtp_checkpoint
+
+    folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4spec"))[0]
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True,
+                            max_draft_tokens=1)  # fmt: skip
+    fast = load_runner(folder, options, device, torch.float32)
+    assert fast.runner_config.max_draft_tokens == 1
+    assert all(g.rewind == 1 for g in fast.runner_config.cache_groups if isinstance(g, State))
+    gen = torch.Generator().manual_seed(4)
+    shared = torch.randint(0, 16, (20,), generator=gen).tolist()
+    prompts = [[*shared, 3, 1], [*shared, 9]]
+    params = SamplingParams(max_output_tokens=12, temperature=0.0, ignore_stop_tokens=True)
+
+    def run(runner: Any, speculation: Any) -> tuple[list[list[int]], Any]:
+        with Engine(runner, context_length=128, prefix_cache=True, prefill_chunk_tokens=16,
+                    speculation=speculation) as engine:  # fmt: skip
+            requests = [engine.submit(prompts[0], params)]
+            engine.step()
+            requests.append(engine.submit(prompts[1], params))
+            while engine.has_work():
+                engine.step()
+            return [r.take_result() for r in requests], engine.metrics
+
+    want, _ = run(load_reference(folder, page_size=16, num_pages=64, device=device), None)
+    got, metrics = run(fast, Speculation(MtpProposer(), num_draft_tokens=1))
+    assert got == want
+    assert metrics.prefix_cache_hits > 0
+    assert 0 < metrics.spec_decode_num_accepted_tokens < metrics.spec_decode_num_draft_tokens
