@@ -41,22 +41,30 @@ _CONFIG: dict[str, Any] = dict(
 )  # fmt: skip
 
 
-@functools.cache
-def _checkpoint(root: Path) -> tuple[Path, Any]:
-    config = transformers.DeepseekV4Config(**_CONFIG)
-    torch.manual_seed(0)
-    model = transformers.DeepseekV4ForCausalLM(config).eval()
-    with torch.no_grad():  # transformers zero-initialises these; exercise them
+def randomized(config: dict[str, Any], seed: int) -> Any:
+    """A transformers DeepSeek-V4 of `config` whose zero-initialised parameters (sinks, biases,
+    norms, the hyper-connection bases) are random too, with a random token -> experts table."""
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV4ForCausalLM(transformers.DeepseekV4Config(**config)).eval()
+    experts, vocab = config["n_routed_experts"], config["vocab_size"]
+    with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("position_bias", "sinks", ".base", "hc_base")) or "norm" in name:
                 param.add_(torch.randn_like(param) * 0.1)
         for layer in model.model.layers:
             gate = layer.mlp.gate
             if hasattr(gate, "tid2eid"):  # a fixed token -> experts table
-                table = torch.stack([torch.randperm(4)[:2] for _ in range(300)])
+                k = config["num_experts_per_tok"]
+                table = torch.stack([torch.randperm(experts)[:k] for _ in range(vocab)])
                 gate.tid2eid.copy_(table)
             else:
-                gate.e_score_correction_bias.add_(torch.randn(4) * 0.1)
+                gate.e_score_correction_bias.add_(torch.randn(experts) * 0.1)
+    return model
+
+
+@functools.cache
+def _checkpoint(root: Path) -> tuple[Path, Any]:
+    model = randomized(_CONFIG, 0)
     folder = root / "tiny-deepseek-v4"
     model.save_pretrained(folder)
     return folder, model

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
+from dsv4_tiny import _CONFIG as TINY
+from dsv4_tiny import randomized
 from safetensors.torch import load_file, save_file
 
 from resin import Engine, SamplingParams, State
@@ -38,61 +39,18 @@ from resin_models_torch.registry import load_model, load_runner
 torch.set_num_threads(1)
 
 VOCAB = 16
-HCA_RATIO = 16
 
-_CONFIG: dict[str, Any] = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    moe_intermediate_size=32,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    head_dim=32,
-    q_lora_rank=32,
-    qk_rope_head_dim=8,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    compress_ratios=[0, 0, 4, 128],
-    compress_rate_hca=HCA_RATIO,
-    num_hash_layers=1,
-    sliding_window=16,
-    o_groups=2,
-    o_lora_rank=16,
-    index_n_heads=8,
-    index_head_dim=16,
-    index_topk=64,
-    hc_mult=2,
-    max_position_embeddings=1024,
-    initializer_range=0.1,
-    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
-                     "beta_fast": 32, "beta_slow": 1},
-)  # fmt: skip
-
-
-def _randomized(config: dict[str, Any], seed: int) -> Any:
-    """A transformers model whose zero-initialised parameters (sinks, biases, norms) are
-    random too."""
-    torch.manual_seed(seed)
-    model = transformers.DeepseekV4ForCausalLM(transformers.DeepseekV4Config(**config)).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("position_bias", "sinks", ".base", "hc_base")) or "norm" in name:
-                param.add_(torch.randn_like(param) * 0.1)
-        for layer in model.model.layers:
-            gate = layer.mlp.gate
-            if hasattr(gate, "tid2eid"):
-                table = torch.stack([torch.randperm(4)[:2] for _ in range(VOCAB)])
-                gate.tid2eid.copy_(table)
-            else:
-                gate.e_score_correction_bias.add_(torch.randn(4) * 0.1)
-    return model
+_CONFIG: dict[str, Any] = {**TINY, "vocab_size": VOCAB, "index_topk": 64}
+"""The tiny checkpoint's shapes with 16 tokens and an indexer that keeps every entry (no ReLU
+tie can make the runners' selections differ)."""
 
 
 @functools.cache
 def _checkpoint(root: Path) -> tuple[Path, Any, Any, dict[str, torch.Tensor]]:
     """(folder with main + MTP weights, transformers main model, transformers one-layer model
     holding the MTP block, the MTP's own tensors)."""
-    main = _randomized(_CONFIG, 0)
-    block = _randomized({**_CONFIG, "num_hidden_layers": 1, "compress_ratios": [0],
+    main = randomized(_CONFIG, 0)
+    block = randomized({**_CONFIG, "num_hidden_layers": 1, "compress_ratios": [0],
                          "num_hash_layers": 0}, 1)  # fmt: skip
     folder, block_folder = root / "dsv4-mtp", root / "block"
     main.save_pretrained(folder)
