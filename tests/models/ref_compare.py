@@ -102,7 +102,10 @@ def assert_engine_matches_hf(
 ) -> None:  # fmt: skip
     """The Engine driving a logit-recording runner: the prefix cache hits (>= 40 tokens) when
     on, retraction happens when the pool is small (`retract`), every computed position's
-    logits are within 2e-4 of transformers and greedy continuations are equal."""
+    logits are within 2e-4 of transformers and greedy continuations are equal. Give it a
+    runner built with `overlap=False`: an overlapped runner's steps land when its thread is
+    done, so on a loaded machine hits and retraction would depend on timing."""
+    assert not runner.overlap, "the scenario's counts need steps that land as they are taken"
     runner.record_logits = True
     requests, metrics = run_staggered(runner, prompts, chunk, prefix, new_tokens)
     assert (metrics.prefix_cache_hits > 0) == prefix

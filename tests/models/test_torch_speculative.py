@@ -51,7 +51,9 @@ def _generate(
     abort_after: int | None = None,
 ) -> tuple[list[list[int]], Engine]:
     folder, _ = checkpoint(arch)
-    runner = load_runner(folder, page_size=4, num_pages=num_pages)
+    # overlap=False: steps land as they are taken, so `abort_after` and the retraction
+    # scenarios count the same steps on a loaded machine.
+    runner = load_runner(folder, page_size=4, num_pages=num_pages, overlap=False)
     engine = Engine(runner, context_length=96, prefix_cache=True, prefill_chunk_tokens=chunk,
                     max_sequences=8, speculation=speculation)  # fmt: skip
     params = params or SamplingParams(max_output_tokens=24, temperature=0.0)
@@ -141,7 +143,7 @@ def test_speculative_sampling_matches_the_target_distribution() -> None:
     d0 = int(px0.argmax())
     px1 = _target(hf, [*prompt, t1, d0], top_k)
     d1 = int(px1.argmax())
-    runner = load_runner(folder, page_size=4, seed=1)
+    runner = load_runner(folder, page_size=4, seed=1, overlap=False)  # the same draws each run
     engine = Engine(runner, context_length=32, prefix_cache=True, max_sequences=4096,
                     max_batch_tokens=16384,
                     speculation=Speculation(FixedProposer([d0, d1]), 2))  # fmt: skip
