@@ -156,7 +156,7 @@ def test_engine_with_penalties_equals_the_oracle_over_transformers(scenario: str
     counts are rebuilt on recompute) and speculation (penalized rows get no drafts)."""
     knobs = dict(SCENARIOS[scenario])
     folder, hf = checkpoint("llama3")
-    runner = load_runner(folder, page_size=4, num_pages=knobs.pop("num_pages", None))
+    runner = load_runner(folder, page_size=4, num_pages=knobs.pop("num_pages", None), overlap=False)
     gen = torch.Generator().manual_seed(11)
     shared = torch.randint(0, 300, (9,), generator=gen).tolist()
     prompts = [shared + torch.randint(0, 300, (n,), generator=gen).tolist() for n in (3, 6, 1)]
