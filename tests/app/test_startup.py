@@ -198,24 +198,26 @@ def test_serve_on_a_port_in_use_fails_before_loading(
     assert "Address already in use" in err and len(err.strip().splitlines()) == 1
 
 
+def _serve(port: int, *options: str) -> subprocess.Popen[str]:
+    """`resin serve --port PORT *options` as a subprocess, stdout and stderr together."""
+    cmd = [sys.executable, "-m", "resin_app", "serve", "--port", str(port), *options]
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _interrupt(proc: subprocess.Popen[str], port: int) -> None:
+    """Ctrl-C: exit 130, no traceback, the port free again."""
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    assert proc.stdout is not None and "Traceback" not in proc.stdout.read()
+    assert _port_is_free(port)
+
+
 def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port() -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "resin_app",
-            "serve",
-            "--api-server-count",
-            "0",
-            "--port",
-            str(port),
-        ],
-        env={**os.environ, "PYTHONPATH": str(SRC)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = _serve(port, "--api-server-count", "0")
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -225,10 +227,7 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port()
                     break
             except httpx.TransportError:
                 time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 130
-        assert proc.stdout is not None and "Traceback" not in proc.stdout.read()
-        assert _port_is_free(port)
+        _interrupt(proc, port)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -237,14 +236,7 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port()
 def test_split_serve_answers_loading_then_serves_and_ctrl_c_frees_the_port() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resin_app", "serve", "--fake-runner", "--port", str(port),
-         "--api-server-count", "auto"],
-        env={**os.environ, "PYTHONPATH": str(SRC)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
+    proc = _serve(port, "--fake-runner", "--api-server-count", "auto")
     try:
         deadline = time.monotonic() + 120
         seen: list[tuple[int, str | None]] = []
@@ -268,10 +260,7 @@ def test_split_serve_answers_loading_then_serves_and_ctrl_c_frees_the_port() -> 
         assert seen[0][0] == 503 and seen[0][1], seen  # the stage under way
         answer = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 130
-        assert proc.stdout is not None and "Traceback" not in proc.stdout.read()
-        assert _port_is_free(port)
+        _interrupt(proc, port)
     finally:
         if proc.poll() is None:
             proc.kill()
