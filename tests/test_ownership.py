@@ -275,7 +275,7 @@ def test_the_kind_rule_sees_each_form() -> None:
     assert tests("match g:\n    case State():\n        pass")
     assert tests("type(g) is Window")
     assert not tests("isinstance(g, KvSpec)")
-    assert not tests("g.state_region and not g.rewindable")
+    assert not tests("g.state_region and not g.rewinds(2)")
 
 
 # -- 4. one engine loop -----------------------------------------------------------------------
