@@ -222,6 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else None
     config = json.loads(Path(args.config_json).read_text()) if args.config_json else None
 
+    common: dict[str, Any] = dict(
+        checkpoint=args.checkpoint,
+        config=config,
+        expert_parallel=args.expert_parallel,
+        dtype=dtype,
+        seed=args.seed,
+    )
+
     def build(groups: ProcessGroups) -> Runner:
         if args.runner == "cuda":
             from resin_models_cuda import RunnerOptions
@@ -232,25 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_context=args.context_length,
                 cuda_graphs=not args.no_cuda_graphs,
             )
-            return fast_runner(
-                groups,
-                checkpoint=args.checkpoint,
-                config=config,
-                expert_parallel=args.expert_parallel,
-                dtype=dtype,
-                seed=args.seed,
-                quantize=args.quantize,
-                options=options,
-            )
-        return reference_runner(
-            groups,
-            checkpoint=args.checkpoint,
-            config=config,
-            expert_parallel=args.expert_parallel,
-            dtype=dtype,
-            seed=args.seed,
-            page_size=args.page_size,
-        )
+            return fast_runner(groups, quantize=args.quantize, options=options, **common)
+        return reference_runner(groups, page_size=args.page_size, **common)
 
     try:
         runner = start_tensor_parallel(
