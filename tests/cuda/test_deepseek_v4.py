@@ -27,7 +27,7 @@ def _runners(device: str) -> tuple[Any, Any]:
     from resin_models_torch.registry import load_runner as load_reference
 
     folder, _ = _checkpoint(_ROOT)
-    reference = load_reference(folder, page_size=16, num_pages=64, device=device)
+    reference = load_reference(folder, device, torch.float32, page_size=16, num_pages=64)
     # no draft room, so the State groups are the reference's byte for byte
     options = RunnerOptions(page_size=16, max_batch=4, max_context=256, num_pages=64,
                             max_draft_tokens=0)  # fmt: skip
@@ -117,7 +117,8 @@ def test_mtp_drafts_equal_the_reference_mtp_runner(device: str, tmp_path_factory
     from tests.models.test_deepseek_v4_mtp import _checkpoint as mtp_checkpoint
 
     folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4mtp"))[0]
-    reference = MtpRunner(load_model(folder, device), num_drafts=1, page_size=16, num_pages=64)
+    reference = MtpRunner(load_model(folder, device, torch.float32), num_drafts=1, page_size=16,
+                          num_pages=64)  # fmt: skip
     options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True)
     fast = load_runner(folder, options, device, torch.float32)
     gen = torch.Generator().manual_seed(3)
@@ -160,7 +161,7 @@ def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_facto
                 engine.step()
             return [r.take_result() for r in requests], engine.metrics
 
-    want, _ = run(load_reference(folder, page_size=16, num_pages=64, device=device), None)
+    want, _ = run(load_reference(folder, device, torch.float32, page_size=16, num_pages=64), None)
     got, metrics = run(fast, Speculation(MtpProposer(), num_draft_tokens=1))
     assert got == want
     assert metrics.prefix_cache_hits > 0

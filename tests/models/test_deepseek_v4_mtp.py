@@ -25,8 +25,6 @@ from typing import Any
 
 import pytest
 import torch
-from dsv4_tiny import _CONFIG as TINY
-from dsv4_tiny import randomized
 from safetensors.torch import load_file, save_file
 
 from resin import Engine, SamplingParams, State
@@ -35,6 +33,8 @@ from resin.engine.speculative import Speculation
 from resin_models_torch.deepseek_v4 import DeepseekV4ForCausalLM
 from resin_models_torch.mtp import MtpRunner
 from resin_models_torch.registry import load_model, load_runner
+from tests.models.dsv4_tiny import _CONFIG as TINY
+from tests.models.dsv4_tiny import randomized
 
 torch.set_num_threads(1)
 
