@@ -49,6 +49,24 @@ if HAS_TRITON and not HAS_CUDA:
     _fix_interpreter_scalar_index()
 
 
+def _share_the_gpu(workers: int) -> None:
+    """Under pytest-xdist every worker shares one card, and a runner built without a page
+    count sizes its KV arena from `torch.cuda.mem_get_info` (90% of what is free): one worker
+    building such a runner left the others out of memory for their next small tensor (the
+    H200 run of 2026-12-03). Each worker is shown at most its share of the card as free."""
+    real = torch.cuda.mem_get_info
+
+    def share(device: object = None) -> tuple[int, int]:
+        free, total = real(device)  # type: ignore[arg-type]
+        return min(free, total // workers), total
+
+    torch.cuda.mem_get_info = share  # type: ignore[assignment]
+
+
+if HAS_CUDA and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    _share_the_gpu(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     skip_triton = pytest.mark.skip(reason="needs triton")
