@@ -28,8 +28,14 @@ import torch.nn.functional as F
 from resin.protocols import CacheGroupSpec, Compressed, State, Window
 from resin_model.config import AttentionKind, ModelConfig, RopeConfig
 from resin_models_cuda.kernels.compressor import gated_pool
-from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select
+from resin_models_cuda.kernels.indexer import indexer_scores
 from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
+from resin_models_cuda.kernels.sparse_attention import (
+    PagedKeys,
+    default_splits,
+    indexer_topk,
+    sparse_attention,
+)
 from resin_models_cuda.layers import WeightSource
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import PrefillInfo, StateRows, StepTensors
@@ -91,6 +97,17 @@ class _Row:
     hi: int
     cached: int
     total: int
+
+
+@dataclass(frozen=True, slots=True)
+class _StepView:
+    """What every attention layer of a step shares, on the device: each token's row, each
+    row's length after the step; and the longest row (host) and the attention's split count."""
+
+    token_row: torch.Tensor  # int32 [T]
+    total_lens: torch.Tensor  # int32 [B]
+    max_total: int
+    splits: int
 
 
 class _Pooler:
@@ -186,29 +203,69 @@ class _Attention:
         window = arena.window_view(self.slots[0])
         group = step.groups[0]
         window[group.slots] = kv.to(window.dtype)
-        entries = self._update(x, step, arena, rows) if self.pooler is not None else None
-        out = torch.empty_like(q)
-        positions = step.positions.long()
-        for b, row in enumerate(rows):
-            qpos = positions[row.lo : row.hi]
-            lo = max(row.cached - self.window + 1, 0, int(group.page_start[b]) * arena.page_size)
-            kpos = torch.arange(lo, row.total, device=x.device)
-            keys = window[arena.token_slots(group, b, kpos)].to(x.dtype)
-            mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - self.window)
-            if entries is not None:
-                pooled, visible = self._visible(b, row, entries[b], x, q_res, qpos, rot)
-                keys, mask = torch.cat((keys, pooled)), torch.cat((mask, visible), dim=1)
-            out[row.lo : row.hi] = self._attend(q[row.lo : row.hi], keys, mask)
+        keys = PagedKeys(window.pages, group.page_indptr, group.page_ids, group.page_start)
+        view = arena.view
+        if self.pooler is None:
+            out = sparse_attention(q, self.sinks, view.token_row, step.positions, keys,
+                                   self.window, splits=view.splits)  # fmt: skip
+        else:
+            self._update(x, step, arena, rows)
+            ratio = self.pooler.ratio
+            store = arena.entry_view(self.slots[1], self.slots[3])
+            eg = step.groups[self.slots[1]]
+            entries = PagedKeys(store.pages, eg.page_indptr, eg.page_ids)
+            counts = view.total_lens // ratio
+            selected = None
+            if self.indexer is not None:
+                most = view.max_total // ratio
+                selected = self._select(x, q_res, step, entries, counts, most, view.token_row,
+                                        rot)  # fmt: skip
+            out = sparse_attention(
+                q, self.sinks, view.token_row, step.positions, keys, self.window, entries,
+                counts, ratio, selected, splits=view.splits,
+            )  # fmt: skip
         out = _rope(out, cos, -sin)  # V carried rotary: turn it back by the query's position
         grouped = torch.einsum("tgi,gli->tgl", out.view(t, self.v4.o_groups, -1), self.o_a)
         return F.linear(grouped.flatten(1), self.o_b)
 
+    def _select(
+        self,
+        x: torch.Tensor,
+        q_res: torch.Tensor,
+        step: StepTensors,
+        entries: PagedKeys,
+        counts: torch.Tensor,
+        most: int,
+        token_row: torch.Tensor,
+        rot: _Rotary,
+    ) -> torch.Tensor:
+        """The indexer's picks [T, K] (entry numbers, -1 none): every token's scores against
+        its row's indexer keys (gathered [B, most, index dim] from the entry pages, the K=V
+        vector's channels skipped), top-k."""
+        v4, t, dev = self.v4, x.shape[0], x.device
+        dim = v4.index_head_dim
+        q = F.linear(q_res, self.index_q).view(t, v4.index_heads, dim)
+        q = _rope(q, *rot.cos_sin(step.positions)).float()
+        weights = F.linear(x, self.index_w).float() * v4.index_heads**-0.5
+        per_page = entries.pages.shape[1]
+        w = torch.arange(max(most, 1), device=dev)
+        at = (entries.indptr[:-1, None].long() + w[None, :] // per_page).clamp(
+            max=max(entries.ids.shape[0] - 1, 0)
+        )
+        if entries.ids.shape[0]:
+            page = entries.ids[at].long()
+            keys = entries.pages[page, w % per_page, self.dim :]
+        else:
+            keys = entries.pages.new_zeros(counts.shape[0], w.shape[0], dim)
+        scores = indexer_scores(q, keys.to(x.dtype), weights, token_row, step.positions,
+                                counts, v4.csa_ratio)  # fmt: skip
+        return indexer_topk(scores, v4.index_topk)
+
     def _update(
         self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4, rows: list[_Row]
-    ) -> list[torch.Tensor]:
+    ) -> None:
         """Pool the entries the step completes into the Compressed group and carry the
-        projections entries to come need in the State group (and its checkpoints); each
-        row's entries after the step."""
+        projections entries to come need in the State group (and its checkpoints)."""
         pooler = self.pooler
         assert pooler is not None
         entry_group, state_group, index = self.slots[1], self.slots[2], self.slots[3]
@@ -226,7 +283,6 @@ class _Attention:
         assert group.entry_indptr is not None and group.entry_slots is not None
         entry_indptr = group.entry_indptr.tolist()
         writes: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-        result = []
         for b, row in enumerate(rows):
             start = pooler.start(row.cached)
             tokens = projected[row.lo : row.hi]
@@ -241,7 +297,6 @@ class _Attention:
                 slots = group.entry_slots[entry_indptr[b] : entry_indptr[b + 1]]
                 assert slots.shape[0] == end - first, "the plan's entry slots disagree"
                 store[slots] = new.to(store.dtype)
-            result.append(store[arena.entry_slots(group, b, end, pooler.ratio)].to(x.dtype))
             # (page, length, the shortest length it must also serve: the engine may keep up
             # to `rewind` fewer tokens than a step computed, rejected drafts)
             ends = []
@@ -257,7 +312,6 @@ class _Attention:
                 writes.append((page, ring, keep))
         for page, ring, keep in writes:
             buffers[page, ring] = keep.to(buffers.dtype)
-        return result
 
     def _entries(
         self, tokens: torch.Tensor, start: int, first: int, end: int, arena: DeepseekV4
@@ -270,43 +324,6 @@ class _Attention:
             return pooled
         keys = self.indexer.entries(tokens[:, split:], start, first, end, rot, self.eps)
         return torch.cat((pooled, keys), dim=-1)
-
-    def _visible(
-        self,
-        b: int,
-        row: _Row,
-        entries: torch.Tensor,
-        x: torch.Tensor,
-        q_res: torch.Tensor,
-        qpos: torch.Tensor,
-        rot: _Rotary,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A row's K=V entries [E, D] and which of them each of its queries reads [Q, E]."""
-        pooler = self.pooler
-        assert pooler is not None
-        pooled = entries[:, : self.dim]
-        if self.indexer is None:
-            index = torch.arange(entries.shape[0], device=x.device)
-            return pooled, index[None, :] < (qpos[:, None] + 1) // pooler.ratio
-        v4, n = self.v4, row.hi - row.lo
-        dim = v4.index_head_dim
-        q = F.linear(q_res[row.lo : row.hi], self.index_q).view(n, v4.index_heads, dim)
-        q = _rope(q, *rot.cos_sin(qpos)).float()
-        weights = F.linear(x[row.lo : row.hi], self.index_w).float() * v4.index_heads**-0.5
-        keys = entries[None, :, self.dim :]
-        zeros = torch.zeros(n, dtype=torch.int32, device=x.device)
-        count = torch.tensor([entries.shape[0]], dtype=torch.int32, device=x.device)
-        scores = indexer_scores(q, keys, weights, zeros, qpos, count, v4.csa_ratio)
-        return pooled, indexer_select(scores, v4.index_topk)
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.dim**-0.5
-        logits = logits.masked_fill(~mask[None], float("-inf"))
-        sinks = self.sinks[:, None, None].expand(-1, q.shape[0], 1)
-        combined = torch.cat((logits.float(), sinks), dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values
-        probs = combined.softmax(dim=-1)[..., :-1].to(q.dtype)
-        return torch.einsum("hqk,kd->qhd", probs, keys)
 
 
 class _Moe:
@@ -467,6 +484,12 @@ class DeepseekV4(FastModel):
         self.page_size = 0  # set by `cache_groups`
         self._kv: torch.Tensor | None = None
         self._region = torch.zeros(0, 0, dtype=torch.uint8)  # the step's State region
+        self._view: _StepView | None = None
+        self._num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else 0
+        )
 
     # ----- cache groups and views ---------------------------------------------------------
 
@@ -501,6 +524,11 @@ class DeepseekV4(FastModel):
         per_token = -(-token // (self.dtype.itemsize * (self.page_size or 16)))
         return 1, 1, per_token
 
+    @property
+    def view(self) -> _StepView:
+        assert self._view is not None, "a step's view is set by `_rows`"
+        return self._view
+
     def _flat(self) -> torch.Tensor:
         assert self._kv is not None
         return self._kv.view(self._kv.shape[0], -1)
@@ -532,21 +560,6 @@ class DeepseekV4(FastModel):
     def state_rows(self, step: StepTensors, group: int) -> StateRows:
         return step.states[group - 1 - len(self.kinds)]
 
-    def token_slots(self, group: object, b: int, positions: torch.Tensor) -> torch.Tensor:
-        """Arena token slots of row b's positions in a Window / History group's pages."""
-        ps = self.page_size
-        indptr, ids, start = group.page_indptr, group.page_ids, group.page_start  # type: ignore[attr-defined]
-        page = ids[(indptr[b] + positions // ps - start[b]).long()].long()
-        return page * ps + positions % ps
-
-    def entry_slots(self, group: object, b: int, count: int, ratio: int) -> torch.Tensor:
-        """Arena entry slots of row b's entries [0, count)."""
-        per_page = self._entries_per_page(ratio)
-        w = torch.arange(count, device=self.device)
-        indptr, ids = group.page_indptr, group.page_ids  # type: ignore[attr-defined]
-        page = ids[(indptr[b] + w // per_page).long()].long()
-        return page * per_page + w % per_page
-
     # ----- forward ------------------------------------------------------------------------
 
     def _rows(self, step: StepTensors, kv: torch.Tensor) -> list[_Row]:
@@ -555,11 +568,20 @@ class DeepseekV4(FastModel):
         self._kv = kv
         if step.states:
             self._region = step.states[0].region
+        t = step.input_ids.shape[0]
+        tokens = torch.arange(t, device=self.device, dtype=torch.int32)
+        token_row = torch.searchsorted(info.query_indptr[1:], tokens, right=True).int()
+        total_lens = (info.cached_lens + info.query_indptr.diff()).int()
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
-        return [
+        rows = [
             _Row(lo, hi, c, c + hi - lo)
             for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
         ]
+        most = max((row.total for row in rows), default=0)
+        blocks = -(-self.config.num_heads // 16)
+        splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
+        self._view = _StepView(token_row, total_lens, most, splits)
+        return rows
 
     def mtp_forward(
         self, ids: torch.Tensor, previous: torch.Tensor, step: StepTensors, kv: torch.Tensor
