@@ -7,6 +7,10 @@ key after it, never read)."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import torch
 
 from resin_models_cuda.kernels.sparse_attention import (
@@ -111,3 +115,26 @@ def test_indexer_topk_marks_invisible_picks() -> None:
     assert got.dtype == torch.int32
     assert got.tolist() == [[2, 3, 0], [-1, -1, -1], [0, 1, -1]]
     assert indexer_topk(scores, 8).shape == (3, 4)
+
+
+def test_bench_sparse_attention_runs_tiny_shapes(tmp_path: Path) -> None:
+    """`resin bench sparse-attention` on the tiny preset's shapes (on CPU through the
+    interpreter): a dense, CSA, HCA and indexer row per (context, batch), keys as the kinds
+    read them, JSONL written."""
+    from resin_app.cli import main
+
+    out = tmp_path / "sparse.jsonl"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    argv = ["bench", "sparse-attention", "--preset", "tiny-deepseek_v4", "--contexts", "64",
+            "--batch-sizes", "1,2", "--page-size", "16", "--device", device, "--dtype", "fp32",
+            "--reps", "2", "--rounds", "1", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    cpu = [r for r in rows if r["kind"] != "sdpa"]
+    assert [(r["batch"], r["kind"]) for r in cpu] == [
+        (b, k) for b in (1, 2) for k in ("dense", "csa", "indexer", "hca")
+    ]
+    keys = {r["kind"]: r["keys"] for r in cpu}
+    # window 16; CSA: top-4 of 64 / 4 entries; HCA: 64 / 16 entries; dense: the context
+    assert keys == {"dense": 64, "csa": 16 + 4, "indexer": 16, "hca": 16 + 4}
+    assert all(r["us"] > 0 and math.isfinite(r["us"]) for r in cpu)
