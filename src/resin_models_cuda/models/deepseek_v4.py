@@ -135,22 +135,34 @@ class _Pooler:
     def buffer_tokens(self) -> int:
         return max(1, (2 * self.ratio if self.overlap else self.ratio) - 1)
 
+    def span(self) -> int:
+        """Positions one entry pools: the previous block's too with the overlap."""
+        return 2 * self.ratio if self.overlap else self.ratio
+
     def entries(
         self, tokens: torch.Tensor, start: int, first: int, end: int, rot: _Rotary, eps: float
     ) -> torch.Tensor:
         """Entries [first, end) from the projections of positions start, start + 1, ..."""
-        m, w, dev = self.ratio, self.width, tokens.device
-        windows = torch.arange(first, end, device=dev)
-        index = windows[:, None] * m - start + torch.arange(m, device=dev)[None, :]
-        kv_all, gate_all = tokens.chunk(2, dim=-1)
-        kv, gate, bias = kv_all[index], gate_all[index].float(), self.bias
-        if self.overlap:  # the previous block's first half-channels, then the block's second
+        windows = torch.arange(first, end, device=tokens.device)
+        offsets = torch.arange(self.span(), device=tokens.device)
+        index = windows[:, None] * self.ratio + self.ratio - self.span() - start + offsets
+        return self.pool(tokens[index.clamp(min=0)], windows, rot, eps)
+
+    def pool(
+        self, tokens: torch.Tensor, windows: torch.Tensor, rot: _Rotary, eps: float
+    ) -> torch.Tensor:
+        """Entries `windows` [N] from each one's projections [N, span, 2 x proj] of positions
+        (w + 1) m - span .. (w + 1) m - 1: with the overlap the previous block's first
+        half-channels then the block's second (none before entry 0), else the block's."""
+        m, w = self.ratio, self.width
+        kv, gate = tokens.chunk(2, dim=-1)
+        gate, bias = gate.float(), self.bias
+        if self.overlap:
             none = (windows == 0)[:, None, None]
-            prev = (index - m).clamp(min=0)
-            prev_kv = kv_all[prev][..., :w].masked_fill(none, 0.0)
-            prev_gate = gate_all[prev][..., :w].float().masked_fill(none, float("-inf"))
-            kv = torch.cat((prev_kv, kv[..., w:]), dim=1)
-            gate = torch.cat((prev_gate, gate[..., w:]), dim=1)
+            prev_kv = kv[:, :m, :w].masked_fill(none, 0.0)
+            prev_gate = gate[:, :m, :w].masked_fill(none, float("-inf"))
+            kv = torch.cat((prev_kv, kv[:, m:, w:]), dim=1)
+            gate = torch.cat((prev_gate, gate[:, m:, w:]), dim=1)
             bias = torch.cat((bias[:, :w], bias[:, w:]))
         pooled = _norm(gated_pool(kv, gate, bias), self.norm, eps)
         return _rope(pooled, *rot.cos_sin(windows * m))
@@ -276,11 +288,14 @@ class _Attention:
         buffers = arena.state_view(state_group, index)
         capacity = buffers.shape[1]
         states = arena.state_rows(step, state_group)
+        group = step.groups[entry_group]
+        assert group.entry_indptr is not None and group.entry_slots is not None
+        if len(rows) == x.shape[0] and not int(states.ckpt_indptr[-1]):
+            self._update_decode(projected, step, arena, store, buffers, states)
+            return
         state_in, state_out = states.state_in.tolist(), states.state_out.tolist()
         ck_indptr, ck_len = states.ckpt_indptr.tolist(), states.ckpt_len.tolist()
         ck_page = states.ckpt_page.tolist()
-        group = step.groups[entry_group]
-        assert group.entry_indptr is not None and group.entry_slots is not None
         entry_indptr = group.entry_indptr.tolist()
         writes: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         for b, row in enumerate(rows):
@@ -312,6 +327,65 @@ class _Attention:
                 writes.append((page, ring, keep))
         for page, ring, keep in writes:
             buffers[page, ring] = keep.to(buffers.dtype)
+
+    def _update_decode(
+        self,
+        projected: torch.Tensor,
+        step: StepTensors,
+        arena: DeepseekV4,
+        store: _Slots,
+        buffers: torch.Tensor,
+        states: StateRows,
+    ) -> None:
+        """`_update` for a step of one query token a row and no checkpoints, batched over the
+        rows with index tensors on the device: the entries the step completes (row b emits
+        when its length reaches a multiple of the ratio) pooled from the State ring plus the
+        new token, then every row's ring rewritten with the positions its next steps need."""
+        pooler, dev = self.pooler, projected.device
+        assert pooler is not None and isinstance(step.info, PrefillInfo)
+        m, capacity = pooler.ratio, buffers.shape[1]
+        cached = step.info.cached_lens.long()
+        total = cached + 1
+        state_in = states.state_in.long().clamp(min=0)
+
+        def gather(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            """[N, L, width]: rows' projections at positions [N, L] (the ring's, the new
+            token's at the row's cached length; a position before 0 reads anything)."""
+            old = buffers[state_in[rows, None], positions.clamp(min=0) % capacity]
+            new = (positions == cached[rows, None])[..., None]
+            return torch.where(new, projected[rows, None, :], old.to(projected.dtype))
+
+        group = step.groups[self.slots[1]]
+        assert group.entry_indptr is not None and group.entry_slots is not None
+        emitted = group.entry_slots.shape[0]
+        if emitted:
+            n = torch.arange(emitted, device=dev, dtype=group.entry_indptr.dtype)
+            rows = torch.searchsorted(group.entry_indptr[1:], n, right=True)
+            windows = total[rows] // m - 1
+            offsets = torch.arange(pooler.span(), device=dev)
+            tokens = gather(rows, (windows + 1)[:, None] * m - pooler.span() + offsets)
+            store[group.entry_slots] = self._pooled(tokens, windows, arena).to(store.dtype)
+        # the ring keeps [start(shortest), total): the engine may keep `rewind` fewer tokens
+        shortest = torch.maximum(total - arena.rewind, cached)
+        lo = (shortest // m - (1 if pooler.overlap else 0)).clamp(min=0) * m
+        every = torch.arange(total.shape[0], device=dev)
+        positions = total[:, None] - capacity + torch.arange(capacity, device=dev)
+        keep = (positions >= lo[:, None]) & (states.state_out >= 0)[:, None]
+        values = gather(every, positions)[keep]
+        page = states.state_out.long()[:, None].expand_as(positions)[keep]
+        buffers[page, positions[keep] % capacity] = values.to(buffers.dtype)
+
+    def _pooled(
+        self, tokens: torch.Tensor, windows: torch.Tensor, arena: DeepseekV4
+    ) -> torch.Tensor:
+        pooler = self.pooler
+        assert pooler is not None
+        rot, split = arena.compress_rotary, pooler.projected
+        pooled = pooler.pool(tokens[..., :split], windows, rot, self.eps)
+        if self.indexer is None:
+            return pooled
+        keys = self.indexer.pool(tokens[..., split:], windows, rot, self.eps)
+        return torch.cat((pooled, keys), dim=-1)
 
     def _entries(
         self, tokens: torch.Tensor, start: int, first: int, end: int, arena: DeepseekV4
