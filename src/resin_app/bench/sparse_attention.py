@@ -17,7 +17,8 @@ On CUDA each call is captured `--reps` times in one CUDA graph and replayed; mic
 call are the median of `--rounds` rounds (compile and capture excluded). `bytes` is the keys a
 call must read (tokens x D x dtype bytes a query row, once for all heads); `frac` is TB/s over
 `--copy-tbs`. Splits (flash-decoding) as the model picks them (`default_splits`). Prints a
-table (speedup = dense / kind) and appends every row to `--output` as JSONL.
+table (speedup = dense / kind) and appends every row to `--output` as JSONL (`us` null where
+the call failed, e.g. SDPA's math fallback out of memory at batch 64).
 
     resin bench sparse-attention --output docs/bench/gpu/sparse_attention_dsv4.jsonl
 
@@ -227,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in rows:
                 row = {**asdict(r), "tb_s": r.tbs, "preset": args.preset, "dtype": args.dtype,
                        "device": name}  # fmt: skip
+                if not math.isfinite(r.us):  # failed here (out of memory, refused): null
+                    row["us"] = None
                 f.write(json.dumps(row) + "\n")
     return 0
 
