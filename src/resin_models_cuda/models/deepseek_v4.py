@@ -102,12 +102,14 @@ class _Row:
 @dataclass(frozen=True, slots=True)
 class _StepView:
     """What every attention layer of a step shares, on the device: each token's row, each
-    row's length after the step; and the longest row (host) and the attention's split count."""
+    row's length after the step; on the host: the longest row, the attention's split count and
+    whether the compressors may take the batched decode update."""
 
     token_row: torch.Tensor  # int32 [T]
     total_lens: torch.Tensor  # int32 [B]
     max_total: int
     splits: int
+    decode: bool  # one query token a row and no State checkpoints: `_update_decode`
 
 
 class _Pooler:
@@ -290,7 +292,7 @@ class _Attention:
         states = arena.state_rows(step, state_group)
         group = step.groups[entry_group]
         assert group.entry_indptr is not None and group.entry_slots is not None
-        if len(rows) == x.shape[0] and not int(states.ckpt_indptr[-1]):
+        if arena.view.decode:
             self._update_decode(projected, step, arena, store, buffers, states)
             return
         state_in, state_out = states.state_in.tolist(), states.state_out.tolist()
@@ -654,7 +656,8 @@ class DeepseekV4(FastModel):
         most = max((row.total for row in rows), default=0)
         blocks = -(-self.config.num_heads // 16)
         splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
-        self._view = _StepView(token_row, total_lens, most, splits)
+        decode = len(rows) == t and not any(int(s.ckpt_indptr[-1]) for s in step.states)
+        self._view = _StepView(token_row, total_lens, most, splits, decode)
         return rows
 
     def mtp_forward(
