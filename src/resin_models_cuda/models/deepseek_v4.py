@@ -10,13 +10,17 @@ page, `cache_token_shape`) and the State region per group (`step.states`), and r
 for `max_draft_tokens` more positions (`State.rewind`), and a step writes what every length
 from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer tokens).
 
-Kernels: mHC's Sinkhorn weights and the final collapse's (`kernels/mhc.py`), the compressor's
-gated pooling (`kernels/compressor.py`) and the indexer's scores (`kernels/indexer.py`,
-top-k by `torch.topk`). Still plain torch here: the projections (dense matmuls), the window +
-compressed-entry attention with sinks (a row at a time), the MoE (`sqrt(softplus)` or hash
-routing, clamped SwiGLU, an expert at a time), norms and rotary. The math and its float32
-points are the reference runner's (`resin_models_torch/deepseek_v4.py`), which the tests
-compare against in the Triton interpreter."""
+Kernels: the attention (`kernels/sparse_attention.py`: every query token of the step over its
+window's pages and its compressed entries' pages in one launch a layer, CSA reading the
+indexer's picks, HCA every visible entry), mHC's Sinkhorn weights and the final collapse's
+(`kernels/mhc.py`), the compressor's gated pooling (`kernels/compressor.py`) and the indexer's
+scores (`kernels/indexer.py`, top-k by `torch.topk`). The compressor's bookkeeping (which
+positions each entry pools, the State rings, checkpoints) is batched over the step's rows with
+index tensors on the device (`_Attention._update`); a decode step reads the host only for the
+row lengths (`_begin`). Still plain torch here: the projections (dense matmuls), the MoE
+(`sqrt(softplus)` or hash routing, clamped SwiGLU, an expert at a time), norms and rotary.
+The math and its float32 points are the reference runner's (`resin_models_torch/
+deepseek_v4.py`), which the tests compare against in the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -92,24 +96,16 @@ class _Slots:
 
 
 @dataclass(frozen=True, slots=True)
-class _Row:
-    lo: int  # flat query tokens lo .. hi - 1
-    hi: int
-    cached: int
-    total: int
-
-
-@dataclass(frozen=True, slots=True)
 class _StepView:
     """What every attention layer of a step shares, on the device: each token's row, each
     row's length after the step; on the host: the longest row, the attention's split count and
-    whether the compressors may take the batched decode update."""
+    whether it is a decode step."""
 
     token_row: torch.Tensor  # int32 [T]
     total_lens: torch.Tensor  # int32 [B]
     max_total: int
     splits: int
-    decode: bool  # one query token a row and no State checkpoints: `_update_decode`
+    decode: bool  # one query token a row (the compressors skip checking the plan)
 
 
 class _Pooler:
@@ -140,15 +136,6 @@ class _Pooler:
     def span(self) -> int:
         """Positions one entry pools: the previous block's too with the overlap."""
         return 2 * self.ratio if self.overlap else self.ratio
-
-    def entries(
-        self, tokens: torch.Tensor, start: int, first: int, end: int, rot: _Rotary, eps: float
-    ) -> torch.Tensor:
-        """Entries [first, end) from the projections of positions start, start + 1, ..."""
-        windows = torch.arange(first, end, device=tokens.device)
-        offsets = torch.arange(self.span(), device=tokens.device)
-        index = windows[:, None] * self.ratio + self.ratio - self.span() - start + offsets
-        return self.pool(tokens[index.clamp(min=0)], windows, rot, eps)
 
     def pool(
         self, tokens: torch.Tensor, windows: torch.Tensor, rot: _Rotary, eps: float
@@ -205,7 +192,6 @@ class _Attention:
         x: torch.Tensor,
         step: StepTensors,
         arena: DeepseekV4,
-        rows: list[_Row],
         rot: _Rotary,
     ) -> torch.Tensor:
         cos, sin = rot.cos_sin(step.positions)
@@ -223,7 +209,7 @@ class _Attention:
             out = sparse_attention(q, self.sinks, view.token_row, step.positions, keys,
                                    self.window, splits=view.splits)  # fmt: skip
         else:
-            self._update(x, step, arena, rows)
+            self._update(x, step, arena)
             ratio = self.pooler.ratio
             store = arena.entry_view(self.slots[1], self.slots[3])
             eg = step.groups[self.slots[1]]
@@ -275,107 +261,77 @@ class _Attention:
                                 counts, v4.csa_ratio)  # fmt: skip
         return indexer_topk(scores, v4.index_topk)
 
-    def _update(
-        self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4, rows: list[_Row]
-    ) -> None:
+    def _update(self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4) -> None:
         """Pool the entries the step completes into the Compressed group and carry the
-        projections entries to come need in the State group (and its checkpoints)."""
-        pooler = self.pooler
-        assert pooler is not None
-        entry_group, state_group, index = self.slots[1], self.slots[2], self.slots[3]
+        projections entries to come need in the State group (and its checkpoints), batched
+        over the rows with index tensors on the device. A row's positions read the State ring
+        below its cached length (it holds [start(cached), cached)) and this step's tokens from
+        there; every entry is pooled from its positions, then every kept length's ring is
+        written: the row's State page (it must also serve `rewind` fewer tokens: the engine
+        may drop rejected drafts) and each checkpoint's page."""
+        pooler, dev = self.pooler, x.device
+        assert pooler is not None and isinstance(step.info, PrefillInfo)
+        m, overlap = pooler.ratio, pooler.overlap
         projected = pooler.project(x)
         if self.indexer is not None:
             projected = torch.cat((projected, self.indexer.project(x)), dim=-1)
-        store = arena.entry_view(entry_group, index)
-        buffers = arena.state_view(state_group, index)
+        store = arena.entry_view(self.slots[1], self.slots[3])
+        buffers = arena.state_view(self.slots[2], self.slots[3])
         capacity = buffers.shape[1]
-        states = arena.state_rows(step, state_group)
-        group = step.groups[entry_group]
-        assert group.entry_indptr is not None and group.entry_slots is not None
-        if arena.view.decode:
-            self._update_decode(projected, step, arena, store, buffers, states)
-            return
-        state_in, state_out = states.state_in.tolist(), states.state_out.tolist()
-        ck_indptr, ck_len = states.ckpt_indptr.tolist(), states.ckpt_len.tolist()
-        ck_page = states.ckpt_page.tolist()
-        entry_indptr = group.entry_indptr.tolist()
-        writes: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-        for b, row in enumerate(rows):
-            start = pooler.start(row.cached)
-            tokens = projected[row.lo : row.hi]
-            if row.cached > start:
-                if state_in[b] < 0:
-                    raise ValueError("a row resumes without its compressor state")
-                ring = torch.arange(start, row.cached, device=x.device) % capacity
-                tokens = torch.cat((buffers[state_in[b], ring].to(tokens.dtype), tokens))
-            first, end = row.cached // pooler.ratio, row.total // pooler.ratio
-            if end > first:
-                new = self._entries(tokens, start, first, end, arena)
-                slots = group.entry_slots[entry_indptr[b] : entry_indptr[b + 1]]
-                assert slots.shape[0] == end - first, "the plan's entry slots disagree"
-                store[slots] = new.to(store.dtype)
-            # (page, length, the shortest length it must also serve: the engine may keep up
-            # to `rewind` fewer tokens than a step computed, rejected drafts)
-            ends = []
-            if state_out[b] >= 0:
-                ends.append((state_out[b], row.total, max(row.total - arena.rewind, row.cached)))
-            for c in range(ck_indptr[b], ck_indptr[b + 1]):
-                length = row.cached + ck_len[c]
-                ends.append((ck_page[c], length, length))
-            for page, length, shortest in ends:
-                lo = pooler.start(shortest)
-                keep = tokens[lo - start : length - start]
-                ring = torch.arange(lo, length, device=x.device) % capacity
-                writes.append((page, ring, keep))
-        for page, ring, keep in writes:
-            buffers[page, ring] = keep.to(buffers.dtype)
-
-    def _update_decode(
-        self,
-        projected: torch.Tensor,
-        step: StepTensors,
-        arena: DeepseekV4,
-        store: _Slots,
-        buffers: torch.Tensor,
-        states: StateRows,
-    ) -> None:
-        """`_update` for a step of one query token a row and no checkpoints, batched over the
-        rows with index tensors on the device: the entries the step completes (row b emits
-        when its length reaches a multiple of the ratio) pooled from the State ring plus the
-        new token, then every row's ring rewritten with the positions its next steps need."""
-        pooler, dev = self.pooler, projected.device
-        assert pooler is not None and isinstance(step.info, PrefillInfo)
-        m, capacity = pooler.ratio, buffers.shape[1]
-        cached = step.info.cached_lens.long()
-        total = cached + 1
-        state_in = states.state_in.long().clamp(min=0)
-
-        def gather(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            """[N, L, width]: rows' projections at positions [N, L] (the ring's, the new
-            token's at the row's cached length; a position before 0 reads anything)."""
-            old = buffers[state_in[rows, None], positions.clamp(min=0) % capacity]
-            new = (positions == cached[rows, None])[..., None]
-            return torch.where(new, projected[rows, None, :], old.to(projected.dtype))
-
+        states = arena.state_rows(step, self.slots[2])
         group = step.groups[self.slots[1]]
         assert group.entry_indptr is not None and group.entry_slots is not None
+        cached = step.info.cached_lens.long()
+        first_token = step.info.query_indptr[:-1].long()
+        total = arena.view.total_lens.long()
+        state_in = states.state_in.long()
+
+        def start(length: torch.Tensor) -> torch.Tensor:  # `_Pooler.start` on the device
+            return (length // m - (1 if overlap else 0)).clamp(min=0) * m
+
+        if not arena.view.decode:  # one host read: the plan's promises (a decode step's hold)
+            emits = group.entry_indptr.diff().long()
+            resumes = (cached > start(cached)) & (state_in < 0)
+            bad = torch.stack((resumes.any(), (emits != total // m - cached // m).any()))
+            missing, disagree = bad.tolist()
+            if missing:
+                raise ValueError("a row resumes without its compressor state")
+            assert not disagree, "the plan's entry slots disagree"
+
+        def gather(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            """[N, L, width]: rows' projections at positions [N, L]: the ring's below the
+            row's cached length, this step's from there (a position before 0 reads any)."""
+            base = cached[rows, None]
+            old = buffers[state_in[rows, None].clamp(min=0), positions.clamp(min=0) % capacity]
+            here = (first_token[rows, None] + positions - base).clamp(0, projected.shape[0] - 1)
+            new = (positions >= base)[..., None]
+            return torch.where(new, projected[here], old.to(projected.dtype))
+
         emitted = group.entry_slots.shape[0]
         if emitted:
             n = torch.arange(emitted, device=dev, dtype=group.entry_indptr.dtype)
-            rows = torch.searchsorted(group.entry_indptr[1:], n, right=True)
-            windows = total[rows] // m - 1
+            rows_ = torch.searchsorted(group.entry_indptr[1:], n, right=True)
+            windows = cached[rows_] // m + n.long() - group.entry_indptr[rows_].long()
             offsets = torch.arange(pooler.span(), device=dev)
-            tokens = gather(rows, (windows + 1)[:, None] * m - pooler.span() + offsets)
+            tokens = gather(rows_, (windows + 1)[:, None] * m - pooler.span() + offsets)
             store[group.entry_slots] = self._pooled(tokens, windows, arena).to(store.dtype)
-        # the ring keeps [start(shortest), total): the engine may keep `rewind` fewer tokens
-        shortest = torch.maximum(total - arena.rewind, cached)
-        lo = (shortest // m - (1 if pooler.overlap else 0)).clamp(min=0) * m
+        # every kept length: (row, State page, length, the shortest length it must serve)
         every = torch.arange(total.shape[0], device=dev)
-        positions = total[:, None] - capacity + torch.arange(capacity, device=dev)
-        keep = (positions >= lo[:, None]) & (states.state_out >= 0)[:, None]
-        values = gather(every, positions)[keep]
-        page = states.state_out.long()[:, None].expand_as(positions)[keep]
-        buffers[page, positions[keep] % capacity] = values.to(buffers.dtype)
+        ends = [(every, states.state_out.long(), total,
+                 torch.maximum(total - arena.rewind, cached))]  # fmt: skip
+        # checkpoints: the lists hold a padding entry past the last (page -1 here: unwritten)
+        c = torch.arange(states.ckpt_page.shape[0], device=dev, dtype=states.ckpt_indptr.dtype)
+        owner = torch.searchsorted(states.ckpt_indptr[1:], c, right=True)
+        owner = owner.clamp(max=total.shape[0] - 1)
+        length = cached[owner] + states.ckpt_len.long()
+        page = torch.where(c < states.ckpt_indptr[-1], states.ckpt_page.long(), -1)
+        ends.append((owner, page, length, length))
+        row, page, length, shortest = (torch.cat(parts) for parts in zip(*ends, strict=True))
+        positions = length[:, None] - capacity + torch.arange(capacity, device=dev)
+        keep = (positions >= start(shortest)[:, None]) & (page >= 0)[:, None]
+        values = gather(row, positions)[keep]  # all read before any write
+        slots = page[:, None].expand_as(positions)[keep]
+        buffers[slots, positions[keep] % capacity] = values.to(buffers.dtype)
 
     def _pooled(
         self, tokens: torch.Tensor, windows: torch.Tensor, arena: DeepseekV4
@@ -387,18 +343,6 @@ class _Attention:
         if self.indexer is None:
             return pooled
         keys = self.indexer.pool(tokens[..., split:], windows, rot, self.eps)
-        return torch.cat((pooled, keys), dim=-1)
-
-    def _entries(
-        self, tokens: torch.Tensor, start: int, first: int, end: int, arena: DeepseekV4
-    ) -> torch.Tensor:
-        pooler = self.pooler
-        assert pooler is not None
-        rot, split = arena.compress_rotary, pooler.projected
-        pooled = pooler.entries(tokens[:, :split], start, first, end, rot, self.eps)
-        if self.indexer is None:
-            return pooled
-        keys = self.indexer.entries(tokens[:, split:], start, first, end, rot, self.eps)
         return torch.cat((pooled, keys), dim=-1)
 
 
@@ -602,7 +546,7 @@ class DeepseekV4(FastModel):
 
     @property
     def view(self) -> _StepView:
-        assert self._view is not None, "a step's view is set by `_rows`"
+        assert self._view is not None, "a step's view is set by `_begin`"
         return self._view
 
     def _flat(self) -> torch.Tensor:
@@ -638,7 +582,8 @@ class DeepseekV4(FastModel):
 
     # ----- forward ------------------------------------------------------------------------
 
-    def _rows(self, step: StepTensors, kv: torch.Tensor) -> list[_Row]:
+    def _begin(self, step: StepTensors, kv: torch.Tensor) -> None:
+        """The step's arena, State region and `_StepView`."""
         info = step.info
         assert isinstance(info, PrefillInfo), "DeepSeek-V4 runs eagerly (varlen steps)"
         self._kv = kv
@@ -649,16 +594,11 @@ class DeepseekV4(FastModel):
         token_row = torch.searchsorted(info.query_indptr[1:], tokens, right=True).int()
         total_lens = (info.cached_lens + info.query_indptr.diff()).int()
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
-        rows = [
-            _Row(lo, hi, c, c + hi - lo)
-            for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
-        ]
-        most = max((row.total for row in rows), default=0)
+        totals = [c + hi - lo for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)]
+        most = max(totals, default=0)
         blocks = -(-self.config.num_heads // 16)
         splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
-        decode = len(rows) == t and not any(int(s.ckpt_indptr[-1]) for s in step.states)
-        self._view = _StepView(token_row, total_lens, most, splits, decode)
-        return rows
+        self._view = _StepView(token_row, total_lens, most, splits, len(totals) == t)
 
     def mtp_forward(
         self, ids: torch.Tensor, previous: torch.Tensor, step: StepTensors, kv: torch.Tensor
@@ -671,13 +611,13 @@ class DeepseekV4(FastModel):
         if mtp is None:
             raise RuntimeError("the model was built without its MTP layer (BuildOptions.mtp)")
         assert streams is not None and streams.shape[0] == previous.shape[0]
-        rows = self._rows(step, kv)
+        self._begin(step, kv)
         eps = self.config.norm_eps
         embeds = _norm(self.embed_tokens(ids), mtp.enorm, eps)
         x = F.linear(embeds, mtp.e_proj)[:, None, :] + F.linear(
             _norm(streams, mtp.hnorm, eps), mtp.h_proj
         )
-        x = self._layer(mtp.layer, "sliding", x, step, rows, ids)
+        x = self._layer(mtp.layer, "sliding", x, step, ids)
         flat = _unweighted(x.flatten(1).float(), eps)
         pre = hc_head_weights(F.linear(flat, mtp.hc_fn).contiguous(), mtp.hc_scale,
                               mtp.hc_base, self.v4.hc_eps)  # fmt: skip
@@ -689,23 +629,22 @@ class DeepseekV4(FastModel):
         kind: str,
         streams: torch.Tensor,
         step: StepTensors,
-        rows: list[_Row],
         ids: torch.Tensor,
     ) -> torch.Tensor:
         rot = self.main_rotary if kind == "sliding" else self.compress_rotary
         post, comb, collapsed = layer.attn_hc(streams)
         x = _norm(collapsed, layer.input_norm, layer.eps)
-        streams = _mix(streams, post, comb, layer.attention(x, step, self, rows, rot))
+        streams = _mix(streams, post, comb, layer.attention(x, step, self, rot))
         post, comb, collapsed = layer.ffn_hc(streams)
         x = _norm(collapsed, layer.post_norm, layer.eps)
         return _mix(streams, post, comb, layer.moe(x, ids))
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
-        rows = self._rows(step, kv)
+        self._begin(step, kv)
         x = self.embed_tokens(step.input_ids)
         streams = x[:, None, :].expand(-1, self.v4.hc_mult, -1).contiguous()
         for layer, kind in zip(self.layers, self.v4.attention, strict=True):
-            streams = self._layer(layer, kind, streams, step, rows, step.input_ids)
+            streams = self._layer(layer, kind, streams, step, step.input_ids)
         self._streams = streams if self.mtp is not None else None
         flat = _unweighted(streams.flatten(1).float(), self.config.norm_eps)
         mixes = F.linear(flat, self.hc_fn).contiguous()
