@@ -166,3 +166,24 @@ def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_facto
     assert got == want
     assert metrics.prefix_cache_hits > 0
     assert 0 < metrics.spec_decode_num_accepted_tokens < metrics.spec_decode_num_draft_tokens
+
+
+def test_bench_runner_runs_the_v4_presets_fast_runner(tmp_path: Path) -> None:
+    """`resin bench runner --random-weights --model-config deepseek-v4-flash-8l` (the command
+    of docs/benchmarks.md) at CPU size: the same path on the tiny preset's shapes, prefill and
+    decode rows written (on CPU through the interpreter)."""
+    import json
+
+    from resin_app.cli import main
+
+    out = tmp_path / "runner.jsonl"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    argv = ["bench", "runner", "--random-weights", "--model-config", "tiny-deepseek_v4",
+            "--device", device, "--dtype", "fp32", "--context-lengths", "40", "--batch-sizes",
+            "2", "--decode-contexts", "40", "--warmup", "0", "--iters", "1",
+            "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    kinds = [(r["kind"], r.get("context"), r.get("batch")) for r in rows if r["kind"] != "env"]
+    assert kinds == [("prefill", 40, 1), ("decode", 40, 2)]
+    assert all(r["median_ms"] > 0 for r in rows if r["kind"] != "env")

@@ -48,6 +48,9 @@ TOOLS: dict[str, Tool] = {
     "tune-moe": Tool("resin_app.bench.tune_moe", "GPU: MoE kernel tile sweeps"),
     "tune-gemv": Tool("resin_app.bench.tune_gemv", "GPU: quantized GEMV tile sweeps -> tile file"),
     "quant-kernels": Tool("resin_app.bench.quant_kernels", "GPU: FP8 / MXFP4 kernels beside bf16"),
+    "sparse-attention": Tool(
+        "resin_app.bench.sparse_attention", "GPU: DeepSeek-V4 sparse attention vs dense"
+    ),
     "checkpoint": Tool(
         "resin_app.bench.checkpoint", "write a random-weights checkpoint folder of real shapes"
     ),

@@ -5,9 +5,9 @@ the same way): query token t against the compressed keys of its row,
 entry the query may not see yet (`e >= (p + 1) // ratio`, p its position) or past the row's
 entries. One program scores one token against a block of entries, every head in one matmul
 (`tl.dot` in IEEE float32: the scores' ReLU ties at exactly 0, and a TF32 product would move
-the boundary between near ties). `indexer_select` keeps each query's `topk` best visible
-entries (`torch.topk`; which members of an exact tie it keeps is unspecified, as in
-transformers)."""
+the boundary between near ties). `sparse_attention.indexer_topk` keeps each query's `topk`
+best visible entries (`torch.topk`; which members of an exact tie it keeps is unspecified, as
+in transformers)."""
 
 from __future__ import annotations
 
@@ -80,12 +80,3 @@ def indexer_scores(
             BLOCK_E=block_e,
         )  # fmt: skip
     return out
-
-
-def indexer_select(scores: torch.Tensor, topk: int) -> torch.Tensor:
-    """[T, E] bool: each query's `topk` best visible entries (all of them when fewer)."""
-    if not scores.shape[1]:
-        return torch.zeros_like(scores, dtype=torch.bool)
-    chosen = scores.topk(min(topk, scores.shape[1]), dim=-1).indices
-    selected = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, chosen, True)
-    return selected & (scores > float("-inf"))

@@ -10,13 +10,17 @@ page, `cache_token_shape`) and the State region per group (`step.states`), and r
 for `max_draft_tokens` more positions (`State.rewind`), and a step writes what every length
 from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer tokens).
 
-Kernels: mHC's Sinkhorn weights and the final collapse's (`kernels/mhc.py`), the compressor's
-gated pooling (`kernels/compressor.py`) and the indexer's scores (`kernels/indexer.py`,
-top-k by `torch.topk`). Still plain torch here: the projections (dense matmuls), the window +
-compressed-entry attention with sinks (a row at a time), the MoE (`sqrt(softplus)` or hash
-routing, clamped SwiGLU, an expert at a time), norms and rotary. The math and its float32
-points are the reference runner's (`resin_models_torch/deepseek_v4.py`), which the tests
-compare against in the Triton interpreter."""
+Kernels: the attention (`kernels/sparse_attention.py`: every query token of the step over its
+window's pages and its compressed entries' pages in one launch a layer, CSA reading the
+indexer's picks, HCA every visible entry), mHC's Sinkhorn weights and the final collapse's
+(`kernels/mhc.py`), the compressor's gated pooling (`kernels/compressor.py`) and the indexer's
+scores (`kernels/indexer.py`, top-k by `torch.topk`). The compressor's bookkeeping (which
+positions each entry pools, the State rings, checkpoints) is batched over the step's rows with
+index tensors on the device (`_Attention._update`); a decode step reads the host only for the
+row lengths (`_begin`). Still plain torch here: the projections (dense matmuls), the MoE
+(`sqrt(softplus)` or hash routing, clamped SwiGLU, an expert at a time), norms and rotary.
+The math and its float32 points are the reference runner's (`resin_models_torch/
+deepseek_v4.py`), which the tests compare against in the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -28,8 +32,14 @@ import torch.nn.functional as F
 from resin.protocols import CacheGroupSpec, Compressed, State, Window
 from resin_model.config import AttentionKind, ModelConfig, RopeConfig
 from resin_models_cuda.kernels.compressor import gated_pool
-from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select
+from resin_models_cuda.kernels.indexer import indexer_scores
 from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
+from resin_models_cuda.kernels.sparse_attention import (
+    PagedKeys,
+    default_splits,
+    indexer_topk,
+    sparse_attention,
+)
 from resin_models_cuda.layers import WeightSource
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.step import PrefillInfo, StateRows, StepTensors
@@ -86,11 +96,16 @@ class _Slots:
 
 
 @dataclass(frozen=True, slots=True)
-class _Row:
-    lo: int  # flat query tokens lo .. hi - 1
-    hi: int
-    cached: int
-    total: int
+class _StepView:
+    """What every attention layer of a step shares, on the device: each token's row, each
+    row's length after the step; on the host: the longest row, the attention's split count and
+    whether it is a decode step."""
+
+    token_row: torch.Tensor  # int32 [T]
+    total_lens: torch.Tensor  # int32 [B]
+    max_total: int
+    splits: int
+    decode: bool  # one query token a row (the compressors skip checking the plan)
 
 
 class _Pooler:
@@ -118,22 +133,25 @@ class _Pooler:
     def buffer_tokens(self) -> int:
         return max(1, (2 * self.ratio if self.overlap else self.ratio) - 1)
 
-    def entries(
-        self, tokens: torch.Tensor, start: int, first: int, end: int, rot: _Rotary, eps: float
+    def span(self) -> int:
+        """Positions one entry pools: the previous block's too with the overlap."""
+        return 2 * self.ratio if self.overlap else self.ratio
+
+    def pool(
+        self, tokens: torch.Tensor, windows: torch.Tensor, rot: _Rotary, eps: float
     ) -> torch.Tensor:
-        """Entries [first, end) from the projections of positions start, start + 1, ..."""
-        m, w, dev = self.ratio, self.width, tokens.device
-        windows = torch.arange(first, end, device=dev)
-        index = windows[:, None] * m - start + torch.arange(m, device=dev)[None, :]
-        kv_all, gate_all = tokens.chunk(2, dim=-1)
-        kv, gate, bias = kv_all[index], gate_all[index].float(), self.bias
-        if self.overlap:  # the previous block's first half-channels, then the block's second
+        """Entries `windows` [N] from each one's projections [N, span, 2 x proj] of positions
+        (w + 1) m - span .. (w + 1) m - 1: with the overlap the previous block's first
+        half-channels then the block's second (none before entry 0), else the block's."""
+        m, w = self.ratio, self.width
+        kv, gate = tokens.chunk(2, dim=-1)
+        gate, bias = gate.float(), self.bias
+        if self.overlap:
             none = (windows == 0)[:, None, None]
-            prev = (index - m).clamp(min=0)
-            prev_kv = kv_all[prev][..., :w].masked_fill(none, 0.0)
-            prev_gate = gate_all[prev][..., :w].float().masked_fill(none, float("-inf"))
-            kv = torch.cat((prev_kv, kv[..., w:]), dim=1)
-            gate = torch.cat((prev_gate, gate[..., w:]), dim=1)
+            prev_kv = kv[:, :m, :w].masked_fill(none, 0.0)
+            prev_gate = gate[:, :m, :w].masked_fill(none, float("-inf"))
+            kv = torch.cat((prev_kv, kv[:, m:, w:]), dim=1)
+            gate = torch.cat((prev_gate, gate[:, m:, w:]), dim=1)
             bias = torch.cat((bias[:, :w], bias[:, w:]))
         pooled = _norm(gated_pool(kv, gate, bias), self.norm, eps)
         return _rope(pooled, *rot.cos_sin(windows * m))
@@ -174,7 +192,6 @@ class _Attention:
         x: torch.Tensor,
         step: StepTensors,
         arena: DeepseekV4,
-        rows: list[_Row],
         rot: _Rotary,
     ) -> torch.Tensor:
         cos, sin = rot.cos_sin(step.positions)
@@ -186,127 +203,147 @@ class _Attention:
         window = arena.window_view(self.slots[0])
         group = step.groups[0]
         window[group.slots] = kv.to(window.dtype)
-        entries = self._update(x, step, arena, rows) if self.pooler is not None else None
-        out = torch.empty_like(q)
-        positions = step.positions.long()
-        for b, row in enumerate(rows):
-            qpos = positions[row.lo : row.hi]
-            lo = max(row.cached - self.window + 1, 0, int(group.page_start[b]) * arena.page_size)
-            kpos = torch.arange(lo, row.total, device=x.device)
-            keys = window[arena.token_slots(group, b, kpos)].to(x.dtype)
-            mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - self.window)
-            if entries is not None:
-                pooled, visible = self._visible(b, row, entries[b], x, q_res, qpos, rot)
-                keys, mask = torch.cat((keys, pooled)), torch.cat((mask, visible), dim=1)
-            out[row.lo : row.hi] = self._attend(q[row.lo : row.hi], keys, mask)
+        keys = PagedKeys(window.pages, group.page_indptr, group.page_ids, group.page_start)
+        view = arena.view
+        if self.pooler is None:
+            out = sparse_attention(q, self.sinks, view.token_row, step.positions, keys,
+                                   self.window, splits=view.splits)  # fmt: skip
+        else:
+            self._update(x, step, arena)
+            ratio = self.pooler.ratio
+            store = arena.entry_view(self.slots[1], self.slots[3])
+            eg = step.groups[self.slots[1]]
+            entries = PagedKeys(store.pages, eg.page_indptr, eg.page_ids)
+            counts = view.total_lens // ratio
+            selected = None
+            if self.indexer is not None:
+                most = view.max_total // ratio
+                selected = self._select(x, q_res, step, entries, counts, most, view.token_row,
+                                        rot)  # fmt: skip
+            out = sparse_attention(
+                q, self.sinks, view.token_row, step.positions, keys, self.window, entries,
+                counts, ratio, selected, splits=view.splits,
+            )  # fmt: skip
         out = _rope(out, cos, -sin)  # V carried rotary: turn it back by the query's position
         grouped = torch.einsum("tgi,gli->tgl", out.view(t, self.v4.o_groups, -1), self.o_a)
         return F.linear(grouped.flatten(1), self.o_b)
 
-    def _update(
-        self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4, rows: list[_Row]
-    ) -> list[torch.Tensor]:
+    def _select(
+        self,
+        x: torch.Tensor,
+        q_res: torch.Tensor,
+        step: StepTensors,
+        entries: PagedKeys,
+        counts: torch.Tensor,
+        most: int,
+        token_row: torch.Tensor,
+        rot: _Rotary,
+    ) -> torch.Tensor:
+        """The indexer's picks [T, K] (entry numbers, -1 none): every token's scores against
+        its row's indexer keys (gathered [B, most, index dim] from the entry pages, the K=V
+        vector's channels skipped), top-k."""
+        v4, t, dev = self.v4, x.shape[0], x.device
+        dim = v4.index_head_dim
+        q = F.linear(q_res, self.index_q).view(t, v4.index_heads, dim)
+        q = _rope(q, *rot.cos_sin(step.positions)).float()
+        weights = F.linear(x, self.index_w).float() * v4.index_heads**-0.5
+        per_page = entries.pages.shape[1]
+        w = torch.arange(max(most, 1), device=dev)
+        at = (entries.indptr[:-1, None].long() + w[None, :] // per_page).clamp(
+            max=max(entries.ids.shape[0] - 1, 0)
+        )
+        if entries.ids.shape[0]:
+            page = entries.ids[at].long()
+            keys = entries.pages[page, w % per_page, self.dim :]
+        else:
+            keys = entries.pages.new_zeros(counts.shape[0], w.shape[0], dim)
+        scores = indexer_scores(q, keys.to(x.dtype), weights, token_row, step.positions,
+                                counts, v4.csa_ratio)  # fmt: skip
+        return indexer_topk(scores, v4.index_topk)
+
+    def _update(self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4) -> None:
         """Pool the entries the step completes into the Compressed group and carry the
-        projections entries to come need in the State group (and its checkpoints); each
-        row's entries after the step."""
-        pooler = self.pooler
-        assert pooler is not None
-        entry_group, state_group, index = self.slots[1], self.slots[2], self.slots[3]
+        projections entries to come need in the State group (and its checkpoints), batched
+        over the rows with index tensors on the device. A row's positions read the State ring
+        below its cached length (it holds [start(cached), cached)) and this step's tokens from
+        there; every entry is pooled from its positions, then every kept length's ring is
+        written: the row's State page (it must also serve `rewind` fewer tokens: the engine
+        may drop rejected drafts) and each checkpoint's page."""
+        pooler, dev = self.pooler, x.device
+        assert pooler is not None and isinstance(step.info, PrefillInfo)
+        m, overlap = pooler.ratio, pooler.overlap
         projected = pooler.project(x)
         if self.indexer is not None:
             projected = torch.cat((projected, self.indexer.project(x)), dim=-1)
-        store = arena.entry_view(entry_group, index)
-        buffers = arena.state_view(state_group, index)
+        store = arena.entry_view(self.slots[1], self.slots[3])
+        buffers = arena.state_view(self.slots[2], self.slots[3])
         capacity = buffers.shape[1]
-        states = arena.state_rows(step, state_group)
-        state_in, state_out = states.state_in.tolist(), states.state_out.tolist()
-        ck_indptr, ck_len = states.ckpt_indptr.tolist(), states.ckpt_len.tolist()
-        ck_page = states.ckpt_page.tolist()
-        group = step.groups[entry_group]
+        states = arena.state_rows(step, self.slots[2])
+        group = step.groups[self.slots[1]]
         assert group.entry_indptr is not None and group.entry_slots is not None
-        entry_indptr = group.entry_indptr.tolist()
-        writes: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-        result = []
-        for b, row in enumerate(rows):
-            start = pooler.start(row.cached)
-            tokens = projected[row.lo : row.hi]
-            if row.cached > start:
-                if state_in[b] < 0:
-                    raise ValueError("a row resumes without its compressor state")
-                ring = torch.arange(start, row.cached, device=x.device) % capacity
-                tokens = torch.cat((buffers[state_in[b], ring].to(tokens.dtype), tokens))
-            first, end = row.cached // pooler.ratio, row.total // pooler.ratio
-            if end > first:
-                new = self._entries(tokens, start, first, end, arena)
-                slots = group.entry_slots[entry_indptr[b] : entry_indptr[b + 1]]
-                assert slots.shape[0] == end - first, "the plan's entry slots disagree"
-                store[slots] = new.to(store.dtype)
-            result.append(store[arena.entry_slots(group, b, end, pooler.ratio)].to(x.dtype))
-            # (page, length, the shortest length it must also serve: the engine may keep up
-            # to `rewind` fewer tokens than a step computed, rejected drafts)
-            ends = []
-            if state_out[b] >= 0:
-                ends.append((state_out[b], row.total, max(row.total - arena.rewind, row.cached)))
-            for c in range(ck_indptr[b], ck_indptr[b + 1]):
-                length = row.cached + ck_len[c]
-                ends.append((ck_page[c], length, length))
-            for page, length, shortest in ends:
-                lo = pooler.start(shortest)
-                keep = tokens[lo - start : length - start]
-                ring = torch.arange(lo, length, device=x.device) % capacity
-                writes.append((page, ring, keep))
-        for page, ring, keep in writes:
-            buffers[page, ring] = keep.to(buffers.dtype)
-        return result
+        cached = step.info.cached_lens.long()
+        first_token = step.info.query_indptr[:-1].long()
+        total = arena.view.total_lens.long()
+        state_in = states.state_in.long()
 
-    def _entries(
-        self, tokens: torch.Tensor, start: int, first: int, end: int, arena: DeepseekV4
+        def start(length: torch.Tensor) -> torch.Tensor:  # `_Pooler.start` on the device
+            return (length // m - (1 if overlap else 0)).clamp(min=0) * m
+
+        if not arena.view.decode:  # one host read: the plan's promises (a decode step's hold)
+            emits = group.entry_indptr.diff().long()
+            resumes = (cached > start(cached)) & (state_in < 0)
+            bad = torch.stack((resumes.any(), (emits != total // m - cached // m).any()))
+            missing, disagree = bad.tolist()
+            if missing:
+                raise ValueError("a row resumes without its compressor state")
+            assert not disagree, "the plan's entry slots disagree"
+
+        def gather(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            """[N, L, width]: rows' projections at positions [N, L]: the ring's below the
+            row's cached length, this step's from there (a position before 0 reads any)."""
+            base = cached[rows, None]
+            old = buffers[state_in[rows, None].clamp(min=0), positions.clamp(min=0) % capacity]
+            here = (first_token[rows, None] + positions - base).clamp(0, projected.shape[0] - 1)
+            new = (positions >= base)[..., None]
+            return torch.where(new, projected[here], old.to(projected.dtype))
+
+        emitted = group.entry_slots.shape[0]
+        if emitted:
+            n = torch.arange(emitted, device=dev, dtype=group.entry_indptr.dtype)
+            rows_ = torch.searchsorted(group.entry_indptr[1:], n, right=True)
+            windows = cached[rows_] // m + n.long() - group.entry_indptr[rows_].long()
+            offsets = torch.arange(pooler.span(), device=dev)
+            tokens = gather(rows_, (windows + 1)[:, None] * m - pooler.span() + offsets)
+            store[group.entry_slots] = self._pooled(tokens, windows, arena).to(store.dtype)
+        # every kept length: (row, State page, length, the shortest length it must serve)
+        every = torch.arange(total.shape[0], device=dev)
+        ends = [(every, states.state_out.long(), total,
+                 torch.maximum(total - arena.rewind, cached))]  # fmt: skip
+        # checkpoints: the lists hold a padding entry past the last (page -1 here: unwritten)
+        c = torch.arange(states.ckpt_page.shape[0], device=dev, dtype=states.ckpt_indptr.dtype)
+        owner = torch.searchsorted(states.ckpt_indptr[1:], c, right=True)
+        owner = owner.clamp(max=total.shape[0] - 1)
+        length = cached[owner] + states.ckpt_len.long()
+        page = torch.where(c < states.ckpt_indptr[-1], states.ckpt_page.long(), -1)
+        ends.append((owner, page, length, length))
+        row, page, length, shortest = (torch.cat(parts) for parts in zip(*ends, strict=True))
+        positions = length[:, None] - capacity + torch.arange(capacity, device=dev)
+        keep = (positions >= start(shortest)[:, None]) & (page >= 0)[:, None]
+        values = gather(row, positions)[keep]  # all read before any write
+        slots = page[:, None].expand_as(positions)[keep]
+        buffers[slots, positions[keep] % capacity] = values.to(buffers.dtype)
+
+    def _pooled(
+        self, tokens: torch.Tensor, windows: torch.Tensor, arena: DeepseekV4
     ) -> torch.Tensor:
         pooler = self.pooler
         assert pooler is not None
         rot, split = arena.compress_rotary, pooler.projected
-        pooled = pooler.entries(tokens[:, :split], start, first, end, rot, self.eps)
+        pooled = pooler.pool(tokens[..., :split], windows, rot, self.eps)
         if self.indexer is None:
             return pooled
-        keys = self.indexer.entries(tokens[:, split:], start, first, end, rot, self.eps)
+        keys = self.indexer.pool(tokens[..., split:], windows, rot, self.eps)
         return torch.cat((pooled, keys), dim=-1)
-
-    def _visible(
-        self,
-        b: int,
-        row: _Row,
-        entries: torch.Tensor,
-        x: torch.Tensor,
-        q_res: torch.Tensor,
-        qpos: torch.Tensor,
-        rot: _Rotary,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A row's K=V entries [E, D] and which of them each of its queries reads [Q, E]."""
-        pooler = self.pooler
-        assert pooler is not None
-        pooled = entries[:, : self.dim]
-        if self.indexer is None:
-            index = torch.arange(entries.shape[0], device=x.device)
-            return pooled, index[None, :] < (qpos[:, None] + 1) // pooler.ratio
-        v4, n = self.v4, row.hi - row.lo
-        dim = v4.index_head_dim
-        q = F.linear(q_res[row.lo : row.hi], self.index_q).view(n, v4.index_heads, dim)
-        q = _rope(q, *rot.cos_sin(qpos)).float()
-        weights = F.linear(x[row.lo : row.hi], self.index_w).float() * v4.index_heads**-0.5
-        keys = entries[None, :, self.dim :]
-        zeros = torch.zeros(n, dtype=torch.int32, device=x.device)
-        count = torch.tensor([entries.shape[0]], dtype=torch.int32, device=x.device)
-        scores = indexer_scores(q, keys, weights, zeros, qpos, count, v4.csa_ratio)
-        return pooled, indexer_select(scores, v4.index_topk)
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.dim**-0.5
-        logits = logits.masked_fill(~mask[None], float("-inf"))
-        sinks = self.sinks[:, None, None].expand(-1, q.shape[0], 1)
-        combined = torch.cat((logits.float(), sinks), dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values
-        probs = combined.softmax(dim=-1)[..., :-1].to(q.dtype)
-        return torch.einsum("hqk,kd->qhd", probs, keys)
 
 
 class _Moe:
@@ -467,6 +504,12 @@ class DeepseekV4(FastModel):
         self.page_size = 0  # set by `cache_groups`
         self._kv: torch.Tensor | None = None
         self._region = torch.zeros(0, 0, dtype=torch.uint8)  # the step's State region
+        self._view: _StepView | None = None
+        self._num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else 0
+        )
 
     # ----- cache groups and views ---------------------------------------------------------
 
@@ -501,6 +544,11 @@ class DeepseekV4(FastModel):
         per_token = -(-token // (self.dtype.itemsize * (self.page_size or 16)))
         return 1, 1, per_token
 
+    @property
+    def view(self) -> _StepView:
+        assert self._view is not None, "a step's view is set by `_begin`"
+        return self._view
+
     def _flat(self) -> torch.Tensor:
         assert self._kv is not None
         return self._kv.view(self._kv.shape[0], -1)
@@ -532,34 +580,25 @@ class DeepseekV4(FastModel):
     def state_rows(self, step: StepTensors, group: int) -> StateRows:
         return step.states[group - 1 - len(self.kinds)]
 
-    def token_slots(self, group: object, b: int, positions: torch.Tensor) -> torch.Tensor:
-        """Arena token slots of row b's positions in a Window / History group's pages."""
-        ps = self.page_size
-        indptr, ids, start = group.page_indptr, group.page_ids, group.page_start  # type: ignore[attr-defined]
-        page = ids[(indptr[b] + positions // ps - start[b]).long()].long()
-        return page * ps + positions % ps
-
-    def entry_slots(self, group: object, b: int, count: int, ratio: int) -> torch.Tensor:
-        """Arena entry slots of row b's entries [0, count)."""
-        per_page = self._entries_per_page(ratio)
-        w = torch.arange(count, device=self.device)
-        indptr, ids = group.page_indptr, group.page_ids  # type: ignore[attr-defined]
-        page = ids[(indptr[b] + w // per_page).long()].long()
-        return page * per_page + w % per_page
-
     # ----- forward ------------------------------------------------------------------------
 
-    def _rows(self, step: StepTensors, kv: torch.Tensor) -> list[_Row]:
+    def _begin(self, step: StepTensors, kv: torch.Tensor) -> None:
+        """The step's arena, State region and `_StepView`."""
         info = step.info
         assert isinstance(info, PrefillInfo), "DeepSeek-V4 runs eagerly (varlen steps)"
         self._kv = kv
         if step.states:
             self._region = step.states[0].region
+        t = step.input_ids.shape[0]
+        tokens = torch.arange(t, device=self.device, dtype=torch.int32)
+        token_row = torch.searchsorted(info.query_indptr[1:], tokens, right=True).int()
+        total_lens = (info.cached_lens + info.query_indptr.diff()).int()
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
-        return [
-            _Row(lo, hi, c, c + hi - lo)
-            for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
-        ]
+        totals = [c + hi - lo for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)]
+        most = max(totals, default=0)
+        blocks = -(-self.config.num_heads // 16)
+        splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
+        self._view = _StepView(token_row, total_lens, most, splits, len(totals) == t)
 
     def mtp_forward(
         self, ids: torch.Tensor, previous: torch.Tensor, step: StepTensors, kv: torch.Tensor
@@ -572,13 +611,13 @@ class DeepseekV4(FastModel):
         if mtp is None:
             raise RuntimeError("the model was built without its MTP layer (BuildOptions.mtp)")
         assert streams is not None and streams.shape[0] == previous.shape[0]
-        rows = self._rows(step, kv)
+        self._begin(step, kv)
         eps = self.config.norm_eps
         embeds = _norm(self.embed_tokens(ids), mtp.enorm, eps)
         x = F.linear(embeds, mtp.e_proj)[:, None, :] + F.linear(
             _norm(streams, mtp.hnorm, eps), mtp.h_proj
         )
-        x = self._layer(mtp.layer, "sliding", x, step, rows, ids)
+        x = self._layer(mtp.layer, "sliding", x, step, ids)
         flat = _unweighted(x.flatten(1).float(), eps)
         pre = hc_head_weights(F.linear(flat, mtp.hc_fn).contiguous(), mtp.hc_scale,
                               mtp.hc_base, self.v4.hc_eps)  # fmt: skip
@@ -590,23 +629,22 @@ class DeepseekV4(FastModel):
         kind: str,
         streams: torch.Tensor,
         step: StepTensors,
-        rows: list[_Row],
         ids: torch.Tensor,
     ) -> torch.Tensor:
         rot = self.main_rotary if kind == "sliding" else self.compress_rotary
         post, comb, collapsed = layer.attn_hc(streams)
         x = _norm(collapsed, layer.input_norm, layer.eps)
-        streams = _mix(streams, post, comb, layer.attention(x, step, self, rows, rot))
+        streams = _mix(streams, post, comb, layer.attention(x, step, self, rot))
         post, comb, collapsed = layer.ffn_hc(streams)
         x = _norm(collapsed, layer.post_norm, layer.eps)
         return _mix(streams, post, comb, layer.moe(x, ids))
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
-        rows = self._rows(step, kv)
+        self._begin(step, kv)
         x = self.embed_tokens(step.input_ids)
         streams = x[:, None, :].expand(-1, self.v4.hc_mult, -1).contiguous()
         for layer, kind in zip(self.layers, self.v4.attention, strict=True):
-            streams = self._layer(layer, kind, streams, step, rows, step.input_ids)
+            streams = self._layer(layer, kind, streams, step, step.input_ids)
         self._streams = streams if self.mtp is not None else None
         flat = _unweighted(streams.flatten(1).float(), self.config.norm_eps)
         mixes = F.linear(flat, self.hc_fn).contiguous()

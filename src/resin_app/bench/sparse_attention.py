@@ -1,0 +1,238 @@
+"""DeepSeek-V4's sparse attention kernel (`resin_models_cuda/kernels/sparse_attention.py`)
+against a dense attention over the same context, decode (one query token a row), shapes of a
+preset (`deepseek-v4-flash`: 64 query heads over one shared 512-wide K=V head, a 128-token
+window, CSA one entry per 4 tokens with the indexer's top 512, HCA one per 128 tokens, all
+read). Every row holds `context` tokens in shuffled pages and queries at position context - 1:
+
+* `dense`: the same kernel over all `context` tokens (the window set to the context), i.e.
+  what one 512-wide MQA layer without compression costs;
+* `csa`: the window plus 512 selected entries (random distinct picks) of context / 4;
+* `hca`: the window plus every one of context / 128 entries;
+* `indexer`: CSA's selection itself (the indexer's scores over context / 4 keys, 64 heads x
+  128, then top-k), which a CSA layer pays on top of `csa`;
+* `sdpa`: torch's `scaled_dot_product_attention` over the context's keys laid out contiguous
+  (no sink, no pages; for scale only, where it runs).
+
+On CUDA each call is captured `--reps` times in one CUDA graph and replayed; microseconds a
+call are the median of `--rounds` rounds (compile and capture excluded). `bytes` is the keys a
+call must read (tokens x D x dtype bytes a query row, once for all heads); `frac` is TB/s over
+`--copy-tbs`. Splits (flash-decoding) as the model picks them (`default_splits`). Prints a
+table (speedup = dense / kind) and appends every row to `--output` as JSONL (`us` null where
+the call failed, e.g. SDPA's math fallback out of memory at batch 64).
+
+    resin bench sparse-attention --output docs/bench/gpu/sparse_attention_dsv4.jsonl
+
+On CPU (`--device cpu`, Triton's interpreter, `TRITON_INTERPRET=1`) it runs tiny presets for
+a smoke test: `--preset tiny-deepseek_v4 --contexts 64 --batch-sizes 1,2`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from resin_model.presets import preset
+from resin_models_cuda.kernels.indexer import indexer_scores
+from resin_models_cuda.kernels.sparse_attention import (
+    PagedKeys,
+    default_splits,
+    indexer_topk,
+    sparse_attention,
+)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Row:
+    kind: str
+    context: int
+    batch: int
+    keys: int  # keys a query reads
+    splits: int
+    us: float
+    bytes: float
+
+    @property
+    def tbs(self) -> float:
+        return self.bytes / (self.us * 1e-6) / 1e12 if self.us > 0 else 0.0
+
+
+def _time(fn: Callable[[], Any], device: torch.device, reps: int, rounds: int) -> float:
+    """Microseconds a call (module docstring); inf when it fails on this device."""
+    try:
+        fn()
+        if device.type != "cuda":
+            started = time.perf_counter()
+            fn()
+            return (time.perf_counter() - started) * 1e6
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        graph.replay()
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        times = []
+        for _ in range(rounds):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / reps)
+        return float(sorted(times)[len(times) // 2])
+    except Exception as exc:  # out of memory, or a shape the backend refuses
+        print("  failed:", type(exc).__name__, str(exc).splitlines()[0][:160], flush=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return math.inf
+
+
+def _select(
+    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
+    positions: torch.Tensor, counts: torch.Tensor, ratio: int, topk: int,
+) -> torch.Tensor:  # fmt: skip
+    scores = indexer_scores(q, keys, weights, rows, positions, counts, ratio)
+    return indexer_topk(scores, topk)
+
+
+def bench_case(
+    model: str, context: int, batch: int, device: torch.device, dtype: torch.dtype,
+    page_size: int, reps: int, rounds: int,
+) -> list[Row]:  # fmt: skip
+    c = preset(model)
+    v4 = c.deepseek_v4
+    assert v4 is not None and c.sliding_window is not None
+    heads, dim, window, size = c.num_heads, c.head_dim, c.sliding_window, dtype.itemsize
+    num_sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 0
+    )
+    splits = default_splits(batch, -(-heads // 16), num_sms) if num_sms else 1
+    pages_per_row = -(-context // page_size)
+    # the window group's pages (every page of the context, shuffled: dense reads them all)
+    order = torch.randperm(batch * pages_per_row, device=device).int()
+    win = PagedKeys(
+        torch.randn(batch * pages_per_row, page_size, dim, device=device, dtype=dtype),
+        torch.arange(batch + 1, device=device, dtype=torch.int32) * pages_per_row,
+        order,
+        torch.zeros(batch, dtype=torch.int32, device=device),
+    )
+    q = torch.randn(batch, heads, dim, device=device, dtype=dtype)
+    sinks = torch.randn(heads, device=device)
+    rows = torch.arange(batch, device=device, dtype=torch.int32)
+    positions = torch.full((batch,), context - 1, device=device, dtype=torch.int32)
+    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    out: list[Row] = []
+
+    def add(kind: str, keys: int, fn: Callable[[], Any], bytes_: float) -> None:
+        us = _time(fn, device, reps, rounds)
+        out.append(Row(kind, context, batch, keys, splits, us, bytes_))
+
+    attend = partial(sparse_attention, q, sinks, rows, positions, win, splits=splits)
+    add("dense", context, partial(attend, window=context), batch * context * dim * size)
+    for kind, ratio in (("csa", v4.csa_ratio), ("hca", v4.hca_ratio)):
+        entries = context // ratio
+        width = dim + (v4.index_head_dim if kind == "csa" else 0)  # as the model's pages
+        per_page = max(1, page_size // ratio)
+        e_pages = -(-entries // per_page)
+        ent = PagedKeys(
+            torch.randn(batch * e_pages, per_page, width, device=device, dtype=dtype),
+            torch.arange(batch + 1, device=device, dtype=torch.int32) * e_pages,
+            torch.randperm(batch * e_pages, device=device).int(),
+        )
+        selected = None
+        read = entries
+        if kind == "csa":
+            read = min(v4.index_topk, entries)
+            selected = torch.rand(batch, entries, device=device).topk(read).indices.int()
+        keys = min(window, context) + read
+        call = partial(attend, window=window, entries=ent, counts=lens // ratio, ratio=ratio,
+                       selected=selected)  # fmt: skip
+        add(kind, keys, call, batch * keys * dim * size)
+        if kind == "csa":
+            ih, idim = v4.index_heads, v4.index_head_dim
+            iq = torch.randn(batch, ih, idim, device=device)
+            ikeys = torch.randn(batch, entries, idim, device=device, dtype=dtype)
+            iw = torch.randn(batch, ih, device=device) * ih**-0.5
+
+            counts = lens // ratio
+            select = partial(_select, iq, ikeys, iw, rows, positions, counts, ratio, v4.index_topk)
+            add("indexer", entries, select, batch * entries * idim * size)
+    if device.type == "cuda":
+        flat = torch.randn(batch, 1, context, dim, device=device, dtype=dtype)
+        sdpa = partial(F.scaled_dot_product_attention, q[:, :, None, :], flat, flat,
+                       enable_gqa=True)  # fmt: skip
+        add("sdpa", context, sdpa, batch * context * dim * size)
+    return out
+
+
+def report(rows: list[Row], copy_tbs: float) -> None:
+    dense = {(r.context, r.batch): r.us for r in rows if r.kind == "dense"}
+    print(f"{'context':>8}{'batch':>6} {'kind':<8}{'keys':>7}{'splits':>7}{'us':>10}"
+          f"{'TB/s':>7}{'frac':>6}{'speedup':>9}")  # fmt: skip
+    for r in rows:
+        base = dense.get((r.context, r.batch), math.inf)
+        speed = base / r.us if r.us > 0 and math.isfinite(r.us) else 0.0
+        print(f"{r.context:>8}{r.batch:>6} {r.kind:<8}{r.keys:>7}{r.splits:>7}{r.us:>10.1f}"
+              f"{r.tbs:>7.2f}{r.tbs / copy_tbs:>6.2f}{speed:>8.1f}x")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="resin bench sparse-attention",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    p.add_argument("--preset", default="deepseek-v4-flash", help="a deepseek_v4 preset")
+    p.add_argument("--contexts", default="8192,16384,32768,65536")
+    p.add_argument("--batch-sizes", default="1,64")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--page-size", type=int, default=64)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--copy-tbs", type=float, default=4.2, help="the device's copy bandwidth")
+    p.add_argument("--output", type=Path, help="JSONL file (appended)")
+    args = p.parse_args(argv)
+    if preset(args.preset).deepseek_v4 is None:
+        p.error(f"--preset {args.preset!r} is not a deepseek_v4 preset")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("no CUDA device (pass --device cpu with TRITON_INTERPRET=1 for a smoke run)")
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    for context in (int(x) for x in args.contexts.split(",")):
+        for batch in (int(x) for x in args.batch_sizes.split(",")):
+            rows += bench_case(args.preset, context, batch, device, DTYPES[args.dtype],
+                               args.page_size, args.reps, args.rounds)  # fmt: skip
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    report(rows, args.copy_tbs)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+        with args.output.open("a") as f:
+            for r in rows:
+                row = {**asdict(r), "tb_s": r.tbs, "preset": args.preset, "dtype": args.dtype,
+                       "device": name}  # fmt: skip
+                if not math.isfinite(r.us):  # failed here (out of memory, refused): null
+                    row["us"] = None
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
