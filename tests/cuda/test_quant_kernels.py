@@ -175,6 +175,27 @@ def test_fp8_gemv_tensor_core_refuses_what_it_cannot_tile(device: str) -> None:
                  tiles=tiles)  # fmt: skip
 
 
+def test_fp8_linear_takes_the_tensor_core_gemv_where_the_tile_file_says(device: str) -> None:
+    """A one-row tile entry with `tensor_core` sends 1-16 rows of that shape to the
+    tensor-core GEMV (its cost does not depend on the rows); 17 rows take the GEMM path; all
+    match the dequantized matmul."""
+    from resin_models_cuda.kernels import tiles
+    from resin_models_cuda.layers.quantized import Fp8Weight, fp8_linear
+
+    torch.manual_seed(6)
+    w_q, w_s = quantize_fp8(torch.randn(48, 256) * 0.3, (128, 128))
+    w = dequantize_fp8(w_q, w_s, (128, 128))
+    weight = Fp8Weight(w_q.to(device), w_s.to(device), (128, 128))
+    key = tiles.TileKey("fp8_gemv", "fp8-block", 48, 256, 1)
+    tiles.add_tiles({key: tiles.GemvTiles(16, 256, 4, 2, 1, tensor_core=1)})
+    try:
+        for m in (1, 9, 16, 17):
+            x = torch.randn(m, 256)
+            _close(fp8_linear(x.to(device), weight, None), x @ w.T, torch.float32)
+    finally:
+        tiles._added.clear()
+
+
 def test_fp8_linear_takes_the_gemv_for_few_rows(device: str) -> None:
     """`fp8_linear` up to `GEMV_ROWS` rows (the GEMV) and above (the tile GEMM) agree with the
     dequantized matmul."""
