@@ -388,7 +388,7 @@ def test_mxfp4_register_decode_reads_every_byte(device: str) -> None:
     _close(got, x @ want_w.T, torch.float32)
     # The tensor-core row-dot: float decode here, the bit-move bf16 decode for bf16 on the
     # GPU (bf16 x and exact bf16 weights: float32 sums, float32's tolerance).
-    tc = GemvTiles(16, 32, 4, tensor_core=1)
+    tc = GemvTiles(32, 32, 4, tensor_core=1)  # 16 rows in a 32-row tile
     for dtype in (torch.float32, torch.bfloat16) if device == "cuda" else (torch.float32,):
         xd = x.to(dtype)
         got = mxfp4_expert_down(xd.to(device), w, one, unit, 1, tiles=tc)
