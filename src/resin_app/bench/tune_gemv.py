@@ -26,17 +26,17 @@ import torch
 LAYERS, REPLAYS = 12, 20
 CANDIDATES: list[tuple[int, ...]] = []  # `--candidates`: (block_n, block_k, warps) only
 TENSOR_CORE: list[bool] = []  # `--tensor-core`
-# (block_n, block_k, warps, stages, split_k) of the tensor-core GEMVs: 16-64 weight rows per
-# program, K tiles of 128-1024 columns (block FP8 runs them as 128-column sub-tiles), the
-# software pipeline 2-4 deep, K split in two where a narrow matrix leaves few programs.
+# (block_n, block_k, warps, stages, split_k) of the tensor-core GEMVs, few enough to sweep in
+# a minute: 16-64 weight rows per program, K tiles of 128-512 columns (block FP8 runs them as
+# 128-column sub-tiles), the software pipeline 3-4 deep, K split in two (the narrow matrices'
+# few programs); the expert row-dot 32-64 rows (a 16-row tile leaves a thread fewer bytes
+# than one bf16x2 decode takes).
 TC_DENSE: list[tuple[int, ...]] = [
-    (16, 256, 4, 3, 1), (16, 512, 4, 3, 1), (32, 256, 4, 3, 1), (32, 512, 4, 3, 1),
-    (64, 256, 4, 3, 1), (16, 512, 4, 4, 1), (32, 512, 8, 3, 1), (16, 1024, 4, 2, 1),
-    (16, 512, 4, 3, 2), (32, 512, 4, 3, 2),
+    (16, 256, 4, 3, 1), (16, 512, 4, 3, 1), (32, 512, 4, 3, 1), (16, 512, 4, 4, 1),
+    (16, 512, 4, 3, 2),
 ]  # fmt: skip
 TC_EXPERTS: list[tuple[int, ...]] = [
-    (16, 64, 4, 1, 1), (16, 128, 4, 1, 1), (32, 128, 4, 1, 1), (32, 256, 4, 1, 1),
-    (64, 128, 4, 1, 1), (64, 256, 8, 1, 1), (16, 256, 4, 1, 1), (32, 128, 4, 2, 1),
+    (32, 128, 4, 1, 1), (64, 128, 4, 1, 1), (32, 256, 4, 1, 1), (64, 256, 8, 1, 1),
 ]  # fmt: skip
 DENSE_SHAPES = {  # (N, K) of batch-1 projections in FP8
     "llama-8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
