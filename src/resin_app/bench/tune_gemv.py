@@ -196,7 +196,10 @@ def _experts(fmt: str, model: str, e: int, h: int, inner: int, k: int, bias: boo
     ks = (128, 256, 512)
     candidates = [GemvTiles(bn, bk, w) for bn in (4, 8, 16, 32) for bk in ks for w in (4, 8)
                   if bn * bk <= 8192]  # fmt: skip
-    for tiles in _chosen(candidates, ("gate_up", fmt, 2 * inner, h, k), TC_EXPERTS):
+    chosen = _chosen(candidates, ("gate_up", fmt, 2 * inner, h, k), TC_EXPERTS)
+    if TENSOR_CORE:  # the file's down tile too (each candidate is timed on both kernels)
+        chosen.insert(1, _chosen(candidates, ("down", fmt, h, inner, k), [])[0])
+    for tiles in chosen:
 
         def up_layers(tiles: Any = tiles) -> None:
             for w, i in zip(w_up, ids, strict=True):
