@@ -30,13 +30,15 @@ TENSOR_CORE: list[bool] = []  # `--tensor-core`
 # a minute: 16-64 weight rows per program, K tiles of 128-512 columns (block FP8 runs them as
 # 128-column sub-tiles), the software pipeline 3-4 deep, K split in two (the narrow matrices'
 # few programs); the expert row-dot 32-64 rows (a 16-row tile leaves a thread fewer bytes
-# than one bf16x2 decode takes).
+# than one bf16x2 decode takes) on 1-4 warps (compiled for sm_90, a group's [32 rows, 16
+# bytes] tile is copied in 8-byte pieces by one warp, in 4-byte ones by four).
 TC_DENSE: list[tuple[int, ...]] = [
     (16, 256, 4, 3, 1), (16, 512, 4, 3, 1), (32, 512, 4, 3, 1), (16, 512, 4, 4, 1),
     (16, 512, 4, 3, 2),
 ]  # fmt: skip
 TC_EXPERTS: list[tuple[int, ...]] = [
-    (32, 128, 4, 1, 1), (64, 128, 4, 1, 1), (32, 256, 4, 1, 1), (64, 256, 8, 1, 1),
+    (32, 128, 4, 1, 1), (64, 128, 4, 1, 1), (32, 256, 1, 3, 1), (64, 128, 2, 2, 1),
+    (64, 256, 2, 3, 1),
 ]  # fmt: skip
 DENSE_SHAPES = {  # (N, K) of batch-1 projections in FP8
     "llama-8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],

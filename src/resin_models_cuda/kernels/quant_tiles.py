@@ -291,13 +291,14 @@ def _mxfp4_rows_tc(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
     rows = b_ptr + n[:, None].to(tl.int64) * (K // 2)
     for g0 in range(0, groups, BLOCK_G):
         for gi in tl.static_range(BLOCK_G):
-            g = g0 + gi
+            # A group past K re-reads the last one (in bounds, in cache) and counts for 0:
+            # masks constant along each row's 16 bytes keep the weight loads 16 bytes wide.
+            g = tl.minimum(g0 + gi, groups - 1)
+            counts = ((g0 + gi) < groups).to(tl.float32)
             byte = g * 16 + j
-            ok = byte < K // 2  # [16]: this group exists
-            w = tl.load(rows + byte[None, :], mask=nmask[:, None] & ok[None, :], other=0)
-            x_mask = first & ok[:, None]
-            x_even = tl.load(x_ptr + 2 * byte[:, None] + x_col, mask=x_mask, other=0.0)
-            x_odd = tl.load(x_ptr + 2 * byte[:, None] + 1 + x_col, mask=x_mask, other=0.0)
+            w = tl.load(rows + byte[None, :], mask=nmask[:, None], other=0)
+            x_even = tl.load(x_ptr + 2 * byte[:, None] + x_col, mask=first, other=0.0)
+            x_odd = tl.load(x_ptr + 2 * byte[:, None] + 1 + x_col, mask=first, other=0.0)
             if x_ptr.dtype.element_ty == tl.bfloat16 and not INTERPRETED:
                 low = e2m1_to_bf16(w, False)
                 high = e2m1_to_bf16(w, True)
@@ -311,9 +312,9 @@ def _mxfp4_rows_tc(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
             else:
                 part = tl.dot(low, x_even)
                 part = tl.dot(high, x_odd, part)
-            code = tl.load(s_ptr + n.to(tl.int64) * groups + g, mask=nmask & (n * 0 + g < groups),
-                           other=0)  # fmt: skip
-            acc += part * (code.to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, None]
+            code = tl.load(s_ptr + n.to(tl.int64) * groups + g, mask=nmask, other=0)
+            scale = (code.to(tl.int32) << 23).to(tl.float32, bitcast=True) * counts
+            acc += part * scale[:, None]
     return tl.sum(acc, 1)
 
 
