@@ -283,9 +283,12 @@ def fp8_gemv(
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """`x` [M, K] (a few rows, any float dtype) @ dequantized `w` [N, K]^T (+ bias) -> [M, N]
-    in `x`'s dtype: each program one row and `tiles.block_n` output columns, streaming its
-    e4m3 rows in wide tiles converted in registers (float32 products and sums). For decode,
-    where the bytes are the weights and a tensor-core tile would be mostly padding."""
+    in `x`'s dtype, for decode, where the bytes are the weights. `tiles.tensor_core`: up to
+    16 rows in one program per (column tile, K split), the e4m3 tile upcast to `x`'s dtype
+    and multiplied on the tensor cores (the 16-row minimum falls on x's rows, padded), scale
+    blocks at least 16 wide and power-of-two (or spanning K); else each program one row and
+    `tiles.block_n` output columns, streaming its e4m3 rows in wide tiles converted in
+    registers (float32 products and sums)."""
     tiles = tiles or FP8_GEMV_DEFAULT
     assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 2
     (m, k), n = x.shape, w.shape[0]
