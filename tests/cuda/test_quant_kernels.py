@@ -124,6 +124,78 @@ def test_fp8_gemv_matches_dequantized_matmul(device: str, scheme: str, block_k: 
         _close(got, x.float() @ w.T + bias.to(dtype).float(), dtype)
 
 
+@pytest.mark.parametrize(
+    ("scheme", "block_n", "block_k", "split_k"),
+    [("tensor", 16, 128, 1), ("channel", 32, 256, 2), ("block", 16, 256, 1),
+     ("block", 32, 128, 3), ("fine", 16, 64, 1)],
+)  # fmt: skip
+def test_fp8_gemv_tensor_core_matches_dequantized_matmul(
+    device: str, scheme: str, block_n: int, block_k: int, split_k: int
+) -> None:
+    """The tensor-core GEMV (all rows in one program, padded to 16) over odd shapes: 1, 5 and
+    16 rows, a partial column tile and K tile, scale blocks narrower than the K tile (block:
+    128 under 256; fine: 32 under 64) or spanning K, K split over programs; every activation
+    dtype (bf16: the bit-move upcast, on the GPU), a bias."""
+    from resin_models_cuda.kernels.fp8_gemm import fp8_gemv
+    from resin_models_cuda.kernels.tiles import GemvTiles
+
+    torch.manual_seed(block_k + block_n + split_k)
+    n, k = 70, 416
+    block = {"fine": (32, 32), "block": (128, 128)}.get(scheme) or _weight_block(scheme, n, k)
+    w_q, w_s = quantize_fp8(torch.randn(n, k) * 0.3, block)
+    w = dequantize_fp8(w_q, w_s, block)
+    bias = torch.randn(n)
+    tiles = GemvTiles(block_n, block_k, 4, 2, split_k, tensor_core=1)
+    d = device
+    for dtype in _dtypes(device):
+        for m in (1, 5, 16):
+            x = torch.randn(m, k).to(dtype)
+            got = fp8_gemv(x.to(d), w_q.to(d), w_s.to(d), block, bias=bias.to(dtype).to(d),
+                           tiles=tiles)  # fmt: skip
+            assert got.dtype == dtype and got.shape == (m, n)
+            _close(got, x.float() @ w.T + bias.to(dtype).float(), dtype)
+
+
+def test_fp8_gemv_tensor_core_refuses_what_it_cannot_tile(device: str) -> None:
+    """More than 16 rows, or scale blocks that do not divide the K tile, are errors that say
+    so (`fp8_linear` routes those shapes elsewhere)."""
+    from resin_models_cuda.kernels.fp8_gemm import fp8_gemv, tc_sub_k
+    from resin_models_cuda.kernels.tiles import GemvTiles
+
+    w_q, w_s = quantize_fp8(torch.randn(32, 256), (128, 128))
+    tiles = GemvTiles(16, 128, 4, tensor_core=1)
+    with pytest.raises(AssertionError, match="up to 16 rows"):
+        fp8_gemv(torch.randn(17, 256).to(device), w_q.to(device), w_s.to(device), (128, 128),
+                 tiles=tiles)  # fmt: skip
+    assert tc_sub_k(128, 4096, 512) == 128 and tc_sub_k(4096, 4096, 512) == 512
+    assert tc_sub_k(96, 4096, 512) == 0 and tc_sub_k(8, 4096, 512) == 0
+    w_q, w_s = quantize_fp8(torch.randn(32, 256), (32, 96))
+    with pytest.raises(AssertionError, match="do not tile"):
+        fp8_gemv(torch.randn(2, 256).to(device), w_q.to(device), w_s.to(device), (32, 96),
+                 tiles=tiles)  # fmt: skip
+
+
+def test_fp8_linear_takes_the_tensor_core_gemv_where_the_tile_file_says(device: str) -> None:
+    """A one-row tile entry with `tensor_core` sends 1-16 rows of that shape to the
+    tensor-core GEMV (its cost does not depend on the rows); 17 rows take the GEMM path; all
+    match the dequantized matmul."""
+    from resin_models_cuda.kernels import tiles
+    from resin_models_cuda.layers.quantized import Fp8Weight, fp8_linear
+
+    torch.manual_seed(6)
+    w_q, w_s = quantize_fp8(torch.randn(48, 256) * 0.3, (128, 128))
+    w = dequantize_fp8(w_q, w_s, (128, 128))
+    weight = Fp8Weight(w_q.to(device), w_s.to(device), (128, 128))
+    key = tiles.TileKey("fp8_gemv", "fp8-block", 48, 256, 1)
+    tiles.add_tiles({key: tiles.GemvTiles(16, 256, 4, 2, 1, tensor_core=1)})
+    try:
+        for m in (1, 9, 16, 17):
+            x = torch.randn(m, 256)
+            _close(fp8_linear(x.to(device), weight, None), x @ w.T, torch.float32)
+    finally:
+        tiles._added.clear()
+
+
 def test_fp8_linear_takes_the_gemv_for_few_rows(device: str) -> None:
     """`fp8_linear` up to `GEMV_ROWS` rows (the GEMV) and above (the tile GEMM) agree with the
     dequantized matmul."""
@@ -228,11 +300,14 @@ def _gated(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+@pytest.mark.parametrize(("fmt", "tensor_core"), [("fp8", 0), ("mxfp4", 0), ("mxfp4", 1)])
 @pytest.mark.parametrize(("tokens", "act"), [(1, "silu"), (3, "swiglu_clamp")])
-def test_expert_gemv_matches_dequantized(device: str, fmt: str, tokens: int, act: str) -> None:
+def test_expert_gemv_matches_dequantized(
+    device: str, fmt: str, tensor_core: int, tokens: int, act: str
+) -> None:
     """gate_up (activation fused, biases) and down (routing weights, biases) per pair, a
-    token's experts summed; float32 and float16 activations (and bf16 on the GPU)."""
+    token's experts summed; float32 and float16 activations (and bf16 on the GPU); MXFP4 also
+    through the tensor-core row-dot (64-row tiles: the 96 down rows end in a partial one)."""
     from resin_models_cuda.kernels.moe_gemv import GemvTiles
 
     gate_up, down, _ = _kernels(fmt)
@@ -244,6 +319,8 @@ def test_expert_gemv_matches_dequantized(device: str, fmt: str, tokens: int, act
     ids = torch.randint(0, e, (tokens * k,), dtype=torch.int32)
     scale = torch.rand(tokens * k)
     tiles = GemvTiles(32, 64 if fmt == "mxfp4" else 32, 4)
+    if tensor_core:
+        tiles = GemvTiles(64, 64, 4, tensor_core=1)
     d = device
     for dtype in _dtypes(device) if tokens == 1 or device == "cuda" else [torch.float32]:
         x = torch.randn(tokens, h).to(dtype)
@@ -309,6 +386,17 @@ def test_mxfp4_register_decode_reads_every_byte(device: str) -> None:
     paired = GemvWeights(w.blocks, w.scales, MXFP4_PAIRS)
     got = expert_down(x.to(device), paired, one, unit, 1, tiles=GemvTiles(8, 64, 4))
     _close(got, x @ want_w.T, torch.float32)
+    # The tensor-core row-dot: float decode here, the bit-move bf16 decode for bf16 on the
+    # GPU (bf16 x and exact bf16 weights: float32 sums, so only the bf16 output's rounding,
+    # half a unit in the last place, separates it from the exact result).
+    tc = GemvTiles(32, 32, 4, tensor_core=1)  # 16 rows in a 32-row tile
+    got = mxfp4_expert_down(x.to(device), w, one, unit, 1, tiles=tc)
+    _close(got, x @ want_w.T, torch.float32)
+    if device == "cuda":
+        xb = x.to(torch.bfloat16)
+        got = mxfp4_expert_down(xb.to(device), w, one, unit, 1, tiles=tc).float().cpu()
+        want = xb.float() @ want_w.T
+        torch.testing.assert_close(got, want, rtol=2.0**-8, atol=1e-6 * want.abs().max().item())
 
 
 def test_mxfp4_register_and_dot_scaled_paths_agree(device: str) -> None:

@@ -43,6 +43,12 @@ def test_malformed_tile_files_are_refused() -> None:
     good = {"kernel": "down", "format": "fp8-block", "n": 64, "k": 128, "rows": 1,
             "block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 1}  # fmt: skip
     assert len(parse_table({"tiles": [good]})) == 1
+    # The dense FP8 GEMV's optional fields default (files written before them still load).
+    (tiles,) = parse_table({"tiles": [good]}).values()
+    assert (tiles.split_k, tiles.tensor_core) == (1, 0)
+    tc = {**good, "kernel": "fp8_gemv", "split_k": 2, "tensor_core": 1}
+    (tiles,) = parse_table({"tiles": [tc]}).values()
+    assert (tiles.split_k, tiles.tensor_core) == (2, 1)
     with pytest.raises(ValueError, match="entry 1"):
         parse_table({"tiles": [good, {**good, "block_k": None}]})
     with pytest.raises(ValueError, match="unknown kernel or format"):

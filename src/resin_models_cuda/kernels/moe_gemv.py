@@ -34,6 +34,7 @@ from resin_models_cuda.kernels.quant_tiles import (
     MXFP4,
     MXFP4_DOT,
     MXFP4_PAIRS,
+    MXFP4_TC,
     gemv_qk,
     rows_dot,
 )
@@ -46,6 +47,7 @@ from resin_models_cuda.kernels.tiles import (
     add_tiles,
     gemv_tiles,
     parse_table,
+    tiles_from,
 )
 
 
@@ -243,7 +245,7 @@ def expert_down(
 
 def _shape(w: GemvWeights) -> tuple[int, int, int]:
     """(E, N, K) of the stack."""
-    if w.fmt in (MXFP4, MXFP4_DOT, MXFP4_PAIRS):
+    if w.fmt in (MXFP4, MXFP4_DOT, MXFP4_PAIRS, MXFP4_TC):
         e, n, g, _ = w.values.shape
         return int(e), int(n), int(g) * 32
     e, n, k = w.values.shape
@@ -272,5 +274,5 @@ def load_tiles(path: str) -> int:
             if row.get("best") and row["kernel"] in KERNELS:
                 key = TileKey(row["kernel"], row.get("format", "dense"), row["n"], row["k"],
                               row.get("rows", row.get("per_token", 1)))  # fmt: skip
-                table[key] = GemvTiles(*(row[name] for name in GemvTiles._fields))
+                table[key] = tiles_from(row)
     return add_tiles(table)

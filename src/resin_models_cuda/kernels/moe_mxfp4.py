@@ -40,7 +40,7 @@ from resin_models_cuda.kernels.moe_gemv import (
     expert_gate_up,
 )
 from resin_models_cuda.kernels.moe_grouped import AlignedPairs, pair_block, store_pairs
-from resin_models_cuda.kernels.quant_tiles import MXFP4, MXFP4_DOT, mxfp4_tile
+from resin_models_cuda.kernels.quant_tiles import MXFP4, MXFP4_DOT, MXFP4_TC, mxfp4_tile
 
 GROUP = 32
 
@@ -190,7 +190,7 @@ def mxfp4_expert_gate_up(
     (`moe_gemv.expert_gate_up`) with the MXFP4 row-dot (`tiles.block_k`: a multiple of 32)."""
     tiles = tiles or GATE_UP_DEFAULT
     w.check(tiles.block_k)
-    return expert_gate_up(x, mxfp4_gemv_weights(w, x, dot_scaled), experts, act=act,
+    return expert_gate_up(x, mxfp4_gemv_weights(w, x, dot_scaled, tiles), experts, act=act,
                           bias=bias, row_div=row_div, alpha=alpha, limit=limit, out=out,
                           tiles=tiles)  # fmt: skip
 
@@ -211,14 +211,19 @@ def mxfp4_expert_down(
     [T * topk] -> [T, H], as `moe_gemv.expert_down` with the MXFP4 row-dot."""
     tiles = tiles or DOWN_DEFAULT
     w.check(tiles.block_k)
-    return expert_down(act, mxfp4_gemv_weights(w, act, dot_scaled), experts, scale, topk,
+    return expert_down(act, mxfp4_gemv_weights(w, act, dot_scaled, tiles), experts, scale, topk,
                        bias=bias, out=out, tiles=tiles)  # fmt: skip
 
 
-def mxfp4_gemv_weights(w: Mxfp4Experts, x: torch.Tensor, dot_scaled: bool) -> GemvWeights:
-    """The GEMV's view of `w`: decoded in registers (`quant_tiles.e2m1_bits`; a GEMV row has
-    no 16 rows to fill a tensor-core tile), or through `tl.dot_scaled` when asked for and
-    `x` is 16-bit."""
+def mxfp4_gemv_weights(w: Mxfp4Experts, x: torch.Tensor, dot_scaled: bool,
+                       tiles: GemvTiles | None = None) -> GemvWeights:  # fmt: skip
+    """The GEMV's view of `w`: decoded in registers to float32 for FMAs
+    (`quant_tiles.e2m1_bits`), to x's dtype for the tensor cores (`tiles.tensor_core`:
+    `e2m1_to_bf16`, the row padded to 16; 16-row tiles), or through `tl.dot_scaled` when
+    asked for and `x` is 16-bit."""
+    if tiles is not None and tiles.tensor_core and not dot_scaled:
+        assert tiles.block_n >= 16, f"tensor-core tiles are 16 rows or more: {tiles}"
+        return GemvWeights(w.blocks, w.scales, MXFP4_TC)
     fmt = _dot_format(x, dot_scaled)
     if fmt == "fp32":
         return GemvWeights(w.blocks, w.scales, MXFP4)

@@ -219,6 +219,105 @@ def gemv_qk(qk: int, k: int) -> int:
     return 0 if qk >= k else qk
 
 
+# `e2m1_to_bf16`'s PTX: four bytes in $2, four bf16 out in $0 (elements 0, 1) and $1 (2, 3).
+E2M1_HIGH_ASM = tl.constexpr("""
+        {
+        .reg .b32 a<2>, t<2>, c;
+        prmt.b32 a0, 0, $2, 0x5040;
+        prmt.b32 a1, 0, $2, 0x7060;
+        shr.b32 t0, a0, 6;
+        shr.b32 t1, a1, 6;
+        and.b32 t0, t0, 0x01c001c0;
+        and.b32 t1, t1, 0x01c001c0;
+        and.b32 a0, a0, 0x80008000;
+        and.b32 a1, a1, 0x80008000;
+        or.b32 t0, t0, a0;
+        or.b32 t1, t1, a1;
+        mov.b32 c, 0x7e807e80;
+        mul.rn.bf16x2 $0, t0, c;
+        mul.rn.bf16x2 $1, t1, c;
+        }
+        """)
+E2M1_LOW_ASM = tl.constexpr("""
+        {
+        .reg .b32 a<2>, s<2>, t<2>, c;
+        prmt.b32 a0, 0, $2, 0x5040;
+        prmt.b32 a1, 0, $2, 0x7060;
+        shr.b32 t0, a0, 2;
+        shr.b32 t1, a1, 2;
+        and.b32 t0, t0, 0x01c001c0;
+        and.b32 t1, t1, 0x01c001c0;
+        shl.b32 s0, a0, 4;
+        shl.b32 s1, a1, 4;
+        and.b32 s0, s0, 0x80008000;
+        and.b32 s1, s1, 0x80008000;
+        or.b32 t0, t0, s0;
+        or.b32 t1, t1, s1;
+        mov.b32 c, 0x7e807e80;
+        mul.rn.bf16x2 $0, t0, c;
+        mul.rn.bf16x2 $1, t1, c;
+        }
+        """)
+
+
+@triton.jit
+def e2m1_to_bf16(b, HIGH: tl.constexpr):
+    """The low (or HIGH) e2m1 nibbles of uint8 bytes `b` as exact bf16 values (compiled code
+    only: inline assembly). Each byte goes to the top of a 16-bit lane (`prmt`), the nibble's
+    sign to bit 15 and its three magnitude bits to bits 8..6, which reads as a bf16 of value
+    `e2m1 * 2 ** -126` (`e2m1_bits`'s layout, 16 bits wide), and one bf16x2 multiply by
+    2 ** 126 restores it: about three integer operations per weight, four weights a call."""
+    if HIGH:
+        y = tl.inline_asm_elementwise(asm=E2M1_HIGH_ASM, constraints="=r,=r,r", args=[b],
+                                      dtype=tl.bfloat16, is_pure=True, pack=4)  # fmt: skip
+    else:
+        y = tl.inline_asm_elementwise(asm=E2M1_LOW_ASM, constraints="=r,=r,r", args=[b],
+                                      dtype=tl.bfloat16, is_pure=True, pack=4)  # fmt: skip
+    return y
+
+
+@triton.jit
+def _mxfp4_rows_tc(x_ptr, b_ptr, s_ptr, n, nmask, K, BLOCK_N: tl.constexpr,
+                   BLOCK_G: tl.constexpr):  # fmt: skip
+    """`_mxfp4_rows_regs` on the tensor cores: per group of 32, the low and the high nibbles
+    of a [rows, 16 bytes] tile, decoded to x's dtype (bf16: `e2m1_to_bf16`), are two K-16
+    dots with the even and the odd activations (the row padded to 16 columns of zeros, the
+    weights as the MMA's row operand), summed in float32 and scaled once per group."""
+    groups = K // 32
+    acc = tl.zeros([BLOCK_N, 16], tl.float32)
+    j = tl.arange(0, 16)
+    first = (tl.arange(0, 16) == 0)[None, :]
+    x_col = tl.zeros([1, 16], tl.int32)
+    rows = b_ptr + n[:, None].to(tl.int64) * (K // 2)
+    for g0 in range(0, groups, BLOCK_G):
+        for gi in tl.static_range(BLOCK_G):
+            # A group past K re-reads the last one (in bounds, in cache) and counts for 0:
+            # masks constant along each row's 16 bytes keep the weight loads 16 bytes wide.
+            g = tl.minimum(g0 + gi, groups - 1)
+            counts = ((g0 + gi) < groups).to(tl.float32)
+            byte = g * 16 + j
+            w = tl.load(rows + byte[None, :], mask=nmask[:, None], other=0)
+            x_even = tl.load(x_ptr + 2 * byte[:, None] + x_col, mask=first, other=0.0)
+            x_odd = tl.load(x_ptr + 2 * byte[:, None] + 1 + x_col, mask=first, other=0.0)
+            if x_ptr.dtype.element_ty == tl.bfloat16 and not INTERPRETED:
+                low = e2m1_to_bf16(w, False)
+                high = e2m1_to_bf16(w, True)
+            else:
+                code = w.to(tl.int32)
+                low = (e2m1_x4(code & 15) * 0.25).to(x_ptr.dtype.element_ty)
+                high = (e2m1_x4(code >> 4) * 0.25).to(x_ptr.dtype.element_ty)
+            if x_ptr.dtype.element_ty == tl.float32:
+                part = tl.dot(low, x_even, input_precision="ieee")
+                part = tl.dot(high, x_odd, part, input_precision="ieee")
+            else:
+                part = tl.dot(low, x_even)
+                part = tl.dot(high, x_odd, part)
+            code = tl.load(s_ptr + n.to(tl.int64) * groups + g, mask=nmask, other=0)
+            scale = (code.to(tl.int32) << 23).to(tl.float32, bitcast=True) * counts
+            acc += part * scale[:, None]
+    return tl.sum(acc, 1)
+
+
 # Weight formats of the GEMV kernels (`W_FMT`, a compile-time parameter; `rows_dot` tests the
 # numbers themselves).
 DENSE = 0
@@ -229,6 +328,9 @@ MXFP4_DOT = 3  # through tl.dot_scaled (DOT_FMT: "bf16" / "fp16")
 # on the CPU interpreter, not yet timed on the GPU (MXFP4, timed on the H200 at ~0.7-0.9 TB/s
 # of MXFP4 bytes, integer-bound, is the default): compare with `resin bench tune-gemv`.
 MXFP4_PAIRS = 4
+# Decoded in registers to x's dtype and multiplied on the tensor cores, the row padded to 16
+# (`_mxfp4_rows_tc`; `GemvTiles.tensor_core` picks it).
+MXFP4_TC = 5
 
 
 @triton.jit
@@ -246,6 +348,8 @@ def rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, W_FMT: tl.constexpr, DOT_FMT: tl.
         y = _mxfp4_rows_regs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
     elif W_FMT == 4:
         y = _mxfp4_rows_pairs(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
+    elif W_FMT == 5:
+        y = _mxfp4_rows_tc(x_ptr, w_ptr, s_ptr, n, nmask, K, BLOCK_N, BLOCK_K // 32)
     else:
         y = _mxfp4_rows_dot_scaled(x_ptr, w_ptr, s_ptr, n, nmask, K, DOT_FMT, True, BLOCK_N,
                                    BLOCK_K // 32)  # fmt: skip

@@ -23,12 +23,26 @@ FORMATS = ("dense", "fp8-block", "fp8-channel", "mxfp4")
 
 
 class GemvTiles(NamedTuple):
-    """Launch shape of one GEMV kernel."""
+    """Launch shape of one GEMV kernel. `split_k` and `tensor_core` are the dense FP8 GEMV's
+    (`fp8_gemm.fp8_gemv`): K split over that many programs adding into a float32 sum, and the
+    tensor-core row tile (all rows of x in one program, weights upcast in registers) instead
+    of the FMA row-dot; the expert GEMVs ignore them."""
 
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int = 1
+    split_k: int = 1
+    tensor_core: int = 0
+
+
+OPTIONAL_FIELDS = {"num_stages": 1, "split_k": 1, "tensor_core": 0}
+
+
+def tiles_from(entry: dict[str, Any]) -> GemvTiles:
+    """An entry's launch fields (the optional ones default; a missing required one raises)."""
+    values = {**OPTIONAL_FIELDS, **entry}
+    return GemvTiles(*(int(values[f]) for f in GemvTiles._fields))
 
 
 class TileKey(NamedTuple):
@@ -63,7 +77,7 @@ def parse_table(data: dict[str, Any]) -> dict[TileKey, GemvTiles]:
         try:
             key = TileKey(entry["kernel"], entry["format"], int(entry["n"]), int(entry["k"]),
                           int(entry["rows"]))  # fmt: skip
-            tiles = GemvTiles(*(int(entry[f]) for f in GemvTiles._fields))
+            tiles = tiles_from(entry)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"tile entry {i}: {exc!r} in {entry}") from None
         if key.kernel not in KERNELS or key.fmt not in FORMATS:

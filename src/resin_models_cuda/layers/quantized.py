@@ -42,11 +42,13 @@ from resin_model.quant_checkpoint import (
 )
 from resin_model.quant_config import QuantConfig
 from resin_models_cuda.kernels.fp8_gemm import (
+    TC_MAX_ROWS,
     GemmTiles,
     fp8_gemm,
     fp8_gemv,
     fp8_tile_fits,
     scaled_mm_fp8,
+    tc_sub_k,
 )
 from resin_models_cuda.kernels.fp8_quant import quantize_fp8_rows
 from resin_models_cuda.kernels.moe_fp8 import Fp8Experts
@@ -107,13 +109,19 @@ def _format_name(w: Fp8Weight) -> str:
 
 
 def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """`x @ W^T (+ bias)` by rows and format: up to `GEMV_ROWS` rows the FMA GEMV
-    (`fp8_gemv`, tiles from `tiles.gemv_tiles`); float32 `x` and decode rows read e4m3 weights
+    """`x @ W^T (+ bias)` by rows and format: up to 16 rows the tensor-core GEMV where the
+    tile file's one-row entry for the shape is one (`tensor_core`: its cost does not depend on
+    the rows), else up to `GEMV_ROWS` rows the FMA GEMV (`fp8_gemv`, tiles from
+    `tiles.gemv_tiles`); float32 `x` and decode rows read e4m3 weights
     only (the bytes are the weights; exact against the dequantized matmul); more bf16 / fp16
     rows quantize activations per token (per-tensor / per-channel weights: cuBLASLt's
     `_scaled_mm`) or per token and 128 columns (block weights: the Triton e4m3 GEMM)."""
     (n, k), (qn, qk) = w.w.shape, w.block
     rows = x.shape[0]
+    if 0 < rows <= TC_MAX_ROWS:  # the tensor-core GEMV where the GPU's tile file chose it
+        tc = gemv_tiles("fp8_gemv", _format_name(w), n, k, 1)
+        if tc.tensor_core and tc_sub_k(qk, k, tc.block_k):
+            return fp8_gemv(x, w.w, w.scale, w.block, bias=bias, tiles=tc)
     if rows <= GEMV_ROWS:  # (scale blocks of odd widths take the tile GEMM below)
         gemv = gemv_tiles("fp8_gemv", _format_name(w), n, k, rows)
         if fp8_tile_fits(qk, k, gemv.block_k, spans=True):
