@@ -28,11 +28,12 @@ import torch.nn.functional as F
 
 from resin.protocols import CacheGroupSpec, Compressed, State, Window
 from resin_model.config import AttentionKind, ModelConfig, RopeConfig
+from resin_models_cuda.kernels.activation import gated_activation
 from resin_models_cuda.kernels.compressor import gated_pool
 from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select
 from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
-from resin_models_cuda.layers import GatedMLP, MoE, WeightSource
-from resin_models_cuda.layers.quantized import float32_tensor
+from resin_models_cuda.layers import ExpertWeights, GatedMLP, MoE, WeightSource
+from resin_models_cuda.layers.quantized import float32_tensor, stacked_fp4_experts
 from resin_models_cuda.layers.weights import RandomWeights
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
@@ -316,31 +317,51 @@ class _Attention:
 class _Moe:
     """The layer library's MoE (`layers/moe.py`): the router kernel's `sqrt(softplus)` scores
     with the top-k of score + bias, or (hash layers) the experts the token-id table names, a
-    gather in the same kernel; weights renormalised and scaled; the shared expert folded into
-    the expert stack as an always-chosen expert of weight 1 (FP8 stacks stay FP8); the clamped
-    SiLU gate (`silu_clamp`) fused into the expert kernels. Router weight and bias float32."""
+    gather in the same kernel; weights renormalised and scaled; the clamped SiLU gate
+    (`silu_clamp`) fused into the expert kernels. Router weight and bias float32. Experts as
+    stored: dense, FP8 (the FP8 kernels) or the published packed FP4 (its bits are MXFP4's:
+    the MXFP4 kernels). The shared expert is folded into a dense or FP8 stack as an
+    always-chosen expert of weight 1; beside FP4 experts (no common format) it runs as its
+    own gated MLP (FP8 where stored so)."""
 
     def __init__(
         self, c: ModelConfig, w: WeightSource, prefix: str, hashed: bool, options: BuildOptions
     ) -> None:
         moe, v4 = c.moe, c.deepseek_v4
         assert moe is not None and v4 is not None
-        p, h, e = f"{prefix}mlp.", c.hidden_size, moe.num_experts
-        experts = qwen_experts(c, w, p)
+        p, h, e, inner = f"{prefix}mlp.", c.hidden_size, moe.num_experts, moe.intermediate_size
+        self.limit = v4.swiglu_limit
         router = float32_tensor(w, f"{p}gate.weight", (e, h))
-        experts = replace(experts, router=router)
+
+        def names(parts: tuple[str, ...]) -> list[list[str]]:
+            return [[f"{p}experts.{j}.{part}.weight" for part in parts] for j in range(e)]
+
+        gate_up = stacked_fp4_experts(w, names(("gate_proj", "up_proj")), [(inner, h)] * 2)
+        shared = GatedMLP(w, f"{p}shared_experts.", h, moe.shared_intermediate_size, "silu")
+        self.shared: GatedMLP | None = None
+        if gate_up is not None:
+            down = stacked_fp4_experts(w, names(("down_proj",)), [(h, inner)])
+            if down is None:
+                raise ValueError(f"{p}experts: gate / up stored as FP4, down not")
+            experts = ExpertWeights(router, None, gate_up, None, down, None)
+            self.shared = shared
+        else:
+            experts = replace(qwen_experts(c, w, p), router=router)
+            experts = experts.with_shared(shared.gate_up.weight, shared.down.weight)
         if hashed:
             experts = replace(experts, hash_table=_hash_table(c, w, f"{p}gate.tid2eid"))
         else:
             name = f"{p}gate.e_score_correction_bias"
             experts = replace(experts, score_bias=float32_tensor(w, name, (e,), "zeros"))
-        shared = GatedMLP(w, f"{p}shared_experts.", h, moe.shared_intermediate_size, "silu")
-        experts = experts.with_shared(shared.gate_up.weight, shared.down.weight)
         self.moe = MoE(moe, experts, "silu_clamp", options.moe_gemv_max_pairs,
-                       fp32_router=True, limit=v4.swiglu_limit)  # fmt: skip
+                       fp32_router=True, limit=self.limit)  # fmt: skip
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return self.moe(x, ids)
+        out = self.moe(x, ids)
+        if self.shared is not None:
+            act = gated_activation(self.shared.gate_up(x), "silu_clamp", limit=self.limit)
+            out = out + self.shared.down(act)
+        return out
 
 
 def _hash_table(c: ModelConfig, w: WeightSource, name: str) -> torch.Tensor:
@@ -350,7 +371,7 @@ def _hash_table(c: ModelConfig, w: WeightSource, name: str) -> torch.Tensor:
     moe = c.moe
     assert moe is not None
     k, e, vocab = moe.top_k, moe.num_experts, c.vocab_size
-    if isinstance(w, RandomWeights):
+    if isinstance(w, RandomWeights) or isinstance(getattr(w, "inner", None), RandomWeights):
         table = torch.arange(vocab * k, device=w.device).view(vocab, k) % e
         return table.to(torch.int32).contiguous()
     table = w.get(name, (vocab, k), dtype=torch.int64)
