@@ -129,3 +129,26 @@ def test_fast_runner_keeps_the_experts_quantized_and_decodes_as_the_reference(
     assert (moe.shared is not None) == (fmt == "mxfp4")  # folded into an FP8 stack
     reference = load_reference(folder, device, torch.float32, page_size=16, num_pages=32)
     assert _generate(fast) == _generate(reference)
+
+
+def test_random_weights_build_the_quantized_experts(device: str) -> None:
+    """`resin bench runner --random-weights --model-config deepseek-v4-flash-8l:FMT` builds
+    `random_runner(..., quantize=FMT)`: FP8 experts (the shared one folded in) for
+    `fp8-block`, the published FP4 experts as MXFP4 (the shared one beside) for `mxfp4`;
+    random hash tables name valid, distinct experts."""
+    from resin_model.presets import preset
+    from resin_models_cuda import RunnerOptions
+    from resin_models_cuda.kernels.moe_fp8 import Fp8Experts
+    from resin_models_cuda.kernels.moe_mxfp4 import Mxfp4Experts
+    from resin_models_cuda.runner import random_runner
+
+    options = RunnerOptions(page_size=16, max_batch=2, max_context=64, num_pages=16)
+    config = preset("tiny-deepseek_v4")
+    for fmt, kind in (("fp8-block", Fp8Experts), ("mxfp4", Mxfp4Experts)):
+        model = random_runner(config, options, device, torch.float32, quantize=fmt).model  # type: ignore[arg-type]
+        moe = model.layers[-1].moe
+        assert isinstance(moe.moe.w.gate_up, kind) and isinstance(moe.moe.w.down, kind)
+        assert moe.moe.w.shared == (1 if fmt == "fp8-block" else 0)
+        table = model.layers[0].moe.moe.w.hash_table
+        assert table is not None and int(table.max()) < config.moe.num_experts  # type: ignore[union-attr]
+        assert all(len(set(row)) == len(row) for row in table.tolist())

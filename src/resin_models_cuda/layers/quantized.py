@@ -333,6 +333,15 @@ class QuantizingWeights(QuantizedWeights):
         q, scale = quantize_fp8(self.inner.get(name, shape, init), block)
         return Fp8Weight(q, scale, block)
 
+    def packed_fp4(
+        self, name: str, shape: tuple[int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """With `mxfp4`, one expert's part (DeepSeek-V4's FP4 experts) as MXFP4 blocks and
+        scales [N, K / 32, 16] / [N, K / 32]."""
+        if self.fmt != "mxfp4":
+            return None
+        return quantize_mxfp4(self.inner.get(name, shape))
+
     def mxfp4(self, name: str, shape: tuple[int, int, int], init: Init = "normal") -> (
         Mxfp4Experts | None
     ):  # fmt: skip
@@ -417,9 +426,10 @@ def stacked_experts(
 def stacked_fp4_experts(
     w: WeightSource, rows: list[list[str]], shapes: list[tuple[int, int]]
 ) -> Mxfp4Experts | None:
-    """Experts [E, N, K] as MXFP4 when every part is stored as DeepSeek-V4's packed FP4
-    (expert j stacks the parts `rows[j]` by rows), else None."""
-    if not isinstance(w, StoredWeights):
+    """Experts [E, N, K] as MXFP4 when every part is stored as DeepSeek-V4's packed FP4 (or
+    random weights are quantized to `mxfp4`; expert j stacks the parts `rows[j]` by rows),
+    else None."""
+    if not isinstance(w, StoredWeights | QuantizingWeights):
         return None
     parts = [[w.packed_fp4(n, s) for n, s in zip(names, shapes, strict=True)] for names in rows]
     if not all(p is not None for expert in parts for p in expert):
