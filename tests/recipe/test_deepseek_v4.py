@@ -167,3 +167,12 @@ def test_malformed_dsml_is_refused() -> None:
     ):
         with pytest.raises(ValueError):
             parse_dsml_invoke(bad)
+
+
+def test_forced_tool_choice_is_refused_clearly() -> None:
+    """Forcing a call (`tool_choice` required / named) has no DSML prefix yet: refused."""
+    from resin.recipe import ToolChoice, UnsupportedToolChoice
+
+    for choice in (ToolChoice(), ToolChoice("get_weather")):
+        with pytest.raises(UnsupportedToolChoice):
+            _recipe().render([Message("user", "x")], tools=[WEATHER], tool_choice=choice)
