@@ -1,7 +1,8 @@
 """A `config.json`'s `quantization_config`, parsed once into a typed `QuantConfig`: which
 format the weights are stored in (`quant.py` has the formats' math), which tensor holds their
 scales, how activations are quantized, and which modules stay unquantized. Supported:
-`quant_method` `fp8` (block-scaled, dynamic activations: Qwen3-*-FP8, DeepSeek-V3),
+`quant_method` `fp8` (block-scaled, dynamic activations: Qwen3-*-FP8, DeepSeek-V3; with
+`scale_fmt: ue8m0` and `expert_dtype: fp4`, DeepSeek-V4-Flash),
 `compressed-tensors` with `format: float-quantized` (FP8 per-tensor / per-channel / block
 weights; dynamic per-token or per-group, or static per-tensor activations) and `mxfp4`
 (gpt-oss). Anything else raises `UnsupportedQuantization` naming the method, variant or key.
