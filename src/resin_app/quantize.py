@@ -6,6 +6,9 @@ from a bf16 / fp16 / fp32 one, so accuracy and speed runs need no hub download.
 - `fp8-channel`: compressed-tensors `float-quantized`, one `weight_scale` per output channel
   and dynamic per-token activations (the Llama-3.1-8B-Instruct-FP8 kind);
 - `mxfp4`: gpt-oss's experts as `*_blocks` + `*_scales` (the rest stays as it is).
+DeepSeek-V4 folders (published names) get that model's published layout instead: `fp8-block`
+with UE8M0 scales named `<module>.scale`; `mxfp4` the same with the routed experts in packed
+FP4 (e2m1 + e8m0 per 32, `expert_dtype: fp4`), as deepseek-ai/DeepSeek-V4-Flash ships.
 
 Every linear weight of the decoder layers is quantized except the routers; embeddings, the LM
 head and norms stay in the source dtype (`resin_model/quant_checkpoint.py` has the rule).
@@ -45,7 +48,11 @@ def quantize_folder(src: str | Path, dst: str | Path, fmt: str) -> Path:
         read_config,
         read_manifest,
     )
-    from resin_model.quant_checkpoint import quantize_tensor
+    from resin_model.quant_checkpoint import (
+        deepseek_v4_quantization,
+        quantize_tensor,
+        quantize_v4_tensor,
+    )
 
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
@@ -56,6 +63,8 @@ def quantize_folder(src: str | Path, dst: str | Path, fmt: str) -> Path:
     if raw.get("quantization_config"):
         raise ValueError(f"{src} is already quantized ({raw['quantization_config']})")
     checked = check_format(fmt, str(raw.get("model_type")))
+    v4 = raw.get("model_type") == "deepseek_v4"
+    quantize = quantize_v4_tensor if v4 else quantize_tensor
     read_manifest(src)  # every shard inside the folder, every header valid
     dst.mkdir(parents=True, exist_ok=True)
     if any(dst.glob("*.safetensors")):
@@ -65,7 +74,7 @@ def quantize_folder(src: str | Path, dst: str | Path, fmt: str) -> Path:
         out: dict[str, torch.Tensor] = {}
         with safe_open(str(shard), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                for stored, tensor in quantize_tensor(name, f.get_tensor(name), checked):
+                for stored, tensor in quantize(name, f.get_tensor(name), checked):
                     out[stored] = tensor.contiguous()
         write_new(dst, shard.name, partial(save_file, out, metadata={"format": "pt"}))
         weight_map.update(dict.fromkeys(out, shard.name))
@@ -76,7 +85,12 @@ def quantize_folder(src: str | Path, dst: str | Path, fmt: str) -> Path:
         extra = checked_file(src, name, required=False)
         if extra is not None:
             write_new(dst, name, partial(shutil.copyfile, extra))
-    raw["quantization_config"] = quantization_config(checked)
+    if v4:
+        raw["quantization_config"] = deepseek_v4_quantization()
+        if checked == "mxfp4":
+            raw["expert_dtype"] = "fp4"
+    else:
+        raw["quantization_config"] = quantization_config(checked)
     write_new(dst, "config.json", _text(json.dumps(raw, indent=2)))
     return dst
 

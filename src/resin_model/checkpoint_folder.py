@@ -365,7 +365,9 @@ def _check_dtypes(config: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
     scheme = config.quant.scheme if config.quant is not None else None
     allowed = set(FLOAT_DTYPES)
     if scheme is not None and scheme.startswith("fp8"):
-        allowed |= {"F8_E4M3"}
+        allowed |= {"F8_E4M3", "F8_E8M0"}  # e8m0: UE8M0 scales (DeepSeek-V4)
+        if config.quant is not None and config.quant.fp4_experts:
+            allowed |= {"I8"}  # DeepSeek-V4's packed FP4 experts
         if not any(t.dtype == "F8_E4M3" for t in tensors.values()):
             raise CheckpointError(f"config.json declares {scheme}, but no tensor is stored as FP8")
     if scheme == "mxfp4":

@@ -15,10 +15,14 @@ def deepseek_route(
 
     V3: sigmoid scores, a correction bias that steers the choice but not the weights, groups
     scored by their two best experts. V2: softmax scores, groups scored by their best expert.
+    V4: sqrt(softplus) scores (one group, the correction bias, always renormalized).
     Only the `topk_groups` best groups compete; weights are renormalized when the config says
     so and scaled by `routed_scale`."""
     sigmoid = moe.scoring == "sigmoid"
-    scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
+    if moe.scoring == "sqrtsoftplus":
+        scores = torch.nn.functional.softplus(logits).sqrt()
+    else:
+        scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
     choice = scores if score_bias is None else scores + score_bias.float()
     if moe.topk_groups < moe.num_groups:
         grouped = choice.view(logits.shape[0], moe.num_groups, -1)

@@ -18,7 +18,7 @@ from typing import Any
 
 from resin_model.config import ModelConfig, MoeConfig, RopeConfig
 from resin_model.hf_deepseek import parse_deepseek
-from resin_model.hf_deepseek_v4 import parse_deepseek_v4
+from resin_model.hf_deepseek_v4 import deepseek_v4_quant, parse_deepseek_v4
 from resin_model.hf_glm import parse_glm4_moe
 from resin_model.hf_glm5_next import parse_glm5_next, parse_glm5_next_text
 from resin_model.hf_qwen3_5 import parse_qwen3_5_moe, parse_qwen3_5_moe_text
@@ -49,7 +49,10 @@ def parse_config(raw: dict[str, Any]) -> ModelConfig:
         raise ValueError(f"unsupported model_type {model_type!r}; known: {sorted(_PARSERS)}")
     reader = Reader(raw)
     config = _PARSERS[model_type](reader)
-    quant = parse_quant_config(reader.get("quantization_config"))
+    if model_type == "deepseek_v4":
+        quant = deepseek_v4_quant(reader)
+    else:
+        quant = parse_quant_config(reader.get("quantization_config"))
     reader.check_all_read()
     return replace(config, quant=quant) if quant is not None else config
 

@@ -11,10 +11,12 @@ the class default (two HCA layers first) used only when a config names none.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from resin_model.config import AttentionKind, DeepseekV4Config, ModelConfig, MoeConfig
 from resin_model.hf_reader import Reader, common_fields, rope_config
+from resin_model.quant_config import QuantConfig, parse_quant_config
 
 _KINDS: dict[str, AttentionKind] = {
     "sliding_attention": "sliding",
@@ -141,6 +143,27 @@ def parse_deepseek_v4(raw: Reader) -> ModelConfig:
         deepseek_v4=v4,
         num_mtp_layers=mtp,
     )
+
+
+def deepseek_v4_quant(raw: Reader) -> QuantConfig | None:
+    """The published checkpoint's quantization (deepseek-ai/DeepSeek-V4-Flash): FP8 e4m3
+    weights in 128 x 128 blocks with UE8M0 (power-of-two, e8m0) scales stored as
+    `<module>.scale` (transformers renames `.scale` to `weight_scale_inv` for this model), and,
+    with `expert_dtype` "fp4" (in `quantization_config`, or at the top level where the V4
+    configs put it: transformers moves it into the quantization config), routed experts in
+    packed e2m1 with one e8m0 scale per 32 values under the same name. Modules without a
+    `.scale` (routers, norms, the compressors' and indexers' projections, embedding, head)
+    are stored unquantized."""
+    quantization = raw.get("quantization_config")
+    expert_dtype = raw.get("expert_dtype")
+    if isinstance(quantization, dict) and expert_dtype is not None:
+        quantization = {"expert_dtype": expert_dtype, **quantization}
+    elif expert_dtype not in (None, "fp8", "bf16", "bfloat16"):
+        raise ValueError(f"expert_dtype {expert_dtype!r} without a quantization_config")
+    quant = parse_quant_config(quantization)
+    if quant is None or quant.scheme != "fp8_block":
+        return quant
+    return replace(quant, scale_name="scale")
 
 
 # Published name piece -> transformers' module name piece, applied in order (transformers'

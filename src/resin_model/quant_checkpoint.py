@@ -11,6 +11,11 @@ Stored layouts (`quant_config.QuantConfig` says which one a checkpoint uses):
 - MXFP4 (gpt-oss experts): `<name>_blocks` uint8 [E, N, K / 32, 16] + `<name>_scales` uint8
   [E, N, K / 32] hold `W[e, n, k]`; the dequantized tensor is gpt-oss's in-memory `<name>`
   [E, K, N] (transformers transposes the last two dimensions the same way).
+- DeepSeek-V4 (deepseek-ai/DeepSeek-V4-Flash; `hf_deepseek_v4.deepseek_v4_quant`): FP8 block
+  weights whose 128 x 128 scales are UE8M0 (float8_e8m0fnu, powers of two) named
+  `<module>.scale`; with `fp4_experts` the routed experts' `<module>.weight` is packed e2m1,
+  int8 [N, K / 2] (the low nibble the even column, as transformers' FP8 dequantizer reads it)
+  with `<module>.scale` e8m0 [N, K / 32]: MXFP4's bits in one row of bytes per output row.
 
 `quantize_tensor` and `quantization_config` write those layouts (the quantizer,
 `resin_app/quantize.py`; the fast runner's quantized random weights).
@@ -24,9 +29,13 @@ from typing import Any, Literal
 import torch
 
 from resin_model.quant import (
+    E8M0_BIAS,
     FP8_DTYPE,
+    FP8_MAX,
+    MXFP4_GROUP,
     dequantize_fp8,
     dequantize_mxfp4,
+    e8m0_to_float,
     quantize_fp8,
     quantize_mxfp4,
 )
@@ -43,13 +52,51 @@ def scale_name(weight_name: str, quant: QuantConfig) -> str | None:
     return f"{weight_name[: -len('weight')]}{quant.scale_name}"
 
 
+E8M0_DTYPE = torch.float8_e8m0fnu
+
+
+def scale_float(scale: torch.Tensor) -> torch.Tensor:
+    """Stored scales in float32: e8m0 ones (float8_e8m0fnu, or raw uint8 codes) as
+    `2 ** (code - 127)`, others as they are."""
+    if scale.dtype in (E8M0_DTYPE, torch.uint8):
+        return e8m0_to_float(scale.view(torch.uint8))
+    return scale.float()
+
+
 def fp8_weight_float(weight: torch.Tensor, scale: torch.Tensor, quant: QuantConfig) -> torch.Tensor:
     """float32 `W` of an FP8 weight [..., N, K] and its stored scales (any stored shape of the
-    right number of values: [] / [1] per tensor, [N, 1] per channel, blocks)."""
+    right number of values: [] / [1] per tensor, [N, 1] per channel, blocks); with
+    `quant.fp4_experts` an int8 weight is DeepSeek-V4's packed FP4 (`fp4_weight_float`)."""
+    if weight.dtype == torch.int8 and quant.fp4_experts:
+        return fp4_weight_float(weight, scale)
     if weight.dtype != FP8_DTYPE:
         raise ValueError(f"an FP8 weight is float8_e4m3fn, got {weight.dtype}")
     n, k = weight.shape[-2:]
-    return dequantize_fp8(weight, scale.float(), quant.weight_block(n, k))
+    return dequantize_fp8(weight, scale_float(scale), quant.weight_block(n, k))
+
+
+def fp4_as_mxfp4(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4's packed FP4 weight (int8 [..., N, K / 2]) and e8m0 scales ([..., N,
+    K / 32]) as MXFP4 `blocks` uint8 [..., N, K / 32, 16] and `scales` uint8 [..., N, K / 32]
+    (the same bits)."""
+    *lead, n, half = weight.shape
+    groups = 2 * half // MXFP4_GROUP
+    if (
+        weight.dtype != torch.int8
+        or 2 * half % MXFP4_GROUP
+        or tuple(scale.shape) != (*lead, n, groups)
+    ):
+        raise ValueError(
+            f"a packed FP4 weight is int8 [..., N, K / 2] with e8m0 scales [..., N, K / 32]; got "
+            f"{weight.dtype} {tuple(weight.shape)} and {tuple(scale.shape)}"
+        )
+    blocks = weight.view(torch.uint8).reshape(*lead, n, groups, MXFP4_GROUP // 2)
+    return blocks, scale.view(torch.uint8)
+
+
+def fp4_weight_float(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 [..., N, K] of a DeepSeek-V4 packed FP4 weight and its e8m0 scales."""
+    return dequantize_mxfp4(*fp4_as_mxfp4(weight, scale))
 
 
 def mxfp4_weight_float(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -83,7 +130,8 @@ def dequantized(
         if name.endswith(INPUT_SCALE) and quant.scheme != "mxfp4":
             continue
         pair = _partner(name, quant)
-        if pair is None and tensor.dtype == FP8_DTYPE:
+        packed_fp4 = quant.fp4_experts and tensor.dtype == torch.int8
+        if pair is None and (tensor.dtype == FP8_DTYPE or packed_fp4):
             pair = (name, scale_name(name, quant) or name)
             fp8_names.add(name)
         if pair is None:
@@ -150,12 +198,74 @@ def quantization_config(fmt: QuantFormat) -> dict[str, Any]:
 
 
 def check_format(fmt: str, model_type: str) -> QuantFormat:
-    """`fmt` as a `QuantFormat`, refused with a reason where no published layout exists."""
+    """`fmt` as a `QuantFormat`, refused with a reason where no published layout exists
+    (DeepSeek-V4's: `fp8-block` with its UE8M0 scales, `mxfp4` its FP4 experts beside FP8)."""
     if fmt not in QUANT_FORMATS:
         raise ValueError(f"unknown quantized format {fmt!r} (known: {', '.join(QUANT_FORMATS)})")
-    if fmt == "mxfp4" and model_type != "gpt_oss":
-        raise ValueError(f"mxfp4 is gpt-oss's expert format; {model_type!r} has no MXFP4 layout")
+    if fmt == "mxfp4" and model_type not in ("gpt_oss", "deepseek_v4"):
+        raise ValueError(
+            f"mxfp4 is gpt-oss's and DeepSeek-V4's expert format; {model_type!r} has no MXFP4 "
+            "layout"
+        )
+    if model_type == "deepseek_v4" and fmt == "fp8-channel":
+        raise ValueError("deepseek_v4 is published in fp8-block (UE8M0 scales) and mxfp4 experts")
     return fmt  # type: ignore[return-value]
+
+
+def deepseek_v4_quantization() -> dict[str, Any]:
+    """DeepSeek-V4-Flash's `quantization_config` (`expert_dtype` "fp4" for `mxfp4`, which the
+    published config.json carries at its top level: the caller puts it there)."""
+    return {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+            "activation_scheme": "dynamic", "weight_block_size": list(FP8_BLOCK)}  # fmt: skip
+
+
+# published names of DeepSeek-V4 weights kept unquantized although linear: the router, and
+# the compressors' and indexers' kv / gate / weights projections (bf16 in the published FP8
+# checkpoint: transformers' keep-list)
+_V4_UNQUANTIZED = (".ffn.gate.weight", "weights_proj.weight")
+
+
+def quantize_v4_tensor(
+    name: str, tensor: torch.Tensor, fmt: QuantFormat
+) -> list[tuple[str, torch.Tensor]]:
+    """A DeepSeek-V4 checkpoint tensor (published names) in its published layout: the decoder
+    and MTP layers' linear weights FP8 with UE8M0 scales (`<module>.scale`, float8_e8m0fnu),
+    except `_V4_UNQUANTIZED`, the compressors' and the norms; with `mxfp4` the routed experts
+    packed FP4 with e8m0 scales per 32 values (`fp4_as_mxfp4`'s layout)."""
+    bare = name.removeprefix("model.")
+    module = bare.rsplit(".", 2)[-2] if bare.count(".") >= 2 else ""
+    linear = bare.startswith(("layers.", "mtp.")) and name.endswith(".weight")
+    if (
+        not linear
+        or tensor.dim() != 2
+        or name.endswith(_V4_UNQUANTIZED)
+        or ".compressor." in name
+        or "norm" in module
+    ):
+        return [(name, tensor)]
+    scale_name = name[: -len("weight")] + "scale"
+    if fmt == "mxfp4" and ".ffn.experts." in name:
+        blocks, scales = quantize_mxfp4(tensor)
+        packed = blocks.reshape(*blocks.shape[:-2], -1).view(torch.int8)
+        return [(name, packed), (scale_name, scales.view(E8M0_DTYPE))]
+    return list(zip((name, scale_name), quantize_fp8_ue8m0(tensor), strict=True))
+
+
+def quantize_fp8_ue8m0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> (e4m3 [N, K], float8_e8m0fnu scales [ceil(N / 128), ceil(K / 128)]): per
+    128 x 128 block the least power of two that keeps the block within e4m3's range."""
+    n, k = w.shape
+    bn, bk = FP8_BLOCK
+    padded = torch.zeros(-(-n // bn) * bn, -(-k // bk) * bk, dtype=torch.float32)
+    padded[:n, :k] = w.float()
+    blocks = padded.view(padded.shape[0] // bn, bn, padded.shape[1] // bk, bk)
+    amax = blocks.abs().amax(dim=(1, 3))
+    exp = torch.ceil(torch.log2(amax / FP8_MAX)).clamp(-E8M0_BIAS, E8M0_BIAS)
+    exp = torch.where(amax > 0, exp, 0.0).to(torch.int32)
+    scale = torch.ldexp(torch.ones_like(amax), exp)
+    full = scale.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[:n, :k]
+    q = (w.float() / full).to(FP8_DTYPE)
+    return q, (exp + E8M0_BIAS).to(torch.uint8).view(E8M0_DTYPE)
 
 
 def quantize_tensor(

@@ -1,7 +1,8 @@
 """A `config.json`'s `quantization_config`, parsed once into a typed `QuantConfig`: which
 format the weights are stored in (`quant.py` has the formats' math), which tensor holds their
 scales, how activations are quantized, and which modules stay unquantized. Supported:
-`quant_method` `fp8` (block-scaled, dynamic activations: Qwen3-*-FP8, DeepSeek-V3),
+`quant_method` `fp8` (block-scaled, dynamic activations: Qwen3-*-FP8, DeepSeek-V3; with
+`scale_fmt: ue8m0` and `expert_dtype: fp4`, DeepSeek-V4-Flash),
 `compressed-tensors` with `format: float-quantized` (FP8 per-tensor / per-channel / block
 weights; dynamic per-token or per-group, or static per-tensor activations) and `mxfp4`
 (gpt-oss). Anything else raises `UnsupportedQuantization` naming the method, variant or key.
@@ -27,8 +28,12 @@ class QuantConfig:
     `scheme`: the weight format; `block`: FP8 block rows x columns (`fp8_block` only);
     `activations`: how activations are quantized before an FP8 matmul (`dynamic_group` in
     groups of `activation_group` columns); `scale_name`: the tensor beside `weight` holding
-    its scales (`weight_scale_inv`, `weight_scale`), or the suffix pair's scales (`scales`
-    beside `blocks`, MXFP4); `skip`: regexes of module names kept unquantized (`quantizes`)."""
+    its scales (`weight_scale_inv`, `weight_scale`; DeepSeek-V4's `scale`), or the suffix
+    pair's scales (`scales` beside `blocks`, MXFP4); `skip`: regexes of module names kept
+    unquantized (`quantizes`). `fp4_experts` (DeepSeek-V4's `expert_dtype: fp4`): routed
+    experts stored as packed e2m1 (int8 [N, K / 2], the low nibble first) with one e8m0 scale
+    per 32 values ([N, K / 32]) under the same `scale_name`; the other FP8 weights' scales may
+    be e8m0 too (`scale_fmt: ue8m0`: powers of two, the same dequantization)."""
 
     scheme: QuantScheme
     activations: ActivationScheme
@@ -36,6 +41,7 @@ class QuantConfig:
     block: tuple[int, int] | None = None
     activation_group: int | None = None
     skip: tuple[str, ...] = ()
+    fp4_experts: bool = False
 
     def quantizes(self, module: str) -> bool:
         """Whether the module of this name (e.g. `model.layers.0.self_attn.q_proj`) is stored
@@ -98,7 +104,8 @@ def _hf_skip(patterns: object, where: str) -> tuple[str, ...]:
 
 
 _FP8_KEYS = frozenset(("quant_method", "activation_scheme", "fmt", "weight_block_size",
-                       "modules_to_not_convert", "dequantize"))  # fmt: skip
+                       "modules_to_not_convert", "dequantize", "scale_fmt",
+                       "expert_dtype"))  # fmt: skip
 
 
 def _parse_fp8(raw: Mapping[str, Any]) -> QuantConfig:
@@ -110,6 +117,10 @@ def _parse_fp8(raw: Mapping[str, Any]) -> QuantConfig:
         raise _unsupported(where, "activation_scheme", raw["activation_scheme"], "dynamic only")
     if raw.get("dequantize", False):
         raise _unsupported(where, "dequantize", raw["dequantize"], "a stored-quantized checkpoint")
+    if raw.get("scale_fmt", "float") not in ("float", "ue8m0"):
+        raise _unsupported(where, "scale_fmt", raw["scale_fmt"], "float or ue8m0")
+    if raw.get("expert_dtype", "fp8") not in ("fp8", "fp4"):
+        raise _unsupported(where, "expert_dtype", raw["expert_dtype"], "fp8 or fp4")
     block = raw.get("weight_block_size")
     if block is None:
         raise UnsupportedQuantization(
@@ -120,6 +131,7 @@ def _parse_fp8(raw: Mapping[str, Any]) -> QuantConfig:
     return QuantConfig(
         "fp8_block", "dynamic_group", "weight_scale_inv", (rows, cols), cols,
         _hf_skip(raw.get("modules_to_not_convert"), where),
+        fp4_experts=raw.get("expert_dtype") == "fp4",
     )  # fmt: skip
 
 

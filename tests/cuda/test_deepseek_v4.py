@@ -20,6 +20,10 @@ from resin import Engine, SamplingParams
 from tests.models.dsv4_tiny import _checkpoint
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-dsv4-"))
+# The MoE's expert GEMV up to 4 token-expert pairs (a decode row: top-2 and the shared expert),
+# the grouped GEMM above: both paths run, and the interpreter's GEMV programs (one per pair and
+# tile) stay few.
+GEMV_PAIRS = 4
 
 
 def _runners(device: str) -> tuple[Any, Any]:
@@ -30,7 +34,7 @@ def _runners(device: str) -> tuple[Any, Any]:
     reference = load_reference(folder, device, torch.float32, page_size=16, num_pages=64)
     # no draft room, so the State groups are the reference's byte for byte
     options = RunnerOptions(page_size=16, max_batch=4, max_context=256, num_pages=64,
-                            max_draft_tokens=0)  # fmt: skip
+                            max_draft_tokens=0, moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
     return reference, load_runner(folder, options, device, torch.float32)
 
 
@@ -119,7 +123,8 @@ def test_mtp_drafts_equal_the_reference_mtp_runner(device: str, tmp_path_factory
     folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4mtp"))[0]
     reference = MtpRunner(load_model(folder, device, torch.float32), num_drafts=1, page_size=16,
                           num_pages=64)  # fmt: skip
-    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True)
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True,
+                            moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
     fast = load_runner(folder, options, device, torch.float32)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 16, (n,), generator=gen).tolist() for n in (21, 6)]
@@ -142,7 +147,7 @@ def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_facto
 
     folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4spec"))[0]
     options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64, mtp=True,
-                            max_draft_tokens=1)  # fmt: skip
+                            max_draft_tokens=1, moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
     fast = load_runner(folder, options, device, torch.float32)
     assert fast.runner_config.max_draft_tokens == 1
     assert all(g.rewind == 1 for g in fast.runner_config.cache_groups if isinstance(g, State))

@@ -1,5 +1,6 @@
-"""MoE layer: the expert GEMV and the fused grouped GEMM give the plain PyTorch result (softmax
-and sigmoid routers, renormalized or not, expert biases, SiLU and gpt-oss's clamped SwiGLU),
+"""MoE layer: the expert GEMV and the fused grouped GEMM give the plain PyTorch result (softmax,
+sigmoid and sqrt(softplus) routers, renormalized or not, expert biases, SiLU, gpt-oss's clamped
+SwiGLU and DeepSeek-V4's clamped SiLU gate),
 over odd token counts; the alignment puts every pair in exactly one block of its expert."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from resin_model.config import MoeConfig
 
 
-def _reference(moe: MoeConfig, w, x: torch.Tensor, weight, expert) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _reference(moe: MoeConfig, w, x: torch.Tensor, weight, expert, v4_limit=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
     out = torch.zeros_like(x, dtype=torch.float32)
     for t in range(x.shape[0]):
         for j in range(moe.top_k):
@@ -22,7 +23,9 @@ def _reference(moe: MoeConfig, w, x: torch.Tensor, weight, expert) -> torch.Tens
                 None if w.gate_up_bias is None else w.gate_up_bias[e].float(),
             )
             gate, up = gu.chunk(2)
-            if moe.swiglu_limit is not None:
+            if v4_limit is not None:  # DeepSeek-V4: silu(min(gate, l)) * clamp(up, -l, l)
+                act = F.silu(gate.clamp(max=v4_limit)) * up.clamp(-v4_limit, v4_limit)
+            elif moe.swiglu_limit is not None:
                 gate, up = gate.clamp(max=moe.swiglu_limit), up.clamp(-7.0, 7.0)
                 act = (up + 1) * gate * torch.sigmoid(gate * moe.swiglu_alpha)
             else:
@@ -35,7 +38,7 @@ def _reference(moe: MoeConfig, w, x: torch.Tensor, weight, expert) -> torch.Tens
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 37])
-@pytest.mark.parametrize("variant", ["qwen", "gpt_oss", "sigmoid"])
+@pytest.mark.parametrize("variant", ["qwen", "gpt_oss", "sigmoid", "v4"])
 def test_moe_paths_match_torch(device: str, tokens: int, variant: str) -> None:
     from resin_models_cuda.layers import ExpertWeights, MoE
 
@@ -47,7 +50,7 @@ def test_moe_paths_match_torch(device: str, tokens: int, variant: str) -> None:
         inner,
         variant != "sigmoid",
         (True,),
-        scoring="sigmoid" if variant == "sigmoid" else "softmax",
+        scoring={"sigmoid": "sigmoid", "v4": "sqrtsoftplus"}.get(variant, "softmax"),
         router_bias=variant == "gpt_oss",
         expert_bias=variant == "gpt_oss",
         swiglu_limit=7.0 if variant == "gpt_oss" else None,
@@ -65,11 +68,13 @@ def test_moe_paths_match_torch(device: str, tokens: int, variant: str) -> None:
         r(e, h, inner),
         r(e, h) if bias else None,
     )
-    act = "swiglu_clamp" if variant == "gpt_oss" else "silu"
+    act = {"gpt_oss": "swiglu_clamp", "v4": "silu_clamp"}.get(variant, "silu")
+    limit = 1.0 if variant == "v4" else None  # clamps many of these gate / up values
     x = r(tokens, h)
-    gemv, grouped = MoE(moe, w, act, gemv_max_pairs=10**6), MoE(moe, w, act, gemv_max_pairs=0)
+    gemv = MoE(moe, w, act, gemv_max_pairs=10**6, limit=limit)  # type: ignore[arg-type]
+    grouped = MoE(moe, w, act, gemv_max_pairs=0, limit=limit)  # type: ignore[arg-type]
     weight, expert = gemv.route(x)
-    expect = _reference(moe, w, x, weight, expert)
+    expect = _reference(moe, w, x, weight, expert, limit)
     for layer in (gemv, grouped):
         torch.testing.assert_close(layer(x).float(), expect, atol=2e-3, rtol=2e-3)
 
@@ -105,6 +110,9 @@ ROUTES = {
     # DeepSeek V2: softmax, group-limited greedy over groups that are no power of two.
     "v2_groups": dict(num_experts=30, top_k=3, norm_topk_prob=False, num_groups=5,
                       topk_groups=2, routed_scale=16.0),
+    # DeepSeek V4: sqrt(softplus), correction bias, renorm, scale; 20 tokens (two programs)
+    "v4": dict(num_experts=20, top_k=6, norm_topk_prob=True, scoring="sqrtsoftplus",
+               routed_scale=1.5, score_bias=True),
 }  # fmt: skip
 
 
@@ -119,7 +127,10 @@ def test_router_kernel_is_the_routing_rule(device: str, name: str, shared: int) 
     spec: dict = dict(ROUTES[name])
     moe = MoeConfig(intermediate_size=8, sparse_layers=(True,), **spec)
     torch.manual_seed(len(name) + shared)
-    logits = torch.randn(9, moe.num_experts).to(device)
+    tokens = 20 if name == "v4" else 9
+    logits = torch.randn(tokens, moe.num_experts).to(device)
+    if name == "v4":  # softplus's far tails: torch's x above 20, exp(x) far below 0
+        logits[0, :4] = torch.tensor([25.0, 19.5, -30.0, -90.0])
     bias = torch.randn(moe.num_experts).to(device) * 0.1 if moe.score_bias else None
     weight, expert = router_topk(logits, moe, bias, shared)
     ref_weight, ref_expert = deepseek_route(logits, bias, moe)
@@ -127,7 +138,8 @@ def test_router_kernel_is_the_routing_rule(device: str, name: str, shared: int) 
     assert torch.equal(expert[:, :k].long().cpu(), ref_expert.cpu())
     torch.testing.assert_close(weight[:, :k], ref_weight, atol=1e-6, rtol=1e-5)
     e = moe.num_experts
-    assert torch.equal(expert[:, k:].cpu(), torch.arange(e, e + shared).expand(9, shared).int())
+    want = torch.arange(e, e + shared).expand(tokens, shared).int()
+    assert torch.equal(expert[:, k:].cpu(), want)
     assert torch.all(weight[:, k:] == 1.0)
 
 
@@ -248,3 +260,50 @@ def test_expert_gemv_launch_shapes_agree(device: str, tiles: tuple) -> None:
     dense = expert_down(x.to(d), w_dense, one, unit, 1, bias=b_up[None, 0, :20].to(d), tiles=t_)
     torch.testing.assert_close(dense.cpu(), x @ w_dn[0, :, :20] + b_up[0, :20], atol=1e-3,
                                rtol=1e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["topk", "hash"])
+def test_router_kernel_routes_as_the_v4_reference(device: str, hashed: bool) -> None:
+    """DeepSeek-V4's routing in the router kernel equals the reference runner's `V4Router`:
+    sqrt(softplus) scores, the top-k of score + correction bias (or, in a hash layer, the
+    experts the token-id table names: a gather in the kernel), the unbiased scores of the
+    chosen experts renormalised and scaled; a shared expert appended."""
+    import torch.nn.functional as F
+
+    from resin_model.hf_config import parse_config
+    from resin_model.presets import PRESETS
+    from resin_models_cuda.kernels.router import router_topk
+    from resin_models_torch.deepseek_v4 import V4Router
+
+    raw = {**PRESETS["tiny-deepseek_v4"], "n_routed_experts": 24, "num_experts_per_tok": 6}
+    config = parse_config(raw)
+    moe = config.moe
+    assert moe is not None and moe.scoring == "sqrtsoftplus"
+    torch.manual_seed(11)
+    router = V4Router(config, hashed)
+    with torch.no_grad():
+        router.weight.normal_()
+        if router.tid2eid is not None:
+            table = torch.stack([torch.randperm(24)[:6] for _ in range(config.vocab_size)])
+            router.tid2eid.copy_(table)
+        else:
+            assert router.e_score_correction_bias is not None
+            router.e_score_correction_bias.normal_(0.0, 0.1)
+    x = torch.randn(21, config.hidden_size)
+    ids = torch.randint(0, config.vocab_size, (21,))
+    with torch.no_grad():
+        want_w, want_e = router(x, ids)
+    logits = F.linear(x, router.weight).to(device)
+    bias = router.e_score_correction_bias
+    got_w, got_e = router_topk(
+        logits, moe, None if bias is None else bias.detach().to(device), shared=1,
+        table=None if router.tid2eid is None else router.tid2eid.int().to(device),
+        ids=ids.to(device),
+    )  # fmt: skip
+    got_w, got_e = got_w.cpu(), got_e.cpu().long()
+    assert torch.equal(got_e[:, 6], torch.full((21,), 24)) and torch.all(got_w[:, 6] == 1.0)
+    # the reference's top-k is unsorted: compare the chosen experts in id order
+    order_got, order_want = got_e[:, :6].argsort(dim=1), want_e.argsort(dim=1)
+    assert torch.equal(got_e[:, :6].gather(1, order_got), want_e.gather(1, order_want))
+    torch.testing.assert_close(got_w[:, :6].gather(1, order_got), want_w.gather(1, order_want),
+                               atol=1e-6, rtol=1e-5)  # fmt: skip

@@ -50,6 +50,7 @@ def test_every_recipe_follows_the_protocols() -> None:
         "qwen3": npm_tokenizer("qwen3"),
         "llama3": npm_tokenizer("llama3"),
         "deepseek_v3": deepseek,
+        "deepseek_v4": deepseek,
         "lfm2": lfm2,
         "gpt_oss": npm_tokenizer("gptoss"),
         "glm4_moe": glm,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from resin.recipe.chatml import ChatMLRecipe, Qwen3Recipe
 from resin.recipe.deepseek import DeepSeekV3Recipe
+from resin.recipe.deepseek_v4 import DeepSeekV4Recipe
 from resin.recipe.glm import Glm45Recipe
 from resin.recipe.gpt_oss import GptOssRecipe
 from resin.recipe.lfm2 import LFM2Recipe
@@ -18,6 +19,7 @@ _NATIVE: dict[str, Callable[[Tokenizer], Recipe]] = {
     "qwen3": Qwen3Recipe,
     "llama3": Llama3Recipe,
     "deepseek_v3": DeepSeekV3Recipe,
+    "deepseek_v4": DeepSeekV4Recipe,
     "lfm2": LFM2Recipe,
     "gpt_oss": GptOssRecipe,
     "glm4_moe": Glm45Recipe,

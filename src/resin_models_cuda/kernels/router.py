@@ -1,12 +1,19 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
-"""MoE router top-k in one launch per step: scores (softmax or sigmoid over the router logits),
-optional group-limited choice (DeepSeek), the k best experts, optional renormalization and
-scale, per token; shared experts can be appended as always-chosen experts of weight 1.
+"""MoE router top-k in one launch per step: scores (softmax, sigmoid or DeepSeek-V4's
+`sqrt(softplus)` over the router logits), optional group-limited choice (DeepSeek), the k best
+experts, optional renormalization and scale, per token; shared experts can be appended as
+always-chosen experts of weight 1.
+
+Hash routing (DeepSeek-V4's first layers): the experts are not chosen from the scores but read
+from a token-id table (`table[ids[t]]`, a gather in the kernel); their weights are still the
+scores at those experts, renormalized and scaled as the chosen ones would be.
 
 Equals `resin_model.expert_routing.deepseek_route` (which, with one group and no bias, is
 `scores.topk(k)` + `w / w.sum()`), with ties broken toward the lower expert id as `torch.topk`
 does in practice. gpt-oss's "softmax over the top-k logits" is the same as softmax over all,
-top-k, renormalize. The experts are held as a `[groups, experts per group]` tile.
+top-k, renormalize. With a group limit the experts are held as a `[groups, experts per group]`
+tile, a token a program; without one (and for hash routing) a program takes up to 16 tokens
+as a `[tokens, experts]` tile.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ def _router_topk_kernel(
     K: tl.constexpr,
     SHARED: tl.constexpr,  # experts E .. E + SHARED - 1, weight 1, after the routed ones
     OUT_PAD: tl.constexpr,
-    SIGMOID: tl.constexpr,
+    SCORING: tl.constexpr,  # 0 softmax, 1 sigmoid, 2 sqrt(softplus)
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
 ):
@@ -45,8 +52,10 @@ def _router_topk_kernel(
     e = g * PER_GROUP + tl.arange(0, PER_PAD)[None, :]  # expert ids, [G_PAD, PER_PAD]
     valid = (g < GROUPS) & (tl.arange(0, PER_PAD)[None, :] < PER_GROUP)
     x = tl.load(logits_ptr + t * stride_l + e, mask=valid, other=float("-inf")).to(tl.float32)
-    if SIGMOID:
+    if SCORING == 1:
         scores = tl.sigmoid(x)
+    elif SCORING == 2:
+        scores = _sqrt_softplus(x, valid)
     else:
         p = tl.exp(x - tl.max(tl.max(x, 1), 0))
         scores = p / tl.sum(tl.sum(p, 1), 0)
@@ -57,7 +66,7 @@ def _router_topk_kernel(
     if TOPK_GROUPS < GROUPS:
         best = tl.max(choice, 1)
         group_score = best
-        if SIGMOID:  # a group scores the sum of its two best experts
+        if SCORING == 1:  # a group scores the sum of its two best experts
             first = tl.min(tl.where(choice == best[:, None], e, E), 1)
             group_score += tl.max(tl.where(e == first[:, None], float("-inf"), choice), 1)
         gi = tl.arange(0, G_PAD)
@@ -90,33 +99,137 @@ def _router_topk_kernel(
     tl.store(expert_ptr + t * (K + SHARED) + col, chosen, mask=out)
 
 
+@triton.jit
+def _sqrt_softplus(x, valid):
+    """sqrt(softplus(x)) where `valid`, else 0. softplus as torch computes it: x itself above
+    20, below it max(x, 0) + log1p(exp(-|x|)), log1p(y) taken as y * log(u) / (u - 1) with
+    u = 1 + y (exact where u rounds to 1, where log(u) alone would lose y)."""
+    y = tl.exp(-tl.abs(x))
+    u = 1.0 + y
+    log1p = tl.where(u == 1.0, y, y * tl.log(u) / tl.where(u == 1.0, 1.0, u - 1.0))
+    softplus = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
+    return tl.sqrt(tl.where(valid, softplus, 0.0))
+
+
+@triton.jit
+def _router_flat_kernel(
+    logits_ptr,  # [T, E] (any float dtype), row stride stride_l
+    bias_ptr,  # fp32 [E]: choice-only score bias (read when HAS_BIAS)
+    ids_ptr,  # int [T]: token ids (read when HASH)
+    table_ptr,  # int32 [V, K] contiguous: a token's experts (read when HASH)
+    weight_ptr,  # fp32 [T, K + SHARED] contiguous
+    expert_ptr,  # int32 [T, K + SHARED] contiguous
+    T,
+    stride_l,
+    routed_scale,
+    E: tl.constexpr,
+    E_PAD: tl.constexpr,
+    K: tl.constexpr,
+    SHARED: tl.constexpr,
+    OUT_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    SCORING: tl.constexpr,
+    HASH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    """`_router_topk_kernel` without group-limited choice, BLOCK_T tokens a program (rows past
+    T repeat the last token and are not stored)."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = rows < T
+    src = tl.minimum(rows, T - 1).to(tl.int64)
+    e = tl.arange(0, E_PAD)[None, :]
+    valid = (e < E) & (src[:, None] >= 0)
+    x = tl.load(logits_ptr + src[:, None] * stride_l + e, mask=valid, other=float("-inf"))
+    x = x.to(tl.float32)
+    if SCORING == 1:
+        scores = tl.sigmoid(x)
+    elif SCORING == 2:
+        scores = _sqrt_softplus(x, valid)
+    else:
+        p = tl.exp(x - tl.max(x, 1)[:, None])
+        scores = p / tl.sum(p, 1)[:, None]
+    choice = scores
+    if HAS_BIAS:
+        choice += tl.load(bias_ptr + e, mask=e < E, other=0.0)
+    choice = tl.where(valid, choice, float("-inf"))
+    col = tl.arange(0, OUT_PAD)[None, :]
+    chosen = tl.zeros([BLOCK_T, OUT_PAD], tl.int32)
+    weights = tl.zeros([BLOCK_T, OUT_PAD], tl.float32)
+    if HASH:
+        token = tl.load(ids_ptr + src).to(tl.int64)
+    for j in tl.static_range(K):
+        if HASH:
+            idx = tl.load(table_ptr + token * K + j)
+        else:
+            top = tl.max(choice, 1)
+            idx = tl.min(tl.where(choice == top[:, None], e, E), 1)
+        w = tl.sum(tl.where(e == idx[:, None], scores, 0.0), 1)
+        chosen = tl.where(col == j, idx[:, None], chosen)
+        weights = tl.where(col == j, w[:, None], weights)
+        choice = tl.where(e == idx[:, None], float("-inf"), choice)
+    if RENORMALIZE:
+        weights = weights / (tl.sum(weights, 1)[:, None] + 1e-20)
+    weights = weights * routed_scale
+    shared = (col >= K) & (col < K + SHARED)
+    chosen = tl.where(shared, E + col - K, chosen)
+    weights = tl.where(shared, 1.0, weights)
+    out = live[:, None] & (col < K + SHARED)
+    offsets = rows[:, None].to(tl.int64) * (K + SHARED) + col
+    tl.store(weight_ptr + offsets, weights, mask=out)
+    tl.store(expert_ptr + offsets, chosen, mask=out)
+
+
+_SCORING = {"softmax": 0, "sigmoid": 1, "sqrtsoftplus": 2}
+
+
 def router_topk(
     logits: torch.Tensor,
     moe: MoeConfig,
     score_bias: torch.Tensor | None = None,
     shared: int = 0,
+    table: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`logits` [T, E] -> (weights fp32 [T, k + shared], experts int32 [T, k + shared]): the
     routing rule `moe` describes (`MoeConfig.scoring`, `num_groups` / `topk_groups`,
     `norm_topk_prob`, `routed_scale`; `score_bias` fp32 [E] steers the choice only); `shared`
-    experts numbered E.. follow with weight 1."""
+    experts numbered E.. follow with weight 1. With `table` (int32 [V, k], every entry an
+    expert id < E) and the step's token `ids` [T], token t's experts are `table[ids[t]]`."""
     assert logits.dim() == 2 and logits.stride(1) == 1
     t, e = logits.shape
     k = moe.top_k
     assert e == moe.num_experts and 1 <= k <= e and e % moe.num_groups == 0
     if score_bias is not None:
         assert score_bias.shape == (e,) and score_bias.dtype == torch.float32
+    if table is not None:
+        assert ids is not None and ids.shape == (t,) and table.dtype == torch.int32
+        assert table.dim() == 2 and table.shape[1] == k and table.is_contiguous()
     width = k + shared
     weight = torch.empty((t, width), dtype=torch.float32, device=logits.device)
     expert = torch.empty((t, width), dtype=torch.int32, device=logits.device)
     per_group = e // moe.num_groups
-    if t:
+    scoring = _SCORING[moe.scoring]
+    ids_arg = logits if ids is None else ids
+    table_arg = logits if table is None else table
+    bias_arg = logits if score_bias is None else score_bias
+    if t and (moe.topk_groups >= moe.num_groups or table is not None):
+        block_t = min(16, next_pow2(t))
+        e_pad = next_pow2(e)
+        _router_flat_kernel[(triton.cdiv(t, block_t),)](
+            logits, bias_arg, ids_arg, table_arg, weight, expert, t, logits.stride(0),
+            moe.routed_scale, E=e, E_PAD=e_pad, K=k, SHARED=shared, OUT_PAD=next_pow2(width),
+            BLOCK_T=block_t, SCORING=scoring, HASH=table is not None,
+            HAS_BIAS=score_bias is not None, RENORMALIZE=moe.norm_topk_prob,
+            num_warps=4 if block_t * e_pad >= 2048 else 1,
+        )  # fmt: skip
+    elif t:
         _router_topk_kernel[(t,)](
-            logits, logits if score_bias is None else score_bias, weight, expert,
+            logits, bias_arg, weight, expert,
             logits.stride(0), moe.routed_scale, E=e, GROUPS=moe.num_groups,
             G_PAD=next_pow2(moe.num_groups), PER_GROUP=per_group, PER_PAD=next_pow2(per_group),
             TOPK_GROUPS=moe.topk_groups, K=k, SHARED=shared, OUT_PAD=next_pow2(width),
-            SIGMOID=moe.scoring == "sigmoid", HAS_BIAS=score_bias is not None,
+            SCORING=scoring, HAS_BIAS=score_bias is not None,
             RENORMALIZE=moe.norm_topk_prob, num_warps=1 if e <= 128 else 2,
         )  # fmt: skip
     return weight, expert

@@ -1,8 +1,9 @@
 """Mixture of experts as a layer: router, then the experts through one of two graph-safe
 paths with the same result (no host sync in either, so decode CUDA graphs cover every batch).
 
-- Router: softmax or sigmoid scores over a (biased) linear, optional group-limited choice and
-  score bias (DeepSeek), top-k, optional renormalization and scale, in one kernel; shared
+- Router: softmax, sigmoid or sqrt(softplus) scores over a (biased) linear, optional
+  group-limited choice and score bias (DeepSeek), top-k (or the experts a token-id table
+  names: DeepSeek-V4's hash layers), optional renormalization and scale, in one kernel; shared
   experts ride along as always-chosen experts of weight 1 (`ExpertWeights.with_shared`).
 - Few pairs (`pairs <= gemv_max_pairs`): the expert GEMV (`kernels/moe_gemv.py`), each pair
   reading its expert in place: gate_up with the activation fused, then down adding each
@@ -11,7 +12,8 @@ paths with the same result (no host sync in either, so decode CUDA graphs cover 
   (`kernels/moe_grouped.py`), one launch per projection, then a sum over each token's k rows.
 
 Experts are stacked `gate_up` [E, 2I, H] (gate rows first, then up) and `down` [E, H, I], with
-optional biases [E, 2I] / [E, H]; the activation is SiLU-gated or gpt-oss's clamped SwiGLU.
+optional biases [E, 2I] / [E, H]; the activation is SiLU-gated, gpt-oss's clamped SwiGLU or
+DeepSeek-V4's clamped SiLU gate (`kernels/activation.py`).
 Each stack is dense, FP8 (`Fp8Experts`: `kernels/moe_fp8.py`) or MXFP4 (`Mxfp4Experts`:
 `kernels/moe_mxfp4.py`); the same two paths run the matching kernels, the routing unchanged.
 """
@@ -146,6 +148,7 @@ class ExpertWeights:
     down_bias: torch.Tensor | None  # [E + shared, H]
     score_bias: torch.Tensor | None = None  # fp32 [E]: steers the choice, not the weights
     shared: int = 0
+    hash_table: torch.Tensor | None = None  # int32 [vocab, k]: a token's experts (no top-k)
 
     def with_shared(
         self, gate_up: torch.Tensor | Fp8Weight, down: torch.Tensor | Fp8Weight
@@ -208,13 +211,14 @@ class ExpertWeights:
     def _extended(self, gate_up: Experts, down: Experts, count: int) -> ExpertWeights:
         return ExpertWeights(
             self.router, self.router_bias, gate_up, None, down, None, self.score_bias,
-            self.shared + count,
+            self.shared + count, self.hash_table,
         )  # fmt: skip
 
 
 class MoE:
     """`fp32_router`: router logits in float32 (DeepSeek computes them so), else in the
-    weights' dtype (Qwen3-MoE, gpt-oss)."""
+    weights' dtype (Qwen3-MoE, gpt-oss). `limit`: the clamp of a clamped activation (default
+    the config's `swiglu_limit`)."""
 
     def __init__(
         self,
@@ -223,24 +227,33 @@ class MoE:
         act: Activation,
         gemv_max_pairs: int = 64,
         fp32_router: bool = False,
+        limit: float | None = None,
     ) -> None:
         self.moe, self.w, self.act = moe, weights, act
         self.gemv_max_pairs = gemv_max_pairs
         self.router = weights.router.float() if fp32_router else weights.router
         self.per_token = moe.top_k + weights.shared  # pairs per token
-        self.limit = moe.swiglu_limit if moe.swiglu_limit is not None else 0.0  # clamped SwiGLU
+        if limit is None:
+            limit = moe.swiglu_limit if moe.swiglu_limit is not None else 0.0
+        self.limit = limit
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(
+        self, x: torch.Tensor, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights fp32 [T, k + shared], experts int32 [T, k + shared]): one linear, one
-        top-k kernel."""
+        top-k kernel; a hash-routed layer reads its experts from the token `ids` [T]."""
         logits = F.linear(x.to(self.router.dtype), self.router, self.w.router_bias)
-        return router_topk(logits, self.moe, self.w.score_bias, self.w.shared)
+        table = self.w.hash_table
+        if table is not None and ids is None:
+            raise ValueError("a hash-routed MoE layer needs the step's token ids")
+        return router_topk(logits, self.moe, self.w.score_bias, self.w.shared, table,
+                           ids if table is not None else None)  # fmt: skip
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         return gated_activation(gate_up, self.act, alpha=self.moe.swiglu_alpha, limit=self.limit)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        weight, expert = self.route(x)
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        weight, expert = self.route(x, ids)
         if x.shape[0] * self.per_token <= self.gemv_max_pairs:
             return self._gemv(x, weight, expert)
         return self._grouped(x, weight, expert)

@@ -253,15 +253,17 @@ class ParallelMoE(MoE):
             local = split_experts(built.w, shard)
         else:
             local = self.run.weights(built.w, experts, shard)
-        super().__init__(built.moe, local, built.act, built.gemv_max_pairs)
+        super().__init__(built.moe, local, built.act, built.gemv_max_pairs, limit=built.limit)
         self.router = built.router  # as built (float32 where the model routes in float32)
         self.group = shard.group
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(
+        self, x: torch.Tensor, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The full routing, then (expert parallel) each pair relabelled to this rank's stack:
         its own experts to local indices, shared ones after them, the rest to local expert 0
         at weight 0 (see the module docstring)."""
-        weight, expert = super().route(x)
+        weight, expert = super().route(x, ids)
         run = self.run
         if run is None:
             return weight, expert
@@ -272,7 +274,7 @@ class ParallelMoE(MoE):
         local = torch.where(mine, local, torch.zeros_like(local))
         return torch.where(mine, weight, torch.zeros_like(weight)), local.to(torch.int32)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().__call__(x)
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        out = super().__call__(x, ids)
         dist.all_reduce(out, group=self.group)
         return out

@@ -37,8 +37,10 @@ from resin_model.quant_checkpoint import (
     MXFP4_BLOCKS,
     MXFP4_SCALES,
     QuantFormat,
+    fp4_as_mxfp4,
     fp8_weight_float,
     mxfp4_weight_float,
+    scale_float,
 )
 from resin_model.quant_config import QuantConfig
 from resin_models_cuda.kernels.fp8_gemm import (
@@ -272,8 +274,24 @@ class StoredWeights(QuantizedWeights):
             raise ValueError(f"{name}: an FP8 checkpoint weight is float8_e4m3fn, got {w.dtype}")
         block = self.quant.weight_block(*shape)
         grid = (math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1]))
-        scale = self._read(scale_name).float().reshape(grid)
+        scale = scale_float(self._read(scale_name)).reshape(grid)
         return Fp8Weight(w.to(self.device), scale.to(self.device).contiguous(), block)
+
+    def packed_fp4(
+        self, name: str, shape: tuple[int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A DeepSeek-V4 packed FP4 weight [N, K] as MXFP4 (blocks uint8 [N, K / 32, 16],
+        scales uint8 [N, K / 32]) on the device (None: not stored so)."""
+        scale_name = self._scale_name(name)
+        if scale_name is None or self.quant is None or not self.quant.fp4_experts:
+            return None
+        w = self._read(name)
+        if w.dtype != torch.int8:
+            return None
+        n, k = shape
+        w = _checked(name, w, (n, k // 2))
+        blocks, scales = fp4_as_mxfp4(w, self._read(scale_name))
+        return blocks.to(self.device), scales.to(self.device)
 
     def mxfp4(self, name: str, shape: tuple[int, int, int], init: Init = "normal") -> (
         Mxfp4Experts | None
@@ -322,6 +340,15 @@ class QuantizingWeights(QuantizedWeights):
         block = (128, 128) if self.fmt == "fp8-block" else (1, shape[1])
         q, scale = quantize_fp8(self.inner.get(name, shape, init), block)
         return Fp8Weight(q, scale, block)
+
+    def packed_fp4(
+        self, name: str, shape: tuple[int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """With `mxfp4`, one expert's part (DeepSeek-V4's FP4 experts) as MXFP4 blocks and
+        scales [N, K / 32, 16] / [N, K / 32]."""
+        if self.fmt != "mxfp4":
+            return None
+        return quantize_mxfp4(self.inner.get(name, shape))
 
     def mxfp4(self, name: str, shape: tuple[int, int, int], init: Init = "normal") -> (
         Mxfp4Experts | None
@@ -402,6 +429,22 @@ def stacked_experts(
         [torch.cat([w.get(n, s, init) for n, s in zip(names, shapes, strict=True)])
          for names in rows]
     )  # fmt: skip
+
+
+def stacked_fp4_experts(
+    w: WeightSource, rows: list[list[str]], shapes: list[tuple[int, int]]
+) -> Mxfp4Experts | None:
+    """Experts [E, N, K] as MXFP4 when every part is stored as DeepSeek-V4's packed FP4 (or
+    random weights are quantized to `mxfp4`; expert j stacks the parts `rows[j]` by rows),
+    else None."""
+    if not isinstance(w, StoredWeights | QuantizingWeights):
+        return None
+    parts = [[w.packed_fp4(n, s) for n, s in zip(names, shapes, strict=True)] for names in rows]
+    if not all(p is not None for expert in parts for p in expert):
+        return None
+    blocks = torch.stack([torch.cat([p[0] for p in expert if p is not None]) for expert in parts])
+    scales = torch.stack([torch.cat([p[1] for p in expert if p is not None]) for expert in parts])
+    return Mxfp4Experts(blocks.contiguous(), scales.contiguous())
 
 
 def mxfp4_experts(

@@ -13,24 +13,26 @@ from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer
 Kernels: the attention (`kernels/sparse_attention.py`: every query token of the step over its
 window's pages and its compressed entries' pages in one launch a layer, CSA reading the
 indexer's picks, HCA every visible entry), mHC's Sinkhorn weights and the final collapse's
-(`kernels/mhc.py`), the compressor's gated pooling (`kernels/compressor.py`) and the indexer's
-scores (`kernels/indexer.py`, top-k by `torch.topk`). The compressor's bookkeeping (which
-positions each entry pools, the State rings, checkpoints) is batched over the step's rows with
-index tensors on the device (`_Attention._update`); a decode step reads the host only for the
-row lengths (`_begin`). Still plain torch here: the projections (dense matmuls), the MoE
-(`sqrt(softplus)` or hash routing, clamped SwiGLU, an expert at a time), norms and rotary.
-The math and its float32 points are the reference runner's (`resin_models_torch/
-deepseek_v4.py`), which the tests compare against in the Triton interpreter."""
+(`kernels/mhc.py`), the compressor's gated pooling (`kernels/compressor.py`), the indexer's
+scores (`kernels/indexer.py`, top-k by `torch.topk`) and the MoE through the layer library
+(`_Moe`: the router kernel's `sqrt(softplus)` / hash routing, the expert GEMV / grouped
+kernels in bf16 or FP8). The compressor's bookkeeping (which positions each entry pools, the
+State rings, checkpoints) is batched over the step's rows with index tensors on the device
+(`_Attention._update`); a decode step reads the host only for the row lengths (`_begin`).
+Still plain torch here: the projections (dense matmuls), norms and rotary. The math and its
+float32 points are the reference runner's (`resin_models_torch/deepseek_v4.py`), which the
+tests compare against in the Triton interpreter."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from resin.protocols import CacheGroupSpec, Compressed, State, Window
 from resin_model.config import AttentionKind, ModelConfig, RopeConfig
+from resin_models_cuda.kernels.activation import gated_activation
 from resin_models_cuda.kernels.compressor import gated_pool
 from resin_models_cuda.kernels.indexer import indexer_scores
 from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
@@ -40,8 +42,11 @@ from resin_models_cuda.kernels.sparse_attention import (
     indexer_topk,
     sparse_attention,
 )
-from resin_models_cuda.layers import WeightSource
+from resin_models_cuda.layers import ExpertWeights, GatedMLP, MoE, WeightSource
+from resin_models_cuda.layers.quantized import float32_tensor, stacked_fp4_experts
+from resin_models_cuda.layers.weights import RandomWeights
 from resin_models_cuda.models.base import BuildOptions, FastModel
+from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.step import PrefillInfo, StateRows, StepTensors
 
 
@@ -347,53 +352,70 @@ class _Attention:
 
 
 class _Moe:
-    """Routed experts (`sqrt(softplus)` scores; the top-k of score + bias, or the token-id
-    table of a hash layer), renormalised and scaled, plus the shared expert; SwiGLU clamped."""
+    """The layer library's MoE (`layers/moe.py`): the router kernel's `sqrt(softplus)` scores
+    with the top-k of score + bias, or (hash layers) the experts the token-id table names, a
+    gather in the same kernel; weights renormalised and scaled; the clamped SiLU gate
+    (`silu_clamp`) fused into the expert kernels. Router weight and bias float32. Experts as
+    stored: dense, FP8 (the FP8 kernels) or the published packed FP4 (its bits are MXFP4's:
+    the MXFP4 kernels). The shared expert is folded into a dense or FP8 stack as an
+    always-chosen expert of weight 1; beside FP4 experts (no common format) it runs as its
+    own gated MLP (FP8 where stored so)."""
 
-    def __init__(self, c: ModelConfig, w: WeightSource, prefix: str, hashed: bool) -> None:
+    def __init__(
+        self, c: ModelConfig, w: WeightSource, prefix: str, hashed: bool, options: BuildOptions
+    ) -> None:
         moe, v4 = c.moe, c.deepseek_v4
         assert moe is not None and v4 is not None
-        p, h, inner = f"{prefix}mlp.", c.hidden_size, moe.intermediate_size
-        self.moe, self.limit = moe, v4.swiglu_limit
-        self.router = w.get(f"{p}gate.weight", (moe.num_experts, h))
-        self.table = self.bias = None
-        if hashed:  # a checkpoint's ids are < E already; random weights' become valid ids
-            table = w.get(f"{p}gate.tid2eid", (c.vocab_size, moe.top_k), dtype=torch.int64)
-            self.table = table.remainder(moe.num_experts)
+        p, h, e, inner = f"{prefix}mlp.", c.hidden_size, moe.num_experts, moe.intermediate_size
+        self.limit = v4.swiglu_limit
+        router = float32_tensor(w, f"{p}gate.weight", (e, h))
+
+        def names(parts: tuple[str, ...]) -> list[list[str]]:
+            return [[f"{p}experts.{j}.{part}.weight" for part in parts] for j in range(e)]
+
+        gate_up = stacked_fp4_experts(w, names(("gate_proj", "up_proj")), [(inner, h)] * 2)
+        shared = GatedMLP(w, f"{p}shared_experts.", h, moe.shared_intermediate_size, "silu")
+        self.shared: GatedMLP | None = None
+        if gate_up is not None:
+            down = stacked_fp4_experts(w, names(("down_proj",)), [(h, inner)])
+            if down is None:
+                raise ValueError(f"{p}experts: gate / up stored as FP4, down not")
+            experts = ExpertWeights(router, None, gate_up, None, down, None)
+            self.shared = shared
+        else:
+            experts = replace(qwen_experts(c, w, p), router=router)
+            experts = experts.with_shared(shared.gate_up.weight, shared.down.weight)
+        if hashed:
+            experts = replace(experts, hash_table=_hash_table(c, w, f"{p}gate.tid2eid"))
         else:
             name = f"{p}gate.e_score_correction_bias"
-            self.bias = w.get(name, (moe.num_experts,), "zeros", dtype=torch.float32)
-        self.experts = [self._mlp(w, f"{p}experts.{e}.", h, inner) for e in range(moe.num_experts)]
-        self.shared = self._mlp(w, f"{p}shared_experts.", h, moe.shared_intermediate_size)
-
-    @staticmethod
-    def _mlp(w: WeightSource, p: str, h: int, inner: int) -> tuple[torch.Tensor, ...]:
-        return (
-            w.get(f"{p}gate_proj.weight", (inner, h)),
-            w.get(f"{p}up_proj.weight", (inner, h)),
-            w.get(f"{p}down_proj.weight", (h, inner), "out"),
-        )
-
-    def _swiglu(self, x: torch.Tensor, mlp: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        gate = F.linear(x, mlp[0]).clamp(max=self.limit)
-        up = F.linear(x, mlp[1]).clamp(-self.limit, self.limit)
-        return F.linear(F.silu(gate) * up, mlp[2])
+            experts = replace(experts, score_bias=float32_tensor(w, name, (e,), "zeros"))
+        self.moe = MoE(moe, experts, "silu_clamp", options.moe_gemv_max_pairs,
+                       fp32_router=True, limit=self.limit)  # fmt: skip
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        scores = F.softplus(F.linear(x, self.router)).sqrt()
-        if self.table is not None:
-            chosen = self.table[ids.long()]
-        else:
-            assert self.bias is not None
-            chosen = torch.topk(scores + self.bias, self.moe.top_k, dim=-1, sorted=False).indices
-        weights = scores.gather(1, chosen)
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.moe.routed_scale
-        out = torch.zeros_like(x)
-        for expert in torch.unique(chosen).tolist():
-            token, slot = torch.where(chosen == expert)
-            y = self._swiglu(x[token], self.experts[expert]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(x.dtype))
-        return out + self._swiglu(x, self.shared)
+        out = self.moe(x, ids)
+        if self.shared is not None:
+            act = gated_activation(self.shared.gate_up(x), "silu_clamp", limit=self.limit)
+            out = out + self.shared.down(act)
+        return out
+
+
+def _hash_table(c: ModelConfig, w: WeightSource, name: str) -> torch.Tensor:
+    """A hash layer's token -> experts table, int32 [vocab, k]: the checkpoint's (every entry
+    an expert id, else a clear error), or for random weights token t's experts t*k .. t*k+k-1
+    modulo the expert count (distinct, all experts used)."""
+    moe = c.moe
+    assert moe is not None
+    k, e, vocab = moe.top_k, moe.num_experts, c.vocab_size
+    if isinstance(w, RandomWeights) or isinstance(getattr(w, "inner", None), RandomWeights):
+        table = torch.arange(vocab * k, device=w.device).view(vocab, k) % e
+        return table.to(torch.int32).contiguous()
+    table = w.get(name, (vocab, k), dtype=torch.int64)
+    if table.numel() and (int(table.min()) < 0 or int(table.max()) >= e):
+        raise ValueError(f"{name}: expert ids must lie in [0, {e}), got "
+                         f"[{int(table.min())}, {int(table.max())}]")  # fmt: skip
+    return table.to(torch.int32).contiguous()
 
 
 class _HyperConnection:
@@ -438,12 +460,14 @@ class _Mtp:
     embedding))` plus `h_proj(hnorm(stream))` per stream, a sliding-only layer (its window one
     more layer of the Window group), its own `hc_head` and `norm`; the LM head is the model's."""
 
-    def __init__(self, c: ModelConfig, w: WeightSource, window_layer: int) -> None:
+    def __init__(
+        self, c: ModelConfig, w: WeightSource, window_layer: int, options: BuildOptions
+    ) -> None:
         v4 = c.deepseek_v4
         assert v4 is not None
         p, h, n, f32 = "mtp.0.", c.hidden_size, v4.hc_mult, torch.float32
         attention = _Attention(c, w, p, "sliding", [window_layer])
-        self.layer = _Layer(c, w, p, attention, _Moe(c, w, p, False))
+        self.layer = _Layer(c, w, p, attention, _Moe(c, w, p, False, options))
         self.e_proj = w.get(f"{p}e_proj.weight", (h, h))
         self.h_proj = w.get(f"{p}h_proj.weight", (h, h))
         self.enorm = w.get(f"{p}enorm.weight", (h,), "ones", dtype=f32)
@@ -483,7 +507,7 @@ class DeepseekV4(FastModel):
                 entry = config.head_dim + (v4.index_head_dim if kind == "csa" else 0)
                 buffer = attention.pooler.buffer_tokens() + self.rewind
                 self._widths[kind] = (entry, buffer, attention.pooler.projected + extra)
-            moe = _Moe(config, weights, prefix, v4.hash_layers[i])
+            moe = _Moe(config, weights, prefix, v4.hash_layers[i], options)
             self.layers.append(_Layer(config, weights, prefix, attention, moe))
         f32, h, n = torch.float32, config.hidden_size, v4.hc_mult
         self.norm_weight = weights.get("model.norm.weight", (h,), "ones", dtype=f32)
@@ -497,7 +521,7 @@ class DeepseekV4(FastModel):
         if options.mtp:
             if not config.num_mtp_layers:
                 raise ValueError(f"{config.model_type}: the checkpoint has no MTP layers")
-            self.mtp = _Mtp(config, weights, config.num_layers)
+            self.mtp = _Mtp(config, weights, config.num_layers, options)
             self.window_layers += 1  # its window: one more layer of the Window group
         self._streams: torch.Tensor | None = None
         self.layers_per_group = (1,)

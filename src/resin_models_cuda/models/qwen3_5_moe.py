@@ -152,7 +152,9 @@ class SharedGateMoE(MoE):
         super().__init__(moe.moe, moe.w, moe.act, moe.gemv_max_pairs)
         self.router = torch.cat((self.router, shared_gate.to(self.router.dtype)))
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(
+        self, x: torch.Tensor, ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x.to(self.router.dtype), self.router)
         experts = self.moe.num_experts
         weight, expert = router_topk(logits[:, :experts], self.moe, None, self.w.shared)
