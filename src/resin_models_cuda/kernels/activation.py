@@ -1,8 +1,9 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Gated activations over a fused `[gate | up]` row: `out = act(x[:, :I]) * x[:, I:]`.
 
-`act`: "silu" (Llama, Qwen), "gelu_tanh" (Gemma), or "swiglu_clamp" (gpt-oss:
-`(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)` with `g = min(gate, l)`).
+`act`: "silu" (Llama, Qwen), "gelu_tanh" (Gemma), "swiglu_clamp" (gpt-oss:
+`(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)` with `g = min(gate, l)`), or "silu_clamp"
+(DeepSeek-V4, GLM-5.3: `silu(min(gate, l)) * clamp(up, -l, l)`).
 """
 
 from __future__ import annotations
@@ -13,18 +14,22 @@ import torch
 import triton
 import triton.language as tl
 
-Activation = Literal["silu", "gelu_tanh", "swiglu_clamp"]
-ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2}
+Activation = Literal["silu", "gelu_tanh", "swiglu_clamp", "silu_clamp"]
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2, "silu_clamp": 3}
 
 
 @triton.jit
 def gated(gate, up, alpha, limit, ACT: tl.constexpr, dtype: tl.constexpr):
     """act(gate) * up of float32 values read from `dtype` storage (0 silu, 1 gelu_tanh,
-    2 swiglu_clamp), rounded as the unfused PyTorch code rounds; float32 result."""
+    2 swiglu_clamp, 3 silu_clamp), rounded as the unfused PyTorch code rounds; float32
+    result."""
     if ACT == 2:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
         return (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    if ACT == 3:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
     if ACT == 1:  # 0.5 * (1 + tanh(z)) == sigmoid(2z)
         z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         act = gate * tl.sigmoid(2.0 * z)
@@ -44,7 +49,7 @@ def _gated_kernel(
     limit,
     INTER: tl.constexpr,
     BLOCK: tl.constexpr,
-    ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh, 2 swiglu_clamp
+    ACT: tl.constexpr,  # ACTIVATION_CODES
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
