@@ -64,7 +64,9 @@ def _runners(device: str) -> tuple[Any, Any]:
 
     folder = tiny()
     reference = load_reference(folder, device, torch.float32, page_size=16, num_pages=64)
-    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64)
+    options = RunnerOptions(
+        page_size=16, max_batch=4, max_context=128, num_pages=64, moe_gemv_max_pairs=0
+    )  # the grouped GEMM: fewer interpreted programs
     return reference, load_runner(folder, options, device, torch.float32)
 
 

@@ -55,7 +55,7 @@ def gated_rmsnorm(
     out = torch.empty((t, heads * dim), dtype=x.dtype, device=x.device)
     if t:
         _gated_rmsnorm_kernel[(t, heads)](
-            x, z, weight, out, z.stride(0), eps, H=heads, D=dim, BLOCK=next_pow2(dim), SIGMOID=sigmoid,
-            num_warps=1 if dim <= 256 else 4,
+            x, z, weight, out, z.stride(0), eps, H=heads, D=dim, BLOCK=next_pow2(dim),
+            SIGMOID=sigmoid, num_warps=1 if dim <= 256 else 4,
         )  # fmt: skip
     return out

@@ -156,8 +156,13 @@ class IndexedMla:
         h, heads, rank = config.hidden_size, config.num_heads, mla.q_lora_rank
         d, ip = glm.index_head_dim, f"{prefix}indexer."
         self.heads = heads
-        names = [f"{prefix}q_a_proj.weight", f"{prefix}kv_a_proj_with_mqa.weight",
-                 f"{ip}wk.weight", f"{ip}index_kpool_compress_gate", f"{ip}weights_proj.weight"]
+        names = [
+            f"{prefix}q_a_proj.weight",
+            f"{prefix}kv_a_proj_with_mqa.weight",
+            f"{ip}wk.weight",
+            f"{ip}index_kpool_compress_gate",
+            f"{ip}weights_proj.weight",
+        ]
         shapes = [(rank, h), (mla.kv_lora_rank, h), (d, h), (d, h), (glm.index_heads, h)]
         self.in_proj = linear(w, names, shapes)  # fmt: skip
         self.splits = [s[0] for s in shapes]
