@@ -22,12 +22,17 @@ has the math), equal to it in the Triton interpreter (float32).
 - MLPs: the clamped SwiGLU (`silu_clamp` activation) dense, and the MoE layer library for
   the sigmoid-routed experts with the shared expert folded in (DeepSeek-V3's routing).
 
-The model runs eagerly (`eager_only`: every step through the varlen path, no CUDA graphs):
-the attention reads each row's bounds on the host.
+Decode steps are graph-safe (CUDA graphs): the indexed MLA reads every row's first
+`decode_tokens` positions (the longest sequence, rounded to whole pages and pools) through its
+page table, pools and scores them on the device, masks what a row does not hold, and attends
+absorbed (q_nope times W_uk over the latents, W_uv after). Prefill steps go a row at a time
+(the rows' bounds read on the host, `kv_b_proj` expanding the row's latents as the reference
+does).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -40,12 +45,13 @@ from resin_models_cuda.kernels.delta_rule import kda_delta_rule
 from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
 from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select
 from resin_models_cuda.kernels.mhc import hc_weights
+from resin_models_cuda.kernels.mla import latent_append
 from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, WeightSource
 from resin_models_cuda.layers.quantized import float32_tensor, linear
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.models.qwen3_5_moe import state_layer_bytes, state_views
-from resin_models_cuda.step import LayerSlot, PrefillInfo, StepTensors
+from resin_models_cuda.step import DecodeInfo, GroupTensors, LayerSlot, StepTensors
 
 
 class ClampedMLP(GatedMLP):
@@ -173,6 +179,8 @@ class IndexedMla:
         self.kv_b = w.get(
             f"{prefix}kv_b_proj.weight", (heads * (mla.nope_dim + mla.v_head_dim), mla.kv_lora_rank)
         )
+        per_head = self.kv_b.view(heads, mla.nope_dim + mla.v_head_dim, mla.kv_lora_rank)
+        self.w_uk, self.w_uv = per_head[:, : mla.nope_dim], per_head[:, mla.nope_dim :]
         self.o_proj = linear(w, [f"{prefix}o_proj.weight"], [(h, heads * mla.v_head_dim)], "out")
         self.index_q = w.get(f"{ip}wq_b.weight", (glm.index_heads * d, rank))
         self.k_norm_w = w.get(f"{ip}k_norm.weight", (d,), "ones")
@@ -181,51 +189,102 @@ class IndexedMla:
                          dtype=torch.float32)  # fmt: skip
 
     def __call__(
-        self, x: torch.Tensor, step: StepTensors, model: Glm5Next, rows: list[_Row]
+        self, x: torch.Tensor, step: StepTensors, model: Glm5Next, rows: list[_Row] | None
     ) -> torch.Tensor:
+        """`rows`: a varlen step's rows (None: a decode step, one query a row, graph-safe)."""
         mla, glm, t = self.mla, self.glm, x.shape[0]
         q_a, latent, key, gate, head_w = self.in_proj(x).split(self.splits, dim=-1)
         q_resid = self.q_a_norm(q_a.contiguous())
         queries = F.linear(q_resid, self.q_b).view(t, self.heads, mla.nope_dim)
         latent = self.kv_a_norm(latent.contiguous())
         key = F.layer_norm(key, (key.shape[-1],), self.k_norm_w, self.k_norm_b, 1e-6)
-        store, ps = model.token_view(self.slot.index), model.page_size
+        store = model.token_view(self.slot.index)
         group = step.groups[self.slot.group]
-        slots = group.slots.long()
-        store[slots // ps, slots % ps] = torch.cat((latent, key, gate), dim=-1).to(store.dtype)
-        d, pool = glm.index_head_dim, glm.index_kpool
-        index_q = F.linear(q_resid, self.index_q).view(t, glm.index_heads, d).float()
+        entry = torch.cat((latent, key, gate), dim=-1).to(store.dtype)
+        latent_append(entry, store[:, :, None], group.slots)
+        index_q = F.linear(q_resid, self.index_q).view(t, glm.index_heads, -1).float()
         head_w = head_w.float() * glm.index_heads**-0.5
+        if rows is None:
+            out = self._decode(queries, index_q, head_w, step, model, store, group)
+        else:
+            out = self._varlen(queries, index_q, head_w, step, model, store, group, rows)
+        return self.o_proj(out.reshape(t, -1))
+
+    def _select(
+        self, entries: torch.Tensor, index_q: torch.Tensor, head_w: torch.Tensor,
+        qpos: torch.Tensor, counts: torch.Tensor, token_row: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """bool [Q, N]: the keys each query reads, of its row's entries [B, N, width] (N a
+        multiple of the pool; pools past `counts[b]` complete ones are not read)."""
+        glm, rank = self.glm, self.mla.kv_lora_rank
+        d, pool = glm.index_head_dim, glm.index_kpool
+        b, n = entries.shape[:2]
+        kpos = torch.arange(n, device=entries.device)
+        chosen = (kpos[None, :] <= qpos[:, None]) & (
+            kpos[None, :] >= (qpos + 1 - (qpos + 1) % pool)[:, None]
+        )  # the query's own incomplete pool, always read
+        pools = n // pool
+        if pools:
+            keys = entries[:, : pools * pool, rank : rank + d].reshape(b * pools, pool, d)
+            gates = entries[:, : pools * pool, rank + d :].reshape(b * pools, pool, d).float()
+            pooled = gated_pool(keys, gates, self.ape).view(b, pools, d)
+            scores = indexer_scores(index_q, pooled, head_w, token_row, qpos, counts, pool)
+            picked = indexer_select(scores, glm.index_topk // pool)
+            chosen[:, : pools * pool] |= picked.repeat_interleave(pool, dim=1)
+        return chosen
+
+    def _varlen(
+        self, queries: torch.Tensor, index_q: torch.Tensor, head_w: torch.Tensor,
+        step: StepTensors, model: Glm5Next, store: torch.Tensor, group: GroupTensors,
+        rows: list[_Row],
+    ) -> torch.Tensor:  # fmt: skip
+        """A row at a time: `kv_b_proj` expands the row's latents (as the reference)."""
+        mla, pool, dev = self.mla, self.glm.index_kpool, queries.device
+        out = queries.new_empty((queries.shape[0], self.heads, mla.v_head_dim))
         positions = step.positions.long()
-        out = torch.empty((t, self.heads, mla.v_head_dim), dtype=x.dtype, device=x.device)
-        rank = mla.kv_lora_rank
         for b, row in enumerate(rows):
             lo, hi, n = row.lo, row.hi, row.total
-            entries = store[model.token_pages(group, b, n)].to(x.dtype)  # [N, rank + 2d]
-            qpos = positions[lo:hi]
-            kpos = torch.arange(n, device=x.device)
-            chosen = (kpos[None, :] <= qpos[:, None]) & (
-                kpos[None, :] >= (qpos + 1 - (qpos + 1) % pool)[:, None]
-            )  # the query's own incomplete pool, always read
-            pools = n // pool
-            if pools:
-                keys = entries[: pools * pool, rank : rank + d].reshape(pools, pool, d)
-                gates = entries[: pools * pool, rank + d :].reshape(pools, pool, d).float()
-                pooled = gated_pool(keys, gates, self.ape)
-                scores = indexer_scores(
-                    index_q[lo:hi], pooled[None], head_w[lo:hi],
-                    torch.zeros(hi - lo, dtype=torch.int32, device=x.device), qpos,
-                    torch.full((1,), pools, dtype=torch.int32, device=x.device), pool,
-                )  # fmt: skip
-                picked = indexer_select(scores, glm.index_topk // pool)
-                chosen[:, : pools * pool] |= picked.repeat_interleave(pool, dim=1)
-            kv = F.linear(entries[:, :rank], self.kv_b).view(n, self.heads, -1)
+            entries = store[model.token_pages(group, b, n)].to(queries.dtype)
+            zeros = torch.zeros(hi - lo, dtype=torch.int32, device=dev)
+            counts = torch.full((1,), n // pool, dtype=torch.int32, device=dev)
+            padded = F.pad(entries, (0, 0, 0, -n % pool))[None]
+            chosen = self._select(padded, index_q[lo:hi], head_w[lo:hi], positions[lo:hi],
+                                  counts, zeros)[:, :n]  # fmt: skip
+            kv = F.linear(entries[:, : mla.kv_lora_rank], self.kv_b).view(n, self.heads, -1)
             k_nope, values = kv.split([mla.nope_dim, mla.v_head_dim], dim=-1)
-            scores_qk = torch.einsum("qhd,khd->hqk", queries[lo:hi], k_nope) * self.scale
-            scores_qk = scores_qk.masked_fill(~chosen[None], float("-inf"))
-            probs = torch.softmax(scores_qk, dim=-1, dtype=torch.float32).to(x.dtype)
+            scores = torch.einsum("qhd,khd->hqk", queries[lo:hi], k_nope) * self.scale
+            scores = scores.masked_fill(~chosen[None], float("-inf"))
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
             out[lo:hi] = torch.einsum("hqk,khd->qhd", probs, values)
-        return self.o_proj(out.view(t, -1))
+        return out
+
+    def _decode(
+        self, queries: torch.Tensor, index_q: torch.Tensor, head_w: torch.Tensor,
+        step: StepTensors, model: Glm5Next, store: torch.Tensor, group: GroupTensors,
+    ) -> torch.Tensor:  # fmt: skip
+        """One query a row over every row's first `model.decode_tokens` positions (fixed
+        shapes, no host read: graph-safe); absorbed: q_nope times W_uk attends over the
+        latents, W_uv maps the latent output back."""
+        info = step.info
+        assert isinstance(info, DecodeInfo) and info.query == 1
+        rank, pool = self.mla.kv_lora_rank, self.glm.index_kpool
+        b, n, ps = queries.shape[0], model.decode_tokens, model.page_size
+        kpos = torch.arange(n, device=queries.device)
+        at = group.page_indptr[:b, None] + kpos[None, :] // ps - group.page_start[:b, None]
+        pages = group.page_ids[at.clamp(0, group.page_ids.shape[0] - 1).long()].long()
+        entries = store[pages, kpos[None, :] % ps].to(queries.dtype)  # [B, N, width]
+        seq_lens = info.seq_lens[:b]
+        qpos = (seq_lens - 1).clamp(min=0).long()
+        rows = torch.arange(b, dtype=torch.int32, device=queries.device)
+        chosen = self._select(entries, index_q, head_w, qpos, seq_lens // pool, rows)
+        chosen &= kpos[None, :] < seq_lens[:, None]
+        latents = entries[..., :rank]
+        q_lat = torch.einsum("bhd,hdr->bhr", queries, self.w_uk)
+        scores = torch.einsum("bhr,bkr->bhk", q_lat, latents) * self.scale
+        scores = scores.masked_fill(~chosen[:, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+        out_lat = torch.einsum("bhk,bkr->bhr", probs, latents)
+        return torch.einsum("bhr,hvr->bhv", out_lat, self.w_uv)
 
 
 class HyperConnection:
@@ -275,8 +334,6 @@ class Glm5NextLayer:
 
 
 class Glm5Next(FastModel):
-    eager_only = True
-
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         glm = config.glm5_next
         if glm is None or config.mla is None or config.linear_attention is None:
@@ -297,6 +354,18 @@ class Glm5Next(FastModel):
                 mixer = IndexedMla(config, glm, weights, prefix, self.slots[layer])
             self.layers.append(Glm5NextLayer(config, glm, weights, layer, mixer, options))
         self._kv: torch.Tensor | None = None
+        self.decode_tokens = 0
+        self.cache_groups(self.page_size)
+
+    def cache_groups(self, page_size: int) -> None:
+        """The default groups (History, then State); records the page size and the positions
+        a decode step reads per row (whole pages and pools past the longest sequence)."""
+        pool = self.glm.index_kpool
+        self.page_size = page_size
+        unit = page_size * pool // math.gcd(page_size, pool)
+        longest = min(self.options.max_positions, self.config.max_positions)
+        self.decode_tokens = -(-longest // unit) * unit
+        return None
 
     def state_bytes(self) -> int:
         linear = self.config.layer_types.count("linear")
@@ -311,7 +380,7 @@ class Glm5Next(FastModel):
     def token_view(self, index: int) -> torch.Tensor:
         """Layer `index` of the History group: [pages, page size, width] (a strided view)."""
         kv = self._kv
-        assert kv is not None
+        assert kv is not None and kv.shape[3] == self.page_size
         return kv[:, index, 0, :, 0, :]
 
     def token_pages(self, group: object, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,15 +391,14 @@ class Glm5Next(FastModel):
         return page, positions % ps
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
-        info = step.info
-        assert isinstance(info, PrefillInfo), "GLM-5.3 runs eagerly (varlen steps)"
         self._kv = kv
-        self.page_size = kv.shape[3]
-        indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
-        rows = [
-            _Row(lo, hi, c + hi - lo)
-            for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
-        ]
+        info, rows = step.info, None
+        if not isinstance(info, DecodeInfo):
+            indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
+            rows = [
+                _Row(lo, hi, c + hi - lo)
+                for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
+            ]
         x = self.embed_tokens(step.input_ids)
         streams = x[:, None, :].expand(-1, self.glm.hc_mult, -1).contiguous()
         for layer in self.layers:
