@@ -16,10 +16,11 @@
 #                      prompt / cached tokens the server counted; the last line has the
 #                      cold / median-warm ratio (target >= 5)
 # Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
-# CKPT, PORT, PREFIX_WORDS, WARM; the *_S per-step timeouts). CPU smoke run of the plumbing:
+# CKPT, PORT, PREFIX_WORDS, WARM; the *_S per-step timeouts; a preset "skip" skips its step).
+# CPU smoke run of the plumbing (the interpreter needs the longer timeouts):
 #   OUT=/tmp/h DEVICE=cpu QWEN=tiny-qwen3_5_moe QWEN_32K=skip GLM=tiny-glm5_next \
 #   SERVE_PRESET=tiny-qwen3_5_moe CONTEXTS=64 DECODE_CTX=32 BATCHES=1,2 PREFIX_WORDS=40 \
-#   MAX_LEN=512 scripts/gpu_hybrid_bench.sh
+#   MAX_LEN=512 QWEN_S=900 GLM_S=900 scripts/gpu_hybrid_bench.sh
 set -uo pipefail
 out="${OUT:-bench}"
 mkdir -p "$out"
@@ -44,16 +45,20 @@ runner() {  # tag, jsonl, seconds, args...
     grep -E "weights .* on the device|\| +(decode|prefill) +\||Error|error" "$out/$tag.log" | tail -20
 }
 
-runner qwen3_5 qwen3_5.jsonl "${QWEN_S:-120}" --model-config "$QWEN" \
-    --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
-    --decode-contexts "${DECODE_CTX:-1024}"
+if [ "$QWEN" != skip ]; then
+    runner qwen3_5 qwen3_5.jsonl "${QWEN_S:-120}" --model-config "$QWEN" \
+        --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
+        --decode-contexts "${DECODE_CTX:-1024}"
+fi
 if [ "$QWEN_32K" != skip ]; then
     runner qwen3_5_32k qwen3_5.jsonl "${QWEN_32K_S:-75}" --model-config "$QWEN_32K" \
         --context-lengths 32768 --batch-sizes 1 --decode-contexts "${DECODE_CTX:-1024}"
 fi
-runner glm5 glm5.jsonl "${GLM_S:-120}" --model-config "$GLM" \
-    --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
-    --decode-contexts "${DECODE_CTX:-1024}"
+if [ "$GLM" != skip ]; then
+    runner glm5 glm5.jsonl "${GLM_S:-120}" --model-config "$GLM" \
+        --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
+        --decode-contexts "${DECODE_CTX:-1024}"
+fi
 
 # The prefix hit through `resin serve`: the folder, the server (its own process group, stopped
 # by id on every path) and the client, each bounded.
