@@ -7,13 +7,14 @@
 #                      prefill 32k (step qwen3_5_32k)
 #   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB):
 #                      decode batch 1 and 64 at 1k, prefill 4k (the fast runner's first,
-#                      eager GLM-5.3: expect it far below the ceiling)
+#                      correctness-first GLM-5.3: expect it far below the ceiling)
 #   prefix_ttft.jsonl  `resin serve` on a random Qwen3.5 folder at reduced depth
-#                      (qwen3.5-35b-a3b-8l, ~15.5 GB: the full 70 GB folder takes too long to
-#                      write): a ~4k-token shared prefix (1,350 random words), after a
-#                      warm-up request on another prefix (kernels compile), the first request
-#                      cold, then warm ones that share it; each request's TTFT (streamed, first chunk) and the
-#                      prompt / cached tokens the server counted; the last line has the
+#                      (qwen3.5-35b-a3b-8l, ~15.5 GB: the full 70 GB folder would not fit
+#                      the one-H200 machine's 64 GB disk, nor be written in time): a
+#                      ~4k-token shared prefix (1,350 random words); after a warm-up request
+#                      on another prefix (kernels compile), the first request cold, then warm
+#                      ones that share it; each request's TTFT (streamed, first chunk) and
+#                      the prompt / cached tokens the server counted; the last line has the
 #                      cold / median-warm ratio (target >= 5)
 # Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
 # CKPT, PORT, PREFIX_WORDS, WARM; the *_S per-step timeouts; a preset "skip" skips its step).

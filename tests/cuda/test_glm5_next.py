@@ -2,7 +2,7 @@
 Triton interpreter on CPU: a tiny random `Glm5NextForConditionalGeneration` (KDA x3, then
 indexed MLA; a one-block vision tower, not loaded) saved as a folder in the published layout,
 both runners loading it. The indexer is in its sparse regime (`index_topk` 16: one 16-token pool
-plus the tail, of up to three). The Engine drives each over the same requests with
+plus the tail, of up to two). The Engine drives each over the same requests with
 16-token prefill chunks and prefix caching (a second round resumes from the first's History
 pages and KDA State checkpoints), and the greedy tokens and the logits of every step agree.
 The selection is compared through them: a tie that broke differently would show."""
