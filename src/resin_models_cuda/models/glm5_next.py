@@ -341,6 +341,7 @@ class Glm5Next(FastModel):
         if config.moe is None:
             raise ValueError("glm5_next needs a MoE config")
         super().__init__(config, weights, options)
+        self._rotary.clear()  # no positional encoding: no rotary tables
         self.glm = glm
         self.page_size = 16
         self.layers = []
