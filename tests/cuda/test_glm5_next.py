@@ -122,3 +122,32 @@ def test_logits_equal_the_reference_step_by_step(device: str) -> None:
         assert step.logits is not None
         if got.shape[0]:
             torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+
+
+def _stored(folder: Path, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for shard in folder.glob("*.safetensors"):
+        with safe_open(shard, "pt") as f:
+            if name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                return f.get_tensor(name).float()
+    raise KeyError(name)
+
+
+def test_both_name_layouts_load(tmp_path: Path) -> None:
+    """The published names (the transformers-saved folder above: `hc_attn_fn`,
+    `self_attn.dt_bias`) and the runners' own (`resin bench checkpoint`: `attn_hc.fn`,
+    `self_attn.decay.dt_bias`) load the same parameters into the fast model."""
+    from resin_app.bench.checkpoint import write_checkpoint
+    from resin_model.presets import PRESETS
+    from resin_models_cuda import RunnerOptions, load_runner
+
+    options = RunnerOptions(page_size=16, max_batch=2, max_context=64, num_pages=16)
+    write_checkpoint(PRESETS["tiny-glm5_next"], tmp_path, shard_bytes=1 << 20)
+    published = ("model.language_model.layers.0.hc_attn_fn",
+                 "model.language_model.layers.0.self_attn.dt_bias")  # fmt: skip
+    own = ("model.layers.0.attn_hc.fn", "model.layers.0.self_attn.decay.dt_bias")
+    for folder, names in ((tiny(), published), (tmp_path, own)):
+        layer = load_runner(folder, options, "cpu", torch.float32).model.layers[0]
+        torch.testing.assert_close(layer.attn_hc.fn, _stored(folder, names[0]))
+        torch.testing.assert_close(layer.mixer.dt_bias, _stored(folder, names[1]))

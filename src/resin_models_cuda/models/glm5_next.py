@@ -19,6 +19,9 @@ has the math), equal to it in the Triton interpreter (float32).
   latents; softmax in float32): no sparse-MLA kernel yet.
 - mHC (`kernels/mhc.py`'s Sinkhorn weights; the collapse and mix in torch); the final
   collapse is the streams' mean.
+- Names: the runners' (`hf_glm5_next.checkpoint_name` maps the published `hc_attn_fn`,
+  `self_attn.dt_bias` onto `attn_hc.fn`, `self_attn.decay.dt_bias`; `resin bench checkpoint`
+  writes these).
 - MLPs: the clamped SwiGLU (`silu_clamp` activation) dense, and the MoE layer library for
   the sigmoid-routed experts with the shared expert folded in (DeepSeek-V3's routing).
 
@@ -106,8 +109,8 @@ class KimiDeltaAttention:
         convs = [w.get(f"{prefix}{p}_conv1d.weight", (width, 1, lin.conv_kernel), dtype=f32)
                  for p in "qkv"]  # fmt: skip
         self.conv = torch.cat(convs)[:, 0].contiguous()
-        self.dt_bias = w.get(f"{prefix}dt_bias", (width,), "zeros", dtype=f32)
-        self.a_log = w.get(f"{prefix}A_log", (heads,), "zeros", dtype=f32)
+        self.dt_bias = w.get(f"{prefix}decay.dt_bias", (width,), "zeros", dtype=f32)
+        self.a_log = w.get(f"{prefix}decay.A_log", (heads,), "zeros", dtype=f32)
         self.norm = w.get(f"{prefix}o_norm.weight", (dim,), "ones")
         self.o_proj = linear(w, [f"{prefix}o_proj.weight"], [(hidden, width)], "out")
         self.offset = index * state_layer_bytes(config, w.dtype)
@@ -288,7 +291,7 @@ class IndexedMla:
 
 
 class HyperConnection:
-    """One sub-block's mHC (`prefix`: `...layers.{i}.hc_attn_` or `hc_ffn_`)."""
+    """One sub-block's mHC (`prefix`: `...layers.{i}.attn_hc.` or `ffn_hc.`)."""
 
     def __init__(self, glm: Glm5NextConfig, w: WeightSource, prefix: str, hidden: int,
                  norm_eps: float) -> None:  # fmt: skip
@@ -321,8 +324,8 @@ class Glm5NextLayer:
         mixer: KimiDeltaAttention | IndexedMla, options: BuildOptions,
     ) -> None:  # fmt: skip
         p, hidden, eps = f"model.layers.{layer}.", config.hidden_size, config.norm_eps
-        self.attn_hc = HyperConnection(glm, w, f"{p}hc_attn_", hidden, eps)
-        self.ffn_hc = HyperConnection(glm, w, f"{p}hc_ffn_", hidden, eps)
+        self.attn_hc = HyperConnection(glm, w, f"{p}attn_hc.", hidden, eps)
+        self.ffn_hc = HyperConnection(glm, w, f"{p}ffn_hc.", hidden, eps)
         self.input_norm = RMSNorm(w, f"{p}input_layernorm.weight", hidden, eps)
         self.post_norm = RMSNorm(w, f"{p}post_attention_layernorm.weight", hidden, eps)
         self.mixer = mixer
