@@ -151,3 +151,49 @@ def test_both_name_layouts_load(tmp_path: Path) -> None:
         layer = load_runner(folder, options, "cpu", torch.float32).model.layers[0]
         torch.testing.assert_close(layer.attn_hc.fn, _stored(folder, names[0]))
         torch.testing.assert_close(layer.mixer.dt_bias, _stored(folder, names[1]))
+
+
+def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
+    """Held out (issue 37): 64 requests sharing a 1,024-token prefix, on the cache groups and
+    page bytes the fast runner declares for GLM-5.3-Flash's cache shapes (a KDA State page of
+    ~141 MiB beside 264 KiB History pages of latents and indexer entries) in a 60 GB arena,
+    hit the cache as often as a pure-attention layout of the same History pages and bytes.
+    The engine drives a runner that simulates the model through the cache."""
+    from dataclasses import dataclass, replace
+
+    from resin.protocols import History, RunnerConfig
+    from resin_model.presets import preset
+    from resin_models_cuda import CudaRunner, RunnerOptions, build_model
+    from resin_models_cuda.layers import RandomWeights
+    from tests.engine.fakes import CacheSimRunner
+    from tests.models.ref_compare import shared_prefix_hit_ratio
+
+    # The real KDA, latent and indexer shapes (45 layers); what no cache holds shrunk: hidden,
+    # attention heads, q LoRA, experts, vocabulary.
+    real = preset("glm-5.3-flash")
+    assert real.moe is not None and real.mla is not None
+    moe = replace(real.moe, num_experts=2, top_k=1, num_groups=1, topk_groups=1)
+    mla = replace(real.mla, q_lora_rank=16)
+    config = replace(real, hidden_size=16, vocab_size=300, moe=moe, mla=mla, num_heads=2,
+                     num_kv_heads=2, intermediate_size=16)  # fmt: skip
+    model = build_model(config, RandomWeights("cpu", torch.bfloat16))
+    layout = CudaRunner(model, RunnerOptions(cache_bytes=60 * 10**9)).runner_config
+    assert isinstance(layout.cache_groups[1], State)
+    assert layout.cache_groups[1].bytes_per_page == 34 * (64 * 128 * 128 * 4 + 24576 * 3 * 2)
+    assert layout.page_bytes == 11 * 16 * (512 + 2 * 128) * 2  # 11 layers, 16 tokens
+
+    @dataclass
+    class Sized(CacheSimRunner):
+        rc: RunnerConfig | None = None
+
+        @property
+        def runner_config(self) -> RunnerConfig:
+            assert self.rc is not None
+            return replace(self.rc, vocab_size=self.vocab)
+
+    hybrid = Sized(layout.cache_groups, 16, None, rc=layout)
+    attention = replace(layout, cache_groups=(History(layout.page_bytes),))
+    pure = Sized(attention.cache_groups, 16, None, rc=attention)
+    ratios = shared_prefix_hit_ratio(hybrid), shared_prefix_hit_ratio(pure)
+    assert ratios[1] > 0.9
+    assert abs(ratios[0] - ratios[1]) <= 0.05, ratios
