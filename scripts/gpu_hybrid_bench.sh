@@ -16,12 +16,16 @@
 #                      ones that share it; each request's TTFT (streamed, first chunk) and
 #                      the prompt / cached tokens the server counted; the last line has the
 #                      cold / median-warm ratio (target >= 5)
+#   tests.log          (TESTS=1, the default) the hybrid models' fast-runner tests compiled on
+#                      the GPU: GLM-5.3's and Qwen3.5's against the reference runner (their
+#                      decode in CUDA graphs), the kernel tests
 # Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
-# CKPT, PORT, PREFIX_WORDS, WARM; the *_S per-step timeouts; a preset "skip" skips its step).
+# CKPT, PORT, PREFIX_WORDS, WARM, TESTS; the *_S per-step timeouts; a preset "skip" skips its
+# step).
 # CPU smoke run of the plumbing (the interpreter needs the longer timeouts):
 #   OUT=/tmp/h DEVICE=cpu QWEN=tiny-qwen3_5_moe QWEN_32K=skip GLM=tiny-glm5_next \
 #   SERVE_PRESET=tiny-qwen3_5_moe CONTEXTS=64 DECODE_CTX=32 BATCHES=1,2 PREFIX_WORDS=40 \
-#   MAX_LEN=512 QWEN_S=900 GLM_S=900 scripts/gpu_hybrid_bench.sh
+#   MAX_LEN=512 QWEN_S=900 GLM_S=900 TESTS=0 scripts/gpu_hybrid_bench.sh
 set -uo pipefail
 out="${OUT:-bench}"
 mkdir -p "$out"
@@ -141,3 +145,10 @@ if [ -n "$server" ]; then
 fi
 server=""
 tail -3 "$out/prefix_ttft.log"
+
+if [ "${TESTS:-1}" = 1 ]; then
+    timeout "${TESTS_S:-150}" "$PY" -m pytest -q -x tests/cuda/test_glm5_next.py \
+        tests/cuda/test_qwen3_5_moe.py tests/cuda/test_qwen3_5_kernels.py >"$out/tests.log" 2>&1
+    echo "== tests rc=$?"
+    tail -3 "$out/tests.log"
+fi
