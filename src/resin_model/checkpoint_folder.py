@@ -391,14 +391,25 @@ def _check_dtypes(config: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
         )
 
 
+_LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
 def _check_attention(config: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
+    """q/k/v rows against the attention heads, on the layers of an attention kind (a linear
+    layer's projections have their own heads: GLM-5.3's KDA). Qwen3.5's q_proj also emits
+    each head's output gate (twice the rows)."""
+    gated = 2 if config.model_type.startswith("qwen3_5") else 1
     rows = {
-        "q_proj": config.num_heads * config.head_dim,
+        "q_proj": gated * config.num_heads * config.head_dim,
         "k_proj": config.num_kv_heads * config.head_dim,
         "v_proj": config.num_kv_heads * config.head_dim,
     }
+    kinds = config.layer_types
     for name, t in tensors.items():
         part = name.rsplit(".", 2)
+        layer = _LAYER_INDEX.search(name)
+        if layer and int(layer.group(1)) < len(kinds) and kinds[int(layer.group(1))] == "linear":
+            continue
         if len(part) == 3 and part[2] == "weight" and part[1] in rows and len(t.shape) == 2:
             want = rows[part[1]]
             if t.shape[0] != want and t.dtype in FLOAT_DTYPES | {"F8_E4M3"}:

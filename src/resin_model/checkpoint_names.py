@@ -34,9 +34,14 @@ def default_names(name: str) -> str | None:
 
 def names_for(model_type: str) -> Callable[[str], str | None]:
     """The checkpoint-name map of an architecture (both runner families read checkpoints
-    through it): DeepSeek-V4's published layout maps onto transformers' module names."""
+    through it): DeepSeek-V4's published layout maps onto transformers' module names,
+    GLM-5.3's published mHC and KDA decay names onto the runners' (`hf_glm5_next`)."""
     if model_type == "deepseek_v4":
         from resin_model.hf_deepseek_v4 import checkpoint_name
 
         return checkpoint_name
+    if model_type in ("glm5_next", "glm5_next_text"):
+        from resin_model.hf_glm5_next import checkpoint_name as glm5_name
+
+        return glm5_name
     return default_names

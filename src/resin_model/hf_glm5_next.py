@@ -16,6 +16,7 @@ layer "full", the class default) needs no sharing.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from resin_model.config import (
@@ -28,6 +29,29 @@ from resin_model.config import (
     RopeConfig,
 )
 from resin_model.hf_reader import Reader, common_fields
+
+# The published names of the parts both runners hold under other names.
+_RENAMES = (
+    (re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$"), r".\1_hc.\2"),
+    (re.compile(r"\.self_attn\.(dt_bias|A_log)$"), r".self_attn.decay.\1"),
+)
+
+
+def rename_published(name: str) -> str:
+    """A published tensor name (`hc_attn_fn`, `self_attn.dt_bias`) as the runners' modules
+    name it (`attn_hc.fn`, `self_attn.decay.dt_bias`); other names unchanged."""
+    for pattern, replacement in _RENAMES:
+        name = pattern.sub(replacement, name)
+    return name
+
+
+def checkpoint_name(name: str) -> str | None:
+    """`checkpoint_names.default_names`, then `rename_published` (the fast runner's map)."""
+    from resin_model.checkpoint_names import default_names
+
+    mapped = default_names(name)
+    return None if mapped is None else rename_published(mapped)
+
 
 _KINDS: dict[str, LayerKind] = {
     "linear_attention": "linear",

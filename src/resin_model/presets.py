@@ -224,6 +224,9 @@ PRESETS["tiny-deepseek_v4"] = {  # every V4 mechanism, HCA ratio 16 (CPU smoke r
     "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
                      "beta_fast": 32, "beta_slow": 1},
 }  # fmt: skip
+PRESETS["qwen3.5-35b-a3b-8l"] = {  # its first 8 layers (6 GDN, 2 full): 15.5 GB in bf16, a
+    **PRESETS["qwen3.5-35b-a3b"], "num_hidden_layers": 8,  # random folder quick to write
+}  # fmt: skip
 PRESETS["glm-5.3-flash-8l"] = {  # two KDA x3 + indexed-MLA groups: 78 GB in bf16, one H200
     **PRESETS["glm-5.3-flash"], "num_hidden_layers": 8,
 }  # fmt: skip

@@ -14,6 +14,7 @@ from resin_models_cuda.models.base import BuildOptions, FastModel
 _LLAMA = "resin_models_cuda.models.llama:Llama"
 _DEEPSEEK = "resin_models_cuda.models.deepseek:Deepseek"
 _QWEN3_5 = "resin_models_cuda.models.qwen3_5_moe:Qwen3_5Moe"
+_GLM5 = "resin_models_cuda.models.glm5_next:Glm5Next"
 
 ARCHITECTURES: dict[str, str] = {
     "llama": _LLAMA,
@@ -29,6 +30,8 @@ ARCHITECTURES: dict[str, str] = {
     "deepseek_v3": _DEEPSEEK,
     "glm4_moe": "resin_models_cuda.models.glm4_moe:Glm4Moe",
     "deepseek_v4": "resin_models_cuda.models.deepseek_v4:DeepseekV4",
+    "glm5_next": _GLM5,
+    "glm5_next_text": _GLM5,
     "qwen3_5_moe": _QWEN3_5,
     "qwen3_5_moe_text": _QWEN3_5,
 }

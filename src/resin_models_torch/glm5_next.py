@@ -36,6 +36,7 @@ from torch import nn
 from resin_model.checkpoint_names import default_names
 from resin_model.config import Glm5NextConfig, ModelConfig
 from resin_model.expert_routing import deepseek_route
+from resin_model.hf_glm5_next import rename_published
 from resin_model.nn import RMSNorm
 from resin_models_torch.base import Backbone, CausalLM
 from resin_models_torch.batch import (
@@ -51,10 +52,6 @@ from resin_models_torch.layers import Float32Module, GatedMLP, short_conv
 from resin_models_torch.mhc import HyperConnection, hc_mix
 from resin_models_torch.mla import paged_latents
 
-_RENAMES = (
-    (re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$"), r".\1_hc.\2"),
-    (re.compile(r"\.self_attn\.(dt_bias|A_log)$"), r".self_attn.decay.\1"),
-)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -388,9 +385,7 @@ class Glm5NextForConditionalGeneration(CausalLM):
         layer = _LAYER.match(mapped)
         if layer and int(layer.group(1)) >= self.config.num_layers:
             return None  # the MTP layer (`layers.{num_hidden_layers}.*`)
-        for pattern, replacement in _RENAMES:
-            mapped = pattern.sub(replacement, mapped)
-        return mapped
+        return rename_published(mapped)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         x = self.embed(input_ids)

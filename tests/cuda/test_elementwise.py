@@ -49,6 +49,18 @@ def test_silu_and_mul(device: str, tokens: int, inter: int) -> None:
         torch.testing.assert_close(silu_and_mul(x), expect, atol=atol, rtol=rtol)
 
 
+def test_silu_clamp_activation(device: str) -> None:
+    """GLM-5.3 / DeepSeek-V4's clamped SwiGLU: silu(min(gate, l)) * clamp(up, -l, l)."""
+    from resin_models_cuda.kernels.activation import gated_activation
+
+    x = (torch.randn((7, 2 * 300)) * 8).to(device)
+    gate, up = x.chunk(2, dim=-1)
+    expect = torch.nn.functional.silu(gate.clamp(max=5.0)) * up.clamp(-5.0, 5.0)
+    assert (gate > 5).any() and (up.abs() > 5).any()
+    got = gated_activation(x, "silu_clamp", limit=5.0)
+    torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+
+
 def _ref_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     c, s = cos[:, None, :], sin[:, None, :]

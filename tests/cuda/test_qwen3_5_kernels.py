@@ -1,7 +1,8 @@
-"""The Gated DeltaNet kernels (Qwen3.5's linear attention) against plain PyTorch, over odd
-shapes: rows of several lengths (a decode-like one-token row among them), input checkpoints
-from pages and from zeros, prefix-cache checkpoints inside rows, an in-place state page; the
-delta rule in its recurrent and its chunked form (chunks cut at the checkpoints)."""
+"""The Gated DeltaNet kernels (Qwen3.5's linear attention; KDA's per-channel decay, GLM-5.3)
+against plain PyTorch, over odd shapes: rows of several lengths (a decode-like one-token row
+among them), input checkpoints from pages and from zeros, prefix-cache checkpoints inside
+rows, an in-place state page; the delta rule in its recurrent and its chunked form (chunks cut
+at the checkpoints)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from resin_models_cuda.kernels.conv1d import causal_conv1d, conv_state_store
-from resin_models_cuda.kernels.delta_rule import gated_delta_rule
+from resin_models_cuda.kernels.delta_rule import gated_delta_rule, kda_delta_rule
 from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
 from resin_models_cuda.step import StateRows
 from resin_models_torch.delta_rule import recurrent_delta_rule
@@ -101,6 +102,42 @@ def test_delta_rule_kernel_equals_recurrent_pytorch(
         mixed.to(device), a.to(device), b.to(device), a_log.to(device), dt_bias.to(device),
         got_pages, rows, hk, chunk=chunk,
     )  # fmt: skip
+    torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
+    torch.testing.assert_close(got_pages.cpu(), want, atol=atol, rtol=1e-3)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.float16, 2e-2)])
+def test_kda_delta_rule_kernel_equals_recurrent_pytorch(
+    device: str, dtype: torch.dtype, atol: float
+) -> None:
+    """KDA: q and k per value head, the log decay per key channel given in float32."""
+    gen = torch.Generator().manual_seed(1)
+    h, kd, vd = 3, 16, 12
+    t = sum(LENS)
+    mixed = torch.randn(t, 2 * h * kd + h * vd, generator=gen).to(dtype)
+    g = -torch.rand(t, h, kd, generator=gen) * 0.7
+    b = torch.randn(t, h + 2, generator=gen).to(dtype)[:, 1 : h + 1]  # a strided view
+    pages = torch.randn(8, h, kd, vd, generator=gen) * 0.3
+
+    def run(row: int, state: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, list]:
+        x = mixed[lo:hi].float()
+        q, k = x[:, : h * kd].view(-1, h, kd), x[:, h * kd : 2 * h * kd].view(-1, h, kd)
+        v = x[:, 2 * h * kd :].view(-1, h, vd)
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * kd**-0.5
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        beta, decay = torch.sigmoid(b[lo:hi].float()), g[lo:hi]
+        outs, states = [], []
+        for i in range(hi - lo):
+            o, state = recurrent_delta_rule(q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                                            decay[i : i + 1], beta[i : i + 1], state)  # fmt: skip
+            outs.append(o)
+            states.append(state)
+        return torch.cat(outs), states
+
+    outs, want = _expected_pages(pages, run)
+    got_pages = pages.to(device)
+    out = kda_delta_rule(mixed.to(device), g.to(device), b.to(device), got_pages,
+                         _rows(device, got_pages))  # fmt: skip
     torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
     torch.testing.assert_close(got_pages.cpu(), want, atol=atol, rtol=1e-3)
 

@@ -69,6 +69,19 @@ def test_the_tiny_folder_passes(tiny: Path) -> None:
     )
 
 
+def test_hybrid_layouts_pass_and_their_attention_is_still_checked(tmp_path: Path) -> None:
+    """Qwen3.5's q_proj emits each head's output gate (twice the heads' rows) and its linear
+    layers have their own heads: a `resin bench checkpoint` folder of it passes, and a wrong
+    projection of a full-attention layer is still refused."""
+    from resin_model.presets import PRESETS
+
+    folder = tmp_path / "qwen3_5"
+    write_checkpoint(PRESETS["tiny-qwen3_5_moe"], folder, shard_bytes=1 << 20)
+    assert check_checkpoint(folder).config.layer_types.count("linear") == 3
+    edit_json(folder / "config.json", head_dim=8)
+    refused(folder, "layers.3.self_attn.", "rows")
+
+
 @pytest.mark.parametrize("entry", ["../outside.safetensors", "/etc/passwd", "a/../../x"])
 def test_index_entries_outside_the_folder_are_refused(
     tiny: Path, tmp_path: Path, entry: str

@@ -3,7 +3,7 @@
 
 `act`: "silu" (Llama, Qwen), "gelu_tanh" (Gemma), "swiglu_clamp" (gpt-oss:
 `(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)` with `g = min(gate, l)`), or "silu_clamp"
-(DeepSeek-V4: `silu(min(gate, l)) * clamp(up, -l, l)`).
+(DeepSeek-V4, GLM-5.3: `silu(min(gate, l)) * clamp(up, -l, l)`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ def gated(gate, up, alpha, limit, ACT: tl.constexpr, dtype: tl.constexpr):
     """act(gate) * up of float32 values read from `dtype` storage (0 silu, 1 gelu_tanh,
     2 swiglu_clamp, 3 silu_clamp), rounded as the unfused PyTorch code rounds; float32
     result."""
-    if ACT == 3:  # the clamps are exact on values of `dtype` (the limit is one too)
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
     if ACT == 2:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
         return (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    if ACT == 3:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
     if ACT == 1:  # 0.5 * (1 + tanh(z)) == sigmoid(2z)
         z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         act = gate * tl.sigmoid(2.0 * z)
@@ -49,7 +49,7 @@ def _gated_kernel(
     limit,
     INTER: tl.constexpr,
     BLOCK: tl.constexpr,
-    ACT: tl.constexpr,  # 0 silu, 1 gelu_tanh, 2 swiglu_clamp, 3 silu_clamp
+    ACT: tl.constexpr,  # ACTIVATION_CODES
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -55,6 +55,7 @@ def _conv_kernel(
     C,
     KW: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    ROUND: tl.constexpr,
 ):
     t = tl.program_id(0)
     cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -69,7 +70,8 @@ def _conv_kernel(
                           C, KW - 1)  # fmt: skip
         acc += tl.load(w_ptr + cc * KW + j, mask=cmask, other=0.0).to(tl.float32) * xin
     dtype = out_ptr.dtype.element_ty
-    acc = acc.to(dtype).to(tl.float32)  # the conv's output, rounded as F.conv1d's is
+    if ROUND:
+        acc = acc.to(dtype).to(tl.float32)  # the conv's output, rounded as F.conv1d's is
     tl.store(out_ptr + t.to(tl.int64) * C + cc, (acc * tl.sigmoid(acc)).to(dtype), mask=cmask)
 
 
@@ -112,10 +114,16 @@ def _check(x: torch.Tensor, state: torch.Tensor, rows: StateRows) -> None:
 
 
 def causal_conv1d(
-    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, rows: StateRows
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    rows: StateRows,
+    round_conv: bool = True,
 ) -> torch.Tensor:
     """silu(conv) [T, C] of `x` [T, C] with `weight` [C, KW] over each row's inputs after its
-    input checkpoint (`state` [pages, C, KW - 1], this layer's view of the State region)."""
+    input checkpoint (`state` [pages, C, KW - 1], this layer's view of the State region).
+    `round_conv`: the conv's output rounded to x's dtype before the SiLU (Qwen3.5's conv in
+    the model dtype); False keeps it float32 to the end (KDA's float32 conv)."""
     _check(x, state, rows)
     t, channels = x.shape
     assert weight.shape == (channels, state.shape[2] + 1) and weight.is_contiguous()
@@ -125,7 +133,7 @@ def causal_conv1d(
         _conv_kernel[(t, triton.cdiv(channels, block))](
             x, weight, state, out, rows.query_indptr, rows.token_row, rows.state_in,
             x.stride(0), state.stride(0), state.stride(1), channels,
-            KW=weight.shape[1], BLOCK_C=block, num_warps=4,
+            KW=weight.shape[1], BLOCK_C=block, ROUND=round_conv, num_warps=4,
         )  # fmt: skip
     return out
 

@@ -19,6 +19,11 @@ checkpoint read and written in place (`state_in == state_out`) is safe.
 `chunk` tokens at a time through a unit-triangular system per chunk, all of it matrix
 products (the system's inverse: 16 x 16 diagonal blocks by forward substitution, 15 serial
 products, then a short series; `_unit_lower_inverse`).
+
+`kda_delta_rule` is KDA's (GLM-5.3) form on the same recurrent kernel (`PER_CHANNEL`): q and k
+heads are the value heads, the log decay `g` [T, HV, K] comes precomputed in float32 (one per
+key channel: `S <- S * exp(g)[:, None]`) and beta is sigmoid(b). It has no chunked form yet:
+prefill runs the recurrent kernel too.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt):
 @triton.jit
 def _delta_rule_kernel(
     mixed_ptr,  # [T, 2 * HK * K + HV * V]: q | k | v per token (conv output), row stride_m
-    a_ptr,  # [T, HV], row stride stride_a: decay input
+    a_ptr,  # [T, HV], row stride stride_a: decay input (PER_CHANNEL: float32 [T, HV, K])
     b_ptr,  # [T, HV], row stride stride_b: beta input
     a_log_ptr,  # [HV]
     dt_bias_ptr,  # [HV]
@@ -80,6 +85,7 @@ def _delta_rule_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PER_CHANNEL: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -102,10 +108,14 @@ def _delta_rule_kernel(
         v = tl.load(token + 2 * HK * K + head * V + vv, mask=vmask, other=0.0).to(tl.float32)
         q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * scale
         k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
-        a = tl.load(a_ptr + t * stride_a + head).to(tl.float32) + dt_bias
-        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
         beta = tl.sigmoid(tl.load(b_ptr + t * stride_b + head).to(tl.float32))
-        s = s * tl.exp(neg_a * softplus)
+        if PER_CHANNEL:
+            g = tl.load(a_ptr + t * stride_a + head * K + kk)
+            s = s * tl.exp(g)[:, None]
+        else:
+            a = tl.load(a_ptr + t * stride_a + head).to(tl.float32) + dt_bias
+            softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+            s = s * tl.exp(neg_a * softplus)
         correction = (v - tl.sum(k[:, None] * s, 0)) * beta
         s = s + k[:, None] * correction[None, :]
         o = tl.sum(q[:, None] * s, 0)
@@ -265,3 +275,40 @@ def _chunked_kernel(
             ck += 1
             next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
     _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)
+
+
+def kda_delta_rule(
+    mixed: torch.Tensor,
+    g: torch.Tensor,
+    b: torch.Tensor,
+    state: torch.Tensor,
+    rows: StateRows,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """KDA's delta rule (module docstring): o [T, H, V] (mixed's dtype) of `mixed`
+    [T, 2*H*K + H*V] (q | k | v, rows contiguous), the float32 log decays `g` [T, H, K]
+    (contiguous), `b` [T, H] (beta's logits, rows may be strided) and `state` float32
+    [pages, H, K, V]; checkpoints as `gated_delta_rule`'s."""
+    _, heads, k_dim, v_dim = state.shape
+    t = mixed.shape[0]
+    assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
+    assert k_dim == next_pow2(k_dim), "the key head dim must be a power of two"
+    assert mixed.stride(1) == 1 and mixed.shape[1] == 2 * heads * k_dim + heads * v_dim
+    assert g.shape == (t, heads, k_dim) and g.dtype == torch.float32 and g.is_contiguous()
+    assert b.shape == (t, heads) and b.stride(1) == 1
+    rows.check()
+    if out is None:
+        out = torch.empty((t, heads, v_dim), dtype=mixed.dtype, device=mixed.device)
+    assert out.shape == (t, heads, v_dim) and out.is_contiguous()
+    assert max(t * mixed.stride(0), out.numel(), g.numel()) < 2**31, "token offsets are int32"
+    block_v = min(next_pow2(v_dim), 32)
+    batch = rows.state_in.shape[0]
+    if batch:
+        _delta_rule_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
+            mixed, g, b, g, g, out, state, rows.query_indptr, rows.state_in, rows.state_out,
+            rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),
+            b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
+            HK=heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, PER_CHANNEL=True,
+            num_warps=4,
+        )  # fmt: skip
+    return out

@@ -2,7 +2,8 @@
 """Gated RMSNorm of Gated DeltaNet's output, per value head:
 `out = (w * rmsnorm(x)) * silu(z)`, the statistics in float32, `rmsnorm(x)` rounded to the
 storage dtype before the weight multiply and the product rounded once (as transformers'
-Qwen3.5 norm does)."""
+Qwen3.5 norm does). `sigmoid=True` is KDA's (GLM-5.3): `w * rmsnorm(x) * sigmoid(z)` all in
+float32, rounded once at the end."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def _gated_rmsnorm_kernel(
     H: tl.constexpr,
     D: tl.constexpr,
     BLOCK: tl.constexpr,
+    SIGMOID: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -33,16 +35,20 @@ def _gated_rmsnorm_kernel(
     x = tl.load(x_ptr + (t * H + h) * D + cols, mask=mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + t * stride_z + h * D + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    normed = (x * tl.rsqrt(tl.sum(x * x, 0) / D + eps)).to(dtype).to(tl.float32)
-    y = (w * normed).to(dtype).to(tl.float32) * (z * tl.sigmoid(z))
+    normed = x * tl.rsqrt(tl.sum(x * x, 0) / D + eps)
+    if SIGMOID:
+        y = w * normed * tl.sigmoid(z)
+    else:
+        normed = normed.to(dtype).to(tl.float32)
+        y = (w * normed).to(dtype).to(tl.float32) * (z * tl.sigmoid(z))
     tl.store(out_ptr + (t * H + h) * D + cols, y.to(dtype), mask=mask)
 
 
 def gated_rmsnorm(
-    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, sigmoid: bool = False
 ) -> torch.Tensor:
-    """[T, H * D]: each head of `x` [T, H, D] normed, times `weight` [D], times silu of its
-    slice of `z` [T, H * D] (rows may be strided)."""
+    """[T, H * D]: each head of `x` [T, H, D] normed, times `weight` [D], times silu (or
+    sigmoid, `sigmoid`) of its slice of `z` [T, H * D] (rows may be strided)."""
     t, heads, dim = x.shape
     assert x.is_contiguous() and weight.shape == (dim,)
     assert z.shape == (t, heads * dim) and z.stride(1) == 1
@@ -50,6 +56,6 @@ def gated_rmsnorm(
     if t:
         _gated_rmsnorm_kernel[(t, heads)](
             x, z, weight, out, z.stride(0), eps, H=heads, D=dim, BLOCK=next_pow2(dim),
-            num_warps=1 if dim <= 256 else 4,
+            SIGMOID=sigmoid, num_warps=1 if dim <= 256 else 4,
         )  # fmt: skip
     return out

@@ -80,3 +80,14 @@ def indexer_scores(
             BLOCK_E=block_e,
         )  # fmt: skip
     return out
+
+
+def indexer_select(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """[T, E] bool: each query's `topk` best visible entries (all of them when fewer); the
+    mask form of `sparse_attention.indexer_topk`, for a caller that gathers by mask (GLM-5.3's
+    pooled MLA selection)."""
+    if not scores.shape[1]:
+        return torch.zeros_like(scores, dtype=torch.bool)
+    chosen = scores.topk(min(topk, scores.shape[1]), dim=-1).indices
+    selected = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, chosen, True)
+    return selected & (scores > float("-inf"))

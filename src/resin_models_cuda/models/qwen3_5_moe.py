@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from resin_model.config import ModelConfig
+from resin_model.config import LinearAttentionConfig, ModelConfig
 from resin_models_cuda.kernels import PagedKV, decode_attention, prefill_attention
 from resin_models_cuda.kernels.conv1d import causal_conv1d, conv_state_store
 from resin_models_cuda.kernels.delta_rule import gated_delta_rule
@@ -41,6 +41,21 @@ def state_layer_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
     recurrent = 4 * lin.num_v_heads * lin.k_head_dim * lin.v_head_dim
     conv = lin.conv_channels * (lin.conv_kernel - 1) * dtype.itemsize
     return -(-(recurrent + conv) // 16) * 16
+
+
+def state_views(
+    lin: LinearAttentionConfig, offset: int, region: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(conv [pages, C, K-1] in `dtype`, recurrent float32 [pages, HV, K, V]): the views of
+    the State region of the linear layer whose checkpoint starts at byte `offset`."""
+    pages = region.shape[0]
+    rec_end = offset + 4 * lin.num_v_heads * lin.k_head_dim * lin.v_head_dim
+    width = lin.conv_kernel - 1
+    conv_end = rec_end + lin.conv_channels * width * dtype.itemsize
+    recurrent = region[:, offset:rec_end].view(torch.float32)
+    conv = region[:, rec_end:conv_end].view(dtype)
+    shape = (lin.num_v_heads, lin.k_head_dim, lin.v_head_dim)
+    return conv.view(pages, lin.conv_channels, width), recurrent.view(pages, *shape)
 
 
 class GatedDeltaNet:
@@ -69,16 +84,7 @@ class GatedDeltaNet:
         self.offset = index * state_layer_bytes(config, w.dtype)
 
     def state_views(self, region: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """(conv [pages, C, K-1] in `dtype`, recurrent float32 [pages, HV, K, V]): this
-        layer's views of the State region."""
-        lin, pages = self.lin, region.shape[0]
-        rec_end = self.offset + 4 * lin.num_v_heads * lin.k_head_dim * lin.v_head_dim
-        width = lin.conv_kernel - 1
-        conv_end = rec_end + lin.conv_channels * width * dtype.itemsize
-        recurrent = region[:, self.offset : rec_end].view(torch.float32)
-        conv = region[:, rec_end:conv_end].view(dtype)
-        shape = (lin.num_v_heads, lin.k_head_dim, lin.v_head_dim)
-        return conv.view(pages, lin.conv_channels, width), recurrent.view(pages, *shape)
+        return state_views(self.lin, self.offset, region, dtype)
 
     def __call__(self, x: torch.Tensor, step: StepTensors) -> torch.Tensor:
         rows, lin = step.state, self.lin

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# GPU (one H200): the hybrid linear-attention models on the fast runner (issue 37), random
+# bf16 weights, each step its own process under `timeout` so a failure costs only its row.
+# Writes under $OUT (or ./bench), each step's log beside its JSONL:
+#   qwen3_5.jsonl      `resin bench runner`, Qwen3.5-35B-A3B at full depth (40 layers, ~70 GB):
+#                      decode batch 1 and 64 at 1k context, prefill 4k (step qwen3_5), then
+#                      prefill 32k (step qwen3_5_32k)
+#   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB):
+#                      decode batch 1 and 64 at 1k, prefill 4k (the fast runner's first,
+#                      correctness-first GLM-5.3: expect it far below the ceiling)
+#   prefix_ttft.jsonl  `resin serve` on a random Qwen3.5 folder at reduced depth
+#                      (qwen3.5-35b-a3b-8l, ~15.5 GB: the full 70 GB folder would not fit
+#                      the one-H200 machine's 64 GB disk, nor be written in time): a
+#                      ~4k-token shared prefix (1,350 random words); after a warm-up request
+#                      on another prefix (kernels compile), the first request cold, then warm
+#                      ones that share it; each request's TTFT (streamed, first chunk) and
+#                      the prompt / cached tokens the server counted; the last line has the
+#                      cold / median-warm ratio (target >= 5)
+#   tests.log          (TESTS=1, the default) the hybrid models' fast-runner tests compiled on
+#                      the GPU: GLM-5.3's and Qwen3.5's against the reference runner (their
+#                      decode in CUDA graphs), the kernel tests
+# Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
+# CKPT, PORT, PREFIX_WORDS, WARM, TESTS; the *_S per-step timeouts; a preset "skip" skips its
+# step).
+# CPU smoke run of the plumbing (the interpreter needs the longer timeouts):
+#   OUT=/tmp/h DEVICE=cpu QWEN=tiny-qwen3_5_moe QWEN_32K=skip GLM=tiny-glm5_next \
+#   SERVE_PRESET=tiny-qwen3_5_moe CONTEXTS=64 DECODE_CTX=32 BATCHES=1,2 PREFIX_WORDS=40 \
+#   MAX_LEN=512 QWEN_S=900 GLM_S=900 TESTS=0 scripts/gpu_hybrid_bench.sh
+set -uo pipefail
+out="${OUT:-bench}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+PY="${PY:-python}"
+DEVICE="${DEVICE:-cuda}"
+QWEN="${QWEN:-qwen3.5-35b-a3b}"
+QWEN_32K="${QWEN_32K:-$QWEN}"
+GLM="${GLM:-glm-5.3-flash-8l}"
+SERVE_PRESET="${SERVE_PRESET:-qwen3.5-35b-a3b-8l}"
+CKPT="${CKPT:-/tmp/resin-${SERVE_PRESET}-random}"
+PORT="${PORT:-8124}"
+URL="http://127.0.0.1:${PORT}"
+common=(--random-weights --device "$DEVICE" --warmup "${WARMUP:-2}" --iters "${ITERS:-5}")
+
+runner() {  # tag, jsonl, seconds, args...
+    local tag=$1 jsonl=$2 seconds=$3
+    shift 3
+    timeout "$seconds" "$PY" -m resin_app bench runner "${common[@]}" "$@" \
+        --output "$out/$jsonl" >"$out/$tag.log" 2>&1
+    echo "== $tag rc=$?"
+    grep -E "weights .* on the device|\| +(decode|prefill) +\||Error|error" "$out/$tag.log" | tail -20
+}
+
+if [ "$QWEN" != skip ]; then
+    runner qwen3_5 qwen3_5.jsonl "${QWEN_S:-120}" --model-config "$QWEN" \
+        --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
+        --decode-contexts "${DECODE_CTX:-1024}"
+fi
+if [ "$QWEN_32K" != skip ]; then
+    runner qwen3_5_32k qwen3_5.jsonl "${QWEN_32K_S:-75}" --model-config "$QWEN_32K" \
+        --context-lengths 32768 --batch-sizes 1 --decode-contexts "${DECODE_CTX:-1024}"
+fi
+if [ "$GLM" != skip ]; then
+    runner glm5 glm5.jsonl "${GLM_S:-120}" --model-config "$GLM" \
+        --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
+        --decode-contexts "${DECODE_CTX:-1024}"
+fi
+
+# The prefix hit through `resin serve`: the folder, the server (its own process group, stopped
+# by id on every path) and the client, each bounded.
+serve_ttft() {
+    if [ ! -f "$CKPT/config.json" ]; then
+        timeout "${CKPT_S:-150}" "$PY" -m resin_app bench checkpoint --preset "$SERVE_PRESET" \
+            --output "$CKPT" --device "$DEVICE" || return 1
+    fi
+    set -m
+    "$PY" -m resin_app serve --device "$DEVICE" --checkpoint "$CKPT" --port "$PORT" \
+        --max-model-len "${MAX_LEN:-8192}" --max-num-seqs 8 --disable-log-requests \
+        >"$out/prefix_serve.log" 2>&1 &
+    server=$!
+    set +m
+    local deadline=$((SECONDS + ${READY_S:-120}))
+    until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]; do
+        if ! kill -0 "$server" 2>/dev/null || [ $SECONDS -gt $deadline ]; then
+            tail -20 "$out/prefix_serve.log"; return 1
+        fi
+        sleep 0.2
+    done
+    timeout "${CLIENT_S:-120}" \
+    "$PY" - "$URL" "${PREFIX_WORDS:-1350}" "${WARM:-5}" "$out/prefix_ttft.jsonl" <<'EOF'
+import json, random, statistics, sys, time, urllib.request
+
+url, words, warm, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+vocab = ["alpha", "river", "stone", "cloud", "seven", "green", "tower", "quiet", "ember", "maple"]
+
+
+def text(seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(vocab) + str(rng.randrange(100)) for _ in range(words))
+
+
+prefix = text(0)
+
+
+def ttft(suffix: str, head: str = prefix) -> dict:
+    body = {"prompt": f"{head} {suffix}", "max_tokens": 4, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    start, first, usage = time.perf_counter(), None, {}
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if first is None and chunk.get("choices"):
+                first = time.perf_counter() - start
+            usage = chunk.get("usage") or usage
+    details = usage.get("prompt_tokens_details") or {}
+    return {"ttft_s": first, "prompt_tokens": usage.get("prompt_tokens"),
+            "cached_tokens": details.get("cached_tokens")}
+
+
+ttft("warm-up: kernels compile on a prefix of its own", text(1))
+rows = [dict(ttft("cold start"), request="cold")]
+rows += [dict(ttft(f"warm question {i}"), request=f"warm{i}") for i in range(warm)]
+with open(path, "a") as f:
+    for row in rows:
+        f.write(json.dumps(row) + "\n")
+        print(row)
+    median = statistics.median(r["ttft_s"] for r in rows[1:])
+    summary = {"what": "prefix hit TTFT, cold / median warm", "cold_s": rows[0]["ttft_s"],
+               "warm_median_s": median, "ratio": rows[0]["ttft_s"] / median}
+    f.write(json.dumps(summary) + "\n")
+    print(summary)
+EOF
+}
+server=""
+trap '[ -n "$server" ] && kill -- -"$server" 2>/dev/null' EXIT
+serve_ttft >"$out/prefix_ttft.log" 2>&1
+echo "== prefix_ttft rc=$?"
+if [ -n "$server" ]; then
+    kill -- -"$server" 2>/dev/null
+    wait "$server" 2>/dev/null
+fi
+server=""
+tail -3 "$out/prefix_ttft.log"
+
+if [ "${TESTS:-1}" = 1 ]; then
+    timeout "${TESTS_S:-150}" "$PY" -m pytest -q -x tests/cuda/test_glm5_next.py \
+        tests/cuda/test_qwen3_5_moe.py tests/cuda/test_qwen3_5_kernels.py >"$out/tests.log" 2>&1
+    echo "== tests rc=$?"
+    tail -3 "$out/tests.log"
+fi

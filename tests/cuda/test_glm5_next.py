@@ -1,0 +1,201 @@
+"""GLM-5.3 (`glm5_next`) on the fast runner against the reference runner, float32, in the
+Triton interpreter on CPU: a tiny random `Glm5NextForConditionalGeneration` (KDA x3, then
+indexed MLA; a one-block vision tower, not loaded) saved as a folder in the published layout,
+both runners loading it. The indexer is in its sparse regime (`index_topk` 16: one 16-token pool
+plus the tail, of up to two). The Engine drives each over the same requests with
+16-token prefill chunks and prefix caching (a second round resumes from the first's History
+pages and KDA State checkpoints), and the greedy tokens and the logits of every step agree.
+The selection is compared through them: a tie that broke differently would show."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from resin import Engine, SamplingParams
+from resin.protocols import State
+
+_ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-glm5-"))
+
+_TEXT: dict[str, Any] = dict(
+    vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+    num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=6,
+    num_experts_per_tok=2, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+    v_head_dim=16, index_topk=16, index_head_dim=16, index_n_heads=8, linear_head_dim=16,
+    linear_num_heads=2, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+    pad_token_id=None, initializer_range=0.1,
+)  # fmt: skip
+_VISION: dict[str, Any] = dict(
+    depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+    projection_intermediate_size=32, image_size=28,
+)  # fmt: skip
+
+
+@functools.cache
+def tiny() -> Path:
+    """The saved model, with non-trivial norms, mHC biases, indexer pools and decays."""
+    torch.manual_seed(0)
+    config = transformers.Glm5NextConfig(text_config=_TEXT, vision_config=_VISION)
+    model = transformers.Glm5NextForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith(("compress_ape", "hc.base", "hc.scale")):
+                param.add_(torch.randn_like(param) * 0.1)
+            if name.endswith("compress_gate"):
+                param.normal_(0.0, 0.1)
+            if name.endswith("A_log"):
+                param.normal_(0.0, 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(torch.randn_like(buffer) * 0.1)
+    folder = _ROOT / "glm5"
+    model.save_pretrained(folder)
+    return folder
+
+
+def _runners(device: str, graphs: bool = True) -> tuple[Any, Any]:
+    """The reference and the fast runner of the tiny folder; `graphs`: the fast runner's decode
+    in CUDA graphs (on a GPU)."""
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.registry import load_runner as load_reference
+
+    folder = tiny()
+    reference = load_reference(folder, device, torch.float32, page_size=16, num_pages=64)
+    # the grouped MoE GEMM: fewer interpreted programs than the expert GEMV
+    options = RunnerOptions(page_size=16, max_batch=4, max_context=128, num_pages=64,
+                            moe_gemv_max_pairs=0, cuda_graphs=graphs)  # fmt: skip
+    return reference, load_runner(folder, options, device, torch.float32)
+
+
+def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    outputs, reused = [], 0
+    with Engine(runner, context_length=128, prefix_cache=True, prefill_chunk_tokens=16,
+                max_batch_tokens=40, max_sequences=4) as engine:  # fmt: skip
+        for _ in range(2):
+            requests = [engine.submit(p, params) for p in prompts]
+            while engine.has_work():
+                engine.step()
+                engine.check_invariants()
+            outputs.append([list(r.take_result()) for r in requests])
+            reused = sum(r.cached_tokens for r in requests)
+    assert outputs[0] == outputs[1]
+    return outputs[0], reused
+
+
+def test_same_tokens_as_the_reference_with_prefix_hits(device: str) -> None:
+    reference, fast = _runners(device)
+    assert isinstance(fast.runner_config.cache_groups[-1], State)
+    gen = torch.Generator().manual_seed(7)
+    shared = torch.randint(0, 300, (17,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, 300, (n,), generator=gen).tolist() for n in (2, 16)]
+    want, reused_ref = _generate(reference, prompts)
+    got, reused = _generate(fast, prompts)
+    assert got == want
+    assert reused == reused_ref > 0
+
+
+def test_logits_equal_the_reference_step_by_step(device: str) -> None:
+    reference, fast = _runners(device, graphs=False)  # every step calls `logits` in Python
+    reference.record_logits = True
+    prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    steps: list[torch.Tensor] = []
+    logits = fast.model.logits
+
+    def recorded(hidden: torch.Tensor) -> torch.Tensor:  # every step's sampled rows
+        out = logits(hidden)
+        steps.append(out.cpu())
+        return out
+
+    fast.model.logits = recorded
+    for runner in (reference, fast):
+        with Engine(runner, context_length=128, prefill_chunk_tokens=16) as engine:
+            engine.submit(prompt, params)
+            while engine.has_work():
+                engine.step()
+    assert len(steps) == len(reference.recorded) >= 4  # 3 prefill chunks, then decode
+    for got, step in zip(steps, reference.recorded, strict=True):
+        assert step.logits is not None
+        if got.shape[0]:
+            torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+
+
+def _stored(folder: Path, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for shard in folder.glob("*.safetensors"):
+        with safe_open(shard, "pt") as f:
+            if name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                return f.get_tensor(name).float()
+    raise KeyError(name)
+
+
+def test_both_name_layouts_load(tmp_path: Path) -> None:
+    """The published names (the transformers-saved folder above: `hc_attn_fn`,
+    `self_attn.dt_bias`) and the runners' own (`resin bench checkpoint`: `attn_hc.fn`,
+    `self_attn.decay.dt_bias`) load the same parameters into the fast model."""
+    from resin_app.bench.checkpoint import write_checkpoint
+    from resin_model.presets import PRESETS
+    from resin_models_cuda import RunnerOptions, load_runner
+
+    options = RunnerOptions(page_size=16, max_batch=2, max_context=64, num_pages=16)
+    write_checkpoint(PRESETS["tiny-glm5_next"], tmp_path, shard_bytes=1 << 20)
+    published = ("model.language_model.layers.0.hc_attn_fn",
+                 "model.language_model.layers.0.self_attn.dt_bias")  # fmt: skip
+    own = ("model.layers.0.attn_hc.fn", "model.layers.0.self_attn.decay.dt_bias")
+    for folder, names in ((tiny(), published), (tmp_path, own)):
+        layer = load_runner(folder, options, "cpu", torch.float32).model.layers[0]
+        torch.testing.assert_close(layer.attn_hc.fn, _stored(folder, names[0]))
+        torch.testing.assert_close(layer.mixer.dt_bias, _stored(folder, names[1]))
+
+
+def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
+    """Held out (issue 37): 64 requests sharing a 1,024-token prefix, on the cache groups and
+    page bytes the fast runner declares for GLM-5.3-Flash's cache shapes (a KDA State page of
+    ~141 MiB beside 264 KiB History pages of latents and indexer entries) in a 60 GB arena,
+    hit the cache as often as a pure-attention layout of the same History pages and bytes.
+    The engine drives a runner that simulates the model through the cache."""
+    from dataclasses import dataclass, replace
+
+    from resin.protocols import History, RunnerConfig
+    from resin_model.presets import preset
+    from resin_models_cuda import CudaRunner, RunnerOptions, build_model
+    from resin_models_cuda.layers import RandomWeights
+    from tests.engine.fakes import CacheSimRunner
+    from tests.models.ref_compare import shared_prefix_hit_ratio
+
+    # The real KDA, latent and indexer shapes (45 layers); what no cache holds shrunk: hidden,
+    # attention heads, q LoRA, experts, vocabulary.
+    real = preset("glm-5.3-flash")
+    assert real.moe is not None and real.mla is not None
+    moe = replace(real.moe, num_experts=2, top_k=1, num_groups=1, topk_groups=1)
+    mla = replace(real.mla, q_lora_rank=16)
+    config = replace(real, hidden_size=16, vocab_size=300, moe=moe, mla=mla, num_heads=2,
+                     num_kv_heads=2, intermediate_size=16)  # fmt: skip
+    model = build_model(config, RandomWeights("cpu", torch.bfloat16))
+    layout = CudaRunner(model, RunnerOptions(cache_bytes=60 * 10**9)).runner_config
+    assert isinstance(layout.cache_groups[1], State)
+    assert layout.cache_groups[1].bytes_per_page == 34 * (64 * 128 * 128 * 4 + 24576 * 3 * 2)
+    assert layout.page_bytes == 11 * 16 * (512 + 2 * 128) * 2  # 11 layers, 16 tokens
+
+    @dataclass
+    class Sized(CacheSimRunner):
+        rc: RunnerConfig | None = None
+
+        @property
+        def runner_config(self) -> RunnerConfig:
+            assert self.rc is not None
+            return replace(self.rc, vocab_size=self.vocab)
+
+    hybrid = Sized(layout.cache_groups, 16, None, rc=layout)
+    attention = replace(layout, cache_groups=(History(layout.page_bytes),))
+    pure = Sized(attention.cache_groups, 16, None, rc=attention)
+    ratios = shared_prefix_hit_ratio(hybrid), shared_prefix_hit_ratio(pure)
+    assert ratios[1] > 0.9
+    assert abs(ratios[0] - ratios[1]) <= 0.05, ratios
