@@ -40,10 +40,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resin_app.loading import LoadOptions
 from resin_app.startup import Listener
+
+if TYPE_CHECKING:
+    from resin_app.shared_store import Address
 
 log = logging.getLogger("resin.serve")
 
@@ -51,11 +54,22 @@ STOP_TIMEOUT_S = 20.0
 """How long a child may take to drain after SIGTERM before it is killed."""
 
 
-def default_api_server_count(replicas: int, cores: int | None = None) -> int:
-    """Frontends for `--api-server-count auto`: a third of the cores the engines leave,
-    between 1 and 4 (one frontend streams about 14k tokens/s; 2 cores: 1)."""
-    cores = cores or os.cpu_count() or 1
-    return max(1, min(4, (cores - replicas) // 3))
+def default_api_server_count(engine_processes: int, cores: int | None = None) -> int:
+    """Frontends for `--api-server-count auto` (the default): a third of the cores the engine
+    processes (every rank of every replica) leave, between 1 and 4; one frontend streams
+    about 14k tokens/s, 4 carry a 16-core H200 host's 1,024 zero-cost streams at ~200k. On a
+    2-core machine: 1 (the split still, so the default is what CI tests)."""
+    cores = cores or usable_cores()
+    return max(1, min(4, (cores - engine_processes) // 3))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or `taskset`'s
+    limit, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -95,7 +109,7 @@ def serve(args: argparse.Namespace, options: LoadOptions, listener: Listener) ->
     listener is closed then)."""
     count = args.api_server_count
     if count == "auto":
-        count = default_api_server_count(options.data_parallel)
+        count = default_api_server_count(options.data_parallel * options.tensor_parallel)
     try:
         with tempfile.TemporaryDirectory(prefix="resin-ipc-") as folder:
             layout = plan(options, count, folder)
@@ -115,6 +129,9 @@ class Supervisor:
         self.frontends: list[BaseProcess] = []
         self.signal: int | None = None
         self.served: list[str] = []  # the model name each frontend serves
+        # Stored Responses answers, found through any frontend: kept here when there are two
+        # or more (`shared_store.py`); one frontend keeps its own.
+        self.responses = _host_responses() if layout.frontends > 1 else None
         self.refused = False  # a child reported that it could not start (bad checkpoint)
 
     def run(self) -> int:
@@ -126,7 +143,8 @@ class Supervisor:
                     return 130 if self.signal == signal.SIGINT else 0
                 return 2 if self.refused else 1
             self.listener.stop_loading()  # the frontends accept on the socket from now on
-            print(_banner(self.args, self.served[-1]), flush=True)
+            banner = _banner(self.args, self.served[-1], len(self.engines), len(self.frontends))
+            print(banner, flush=True)
             code = self._watch()
         finally:
             self._stop_all()
@@ -176,6 +194,7 @@ class Supervisor:
                 addresses,
                 theirs,
                 self.listener.socket,
+                self.responses,
             ),
             name=f"resin-frontend-{index}",
         )
@@ -244,9 +263,26 @@ class Supervisor:
             proc.join(max(0.0, deadline - time.monotonic()))
 
 
-def _banner(args: argparse.Namespace, name: str) -> str:
+def _host_responses() -> Address:
+    from resin_app.shared_store import host
+
+    return host()
+
+
+def _connect_responses(where: Address) -> object:
+    from resin_app.shared_store import connect
+
+    return connect(where)
+
+
+def _banner(args: argparse.Namespace, name: str, engines: int, frontends: int) -> str:
     url = f"http://{args.host}:{args.port}"
-    return f"resin: serving {name} at {url}  (chat page: {url}/ , API: {url}/v1)"
+    processes = f"{_count(engines, 'engine process')}, {_count(frontends, 'frontend process')}"
+    return f"resin: serving {name} at {url}  (chat page: {url}/ , API: {url}/v1; {processes})"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}es"
 
 
 def _policy(args: argparse.Namespace) -> Any:
@@ -329,6 +365,7 @@ def frontend_main(
     addresses: Sequence[str],
     ready: Connection,
     listener: socket.socket,
+    responses: Address | None = None,
 ) -> None:
     """A frontend process: HTTP over every engine, accepting on the shared `listener`."""
     _die_with_parent()
@@ -337,6 +374,7 @@ def frontend_main(
 
     try:
         text = load_text(options)
+        store = None if responses is None else _connect_responses(responses)
         clients = [EngineClient(address, index) for address in addresses]
     except Exception as exc:
         ready.send(("error", _one_line(exc)))
@@ -344,7 +382,7 @@ def frontend_main(
     tokenizer, recipe, name, defaults = text
     server = build_server(
         args, clients, recipe, tokenizer, name, clients[0].context_length, defaults,
-        forward_only=True,
+        forward_only=True, response_store=store,
     )  # fmt: skip
     log_to_stderr()
     uv = server.make_uvicorn()
