@@ -280,3 +280,21 @@ def test_the_server_count_is_a_count_or_auto(capsys: pytest.CaptureFixture[str])
             main(["serve", "--api-server-count", bad])
         assert exit_info.value.code == 2
         assert "--api-server-count" in capsys.readouterr().err
+
+
+def test_auto_is_a_split_with_frontends_from_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto`: a third of the cores the engine ranks leave, 1 to 4 (a 2-core CI box: 1, still
+    the split); a CPU engine rank computes on its share of what the frontends leave."""
+    from resin_app.cli import _build_parser
+    from resin_app.serve_split import default_api_server_count, plan
+
+    assert _build_parser().parse_args(["serve"]).api_server_count == "auto"
+    assert [default_api_server_count(1, cores) for cores in (1, 2, 7, 16, 64)] == [1, 1, 2, 4, 4]
+    assert default_api_server_count(8, 16) == 2  # --tensor-parallel 8: 8 engine ranks
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert plan(LoadOptions(device="cpu"), 1, "/x", cores=2).cpu_threads == 1
+    two = plan(LoadOptions(device="cpu", data_parallel=2), 4, "/x", cores=16)
+    assert two.cpu_threads == 6 and len(two.engines) == 2
+    assert plan(LoadOptions(device="cuda"), 4, "/x", cores=16).cpu_threads is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stands
+    assert plan(LoadOptions(device="cpu"), 1, "/x", cores=2).cpu_threads is None

@@ -204,7 +204,12 @@ def test_two_tensor_parallel_replicas_behind_one_front(
         os.kill(server.worker_of(1), signal.SIGKILL)  # replica 1's worker
         with pytest.raises(openai.InternalServerError):
             greedy_chat(server.url, replica=1)
-        health = httpx.get(server.url + "/health")
+        # Replica 1's engine process ends once its runner failed; the frontend sees its
+        # socket close a moment later.
+        deadline = time.monotonic() + 15
+        while (health := httpx.get(server.url + "/health")).status_code == 200:
+            assert time.monotonic() < deadline, health.text
+            time.sleep(0.1)
         assert health.status_code == 503 and health.json()["status"] == "degraded"
         assert [r["alive"] for r in health.json()["replicas"]] == [True, False]
         assert greedy_chat(server.url) == unsharded_answer  # routed to replica 0
