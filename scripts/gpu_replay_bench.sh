@@ -24,6 +24,8 @@ PORT="${PORT:-8791}"
 URL="http://127.0.0.1:${PORT}"
 CLIENTS="${CLIENTS:-4}"
 if [ -n "${SMOKE:-}" ]; then
+  # one torch thread, as `resin serve` gives its engine process beside a frontend on 2 cores
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
   PRESET=tiny DEVICE=cpu RUNNER=torch
   N1=2 N64=8 N256=16 C64=4 C256=8 WORDS=20 TOKENS=8 FAKE_STREAMS=64 FAKE_CLIENTS=2
 else
