@@ -227,10 +227,10 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-server-count",
         type=_server_count,
-        default=0,
+        default="auto",
         metavar="N|auto",
         help="N >= 1: N frontend processes sharing the port, each engine replica in its own "
-        "process; auto: as many frontends as the cores allow (1 to 4); 0 (default): "
+        "process; auto (default): as many frontends as the cores allow (1 to 4); 0: "
         "everything in this one process",
     )
     serve.add_argument(

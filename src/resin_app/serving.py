@@ -18,9 +18,11 @@ def build_server(
     defaults: object,
     *,
     forward_only: bool = False,
+    response_store: object = None,
 ) -> Any:
     """`resin serve`'s `HttpServer` over `engines` (in-process engines, or `EngineClient`s:
-    `forward_only`, the engine processes admit, so this frontend's actor only forwards)."""
+    `forward_only`, the engine processes admit, so this frontend's actor only forwards;
+    `response_store`: the one the frontends share, `resin_app.shared_store`)."""
     from resin.server import HttpServer
     from resin.server.connection_limits import ConnectionLimits
     from resin.server.service import Limits
@@ -53,6 +55,7 @@ def build_server(
         generation_defaults=defaults,  # type: ignore[arg-type]
         log_requests=not args.disable_log_requests,
         log_stats_s=None if args.disable_log_stats else args.log_stats_interval,
+        response_store=response_store,  # type: ignore[arg-type]
     )
 
 

@@ -41,6 +41,18 @@ def test_a_recorded_workload_replays_through_the_engine_alone(tmp_path: Path) ->
     assert engine["http_output_tok_s"] == result["output_tok_s"]
     assert engine["http_over_engine"] == result["output_tok_s"] / engine["output_tok_s"]
 
+    # Two client processes' lines in one file are one load (`--line all`); two files replay
+    # one after the other on the one engine, a report each.
+    two = tmp_path / "two_clients.jsonl"
+    two.write_text(json.dumps(result) + "\n" + json.dumps(result) + "\n")
+    argv = ["--workload", str(two), str(recorded), "--line", "all", "--fake-runner"]
+    assert replay.main([*argv, "--output", str(report)]) == 0
+    both, one = (json.loads(line) for line in report.read_text().splitlines()[-2:])
+    assert (both["completed"], both["output_tokens"]) == (24, 24 * 8)
+    assert both["workload"]["clients"] == 2 and both["workload"]["max_concurrency"] == 8
+    assert both["http_output_tok_s"] == 2 * result["output_tok_s"]
+    assert one["completed"] == 12 and one["workload"]["max_concurrency"] == 4
+
 
 def test_a_file_without_a_workload_is_refused(tmp_path: Path, capsys: object) -> None:
     old = tmp_path / "old.jsonl"

@@ -53,7 +53,7 @@ def test_serve_refuses_a_checkpoint_reading_outside_its_folder(
     )
     (folder / INDEX).write_text(json.dumps(index))
     before = set(glob.glob("/tmp/resin-ipc-*"))
-    extra = ["--api-server-count", "1"] if split else []
+    extra = [] if split else ["--api-server-count", "0"]  # engine processes: the default
     done = resin("serve", "--checkpoint", str(folder), "--port", "0", *extra)
     assert done.returncode == 2, done.stderr
     lines = error_lines(done.stderr)

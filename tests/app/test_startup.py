@@ -3,10 +3,11 @@ step under way) while a slow loader runs, then 200 from the real server on the s
 a failed start (an out-of-memory from a runner's bind, an arena too small) is an error naming
 the knobs, and the port is free again; the warm-up runs a prefill and a decode step.
 
-With engine processes (`--api-server-count auto`) it starts the same way: the port is bound
-first and answers 503 `loading` with its stage while the engine process loads, then 200 with
-no refused connection in between; a port in use fails before any process starts (exit 2, one
-line); Ctrl-C exits 130 without a traceback and frees the port."""
+With engine processes (the default, `--api-server-count auto`) it starts the same way: the
+port is bound first and answers 503 `loading` with its stage while the engine process loads,
+then 200 with no refused connection in between; a port in use fails before any process starts
+(exit 2, one line); Ctrl-C exits 130 without a traceback and frees the port, while loading and
+once serving. One process (`--api-server-count 0`) keeps its own tests here."""
 
 from __future__ import annotations
 
@@ -179,12 +180,12 @@ def test_the_warm_up_runs_one_prompt_through_prefill_and_decode() -> None:
     loaded.close()
 
 
-@pytest.mark.parametrize("servers", ["0", "auto"])
+@pytest.mark.parametrize("servers", [(), ("--api-server-count", "0")], ids=["default", "one"])
 def test_serve_on_a_port_in_use_fails_before_loading(
-    servers: str, capsys: pytest.CaptureFixture[str]
+    servers: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """In one process and with engine processes alike: exit 2 and one line, before any
-    weights load or process starts."""
+    """With engine processes (the default) and in one process alike: exit 2 and one line,
+    before any weights load or process starts."""
     from resin_app.cli import main
 
     port = free_port()
@@ -192,7 +193,7 @@ def test_serve_on_a_port_in_use_fails_before_loading(
         taken.bind(("127.0.0.1", port))
         taken.listen()
         with pytest.raises(SystemExit) as exit_info:
-            main(["serve", "--fake-runner", "--api-server-count", servers, "--port", str(port)])
+            main(["serve", "--fake-runner", *servers, "--port", str(port)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "Address already in use" in err and len(err.strip().splitlines()) == 1
@@ -215,9 +216,12 @@ def _interrupt(proc: subprocess.Popen[str], port: int) -> None:
     assert _port_is_free(port)
 
 
-def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port() -> None:
+@pytest.mark.parametrize("servers", [(), ("--api-server-count", "0")], ids=["default", "one"])
+def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port(
+    servers: tuple[str, ...],
+) -> None:
     port = free_port()
-    proc = _serve(port, "--api-server-count", "0")
+    proc = _serve(port, *servers)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -233,10 +237,11 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback_and_frees_the_port()
             proc.kill()
 
 
-def test_split_serve_answers_loading_then_serves_and_ctrl_c_frees_the_port() -> None:
+def test_serve_answers_loading_then_serves_and_ctrl_c_frees_the_port() -> None:
+    """The default: engine processes behind `auto` frontends (1 on a 2-core machine)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(port, "--fake-runner", "--api-server-count", "auto")
+    proc = _serve(port, "--fake-runner")
     try:
         deadline = time.monotonic() + 120
         seen: list[tuple[int, str | None]] = []
@@ -275,3 +280,21 @@ def test_the_server_count_is_a_count_or_auto(capsys: pytest.CaptureFixture[str])
             main(["serve", "--api-server-count", bad])
         assert exit_info.value.code == 2
         assert "--api-server-count" in capsys.readouterr().err
+
+
+def test_auto_is_a_split_with_frontends_from_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto`: a third of the cores the engine ranks leave, 1 to 4 (a 2-core CI box: 1, still
+    the split); a CPU engine rank computes on its share of what the frontends leave."""
+    from resin_app.cli import _build_parser
+    from resin_app.serve_split import default_api_server_count, plan
+
+    assert _build_parser().parse_args(["serve"]).api_server_count == "auto"
+    assert [default_api_server_count(1, cores) for cores in (1, 2, 7, 16, 64)] == [1, 1, 2, 4, 4]
+    assert default_api_server_count(8, 16) == 2  # --tensor-parallel 8: 8 engine ranks
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert plan(LoadOptions(device="cpu"), 1, "/x", cores=2).cpu_threads == 1
+    two = plan(LoadOptions(device="cpu", data_parallel=2), 4, "/x", cores=16)
+    assert two.cpu_threads == 6 and len(two.engines) == 2
+    assert plan(LoadOptions(device="cuda"), 4, "/x", cores=16).cpu_threads is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stands
+    assert plan(LoadOptions(device="cpu"), 1, "/x", cores=2).cpu_threads is None

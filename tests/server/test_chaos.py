@@ -234,9 +234,7 @@ def test_chaos_against_resin_serve() -> None:
         "--port",
         str(port),
         "--disable-log-requests",  # a line per request would fill the unread pipe
-        "--api-server-count",  # the split server: an engine process and a frontend process
-        "1",
-    ]
+    ]  # the default: an engine process behind `auto` frontend processes
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     health: list[tuple[int, float]] = []
     stop = threading.Event()

@@ -1,4 +1,5 @@
-"""`resin serve --tensor-parallel 2` on the CPU: the server starts its own worker (Gloo), a
+"""`resin serve --tensor-parallel 2` on the CPU: the server's engine process starts its own
+worker (Gloo), a
 chat request through the openai SDK gets the same greedy answer as the unsharded model, and a
 worker killed mid-run makes the server answer 503 and stop, never hang.
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from resin.server.launch import free_port, running
@@ -92,24 +94,38 @@ class Served:
     def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
         self.proc, self.url = proc, url
 
-    def worker_of(self, rank: int) -> int:
-        """The pid of the worker process with global rank `rank`."""
-        (pid,) = [
-            p for p in self.workers() if f"RANK={rank}\0" in Path(f"/proc/{p}/environ").read_text()
-        ]
-        return pid
+    def worker_of(self, replica: int) -> int:
+        """The pid of replica `replica`'s one worker (rank 1 of that replica's group): each
+        replica is an engine process leading its own group (the default, engine processes)."""
+        engines = sorted(self.engines(), key=lambda p: p.create_time())  # spawned in order
+        (worker,) = [w for w in engines[replica].children() if _is_worker(w)]
+        return worker.pid
+
+    def engines(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.proc.pid).children() if not _is_helper(p)
+                and any(_is_worker(c) for c in p.children())]  # fmt: skip
 
     def workers(self) -> list[int]:
-        """Pids of the server's children (its `resin worker` processes)."""
-        children = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.proc.pid:
-                children.append(int(stat.parent.name))
-        return children
+        """Pids of the server's `resin worker` processes (its engine processes' children)."""
+        try:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
+        return [p.pid for p in family if _is_worker(p)]
+
+
+def _is_worker(p: psutil.Process) -> bool:
+    try:
+        return "resin_app.worker" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _is_helper(p: psutil.Process) -> bool:
+    try:
+        return "resource_tracker" in " ".join(p.cmdline())
+    except psutil.Error:
+        return True
 
 
 @contextlib.contextmanager
@@ -146,11 +162,16 @@ def serve_cli(checkpoint: Path) -> Iterator[Served]:
 def test_tensor_parallel_serve_equals_the_unsharded_answer(
     serve_cli: Served, unsharded_answer: str
 ) -> None:
-    assert len(serve_cli.workers()) == 1  # the server started its own worker
+    (worker,) = serve_cli.workers()  # the engine process started its own worker
+    family = [
+        psutil.Process(serve_cli.proc.pid),
+        *psutil.Process(serve_cli.proc.pid).children(True),
+    ]
     assert greedy_chat(serve_cli.url) == unsharded_answer
     serve_cli.proc.send_signal(signal.SIGTERM)
     assert serve_cli.proc.wait(30) in (0, -signal.SIGTERM)
-    assert not serve_cli.workers()  # the worker left with the leader
+    _, alive = psutil.wait_procs(family, timeout=15)  # the worker left with its leader
+    assert not alive and worker in [p.pid for p in family], alive
 
 
 def test_a_killed_worker_makes_the_server_answer_503_and_stop(serve_cli: Served) -> None:
@@ -173,16 +194,22 @@ def test_a_killed_worker_makes_the_server_answer_503_and_stop(serve_cli: Served)
 def test_two_tensor_parallel_replicas_behind_one_front(
     checkpoint: Path, unsharded_answer: str
 ) -> None:
-    """`--tensor-parallel 2 --data-parallel 2`: one server process leads two TP=2 groups (two
-    workers). Each replica gives the unsharded answer; when replica 1's worker dies, replica 1's
-    requests get 503 and /health says degraded, while replica 0 keeps answering."""
+    """`--tensor-parallel 2 --data-parallel 2`: two engine processes, each leading its TP=2
+    group (two workers). Each replica gives the unsharded answer; when replica 1's worker
+    dies, replica 1's requests get 503 and /health says degraded, while replica 0 keeps
+    answering."""
     with served(checkpoint, "--tensor-parallel", "2", "--data-parallel", "2") as server:
         assert len(server.workers()) == 2
         assert [greedy_chat(server.url, replica=i) for i in (0, 1)] == [unsharded_answer] * 2
-        os.kill(server.worker_of(2), signal.SIGKILL)  # rank 2: replica 1's worker
+        os.kill(server.worker_of(1), signal.SIGKILL)  # replica 1's worker
         with pytest.raises(openai.InternalServerError):
             greedy_chat(server.url, replica=1)
-        health = httpx.get(server.url + "/health")
+        # Replica 1's engine process ends once its runner failed; the frontend sees its
+        # socket close a moment later.
+        deadline = time.monotonic() + 15
+        while (health := httpx.get(server.url + "/health")).status_code == 200:
+            assert time.monotonic() < deadline, health.text
+            time.sleep(0.1)
         assert health.status_code == 503 and health.json()["status"] == "degraded"
         assert [r["alive"] for r in health.json()["replicas"]] == [True, False]
         assert greedy_chat(server.url) == unsharded_answer  # routed to replica 0

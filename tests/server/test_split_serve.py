@@ -1,6 +1,6 @@
-"""`resin serve` as processes (a supervisor, engine processes, frontend processes), each killed
-in turn with a real signal: what the clients see, what `/health` says, and that no process
-is left behind (psutil)."""
+"""`resin serve` as processes (a supervisor, engine processes, frontend processes: its
+default), each killed in turn with a real signal: what the clients see, what `/health` says,
+and that no process is left behind (psutil)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from resin.server.launch import free_port
+from resin_app.serve_split import default_api_server_count
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100_000, "stream": True,
@@ -30,6 +31,7 @@ class Split:
     proc: subprocess.Popen[str]
     url: str
     port: int
+    banner: str = ""
     family: list[psutil.Process] = field(default_factory=list)
     """`resin serve` and every process under it, as they were once it served."""
 
@@ -68,9 +70,7 @@ def _listens(p: psutil.Process, port: int) -> bool:
 
 @pytest.fixture
 def split(request: pytest.FixtureRequest) -> Iterator[Split]:
-    options = tuple(getattr(request, "param", ()))
-    if "--api-server-count" not in options:  # the split (resin serve's default is one process)
-        options += ("--api-server-count", "1")
+    options = tuple(getattr(request, "param", ()))  # none: the default, `auto` frontends
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "resin_app", "serve", "--fake-runner", "--port", str(port),
@@ -80,8 +80,8 @@ def split(request: pytest.FixtureRequest) -> Iterator[Split]:
     served = Split(proc, f"http://127.0.0.1:{port}", port)
     try:
         assert proc.stdout is not None
-        banner = proc.stdout.readline()
-        assert served.url in banner, banner
+        served.banner = proc.stdout.readline()
+        assert served.url in served.banner, served.banner
         root = psutil.Process(proc.pid)
         served.family = [root, *root.children(recursive=True)]
         yield served
@@ -117,7 +117,9 @@ def gauge(url: str, name: str) -> float:
 
 
 def test_the_processes_and_sigterm_drains_leaving_nothing(split: Split) -> None:
-    assert len(split.engines()) == 1 and len(split.frontends()) == 1
+    fronts = default_api_server_count(1)  # `auto`: 1 on a 2-core machine
+    assert len(split.engines()) == 1 and len(split.frontends()) == fronts
+    assert f"1 engine process, {fronts} frontend process" in split.banner, split.banner
     lines: list[str] = []
     reader = stream_lines(split.url, lines)
     split.proc.send_signal(signal.SIGTERM)
@@ -161,6 +163,8 @@ def streams_of(p: psutil.Process, port: int) -> int:
 def test_a_killed_frontend_has_its_requests_aborted_by_the_engine(split: Split) -> None:
     fronts = split.frontends()
     assert len(fronts) == 2 and len(split.engines()) == 1
+    body = {"input": "hi", "max_output_tokens": 3}
+    stored = httpx.post(split.url + "/v1/responses", json=body, timeout=30).json()["id"]
     for _ in range(6):
         stream_lines(split.url, [])
     assert settle(split.url, "num_requests_running", 6) == 6
@@ -172,6 +176,11 @@ def test_a_killed_frontend_has_its_requests_aborted_by_the_engine(split: Split) 
     assert settle(split.url, "num_requests_running", kept) == kept
     ok = httpx.post(split.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    # The frontends share one Responses store (kept by `resin serve`): what either stored,
+    # the survivor finds.
+    for _ in range(3):
+        again = httpx.get(f"{split.url}/v1/responses/{stored}", timeout=10)
+        assert again.status_code == 200 and again.json()["id"] == stored, again.text
     split.proc.send_signal(signal.SIGTERM)
     assert split.proc.wait(30) == 0
     assert not split.left()

@@ -1,7 +1,9 @@
 """Images through the real server: a tiny random-weight Gemma 3 vision checkpoint (with the
 real Gemma 3 tokenizer and template) loaded like `resin serve` does, driven over HTTP by the
 openai and anthropic SDKs; bad images are 400s and the server stays healthy; a text-only
-model refuses images with a 400; the same image again is a prefix-cache hit."""
+model refuses images with a 400; the same image again is a prefix-cache hit. `resin serve`
+itself (its default: the image decoded in a frontend process, its pixels sent to the engine
+process) answers the same way."""
 
 from __future__ import annotations
 
@@ -54,11 +56,16 @@ def _checkpoint(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    made = tmp_path_factory.mktemp("gemma3-vision")
+    _checkpoint(made)
+    return made
+
+
+@pytest.fixture(scope="module")
+def url(folder: Path) -> Iterator[str]:
     from resin_app.loading import LoadOptions, load
 
-    folder = tmp_path_factory.mktemp("gemma3-vision")
-    _checkpoint(folder)
     loaded = load(LoadOptions(checkpoint=str(folder), context_length=1024), progress=False)
     assert loaded.recipe.supports_images
     server = HttpServer(
@@ -237,3 +244,20 @@ def test_chat_page_sends_a_pasted_image(url: str) -> None:
         assert page.locator(".msg.assistant .error").count() == 0
         assert not errors, errors
         browser.close()
+
+
+def test_images_through_resin_serve_and_its_engine_process(folder: Path, tmp_path: Path) -> None:
+    from tests.server.test_hostile_clients import serve
+
+    with serve(tmp_path / "serve.log", "--checkpoint", str(folder), "--context-length", "1024",
+               "--disable-log-requests") as served:  # fmt: skip
+        assert "1 engine process" in served.log.read_text()
+        body = {"messages": _chat(_data_url(_png(1))), "max_tokens": 3}
+        first, again = (httpx.post(served.url + "/v1/chat/completions", json=body, timeout=120)
+                        for _ in range(2))  # fmt: skip
+        assert first.status_code == again.status_code == 200, first.text
+        assert first.json()["usage"]["prompt_tokens"] > 256  # the image's 256 tokens and text
+        assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 256
+        bad = {"messages": _chat(_data_url(b"not a png")), "max_tokens": 3}
+        refused = httpx.post(served.url + "/v1/chat/completions", json=bad, timeout=60)
+        assert refused.status_code == 400 and "bad image" in refused.json()["error"]["message"]

@@ -237,7 +237,7 @@ class EngineService:
         grammar = getattr(self.engine, "grammar", None)
         return wire.Ready(
             pid=os.getpid(),
-            context_length=int(self.engine.context_length),
+            context_length=_served_context(self.engine),
             vocab_size=int(config.vocab_size),
             page_size=int(self.engine.layout.page_size),
             has_grammar=grammar is not None,
@@ -267,3 +267,20 @@ def _metrics(engine: Any) -> bytes:
 
     snapshot = getattr(engine, "metrics", None)
     return b"" if snapshot is None else pickle.dumps(snapshot)
+
+
+def _served_context(engine: Any) -> int:
+    """The context a frontend reports and enforces: the engine's, or the longest sequence its
+    KV arena holds alone when that is shorter (as a one-process server clips it)."""
+    context = int(engine.context_length)
+    longest = getattr(getattr(engine, "arena", None), "longest_sequence", None)
+    if longest is None or int(longest) >= context:
+        return context
+    log.warning(
+        "the KV cache holds one sequence of %d tokens, not the context length %d: serving %d "
+        "(a larger cache: `resin serve --kv-cache-memory`)",
+        longest,
+        context,
+        longest,
+    )
+    return int(longest)

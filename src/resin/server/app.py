@@ -41,6 +41,7 @@ from resin.server.connection_limits import ConnectionLimits, protocol_class
 from resin.server.errors import ApiError, ClientDisconnected, error_handler
 from resin.server.logs import RequestLog, StatsLog, log_to_stderr, logging_configured
 from resin.server.metrics import ServerMetrics
+from resin.server.response_store import Responses
 from resin.server.service import Limits, Service
 from resin.tokenizer import TokenizerLike
 
@@ -79,13 +80,16 @@ class HttpServer:
         generation_defaults: GenerationDefaults | None = None,
         log_requests: bool = True,
         log_stats_s: float | None = 10.0,
+        response_store: Responses | None = None,
     ) -> None:
         """`log_requests`: a log line per request; `log_stats_s`: the engines' summary every
         so many seconds while busy (`resin.server.logs`, the `resin.server` logger; None: no
         summary). `generation_defaults`: sampling for the fields a request omits; None (the
         default) reads them as `resin serve` does (`--generation-config auto`): the checkpoint
         folder's `generation_config.json` (its `max_new_tokens` caps a request that names no
-        `max_tokens`), found through the tokenizer's folder (`Tokenizer.from_dir`)."""
+        `max_tokens`), found through the tokenizer's folder (`Tokenizer.from_dir`).
+        `response_store`: where stored Responses-API answers are kept (None: a `ResponseStore`
+        of this server's own)."""
         tokenizer = tokenizer or getattr(recipe, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("HttpServer needs a tokenizer (pass tokenizer=...)")
@@ -133,6 +137,7 @@ class HttpServer:
             limits or Limits(),
             special_tokens_in_text,
             defaults=_defaults(generation_defaults, tokenizer),
+            responses=response_store,
         )
         self.connection_limits = connection_limits or ConnectionLimits()
         if allowed_hosts == "loopback-default":

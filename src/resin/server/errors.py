@@ -59,6 +59,11 @@ class ApiError(Exception):
         self.headers = headers or {}
         self.code = code
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled whole: a frontend process of `resin serve` gets it back from the response
+        # store the frontends share.
+        return (type(self), (self.status, self.message, self.param, self.headers, self.code))
+
 
 _FRONTEND_STATUS: dict[type[FrontendError], int] = {
     QueueFull: 429,

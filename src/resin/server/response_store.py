@@ -8,6 +8,8 @@ kept as JSON text (a few times smaller than the parsed objects); the store holds
 `capacity` (1,024) within `max_bytes` of that text (256 MiB), evicting the oldest beyond
 either; a response larger than `max_bytes` alone is not stored. Naming an evicted, unstored,
 deleted or unknown response is a 404. It lives in the server process: a restart empties it.
+The frontend processes of `resin serve` share one, kept in its supervisor
+(`resin_app/shared_store.py`), so any frontend finds a response another one stored.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from resin.server.errors import ApiError
 
@@ -37,6 +39,17 @@ class Stored:
     @property
     def nbytes(self) -> int:
         return len(self.response_json) + len(self.conversation_json)
+
+
+class Responses(Protocol):
+    """What the server asks of a response store (`ResponseStore`, or a proxy of one another
+    process keeps)."""
+
+    def put(self, response: dict[str, Any], inputs: list[dict[str, Any]]) -> None: ...
+
+    def get(self, response_id: str, param: str | None = None) -> Stored: ...
+
+    def delete(self, response_id: str) -> None: ...
 
 
 class ResponseStore:

@@ -35,7 +35,7 @@ from resin.server.asgi import until_disconnect
 from resin.server.errors import ApiError, ClientDisconnected, api_error
 from resin.server.logs import track
 from resin.server.metrics import ServerMetrics
-from resin.server.response_store import ResponseStore
+from resin.server.response_store import Responses, ResponseStore
 from resin.server.structured import NONE, Structured, name_field
 from resin.tokenizer import TokenizerLike
 
@@ -79,6 +79,7 @@ class Service:
         limits: Limits = Limits(),
         special_tokens_in_text: bool = False,
         defaults: GenerationDefaults = NO_DEFAULTS,
+        responses: Responses | None = None,
     ) -> None:
         self.actor = actor
         self.recipe = recipe
@@ -92,7 +93,7 @@ class Service:
         self.defaults = defaults
         """The checkpoint's sampling defaults for omitted fields (`resin.generation_config`)."""
         self.started = int(time.time())
-        self.responses = ResponseStore()
+        self.responses: Responses = ResponseStore() if responses is None else responses
         """Stored Responses-API answers (`previous_response_id`, GET/DELETE)."""
 
     def reserve(self, n: int = 1, request: Request | None = None) -> Ticket:

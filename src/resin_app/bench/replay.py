@@ -11,6 +11,11 @@ prompt is random token ids of the recorded length whose first `cached` tokens ar
 every prompt (the recorded prefix-cache hits happen again); it generates exactly the recorded
 output length (`ignore_stop_tokens`). The report puts the HTTP run's throughput beside the
 Engine's on that one workload (`http_over_engine`).
+
+A load driven from several client processes at once (each appending its line to one file) is
+replayed as one with `--line all`: the lines' workloads merged, their concurrency caps and
+HTTP throughputs summed. Several `--workload` files replay one after the other on the one
+engine (loaded once), a report line each.
 """
 
 from __future__ import annotations
@@ -36,19 +41,46 @@ class Recorded:
     cached_tokens: int = 0
 
 
-def read_workload(path: str, line: int = -1) -> tuple[list[Recorded], dict[str, Any]]:
-    """The workload of JSON line `line` (default: the last) of a `bench serve --output` file,
-    and that whole line."""
+@dataclass(frozen=True)
+class Load:
+    """What one replay runs: the requests, the clients' concurrency cap and their HTTP
+    throughput, summed over the lines taken."""
+
+    requests: list[Recorded]
+    max_concurrency: int
+    http_output_tok_s: float
+    clients: int
+
+
+def read_load(path: str, line: int | None = -1) -> Load:
+    """Line `line` of a `bench serve --output` file, or (None) every line as one load from
+    that many client processes run together."""
+    runs = _runs(path)
+    picked = list(enumerate(runs)) if line is None else [(line, runs[line])]
+    requests: list[Recorded] = []
+    concurrency = 0
+    for index, run in picked:
+        rows = _rows(path, run, index)
+        requests += rows
+        concurrency += int(run.get("config", {}).get("max_concurrency") or len(rows))  # None: open
+    http = sum(float(run.get("output_tok_s") or 0.0) for _, run in picked)
+    return Load(sorted(requests, key=lambda r: r.arrival_s), concurrency, http, len(picked))
+
+
+def _runs(path: str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         lines = [text for text in f.read().splitlines() if text.strip()]
     if not lines:
         raise ValueError(f"{path}: no JSON lines")
-    run = json.loads(lines[line])
+    return [json.loads(text) for text in lines]
+
+
+def _rows(path: str, run: dict[str, Any], line: int) -> list[Recorded]:
     rows = run.get("workload")
     if not rows:
         raise ValueError(f"{path}: line {line} has no workload (`resin bench serve --output`)")
     return [Recorded(float(r[0]), int(r[1]), int(r[2]), int(r[3]) if len(r) > 3 else 0)
-            for r in rows], run  # fmt: skip
+            for r in rows]  # fmt: skip
 
 
 @dataclass
@@ -136,10 +168,32 @@ def _summary(done: list[tuple[_Live, float, int, int]], duration: float) -> dict
     }
 
 
+def _line(text: str) -> int | None:
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a line number or all, got {text!r}") from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="resin bench replay", description=__doc__.splitlines()[0])
-    p.add_argument("--workload", required=True, help="a `resin bench serve --output` file")
-    p.add_argument("--line", type=int, default=-1, help="which JSON line (%(default)s: last)")
+    p.add_argument(
+        "--workload",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="`resin bench serve --output` files, replayed one after the other",
+    )
+    p.add_argument(
+        "--line",
+        type=_line,
+        default=-1,
+        metavar="N|all",
+        help="which JSON line of each file (%(default)s: the last; all: every line as one load "
+        "from that many client processes)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="the model `resin serve --checkpoint` served")
     src.add_argument("--fake-runner", action="store_true", help="the zero-cost runner")
@@ -154,7 +208,7 @@ def parser() -> argparse.ArgumentParser:
         "--admissions-per-step", type=int, default=4, help="entering per step (%(default)s)"
     )
     p.add_argument("--seed", type=int, default=0, help="prompt token seed (%(default)s)")
-    p.add_argument("--output", default=None, help="append the report as one JSON line here")
+    p.add_argument("--output", default=None, help="append each report as one JSON line here")
     return p
 
 
@@ -163,8 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     try:
-        requests, run = read_workload(args.workload, args.line)
-    except (OSError, ValueError) as exc:
+        loads = [read_load(path, args.line) for path in args.workload]
+    except (OSError, ValueError, IndexError) as exc:
         print(f"resin bench replay: error: {exc}", file=sys.stderr)
         return 2
     options = LoadOptions(
@@ -177,29 +231,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     loaded = load(options, progress=False)
     try:
-        engine = loaded.engines[0]
-        config = run.get("config", {})
-        result = replay(
-            engine,
-            requests,
-            max_concurrency=int(config.get("max_concurrency") or len(requests)),  # None: open
-            max_active=args.max_active,
-            admissions_per_step=args.admissions_per_step,
-            vocab_size=int(loaded.tokenizer.vocab_size),
-            seed=args.seed,
-        )
+        for path, one in zip(args.workload, loads, strict=True):
+            result = replay(
+                loaded.engines[0],
+                one.requests,
+                max_concurrency=one.max_concurrency,
+                max_active=args.max_active,
+                admissions_per_step=args.admissions_per_step,
+                vocab_size=int(loaded.tokenizer.vocab_size),
+                seed=args.seed,
+            )
+            _report(result, one, path, args.line, args.output)
     finally:
         loaded.close()
-    http = float(run.get("output_tok_s") or 0.0)
+    return 0
+
+
+def _report(
+    result: dict[str, Any], one: Load, path: str, line: int | None, output: str | None
+) -> None:
+    http = one.http_output_tok_s
     result["http_output_tok_s"] = http
     result["http_over_engine"] = http / result["output_tok_s"] if result["output_tok_s"] else 0.0
-    result["workload"] = {"file": args.workload, "line": args.line, "requests": len(requests)}
+    result["workload"] = {"file": path, "line": "all" if line is None else line,
+                          "requests": len(one.requests), "clients": one.clients,
+                          "max_concurrency": one.max_concurrency}  # fmt: skip
     print(
-        f"engine alone: {result['completed']} requests in {result['duration_s']:.2f}s, "
-        f"{result['output_tok_s']:.0f} output tok/s; HTTP {http:.0f} output tok/s "
-        f"(HTTP / Engine {result['http_over_engine']:.3f})"
+        f"{path}: c={one.max_concurrency}, engine alone: {result['completed']} requests in "
+        f"{result['duration_s']:.2f}s, {result['output_tok_s']:.0f} output tok/s; HTTP "
+        f"{http:.0f} output tok/s (HTTP / Engine {result['http_over_engine']:.3f})"
     )
-    if args.output:
-        with open(args.output, "a", encoding="utf-8") as f:
+    if output:
+        with open(output, "a", encoding="utf-8") as f:
             f.write(json.dumps(result) + "\n")
-    return 0
