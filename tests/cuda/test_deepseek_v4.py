@@ -18,6 +18,7 @@ import torch
 
 from resin import Engine, SamplingParams
 from tests.models.dsv4_tiny import _checkpoint
+from tests.models.ref_compare import generate_twice
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-dsv4-"))
 # The MoE's expert GEMV up to 4 token-expert pairs (a decode row: top-2 and the shared expert),
@@ -39,18 +40,7 @@ def _runners(device: str) -> tuple[Any, Any]:
 
 
 def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
-    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
-    outputs, reused = [], 0
-    with Engine(runner, context_length=256, prefix_cache=True, prefill_chunk_tokens=16,
-                max_batch_tokens=40, max_sequences=4) as engine:  # fmt: skip
-        for _ in range(2):
-            requests = [engine.submit(p, params) for p in prompts]
-            while engine.has_work():
-                engine.step()
-            outputs.append([list(r.take_result()) for r in requests])
-            reused = sum(r.cached_tokens for r in requests)
-    assert outputs[0] == outputs[1]
-    return outputs[0], reused
+    return generate_twice(runner, prompts, context_length=256)
 
 
 def test_same_tokens_and_groups_as_the_reference(device: str) -> None:

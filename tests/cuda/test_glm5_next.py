@@ -19,6 +19,8 @@ import transformers
 
 from resin import Engine, SamplingParams
 from resin.protocols import State
+from tests.models.glm5_tiny import perturbed
+from tests.models.ref_compare import generate_twice
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-glm5-"))
 
@@ -42,17 +44,7 @@ def tiny() -> Path:
     torch.manual_seed(0)
     config = transformers.Glm5NextConfig(text_config=_TEXT, vision_config=_VISION)
     model = transformers.Glm5NextForConditionalGeneration(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name or name.endswith(("compress_ape", "hc.base", "hc.scale")):
-                param.add_(torch.randn_like(param) * 0.1)
-            if name.endswith("compress_gate"):
-                param.normal_(0.0, 0.1)
-            if name.endswith("A_log"):
-                param.normal_(0.0, 0.5)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.add_(torch.randn_like(buffer) * 0.1)
+    model = perturbed(model)
     folder = _ROOT / "glm5"
     model.save_pretrained(folder)
     return folder
@@ -73,19 +65,7 @@ def _runners(device: str, graphs: bool = True) -> tuple[Any, Any]:
 
 
 def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
-    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
-    outputs, reused = [], 0
-    with Engine(runner, context_length=128, prefix_cache=True, prefill_chunk_tokens=16,
-                max_batch_tokens=40, max_sequences=4) as engine:  # fmt: skip
-        for _ in range(2):
-            requests = [engine.submit(p, params) for p in prompts]
-            while engine.has_work():
-                engine.step()
-                engine.check_invariants()
-            outputs.append([list(r.take_result()) for r in requests])
-            reused = sum(r.cached_tokens for r in requests)
-    assert outputs[0] == outputs[1]
-    return outputs[0], reused
+    return generate_twice(runner, prompts, context_length=128)
 
 
 def test_same_tokens_as_the_reference_with_prefix_hits(device: str) -> None:
@@ -161,14 +141,12 @@ def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
     ~141 MiB beside 264 KiB History pages of latents and indexer entries) in a 60 GB arena,
     hit the cache as often as a pure-attention layout of the same History pages and bytes.
     The engine drives a runner that simulates the model through the cache."""
-    from dataclasses import dataclass, replace
+    from dataclasses import replace
 
-    from resin.protocols import History, RunnerConfig
     from resin_model.presets import preset
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import RandomWeights
-    from tests.engine.fakes import CacheSimRunner
-    from tests.models.ref_compare import shared_prefix_hit_ratio
+    from tests.models.ref_compare import assert_layout_hits_like_attention
 
     # The real KDA, latent and indexer shapes (45 layers); what no cache holds shrunk: hidden,
     # attention heads, q LoRA, experts, vocabulary.
@@ -184,18 +162,4 @@ def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
     assert layout.cache_groups[1].bytes_per_page == 34 * (64 * 128 * 128 * 4 + 24576 * 3 * 2)
     assert layout.page_bytes == 11 * 16 * (512 + 2 * 128) * 2  # 11 layers, 16 tokens
 
-    @dataclass
-    class Sized(CacheSimRunner):
-        rc: RunnerConfig | None = None
-
-        @property
-        def runner_config(self) -> RunnerConfig:
-            assert self.rc is not None
-            return replace(self.rc, vocab_size=self.vocab)
-
-    hybrid = Sized(layout.cache_groups, 16, None, rc=layout)
-    attention = replace(layout, cache_groups=(History(layout.page_bytes),))
-    pure = Sized(attention.cache_groups, 16, None, rc=attention)
-    ratios = shared_prefix_hit_ratio(hybrid), shared_prefix_hit_ratio(pure)
-    assert ratios[1] > 0.9
-    assert abs(ratios[0] - ratios[1]) <= 0.05, ratios
+    assert_layout_hits_like_attention(layout)

@@ -159,3 +159,49 @@ def assert_hits_like_attention(hybrid: Any, attention: Any) -> None:
     )
     assert attention_ratio > 0.9
     assert abs(hybrid_ratio - attention_ratio) <= 0.05, (hybrid_ratio, attention_ratio)
+
+
+def assert_layout_hits_like_attention(layout: Any) -> None:
+    """Held out on a fast runner's cache layout (its `RunnerConfig`, State groups included):
+    an engine-driven simulation of that layout hits as often as a pure-attention layout of the
+    same History pages and bytes (`assert_hits_like_attention`)."""
+    from dataclasses import dataclass, replace
+
+    from resin.protocols import History, RunnerConfig
+    from tests.engine.fakes import CacheSimRunner
+
+    @dataclass
+    class Sized(CacheSimRunner):
+        rc: RunnerConfig | None = None
+
+        @property
+        def runner_config(self) -> RunnerConfig:
+            assert self.rc is not None
+            return replace(self.rc, vocab_size=self.vocab)
+
+    attention = replace(layout, cache_groups=(History(layout.page_bytes),))
+    assert_hits_like_attention(
+        Sized(layout.cache_groups, 16, None, rc=layout),
+        Sized(attention.cache_groups, 16, None, rc=attention),
+    )
+
+
+def generate_twice(
+    runner: Any, prompts: list[list[int]], context_length: int
+) -> tuple[list[list[int]], int]:
+    """Two greedy rounds of the same prompts through one Engine (16-token chunks, prefix
+    caching), the second resuming from the first's pages and State checkpoints: the tokens
+    (equal in both rounds) and the second round's cached tokens."""
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    outputs, reused = [], 0
+    with Engine(runner, context_length=context_length, prefix_cache=True, prefill_chunk_tokens=16,
+                max_batch_tokens=40, max_sequences=4) as engine:  # fmt: skip
+        for _ in range(2):
+            requests = [engine.submit(p, params) for p in prompts]
+            while engine.has_work():
+                engine.step()
+                engine.check_invariants()
+            outputs.append([list(r.take_result()) for r in requests])
+            reused = sum(r.cached_tokens for r in requests)
+    assert outputs[0] == outputs[1]
+    return outputs[0], reused

@@ -38,6 +38,7 @@ from resin_model.presets import param_counts, preset
 from resin_models_torch.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from resin_models_torch.glm5_next import Indexer, KimiDeltaAttention
 from resin_models_torch.registry import load_model, load_runner, random_runner
+from tests.models.glm5_tiny import perturbed
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-glm5-"))
 
@@ -75,28 +76,11 @@ _VISION: dict[str, Any] = dict(
 )
 
 
-def _perturb(model: Any) -> Any:
-    """Non-trivial norms, mHC biases, indexer pools and decays (the class init leaves the
-    pool gate at 1, the ape at 0 and A_log at 0)."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name or name.endswith(("compress_ape", "hc.base", "hc.scale")):
-                param.add_(torch.randn_like(param) * 0.1)
-            if name.endswith("compress_gate"):
-                param.normal_(0.0, 0.1)
-            if name.endswith("A_log"):
-                param.normal_(0.0, 0.5)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.add_(torch.randn_like(buffer) * 0.1)
-    return model.eval()
-
-
 @functools.cache
 def tiny() -> tuple[Path, Any]:
     torch.manual_seed(0)
     config = transformers.Glm5NextConfig(text_config=_TEXT, vision_config=_VISION)
-    model = _perturb(transformers.Glm5NextForConditionalGeneration(config))
+    model = perturbed(transformers.Glm5NextForConditionalGeneration(config))
     folder = _ROOT / "glm5"
     model.save_pretrained(folder)
     return folder, model
