@@ -321,15 +321,12 @@ def _kda_chunked_kernel(
         mk = valid[:, None] & (kk[None, :] < K)
         q = tl.load(tok + head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
         k = tl.load(tok + H * K + head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
-        mv = valid[:, None] & vmask[None, :]
-        v = tl.load(tok + 2 * H * K + head * V + vv[None, :], mask=mv, other=0.0).to(tl.float32)
         q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
         k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
         # Padding tokens decay by exp(0) with k = 0 and beta = 0: they change nothing.
         g = tl.load(g_ptr + t[:, None] * stride_g + head * K + kk[None, :], mask=mk, other=0.0)
-        b = tl.load(b_ptr + t * stride_b + head, mask=valid, other=0.0).to(tl.float32)
-        beta = tl.where(valid, tl.sigmoid(b), 0.0)
         cum = tl.cumsum(g, 0)
+        last = tl.sum(g, 0)  # G of the chunk's last token (padding adds 0)
         system = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
         scores = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
         for j in range(CHUNK):
@@ -340,9 +337,13 @@ def _kda_chunked_kernel(
             rel = tl.exp(tl.where(ii >= j, cum - cum_j[None, :], 0.0)) * k_j[None, :]
             system = tl.where(jj == j, tl.sum(k * rel, 1)[:, None], system)
             scores = tl.where(jj == j, tl.sum(q * rel, 1)[:, None], scores)
+        b = tl.load(b_ptr + t * stride_b + head, mask=valid, other=0.0).to(tl.float32)
+        beta = tl.where(valid, tl.sigmoid(b), 0.0)
         system = tl.where(ii > jj, beta[:, None] * system, 0.0)
         scores = tl.where(ii >= jj, scores, 0.0)
         inverse = _unit_lower_inverse(system, ii, jj, CHUNK)
+        mv = valid[:, None] & vmask[None, :]
+        v = tl.load(tok + 2 * H * K + head * V + vv[None, :], mask=mv, other=0.0).to(tl.float32)
         u = tl.dot(inverse, beta[:, None] * v, input_precision="ieee")
         w = tl.dot(inverse, beta[:, None] * tl.exp(cum) * k, input_precision="ieee")
         corrections = u - tl.dot(w, s, input_precision="ieee")
@@ -350,7 +351,6 @@ def _kda_chunked_kernel(
         o += tl.dot(scores, corrections, input_precision="ieee")
         dst = out_ptr + (t[:, None] * H + head) * V + vv[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mv)
-        last = tl.sum(g, 0)  # G of the chunk's last token (padding adds 0)
         carried = tl.trans(k * tl.exp(last[None, :] - cum))
         s = s * tl.exp(last)[:, None] + tl.dot(carried, corrections, input_precision="ieee")
         pos += n
