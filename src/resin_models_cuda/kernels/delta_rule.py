@@ -392,7 +392,9 @@ def kda_delta_rule(
     batch = rows.state_in.shape[0]
     if batch and chunk:
         assert chunk in (16, 32) and k_dim >= 16, "KDA chunks are 16 or 32 tokens"
-        block_v = max(block_v, 16)  # tl.dot's smallest tile
+        # tl.dot's smallest tile, and the one that keeps the chunk's blocks in registers on
+        # sm_90 (GLM-5.3's K = V = 128, 8 warps: no spills at 16-token chunks; docs/gpu.md)
+        block_v = 16
         _kda_chunked_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
             mixed, g, b, out, state, rows.query_indptr, rows.state_in, rows.state_out,
             rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),

@@ -94,7 +94,7 @@ class KimiDeltaAttention:
     Prefill steps run the chunked delta rule, `prefill_chunk` tokens a chunk (16 or 32; 0:
     the recurrent kernel, which decode always runs)."""
 
-    prefill_chunk = 32
+    prefill_chunk = 16
 
     def __init__(
         self, config: ModelConfig, glm: Glm5NextConfig, w: WeightSource, prefix: str, index: int
