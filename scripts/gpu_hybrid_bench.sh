@@ -16,12 +16,15 @@
 #                      ones that share it; each request's TTFT (streamed, first chunk) and
 #                      the prompt / cached tokens the server counted; the last line has the
 #                      cold / median-warm ratio (target >= 5)
+#   glm5_kda_chunk*.jsonl
+#                      (KDA_CHUNKS="16 32 0", opt-in) GLM's prefill at each KDA chunk size
+#                      (0: the recurrent kernel), docs/benchmarks.md
 #   tests.log          (TESTS=1, the default) the hybrid models' fast-runner tests compiled on
 #                      the GPU: GLM-5.3's and Qwen3.5's against the reference runner (their
 #                      decode in CUDA graphs), the kernel tests
 # Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
-# CKPT, PORT, PREFIX_WORDS, WARM, TESTS; the *_S per-step timeouts; a preset "skip" skips its
-# step).
+# CKPT, PORT, PREFIX_WORDS, WARM, TESTS, KDA_CHUNKS; the *_S per-step timeouts; a preset
+# "skip" skips its step).
 # CPU smoke run of the plumbing (the interpreter needs the longer timeouts):
 #   OUT=/tmp/h DEVICE=cpu QWEN=tiny-qwen3_5_moe QWEN_32K=skip GLM=tiny-glm5_next \
 #   SERVE_PRESET=tiny-qwen3_5_moe CONTEXTS=64 DECODE_CTX=32 BATCHES=1,2 PREFIX_WORDS=40 \
@@ -64,6 +67,21 @@ if [ "$GLM" != skip ]; then
         --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
         --decode-contexts "${DECODE_CTX:-1024}"
 fi
+
+# KDA prefill, chunked against recurrent (opt-in, e.g. KDA_CHUNKS="16 32 0"; 0 = the recurrent
+# kernel): GLM's prefill with `KimiDeltaAttention.prefill_chunk` set, one JSONL a chunk size.
+for c in ${KDA_CHUNKS:-}; do
+    timeout "${GLM_S:-120}" "$PY" -c "import sys
+from resin_models_cuda.models.glm5_next import KimiDeltaAttention
+KimiDeltaAttention.prefill_chunk = $c
+from resin_app.cli import main
+sys.exit(main(sys.argv[1:]))" bench runner "${common[@]}" --model-config "$GLM" \
+        --context-lengths "${CONTEXTS:-4096}" --batch-sizes 1 \
+        --decode-contexts "${DECODE_CTX:-1024}" --output "$out/glm5_kda_chunk$c.jsonl" \
+        >"$out/glm5_kda_chunk$c.log" 2>&1
+    echo "== glm5_kda_chunk$c rc=$?"
+    grep -E "\| +prefill +\||Error|error" "$out/glm5_kda_chunk$c.log" | tail -5
+done
 
 # The prefix hit through `resin serve`: the folder, the server (its own process group, stopped
 # by id on every path) and the client, each bounded.
@@ -148,7 +166,8 @@ tail -3 "$out/prefix_ttft.log"
 
 if [ "${TESTS:-1}" = 1 ]; then
     timeout "${TESTS_S:-150}" "$PY" -m pytest -q -x tests/cuda/test_glm5_next.py \
-        tests/cuda/test_qwen3_5_moe.py tests/cuda/test_qwen3_5_kernels.py >"$out/tests.log" 2>&1
+        tests/cuda/test_qwen3_5_moe.py tests/cuda/test_qwen3_5_kernels.py \
+        tests/cuda/test_kda_chunked.py >"$out/tests.log" 2>&1
     echo "== tests rc=$?"
     tail -3 "$out/tests.log"
 fi

@@ -107,8 +107,9 @@ def test_delta_rule_kernel_equals_recurrent_pytorch(
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.float16, 2e-2)])
+@pytest.mark.parametrize("chunk", [0, 16], ids=["recurrent", "chunk16"])
 def test_kda_delta_rule_kernel_equals_recurrent_pytorch(
-    device: str, dtype: torch.dtype, atol: float
+    device: str, dtype: torch.dtype, atol: float, chunk: int
 ) -> None:
     """KDA: q and k per value head, the log decay per key channel given in float32."""
     gen = torch.Generator().manual_seed(1)
@@ -137,7 +138,7 @@ def test_kda_delta_rule_kernel_equals_recurrent_pytorch(
     outs, want = _expected_pages(pages, run)
     got_pages = pages.to(device)
     out = kda_delta_rule(mixed.to(device), g.to(device), b.to(device), got_pages,
-                         _rows(device, got_pages))  # fmt: skip
+                         _rows(device, got_pages), chunk=chunk)  # fmt: skip
     torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
     torch.testing.assert_close(got_pages.cpu(), want, atol=atol, rtol=1e-3)
 

@@ -22,8 +22,9 @@ products, then a short series; `_unit_lower_inverse`).
 
 `kda_delta_rule` is KDA's (GLM-5.3) form on the same recurrent kernel (`PER_CHANNEL`): q and k
 heads are the value heads, the log decay `g` [T, HV, K] comes precomputed in float32 (one per
-key channel: `S <- S * exp(g)[:, None]`) and beta is sigmoid(b). It has no chunked form yet:
-prefill runs the recurrent kernel too.
+key channel: `S <- S * exp(g)[:, None]`) and beta is sigmoid(b). Its chunked form
+(`_kda_chunked_kernel`, `chunk` 16 or 32) keeps every per-channel decay factor relative,
+exp(G_i - G_j) with j <= i, so none overflows.
 """
 
 from __future__ import annotations
@@ -277,6 +278,90 @@ def _chunked_kernel(
     _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)
 
 
+@triton.jit
+def _kda_chunked_kernel(
+    mixed_ptr, g_ptr, b_ptr, out_ptr, state_ptr, query_indptr_ptr, state_in_ptr,
+    state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
+    stride_m, stride_g, stride_b, stride_p, last_ckpt, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr,
+    CHUNK: tl.constexpr,
+):  # fmt: skip
+    """KDA's chunked form: `kda_delta_rule`'s recurrence CHUNK tokens at a time (cut at the
+    row's checkpoints). With G the chunk's cumulative log decay per key channel ([CHUNK, K],
+    non-increasing down the chunk) and S the state entering it, the corrections U solve
+        (I + A) U = beta V - beta (exp(G) * K) S,
+        A[i, j] = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)          (j < i),
+    the outputs are o_i = (exp(G_i) * q_i) S + sum_{j <= i} (sum_c q_ic k_jc exp(G_ic - G_jc)) u_j
+    and the state leaving it exp(G_last) * S + sum_j (exp(G_last - G_j) * k_j) u_j^T.
+    Every exponent is a difference G_i - G_j with j <= i (or G itself), so <= 0: a decay
+    near 0 underflows to 0 where the true factor is that small, and nothing overflows (the
+    factored exp(G_i) * exp(-G_j) would: exp(-G) passes float32's range within a chunk).
+    The pairwise sums are not one matrix product, so A and the score matrix are built a
+    column j at a time (a [CHUNK, K] product and row sum each)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kk = tl.arange(0, K)
+    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = vv < V
+    cc = tl.arange(0, CHUNK)
+    ii, jj = cc[:, None], cc[None, :]
+    start = tl.load(query_indptr_ptr + row)
+    end = tl.load(query_indptr_ptr + row + 1)
+    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
+    ck = tl.load(ckpt_indptr_ptr + row)
+    ck_end = tl.load(ckpt_indptr_ptr + row + 1)
+    next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    pos = start
+    while pos < end:
+        n = tl.minimum(end - pos, CHUNK)
+        n = tl.where(next_len > 0, tl.minimum(n, start + next_len - pos), n)
+        t = pos + cc
+        valid = cc < n
+        tok = mixed_ptr + t[:, None] * stride_m
+        mk = valid[:, None] & (kk[None, :] < K)
+        q = tl.load(tok + head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(tok + H * K + head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
+        k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+        # Padding tokens decay by exp(0) with k = 0 and beta = 0: they change nothing.
+        g = tl.load(g_ptr + t[:, None] * stride_g + head * K + kk[None, :], mask=mk, other=0.0)
+        cum = tl.cumsum(g, 0)
+        last = tl.sum(g, 0)  # G of the chunk's last token (padding adds 0)
+        system = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        scores = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+        for j in range(CHUNK):
+            pick = ii == j
+            k_j = tl.sum(tl.where(pick, k, 0.0), 0)
+            cum_j = tl.sum(tl.where(pick, cum, 0.0), 0)
+            # exp(G_i - G_j) k_j for the rows i >= j (the rows above are masked out below).
+            rel = tl.exp(tl.where(ii >= j, cum - cum_j[None, :], 0.0)) * k_j[None, :]
+            system = tl.where(jj == j, tl.sum(k * rel, 1)[:, None], system)
+            scores = tl.where(jj == j, tl.sum(q * rel, 1)[:, None], scores)
+        b = tl.load(b_ptr + t * stride_b + head, mask=valid, other=0.0).to(tl.float32)
+        beta = tl.where(valid, tl.sigmoid(b), 0.0)
+        system = tl.where(ii > jj, beta[:, None] * system, 0.0)
+        scores = tl.where(ii >= jj, scores, 0.0)
+        inverse = _unit_lower_inverse(system, ii, jj, CHUNK)
+        mv = valid[:, None] & vmask[None, :]
+        v = tl.load(tok + 2 * H * K + head * V + vv[None, :], mask=mv, other=0.0).to(tl.float32)
+        u = tl.dot(inverse, beta[:, None] * v, input_precision="ieee")
+        w = tl.dot(inverse, beta[:, None] * tl.exp(cum) * k, input_precision="ieee")
+        corrections = u - tl.dot(w, s, input_precision="ieee")
+        o = tl.dot(q * tl.exp(cum), s, input_precision="ieee")
+        o += tl.dot(scores, corrections, input_precision="ieee")
+        dst = out_ptr + (t[:, None] * H + head) * V + vv[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mv)
+        carried = tl.trans(k * tl.exp(last[None, :] - cum))
+        s = s * tl.exp(last)[:, None] + tl.dot(carried, corrections, input_precision="ieee")
+        pos += n
+        if pos - start == next_len:
+            page = tl.load(ckpt_page_ptr + ck)
+            _store_state(state_ptr, page, stride_p, head, kk, vv, s, K, V)
+            ck += 1
+            next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)
+
+
 def kda_delta_rule(
     mixed: torch.Tensor,
     g: torch.Tensor,
@@ -284,11 +369,13 @@ def kda_delta_rule(
     state: torch.Tensor,
     rows: StateRows,
     out: torch.Tensor | None = None,
+    chunk: int = 0,
 ) -> torch.Tensor:
     """KDA's delta rule (module docstring): o [T, H, V] (mixed's dtype) of `mixed`
     [T, 2*H*K + H*V] (q | k | v, rows contiguous), the float32 log decays `g` [T, H, K]
     (contiguous), `b` [T, H] (beta's logits, rows may be strided) and `state` float32
-    [pages, H, K, V]; checkpoints as `gated_delta_rule`'s."""
+    [pages, H, K, V]; checkpoints as `gated_delta_rule`'s. `chunk` 16 or 32: the chunked
+    form (`_kda_chunked_kernel`, prefill); 0: the recurrent kernel."""
     _, heads, k_dim, v_dim = state.shape
     t = mixed.shape[0]
     assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
@@ -303,7 +390,18 @@ def kda_delta_rule(
     assert max(t * mixed.stride(0), out.numel(), g.numel()) < 2**31, "token offsets are int32"
     block_v = min(next_pow2(v_dim), 32)
     batch = rows.state_in.shape[0]
-    if batch:
+    if batch and chunk:
+        assert chunk in (16, 32) and k_dim >= 16, "KDA chunks are 16 or 32 tokens"
+        # tl.dot's smallest tile, and the one that keeps the chunk's blocks in registers on
+        # sm_90 (GLM-5.3's K = V = 128, 8 warps: no spills at 16-token chunks; docs/gpu.md)
+        block_v = 16
+        _kda_chunked_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
+            mixed, g, b, out, state, rows.query_indptr, rows.state_in, rows.state_out,
+            rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),
+            b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
+            H=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, CHUNK=chunk, num_warps=8,
+        )  # fmt: skip
+    elif batch:
         _delta_rule_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
             mixed, g, b, g, g, out, state, rows.query_indptr, rows.state_in, rows.state_out,
             rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),

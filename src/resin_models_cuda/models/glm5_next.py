@@ -5,11 +5,12 @@ has the math), equal to it in the Triton interpreter (float32).
 - KDA layers ("linear"): one fused projection `[q | k | v | f_a | g_a | b]` of the layer
   input, the float32 causal conv over q|k|v with its state (`kernels/conv1d.py`, the conv
   kept in float32 to the SiLU), the forget gate's low-rank map and bounded sigmoid (torch,
-  float32), the per-key-channel delta rule (`kernels/delta_rule.py`'s `kda_delta_rule`: the
-  recurrent kernel for prefill and decode; no chunked form yet), the sigmoid-gated float32
-  norm (`kernels/gated_rmsnorm.py`), o_proj. Each layer's checkpoint is laid out as
-  Qwen3.5's (`qwen3_5_moe.state_views`): one State group, checkpoints planned by the engine,
-  so a shared prefix resumes from the KDA state at its end.
+  float32), the per-key-channel delta rule (`kernels/delta_rule.py`'s `kda_delta_rule`:
+  the chunked kernel for prefill, `KimiDeltaAttention.prefill_chunk` tokens a chunk; the
+  recurrent one for decode), the sigmoid-gated float32 norm (`kernels/gated_rmsnorm.py`),
+  o_proj. Each layer's checkpoint is laid out as Qwen3.5's (`qwen3_5_moe.state_views`): one
+  State group, checkpoints planned by the engine, so a shared prefix resumes from the KDA
+  state at its end.
 - Indexed MLA layers ("full"): q LoRA, the normed latent and the indexer's per-token key and
   pool-gate score are appended to one History group (a token's vector `[latent | key |
   gate]`, `cache_token_shape`); the selection pools complete 16-token pools with
@@ -54,7 +55,7 @@ from resin_models_cuda.layers.quantized import float32_tensor, linear
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
 from resin_models_cuda.models.qwen3_5_moe import state_layer_bytes, state_views
-from resin_models_cuda.step import DecodeInfo, GroupTensors, LayerSlot, StepTensors
+from resin_models_cuda.step import DecodeInfo, GroupTensors, LayerSlot, PrefillInfo, StepTensors
 
 
 class ClampedMLP(GatedMLP):
@@ -89,7 +90,11 @@ def glm5_moe(config: ModelConfig, glm: Glm5NextConfig, w: WeightSource, prefix: 
 
 
 class KimiDeltaAttention:
-    """`prefix` is the layer's `...self_attn.`; `index` its place among the KDA layers."""
+    """`prefix` is the layer's `...self_attn.`; `index` its place among the KDA layers.
+    Prefill steps run the chunked delta rule, `prefill_chunk` tokens a chunk (16 or 32; 0:
+    the recurrent kernel, which decode always runs)."""
+
+    prefill_chunk = 16
 
     def __init__(
         self, config: ModelConfig, glm: Glm5NextConfig, w: WeightSource, prefix: str, index: int
@@ -139,7 +144,8 @@ class KimiDeltaAttention:
         mixed = causal_conv1d(mixed_in, self.conv, conv_state, rows, round_conv=False)
         conv_state_store(mixed_in, conv_state, rows)
         decay = self.forget_gate(f).contiguous()
-        o = kda_delta_rule(mixed, decay, b, recurrent, rows)
+        chunk = self.prefill_chunk if isinstance(step.info, PrefillInfo) else 0
+        o = kda_delta_rule(mixed, decay, b, recurrent, rows, chunk=chunk)
         gate = F.linear(g_in, self.g_b)
         return self.o_proj(gated_rmsnorm(o, gate, self.norm, self.eps, sigmoid=True))
 
