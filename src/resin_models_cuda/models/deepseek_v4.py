@@ -5,8 +5,14 @@ Window group of every layer's K=V vectors, a Compressed group per compressed kin
 (CSA: the K=V entry then the indexer key; HCA: the K=V entry) and a State group per kind
 holding the compressor projections entries to come still need, a ring over positions (slot
 p % capacity). It views the runner's token arena per group (the arena is one flat vector a
-page, `cache_token_shape`) and the State region per group (`step.states`), and runs eagerly
-(`eager_only`: every step through the varlen path, no CUDA graphs). A State page keeps room
+page, `cache_token_shape`) and the State region per group (`step.states`). Decode steps
+(`DecodeInfo`, one query token a row, padded to a graph bucket) run in fixed shapes with no
+host read, so the runner captures them in CUDA graphs: the row lengths come from the decode
+buffers, the indexer scores up to the context limit's entries (`longest`), each row pools the
+entry its token would complete and writes it at the group's `entry_at` slot, and rewrites its
+whole State ring, every write through a kernel that skips slot -1 (`_put`; padding rows and
+rows that complete nothing). Other steps (prefill, verify rows, checkpoints) run eagerly on
+varlen tensors. A State page keeps room
 for `max_draft_tokens` more positions (`State.rewind`), and a step writes what every length
 from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer tokens).
 
@@ -18,7 +24,7 @@ scores (`kernels/indexer.py`, top-k by `torch.topk`) and the MoE through the lay
 (`_Moe`: the router kernel's `sqrt(softplus)` / hash routing, the expert GEMV / grouped
 kernels in bf16 or FP8). The compressor's bookkeeping (which positions each entry pools, the
 State rings, checkpoints) is batched over the step's rows with index tensors on the device
-(`_Attention._update`); a decode step reads the host only for the row lengths (`_begin`).
+(`_Attention._update`); a varlen step reads the host only for the row lengths (`_begin`).
 Still plain torch here: the projections (dense matmuls), norms and rotary. The math and its
 float32 points are the reference runner's (`resin_models_torch/deepseek_v4.py`), which the
 tests compare against in the Triton interpreter."""
@@ -300,9 +306,9 @@ class _Attention:
         padding rows of length 0): no host read, no data-dependent shape. Every row pools the
         entry its token would complete, `total // m - 1`, and the group writes it at the
         row's `entry_at` slot (-1: the token completes none, or a padding row: skipped).
-        Every row rewrites its State page's whole ring, positions `total - capacity ..
-        total - 1` (those below what the lengths it must serve need are rewritten with the
-        values they held), into `state_out` (-1: skipped)."""
+        Every row writes its State page's whole ring, positions `total - capacity .. total -
+        1`, into `state_out` (-1: skipped) from `state_in` and its token (positions below
+        what the lengths it must serve need get what the input ring holds there: unread)."""
         pooler = self.pooler
         assert pooler is not None
         m, dev = pooler.ratio, x.device
