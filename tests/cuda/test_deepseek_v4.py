@@ -146,7 +146,7 @@ def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(devic
     fast._decode_body = watched
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (13, 30)]
-    params = SamplingParams(max_output_tokens=7, temperature=0.0, ignore_stop_tokens=True)
+    params = SamplingParams(max_output_tokens=5, temperature=0.0, ignore_stop_tokens=True)
 
     def run(runner: Any) -> list[list[int]]:
         with Engine(runner, context_length=256, prefill_chunk_tokens=16) as engine:
@@ -156,7 +156,8 @@ def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(devic
             return [list(r.take_result()) for r in requests]
 
     assert run(fast) == run(reference)
-    assert len(shapes) >= 5 and set(shapes) == {(4, 1)}  # positions 13..19 and 30..36
+    # decode at positions 13..16 and 30..33: lengths 16 and 32 complete CSA and HCA entries
+    assert len(shapes) >= 4 and set(shapes) == {(4, 1)}
     assert mode.seen == []
     # the check sees a host read: a varlen step's `_begin` reads its row lengths
     from resin_models_cuda.step import PrefillInfo, StepTensors
