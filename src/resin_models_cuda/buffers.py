@@ -28,8 +28,10 @@ from resin.plan import BatchPlan
 from resin_models_cuda.step import GroupTensors
 
 _TOKEN_FIELDS = ("input_ids", "positions")
-_ROW_FIELDS = ("seq_lens", "q_lens", "prev_rows", "state_in", "state_out")
-_GROUP_FIELDS = ("slots", "page_start", "page_indptr")
+_ROW_FIELDS = ("seq_lens", "q_lens", "prev_rows")
+_STATE_FIELDS = ("state_in", "state_out")
+_GROUP_FIELDS = ("slots", "entry_at", "page_start", "page_indptr")
+_TOKEN_SIZED = ("slots", "entry_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +44,14 @@ class DecodeViews:
     q_lens: torch.Tensor
     prev_rows: torch.Tensor
     groups: tuple[GroupTensors, ...]
-    state_in: torch.Tensor
-    state_out: torch.Tensor
+    state_in: tuple[torch.Tensor, ...]  # one per State group
+    state_out: tuple[torch.Tensor, ...]
 
 
 class DecodeBuffers:
     """One int32 device buffer (+ two pinned host mirrors) for up to `max_rows` rows of up to
-    `max_query` query tokens, `num_groups` cache groups and `max_page_ids` page ids in total."""
+    `max_query` query tokens, `num_groups` token cache groups, `num_states` State groups after
+    them and `max_page_ids` page ids in total."""
 
     def __init__(
         self,
@@ -57,9 +60,10 @@ class DecodeBuffers:
         device: torch.device | str,
         num_groups: int = 1,
         max_query: int = 1,
+        num_states: int = 1,
     ) -> None:
         self.max_rows, self.max_page_ids, self.num_groups = max_rows, max_page_ids, num_groups
-        self.max_query = max_query
+        self.max_query, self.num_states = max_query, max(num_states, 1)
         self._offsets: dict[tuple[str, int], int] = {}
         at = 0
         for name in _TOKEN_FIELDS:
@@ -68,11 +72,17 @@ class DecodeBuffers:
         for name in _ROW_FIELDS:
             self._offsets[name, 0] = at
             at += max_rows
+        for s in range(self.num_states):
+            for name in _STATE_FIELDS:
+                self._offsets[name, s] = at
+                at += max_rows
         for g in range(num_groups):
             for name in _GROUP_FIELDS:
                 self._offsets[name, g] = at
                 at += (
-                    max_rows * max_query if name == "slots" else max_rows + (name == "page_indptr")
+                    max_rows * max_query
+                    if name in _TOKEN_SIZED
+                    else max_rows + (name == "page_indptr")
                 )
         self._page_ids_at = at
         total = at + max_page_ids
@@ -104,9 +114,11 @@ class DecodeBuffers:
                 self._dev("page_indptr", g, rows + 1),
                 page_ids,
                 self._dev("page_start", g, rows),
+                entry_at=self._dev("entry_at", g, t),
             )
             for g in range(self.num_groups)
         )
+        states = range(self.num_states)
         return DecodeViews(
             self._dev("input_ids", 0, t),
             self._dev("positions", 0, t),
@@ -114,8 +126,8 @@ class DecodeBuffers:
             self._dev("q_lens", 0, rows),
             self._dev("prev_rows", 0, rows),
             groups,
-            self._dev("state_in", 0, rows),
-            self._dev("state_out", 0, rows),
+            tuple(self._dev("state_in", s, rows) for s in states),
+            tuple(self._dev("state_out", s, rows) for s in states),
         )
 
     def _next_mirror(self) -> None:
@@ -162,13 +174,20 @@ class DecodeBuffers:
         self.fill(self._field("seq_lens", 0, rows), plan.total_lens, 0)
         prev = plan.prev_token_rows
         self.fill(self._field("prev_rows", 0, rows), prev if prev.size else np.full(b, -1), -1)
-        for g in plan.cache_groups[self.num_groups :]:  # the State group, if any
-            self.fill(self._field("state_in", 0, rows), g.state_in, -1)
-            self.fill(self._field("state_out", 0, rows), g.state_out, -1)
+        states = plan.cache_groups[self.num_groups :]
+        if len(states) > self.num_states:
+            raise ValueError(f"{len(states)} State groups exceed the buffer ({self.num_states})")
+        for s, g in enumerate(states):
+            self.fill(self._field("state_in", s, rows), g.state_in, -1)
+            self.fill(self._field("state_out", s, rows), g.state_out, -1)
         at = self._page_ids_at
         for gi, g in enumerate(plan.cache_groups[: self.num_groups]):
             shift = at - self._page_ids_at
             self._scatter(self._field("slots", gi, t), g.append_slots, dest, -1)
+            entry_at = np.full(plan.num_tokens, -1, dtype=np.int64)
+            if g.entry_token.size:  # each completing token's entry (one at most a token)
+                entry_at[g.entry_token] = g.entry_slots
+            self._scatter(self._field("entry_at", gi, t), entry_at, dest, -1)
             self.fill(self._field("page_start", gi, rows), g.page_start, 0)
             indptr = self._field("page_indptr", gi, rows + 1)
             self.fill(indptr, g.page_indptr, int(g.page_indptr[-1]))
@@ -187,10 +206,12 @@ class DecodeBuffers:
         self._field("seq_lens", 0, rows)[:] = 0
         self._field("q_lens", 0, rows)[:] = 1
         self._field("prev_rows", 0, rows)[:] = -1
-        self._field("state_in", 0, rows)[:] = -1
-        self._field("state_out", 0, rows)[:] = -1
+        for s in range(self.num_states):
+            self._field("state_in", s, rows)[:] = -1
+            self._field("state_out", s, rows)[:] = -1
         for g in range(self.num_groups):
             self._field("slots", g, t)[:] = -1
+            self._field("entry_at", g, t)[:] = -1
             self._field("page_start", g, rows)[:] = 0
             self._field("page_indptr", g, rows + 1)[:] = 0
         self._send(self._page_ids_at)

@@ -267,11 +267,13 @@ class CudaRunner:
             size = (layout.state_pages, layout.state_page_bytes)
             self.state = torch.zeros(size, dtype=torch.uint8, device=self.device)
         pages_per_seq = -(-self.options.max_context // layout.page_size) + 1
-        groups = len(self.model.group_kinds)
+        declared = self._runner_config.cache_groups
+        groups = sum(not g.state_region for g in declared)  # token groups, then State ones
         rows = self.options.max_batch
         self._buffers = DecodeBuffers(
-            rows, groups * rows * pages_per_seq, self.device, groups, self._max_query
-        )
+            rows, groups * rows * pages_per_seq, self.device, groups, self._max_query,
+            num_states=len(declared) - groups,
+        )  # fmt: skip
         if self._graphs_enabled:
             self._buckets = buckets_up_to(rows)
             # With MTP drafts every decode step verifies: graphs for every batch size.
@@ -530,14 +532,16 @@ class CudaRunner:
         ids = self._resolve_prev(v.input_ids, v.prev_rows) if query == 1 else v.input_ids
         splits = decode_splits(rows, self.config.num_kv_heads, self._num_sms)
         info = DecodeInfo(v.seq_lens, splits, query, v.q_lens if query > 1 else None)
-        state = None
+        states: tuple[StateRows, ...] = ()
         if self.state is not None:  # one token a row: row b's token is token b
             index, zeros = self._state_index, self._state_zeros
-            state = StateRows(
-                self.state, index[: rows + 1], index[:rows], v.state_in, v.state_out,
-                zeros[: rows + 1], zeros[:1], zeros[:1],
-            )  # fmt: skip
-        return StepTensors(ids, v.positions, v.groups, info, state=state)
+            indptr, row, none = index[: rows + 1], index[:rows], zeros[:1]
+            states = tuple(
+                StateRows(self.state, indptr, row, s_in, s_out, zeros[: rows + 1], none, none)
+                for s_in, s_out in zip(v.state_in, v.state_out, strict=True)
+            )
+        state = states[0] if states else None
+        return StepTensors(ids, v.positions, v.groups, info, state=state, states=states)
 
     def _drafts_body(self, rows: int, query: int) -> torch.Tensor:
         """The MTP pass after the decode graph of shape (rows, query) (graph body): a greedy

@@ -28,7 +28,9 @@ class LayerSlot:
 class GroupTensors:
     """One cache group's int32 tensors: append slot per token, CSR page rows, first page index;
     a Compressed group's (varlen steps) also the entries its rows complete: row b's are
-    `entry_slots[entry_indptr[b] .. entry_indptr[b + 1]]` (arena slot `page * E + w % E`)."""
+    `entry_slots[entry_indptr[b] .. entry_indptr[b + 1]]` (arena slot `page * E + w % E`); in
+    a decode step (fixed shapes) instead `entry_at`: per query slot, the arena slot of the
+    entry that slot's token completes (-1: none; every group has it there, unread by others)."""
 
     slots: torch.Tensor
     page_indptr: torch.Tensor
@@ -36,6 +38,7 @@ class GroupTensors:
     page_start: torch.Tensor
     entry_indptr: torch.Tensor | None = None
     entry_slots: torch.Tensor | None = None
+    entry_at: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,13 @@ differently would show)."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from resin import Engine, SamplingParams
 from tests.models.dsv4_tiny import _checkpoint
@@ -80,6 +82,83 @@ def test_logits_equal_the_reference_step_by_step(device: str) -> None:
         assert step.logits is not None
         if got.shape[0]:
             torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+
+
+# Torch calls that read a device tensor on the host (a sync, or a shape that depends on data).
+_HOST_READS = frozenset({"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__index__",
+                         "__float__", "nonzero", "argwhere", "masked_select", "unique",
+                         "unique_consecutive"})  # fmt: skip
+_INDEXING = frozenset({"__getitem__", "__setitem__", "index_put", "index_put_"})
+
+
+def _has_mask(index: Any) -> bool:
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool and p.dim() for p in parts)
+
+
+class _HostReads(TorchFunctionMode):
+    """Records every host read (`_HOST_READS`, indexing by a boolean mask) that the fast
+    runner's own code (`resin_models_cuda`) makes while the mode is on. Tensors stay on the
+    CPU here, so nothing would block; a call recorded is one that would sync on a GPU or give
+    a shape CUDA graphs cannot replay. The Triton interpreter's own torch calls are not the
+    runner's and are not recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in _HOST_READS or (name in _INDEXING and len(args) > 1 and _has_mask(args[1])):
+            frame = sys._getframe(1)
+            while frame.f_back is not None and "/torch/" in frame.f_code.co_filename:
+                frame = frame.f_back
+            if "resin_models_cuda" in frame.f_code.co_filename:
+                self.seen.append(f"{name} at {frame.f_code.co_filename}:{frame.f_lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(device: str) -> None:
+    """Decode steps take the runner's persistent-buffer path (what a CUDA graph replays),
+    every batch padded to a 4-row bucket as a captured graph's would be: the greedy tokens
+    equal the reference's over decode steps that complete CSA and HCA entries, and the step's
+    body (the model forward, the logits, their argmax) reads nothing on the host."""
+    reference, fast = _runners(device)
+    assert not fast.model.eager_only
+    fast._pick_graph = lambda b, q: (4, 1) if q == 1 else None  # the 4-row bucket, padded
+    body, mode, shapes = fast._decode_body, _HostReads(), []
+
+    def watched(rows: int, query: int) -> Any:
+        shapes.append((rows, query))
+        with mode:
+            return body(rows, query)
+
+    fast._decode_body = watched
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (13, 30)]
+    params = SamplingParams(max_output_tokens=5, temperature=0.0, ignore_stop_tokens=True)
+
+    def run(runner: Any) -> list[list[int]]:
+        with Engine(runner, context_length=256, prefill_chunk_tokens=16) as engine:
+            requests = [engine.submit(p, params) for p in prompts]
+            while engine.has_work():
+                engine.step()
+            return [list(r.take_result()) for r in requests]
+
+    assert run(fast) == run(reference)
+    # decode at positions 13..16 and 30..33: lengths 16 and 32 complete CSA and HCA entries
+    assert len(shapes) >= 4 and set(shapes) == {(4, 1)}
+    assert mode.seen == []
+    # the check sees a host read: a varlen step's `_begin` reads its row lengths
+    from resin_models_cuda.step import PrefillInfo, StepTensors
+
+    def i32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    info = PrefillInfo(i32([0, 2]), i32([5]), i32([0]), i32([0]), 16)
+    with mode:
+        fast.model._begin(StepTensors(i32([1, 2]), i32([5, 6]), (), info), fast.kv)
+    assert mode.seen and mode.seen[0].startswith("tolist at ")
 
 
 def _drafts_each_step(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], set[Any]]:

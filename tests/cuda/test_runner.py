@@ -57,6 +57,47 @@ def test_decode_buffers_two_groups_share_one_page_id_region() -> None:
     assert plan.cache_groups[1].page_ids.min() >= 16  # the groups use disjoint pages
 
 
+def test_decode_buffers_stage_entries_and_every_state_group() -> None:
+    """A Compressed group's completed entries go to their token's query slot (`entry_at`, -1
+    elsewhere and on padding rows); each State group after the token groups has its own
+    `state_in` / `state_out` rows."""
+    from dataclasses import replace
+
+    from resin.plan import CacheGroupPlan
+    from resin_app.bench.plans import PagedPlanner
+    from resin_models_cuda.buffers import DecodeBuffers
+
+    planner = PagedPlanner(num_pages=32, page_size=4)
+    seqs = [planner.new_sequence(list(range(n))) for n in (5, 8)]
+    for s in seqs:
+        s.cached = len(s.tokens) - 1
+    plan = planner.plan([(s, 1) for s in seqs], Phase.DECODE)
+    i32 = np.int32
+    window = plan.cache_groups[0]
+    compressed = CacheGroupPlan(
+        1, np.array([0, 0, 1], i32), np.array([3], i32), np.zeros(2, i32),
+        entry_indptr=np.array([0, 0, 1], i32), entry_slots=np.array([13]),
+        entry_token=np.array([1], i32),
+    )  # fmt: skip
+    states = [CacheGroupPlan(2 + k, state_in=np.array([k, 5], i32),
+                             state_out=np.array([k + 2, 6], i32)) for k in range(2)]  # fmt: skip
+    plan = replace(plan, cache_groups=(window, compressed, *states))
+    buffers = DecodeBuffers(max_rows=4, max_page_ids=16, device="cpu", num_groups=2, num_states=2)
+    buffers.stage(plan, rows=4)
+    v = buffers.views(4)
+    assert v.groups[1].entry_at is not None and v.groups[0].entry_at is not None
+    assert v.groups[1].entry_at.tolist() == [-1, 13, -1, -1]
+    assert v.groups[0].entry_at.tolist() == [-1, -1, -1, -1]
+    assert [t.tolist() for t in v.state_in] == [[0, 5, -1, -1], [1, 5, -1, -1]]
+    assert [t.tolist() for t in v.state_out] == [[2, 6, -1, -1], [3, 6, -1, -1]]
+    buffers.stage_padding(4)
+    assert v.groups[1].entry_at.tolist() == [-1] * 4
+    assert [t.tolist() for t in v.state_out] == [[-1] * 4] * 2
+    one = DecodeBuffers(max_rows=4, max_page_ids=16, device="cpu", num_groups=2)
+    with pytest.raises(ValueError, match="State groups"):
+        one.stage(plan, rows=4)
+
+
 def test_graph_buckets() -> None:
     assert buckets_up_to(1) == (1,)
     assert buckets_up_to(50) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 50)

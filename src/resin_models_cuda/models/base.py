@@ -73,7 +73,9 @@ class FastModel:
         """The model's own cache groups, or None: one per layer kind (`GROUP_KINDS`), then a
         State group of `state_bytes` (the runner's default). A model that declares its own
         views the token arena (`kv`, `cache_token_shape` per token of a one-layer group) and
-        the State region (`step.states`) as it likes, and runs eagerly (`eager_only`)."""
+        the State region (`step.states`) as it likes; its decode steps get every State
+        group's rows (`step.states`) and a Compressed group's completed entries per query
+        slot (`GroupTensors.entry_at`) from the runner's decode buffers."""
         return None
 
     def state_bytes(self) -> int:

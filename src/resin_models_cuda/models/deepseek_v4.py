@@ -5,8 +5,14 @@ Window group of every layer's K=V vectors, a Compressed group per compressed kin
 (CSA: the K=V entry then the indexer key; HCA: the K=V entry) and a State group per kind
 holding the compressor projections entries to come still need, a ring over positions (slot
 p % capacity). It views the runner's token arena per group (the arena is one flat vector a
-page, `cache_token_shape`) and the State region per group (`step.states`), and runs eagerly
-(`eager_only`: every step through the varlen path, no CUDA graphs). A State page keeps room
+page, `cache_token_shape`) and the State region per group (`step.states`). Decode steps
+(`DecodeInfo`, one query token a row, padded to a graph bucket) run in fixed shapes with no
+host read, so the runner captures them in CUDA graphs: the row lengths come from the decode
+buffers, the indexer scores up to the context limit's entries (`longest`), each row pools the
+entry its token would complete and writes it at the group's `entry_at` slot, and rewrites its
+whole State ring, every write through a kernel that skips slot -1 (`_put`; padding rows and
+rows that complete nothing). Other steps (prefill, verify rows, checkpoints) run eagerly on
+varlen tensors. A State page keeps room
 for `max_draft_tokens` more positions (`State.rewind`), and a step writes what every length
 from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer tokens).
 
@@ -18,7 +24,7 @@ scores (`kernels/indexer.py`, top-k by `torch.topk`) and the MoE through the lay
 (`_Moe`: the router kernel's `sqrt(softplus)` / hash routing, the expert GEMV / grouped
 kernels in bf16 or FP8). The compressor's bookkeeping (which positions each entry pools, the
 State rings, checkpoints) is batched over the step's rows with index tensors on the device
-(`_Attention._update`); a decode step reads the host only for the row lengths (`_begin`).
+(`_Attention._update`); a varlen step reads the host only for the row lengths (`_begin`).
 Still plain torch here: the projections (dense matmuls), norms and rotary. The math and its
 float32 points are the reference runner's (`resin_models_torch/deepseek_v4.py`), which the
 tests compare against in the Triton interpreter."""
@@ -36,6 +42,7 @@ from resin_models_cuda.kernels.activation import gated_activation
 from resin_models_cuda.kernels.compressor import gated_pool
 from resin_models_cuda.kernels.indexer import indexer_scores
 from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
+from resin_models_cuda.kernels.mla import latent_append
 from resin_models_cuda.kernels.sparse_attention import (
     PagedKeys,
     default_splits,
@@ -47,7 +54,7 @@ from resin_models_cuda.layers.quantized import float32_tensor, stacked_fp4_exper
 from resin_models_cuda.layers.weights import RandomWeights
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
-from resin_models_cuda.step import PrefillInfo, StateRows, StepTensors
+from resin_models_cuda.step import DecodeInfo, PrefillInfo, StateRows, StepTensors
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -99,18 +106,31 @@ class _Slots:
         slots = slots.long()
         self.pages[slots // self.per_page, slots % self.per_page] = values
 
+    def put(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """`values` [N, width] at `slots` [N], a slot of -1 skipped (one kernel launch, no
+        host read: a decode step's padding rows and rows that complete no entry)."""
+        _put(self.pages, slots, values)
+
+
+def _put(pages: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """`values` [N, width] at flat slots [N] (page * per page + offset, -1 skipped) of `pages`
+    [pages, per page, width]."""
+    latent_append(values.contiguous(), pages[:, :, None, :], slots)
+
 
 @dataclass(frozen=True, slots=True)
 class _StepView:
     """What every attention layer of a step shares, on the device: each token's row, each
-    row's length after the step; on the host: the longest row, the attention's split count and
-    whether it is a decode step."""
+    row's length after the step; on the host: a bound on the longest row (the longest row in
+    a varlen step, the context limit in a fixed-shape decode step), the attention's split
+    count and whether it is a decode step."""
 
     token_row: torch.Tensor  # int32 [T]
-    total_lens: torch.Tensor  # int32 [B]
+    total_lens: torch.Tensor  # int32 [B] (0: a decode step's padding row)
     max_total: int
     splits: int
     decode: bool  # one query token a row (the compressors skip checking the plan)
+    fixed: bool = False  # a `DecodeInfo` step: fixed shapes, no host read (CUDA graphs)
 
 
 class _Pooler:
@@ -207,14 +227,20 @@ class _Attention:
         kv = _rope(_norm(F.linear(x, self.kv), self.kv_norm, self.eps), cos, sin)
         window = arena.window_view(self.slots[0])
         group = step.groups[0]
-        window[group.slots] = kv.to(window.dtype)
-        keys = PagedKeys(window.pages, group.page_indptr, group.page_ids, group.page_start)
         view = arena.view
+        if view.fixed:
+            window.put(group.slots, kv)
+        else:
+            window[group.slots] = kv.to(window.dtype)
+        keys = PagedKeys(window.pages, group.page_indptr, group.page_ids, group.page_start)
         if self.pooler is None:
             out = sparse_attention(q, self.sinks, view.token_row, step.positions, keys,
                                    self.window, splits=view.splits)  # fmt: skip
         else:
-            self._update(x, step, arena)
+            if view.fixed:
+                self._update_decode(x, step, arena)
+            else:
+                self._update(x, step, arena)
             ratio = self.pooler.ratio
             store = arena.entry_view(self.slots[1], self.slots[3])
             eg = step.groups[self.slots[1]]
@@ -266,6 +292,53 @@ class _Attention:
                                 counts, v4.csa_ratio)  # fmt: skip
         return indexer_topk(scores, v4.index_topk)
 
+    def _projected(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, values a token keeps]: the compressor's projections, then the indexer's."""
+        pooler = self.pooler
+        assert pooler is not None
+        projected = pooler.project(x)
+        if self.indexer is not None:
+            projected = torch.cat((projected, self.indexer.project(x)), dim=-1)
+        return projected
+
+    def _update_decode(self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4) -> None:
+        """`_update` for a fixed-shape decode step (one query token a row, token b of row b;
+        padding rows of length 0): no host read, no data-dependent shape. Every row pools the
+        entry its token would complete, `total // m - 1`, and the group writes it at the
+        row's `entry_at` slot (-1: the token completes none, or a padding row: skipped).
+        Every row writes its State page's whole ring, positions `total - capacity .. total -
+        1`, into `state_out` (-1: skipped) from `state_in` and its token (positions below
+        what the lengths it must serve need get what the input ring holds there: unread)."""
+        pooler = self.pooler
+        assert pooler is not None
+        m, dev = pooler.ratio, x.device
+        projected = self._projected(x)
+        store = arena.entry_view(self.slots[1], self.slots[3])
+        buffers = arena.state_view(self.slots[2], self.slots[3])
+        capacity = buffers.shape[1]
+        states = arena.state_rows(step, self.slots[2])
+        group = step.groups[self.slots[1]]
+        assert group.entry_at is not None
+        total = arena.view.total_lens.long()
+        cached = (total - 1).clamp(min=0)  # the row's one token sits at position `cached`
+        state_in = states.state_in.long().clamp(min=0)
+
+        def gather(positions: torch.Tensor) -> torch.Tensor:
+            """[B, L, width]: each row's projections at positions [B, L] (as `_update`)."""
+            old = buffers[state_in[:, None], positions.clamp(min=0) % capacity]
+            new = (positions == cached[:, None])[..., None]
+            return torch.where(new, projected[:, None, :], old.to(projected.dtype))
+
+        windows = (total // m - 1).clamp(min=0)
+        offsets = torch.arange(pooler.span(), device=dev)
+        tokens = gather((windows + 1)[:, None] * m - pooler.span() + offsets)
+        store.put(group.entry_at, self._pooled(tokens, windows, arena))
+        positions = total[:, None] - capacity + torch.arange(capacity, device=dev)
+        values = gather(positions)  # all read before any write (state_in may be state_out)
+        page = states.state_out.long()[:, None]
+        slots = torch.where(page >= 0, page * capacity + positions % capacity, -1)
+        _put(buffers, slots.flatten(), values.flatten(0, 1))
+
     def _update(self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4) -> None:
         """Pool the entries the step completes into the Compressed group and carry the
         projections entries to come need in the State group (and its checkpoints), batched
@@ -277,9 +350,7 @@ class _Attention:
         pooler, dev = self.pooler, x.device
         assert pooler is not None and isinstance(step.info, PrefillInfo)
         m, overlap = pooler.ratio, pooler.overlap
-        projected = pooler.project(x)
-        if self.indexer is not None:
-            projected = torch.cat((projected, self.indexer.project(x)), dim=-1)
+        projected = self._projected(x)
         store = arena.entry_view(self.slots[1], self.slots[3])
         buffers = arena.state_view(self.slots[2], self.slots[3])
         capacity = buffers.shape[1]
@@ -479,8 +550,6 @@ class _Mtp:
 
 
 class DeepseekV4(FastModel):
-    eager_only = True
-
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         v4 = config.deepseek_v4
         if v4 is None or config.moe is None or config.sliding_window is None:
@@ -524,6 +593,11 @@ class DeepseekV4(FastModel):
             self.mtp = _Mtp(config, weights, config.num_layers, options)
             self.window_layers += 1  # its window: one more layer of the Window group
         self._streams: torch.Tensor | None = None
+        # a fixed-shape decode step's final streams by token count: a captured MTP pass
+        # reads the ones its own shape's decode graph wrote
+        self._decode_streams: dict[int, torch.Tensor] = {}
+        # a decode step's bound on a row's length: the context limit (no host read of lengths)
+        self.longest = min(options.max_positions, config.max_positions) + 1
         self.layers_per_group = (1,)
         self.page_size = 0  # set by `cache_groups`
         self._kv: torch.Tensor | None = None
@@ -607,21 +681,26 @@ class DeepseekV4(FastModel):
     # ----- forward ------------------------------------------------------------------------
 
     def _begin(self, step: StepTensors, kv: torch.Tensor) -> None:
-        """The step's arena, State region and `_StepView`."""
+        """The step's arena, State region and `_StepView` (a `DecodeInfo` step's from its
+        fixed-shape tensors alone: no host read)."""
         info = step.info
-        assert isinstance(info, PrefillInfo), "DeepSeek-V4 runs eagerly (varlen steps)"
         self._kv = kv
         if step.states:
             self._region = step.states[0].region
         t = step.input_ids.shape[0]
         tokens = torch.arange(t, device=self.device, dtype=torch.int32)
+        blocks = -(-self.config.num_heads // 16)
+        splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
+        if isinstance(info, DecodeInfo):
+            if info.query != 1:
+                raise ValueError("DeepSeek-V4 decodes one query token a row in fixed shapes")
+            self._view = _StepView(tokens, info.seq_lens, self.longest, splits, True, True)
+            return
         token_row = torch.searchsorted(info.query_indptr[1:], tokens, right=True).int()
         total_lens = (info.cached_lens + info.query_indptr.diff()).int()
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
         totals = [c + hi - lo for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)]
         most = max(totals, default=0)
-        blocks = -(-self.config.num_heads // 16)
-        splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
         self._view = _StepView(token_row, total_lens, most, splits, len(totals) == t)
 
     def mtp_forward(
@@ -634,6 +713,8 @@ class DeepseekV4(FastModel):
         mtp, streams = self.mtp, self._streams
         if mtp is None:
             raise RuntimeError("the model was built without its MTP layer (BuildOptions.mtp)")
+        if isinstance(step.info, DecodeInfo):
+            streams = self._decode_streams.get(ids.shape[0])
         assert streams is not None and streams.shape[0] == previous.shape[0]
         self._begin(step, kv)
         eps = self.config.norm_eps
@@ -670,6 +751,8 @@ class DeepseekV4(FastModel):
         for layer, kind in zip(self.layers, self.v4.attention, strict=True):
             streams = self._layer(layer, kind, streams, step, step.input_ids)
         self._streams = streams if self.mtp is not None else None
+        if self.mtp is not None and isinstance(step.info, DecodeInfo):
+            self._decode_streams[streams.shape[0]] = streams
         flat = _unweighted(streams.flatten(1).float(), self.config.norm_eps)
         mixes = F.linear(flat, self.hc_fn).contiguous()
         pre = hc_head_weights(mixes, self.hc_scale, self.hc_base, self.v4.hc_eps)
