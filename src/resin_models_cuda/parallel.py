@@ -39,8 +39,8 @@ with modules, so the model file's straight-line `forward` stays as written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import copy
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch

@@ -87,11 +87,21 @@ DEEPSEEK: dict[str, Any] = {
 }
 
 
-# DeepSeek-V4 (`tests/models/dsv4_tiny.py`'s checkpoint: sliding, sliding, CSA, HCA; 4 routed
-# experts, top-2, one shared; layer 0 hash-routed by a random token table): attention, mHC and
-# the vocabulary replicated, the experts spread. Pages of 16 (HCA pools 16 tokens) and the
-# expert GEMV up to 8 pairs, so rank 0 (3 pairs a token) and rank 1 (2) run both MoE paths.
+# DeepSeek-V4 (`V4_TINY`, a checkpoint of `tests/models/dsv4_tiny.py`'s: a sliding layer
+# hash-routed by a random token table, then a CSA layer; 4 routed experts, top-2, one shared):
+# attention, mHC and the vocabulary replicated, the experts spread. The expert GEMV up to 8
+# pairs, so rank 0 (3 pairs a token) and rank 1 (2) run both MoE paths.
+V4_TINY: dict[str, Any] = {"num_hidden_layers": 2, "compress_ratios": [0, 4]}
 V4_OPTIONS = replace(OPTIONS, page_size=16, max_draft_tokens=0, moe_gemv_max_pairs=8)
+
+# GLM-5.3 (KDA, then indexed MLA; layer 0 dense, layer 1 6 routed experts, top-2, one shared):
+# the mixers, mHC and the vocabulary replicated, the experts spread.
+GLM5: dict[str, Any] = {
+    **preset_hf("tiny-glm5_next"), "vocab_size": 301, "num_hidden_layers": 2,
+    "layer_types": ["linear_attention", "indexed_attention"],
+    "mlp_layer_types": ["dense", "sparse"],
+}  # fmt: skip
+GLM5_OPTIONS = replace(OPTIONS, page_size=16)
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,6 @@ class Case:
     style: ParallelStyle
     options: RunnerOptions = OPTIONS
     vocab: int = 301
-    prefix: int = 9  # tokens the first two prompts share (V4: past an HCA entry of 16)
 
 
 CASES: dict[str, Case] = {
@@ -109,7 +118,8 @@ CASES: dict[str, Case] = {
     "moe-ep": Case(QWEN3_MOE, ParallelStyle(tensor=False, experts="expert")),
     "moe-tp": Case(QWEN3_MOE, ParallelStyle()),
     "mla-tp-ep": Case(DEEPSEEK, ParallelStyle(experts="expert")),
-    "v4-ep": Case(None, ParallelStyle(tensor=False, experts="expert"), V4_OPTIONS, 300, 18),
+    "v4-ep": Case(None, ParallelStyle(tensor=False, experts="expert"), V4_OPTIONS, 300),
+    "glm5-ep": Case(GLM5, ParallelStyle(tensor=False, experts="expert"), GLM5_OPTIONS),
     "killed": Case(LLAMA, ParallelStyle()),
 }
 
@@ -163,9 +173,8 @@ def runner(
 
 
 def prompts(name: str) -> list[list[int]]:
-    case = CASES[name]
-    vocab, gen = case.vocab, torch.Generator().manual_seed(11)
-    shared = torch.randint(0, vocab, (case.prefix,), generator=gen).tolist()
+    vocab, gen = CASES[name].vocab, torch.Generator().manual_seed(11)
+    shared = torch.randint(0, vocab, (9,), generator=gen).tolist()
     return [
         [*shared, *torch.randint(0, vocab, (3,), generator=gen).tolist()],
         [*shared, vocab - 1, vocab - 2],  # the top ids live in the last vocabulary shard
@@ -188,6 +197,7 @@ def shards(model: Any) -> dict[str, Any]:
     from resin_models_cuda.layers import MoE
     from resin_models_cuda.layers.mla import MlaAttention
     from resin_models_cuda.models.deepseek_v4 import DeepseekV4
+    from resin_models_cuda.models.glm5_next import Glm5Next
 
     def heads(attn: Any) -> int:
         return attn.heads if isinstance(attn, MlaAttention) else attn.q_size // 16
@@ -195,6 +205,10 @@ def shards(model: Any) -> dict[str, Any]:
     if isinstance(model, DeepseekV4):  # its attention as `attention`, its MoE in `moe.moe`
         q_heads = [layer.attention.heads for layer in model.layers]
         stacks = [layer.moe.moe.w.down.shape[0] for layer in model.layers]
+    elif isinstance(model, Glm5Next):  # KDA and indexed MLA as `mixer`, whole on every rank
+        q_heads = [layer.mixer.heads for layer in model.layers]
+        stacks = [layer.mlp.w.down.shape[0] for layer in model.layers
+                  if isinstance(layer.mlp, MoE)]  # fmt: skip
     else:
         q_heads = [heads(layer.attn) for layer in model.layers]
         stacks = [layer.mlp.w.down.shape[0] for layer in model.layers
