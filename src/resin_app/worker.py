@@ -197,6 +197,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--expert-parallel", action="store_true")
     p.add_argument(
+        "--replicated-attention",
+        action="store_true",
+        help="--runner cuda: attention, dense MLPs and the vocabulary whole on every rank, "
+        "only the experts cut (DeepSeek-V4, GLM-5.3: their one plan)",
+    )
+    p.add_argument(
         "--quantize",
         choices=["fp8-block", "fp8-channel", "mxfp4"],
         default=None,
@@ -240,7 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_context=args.context_length,
                 cuda_graphs=not args.no_cuda_graphs,
             )
-            return fast_runner(groups, quantize=args.quantize, options=options, **common)
+            return fast_runner(
+                groups,
+                quantize=args.quantize,
+                options=options,
+                tensor=not args.replicated_attention,
+                **common,
+            )
         return reference_runner(groups, page_size=args.page_size, **common)
 
     try:

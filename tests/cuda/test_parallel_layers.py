@@ -124,12 +124,16 @@ def test_v4_fp4_moe_parts_sum_to_the_whole(device: str, group: dist.ProcessGroup
     it is `test_parallel.py`'s `v4-ep` case). The parts sum to the whole layer's output."""
     from resin_model.presets import preset
     from resin_models_cuda import RunnerOptions
-    from resin_models_cuda.parallel import parallel_v4_moe
+    from resin_models_cuda.parallel import ParallelStyle, check_shardable, parallel_v4_moe
     from resin_models_cuda.runner import random_runner
 
     options = RunnerOptions(page_size=16, max_batch=2, max_context=64, num_pages=16)
     config = preset("tiny-deepseek_v4")
     model = random_runner(config, options, device, torch.float32, quantize="mxfp4").model  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no tensor-parallel plan"):  # attention stays whole
+        check_shardable(model, 2, ParallelStyle())
+    with pytest.raises(ValueError, match="4 experts do not spread over 8 ranks"):
+        check_shardable(model, 8, ParallelStyle(tensor=False, experts="expert"))
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(5, config.hidden_size, generator=gen).to(device)
     ids = torch.randint(0, config.vocab_size, (5,), generator=gen).to(device)
