@@ -106,7 +106,7 @@ def fast_runner(
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import RandomWeights, WeightSource
     from resin_models_cuda.layers.quantized import QuantizingWeights
-    from resin_models_cuda.parallel import ParallelStyle, shard_model
+    from resin_models_cuda.parallel import ParallelStyle, moe_cutter, shard_model
     from resin_models_cuda.runner import load_model
 
     if (checkpoint is None) == (config is None):
@@ -116,8 +116,11 @@ def fast_runner(
     opts = replace(opts, cuda_graphs=opts.cuda_graphs and nccl)
     device = groups.device
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    style = ParallelStyle(tensor, "expert" if expert_parallel else "tensor")
+    # DeepSeek-V4 / GLM-5.3 experts-only: each MoE layer cut as it is built
+    build = replace(opts.build_options(), cut_moe=moe_cutter(groups.model, style))
     if checkpoint is not None:
-        model = load_model(checkpoint, opts, device, dtype)
+        model = load_model(checkpoint, opts, device, dtype, build)
     else:
         assert config is not None
         parsed = parse_config(config)
@@ -125,8 +128,7 @@ def fast_runner(
         if quantize is not None:
             source = QuantizingWeights(source, quantize)  # type: ignore[arg-type]
             parsed = replace(parsed, quant=parse_quant_config(quantization_config(quantize)))  # type: ignore[arg-type]
-        model = build_model(parsed, source, opts.build_options())
-    style = ParallelStyle(tensor, "expert" if expert_parallel else "tensor")
+        model = build_model(parsed, source, build)
     return CudaRunner(shard_model(model, groups.model, style), opts)
 
 

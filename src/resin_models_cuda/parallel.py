@@ -40,6 +40,7 @@ with modules, so the model file's straight-line `forward` stays as written.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -88,10 +89,11 @@ def shard_model(model: FastModel, group: Group, style: ParallelStyle | None = No
     shard = Shard(rank, size, group)
     expert_parallel = style.experts == "expert"
     for layer in _layers(model):
-        if isinstance(model, REPLICATED_ATTENTION):
+        if isinstance(model, REPLICATED_ATTENTION):  # layers cut while loading stay as they are
             if isinstance(getattr(layer, "moe", None), V4Moe):
-                layer.moe = parallel_v4_moe(layer.moe, shard, expert_parallel)
-            elif isinstance(layer.mlp, MoE):
+                if not isinstance(layer.moe.moe, ParallelMoE):
+                    layer.moe = parallel_v4_moe(layer.moe, shard, expert_parallel)
+            elif isinstance(layer.mlp, MoE) and not isinstance(layer.mlp, ParallelMoE):
                 layer.mlp = ParallelMoE(layer.mlp, shard, expert_parallel)
             continue
         if style.tensor:
@@ -121,7 +123,7 @@ def check_shardable(model: FastModel, size: int, style: ParallelStyle) -> None:
             )
         for layer in _layers(model):
             moe = layer.moe.moe if isinstance(getattr(layer, "moe", None), V4Moe) else layer.mlp
-            if isinstance(moe, MoE):
+            if isinstance(moe, MoE) and not isinstance(moe, ParallelMoE):
                 _check_moe(moe, size, style)
         return
     if style.tensor and config.vocab_size < size:
@@ -149,6 +151,27 @@ def parallel_v4_moe(built: V4Moe, shard: Shard, expert_parallel: bool) -> V4Moe:
     cut = copy.copy(built)
     extra = built.shared if shard.rank == 0 else None
     cut.moe, cut.shared = ParallelMoE(built.moe, shard, expert_parallel, extra), None
+    return cut
+
+
+def moe_cutter(group: Group, style: ParallelStyle) -> Callable[[Any], Any] | None:
+    """`BuildOptions.cut_moe` for `style` over `group`: DeepSeek-V4's and GLM-5.3's MoE
+    layers cut for this rank as they are built (`shard_model` then leaves them as they are), so
+    the build never holds every layer's experts; None for one rank or `style.tensor` (no
+    build-time cut for those plans)."""
+    size = dist.get_world_size(group)
+    if size == 1 or style.tensor:
+        return None
+    shard = Shard(dist.get_rank(group), size, group)
+    expert_parallel = style.experts == "expert"
+
+    def cut(layer: Any) -> Any:
+        if isinstance(layer, V4Moe):
+            return parallel_v4_moe(layer, shard, expert_parallel)
+        if style.experts == "tensor":
+            _check_moe(layer, size, style)
+        return ParallelMoE(layer, shard, expert_parallel)
+
     return cut
 
 

@@ -35,7 +35,8 @@ from resin_model.hf_config import parse_config
 from resin_model.presets import preset_hf
 from resin_models_cuda import CudaRunner, RunnerOptions, build_model
 from resin_models_cuda.layers import RandomWeights
-from resin_models_cuda.parallel import ParallelStyle, shard_model
+from resin_models_cuda.layers.parallel import ParallelMoE
+from resin_models_cuda.parallel import ParallelStyle, moe_cutter, shard_model
 from resin_models_cuda.runner import load_model
 
 SEED = 5
@@ -110,6 +111,7 @@ class Case:
     style: ParallelStyle
     options: RunnerOptions = OPTIONS
     vocab: int = 301
+    cut_while_loading: bool = False  # MoE layers cut as built (`moe_cutter`), not afterwards
 
 
 CASES: dict[str, Case] = {
@@ -118,7 +120,7 @@ CASES: dict[str, Case] = {
     "moe-ep": Case(QWEN3_MOE, ParallelStyle(tensor=False, experts="expert")),
     "moe-tp": Case(QWEN3_MOE, ParallelStyle()),
     "mla-tp-ep": Case(DEEPSEEK, ParallelStyle(experts="expert")),
-    "v4-ep": Case(None, ParallelStyle(tensor=False, experts="expert"), V4_OPTIONS, 300),
+    "v4-ep": Case(None, ParallelStyle(tensor=False, experts="expert"), V4_OPTIONS, 300, True),
     "glm5-ep": Case(GLM5, ParallelStyle(tensor=False, experts="expert"), GLM5_OPTIONS),
     "killed": Case(LLAMA, ParallelStyle()),
 }
@@ -161,12 +163,17 @@ def runner(
     case = CASES[name]
     options = replace(case.options, cuda_graphs=NCCL if graphs is None else graphs)
     device = f"cuda:{dist.get_rank(group)}" if NCCL and group is not None else DEVICE
+    build = options.build_options()
+    if group is not None and case.cut_while_loading:
+        build = replace(build, cut_moe=moe_cutter(group, case.style))
     if case.config is None:
         folder = checkpoint or os.environ["PARALLEL_CHECKPOINT"]
-        model = load_model(folder, options, device, torch.float32)
+        model = load_model(folder, options, device, torch.float32, build)
     else:
         source = RandomWeights(device, torch.float32, seed=SEED, std=0.2)
-        model = build_model(parse_config(case.config), source, options.build_options())
+        model = build_model(parse_config(case.config), source, build)
+    if build.cut_moe is not None:  # already this rank's experts, before `shard_model`
+        assert all(isinstance(layer.moe.moe, ParallelMoE) for layer in model.layers)
     if group is not None:
         model = shard_model(model, group, case.style)
     return Recording(CudaRunner(model, options))

@@ -400,6 +400,11 @@ class V4Moe:
         return out
 
 
+def _cut(moe: V4Moe, options: BuildOptions) -> V4Moe:
+    """`moe`, cut for this rank as it is built where the build asks (`BuildOptions.cut_moe`)."""
+    return moe if options.cut_moe is None else options.cut_moe(moe)  # type: ignore[no-any-return]
+
+
 class SharedExpert:
     """The shared expert as its own gated MLP with the clamped SiLU gate (beside FP4 routed
     experts, which have no format in common with it)."""
@@ -478,7 +483,7 @@ class _Mtp:
         assert v4 is not None
         p, h, n, f32 = "mtp.0.", c.hidden_size, v4.hc_mult, torch.float32
         attention = _Attention(c, w, p, "sliding", [window_layer])
-        self.layer = _Layer(c, w, p, attention, V4Moe(c, w, p, False, options))
+        self.layer = _Layer(c, w, p, attention, _cut(V4Moe(c, w, p, False, options), options))
         self.e_proj = w.get(f"{p}e_proj.weight", (h, h))
         self.h_proj = w.get(f"{p}h_proj.weight", (h, h))
         self.enorm = w.get(f"{p}enorm.weight", (h,), "ones", dtype=f32)
@@ -518,7 +523,7 @@ class DeepseekV4(FastModel):
                 entry = config.head_dim + (v4.index_head_dim if kind == "csa" else 0)
                 buffer = attention.pooler.buffer_tokens() + self.rewind
                 self._widths[kind] = (entry, buffer, attention.pooler.projected + extra)
-            moe = V4Moe(config, weights, prefix, v4.hash_layers[i], options)
+            moe = _cut(V4Moe(config, weights, prefix, v4.hash_layers[i], options), options)
             self.layers.append(_Layer(config, weights, prefix, attention, moe))
         f32, h, n = torch.float32, config.hidden_size, v4.hc_mult
         self.norm_weight = weights.get("model.norm.weight", (h,), "ones", dtype=f32)
