@@ -95,7 +95,8 @@ def fast_runner(
     FP8 / MXFP4 on the device as they are drawn), the same on every rank for the same `seed`.
 
     `expert_parallel`: whole experts spread over the ranks, else every expert is split;
-    `tensor` False keeps attention, dense MLPs and the vocabulary replicated. CUDA graphs only
+    `tensor` False keeps attention, dense MLPs and the vocabulary replicated (DeepSeek-V4's
+    and GLM-5.3's MoE layers are then cut as they are built). CUDA graphs only
     over NCCL (a Gloo collective cannot be captured); `options` is a `RunnerOptions`."""
     import torch
     import torch.distributed as dist
