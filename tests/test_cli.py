@@ -92,8 +92,11 @@ def test_serve_refuses_options_it_cannot_do(
 def test_bench_tp_is_the_tensor_parallel_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
     out = _help_of(["bench", "tp", "--tensor-parallel", "2", "--help"], capsys)
     assert "--preset" in out and "--expert-parallel" in out and "--skip-single" in out
+    assert "--replicated-attention" in out
 
 
 def test_bench_tp_quantizes_only_the_fast_runner(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "tp", "--tensor-parallel", "2", "--quantize", "mxfp4"]) == 2
     assert "--quantize needs --runner cuda" in capsys.readouterr().err
+    assert main(["bench", "tp", "--tensor-parallel", "2", "--replicated-attention"]) == 2
+    assert "--replicated-attention needs --runner cuda" in capsys.readouterr().err

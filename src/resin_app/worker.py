@@ -95,7 +95,8 @@ def fast_runner(
     FP8 / MXFP4 on the device as they are drawn), the same on every rank for the same `seed`.
 
     `expert_parallel`: whole experts spread over the ranks, else every expert is split;
-    `tensor` False keeps attention, dense MLPs and the vocabulary replicated. CUDA graphs only
+    `tensor` False keeps attention, dense MLPs and the vocabulary replicated (DeepSeek-V4's
+    and GLM-5.3's MoE layers are then cut as they are built). CUDA graphs only
     over NCCL (a Gloo collective cannot be captured); `options` is a `RunnerOptions`."""
     import torch
     import torch.distributed as dist
@@ -106,7 +107,7 @@ def fast_runner(
     from resin_models_cuda import CudaRunner, RunnerOptions, build_model
     from resin_models_cuda.layers import RandomWeights, WeightSource
     from resin_models_cuda.layers.quantized import QuantizingWeights
-    from resin_models_cuda.parallel import ParallelStyle, shard_model
+    from resin_models_cuda.parallel import ParallelStyle, moe_cutter, shard_model
     from resin_models_cuda.runner import load_model
 
     if (checkpoint is None) == (config is None):
@@ -116,8 +117,11 @@ def fast_runner(
     opts = replace(opts, cuda_graphs=opts.cuda_graphs and nccl)
     device = groups.device
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    style = ParallelStyle(tensor, "expert" if expert_parallel else "tensor")
+    # DeepSeek-V4 / GLM-5.3 experts-only: each MoE layer cut as it is built
+    build = replace(opts.build_options(), cut_moe=moe_cutter(groups.model, style))
     if checkpoint is not None:
-        model = load_model(checkpoint, opts, device, dtype)
+        model = load_model(checkpoint, opts, device, dtype, build)
     else:
         assert config is not None
         parsed = parse_config(config)
@@ -125,8 +129,7 @@ def fast_runner(
         if quantize is not None:
             source = QuantizingWeights(source, quantize)  # type: ignore[arg-type]
             parsed = replace(parsed, quant=parse_quant_config(quantization_config(quantize)))  # type: ignore[arg-type]
-        model = build_model(parsed, source, opts.build_options())
-    style = ParallelStyle(tensor, "expert" if expert_parallel else "tensor")
+        model = build_model(parsed, source, build)
     return CudaRunner(shard_model(model, groups.model, style), opts)
 
 
@@ -197,6 +200,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--expert-parallel", action="store_true")
     p.add_argument(
+        "--replicated-attention",
+        action="store_true",
+        help="--runner cuda: attention, dense MLPs and the vocabulary whole on every rank, "
+        "only the experts cut (DeepSeek-V4, GLM-5.3: their one plan)",
+    )
+    p.add_argument(
         "--quantize",
         choices=["fp8-block", "fp8-channel", "mxfp4"],
         default=None,
@@ -240,7 +249,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_context=args.context_length,
                 cuda_graphs=not args.no_cuda_graphs,
             )
-            return fast_runner(groups, quantize=args.quantize, options=options, **common)
+            return fast_runner(
+                groups,
+                quantize=args.quantize,
+                options=options,
+                tensor=not args.replicated_attention,
+                **common,
+            )
         return reference_runner(groups, page_size=args.page_size, **common)
 
     try:

@@ -24,6 +24,14 @@ per token, so every rank caches all of them (attention data parallelism, which w
 the sequences instead, is not built). `ParallelStyle(tensor=False, experts="expert")` keeps
 attention, dense MLPs and the vocabulary replicated and spreads only the experts.
 
+DeepSeek-V4 and GLM-5.3 have no split plan for their attention (V4: one shared K=V head, the
+compressors and the indexer; GLM: KDA and the indexed MLA): they shard only with
+`tensor=False`, attention, mHC, dense MLPs and the vocabulary replicated, every rank running
+every token, and the experts spread (or split) as above with the one all-reduce per MoE
+layer. V4's hash layers route by the global expert ids of their token table, then relabel
+like the top-k layers; its shared expert rides in the stack on rank 0, or (beside FP4
+experts, no common format) runs as its own MLP on rank 0 before the all-reduce.
+
 The embedding and head are the model's own methods: `shard_model` moves the built model into
 a subclass of its class (`TensorParallelModel` first), as `torch.nn.utils.parametrize` does
 with modules, so the model file's straight-line `forward` stays as written.
@@ -31,6 +39,8 @@ with modules, so the model file's straight-line `forward` stays as written.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +61,8 @@ from resin_models_cuda.layers.parallel import (
     own,
 )
 from resin_models_cuda.models.base import FastModel
+from resin_models_cuda.models.deepseek_v4 import DeepseekV4, V4Moe
+from resin_models_cuda.models.glm5_next import Glm5Next
 from resin_models_cuda.step import MediaTensors
 
 
@@ -75,14 +87,22 @@ def shard_model(model: FastModel, group: Group, style: ParallelStyle | None = No
         return model
     check_shardable(model, size, style)
     shard = Shard(rank, size, group)
+    expert_parallel = style.experts == "expert"
     for layer in _layers(model):
+        if isinstance(model, REPLICATED_ATTENTION):  # layers cut while loading stay as they are
+            if isinstance(getattr(layer, "moe", None), V4Moe):
+                if not isinstance(layer.moe.moe, ParallelMoE):
+                    layer.moe = parallel_v4_moe(layer.moe, shard, expert_parallel)
+            elif isinstance(layer.mlp, MoE) and not isinstance(layer.mlp, ParallelMoE):
+                layer.mlp = ParallelMoE(layer.mlp, shard, expert_parallel)
+            continue
         if style.tensor:
             if isinstance(layer.attn, MlaAttention):
                 layer.attn = RowParallelMla(layer.attn, shard)
             else:
                 _split_attention(layer.attn, shard)
         if isinstance(layer.mlp, MoE):
-            layer.mlp = ParallelMoE(layer.mlp, shard, style.experts == "expert")
+            layer.mlp = ParallelMoE(layer.mlp, shard, expert_parallel)
         elif style.tensor:
             inner = layer.mlp.gate_up.out_features // 2
             layer.mlp.gate_up = column_parallel(layer.mlp.gate_up, [inner, inner], shard)
@@ -95,6 +115,17 @@ def shard_model(model: FastModel, group: Group, style: ParallelStyle | None = No
 def check_shardable(model: FastModel, size: int, style: ParallelStyle) -> None:
     """Raise `ValueError` unless every layer of `model` splits evenly over `size` ranks."""
     config = model.config
+    if isinstance(model, REPLICATED_ATTENTION):
+        if style.tensor:
+            raise ValueError(
+                f"{config.model_type}: its attention has no tensor-parallel plan; shard its "
+                "experts alone (ParallelStyle(tensor=False), --replicated-attention)"
+            )
+        for layer in _layers(model):
+            moe = layer.moe.moe if isinstance(getattr(layer, "moe", None), V4Moe) else layer.mlp
+            if isinstance(moe, MoE) and not isinstance(moe, ParallelMoE):
+                _check_moe(moe, size, style)
+        return
     if style.tensor and config.vocab_size < size:
         raise ValueError(f"a vocabulary of {config.vocab_size} does not split over {size} ranks")
     for layer in _layers(model):
@@ -108,6 +139,40 @@ def check_shardable(model: FastModel, size: int, style: ParallelStyle) -> None:
                 _divides(mlp.gate_up.out_features // 2, size, "the MLP width")
         if isinstance(mlp, MoE):
             _check_moe(mlp, size, style)
+
+
+REPLICATED_ATTENTION = (DeepseekV4, Glm5Next)
+"""The models whose attention every rank runs whole (only their experts are cut)."""
+
+
+def parallel_v4_moe(built: V4Moe, shard: Shard, expert_parallel: bool) -> V4Moe:
+    """A copy of DeepSeek-V4's MoE layer over this rank's experts (`ParallelMoE`); a shared
+    expert kept beside the stack is added on rank 0, before the all-reduce."""
+    cut = copy.copy(built)
+    extra = built.shared if shard.rank == 0 else None
+    cut.moe, cut.shared = ParallelMoE(built.moe, shard, expert_parallel, extra), None
+    return cut
+
+
+def moe_cutter(group: Group, style: ParallelStyle) -> Callable[[Any], Any] | None:
+    """`BuildOptions.cut_moe` for `style` over `group`: DeepSeek-V4's and GLM-5.3's MoE
+    layers cut for this rank as they are built (`shard_model` then leaves them as they are), so
+    the build never holds every layer's experts; None for one rank or `style.tensor` (no
+    build-time cut for those plans)."""
+    size = dist.get_world_size(group)
+    if size == 1 or style.tensor:
+        return None
+    shard = Shard(dist.get_rank(group), size, group)
+    expert_parallel = style.experts == "expert"
+
+    def cut(layer: Any) -> Any:
+        if isinstance(layer, V4Moe):
+            return parallel_v4_moe(layer, shard, expert_parallel)
+        if style.experts == "tensor":
+            _check_moe(layer, size, style)
+        return ParallelMoE(layer, shard, expert_parallel)
+
+    return cut
 
 
 def _layers(model: FastModel) -> list[Any]:

@@ -67,7 +67,7 @@ from resin_models_cuda.layers.quantized import (
     StoredWeights,
     needs_stored_weights,
 )
-from resin_models_cuda.models import FastModel
+from resin_models_cuda.models import BuildOptions, FastModel
 from resin_models_cuda.options import RunnerOptions
 from resin_models_cuda.prompt_logprobs import PromptLogprobs, prompt_logprobs, prompt_tokens
 from resin_models_cuda.runner_setup import check_plan, copy_pages, make_runner_config, prefill_step
@@ -132,10 +132,12 @@ def load_model(
     options: RunnerOptions,
     device: str | torch.device = "cuda",
     dtype: torch.dtype = torch.bfloat16,
+    build: BuildOptions | None = None,
 ) -> FastModel:
     """The fast model of a checkpoint folder, its weights cast to `dtype` on `device` (a bar
     over the checkpoint's bytes on a terminal; a log line with the weights' size and time);
-    quantized checkpoints (and float32 routers) are read as stored (`StoredWeights`)."""
+    quantized checkpoints (and float32 routers) are read as stored (`StoredWeights`).
+    `build`: instead of `options.build_options()`."""
     start = time.perf_counter()
     config = load_config(folder)
     source: WeightSource
@@ -145,7 +147,7 @@ def load_model(
     else:
         source = SafetensorsWeights(str(folder), device, dtype, names=names)
     try:
-        model = build_model(config, source, options.build_options())
+        model = build_model(config, source, build or options.build_options())
     finally:
         if isinstance(source, SafetensorsWeights):
             source.close()

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,9 @@ from resin_model.hf_config import parse_config
 from resin_model.presets import preset_hf
 from resin_models_cuda import CudaRunner, RunnerOptions, build_model
 from resin_models_cuda.layers import RandomWeights
-from resin_models_cuda.parallel import ParallelStyle, shard_model
+from resin_models_cuda.layers.parallel import ParallelMoE
+from resin_models_cuda.parallel import ParallelStyle, moe_cutter, shard_model
+from resin_models_cuda.runner import load_model
 
 SEED = 5
 # With CUDA both ranks run on cuda:0 over Gloo (NCCL refuses two ranks on one device): the
@@ -86,10 +88,30 @@ DEEPSEEK: dict[str, Any] = {
 }
 
 
+# DeepSeek-V4 (`V4_TINY`, a checkpoint of `tests/models/dsv4_tiny.py`'s: a sliding layer
+# hash-routed by a random token table, then a CSA layer; 4 routed experts, top-2, one shared):
+# attention, mHC and the vocabulary replicated, the experts spread. The expert GEMV up to 8
+# pairs, so rank 0 (3 pairs a token) and rank 1 (2) run both MoE paths.
+V4_TINY: dict[str, Any] = {"num_hidden_layers": 2, "compress_ratios": [0, 4]}
+V4_OPTIONS = replace(OPTIONS, page_size=16, max_draft_tokens=0, moe_gemv_max_pairs=8)
+
+# GLM-5.3 (KDA, then indexed MLA; layer 0 dense, layer 1 6 routed experts, top-2, one shared):
+# the mixers, mHC and the vocabulary replicated, the experts spread.
+GLM5: dict[str, Any] = {
+    **preset_hf("tiny-glm5_next"), "vocab_size": 301, "num_hidden_layers": 2,
+    "layer_types": ["linear_attention", "indexed_attention"],
+    "mlp_layer_types": ["dense", "sparse"],
+}  # fmt: skip
+GLM5_OPTIONS = replace(OPTIONS, page_size=16)
+
+
 @dataclass(frozen=True)
 class Case:
-    config: dict[str, Any]
+    config: dict[str, Any] | None  # None: a checkpoint folder (`runner`)
     style: ParallelStyle
+    options: RunnerOptions = OPTIONS
+    vocab: int = 301
+    cut_while_loading: bool = False  # MoE layers cut as built (`moe_cutter`), not afterwards
 
 
 CASES: dict[str, Case] = {
@@ -98,6 +120,8 @@ CASES: dict[str, Case] = {
     "moe-ep": Case(QWEN3_MOE, ParallelStyle(tensor=False, experts="expert")),
     "moe-tp": Case(QWEN3_MOE, ParallelStyle()),
     "mla-tp-ep": Case(DEEPSEEK, ParallelStyle(experts="expert")),
+    "v4-ep": Case(None, ParallelStyle(tensor=False, experts="expert"), V4_OPTIONS, 300, True),
+    "glm5-ep": Case(GLM5, ParallelStyle(tensor=False, experts="expert"), GLM5_OPTIONS),
     "killed": Case(LLAMA, ParallelStyle()),
 }
 
@@ -127,33 +151,48 @@ class Recording:
 
 
 def runner(
-    name: str, group: torch.distributed.ProcessGroup | None, options: RunnerOptions = OPTIONS
+    name: str,
+    group: torch.distributed.ProcessGroup | None,
+    graphs: bool | None = None,
+    checkpoint: str | None = None,
 ) -> Recording:
     """The case's fast runner on every rank's same random weights (peaky: std 0.2, so greedy
-    choices are not near-ties), sharded over `group` (None: the whole model)."""
+    choices are not near-ties) or checkpoint (default: the folder `PARALLEL_CHECKPOINT`
+    names), sharded over `group` (None: the whole model); `graphs`: decode CUDA graphs
+    (default: over NCCL)."""
     case = CASES[name]
+    options = replace(case.options, cuda_graphs=NCCL if graphs is None else graphs)
     device = f"cuda:{dist.get_rank(group)}" if NCCL and group is not None else DEVICE
-    source = RandomWeights(device, torch.float32, seed=SEED, std=0.2)
-    model = build_model(parse_config(case.config), source, options.build_options())
+    build = options.build_options()
+    if group is not None and case.cut_while_loading:
+        build = replace(build, cut_moe=moe_cutter(group, case.style))
+    if case.config is None:
+        folder = checkpoint or os.environ["PARALLEL_CHECKPOINT"]
+        model = load_model(folder, options, device, torch.float32, build)
+    else:
+        source = RandomWeights(device, torch.float32, seed=SEED, std=0.2)
+        model = build_model(parse_config(case.config), source, build)
+    if build.cut_moe is not None:  # already this rank's experts, before `shard_model`
+        assert all(isinstance(layer.moe.moe, ParallelMoE) for layer in model.layers)
     if group is not None:
         model = shard_model(model, group, case.style)
     return Recording(CudaRunner(model, options))
 
 
-def prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(11)
-    shared = torch.randint(0, 301, (9,), generator=gen).tolist()
+def prompts(name: str) -> list[list[int]]:
+    vocab, gen = CASES[name].vocab, torch.Generator().manual_seed(11)
+    shared = torch.randint(0, vocab, (9,), generator=gen).tolist()
     return [
-        [*shared, *torch.randint(0, 301, (3,), generator=gen).tolist()],
-        [*shared, 300, 299],  # the top ids live in the last vocabulary shard
-        torch.randint(0, 301, (3,), generator=gen).tolist(),
+        [*shared, *torch.randint(0, vocab, (3,), generator=gen).tolist()],
+        [*shared, vocab - 1, vocab - 2],  # the top ids live in the last vocabulary shard
+        torch.randint(0, vocab, (3,), generator=gen).tolist(),
     ]
 
 
-def generate(local: Any) -> list[list[int]]:
+def generate(local: Any, name: str) -> list[list[int]]:
     params = SamplingParams(max_output_tokens=OUTPUT_TOKENS, temperature=0.0)
     with Engine(local, **ENGINE_KWARGS) as engine:
-        requests = [engine.submit(p, params) for p in prompts()]
+        requests = [engine.submit(p, params) for p in prompts(name)]
         while engine.has_work():
             engine.step()
     return [list(r.take_result()) for r in requests]
@@ -164,13 +203,25 @@ def shards(model: Any) -> dict[str, Any]:
     the KV heads its arena holds per token."""
     from resin_models_cuda.layers import MoE
     from resin_models_cuda.layers.mla import MlaAttention
+    from resin_models_cuda.models.deepseek_v4 import DeepseekV4
+    from resin_models_cuda.models.glm5_next import Glm5Next
 
     def heads(attn: Any) -> int:
         return attn.heads if isinstance(attn, MlaAttention) else attn.q_size // 16
 
-    stacks = [layer.mlp.w.down.shape[0] for layer in model.layers if isinstance(layer.mlp, MoE)]
+    if isinstance(model, DeepseekV4):  # its attention as `attention`, its MoE in `moe.moe`
+        q_heads = [layer.attention.heads for layer in model.layers]
+        stacks = [layer.moe.moe.w.down.shape[0] for layer in model.layers]
+    elif isinstance(model, Glm5Next):  # KDA and indexed MLA as `mixer`, whole on every rank
+        q_heads = [layer.mixer.heads for layer in model.layers]
+        stacks = [layer.mlp.w.down.shape[0] for layer in model.layers
+                  if isinstance(layer.mlp, MoE)]  # fmt: skip
+    else:
+        q_heads = [heads(layer.attn) for layer in model.layers]
+        stacks = [layer.mlp.w.down.shape[0] for layer in model.layers
+                  if isinstance(layer.mlp, MoE)]  # fmt: skip
     return {
-        "q_heads": [heads(layer.attn) for layer in model.layers],
+        "q_heads": q_heads,
         "experts": stacks,
         "embed_rows": int(model.embed.shape[0]),
         "kv_heads": model.cache_token_shape()[1],
@@ -182,7 +233,7 @@ def run_until_peer_dies(local: Any, out: Path) -> None:
     params = SamplingParams(max_output_tokens=40, temperature=0.0)
     events: list[object] = []
     with Engine(local, **ENGINE_KWARGS) as engine:
-        requests = [engine.submit(p, params) for p in prompts()]
+        requests = [engine.submit(p, params) for p in prompts("killed")]
         for _ in range(2):
             events += engine.step()
         os.kill(int(os.environ["PEER_PID"]), signal.SIGKILL)
@@ -225,7 +276,7 @@ def main(name: str, out: Path, timeout_s: float) -> None:
     if name == "killed":
         run_until_peer_dies(leader, out)
     else:
-        tokens = generate(leader)
+        tokens = generate(leader, name)
         local = leader.local
         assert isinstance(local, Recording)
         held = shards(local.inner.model)

@@ -7,7 +7,6 @@ the engine report the runner dead. The jobs run `parallel_scenario.py` (cases th
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 
 from tests.backend.launcher import launch
 from tests.cuda import parallel_scenario as scenario
+from tests.models.dsv4_tiny import _CONFIG, randomized
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,10 +30,15 @@ SHARDS = {
     "moe-ep": {"q_heads": [4, 4], "experts": [3], "embed_rows": 301, "kv_heads": 2},
     "moe-tp": {"q_heads": [2, 2], "experts": [6], "embed_rows": 151, "kv_heads": 1},
     "mla-tp-ep": {"q_heads": [2, 2], "experts": [6], "embed_rows": 151, "kv_heads": 1},
+    # DeepSeek-V4: every head and vocabulary row, 2 of 4 routed experts + the shared one
+    "v4-ep": {"q_heads": [4, 4], "experts": [3, 3], "embed_rows": 300, "kv_heads": 1},
+    # GLM-5.3: every KDA / MLA head and vocabulary row, 3 of 6 routed experts + the shared one
+    "glm5-ep": {"q_heads": [2, 4], "experts": [4], "embed_rows": 301, "kv_heads": 1},
 }
 # CPU CI time: one dense job and one MoE job (DeepSeek: MLA split by heads, experts spread,
 # shared experts); every style runs where the kernels are compiled.
-CASES = ["dense-tp", "mla-tp-ep"] + (["moe-tp-ep", "moe-ep", "moe-tp"] if HAS_CUDA else [])
+CASES = ["dense-tp", "mla-tp-ep", "v4-ep", "glm5-ep"]
+CASES += ["moe-tp-ep", "moe-ep", "moe-tp"] if HAS_CUDA else []
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -52,13 +57,18 @@ def test_nccl_collectives_replay_inside_cuda_graphs(name: str, tmp_path: Path) -
 
 def check_two_ranks(name: str, tmp_path: Path, env: dict[str, str] | None = None) -> None:
     """The job's leader's tokens and logits against one process's (same graphs setting)."""
+    env, checkpoint = dict(env or {}), None
+    if scenario.CASES[name].config is None:  # a checkpoint: written once, read by every rank
+        checkpoint = str(tmp_path / "v4")
+        randomized({**_CONFIG, **scenario.V4_TINY}, 0).save_pretrained(checkpoint)
+        env["PARALLEL_CHECKPOINT"] = checkpoint
     job = launch(name, tmp_path, script=SCRIPT, wall=200.0, collective_timeout=60.0, env=env)
     assert job.returncodes == [0, 0], job.output
     sharded = torch.load(tmp_path / "result.pt")
     assert sharded["shards"] == SHARDS[name]  # the leader really holds only its part
-    graphs = replace(scenario.OPTIONS, cuda_graphs=bool(env))  # as the job's ranks ran
-    single = scenario.runner(name, None, graphs)
-    tokens = scenario.generate(single)
+    nccl = env.get("RESIN_PARALLEL_NCCL") == "1"
+    single = scenario.runner(name, None, nccl, checkpoint)  # graphs as the job's ranks ran
+    tokens = scenario.generate(single, name)
     assert sharded["tokens"] == tokens
     assert sorted(sharded["logits"]) == sorted(single.logits)
     sampled = [s for s, logits in single.logits.items() if logits.numel()]

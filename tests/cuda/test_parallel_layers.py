@@ -2,7 +2,8 @@
 rank the all-reduce is the identity, so a layer cut as rank r of 2 returns rank r's part, and
 the two parts together must give the uncut layer's output. Dense, FP8 (128 x 128 blocks and
 per channel) and MXFP4 weights; experts split (TP) and spread (EP, shared experts on rank 0),
-on both MoE paths. On CPU the kernels run in Triton's interpreter."""
+on both MoE paths; DeepSeek-V4's MoE layers (hash routing, the shared expert beside FP4
+experts). On CPU the kernels run in Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -114,3 +115,33 @@ def test_moe_parts_sum_to_the_whole(
 
 def _count(stack: object) -> int:
     return int(stack.w.shape[0] if isinstance(stack, Fp8Experts) else stack.shape[0])  # type: ignore[attr-defined]
+
+
+def test_v4_fp4_moe_parts_sum_to_the_whole(device: str, group: dist.ProcessGroup) -> None:
+    """DeepSeek-V4's MoE layers with FP4 experts spread over 2 ranks (`parallel_v4_moe`): the
+    hash layer (its token table names global expert ids) and a top-k layer; the shared
+    expert, beside the FP4 stack, runs whole on rank 0 before the sum (folded into the stack
+    it is `test_parallel.py`'s `v4-ep` case). The parts sum to the whole layer's output."""
+    from resin_model.presets import preset
+    from resin_models_cuda import RunnerOptions
+    from resin_models_cuda.parallel import ParallelStyle, check_shardable, parallel_v4_moe
+    from resin_models_cuda.runner import random_runner
+
+    options = RunnerOptions(page_size=16, max_batch=2, max_context=64, num_pages=16)
+    config = preset("tiny-deepseek_v4")
+    model = random_runner(config, options, device, torch.float32, quantize="mxfp4").model  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no tensor-parallel plan"):  # attention stays whole
+        check_shardable(model, 2, ParallelStyle())
+    with pytest.raises(ValueError, match="4 experts do not spread over 8 ranks"):
+        check_shardable(model, 8, ParallelStyle(tensor=False, experts="expert"))
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, config.hidden_size, generator=gen).to(device)
+    ids = torch.randint(0, config.vocab_size, (5,), generator=gen).to(device)
+    for layer in (model.layers[0], model.layers[-1]):  # hash-routed, then top-k
+        whole = layer.moe
+        parts = [parallel_v4_moe(whole, Shard(r, 2, group), True) for r in (0, 1)]
+        assert whole.shared is not None and all(p.shared is None for p in parts)
+        assert [p.moe.w.down.scales.shape[0] for p in parts] == [2, 2]  # of 4 routed experts
+        assert [p.moe.extra is not None for p in parts] == [True, False]
+        summed = sum(p(x, ids).float() for p in parts)
+        torch.testing.assert_close(summed, whole(x, ids).float(), atol=2e-3, rtol=2e-3)

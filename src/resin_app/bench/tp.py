@@ -17,6 +17,12 @@ attention, per-expert loops); `--runner cuda` the fast runner's shards
 
     resin bench tp --runner cuda --tensor-parallel 2 --preset gpt-oss-120b --quantize mxfp4
     resin bench tp --runner cuda --tensor-parallel 2 --preset qwen3-30b-a3b --expert-parallel
+    resin bench tp --runner cuda --tensor-parallel 8 --preset deepseek-v4-flash --expert-parallel \
+        --replicated-attention --quantize mxfp4 --skip-single
+
+`--replicated-attention` cuts only the experts (DeepSeek-V4 and GLM-5.3 have no split plan for
+their attention): every rank runs every token through whole attention, one all-reduce per MoE
+layer.
 
 Both sides of a `--runner cuda` run step one plan at a time (no overlap: a `DistributedRunner`
 does not pipeline), so the ratio compares like with like.
@@ -148,6 +154,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK if present")
     p.add_argument("--expert-parallel", action="store_true", help="split MoE experts")
+    p.add_argument(
+        "--replicated-attention",
+        action="store_true",
+        help="--runner cuda: cut only the experts; attention, dense MLPs and the vocabulary "
+        "whole on every rank (DeepSeek-V4, GLM-5.3 need it)",
+    )
     p.add_argument("--skip-single", action="store_true", help="no TP=1 run (model too big)")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
     p.add_argument("--output", type=Path, default=Path("bench/tp.jsonl"))
@@ -200,6 +212,7 @@ def _fast(
         groups,
         config=_config(args),
         expert_parallel=args.expert_parallel,
+        tensor=not args.replicated_attention,
         dtype=dtype,
         quantize=args.quantize,
         options=options,
@@ -270,9 +283,11 @@ def _report(rows: list[dict[str, Any]], output: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _args(list(sys.argv[1:] if argv is None else argv))
-    if args.quantize is not None and args.runner != "cuda":
-        print("resin bench tp: --quantize needs --runner cuda", file=sys.stderr)
-        return 2
+    for flag, given in (("--quantize", args.quantize), ("--replicated-attention",
+                        args.replicated_attention)):  # fmt: skip
+        if given and args.runner != "cuda":
+            print(f"resin bench tp: {flag} needs --runner cuda", file=sys.stderr)
+            return 2
     holder: dict[str, torch.device] = {}
 
     def build(groups: ProcessGroups) -> Runner:
@@ -287,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common = {"preset": args.preset, "context": args.context, "dtype": args.dtype}
     common |= {"runner": args.runner, "quantize": args.quantize}
     common |= {"expert_parallel": args.expert_parallel, "device": str(device)}
+    common |= {"replicated_attention": args.replicated_attention}
     rows = [{"tp": tp, **common, **row} for row in measure(runner, args)]
     shutdown()
     del runner  # the sharded model goes before the whole one is built
@@ -296,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         single = _build(args, None, device)
-        common["expert_parallel"] = False
+        common["expert_parallel"] = common["replicated_attention"] = False
         rows += [{"tp": 1, **common, **row} for row in measure(single, args)]
     _report(rows, args.output)
     return 0
@@ -320,6 +336,7 @@ def _start(
         worker_args += ["--runner", "cuda", "--max-sequences", str(max(args.batch))]
         worker_args += ["--context-length", str(args.context + args.decode_steps + 8)]
         worker_args += ["--quantize", args.quantize] if args.quantize else []
+        worker_args += ["--replicated-attention"] * args.replicated_attention
     if args.device is not None and torch.device(args.device).type != "cuda":
         worker_args += ["--device", args.device]
     job = spawn_local(

@@ -26,6 +26,7 @@ rank 0 only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -244,9 +245,17 @@ class ExpertRun:
 
 class ParallelMoE(MoE):
     """A MoE layer whose experts are split (`run` None: every expert cut by `split_experts`)
-    or spread (`run`: this rank's whole experts); the partial sums meet in one all-reduce."""
+    or spread (`run`: this rank's whole experts); the partial sums meet in one all-reduce.
+    `extra`: a term of the layer's output outside the stack (DeepSeek-V4's shared expert
+    beside FP4 experts) that this rank adds before the sum; give it to one rank only."""
 
-    def __init__(self, built: MoE, shard: Shard, expert_parallel: bool) -> None:
+    def __init__(
+        self,
+        built: MoE,
+        shard: Shard,
+        expert_parallel: bool,
+        extra: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         experts = built.moe.num_experts
         self.run = ExpertRun.of(experts, shard) if expert_parallel else None
         if self.run is None:
@@ -255,7 +264,7 @@ class ParallelMoE(MoE):
             local = self.run.weights(built.w, experts, shard)
         super().__init__(built.moe, local, built.act, built.gemv_max_pairs, limit=built.limit)
         self.router = built.router  # as built (float32 where the model routes in float32)
-        self.group = shard.group
+        self.group, self.extra = shard.group, extra
 
     def route(
         self, x: torch.Tensor, ids: torch.Tensor | None = None
@@ -276,5 +285,7 @@ class ParallelMoE(MoE):
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         out = super().__call__(x, ids)
+        if self.extra is not None:
+            out = out + self.extra(x)
         dist.all_reduce(out, group=self.group)
         return out

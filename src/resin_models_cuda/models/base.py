@@ -5,7 +5,9 @@ not, optional final soft-capping). A model file subclasses `FastModel`, builds i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,12 +27,15 @@ class BuildOptions:
     which MoE layers take the expert-GEMV path instead of the grouped GEMM; `mtp`: load the
     checkpoint's first multi-token-prediction layer (DeepSeek) to draft with;
     `max_draft_tokens`: drafts a row may verify (a model whose State can drop them keeps room
-    for that many, DeepSeek-V4)."""
+    for that many, DeepSeek-V4); `cut_moe`: applied to each MoE layer as soon as it is built
+    (DeepSeek-V4, GLM-5.3; `resin_models_cuda.parallel.moe_cutter`), so a rank of an expert
+    parallel job never holds more than one layer's whole experts."""
 
     max_positions: int = 8192
     moe_gemv_max_pairs: int = 64
     mtp: bool = False
     max_draft_tokens: int = 0
+    cut_moe: Callable[[Any], Any] | None = None
 
 
 class FastModel:

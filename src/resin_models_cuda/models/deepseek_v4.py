@@ -21,7 +21,7 @@ window's pages and its compressed entries' pages in one launch a layer, CSA read
 indexer's picks, HCA every visible entry), mHC's Sinkhorn weights and the final collapse's
 (`kernels/mhc.py`), the compressor's gated pooling (`kernels/compressor.py`), the indexer's
 scores (`kernels/indexer.py`, top-k by `torch.topk`) and the MoE through the layer library
-(`_Moe`: the router kernel's `sqrt(softplus)` / hash routing, the expert GEMV / grouped
+(`V4Moe`: the router kernel's `sqrt(softplus)` / hash routing, the expert GEMV / grouped
 kernels in bf16 or FP8). The compressor's bookkeeping (which positions each entry pools, the
 State rings, checkpoints) is batched over the step's rows with index tensors on the device
 (`_Attention._update`); a varlen step reads the host only for the row lengths (`_begin`).
@@ -422,7 +422,7 @@ class _Attention:
         return torch.cat((pooled, keys), dim=-1)
 
 
-class _Moe:
+class V4Moe:
     """The layer library's MoE (`layers/moe.py`): the router kernel's `sqrt(softplus)` scores
     with the top-k of score + bias, or (hash layers) the experts the token-id table names, a
     gather in the same kernel; weights renormalised and scaled; the clamped SiLU gate
@@ -446,13 +446,13 @@ class _Moe:
 
         gate_up = stacked_fp4_experts(w, names(("gate_proj", "up_proj")), [(inner, h)] * 2)
         shared = GatedMLP(w, f"{p}shared_experts.", h, moe.shared_intermediate_size, "silu")
-        self.shared: GatedMLP | None = None
+        self.shared: SharedExpert | None = None
         if gate_up is not None:
             down = stacked_fp4_experts(w, names(("down_proj",)), [(h, inner)])
             if down is None:
                 raise ValueError(f"{p}experts: gate / up stored as FP4, down not")
             experts = ExpertWeights(router, None, gate_up, None, down, None)
-            self.shared = shared
+            self.shared = SharedExpert(shared, self.limit)
         else:
             experts = replace(qwen_experts(c, w, p), router=router)
             experts = experts.with_shared(shared.gate_up.weight, shared.down.weight)
@@ -467,9 +467,25 @@ class _Moe:
     def __call__(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         out = self.moe(x, ids)
         if self.shared is not None:
-            act = gated_activation(self.shared.gate_up(x), "silu_clamp", limit=self.limit)
-            out = out + self.shared.down(act)
+            out = out + self.shared(x)
         return out
+
+
+def _cut(moe: V4Moe, options: BuildOptions) -> V4Moe:
+    """`moe`, cut for this rank as it is built where the build asks (`BuildOptions.cut_moe`)."""
+    return moe if options.cut_moe is None else options.cut_moe(moe)  # type: ignore[no-any-return]
+
+
+class SharedExpert:
+    """The shared expert as its own gated MLP with the clamped SiLU gate (beside FP4 routed
+    experts, which have no format in common with it)."""
+
+    def __init__(self, mlp: GatedMLP, limit: float) -> None:
+        self.mlp, self.limit = mlp, limit
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        act = gated_activation(self.mlp.gate_up(x), "silu_clamp", limit=self.limit)
+        return self.mlp.down(act)
 
 
 def _hash_table(c: ModelConfig, w: WeightSource, name: str) -> torch.Tensor:
@@ -516,7 +532,7 @@ def _mix(
 
 class _Layer:
     def __init__(
-        self, c: ModelConfig, w: WeightSource, p: str, attention: _Attention, moe: _Moe
+        self, c: ModelConfig, w: WeightSource, p: str, attention: _Attention, moe: V4Moe
     ) -> None:
         h, f32 = c.hidden_size, torch.float32
         self.attention, self.moe, self.eps = attention, moe, c.norm_eps
@@ -538,7 +554,7 @@ class _Mtp:
         assert v4 is not None
         p, h, n, f32 = "mtp.0.", c.hidden_size, v4.hc_mult, torch.float32
         attention = _Attention(c, w, p, "sliding", [window_layer])
-        self.layer = _Layer(c, w, p, attention, _Moe(c, w, p, False, options))
+        self.layer = _Layer(c, w, p, attention, _cut(V4Moe(c, w, p, False, options), options))
         self.e_proj = w.get(f"{p}e_proj.weight", (h, h))
         self.h_proj = w.get(f"{p}h_proj.weight", (h, h))
         self.enorm = w.get(f"{p}enorm.weight", (h,), "ones", dtype=f32)
@@ -576,7 +592,7 @@ class DeepseekV4(FastModel):
                 entry = config.head_dim + (v4.index_head_dim if kind == "csa" else 0)
                 buffer = attention.pooler.buffer_tokens() + self.rewind
                 self._widths[kind] = (entry, buffer, attention.pooler.projected + extra)
-            moe = _Moe(config, weights, prefix, v4.hash_layers[i], options)
+            moe = _cut(V4Moe(config, weights, prefix, v4.hash_layers[i], options), options)
             self.layers.append(_Layer(config, weights, prefix, attention, moe))
         f32, h, n = torch.float32, config.hidden_size, v4.hc_mult
         self.norm_weight = weights.get("model.norm.weight", (h,), "ones", dtype=f32)

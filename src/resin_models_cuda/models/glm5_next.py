@@ -340,6 +340,8 @@ class Glm5NextLayer:
             if config.is_sparse(layer)
             else ClampedMLP(w, f"{p}mlp.", hidden, config.intermediate_size, glm.swiglu_limit)
         )
+        if isinstance(self.mlp, MoE) and options.cut_moe is not None:  # cut as it is built
+            self.mlp = options.cut_moe(self.mlp)
 
 
 class Glm5Next(FastModel):
