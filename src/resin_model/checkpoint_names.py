@@ -41,7 +41,13 @@ def names_for(model_type: str) -> Callable[[str], str | None]:
 
         return checkpoint_name
     if model_type in ("glm5_next", "glm5_next_text"):
-        from resin_model.hf_glm5_next import checkpoint_name as glm5_name
-
-        return glm5_name
+        return _glm5_names
     return default_names
+
+
+def _glm5_names(name: str) -> str | None:
+    """`default_names`, then GLM-5.3's published names as the runners' modules name them."""
+    from resin_model.hf_glm5_next import rename_published
+
+    mapped = default_names(name)
+    return None if mapped is None else rename_published(mapped)

@@ -45,14 +45,6 @@ def rename_published(name: str) -> str:
     return name
 
 
-def checkpoint_name(name: str) -> str | None:
-    """`checkpoint_names.default_names`, then `rename_published` (the fast runner's map)."""
-    from resin_model.checkpoint_names import default_names
-
-    mapped = default_names(name)
-    return None if mapped is None else rename_published(mapped)
-
-
 _KINDS: dict[str, LayerKind] = {
     "linear_attention": "linear",
     "indexed_attention": "full",

@@ -20,9 +20,9 @@ has the math), equal to it in the Triton interpreter (float32).
   latents; softmax in float32): no sparse-MLA kernel yet.
 - mHC (`kernels/mhc.py`'s Sinkhorn weights; the collapse and mix in torch); the final
   collapse is the streams' mean.
-- Names: the runners' (`hf_glm5_next.checkpoint_name` maps the published `hc_attn_fn`,
-  `self_attn.dt_bias` onto `attn_hc.fn`, `self_attn.decay.dt_bias`; `resin bench checkpoint`
-  writes these).
+- Names: the runners' (`checkpoint_names.names_for`, through `hf_glm5_next.rename_published`,
+  maps the published `hc_attn_fn`, `self_attn.dt_bias` onto `attn_hc.fn`,
+  `self_attn.decay.dt_bias`; `resin bench checkpoint` writes these).
 - MLPs: the clamped SwiGLU (`silu_clamp` activation) dense, and the MoE layer library for
   the sigmoid-routed experts with the shared expert folded in (DeepSeek-V3's routing).
 
