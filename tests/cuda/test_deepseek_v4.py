@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from resin import Engine, SamplingParams
 from tests.models.dsv4_tiny import _checkpoint
-from tests.models.ref_compare import generate_twice
+from tests.models.ref_compare import assert_step_logits_equal, generate_twice
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-dsv4-"))
 # The MoE's expert GEMV up to 4 token-expert pairs (a decode row: top-2 and the shared expert),
@@ -59,29 +59,9 @@ def test_same_tokens_and_groups_as_the_reference(device: str) -> None:
 
 def test_logits_equal_the_reference_step_by_step(device: str) -> None:
     reference, fast = _runners(device)
-    reference.record_logits = True
     prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
-    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
-    steps: list[torch.Tensor] = []
-    logits = fast.model.logits
-
-    def recorded(hidden: torch.Tensor) -> torch.Tensor:  # every step's sampled rows
-        out = logits(hidden)
-        steps.append(out.cpu())
-        return out
-
-    fast.model.logits = recorded
-    for runner in (reference, fast):
-        with Engine(runner, context_length=256, prefill_chunk_tokens=16) as engine:
-            engine.submit(prompt, params)
-            while engine.has_work():
-                engine.step()
-    # the same steps on both; a step that samples compares its sampled token's logits
-    assert len(steps) == len(reference.recorded) == 5
-    for got, step in zip(steps, reference.recorded, strict=True):
-        assert step.logits is not None
-        if got.shape[0]:
-            torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+    steps = assert_step_logits_equal(reference, fast, prompt, context_length=256)
+    assert steps == 5  # the same steps on both
 
 
 # Torch calls that read a device tensor on the host (a sync, or a shape that depends on data).

@@ -17,10 +17,9 @@ from typing import Any
 import torch
 import transformers
 
-from resin import Engine, SamplingParams
 from resin.protocols import State
 from tests.models.glm5_tiny import perturbed
-from tests.models.ref_compare import generate_twice
+from tests.models.ref_compare import assert_step_logits_equal, generate_twice
 
 _ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-glm5-"))
 
@@ -82,28 +81,9 @@ def test_same_tokens_as_the_reference_with_prefix_hits(device: str) -> None:
 
 def test_logits_equal_the_reference_step_by_step(device: str) -> None:
     reference, fast = _runners(device, graphs=False)  # every step calls `logits` in Python
-    reference.record_logits = True
     prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
-    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
-    steps: list[torch.Tensor] = []
-    logits = fast.model.logits
-
-    def recorded(hidden: torch.Tensor) -> torch.Tensor:  # every step's sampled rows
-        out = logits(hidden)
-        steps.append(out.cpu())
-        return out
-
-    fast.model.logits = recorded
-    for runner in (reference, fast):
-        with Engine(runner, context_length=128, prefill_chunk_tokens=16) as engine:
-            engine.submit(prompt, params)
-            while engine.has_work():
-                engine.step()
-    assert len(steps) == len(reference.recorded) >= 4  # 3 prefill chunks, then decode
-    for got, step in zip(steps, reference.recorded, strict=True):
-        assert step.logits is not None
-        if got.shape[0]:
-            torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+    steps = assert_step_logits_equal(reference, fast, prompt, context_length=128)
+    assert steps >= 4  # 3 prefill chunks, then decode
 
 
 def _stored(folder: Path, name: str) -> torch.Tensor:

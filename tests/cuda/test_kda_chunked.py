@@ -11,6 +11,7 @@ import torch
 
 from resin_models_cuda.kernels.delta_rule import kda_delta_rule
 from resin_models_cuda.step import StateRows
+from tests.cuda.test_qwen3_5_kernels import state_rows
 
 LENS = [37, 1, 11, 21]
 STATE_IN = [2, -1, 0, 5]
@@ -19,21 +20,7 @@ CHECKPOINTS = {0: [(16, 6), (33, 7)], 3: [(5, 8)]}  # row: [(tokens covered, pag
 
 
 def _rows(device: str, region: torch.Tensor) -> StateRows:
-    def i32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
-    indptr = [0]
-    for n in LENS:
-        indptr.append(indptr[-1] + n)
-    ck_indptr, ck_len, ck_page = [0], [], []
-    for row in range(len(LENS)):
-        for length, page in CHECKPOINTS.get(row, []):
-            ck_len.append(length)
-            ck_page.append(page)
-        ck_indptr.append(len(ck_len))
-    token_row = [row for row, n in enumerate(LENS) for _ in range(n)]
-    return StateRows(region, i32(indptr), i32(token_row), i32(STATE_IN), i32(STATE_OUT),
-                     i32(ck_indptr), i32(ck_len), i32(ck_page))  # fmt: skip
+    return state_rows(device, region, LENS, STATE_IN, STATE_OUT, CHECKPOINTS)
 
 
 def _log_decays(t: int, h: int, kd: int, gen: torch.Generator) -> torch.Tensor:

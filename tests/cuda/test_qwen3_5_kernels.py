@@ -24,22 +24,37 @@ STATE_OUT = [3, 4, 0]  # row 2 updates its checkpoint in place
 CHECKPOINTS = {0: [(1, 6), (19, 7)], 2: [(3, 1)]}
 
 
-def _rows(device: str, region: torch.Tensor) -> StateRows:
+def state_rows(
+    device: str,
+    region: torch.Tensor,
+    lens: list[int],
+    state_in: list[int],
+    state_out: list[int],
+    checkpoints: dict[int, list[tuple[int, int]]],
+) -> StateRows:
+    """The varlen rows of a State kernel call: `lens` tokens a row, each starting from its
+    `state_in` page (-1: zeros) and ending in `state_out`, `checkpoints` a row's (tokens
+    covered, page) prefix checkpoints on the way."""
+
     def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     indptr = [0]
-    for n in LENS:
+    for n in lens:
         indptr.append(indptr[-1] + n)
     ck_indptr, ck_len, ck_page = [0], [], []
-    for row in range(len(LENS)):
-        for length, page in CHECKPOINTS.get(row, []):
+    for row in range(len(lens)):
+        for length, page in checkpoints.get(row, []):
             ck_len.append(length)
             ck_page.append(page)
         ck_indptr.append(len(ck_len))
-    token_row = [row for row, n in enumerate(LENS) for _ in range(n)]
-    return StateRows(region, i32(indptr), i32(token_row), i32(STATE_IN), i32(STATE_OUT),
+    token_row = [row for row, n in enumerate(lens) for _ in range(n)]
+    return StateRows(region, i32(indptr), i32(token_row), i32(state_in), i32(state_out),
                      i32(ck_indptr), i32(ck_len), i32(ck_page))  # fmt: skip
+
+
+def _rows(device: str, region: torch.Tensor) -> StateRows:
+    return state_rows(device, region, LENS, STATE_IN, STATE_OUT, CHECKPOINTS)
 
 
 def _expected_pages(pages: torch.Tensor, run: object) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -205,3 +205,33 @@ def generate_twice(
             reused = sum(r.cached_tokens for r in requests)
     assert outputs[0] == outputs[1]
     return outputs[0], reused
+
+
+def assert_step_logits_equal(
+    reference: Any, fast: Any, prompt: list[int], context_length: int
+) -> int:
+    """The reference runner (recording) and a fast runner (its `model.logits` wrapped) over the
+    same request with 16-token chunks: each step that samples has its sampled row's logits
+    within 2e-4 of the reference's. Returns how many steps ran."""
+    reference.record_logits = True
+    params = SamplingParams(max_output_tokens=2, temperature=0.0, ignore_stop_tokens=True)
+    steps: list[torch.Tensor] = []
+    logits = fast.model.logits
+
+    def recorded(hidden: torch.Tensor) -> torch.Tensor:  # every step's sampled rows
+        out = logits(hidden)
+        steps.append(out.cpu())
+        return out
+
+    fast.model.logits = recorded
+    for runner in (reference, fast):
+        with Engine(runner, context_length=context_length, prefill_chunk_tokens=16) as engine:
+            engine.submit(prompt, params)
+            while engine.has_work():
+                engine.step()
+    assert len(steps) == len(reference.recorded)
+    for got, step in zip(steps, reference.recorded, strict=True):
+        assert step.logits is not None
+        if got.shape[0]:
+            torch.testing.assert_close(got[-1], step.logits[-1], rtol=1e-4, atol=2e-4)
+    return len(steps)
