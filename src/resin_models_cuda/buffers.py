@@ -184,10 +184,11 @@ class DecodeBuffers:
         for gi, g in enumerate(plan.cache_groups[: self.num_groups]):
             shift = at - self._page_ids_at
             self._scatter(self._field("slots", gi, t), g.append_slots, dest, -1)
-            entry_at = np.full(plan.num_tokens, -1, dtype=np.int64)
+            entry_at = self._field("entry_at", gi, t)
+            entry_at[:] = -1
             if g.entry_token.size:  # each completing token's entry (one at most a token)
-                entry_at[g.entry_token] = g.entry_slots
-            self._scatter(self._field("entry_at", gi, t), entry_at, dest, -1)
+                tokens = g.entry_token if dest is None else dest[g.entry_token]
+                entry_at[tokens] = g.entry_slots
             self.fill(self._field("page_start", gi, rows), g.page_start, 0)
             indptr = self._field("page_indptr", gi, rows + 1)
             self.fill(indptr, g.page_indptr, int(g.page_indptr[-1]))
