@@ -49,6 +49,8 @@ _KINDS: dict[str, LayerKind] = {
     "linear_attention": "linear",
     "indexed_attention": "full",
     "full_attention": "full",
+    # what transformers 5.17 and older write for the same DSA layer (later ones read it as above)
+    "deepseek_sparse_attention": "full",
 }
 _VISION_KEYS = ("vision_config", "image_token_id", "video_token_id", "image_start_token_id",
                 "image_end_token_id", "video_start_token_id", "video_end_token_id")  # fmt: skip

@@ -29,7 +29,8 @@ _ROOT = Path(tempfile.mkdtemp(prefix="resin-fast-dsv4-"))
 GEMV_PAIRS = 4
 
 
-def _runners(device: str) -> tuple[Any, Any]:
+def _runners(device: str, graphs: bool = True) -> tuple[Any, Any]:
+    """The reference and the fast runner; `graphs`: decode in CUDA graphs captured at bind."""
     from resin_models_cuda import RunnerOptions, load_runner
     from resin_models_torch.registry import load_runner as load_reference
 
@@ -37,7 +38,8 @@ def _runners(device: str) -> tuple[Any, Any]:
     reference = load_reference(folder, device, torch.float32, page_size=16, num_pages=64)
     # no draft room, so the State groups are the reference's byte for byte
     options = RunnerOptions(page_size=16, max_batch=4, max_context=256, num_pages=64,
-                            max_draft_tokens=0, moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
+                            max_draft_tokens=0, moe_gemv_max_pairs=GEMV_PAIRS,
+                            cuda_graphs=graphs)  # fmt: skip
     return reference, load_runner(folder, options, device, torch.float32)
 
 
@@ -58,7 +60,7 @@ def test_same_tokens_and_groups_as_the_reference(device: str) -> None:
 
 
 def test_logits_equal_the_reference_step_by_step(device: str) -> None:
-    reference, fast = _runners(device)
+    reference, fast = _runners(device, graphs=False)  # every step calls `logits` in Python
     prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
     steps = assert_step_logits_equal(reference, fast, prompt, context_length=256)
     assert steps == 5  # the same steps on both
@@ -103,7 +105,7 @@ def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(devic
     every batch padded to a 4-row bucket as a captured graph's would be: the greedy tokens
     equal the reference's over decode steps that complete CSA and HCA entries, and the step's
     body (the model forward, the logits, their argmax) reads nothing on the host."""
-    reference, fast = _runners(device)
+    reference, fast = _runners(device, graphs=False)  # the body runs, padded, each step
     assert not fast.model.eager_only
     fast._pick_graph = lambda b, q: (4, 1) if q == 1 else None  # the 4-row bucket, padded
     body, mode, shapes = fast._decode_body, _HostReads(), []

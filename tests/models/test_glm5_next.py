@@ -123,6 +123,10 @@ def test_config_reads_the_published_layout_and_refuses_shared_indexers() -> None
     assert config.layer_types == ("linear", "linear", "linear", "full", "linear")
     assert config.moe is not None and config.moe.sparse_layers == (False,) + (True,) * 4
     assert config.glm5_next is not None and config.glm5_next.gate_lower_bound == -5.0
+    # transformers 5.17 and older name the DSA layers `deepseek_sparse_attention`
+    older = ["linear_attention"] * 3 + ["deepseek_sparse_attention", "linear_attention"]
+    text = {**_TEXT, "model_type": "glm5_next_text", "layer_types": older}
+    assert parse_config(text).layer_types == config.layer_types
     flat = {**_TEXT, "model_type": "glm5_next", "index_topk_pattern": "FFFSF"}
     with pytest.raises(ValueError, match="shared"):
         parse_config(flat)
