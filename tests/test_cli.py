@@ -100,3 +100,18 @@ def test_bench_tp_quantizes_only_the_fast_runner(capsys: pytest.CaptureFixture[s
     assert "--quantize needs --runner cuda" in capsys.readouterr().err
     assert main(["bench", "tp", "--tensor-parallel", "2", "--replicated-attention"]) == 2
     assert "--replicated-attention needs --runner cuda" in capsys.readouterr().err
+
+
+def test_serve_admits_at_least_a_full_batch_by_default() -> None:
+    """`--max-active` below the engine's row cap made admission, not the scheduler, set the
+    batch: 128 inside held the zero-cost runner to 78k output tok/s at 1,024 streams on the
+    H200. The default admits every runner's default batch, and the replay bench admits as
+    `resin serve` does."""
+    from resin_app.bench.replay import parser as replay_parser
+    from resin_app.cli import _build_parser
+    from resin_app.loading import ENGINE_MAX_SEQUENCES, ZERO_COST_MAX_SEQUENCES
+
+    serve = _build_parser().parse_args(["serve"])
+    assert serve.max_active >= max(ENGINE_MAX_SEQUENCES, ZERO_COST_MAX_SEQUENCES)
+    replay = replay_parser().parse_args(["--workload", "w.jsonl", "--fake-runner"])
+    assert replay.max_active == serve.max_active

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from resin.frontend.engine_loop import DEFAULT_MAX_ACTIVE
+
 if TYPE_CHECKING:
     from resin_app.loading import LoadOptions
 
@@ -221,8 +223,9 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-active",
         type=int,
-        default=128,
-        help="requests inside the engine at once; the rest wait in the queue (%(default)s)",
+        default=DEFAULT_MAX_ACTIVE,
+        help="requests inside the engine at once; the rest wait in the queue (%(default)s; "
+        "below --max-sequences it, not the scheduler, caps the batch)",
     )
     serve.add_argument(
         "--api-server-count",

@@ -361,6 +361,10 @@ def replica_runners(
 ENGINE_MAX_SEQUENCES = 256
 """The `Engine`'s own default row cap, which sizes the fast runner's graphs when unset."""
 
+ZERO_COST_MAX_SEQUENCES = 512
+"""The zero-cost runner's row cap (`--fake-runner`): its steps cost nothing, so a wider batch
+measures the server rather than a cap."""
+
 
 def engine_sizes(options: LoadOptions) -> dict[str, Any]:
     """The `Engine` sizing keywords the options set (the engine's defaults for the rest)."""
@@ -576,7 +580,7 @@ def load_fake(options: LoadOptions) -> Loaded:
             ZeroCostRunner(tokenizer.vocab_size, tokenizer.encode("a")[0]),
             context_length=context,
             prefix_cache=options.prefix_cache,
-            **({"max_sequences": 512} | engine_sizes(options)),
+            **({"max_sequences": ZERO_COST_MAX_SEQUENCES} | engine_sizes(options)),
             grammar=grammar_backend(tokenizer),
             overlap=options.overlap,
             speculation=speculation_for(options, context),  # refused: the runner cannot verify

@@ -26,7 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from resin.events import Event
-from resin.frontend.engine_loop import EngineLoop, LoopPolicy, RefusalKind, Waiting
+from resin.frontend.engine_loop import (
+    DEFAULT_MAX_ACTIVE,
+    EngineLoop,
+    LoopPolicy,
+    RefusalKind,
+    Waiting,
+)
 from resin.frontend.errors import EngineUnavailable
 from resin.frontend.intake_slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.ports import ConstraintCompiler, EngineLike
@@ -163,7 +169,7 @@ class EngineActor(SlotsFront):
         engine: EngineLike,
         *,
         queue_capacity: int = 1024,
-        max_active: int = 128,
+        max_active: int = DEFAULT_MAX_ACTIVE,
         admissions_per_step: int = 4,
         stream_capacity: int = 64,
         on_death: Callable[[], None] | None = None,

@@ -50,6 +50,13 @@ WAIT_ON_DEVICE_S = 0.001
 COMPILE_POLL_S = 0.005
 """The poll's wait while idle with grammars compiling (how late a compile is noticed)."""
 
+DEFAULT_MAX_ACTIVE = 1024
+"""Requests inside the engine at once unless told otherwise (`--max-active`). It must not be
+below the engine's batch (`max_sequences`: 256 on a GPU, 512 for the zero-cost runner), or
+admission rather than the scheduler caps the batch; requests inside the engine beyond the batch
+wait in the scheduler's own queue, where they hold no cache until they run. vLLM's
+`max_num_seqs` on a large GPU is the same 1,024."""
+
 RefusalKind = Literal["refused", "busy", "unavailable", "aborted"]
 """`refused`: bad input (a 400); `busy`: retry later (a 429); `unavailable`: the engine died or
 is stopping (a 503); `aborted`: the sender aborted it before it entered the engine."""
@@ -59,7 +66,7 @@ is stopping (a 503); `aborted`: the sender aborted it before it entered the engi
 class LoopPolicy:
     """The admission knobs, the same whatever the transport."""
 
-    max_active: int = 128
+    max_active: int = DEFAULT_MAX_ACTIVE
     admissions_per_step: int = 4
     queue_capacity: int = 1024
 

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from resin.frontend.actor import EngineActor
+from resin.frontend.engine_loop import DEFAULT_MAX_ACTIVE
 from resin.frontend.errors import EngineUnavailable
 from resin.frontend.intake_slots import IntakeSlots, Reservation, SlotsFront
 from resin.frontend.ports import EngineLike
@@ -45,7 +46,7 @@ class ReplicaSet(SlotsFront):
         engines: Sequence[EngineLike],
         *,
         queue_capacity: int = 1024,
-        max_active: int = 128,
+        max_active: int = DEFAULT_MAX_ACTIVE,
         admissions_per_step: int = 4,
         stream_capacity: int = 64,
         on_death: Callable[[], None] | None = None,

@@ -28,7 +28,13 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from resin.events import Event, FinishedEvent, FinishReason
-from resin.frontend.engine_loop import EngineLoop, LoopPolicy, RefusalKind, Waiting
+from resin.frontend.engine_loop import (
+    DEFAULT_MAX_ACTIVE,
+    EngineLoop,
+    LoopPolicy,
+    RefusalKind,
+    Waiting,
+)
 from resin.ipc import wire
 
 log = logging.getLogger("resin.ipc")
@@ -41,7 +47,7 @@ SEND_HWM = 100_000
 class ServicePolicy:
     """The engine side's admission policy and status cadence."""
 
-    max_active: int = 128
+    max_active: int = DEFAULT_MAX_ACTIVE
     admissions_per_step: int = 4
     queue_capacity: int = 1024
     status_interval_s: float = 0.1

@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from resin.frontend.actor import EngineActor
+from resin.frontend.engine_loop import DEFAULT_MAX_ACTIVE
 from resin.frontend.errors import FrontendError
 from resin.frontend.ports import EngineLike
 from resin.frontend.replicas import ReplicaSet
@@ -68,7 +69,7 @@ class HttpServer:
         api_key: str | None = None,
         stream_interval: int = 4,
         request_queue_capacity: int = 1024,
-        max_active: int = 128,
+        max_active: int = DEFAULT_MAX_ACTIVE,
         admissions_per_step: int = 4,
         client_buffer: int = 64,
         max_body_bytes: int = 4 * 1024 * 1024,

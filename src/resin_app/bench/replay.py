@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resin.frontend.engine_loop import DEFAULT_MAX_ACTIVE
 from resin_app.bench.serve import percentiles
 
 
@@ -94,7 +95,7 @@ def replay(
     requests: Sequence[Recorded],
     *,
     max_concurrency: int,
-    max_active: int = 128,
+    max_active: int = DEFAULT_MAX_ACTIVE,
     admissions_per_step: int = 4,
     vocab_size: int,
     seed: int = 0,
@@ -202,7 +203,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runner", default="auto", help="runner family (%(default)s)")
     p.add_argument("--context-length", type=int, default=None, help="(the model's)")
     p.add_argument(
-        "--max-active", type=int, default=128, help="inside the engine at once (%(default)s)"
+        "--max-active",
+        type=int,
+        default=DEFAULT_MAX_ACTIVE,
+        help="inside the engine at once (%(default)s, as resin serve)",
     )
     p.add_argument(
         "--admissions-per-step", type=int, default=4, help="entering per step (%(default)s)"
