@@ -364,6 +364,78 @@ def test_grouped_gemm_matches_dequantized(device: str, fmt: str, tokens: int) ->
         _close(out, want, dtype)
 
 
+GROUPED_FORMATS = {  # format: K
+    "dense": 97, "fp8_block": 200, "fp8_channel": 97, "fp8_quantize_x": 200, "mxfp4": 96,
+    "mxfp4_dot_scaled": 96,
+}  # fmt: skip
+
+
+def _grouped_format(fmt: str, x: torch.Tensor, w: torch.Tensor, aligned, **kw):  # type: ignore[no-untyped-def]
+    """One launch of the grouped kernel in `fmt` on `w` (float32 [E, N, K]), quantized here;
+    returns it and the dequantized weights it multiplied by."""
+    from resin_models_cuda.kernels.moe_fp8 import Fp8Experts, fp8_grouped_gemm
+    from resin_models_cuda.kernels.moe_grouped import grouped_gemm
+    from resin_models_cuda.kernels.moe_mxfp4 import Mxfp4Experts, mxfp4_grouped_gemm
+
+    d = x.device
+    if fmt == "dense":
+        w = w.to(x.dtype)
+        return grouped_gemm(x, w.to(d), aligned, block_k=32, **kw), w.float()
+    if fmt.startswith("fp8"):
+        block = (1, w.shape[2]) if fmt == "fp8_channel" else (32, 64)
+        q, s = quantize_fp8(w, block)
+        group = 64 if fmt == "fp8_quantize_x" else None
+        fp8 = Fp8Experts(q.to(d), s.to(d), block)
+        out = fp8_grouped_gemm(x, fp8, aligned, block_k=64, quantize_group=group, **kw)
+        return out, dequantize_fp8(q, s, block)
+    b, s = quantize_mxfp4(w)
+    mx, dot_scaled = Mxfp4Experts(b.to(d), s.to(d)), fmt == "mxfp4_dot_scaled"
+    out = mxfp4_grouped_gemm(x, mx, aligned, block_k=64, dot_scaled=dot_scaled, **kw)
+    return out, dequantize_mxfp4(b, s)
+
+
+@pytest.mark.parametrize("fmt", sorted(GROUPED_FORMATS))
+def test_grouped_kernel_every_format_equals_unfused_torch(device: str, fmt: str) -> None:
+    """The one grouped kernel in each weight format against its unfused reference (the
+    dequantized expert of each pair gathered, a float32 matmul, bias, routing weight): 70
+    output columns (a partial 32-wide tile), K ending in a partial tile (FP8: in a partial
+    scale block), experts no pair chose (blocks of expert -1), rows read per token and per
+    pair, each activation dtype; the output starts as NaN so an unwritten row fails, and no
+    pairs write nothing."""
+    from resin_models_cuda.kernels.moe_grouped import align_pairs
+
+    torch.manual_seed(len(fmt))
+    e, n, tokens, k = 7, 70, 5, 2
+    kk, dtypes = GROUPED_FORMATS[fmt], _dtypes(device)
+    if fmt == "fp8_quantize_x":
+        dtypes = [torch.float32]
+    if fmt == "mxfp4_dot_scaled":  # tl.dot_scaled takes 16-bit activations
+        dtypes = dtypes[1:]
+    w = torch.randn(e, n, kk) * 0.3
+    bias, route = torch.randn(e, n), torch.rand(tokens * k)
+    ids = torch.tensor([0, 5, 2, 5, 0, 0, 2, 5, 5, 2])  # experts 1, 3, 4 and 6 get no pair
+    d = device
+    aligned = align_pairs(ids.to(d), e, 16)
+    for dtype in dtypes:
+        for row_div in (k, 1):
+            x = torch.randn(tokens * k // row_div, kk).to(dtype)
+            x_ref = x.float()
+            if fmt == "fp8_quantize_x":
+                x_ref = dequantize_fp8(*quantize_fp8_activations(x, 64), (1, 64))
+            out = torch.full((tokens * k, n), float("nan"), dtype=dtype, device=d)
+            _, w_ref = _grouped_format(fmt, x.to(d), w, aligned, num_pairs=tokens * k,
+                                       row_div=row_div, out=out, bias=bias.to(dtype).to(d),
+                                       scale=route.to(d), block_n=32, num_stages=1)  # fmt: skip
+            rows = x_ref.repeat_interleave(row_div, 0)
+            want = torch.einsum("pk,pnk->pn", rows, w_ref[ids]) + bias[ids].to(dtype).float()
+            _close(out, want * route[:, None], dtype)
+    none = torch.zeros(0, dtype=torch.int64, device=d)
+    empty = torch.empty((0, n), device=d)
+    got, _ = _grouped_format(fmt, torch.randn(0, kk, device=d), w, align_pairs(none, e, 16),
+                             num_pairs=0, row_div=1, out=empty)  # fmt: skip
+    assert got is empty
+
+
 def test_mxfp4_register_decode_reads_every_byte(device: str) -> None:
     """The GEMV's register decode (`quant_tiles.e2m1_bits`: sign and magnitude bits placed
     into a float32, subnormal e2m1 codes included) over all 256 byte values, each row's

@@ -39,8 +39,8 @@ import triton.language as tl
 from resin_models_cuda.kernels.fp8_quant import quantize_fp8_rows
 from resin_models_cuda.kernels.quant_tiles import (
     INTERPRETED,
-    fp8_quantize_rows,
     fp8_rows_dot,
+    fp8_tile_dot,
     gemv_qk,
 )
 from resin_models_cuda.kernels.tiles import FP8_GEMV_DEFAULT, GemvTiles
@@ -104,14 +104,11 @@ def _fp8_gemm_kernel(
                     mask=mmask[:, None] & kmask[None, :], other=0.0)  # fmt: skip
         b = tl.load(w_ptr + n[None, :].to(tl.int64) * K + k[:, None],
                     mask=nmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
-        if A_MODE == 0:
-            part = tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
-        elif A_MODE == 1:
+        if A_MODE == 1:
             a_scale = tl.load(xs_ptr + m * tl.cdiv(K, GK) + k0 // GK, mask=mmask, other=0.0)
             part = tl.dot(a, b) * a_scale[:, None]
         else:
-            a_q, a_scale = fp8_quantize_rows(a.to(tl.float32))
-            part = tl.dot(a_q, b) * a_scale[:, None]
+            part = fp8_tile_dot(a, b, A_MODE == 2, DOT_PRECISION)
         acc += part * tl.load(w_scale_row + k0 // QK, mask=nmask, other=0.0)[None, :]
     if HAS_BIAS:  # added once: by the first K split
         first = (tl.program_id(1) == 0).to(tl.float32)

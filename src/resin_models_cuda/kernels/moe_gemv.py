@@ -35,6 +35,7 @@ from resin_models_cuda.kernels.quant_tiles import (
     MXFP4_DOT,
     MXFP4_PAIRS,
     MXFP4_TC,
+    expert_matrix,
     gemv_qk,
     rows_dot,
 )
@@ -52,10 +53,11 @@ from resin_models_cuda.kernels.tiles import (
 
 
 class GemvWeights(NamedTuple):
-    """A stack of expert matrices [E, N, K] as the GEMV kernels read it: `values` (dense
-    [E, N, K], e4m3 [E, N, K], or MXFP4 bytes [E, N, K / 32, 16]), `scales` (FP8 float32
-    [E, cdiv(N, qn), cdiv(K, qk)], MXFP4 e8m0 [E, N, K / 32]; None when dense), the format
-    code (`quant_tiles.DENSE` / `FP8` / `MXFP4` / `MXFP4_DOT`) and the FP8 scale block."""
+    """A stack of expert matrices [E, N, K] as the expert kernels (GEMV and grouped GEMM)
+    read it: `values` (dense [E, N, K], e4m3 [E, N, K], or MXFP4 bytes [E, N, K / 32, 16]),
+    `scales` (FP8 float32 [E, cdiv(N, qn), cdiv(K, qk)], MXFP4 e8m0 [E, N, K / 32]; None when
+    dense), the format code (`quant_tiles.DENSE` / `FP8` / `MXFP4` / `MXFP4_DOT` / ...) and
+    the FP8 scale block."""
 
     values: torch.Tensor
     scales: torch.Tensor | None
@@ -63,21 +65,18 @@ class GemvWeights(NamedTuple):
     block: tuple[int, int] = (1, 1)
     dot_fmt: str = ""  # MXFP4_DOT: "bf16" / "fp16"
 
+    @staticmethod
+    def of(w: torch.Tensor | GemvWeights) -> GemvWeights:
+        """`w` as it is, or a dense stack."""
+        return w if isinstance(w, GemvWeights) else GemvWeights(w, None, DENSE)
 
-@triton.jit
-def _expert_matrix(w_ptr, s_ptr, e, N, K, W_FMT: tl.constexpr, QN: tl.constexpr,
-                   QK: tl.constexpr):  # fmt: skip
-    """Pointers to expert `e`'s values and scales in a stack of [N, K] matrices."""
-    if W_FMT == 0:
-        w_e, s_e = w_ptr + e * N * K, s_ptr
-    elif W_FMT == 1:
-        per_expert = tl.cdiv(N, QN)  # QK 0: one scale per QN rows
-        if QK != 0:
-            per_expert = per_expert * tl.cdiv(K, QK)
-        w_e, s_e = w_ptr + e * N * K, s_ptr + e * per_expert
-    else:
-        w_e, s_e = w_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32)
-    return w_e, s_e
+    def dims(self) -> tuple[int, int, int]:
+        """(E, N, K) of the stack."""
+        if self.fmt in (MXFP4, MXFP4_DOT, MXFP4_PAIRS, MXFP4_TC):
+            e, n, g, _ = self.values.shape
+            return int(e), int(n), int(g) * 32
+        e, n, k = self.values.shape
+        return int(e), int(n), int(k)
 
 
 @triton.jit
@@ -109,7 +108,7 @@ def _gate_up_kernel(
     nmask = n < INTER
     e = tl.load(expert_ptr + p).to(tl.int64)
     x_row = x_ptr + (p // ROW_DIV).to(tl.int64) * stride_x
-    w_e, s_e = _expert_matrix(w_ptr, s_ptr, e, 2 * INTER, K, W_FMT, QN, QK)
+    w_e, s_e = expert_matrix(w_ptr, s_ptr, e, 2 * INTER, K, W_FMT, QN, QK)
     gate = rows_dot(x_row, w_e, s_e, n, nmask, K, W_FMT, DOT_FMT, QN, QK, BLOCK_N, BLOCK_K)
     up = rows_dot(x_row, w_e, s_e, n + INTER, nmask, K, W_FMT, DOT_FMT, QN, QK, BLOCK_N,
                   BLOCK_K)  # fmt: skip
@@ -149,16 +148,12 @@ def _down_kernel(
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     e = tl.load(expert_ptr + p).to(tl.int64)
-    w_e, s_e = _expert_matrix(w_ptr, s_ptr, e, N, K, W_FMT, QN, QK)
+    w_e, s_e = expert_matrix(w_ptr, s_ptr, e, N, K, W_FMT, QN, QK)
     y = rows_dot(act_ptr + p * stride_a, w_e, s_e, n, nmask, K, W_FMT, DOT_FMT, QN, QK, BLOCK_N,
                  BLOCK_K)  # fmt: skip
     if HAS_BIAS:
         y += tl.load(bias_ptr + e * N + n, mask=nmask, other=0.0).to(tl.float32)
     tl.atomic_add(out_ptr + (p // TOPK) * stride_o + n, tl.load(scale_ptr + p) * y, mask=nmask)
-
-
-def _as_gemv(w: torch.Tensor | GemvWeights) -> GemvWeights:
-    return w if isinstance(w, GemvWeights) else GemvWeights(w, None, DENSE)
 
 
 def expert_gate_up(
@@ -178,9 +173,9 @@ def expert_gate_up(
     modules' wrappers check their layouts), `experts` [P] -> activated `[P, I]` (pair p reads
     row `p // row_div` of `x`); `tiles` default: `GATE_UP_DEFAULT`."""
     tiles = tiles or GATE_UP_DEFAULT
-    gw = _as_gemv(w)
+    gw = GemvWeights.of(w)
     assert x.dim() == 2 and x.stride(1) == 1 and gw.values.is_contiguous()
-    e, two_inner, k = _shape(gw)
+    e, two_inner, k = gw.dims()
     assert x.shape[1] == k and two_inner % 2 == 0 and experts.dim() == 1
     inner, pairs = two_inner // 2, experts.shape[0]
     if bias is not None:
@@ -216,9 +211,9 @@ def expert_down(
     `scale` fp32 [T * topk] -> `[T, H]` in `act`'s dtype: each token's weighted sum over its
     experts (`tiles` default: `DOWN_DEFAULT`; one expert of weight 1 makes it a dense GEMV)."""
     tiles = tiles or DOWN_DEFAULT
-    gw = _as_gemv(w)
+    gw = GemvWeights.of(w)
     assert act.dim() == 2 and act.stride(1) == 1 and gw.values.is_contiguous()
-    e, n, k = _shape(gw)
+    e, n, k = gw.dims()
     pairs = experts.shape[0]
     assert act.shape == (pairs, k) and pairs % topk == 0
     assert scale.dtype == torch.float32 and scale.shape == (pairs,) and scale.is_contiguous()
@@ -241,15 +236,6 @@ def expert_down(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out.copy_(summed)
-
-
-def _shape(w: GemvWeights) -> tuple[int, int, int]:
-    """(E, N, K) of the stack."""
-    if w.fmt in (MXFP4, MXFP4_DOT, MXFP4_PAIRS, MXFP4_TC):
-        e, n, g, _ = w.values.shape
-        return int(e), int(n), int(g) * 32
-    e, n, k = w.values.shape
-    return int(e), int(n), int(k)
 
 
 def tiles_for(kernel: str, n: int, k: int, per_token: int, fmt: str = "dense") -> GemvTiles:

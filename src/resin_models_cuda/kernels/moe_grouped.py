@@ -10,6 +10,12 @@ once for up to `BLOCK_M` pairs, so a step reads every routed expert about once.
 
 `out[p, n] = scale[p] * (sum_k x[p // ROW_DIV, k] * w[e_p, n, k] + bias[e_p, n])`
 (`ROW_DIV` = top-k when x holds one row per token, 1 when it holds one row per pair).
+
+One kernel for every weight format (`W_FMT`, compile time, as the expert GEMV's: dense, FP8
+with its block or channel scales, MXFP4 decoded in registers or through `tl.dot_scaled`;
+`GemvWeights`): the K tile's load and dot (`_tile_dot`) is the only part that differs, so the
+pair-block prologue and the bias / routing-weight / store epilogue exist once; `moe_fp8` and
+`moe_mxfp4` keep only their layout checks and format choice.
 """
 
 from __future__ import annotations
@@ -19,6 +25,18 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
+from resin_models_cuda.kernels.moe_gemv import GemvWeights
+from resin_models_cuda.kernels.quant_tiles import (
+    DENSE,
+    FP8,
+    MXFP4,
+    MXFP4_DOT,
+    expert_matrix,
+    fp8_tile_dot,
+    mxfp4_packed_tile,
+    mxfp4_tile,
+)
 
 
 class AlignedPairs(NamedTuple):
@@ -120,54 +138,46 @@ def _align_torch(experts: torch.Tensor, num_experts: int, block_m: int) -> Align
 
 
 @triton.jit
-def pair_block(
-    sorted_pairs_ptr,
-    num_pairs,
-    N,
-    ROW_DIV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """A grouped GEMM program's tile: its pairs (`valid`: the real ones), their input rows
-    (`pair // ROW_DIV`), its output columns `n` (`nmask`: inside `N`)."""
-    pairs = tl.load(sorted_pairs_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = pairs < num_pairs
-    rows = (pairs // ROW_DIV).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return pairs, valid, rows, n, n < N
+def _tile_dot(acc, x_rows, valid, w_e, s_e, n, nmask, k0, K, W_FMT: tl.constexpr,
+              DOT_FMT: tl.constexpr, QN: tl.constexpr, QK: tl.constexpr,
+              QUANTIZE_X: tl.constexpr, FAST: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """`acc` plus the pairs' rows times expert columns `n` over the K tile at `k0`: the only
+    part of the grouped GEMM that depends on how the weights are stored (`w_e`, `s_e`: the
+    expert's values and scales, `quant_tiles.expert_matrix`)."""
+    if W_FMT == 2:  # MXFP4 dequantized in registers: even and odd columns as two dots
+        byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        amask = valid[:, None] & (byte < K // 2)[None, :]
+        a_even = tl.load(x_rows + 2 * byte[None, :], mask=amask, other=0.0)
+        a_odd = tl.load(x_rows + 2 * byte[None, :] + 1, mask=amask, other=0.0)
+        low = mxfp4_tile(w_e, s_e, n, nmask, k0 // 32, K, BLOCK_N, BLOCK_K // 32, False)
+        acc += tl.dot(a_even, low.to(a_even.dtype), input_precision=DOT_PRECISION)
+        high = mxfp4_tile(w_e, s_e, n, nmask, k0 // 32, K, BLOCK_N, BLOCK_K // 32, True)
+        acc += tl.dot(a_odd, high.to(a_odd.dtype), input_precision=DOT_PRECISION)
+    else:
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        a = tl.load(x_rows + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        if W_FMT == 3:  # MXFP4: the packed tile and its scales straight to tl.dot_scaled
+            w, scale = mxfp4_packed_tile(w_e, s_e, n, nmask, k0 // 32, K, BLOCK_K // 32)
+            acc = tl.dot_scaled(a, None, DOT_FMT, w, scale, "e2m1", acc, fast_math=FAST)
+        else:
+            b = tl.load(w_e + n[None, :].to(tl.int64) * K + k[:, None],
+                        mask=nmask[None, :] & kmask[:, None], other=0.0)  # fmt: skip
+            if W_FMT == 0:
+                acc += tl.dot(a, b, input_precision=DOT_PRECISION)
+            else:  # FP8: the tile's partial sums times their scale block's
+                part = fp8_tile_dot(a, b, QUANTIZE_X, DOT_PRECISION)
+                scale_row = s_e + (n // QN) * tl.cdiv(K, QK)
+                acc += part * tl.load(scale_row + k0 // QK, mask=nmask, other=0.0)[None, :]
+    return acc
 
 
 @triton.jit
-def store_pairs(
-    acc,
-    e,
-    pairs,
-    valid,
-    n,
-    nmask,
-    bias_ptr,
-    scale_ptr,
-    out_ptr,
-    N,
-    stride_o,
-    HAS_BIAS: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-):
-    """A grouped GEMM's epilogue: `+ bias[e]`, `* scale[pair]`, stored at each pair's row."""
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0).to(tl.float32)[
-            None, :
-        ]
-    if HAS_SCALE:
-        acc *= tl.load(scale_ptr + pairs, mask=valid, other=0.0)[:, None]
-    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
-
-
-@triton.jit
-def _grouped_gemm_kernel(
+def _grouped_kernel(
     x_ptr,  # [R, K], row stride stride_x, last dim contiguous
-    w_ptr,  # [E, N, K] contiguous
+    w_ptr,  # [E, N, K] in format W_FMT (MXFP4: bytes [E, N, K / 2])
+    s_ptr,  # its scales (W_FMT != DENSE)
     bias_ptr,  # [E, N] (read when HAS_BIAS)
     scale_ptr,  # fp32 [P] (read when HAS_SCALE)
     out_ptr,  # [P, N], row stride stride_o
@@ -181,6 +191,12 @@ def _grouped_gemm_kernel(
     ROW_DIV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    W_FMT: tl.constexpr,  # DENSE, FP8, MXFP4 (registers) or MXFP4_DOT (`tl.dot_scaled`)
+    DOT_FMT: tl.constexpr,  # MXFP4_DOT: x's dtype as `tl.dot_scaled` names it
+    QN: tl.constexpr,  # FP8: the scale block
+    QK: tl.constexpr,
+    QUANTIZE_X: tl.constexpr,  # FP8: x quantized per row and K tile, an e4m3 dot
+    FAST: tl.constexpr,  # MXFP4_DOT: fast_math
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -189,31 +205,28 @@ def _grouped_gemm_kernel(
     e = tl.load(block_expert_ptr + tl.program_id(0))
     if e < 0:
         return
-    pairs, valid, rows, n, nmask = pair_block(sorted_pairs_ptr, num_pairs, N, ROW_DIV, BLOCK_M,
-                                              BLOCK_N)  # fmt: skip
-    w_base = w_ptr + e.to(tl.int64) * N * K
+    pairs = tl.load(sorted_pairs_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pairs < num_pairs
+    x_rows = x_ptr + (pairs // ROW_DIV).to(tl.int64)[:, None] * stride_x
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
+    w_e, s_e = expert_matrix(w_ptr, s_ptr, e.to(tl.int64), N, K, W_FMT, QN, QK)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        a = tl.load(
-            x_ptr + rows[:, None] * stride_x + k[None, :],
-            mask=valid[:, None] & kmask[None, :],
-            other=0.0,
-        )
-        b = tl.load(
-            w_base + n[None, :].to(tl.int64) * K + k[:, None],
-            mask=nmask[None, :] & kmask[:, None],
-            other=0.0,
-        )
-        acc += tl.dot(a, b, input_precision=DOT_PRECISION)
-    store_pairs(acc, e, pairs, valid, n, nmask, bias_ptr, scale_ptr, out_ptr, N, stride_o,
-                HAS_BIAS, HAS_SCALE)  # fmt: skip
+        acc = _tile_dot(acc, x_rows, valid, w_e, s_e, n, nmask, k0, K, W_FMT, DOT_FMT, QN, QK,
+                        QUANTIZE_X, FAST, BLOCK_N, BLOCK_K, DOT_PRECISION)  # fmt: skip
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + e.to(tl.int64) * N + n, mask=nmask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + pairs, mask=valid, other=0.0)[:, None]
+    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
 
 
 def grouped_gemm(
     x: torch.Tensor,
-    w: torch.Tensor,
+    w: torch.Tensor | GemvWeights,
     aligned: AlignedPairs,
     *,
     num_pairs: int,
@@ -221,43 +234,40 @@ def grouped_gemm(
     out: torch.Tensor,
     bias: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
+    quantize_group: int | None = None,
+    fast_math: bool = True,
     block_n: int = 64,
     block_k: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
-    """`out[p] = scale[p] * (W[e_p] @ x[p // row_div] + bias[e_p])` for every pair p."""
-    assert x.dim() == 2 and x.stride(1) == 1 and w.dim() == 3 and w.is_contiguous()
-    _, n, k = w.shape
+    """`out[p] = scale[p] * (W[e_p] @ x[p // row_div] + bias[e_p])` for every pair p; `w`
+    dense [E, N, K] or any format as `GemvWeights` (DENSE, FP8, MXFP4, MXFP4_DOT: the
+    quantized modules' wrappers check their layouts). FP8: `quantize_group` (= `block_k`)
+    quantizes x per row and K tile and multiplies in e4m3; MXFP4_DOT: `fast_math` is
+    `tl.dot_scaled`'s."""
+    gw = GemvWeights.of(w)
+    assert gw.fmt in (DENSE, FP8, MXFP4, MXFP4_DOT), gw.fmt
+    assert x.dim() == 2 and x.stride(1) == 1 and gw.values.is_contiguous()
+    experts, n, k = gw.dims()
     assert x.shape[1] == k and out.shape == (num_pairs, n) and out.stride(1) == 1
+    assert quantize_group in (None, block_k) and (quantize_group is None or gw.fmt == FP8)
     if bias is not None:
-        assert bias.shape == (w.shape[0], n) and bias.is_contiguous()
+        assert bias.shape == (experts, n) and bias.is_contiguous()
     if scale is not None:
         assert scale.dtype == torch.float32 and scale.numel() == num_pairs
-    blocks = aligned.block_expert.shape[0]
     if num_pairs == 0:
         return out
-    _grouped_gemm_kernel[(blocks, triton.cdiv(n, block_n))](
-        x,
-        w,
-        w if bias is None else bias,
-        out if scale is None else scale,
-        out,
-        aligned.sorted_pairs,
-        aligned.block_expert,
-        num_pairs,
-        n,
-        k,
-        x.stride(0),
-        out.stride(0),
-        ROW_DIV=row_div,
-        HAS_BIAS=bias is not None,
-        HAS_SCALE=scale is not None,
-        BLOCK_M=aligned.block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+    values = gw.values
+    _grouped_kernel[(aligned.block_expert.shape[0], triton.cdiv(n, block_n))](
+        x, values, values if gw.scales is None else gw.scales, values if bias is None else bias,
+        out if scale is None else scale, out, aligned.sorted_pairs, aligned.block_expert,
+        num_pairs, n, k, x.stride(0), out.stride(0), ROW_DIV=row_div,
+        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, W_FMT=gw.fmt,
+        DOT_FMT=gw.dot_fmt, QN=gw.block[0], QK=gw.block[1],
+        QUANTIZE_X=quantize_group is not None, FAST=fast_math, BLOCK_M=aligned.block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
     return out

@@ -1,4 +1,3 @@
-# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """MoE experts with MXFP4 weights, kept as published (gpt-oss `*_blocks` + `*_scales`): the
 fused grouped GEMM of `moe_grouped.py` and the expert GEMV of `moe_gemv.py`, each weight read
 as half a byte and dequantized in registers (`resin_model.quant` defines the format).
@@ -14,8 +13,8 @@ weight is exact in bf16.
 - bf16 / fp16 activations go to `tl.dot_scaled` (packed e2m1 tile + e8m0 scales; Triton
   upcasts in registers on Hopper), with `fast_math` (e8m0's NaN code 255 is not propagated:
   no weight uses it; 1.3-1.4x faster on the H200 than without). float32 activations, or
-  `dot_scaled=False`, decode in registers here: `mxfp4_grouped_gemm` runs the even and odd
-  columns of a K tile as two dots (low and high nibbles) so the bytes never interleave.
+  `dot_scaled=False`, decode in registers: the grouped GEMM (`moe_grouped.py`) runs the even
+  and odd columns of a K tile as two dots (low and high nibbles) so the bytes never interleave.
 - `mxfp4_expert_gate_up` / `mxfp4_expert_down`: per-pair GEMV (through `tl.dot_scaled` on
   the row padded to 16, or in registers: a 3-D tile [rows, groups, 16 bytes] summed per group
   before its scale multiplies once).
@@ -27,8 +26,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import triton
-import triton.language as tl
 
 from resin_models_cuda.kernels.activation import Activation
 from resin_models_cuda.kernels.moe_gemv import (
@@ -39,8 +36,8 @@ from resin_models_cuda.kernels.moe_gemv import (
     expert_down,
     expert_gate_up,
 )
-from resin_models_cuda.kernels.moe_grouped import AlignedPairs, pair_block, store_pairs
-from resin_models_cuda.kernels.quant_tiles import MXFP4, MXFP4_DOT, MXFP4_TC, mxfp4_tile
+from resin_models_cuda.kernels.moe_grouped import AlignedPairs, grouped_gemm
+from resin_models_cuda.kernels.quant_tiles import MXFP4, MXFP4_DOT, MXFP4_TC
 
 GROUP = 32
 
@@ -63,65 +60,6 @@ class Mxfp4Experts(NamedTuple):
         assert block_k % GROUP == 0, block_k
         e, n, g = s.shape
         return e, n, g * GROUP
-
-
-@triton.jit
-def _mxfp4_grouped_kernel(
-    x_ptr,  # [R, K] float, row stride stride_x
-    b_ptr,  # uint8 [E, N, K / 2]
-    s_ptr,  # uint8 [E, N, K / 32]
-    bias_ptr,  # [E, N] (HAS_BIAS)
-    scale_ptr,  # float32 [P] routing weights (HAS_SCALE)
-    out_ptr,  # [P, N], row stride stride_o
-    sorted_pairs_ptr,  # int32 [NB * BLOCK_M]
-    block_expert_ptr,  # int32 [NB]
-    num_pairs,
-    N,
-    K,
-    stride_x,
-    stride_o,
-    ROW_DIV: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    FMT: tl.constexpr,
-    FAST: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    e = tl.load(block_expert_ptr + tl.program_id(0))
-    if e < 0:
-        return
-    pairs, valid, rows, n, nmask = pair_block(sorted_pairs_ptr, num_pairs, N, ROW_DIV, BLOCK_M,
-                                              BLOCK_N)  # fmt: skip
-    b_e = b_ptr + e.to(tl.int64) * N * (K // 2)
-    s_e = s_ptr + e.to(tl.int64) * N * (K // 32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for g0 in range(0, K // 32, BLOCK_G):
-        if FMT == "fp32":  # dequantize in registers; even and odd columns as two dots
-            byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
-            amask = valid[:, None] & (byte < K // 2)[None, :]
-            a_ptr = x_ptr + rows[:, None] * stride_x + 2 * byte[None, :]
-            a_even = tl.load(a_ptr, mask=amask, other=0.0)
-            a_odd = tl.load(a_ptr + 1, mask=amask, other=0.0)
-            low = mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, False)
-            acc += tl.dot(a_even, low.to(a_even.dtype), input_precision=DOT_PRECISION)
-            high = mxfp4_tile(b_e, s_e, n, nmask, g0, K, BLOCK_N, BLOCK_G, True)
-            acc += tl.dot(a_odd, high.to(a_odd.dtype), input_precision=DOT_PRECISION)
-        else:  # the packed tile and its scales straight to tl.dot_scaled
-            k = g0 * 32 + tl.arange(0, BLOCK_G * 32)
-            a = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :],
-                        mask=valid[:, None] & (k < K)[None, :], other=0.0)  # fmt: skip
-            byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
-            g = g0 + tl.arange(0, BLOCK_G)
-            w = tl.load(b_e + n[None, :].to(tl.int64) * (K // 2) + byte[:, None],
-                        mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
-            scale = tl.load(s_e + n[:, None].to(tl.int64) * (K // 32) + g[None, :],
-                            mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
-            acc = tl.dot_scaled(a, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
-    store_pairs(acc, e, pairs, valid, n, nmask, bias_ptr, scale_ptr, out_ptr, N, stride_o,
-                HAS_BIAS, HAS_SCALE)  # fmt: skip
 
 
 def _dot_format(x: torch.Tensor, dot_scaled: bool) -> str:
@@ -148,28 +86,13 @@ def mxfp4_grouped_gemm(
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
-    """`out[p] = scale[p] * (W[e_p] @ x[p // row_div] + bias[e_p])` for every pair p, as
-    `moe_grouped.grouped_gemm` (`block_k`: K values per step, a multiple of 32)."""
-    assert x.dim() == 2 and x.stride(1) == 1
-    experts, n, k = w.check(block_k)
-    assert x.shape[1] == k and out.shape == (num_pairs, n) and out.stride(1) == 1
-    if bias is not None:
-        assert bias.shape == (experts, n) and bias.is_contiguous()
-    if scale is not None:
-        assert scale.dtype == torch.float32 and scale.numel() == num_pairs
-    if num_pairs == 0:
-        return out
-    _mxfp4_grouped_kernel[(aligned.block_expert.shape[0], triton.cdiv(n, block_n))](
-        x, w.blocks, w.scales, w.blocks if bias is None else bias,
-        out if scale is None else scale, out, aligned.sorted_pairs, aligned.block_expert,
-        num_pairs, n, k, x.stride(0), out.stride(0), ROW_DIV=row_div,
-        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None,
-        FMT=_dot_format(x, dot_scaled), FAST=fast_math, BLOCK_M=aligned.block_m,
-        BLOCK_N=block_n, BLOCK_G=block_k // GROUP,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
-    return out
+    """`moe_grouped.grouped_gemm` over MXFP4 experts (`block_k`: K values per step, a
+    multiple of 32)."""
+    w.check(block_k)
+    return grouped_gemm(x, mxfp4_gemv_weights(w, x, dot_scaled), aligned, num_pairs=num_pairs,
+                        row_div=row_div, out=out, bias=bias, scale=scale, fast_math=fast_math,
+                        block_n=block_n, block_k=block_k, num_warps=num_warps,
+                        num_stages=num_stages)  # fmt: skip
 
 
 def mxfp4_expert_gate_up(

@@ -10,8 +10,11 @@ shared by the FP8 and MXFP4 kernels:
   (codes 0..2 flush to 0: their true values are below 2**-125, far under any weight's scale);
 - `rows_dot`: float32 `W[n, :] @ x` over rows of one matrix in any weight format (dense,
   FP8, MXFP4 decoded here by `e2m1_bits` or through `tl.dot_scaled`): the inner loop of every
-  GEMV kernel, which differ in nothing else; `mxfp4_tile`: one nibble of a K tile decoded for
-  `tl.dot` (the grouped GEMM's register path).
+  GEMV kernel, which differ in nothing else; `expert_matrix`: where one expert's values and
+  scales start in a stack of any format (the GEMV and the grouped GEMM);
+- the grouped GEMM's K-tile pieces: `fp8_tile_dot` (weight-only or quantized activations, as
+  `fp8_gemm` takes them too), `mxfp4_packed_tile` (`tl.dot_scaled`'s operands, shared with
+  the GEMV's) and `mxfp4_tile` (one nibble of a K tile decoded for `tl.dot`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,19 @@ def fp8_quantize_rows(a):
     """float32 tile [R, C] -> (float8e4nv tile, float32 scale [R]) with `a ~= q * scale`."""
     scale = tl.maximum(tl.max(tl.abs(a), 1) / FP8_MAX, 1e-12)
     return to_fp8(a / scale[:, None]), scale
+
+
+@triton.jit
+def fp8_tile_dot(a, b, QUANTIZE_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K tile's float32 `a @ b` with e4m3 weights `b` [BK, BN], before their scale: in
+    `a`'s dtype (weight-only), or, `QUANTIZE_X`, `a` quantized per row (`fp8_quantize_rows`)
+    and an e4m3 dot scaled back per row."""
+    if QUANTIZE_X:
+        a_q, a_scale = fp8_quantize_rows(a.to(tl.float32))
+        part = tl.dot(a_q, b) * a_scale[:, None]
+    else:
+        part = tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
+    return part
 
 
 @triton.jit
@@ -334,6 +350,23 @@ MXFP4_TC = 5
 
 
 @triton.jit
+def expert_matrix(w_ptr, s_ptr, e, N, K, W_FMT: tl.constexpr, QN: tl.constexpr,
+                  QK: tl.constexpr):  # fmt: skip
+    """Pointers to expert `e`'s values and scales in a stack of [N, K] matrices of format
+    `W_FMT` (FP8: `QK` 0, one scale per QN rows)."""
+    if W_FMT == 0:
+        w_e, s_e = w_ptr + e * N * K, s_ptr
+    elif W_FMT == 1:
+        per_expert = tl.cdiv(N, QN)
+        if QK != 0:
+            per_expert = per_expert * tl.cdiv(K, QK)
+        w_e, s_e = w_ptr + e * N * K, s_ptr + e * per_expert
+    else:
+        w_e, s_e = w_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32)
+    return w_e, s_e
+
+
+@triton.jit
 def rows_dot(x_ptr, w_ptr, s_ptr, n, nmask, K, W_FMT: tl.constexpr, DOT_FMT: tl.constexpr,
              QN: tl.constexpr, QK: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr):  # fmt: skip
@@ -367,14 +400,23 @@ def _mxfp4_rows_dot_scaled(x_ptr, b_ptr, s_ptr, n, nmask, K, FMT: tl.constexpr, 
         k = g0 * 32 + tl.arange(0, BLOCK_G * 32)
         x = tl.load(x_ptr + k[None, :] + tl.zeros([16, 1], tl.int32), mask=first & (k < K)[None, :],
                     other=0.0)  # fmt: skip
-        byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
-        g = g0 + tl.arange(0, BLOCK_G)
-        w = tl.load(b_ptr + n[None, :] * (K // 2) + byte[:, None],
-                    mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
-        scale = tl.load(s_ptr + n[:, None] * (K // 32) + g[None, :],
-                        mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
+        w, scale = mxfp4_packed_tile(b_ptr, s_ptr, n, nmask, g0, K, BLOCK_G)
         acc = tl.dot_scaled(x, None, FMT, w, scale, "e2m1", acc, fast_math=FAST)
     return tl.sum(acc, 0)
+
+
+@triton.jit
+def mxfp4_packed_tile(b_ptr, s_ptr, n, nmask, g0, K, BLOCK_G: tl.constexpr):
+    """`tl.dot_scaled`'s weight operands for rows `n` of one MXFP4 matrix (bytes [N, K / 2],
+    scales [N, K / 32]) over `BLOCK_G` groups from group `g0`: the packed bytes
+    [BLOCK_G * 16, rows] and their e8m0 scales [rows, BLOCK_G]."""
+    byte = g0 * 16 + tl.arange(0, BLOCK_G * 16)
+    g = g0 + tl.arange(0, BLOCK_G)
+    w = tl.load(b_ptr + n[None, :].to(tl.int64) * (K // 2) + byte[:, None],
+                mask=nmask[None, :] & (byte < K // 2)[:, None], other=0)  # fmt: skip
+    scale = tl.load(s_ptr + n[:, None].to(tl.int64) * (K // 32) + g[None, :],
+                    mask=nmask[:, None] & (g < K // 32)[None, :], other=0)  # fmt: skip
+    return w, scale
 
 
 @triton.jit
