@@ -51,6 +51,9 @@ TOOLS: dict[str, Tool] = {
     "sparse-attention": Tool(
         "resin_app.bench.sparse_attention", "GPU: DeepSeek-V4 sparse attention vs dense"
     ),
+    "delta-rule": Tool(
+        "resin_app.bench.delta_rule", "GPU: our delta-rule kernels vs fla-core's (GDN, KDA)"
+    ),
     "checkpoint": Tool(
         "resin_app.bench.checkpoint", "write a random-weights checkpoint folder of real shapes"
     ),

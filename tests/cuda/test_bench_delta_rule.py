@@ -1,0 +1,80 @@
+"""`resin bench delta-rule`: our delta-rule kernels and flash-linear-attention's (`fla-core`)
+agree on the same inputs as the bench maps them (Gated DeltaNet with the gate and beta's
+sigmoid in fla's kernel, KDA with precomputed log decays; l2-normed q / k, scale K^-0.5,
+varlen rows by `cu_seqlens`, the K-first state), and the command writes its JSONL rows end to
+end. Tiny shapes: in the interpreter fla's recurrent kernels run; its chunked ones do not
+(skipped here with the reason, compared on a GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fla", reason="fla-core (the dev extra) is not installed")
+
+from resin_app.bench import delta_rule
+from resin_app.bench.delta_rule import Shape, agreement, fla_call, make_inputs, ours
+
+# fla's chunked path cannot run in Triton 3.9's interpreter: every multi-config autotuned
+# kernel asks the (absent) GPU driver for a benchmarker, and past that GDN's
+# `chunk_delta_h` calls `.to` on a Python loop index and KDA's intra-chunk kernel calls
+# fla's `gather` outside a JIT context.
+NO_FLA_CHUNKED = "fla's chunked kernels do not run in Triton's interpreter (a GPU compares them)"
+
+SHAPES = [  # odd value dims: masked value blocks on both sides (fla's GDN: blocks of 8)
+    Shape("tiny-gdn", "gdn", 2, 4, 16, 24, None, 16),
+    Shape("tiny-kda", "kda", 3, 3, 16, 24, -5.0, 16),
+    Shape("tiny-kda-softplus", "kda", 2, 2, 16, 16, None, 16),
+]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # relative to the largest |value| of ours
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.preset for s in SHAPES])
+def test_our_kernels_agree_with_fla(
+    device: str, shape: Shape, dtype: torch.dtype, mode: delta_rule.Mode
+) -> None:
+    if mode == "chunked" and device == "cpu":
+        pytest.skip(NO_FLA_CHUNKED)
+    # Rows of 21 tokens: past one chunk of ours (16) on the chunked path, a long recurrence on
+    # the recurrent one; three rows, each from its own state.
+    x = make_inputs(shape, 3, 21, torch.device(device), dtype)
+    _, theirs = fla_call(shape, mode, 32 if shape.kernel == "kda" else 16)
+    diff = agreement(ours(shape, x, mode, shape.our_chunk)(), theirs(x))
+    assert diff.out_scale > 0.01 and diff.state_scale > 0.01
+    assert diff.within(TOL[dtype]), diff
+
+
+def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> None:
+    out = tmp_path / "delta_rule.jsonl"
+    argv = ["--device", device, "--presets", "tiny-qwen3_5_moe,tiny-glm5_next",
+            "--prefill-batches", "2", "--prefill-lengths", "20", "--decode-batches", "1,3",
+            "--reps", "1", "--inner", "1", "--output", str(out)]  # fmt: skip
+    assert delta_rule.main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    cases = [(r["kernel"], r["mode"], r["batch"], r["length"]) for r in rows]
+    assert cases == [
+        (kernel, mode, batch, length)
+        for kernel in ("gdn", "kda")
+        for mode, batch, length in [("chunked", 2, 20), ("recurrent", 1, 1), ("recurrent", 3, 1)]
+    ]
+    for r in rows:
+        assert r["ours_us"] > 0 and r["fla_version"] == "0.6.0"
+        assert r["our_chunk"] == (
+            0 if r["mode"] == "recurrent" else {"gdn": 32, "kda": 16}[r["kernel"]]
+        )
+        if r["mode"] == "chunked" and device == "cpu":  # the interpreter: fla's side failed
+            assert r["fla_us"] is None and r["error"] and r["ratio"] is None
+            continue
+        assert r["error"] is None and r["agree"], r
+        assert r["ratio"] == pytest.approx(r["ours_us"] / r["fla_us"])
+        assert r["decision"] == ("ours" if r["ratio"] <= 1.10 else "fla")
+    # the heads and dims come from the presets
+    assert {(r["kernel"], r["qk_heads"], r["v_heads"], r["k_dim"]) for r in rows} == {
+        ("gdn", 2, 4, 16),
+        ("kda", 2, 2, 16),
+    }
