@@ -2,7 +2,8 @@
 # All of tests/cuda on a GPU machine without a package index, in one command (docs/gpu.md):
 #   WHEELS=/path/to/wheels RESIN_DEFAULT_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf \
 #     bash tests/cuda/run_on_device.sh [pytest arguments]
-# WHEELS holds what the machine lacks (gguf; llguidance for the grammar tests). The checkout is
+# WHEELS holds what the machine lacks (gguf; llguidance for the grammar tests; fla-core and
+# einops for test_bench_delta_rule.py, which skips without them). The checkout is
 # installed into a scratch folder too, for its runner families' entry points (`resin.runners`);
 # the source tree stays first on the path.
 set -euo pipefail

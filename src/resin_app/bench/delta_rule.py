@@ -357,7 +357,7 @@ def bench_case(s: Shape, mode: Mode, batch: int, length: int, opt: Options) -> R
 
 
 def report(rows: Sequence[Row]) -> None:
-    print(f"{'kernel':<5}{'mode':<10}{'batch':>6}{'len':>6}{'chunk':>6}{'|dO|':>10}{'|dS|':>10}"
+    print(f"{'kernel':<7}{'mode':<10}{'batch':>6}{'len':>6}{'chunk':>6}{'|dO|':>10}{'|dS|':>10}"
           f"{'ours us':>11}{'fla us':>11}{'ours/fla':>9}  decision")  # fmt: skip
     for r in rows:
         fla = f"{r.fla_us:>11.1f}" if r.fla_us else f"{'-':>11}"
@@ -366,7 +366,7 @@ def report(rows: Sequence[Row]) -> None:
         ds = f"{r.max_abs_state:>10.2e}" if r.max_abs_state is not None else f"{'-':>10}"
         note = r.decision or r.error or ""
         note += "" if r.agree or r.error else "  (outputs disagree)"
-        print(f"{r.kernel:<5}{r.mode:<10}{r.batch:>6}{r.length:>6}{r.our_chunk:>6}{do}{ds}"
+        print(f"{r.kernel:<7}{r.mode:<10}{r.batch:>6}{r.length:>6}{r.our_chunk:>6}{do}{ds}"
               f"{r.ours_us or math.nan:>11.1f}{fla}{ratio}  {note}")  # fmt: skip
 
 
