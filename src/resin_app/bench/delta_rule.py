@@ -28,9 +28,10 @@ are within `--tolerance` of it). Then the time: a call's microseconds, the media
 `--reps` of `--inner` back-to-back calls (CUDA: each rep a replay of a CUDA graph of the
 `--inner` calls timed by CUDA events, both sides eager and event-timed where either cannot be
 captured; `timing` says which; CPU: wall clock, for the plumbing only). `ratio` is ours / fla;
-`decision` applies docs/benchmarks.md's rule: keep ours where ratio <= 1.10, else fla for that
-path. Prints a table and appends every row to `--output` as JSONL (a side that failed: its
-time null and its error in `error`).
+`decision` applies docs/benchmarks.md's rule to the row: keep ours where ratio <= 1.10, else
+fla, if fla agreed; the verdict per path (kernel, mode) takes the geometric mean of its rows
+(`decide`). Prints a table and the verdicts, and appends every row to `--output` as JSONL (a
+side that failed: its time null and its error in `error`).
 
     resin bench delta-rule --output bench/delta_rule.jsonl
 
@@ -129,8 +130,10 @@ def _rows(batch: int, length: int, region: torch.Tensor) -> StateRows:
 def make_inputs(
     s: Shape, batch: int, length: int, device: torch.device, dtype: torch.dtype
 ) -> Inputs:
-    """Random inputs of the layer's shapes; gates as Hugging Face initialises them (GDN:
-    A ~ U(1, 16), dt_bias 1) or, for KDA, the model's `forget_gate` of a unit rate."""
+    """Random inputs of the layer's shapes. Decays mild enough that the state carries across
+    chunks, so the agreement covers the carry: GDN's -A softplus(a + 1) with A ~ U(0.1, 1),
+    a ~ N(0, 1) (log decays about -3 to -0.03 a token); KDA's `forget_gate` of a unit rate
+    over inputs ~ N(-3, 1) (at its bound of -5: mostly -0.1 to -1 a channel)."""
     gen = torch.Generator().manual_seed(0)
     t, hk, hv, kd, vd = batch * length, s.qk_heads, s.v_heads, s.k_dim, s.v_dim
 
@@ -141,10 +144,10 @@ def make_inputs(
     if s.kernel == "gdn":
         gate = randn(t, hv).to(device, dtype)
     else:
-        raw = randn(t, hv, kd)
+        raw = randn(t, hv, kd) - 3.0
         lower = s.lower_bound
         gate = (lower * torch.sigmoid(raw) if lower is not None else -F.softplus(raw)).to(device)
-    a_log = torch.empty(hv).uniform_(1.0, 16.0, generator=gen).log().to(device)
+    a_log = torch.empty(hv).uniform_(0.1, 1.0, generator=gen).log().to(device)
     dt_bias = torch.ones(hv, device=device)
     pages = (randn(2 * batch, hv, kd, vd) * 0.1).to(device)
     q, k, v = torch.split(mixed, [hk * kd, hk * kd, hv * vd], dim=1)
@@ -314,8 +317,11 @@ class Row:
 
     @property
     def decision(self) -> str | None:
+        """The rule on this row alone: fla only where it is faster past the margin and agrees."""
         ratio = self.ratio
-        return None if ratio is None else ("ours" if ratio <= KEEP_OURS_AT else "fla")
+        if ratio is None:
+            return None
+        return "fla" if ratio > KEEP_OURS_AT and self.agree else "ours"
 
 
 @dataclass(frozen=True)
@@ -344,7 +350,10 @@ def bench_case(s: Shape, mode: Mode, batch: int, length: int, opt: Options) -> R
 
     row = partial(Row, s.kernel, mode, s.preset, batch, length, s.qk_heads, s.v_heads, s.k_dim,
                   s.v_dim, opt.dtype, chunk if mode == "chunked" else 0, name)  # fmt: skip
-    got = mine()
+    try:
+        got = mine()
+    except Exception as exc:  # out of memory, say
+        return row(None, None, None, None, False, None, None, "-", f"ours: {_error(exc)}")
     try:
         diff = agreement(got, theirs())
     except Exception as exc:  # fla refuses the shape, or cannot run here
@@ -411,7 +420,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--inner", type=int, default=10, help="back-to-back calls a timed rep")
-    p.add_argument("--tolerance", type=float, default=2e-2,
+    p.add_argument("--tolerance", type=float, default=5e-2,
                    help="agreement: max abs difference over max |ours|")  # fmt: skip
     p.add_argument("--output", type=Path, help="JSONL file (appended)")
     return p
