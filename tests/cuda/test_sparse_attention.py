@@ -13,11 +13,8 @@ from pathlib import Path
 
 import torch
 
-from resin_models_cuda.kernels.sparse_attention import (
-    PagedKeys,
-    indexer_topk,
-    sparse_attention,
-)
+from resin_models_cuda.kernels.indexer import indexer_topk_torch
+from resin_models_cuda.kernels.sparse_attention import PagedKeys, sparse_attention
 
 torch.set_num_threads(1)
 
@@ -108,13 +105,13 @@ def test_sparse_attention_equals_a_plain_softmax_with_sinks(device: str) -> None
             torch.testing.assert_close(got.cpu(), _reference(c, mode), rtol=1e-5, atol=1e-5)
 
 
-def test_indexer_topk_marks_invisible_picks() -> None:
+def test_indexer_topk_torch_marks_invisible_picks() -> None:
     inf = float("-inf")
     scores = torch.tensor([[0.5, inf, 2.0, 1.0], [inf, inf, inf, inf], [3.0, 1.0, inf, inf]])
-    got = indexer_topk(scores, 3)
+    got = indexer_topk_torch(scores, 3)
     assert got.dtype == torch.int32
     assert got.tolist() == [[2, 3, 0], [-1, -1, -1], [0, 1, -1]]
-    assert indexer_topk(scores, 8).shape == (3, 4)
+    assert indexer_topk_torch(scores, 8).shape == (3, 4)
 
 
 def test_bench_sparse_attention_runs_tiny_shapes(tmp_path: Path) -> None:
