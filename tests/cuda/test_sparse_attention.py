@@ -116,8 +116,8 @@ def test_indexer_topk_torch_marks_invisible_picks() -> None:
 
 def test_bench_sparse_attention_runs_tiny_shapes(tmp_path: Path) -> None:
     """`resin bench sparse-attention` on the tiny preset's shapes (on CPU through the
-    interpreter): a dense, CSA, HCA and indexer row per (context, batch), keys as the kinds
-    read them, JSONL written."""
+    interpreter): a dense, CSA, HCA row and the indexer's, old path and new, per (context,
+    batch), keys as the kinds read them, JSONL written."""
     from resin_app.cli import main
 
     out = tmp_path / "sparse.jsonl"
@@ -128,10 +128,11 @@ def test_bench_sparse_attention_runs_tiny_shapes(tmp_path: Path) -> None:
     assert main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     cpu = [r for r in rows if r["kind"] != "sdpa"]
+    indexer = ("idx-old", "idx-new", "sc-old", "sc-new", "topk-old", "topk-new")
     assert [(r["batch"], r["kind"]) for r in cpu] == [
-        (b, k) for b in (1, 2) for k in ("dense", "csa", "indexer", "hca")
+        (b, k) for b in (1, 2) for k in ("dense", "csa", *indexer, "hca")
     ]
     keys = {r["kind"]: r["keys"] for r in cpu}
     # window 16; CSA: top-4 of 64 / 4 entries; HCA: 64 / 16 entries; dense: the context
-    assert keys == {"dense": 64, "csa": 16 + 4, "indexer": 16, "hca": 16 + 4}
+    assert keys == {"dense": 64, "csa": 16 + 4, "hca": 16 + 4} | dict.fromkeys(indexer, 16)
     assert all(r["us"] > 0 and math.isfinite(r["us"]) for r in cpu)
