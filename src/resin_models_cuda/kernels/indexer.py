@@ -247,34 +247,31 @@ def _topk_kernel(
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # Radix select, 4 bits a pass from the top: each pass counts the candidates matching the
+    # Radix select, 8 bits a pass from the top: each pass counts the candidates matching the
     # digits chosen so far by their next digit and keeps the digit that holds the k-th best;
     # then one pass in entry order writes the entries above the threshold and the first
     # `need` equal to it (the lowest entry numbers win a tie), and -1 fills the rest.
     t = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, BLOCK)
-    digits = tl.arange(0, 16)
+    digits = tl.arange(0, 256)
     visible = tl.minimum(tl.load(vis_ptr + t), E)
     prefix = tl.zeros([], dtype=tl.int64)
     decided = tl.zeros([], dtype=tl.int64)
     need = K + tl.zeros([], dtype=tl.int32)  # picks still to make among the prefix's matches
-    for step in tl.static_range(8):
-        shift: tl.constexpr = 28 - 4 * step
-        hist = tl.zeros([16], dtype=tl.int32)
+    for step in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * step
+        hist = tl.zeros([256], dtype=tl.int32)
         for at in range(0, visible, BLOCK):
             e = at + n
             x = tl.load(score_ptr + t * E + e, mask=e < visible, other=float("-inf"))
             key = _ordered(x)
             match = (e < visible) & (x > float("-inf")) & ((key & decided) == prefix)
-            digit = (key >> shift) & 15
-            hit = (digit[:, None] == digits[None, :]) & match[:, None]
-            hist += tl.sum(hit.to(tl.int32), 0)
+            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
         at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # matches with digit >= d
         best = tl.max(tl.where(at_least >= need, digits, 0), 0)
-        above = tl.sum(tl.where(digits > best, hist, 0), 0)
-        need -= above
+        need -= tl.sum(tl.where(digits > best, hist, 0), 0)
         prefix |= best.to(tl.int64) << shift
-        decided |= tl.full([], 15, tl.int64) << shift
+        decided |= tl.full([], 255, tl.int64) << shift
     taken = tl.zeros([], dtype=tl.int32)
     ties = tl.zeros([], dtype=tl.int32)
     for at in range(0, visible, BLOCK):
@@ -295,7 +292,11 @@ def _topk_kernel(
 
 
 def indexer_topk(
-    scores: torch.Tensor, topk: int, visible: torch.Tensor | None = None, block: int = 1024
+    scores: torch.Tensor,
+    topk: int,
+    visible: torch.Tensor | None = None,
+    block: int = 2048,
+    num_warps: int = 8,
 ) -> torch.Tensor:
     """[T, topk] int32: each query's `topk` best entries by `scores` [T, E] (-inf: not
     visible), in ascending entry order, -1 after them when a query sees fewer. An exact tie
@@ -310,7 +311,7 @@ def indexer_topk(
     if visible is None:
         visible = torch.full((t,), entries, dtype=torch.int32, device=scores.device)
     _topk_kernel[(t,)](scores.contiguous(), visible.int(), out, entries, topk, BLOCK=block,
-                       BLOCK_K=min(1024, next_pow2(topk)), num_warps=8)  # fmt: skip
+                       BLOCK_K=min(1024, next_pow2(topk)), num_warps=num_warps)  # fmt: skip
     return out
 
 
