@@ -23,9 +23,10 @@ from resin_models_cuda.kernels.sparse_attention import PagedKeys
 torch.set_num_threads(1)
 
 HEADS, DIM, RATIO, PER_PAGE, OFFSET = 8, 16, 4, 2, 24  # the key after 24 other channels
-COUNTS = [9, 2, 0, 7]  # entries each row holds (a row with none)
-POSITIONS = [[36, 37, 38, 39], [8], [2, 3], [13, 31]]  # each row's query tokens
-BOUND = 12  # the output's width: more than any row holds
+COUNTS = [37, 2, 0, 21]  # entries each row holds (a row with none)
+POSITIONS = [[140, 147, 151, 159], [8], [2, 3], [13, 90, 95]]  # each row's query tokens
+BOUND = 44  # the output's width: more than any row holds; blocks of 16 entries (the least a
+# compiled dot takes), so rows span several blocks, splits and -inf tails
 
 
 def _case(dtype: torch.dtype, zeros: bool = False) -> dict[str, torch.Tensor]:
@@ -96,10 +97,10 @@ def _stable_topk(scores: torch.Tensor, visible: torch.Tensor, k: int) -> list[li
     return out
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits", [1, 2, 3])
 def test_paged_scores_equal_the_gathered_kernel_in_float32(device: str, splits: int) -> None:
     c = _case(torch.float32)
-    got = _paged(c, device, splits, 16 if splits == 1 else 2)
+    got = _paged(c, device, splits, 16)
     rows, positions, counts = _dev(c, device)
     old = indexer_scores(c["q"].to(device), c["keys"].to(device), c["w"].to(device), rows,
                          positions, counts, RATIO).cpu()  # fmt: skip
@@ -147,13 +148,13 @@ def test_topk_takes_a_stable_sorts_picks_with_ties_to_the_lowest_entries(device:
 
 def test_paged_selection_equals_the_stable_reference_with_relu_ties(device: str) -> None:
     c = _case(torch.float32, zeros=True)
-    scores = _paged(c, device, 0, 4)
+    scores = _paged(c, device, 0, 16)
     want = _reference(c)
     torch.testing.assert_close(scores, want, rtol=1e-6, atol=1e-6)
     assert int((want == 0).sum()) >= 8  # whole entries ReLU'd to exactly 0
     visible = visible_entries(c["rows"], c["positions"], c["counts"], RATIO)
-    for k in (3, 5, 12):
-        got = indexer_topk(scores.to(device), k, visible.to(device), block=4).cpu()
+    for k in (3, 5, 12, 40):
+        got = indexer_topk(scores.to(device), k, visible.to(device), block=16).cpu()
         assert got.tolist() == _stable_topk(want, visible, k)
         # the torch path picks the same entries wherever the k-th place is not a tie
         old = indexer_topk_torch(want, k)

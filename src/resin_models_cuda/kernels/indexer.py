@@ -310,8 +310,9 @@ def indexer_topk(
         return out
     if visible is None:
         visible = torch.full((t,), entries, dtype=torch.int32, device=scores.device)
+    block_k = max(16, min(1024, next_pow2(topk)))
     _topk_kernel[(t,)](scores.contiguous(), visible.int(), out, entries, topk, BLOCK=block,
-                       BLOCK_K=min(1024, next_pow2(topk)), num_warps=num_warps)  # fmt: skip
+                       BLOCK_K=block_k, num_warps=num_warps)  # fmt: skip
     return out
 
 
