@@ -24,19 +24,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from resin.cache.groups import Kind, make_kind
+from resin.cache.pool import PagePool
 from resin.plan import BatchPlan, CacheGroupPlan, Phase, SamplingArrays
-from resin.protocols import CacheGroupSpec, Compressed, Window
+from resin.protocols import CacheGroupSpec
 
 
-def _pages_for(spec: CacheGroupSpec, page_size: int, tokens: int, rows: int, step: int) -> int:
-    """Pages `rows` rows of `tokens` tokens hold in a declared token group while each step
-    computes at most `step` tokens a row."""
-    if isinstance(spec, Compressed):
-        per_page = spec.entries_per_page(page_size)
-        return rows * -(-(tokens // spec.ratio) // per_page)
-    if isinstance(spec, Window):  # the window behind the step's first query, and the step
-        return rows * min(-(-tokens // page_size), -(-(spec.size + step) // page_size) + 1)
-    return rows * -(-tokens // page_size)
+def _kinds(specs: tuple[CacheGroupSpec, ...], page_size: int) -> dict[int, Kind]:
+    """The cache manager's kind of each declared token group, by group index: what sizes
+    their page ranges (`max_pages_for`)."""
+    pools = [PagePool(1), PagePool(1)]
+    return {
+        i: make_kind(spec, i, pools, 1, 1, page_size)
+        for i, spec in enumerate(specs)
+        if not spec.state_region
+    }
 
 
 def group_pages(
@@ -52,11 +54,10 @@ def group_pages(
     `prefill_tokens` in a single step, plus `spare`: what `PagedPlanner(group_pages=...)`
     takes; their sum is the arena's token pages."""
     return tuple(
-        _pages_for(g, page_size, decode_tokens, rows, 1)
-        + _pages_for(g, page_size, prefill_tokens, 1, prefill_tokens)
+        rows * kind.max_pages_for(decode_tokens, 1, False)
+        + kind.max_pages_for(prefill_tokens, prefill_tokens, False)
         + spare
-        for g in specs
-        if not g.state_region
+        for kind in _kinds(specs, page_size).values()
     )
 
 
@@ -241,10 +242,10 @@ class PagedPlanner:
                     checkpoint_indptr=np.zeros(b + 1, dtype=i32),
                 ))  # fmt: skip
                 state_group += 1
-            elif isinstance(spec, Compressed):
-                groups.append(self._entries(index, spec, rows))
+            elif (ratio := getattr(spec, "ratio", None)) is not None:  # Compressed entries
+                groups.append(self._entries(index, ratio, rows))
             else:
-                groups.append(self._tokens(index, spec, rows))
+                groups.append(self._tokens(index, rows))
         return tuple(groups)
 
     def _hold(self, seq: Sequence, group: int, first: int, end: int) -> list[int]:
@@ -264,16 +265,15 @@ class PagedPlanner:
             held.append(self._group_free[group].pop())
         return held
 
-    def _tokens(
-        self, index: int, spec: CacheGroupSpec, rows: list[tuple[Sequence, int]]
-    ) -> CacheGroupPlan:
+    def _tokens(self, index: int, rows: list[tuple[Sequence, int]]) -> CacheGroupPlan:
         """A History or Window group's rows: the pages from the first one the step's first
-        query sees (a Window's `size` back; page 0 for History), and the append slots."""
-        ps, size = self.page_size, getattr(spec, "size", 0)
+        query reads (a Window's `size` back; page 0 for History), and the append slots."""
+        ps = self.page_size
+        size = getattr(self.specs[index] if self.specs else None, "size", None)  # a Window's
         ids, counts, starts, slots = [], [], [], []
         for seq, n in rows:
             start, end = seq.cached, seq.cached + n
-            first = max(0, start - size + 1) // ps if isinstance(spec, Window) else 0
+            first = max(0, start - size + 1) // ps if size else 0
             held = self._hold(seq, index, first, -(-end // ps))
             at = seq.first[index]
             used = -(-end // ps) - at
@@ -291,12 +291,10 @@ class PagedPlanner:
             append_slots=np.concatenate(slots).astype(np.int64),
         )
 
-    def _entries(
-        self, index: int, spec: Compressed, rows: list[tuple[Sequence, int]]
-    ) -> CacheGroupPlan:
-        """A Compressed group's rows: the entry pages of every complete entry, and the slots
-        and query tokens of the entries the step completes."""
-        per_page, ratio = spec.entries_per_page(self.page_size), spec.ratio
+    def _entries(self, index: int, ratio: int, rows: list[tuple[Sequence, int]]) -> CacheGroupPlan:
+        """A Compressed group's rows (`ratio` tokens an entry): the entry pages of every
+        complete entry, and the slots and query tokens of the entries the step completes."""
+        per_page = max(1, self.page_size // ratio)  # `Compressed.entries_per_page`
         ids, counts, new, entry_slots, entry_token = [], [], [], [], []
         qstart = 0
         for seq, n in rows:
