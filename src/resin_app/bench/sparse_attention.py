@@ -14,7 +14,8 @@ read). Every row holds `context` tokens in shuffled pages and queries at positio
   (`indexer_scores`), `torch.topk` (`indexer_topk_torch`); `idx-new` the keys read in place
   in the model's dtype (`paged_indexer_scores`), the radix top-k (`indexer_topk`); and their
   parts: `sc-old` / `sc-new` the scores alone (`sc-old` over keys gathered beforehand),
-  `topk-old` / `topk-new` the top-k alone over the same scores;
+  `topk-old` / `topk-new` the top-k alone over the same scores; `idx-new`'s `agree` is the
+  share of the old path's picks the new one also picks (random keys: near ties are rare);
 * `sdpa`: torch's `scaled_dot_product_attention` over the context's keys laid out contiguous
   (no sink, no pages; for scale only, where it runs).
 
@@ -38,7 +39,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class Row:
     splits: int
     us: float
     bytes: float
+    agree: float | None = None  # idx-new: the share of idx-old's picks it also picks
 
     @property
     def tbs(self) -> float:
@@ -153,6 +155,15 @@ class _Indexer:
         return indexer_topk(self.scores_new(), self.topk, visible)
 
 
+def _agreement(old: torch.Tensor, new: torch.Tensor) -> float:
+    """The share of `old`'s picks [T, k] (-1: none) that `new` [T, k'] also holds: below 1
+    where bf16 accumulation reorders near ties, or an exact tie at the k-th place is broken
+    otherwise (torch.topk's choice is unspecified; the new rule takes the lowest entries)."""
+    picked = old >= 0
+    found = (old[:, :, None] == new[:, None, :]).any(-1) & picked
+    return float(found.sum()) / max(1, int(picked.sum()))
+
+
 def _indexer_rows(
     ix: _Indexer, add: Callable[[str, int, Callable[[], Any], float], None], size: int
 ) -> None:
@@ -232,6 +243,8 @@ def bench_case(
                           paged, _gather(paged, entries), rows, positions, lens // ratio, ratio,
                           v4.index_topk)  # fmt: skip
             _indexer_rows(ix, add, size)
+            new = next(i for i, r in enumerate(out) if r.kind == "idx-new")
+            out[new] = replace(out[new], agree=_agreement(ix.old(), ix.new()))
     if device.type == "cuda":
         flat = torch.randn(batch, 1, context, dim, device=device, dtype=dtype)
         sdpa = partial(F.scaled_dot_product_attention, q[:, :, None, :], flat, flat,
@@ -247,8 +260,9 @@ def report(rows: list[Row], copy_tbs: float) -> None:
     for r in rows:
         base = dense.get((r.context, r.batch), math.inf)
         speed = base / r.us if r.us > 0 and math.isfinite(r.us) else 0.0
+        agree = "" if r.agree is None else f"  picks agree {r.agree:.4f}"
         print(f"{r.context:>8}{r.batch:>6} {r.kind:<8}{r.keys:>7}{r.splits:>7}{r.us:>10.1f}"
-              f"{r.tbs:>7.2f}{r.tbs / copy_tbs:>6.2f}{speed:>8.1f}x")  # fmt: skip
+              f"{r.tbs:>7.2f}{r.tbs / copy_tbs:>6.2f}{speed:>8.1f}x{agree}")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
