@@ -1,9 +1,9 @@
 """DeepSeek-V4's kernels (`kernels/mhc.py`, `kernels/indexer.py`, `kernels/compressor.py`)
 against the reference runner's modules (`resin_models_torch.mhc`, `deepseek_v4`), float32,
 in the Triton interpreter on CPU: mHC's Sinkhorn weights and the final collapse's, the
-indexer's scores and top-k selection (`indexer_topk`; compared where the selection is unique:
-the test checks the gap at the k-th candidate), and the compressor's gated pooling of HCA and
-CSA entries."""
+gathered indexer's scores and top-k selection (`indexer_topk_torch`; compared where the
+selection is unique: the test checks the gap at the k-th candidate; the paged form and its
+radix top-k: `test_indexer.py`), and the compressor's gated pooling of HCA and CSA entries."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import torch.nn.functional as F
 
 from resin_model.config import RopeConfig
 from resin_models_cuda.kernels.compressor import gated_pool
-from resin_models_cuda.kernels.indexer import indexer_scores
+from resin_models_cuda.kernels.indexer import indexer_scores, indexer_topk_torch
 from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
-from resin_models_cuda.kernels.sparse_attention import indexer_topk
 from resin_models_torch.deepseek_v4 import Compressor, V4Rotary, rope_tail
 from resin_models_torch.mhc import HyperConnection, HyperHead, hc_mix, unweighted_rms_norm
 
@@ -115,6 +114,6 @@ def test_indexer_scores_and_selection_equal_the_reference(device: str) -> None:
         if visible > topk:
             assert float(ranked[topk - 1] - ranked[topk]) > 1e-6
         expected = set(want.topk(min(topk, visible)).indices.tolist())
-        picks = indexer_topk(scores, topk)[t].tolist()
+        picks = indexer_topk_torch(scores, topk)[t].tolist()
         assert {w for w in picks if w >= 0} == expected
         assert picks.count(-1) == topk - len(expected)

@@ -13,11 +13,8 @@ from pathlib import Path
 
 import torch
 
-from resin_models_cuda.kernels.sparse_attention import (
-    PagedKeys,
-    indexer_topk,
-    sparse_attention,
-)
+from resin_models_cuda.kernels.indexer import indexer_topk_torch
+from resin_models_cuda.kernels.sparse_attention import PagedKeys, sparse_attention
 
 torch.set_num_threads(1)
 
@@ -108,19 +105,19 @@ def test_sparse_attention_equals_a_plain_softmax_with_sinks(device: str) -> None
             torch.testing.assert_close(got.cpu(), _reference(c, mode), rtol=1e-5, atol=1e-5)
 
 
-def test_indexer_topk_marks_invisible_picks() -> None:
+def test_indexer_topk_torch_marks_invisible_picks() -> None:
     inf = float("-inf")
     scores = torch.tensor([[0.5, inf, 2.0, 1.0], [inf, inf, inf, inf], [3.0, 1.0, inf, inf]])
-    got = indexer_topk(scores, 3)
+    got = indexer_topk_torch(scores, 3)
     assert got.dtype == torch.int32
     assert got.tolist() == [[2, 3, 0], [-1, -1, -1], [0, 1, -1]]
-    assert indexer_topk(scores, 8).shape == (3, 4)
+    assert indexer_topk_torch(scores, 8).shape == (3, 4)
 
 
 def test_bench_sparse_attention_runs_tiny_shapes(tmp_path: Path) -> None:
     """`resin bench sparse-attention` on the tiny preset's shapes (on CPU through the
-    interpreter): a dense, CSA, HCA and indexer row per (context, batch), keys as the kinds
-    read them, JSONL written."""
+    interpreter): a dense, CSA, HCA row and the indexer's, old path and new, per (context,
+    batch), keys as the kinds read them, JSONL written."""
     from resin_app.cli import main
 
     out = tmp_path / "sparse.jsonl"
@@ -131,10 +128,13 @@ def test_bench_sparse_attention_runs_tiny_shapes(tmp_path: Path) -> None:
     assert main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     cpu = [r for r in rows if r["kind"] != "sdpa"]
+    indexer = ("idx-old", "idx-new", "sc-old", "sc-new", "topk-old", "topk-new")
     assert [(r["batch"], r["kind"]) for r in cpu] == [
-        (b, k) for b in (1, 2) for k in ("dense", "csa", "indexer", "hca")
+        (b, k) for b in (1, 2) for k in ("dense", "csa", *indexer, "hca")
     ]
     keys = {r["kind"]: r["keys"] for r in cpu}
     # window 16; CSA: top-4 of 64 / 4 entries; HCA: 64 / 16 entries; dense: the context
-    assert keys == {"dense": 64, "csa": 16 + 4, "indexer": 16, "hca": 16 + 4}
+    assert keys == {"dense": 64, "csa": 16 + 4, "hca": 16 + 4} | dict.fromkeys(indexer, 16)
     assert all(r["us"] > 0 and math.isfinite(r["us"]) for r in cpu)
+    # float32: the paged kernel and the radix top-k pick what the gathered path picks
+    assert [r["agree"] for r in cpu if r["kind"] == "idx-new"] == [1.0, 1.0]

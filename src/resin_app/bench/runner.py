@@ -141,7 +141,7 @@ def _bench_model(
     import torch
 
     from resin.protocols import CacheLayout
-    from resin_app.bench.plans import PagedPlanner
+    from resin_app.bench.plans import PagedPlanner, group_pages
     from resin_app.bench.runner_bench import RunnerBench
     from resin_model.presets import checkpoint_bytes, preset
     from resin_model.quant_checkpoint import check_format
@@ -164,10 +164,12 @@ def _bench_model(
     print(f"{name}: weights {held / 1e9:.2f} GB on the device, {stored / 1e9:.2f} GB as stored "
           f"({held / stored:.3f}x), built in {load_s:.1f} s")  # fmt: skip
     rc = runner.runner_config
-    groups = sum(not g.state_region for g in rc.cache_groups)
-    decode_pages = -(-(max(args.decode_contexts) + steps + 1) // args.page_size)
-    prefill_pages = -(-max(args.context_lengths) // args.page_size)
-    num_pages = groups * (max(args.batch_sizes) * decode_pages + prefill_pages + 8)
+    # Each token group: what the largest decode batch and the longest prompt hold in it (a
+    # Window group only its window's pages, `group_pages`).
+    decode_tokens = max(args.decode_contexts) + steps + 1
+    sizes = group_pages(rc.cache_groups, args.page_size, max(args.batch_sizes), decode_tokens,
+                        max(args.context_lengths))  # fmt: skip
+    num_pages = sum(sizes)
     # Each State group: one checkpoint page per row of the largest batch.
     state_groups = sum(g.state_region for g in rc.cache_groups)
     states = state_groups * max(args.batch_sizes)
@@ -179,7 +181,7 @@ def _bench_model(
     assert runner.kv is not None
     runner.kv.normal_()
     planner = PagedPlanner(num_pages, args.page_size, specs=rc.cache_groups,
-                           max_rows=max(args.batch_sizes))  # fmt: skip
+                           max_rows=max(args.batch_sizes), group_pages=sizes)  # fmt: skip
     bench = RunnerBench(runner, planner, name, ceilings)
     records = []
     for ctx in _progress(args.context_lengths, f"{name} prefill"):

@@ -8,8 +8,14 @@ read). Every row holds `context` tokens in shuffled pages and queries at positio
   what one 512-wide MQA layer without compression costs;
 * `csa`: the window plus 512 selected entries (random distinct picks) of context / 4;
 * `hca`: the window plus every one of context / 128 entries;
-* `indexer`: CSA's selection itself (the indexer's scores over context / 4 keys, 64 heads x
-  128, then top-k), which a CSA layer pays on top of `csa`;
+* CSA's selection itself (the indexer's scores over context / 4 keys, 64 heads x 128, then
+  the top 512), which a CSA layer pays on top of `csa`, old path against new:
+  `idx-old` the keys gathered out of the entry pages, scored in IEEE float32
+  (`indexer_scores`), `torch.topk` (`indexer_topk_torch`); `idx-new` the keys read in place
+  in the model's dtype (`paged_indexer_scores`), the radix top-k (`indexer_topk`); and their
+  parts: `sc-old` / `sc-new` the scores alone (`sc-old` over keys gathered beforehand),
+  `topk-old` / `topk-new` the top-k alone over the same scores; `idx-new`'s `agree` is the
+  share of the old path's picks the new one also picks (random keys: near ties are rare);
 * `sdpa`: torch's `scaled_dot_product_attention` over the context's keys laid out contiguous
   (no sink, no pages; for scale only, where it runs).
 
@@ -33,7 +39,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,11 +48,16 @@ import torch
 import torch.nn.functional as F
 
 from resin_model.presets import preset
-from resin_models_cuda.kernels.indexer import indexer_scores
+from resin_models_cuda.kernels.indexer import (
+    indexer_scores,
+    indexer_topk,
+    indexer_topk_torch,
+    paged_indexer_scores,
+    visible_entries,
+)
 from resin_models_cuda.kernels.sparse_attention import (
     PagedKeys,
     default_splits,
-    indexer_topk,
     sparse_attention,
 )
 
@@ -62,6 +73,7 @@ class Row:
     splits: int
     us: float
     bytes: float
+    agree: float | None = None  # idx-new: the share of idx-old's picks it also picks
 
     @property
     def tbs(self) -> float:
@@ -99,12 +111,73 @@ def _time(fn: Callable[[], Any], device: torch.device, reps: int, rounds: int) -
         return math.inf
 
 
-def _select(
-    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
-    positions: torch.Tensor, counts: torch.Tensor, ratio: int, topk: int,
-) -> torch.Tensor:  # fmt: skip
-    scores = indexer_scores(q, keys, weights, rows, positions, counts, ratio)
-    return indexer_topk(scores, topk)
+def _gather(keys: PagedKeys, entries: int) -> torch.Tensor:
+    """[B, entries, D]: every row's keys out of its pages (what the old path did each step)."""
+    per_page = keys.pages.shape[1]
+    w = torch.arange(entries, device=keys.pages.device)
+    page = keys.ids[(keys.indptr[:-1, None] + w[None, :] // per_page).long()]
+    return keys.pages[page.long(), w % per_page]
+
+
+@dataclass(frozen=True)
+class _Indexer:
+    """One CSA layer's selection inputs at a bench shape: queries in float32 (`q32`, the old
+    path's) and in the model's dtype, head weights, the indexer keys on the entry pages (the
+    channels after the K=V vector) and gathered beforehand, token rows, positions, counts."""
+
+    q32: torch.Tensor
+    q: torch.Tensor
+    weights: torch.Tensor
+    pages: PagedKeys
+    gathered: torch.Tensor
+    rows: torch.Tensor
+    positions: torch.Tensor
+    counts: torch.Tensor
+    ratio: int
+    topk: int
+
+    def old(self) -> torch.Tensor:
+        keys = _gather(self.pages, self.gathered.shape[1])
+        scores = indexer_scores(self.q32, keys, self.weights, self.rows, self.positions,
+                                self.counts, self.ratio)  # fmt: skip
+        return indexer_topk_torch(scores, self.topk)
+
+    def scores_old(self) -> torch.Tensor:
+        return indexer_scores(self.q32, self.gathered, self.weights, self.rows, self.positions,
+                              self.counts, self.ratio)  # fmt: skip
+
+    def scores_new(self) -> torch.Tensor:
+        return paged_indexer_scores(self.q, self.pages, self.weights, self.rows, self.positions,
+                                    self.counts, self.ratio, self.gathered.shape[1])  # fmt: skip
+
+    def new(self) -> torch.Tensor:
+        visible = visible_entries(self.rows, self.positions, self.counts, self.ratio)
+        return indexer_topk(self.scores_new(), self.topk, visible)
+
+
+def _agreement(old: torch.Tensor, new: torch.Tensor) -> float:
+    """The share of `old`'s picks [T, k] (-1: none) that `new` [T, k'] also holds: below 1
+    where bf16 accumulation reorders near ties, or an exact tie at the k-th place is broken
+    otherwise (torch.topk's choice is unspecified; the new rule takes the lowest entries)."""
+    picked = old >= 0
+    found = (old[:, :, None] == new[:, None, :]).any(-1) & picked
+    return float(found.sum()) / max(1, int(picked.sum()))
+
+
+def _indexer_rows(
+    ix: _Indexer, add: Callable[[str, int, Callable[[], Any], float], None], size: int
+) -> None:
+    """The selection's rows, old path against new (module docstring)."""
+    entries, dim = ix.gathered.shape[1:]
+    read = ix.q.shape[0] * entries * dim * size
+    add("idx-old", entries, ix.old, read)
+    add("idx-new", entries, ix.new, read)
+    add("sc-old", entries, ix.scores_old, read)
+    add("sc-new", entries, ix.scores_new, read)
+    scores = ix.scores_new()
+    visible = visible_entries(ix.rows, ix.positions, ix.counts, ix.ratio)
+    add("topk-old", entries, partial(indexer_topk_torch, scores, ix.topk), scores.nbytes)
+    add("topk-new", entries, partial(indexer_topk, scores, ix.topk, visible), scores.nbytes)
 
 
 def bench_case(
@@ -164,13 +237,14 @@ def bench_case(
         add(kind, keys, call, batch * keys * dim * size)
         if kind == "csa":
             ih, idim = v4.index_heads, v4.index_head_dim
-            iq = torch.randn(batch, ih, idim, device=device)
-            ikeys = torch.randn(batch, entries, idim, device=device, dtype=dtype)
-            iw = torch.randn(batch, ih, device=device) * ih**-0.5
-
-            counts = lens // ratio
-            select = partial(_select, iq, ikeys, iw, rows, positions, counts, ratio, v4.index_topk)
-            add("indexer", entries, select, batch * entries * idim * size)
+            q32 = torch.randn(batch, ih, idim, device=device).to(dtype).float()
+            paged = ent._replace(pages=ent.pages[:, :, dim:])
+            ix = _Indexer(q32, q32.to(dtype), torch.randn(batch, ih, device=device) * ih**-0.5,
+                          paged, _gather(paged, entries), rows, positions, lens // ratio, ratio,
+                          v4.index_topk)  # fmt: skip
+            _indexer_rows(ix, add, size)
+            new = next(i for i, r in enumerate(out) if r.kind == "idx-new")
+            out[new] = replace(out[new], agree=_agreement(ix.old(), ix.new()))
     if device.type == "cuda":
         flat = torch.randn(batch, 1, context, dim, device=device, dtype=dtype)
         sdpa = partial(F.scaled_dot_product_attention, q[:, :, None, :], flat, flat,
@@ -186,8 +260,9 @@ def report(rows: list[Row], copy_tbs: float) -> None:
     for r in rows:
         base = dense.get((r.context, r.batch), math.inf)
         speed = base / r.us if r.us > 0 and math.isfinite(r.us) else 0.0
+        agree = "" if r.agree is None else f"  picks agree {r.agree:.4f}"
         print(f"{r.context:>8}{r.batch:>6} {r.kind:<8}{r.keys:>7}{r.splits:>7}{r.us:>10.1f}"
-              f"{r.tbs:>7.2f}{r.tbs / copy_tbs:>6.2f}{speed:>8.1f}x")  # fmt: skip
+              f"{r.tbs:>7.2f}{r.tbs / copy_tbs:>6.2f}{speed:>8.1f}x{agree}")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

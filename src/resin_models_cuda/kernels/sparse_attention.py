@@ -258,11 +258,3 @@ def sparse_attention(
         _merge_kernel[(tokens * heads,)](part, stat, out, D=dim, BLOCK_D=next_pow2(dim),
                                          SPLITS=splits, BLOCK_S=next_pow2(splits))  # fmt: skip
     return out
-
-
-def indexer_topk(scores: torch.Tensor, topk: int) -> torch.Tensor:
-    """[T, min(topk, E)] int32: each query's best visible entries by `scores` [T, E] (-inf:
-    not visible), -1 in the places of invisible picks (a query that sees fewer than k)."""
-    k = min(topk, scores.shape[1])
-    best = scores.topk(k, dim=-1)
-    return torch.where(best.values > float("-inf"), best.indices, -1).to(torch.int32)

@@ -20,14 +20,15 @@ Kernels: the attention (`kernels/sparse_attention.py`: every query token of the 
 window's pages and its compressed entries' pages in one launch a layer, CSA reading the
 indexer's picks, HCA every visible entry), mHC's Sinkhorn weights and the final collapse's
 (`kernels/mhc.py`), the compressor's gated pooling (`kernels/compressor.py`), the indexer's
-scores (`kernels/indexer.py`, top-k by `torch.topk`) and the MoE through the layer library
-(`V4Moe`: the router kernel's `sqrt(softplus)` / hash routing, the expert GEMV / grouped
-kernels in bf16 or FP8). The compressor's bookkeeping (which positions each entry pools, the
-State rings, checkpoints) is batched over the step's rows with index tensors on the device
-(`_Attention._update`); a varlen step reads the host only for the row lengths (`_begin`).
-Still plain torch here: the projections (dense matmuls), norms and rotary. The math and its
-float32 points are the reference runner's (`resin_models_torch/deepseek_v4.py`), which the
-tests compare against in the Triton interpreter."""
+scores, read in place from the entry pages, and its radix top-k (`kernels/indexer.py`; ties
+to the lowest entries) and the MoE through the layer library (`V4Moe`: the router kernel's
+`sqrt(softplus)` / hash routing, the expert GEMV / grouped kernels in bf16 or FP8). The
+compressor's bookkeeping (which positions each entry pools, the State rings, checkpoints) is
+batched over the step's rows with index tensors on the device (`_Attention._update`); a
+varlen step reads the host only for the row lengths (`_begin`). Still plain torch here: the
+projections (dense matmuls), norms and rotary. The math and its float32 points are the
+reference runner's (`resin_models_torch/deepseek_v4.py`), which the tests compare against in
+the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -40,13 +41,16 @@ from resin.protocols import CacheGroupSpec, Compressed, State, Window
 from resin_model.config import AttentionKind, ModelConfig, RopeConfig
 from resin_models_cuda.kernels.activation import gated_activation
 from resin_models_cuda.kernels.compressor import gated_pool
-from resin_models_cuda.kernels.indexer import indexer_scores
+from resin_models_cuda.kernels.indexer import (
+    indexer_topk,
+    paged_indexer_scores,
+    visible_entries,
+)
 from resin_models_cuda.kernels.mhc import hc_head_weights, hc_weights
 from resin_models_cuda.kernels.mla import latent_append
 from resin_models_cuda.kernels.sparse_attention import (
     PagedKeys,
     default_splits,
-    indexer_topk,
     sparse_attention,
 )
 from resin_models_cuda.layers import ExpertWeights, GatedMLP, MoE, WeightSource
@@ -270,27 +274,20 @@ class _Attention:
         token_row: torch.Tensor,
         rot: _Rotary,
     ) -> torch.Tensor:
-        """The indexer's picks [T, K] (entry numbers, -1 none): every token's scores against
-        its row's indexer keys (gathered [B, most, index dim] from the entry pages, the K=V
-        vector's channels skipped), top-k."""
-        v4, t, dev = self.v4, x.shape[0], x.device
-        dim = v4.index_head_dim
-        q = F.linear(q_res, self.index_q).view(t, v4.index_heads, dim)
-        q = _rope(q, *rot.cos_sin(step.positions)).float()
+        """The indexer's picks [T, index_topk] (entry numbers, -1 none): every token's scores
+        against its row's indexer keys, read in place from the entry pages (the channels
+        after the K=V vector) up to the entries it sees, out to `most` columns; then the
+        radix top-k (`kernels/indexer.py`)."""
+        v4, t = self.v4, x.shape[0]
+        q = F.linear(q_res, self.index_q).view(t, v4.index_heads, v4.index_head_dim)
+        q = _rope(q, *rot.cos_sin(step.positions))
         weights = F.linear(x, self.index_w).float() * v4.index_heads**-0.5
-        per_page = entries.pages.shape[1]
-        w = torch.arange(max(most, 1), device=dev)
-        at = (entries.indptr[:-1, None].long() + w[None, :] // per_page).clamp(
-            max=max(entries.ids.shape[0] - 1, 0)
-        )
-        if entries.ids.shape[0]:
-            page = entries.ids[at].long()
-            keys = entries.pages[page, w % per_page, self.dim :]
-        else:
-            keys = entries.pages.new_zeros(counts.shape[0], w.shape[0], dim)
-        scores = indexer_scores(q, keys.to(x.dtype), weights, token_row, step.positions,
-                                counts, v4.csa_ratio)  # fmt: skip
-        return indexer_topk(scores, v4.index_topk)
+        keys = entries._replace(pages=entries.pages[:, :, self.dim :])
+        pos, ratio = step.positions, v4.csa_ratio
+        scores = paged_indexer_scores(q.to(keys.pages.dtype), keys, weights, token_row, pos,
+                                      counts, ratio, max(most, 1))  # fmt: skip
+        visible = visible_entries(token_row, pos, counts, ratio)
+        return indexer_topk(scores, v4.index_topk, visible)
 
     def _projected(self, x: torch.Tensor) -> torch.Tensor:
         """[T, values a token keeps]: the compressor's projections, then the indexer's."""
