@@ -282,10 +282,10 @@ def pooled_sparse_attention(
     """[T, H, value_dim] in q's dtype: each query token's attention over the `pool`-token pools
     it `selected` [T, K] (pool numbers, -1 none) and its own incomplete pool (module docstring),
     all read from the row's token pages `keys` (History: position p at page `p // per page`).
-    `q` [T, H, D] (last stride 1; D = the key channels: the absorbed MLA's latent then rope
-    part), `token_row`/`positions` [T] int32 (a position -1 reads nothing: zeros), the values
-    the keys' first `value_dim` channels (default D), `scale` the logits' factor, `sinks` [H]
-    float32 optional."""
+    `q` [T, H, D] (any token and head strides; D = the key channels: the absorbed MLA's latent
+    then rope part), `token_row`/`positions` [T] int32 (a position -1 reads nothing: zeros),
+    the values the keys' first `value_dim` channels (default D), `scale` the logits' factor,
+    `sinks` [H] float32 optional."""
     assert selected.dim() == 2 and pool >= 1
     return _launch(
         q, sinks, token_row, positions, keys, pool, None, None, 1, selected, pool=pool,
