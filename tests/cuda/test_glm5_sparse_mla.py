@@ -1,7 +1,8 @@
 """GLM-5.3's indexed MLA on the shared sparse attention kernel (`kernels/sparse_attention.py`,
 pooled mode) and the indexer's paged key pooling (`kernels/compressor.py`, paged mode) against
 plain torch over the same selection, in the Triton interpreter on CPU: rows of several shuffled
-pages (pools inside a page and pools across pages), decode (one query a row, a padding row at
+pages (pools inside a page, pools across pages, and single picked tokens with no tail: DSA
+without pools), decode (one query a row, a padding row at
 position -1) and prefill (several queries a row), rows that see fewer pools than top-k, -1
 padding between the picks, keys wider than the query (the indexer's channels after the latent),
 a value narrower than the key (the latent of `[latent | rope]`), queries in a non-contiguous
@@ -78,7 +79,7 @@ def _reference(c, page, pool, rows, positions, q, selected, scale, sinks, dtype)
 
 
 @pytest.mark.parametrize("dtype", ATTENTION_DTYPES)
-@pytest.mark.parametrize(("page", "pool"), [(8, 4), (4, 8)])
+@pytest.mark.parametrize(("page", "pool"), [(8, 4), (4, 8), (4, 1)])  # 1: picked tokens, no tail
 def test_pooled_sparse_attention_equals_torch_over_the_same_selection(
     device: str, dtype: torch.dtype, page: int, pool: int
 ) -> None:
