@@ -2,13 +2,13 @@
 pooled mode) and the indexer's paged key pooling (`kernels/compressor.py`, paged mode) against
 plain torch over the same selection, in the Triton interpreter on CPU: rows of several shuffled
 pages (pools inside a page, pools across pages, and single picked tokens with no tail: DSA
-without pools), decode (one query a row, a padding row at
-position -1) and prefill (several queries a row), rows that see fewer pools than top-k, -1
-padding between the picks, keys wider than the query (the indexer's channels after the latent),
-a value narrower than the key (the latent of `[latent | rope]`), queries in a non-contiguous
-layout, one split and several, with and without a sink. float32 and float16 (the attention:
-the interpreter's `tl.dot` on bfloat16 operands is wrong in Triton 3.9, so bfloat16 runs on the
-GPU only); the pooling, which has no dot, in bfloat16 too."""
+without pools), decode (one query a row, a padding row at position -1) and prefill (several
+queries a row), rows that see fewer pools than top-k, -1 padding between the picks, keys wider
+than the query (the indexer's channels after the latent), a value narrower than the key (the
+latent of `[latent | rope]`), queries in a non-contiguous layout, one split and several, with
+and without a sink. float32 and float16 (the attention: the interpreter's `tl.dot` on bfloat16
+operands is wrong in Triton 3.9, so bfloat16 runs on the GPU only); the pooling, which has no
+dot, in bfloat16 too."""
 
 from __future__ import annotations
 
