@@ -6,8 +6,11 @@
 #                      decode batch 1 and 64 at 1k context, prefill 4k (step qwen3_5), then
 #                      prefill 32k (step qwen3_5_32k)
 #   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB):
-#                      decode batch 1 and 64 at 1k, prefill 4k (the fast runner's first,
-#                      correctness-first GLM-5.3: expect it far below the ceiling)
+#                      decode batch 1 and 64 at 1k, prefill 4k (the fast runner's first
+#                      GLM-5.3: expect it below the ceiling)
+#   glm5_mla*.jsonl    (GLM_MLA="1 0", opt-in, in place of glm5.jsonl) the same GLM step once
+#                      per `IndexedMla.sparse_kernel` setting: 1 the sparse attention kernel
+#                      (the default), 0 the torch path it replaced, docs/benchmarks.md
 #   prefix_ttft.jsonl  `resin serve` on a random Qwen3.5 folder at reduced depth
 #                      (qwen3.5-35b-a3b-8l, ~15.5 GB: the full 70 GB folder would not fit
 #                      the one-H200 machine's 64 GB disk, nor be written in time): a
@@ -21,12 +24,12 @@
 #                      (0: the recurrent kernel), docs/benchmarks.md
 #   tests.log          (TESTS=1, the default) the hybrid models' fast-runner tests compiled on
 #                      the GPU: GLM-5.3's and Qwen3.5's against the reference runner (their
-#                      decode in CUDA graphs), the kernel tests
+#                      decode in CUDA graphs), the kernel tests (GLM's sparse MLA in bf16 too)
 # Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
-# CKPT, PORT, PREFIX_WORDS, WARM, TESTS, KDA_CHUNKS; the *_S per-step timeouts; a preset
+# CKPT, PORT, PREFIX_WORDS, WARM, TESTS, KDA_CHUNKS, GLM_MLA; the *_S per-step timeouts; a preset
 # "skip" skips its step).
 # CPU smoke run of the plumbing (the interpreter needs the longer timeouts):
-#   OUT=/tmp/h DEVICE=cpu QWEN=tiny-qwen3_5_moe QWEN_32K=skip GLM=tiny-glm5_next \
+#   TRITON_INTERPRET=1 OUT=/tmp/h DEVICE=cpu QWEN=tiny-qwen3_5_moe QWEN_32K=skip GLM=tiny-glm5_next \
 #   SERVE_PRESET=tiny-qwen3_5_moe CONTEXTS=64 DECODE_CTX=32 BATCHES=1,2 PREFIX_WORDS=40 \
 #   MAX_LEN=512 QWEN_S=900 GLM_S=900 TESTS=0 scripts/gpu_hybrid_bench.sh
 set -uo pipefail
@@ -53,6 +56,22 @@ runner() {  # tag, jsonl, seconds, args...
     grep -E "weights .* on the device|\| +(decode|prefill) +\||Error|error" "$out/$tag.log" | tail -20
 }
 
+set_runner() {  # tag, jsonl, seconds, "module:Class.attribute=value", args...: runner, the
+    # class attribute set first (an A/B switch of the fast runner's model code)
+    local tag=$1 jsonl=$2 seconds=$3 setting=$4
+    shift 4
+    local module=${setting%%:*} rest=${setting#*:}
+    local name=${rest%%=*} value=${rest#*=}
+    timeout "$seconds" "$PY" -c "import sys
+import $module as m
+setattr(m.${name%%.*}, '${name#*.}', $value)
+from resin_app.cli import main
+sys.exit(main(sys.argv[1:]))" bench runner "${common[@]}" "$@" --output "$out/$jsonl" \
+        >"$out/$tag.log" 2>&1
+    echo "== $tag rc=$?"
+    grep -E "weights .* on the device|\| +(decode|prefill) +\||Error|error" "$out/$tag.log" | tail -20
+}
+
 if [ "$QWEN" != skip ]; then
     runner qwen3_5 qwen3_5.jsonl "${QWEN_S:-120}" --model-config "$QWEN" \
         --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
@@ -62,25 +81,26 @@ if [ "$QWEN_32K" != skip ]; then
     runner qwen3_5_32k qwen3_5.jsonl "${QWEN_32K_S:-75}" --model-config "$QWEN_32K" \
         --context-lengths 32768 --batch-sizes 1 --decode-contexts "${DECODE_CTX:-1024}"
 fi
-if [ "$GLM" != skip ]; then
-    runner glm5 glm5.jsonl "${GLM_S:-120}" --model-config "$GLM" \
-        --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
-        --decode-contexts "${DECODE_CTX:-1024}"
+glm5=resin_models_cuda.models.glm5_next
+glm_args=(--model-config "$GLM" --context-lengths "${CONTEXTS:-4096}"
+          --decode-contexts "${DECODE_CTX:-1024}")
+if [ "$GLM" != skip ] && [ -z "${GLM_MLA:-}" ]; then
+    runner glm5 glm5.jsonl "${GLM_S:-120}" "${glm_args[@]}" --batch-sizes "${BATCHES:-1,64}"
 fi
+# The indexed MLA's attention, the sparse kernel against the torch path (opt-in, e.g.
+# GLM_MLA="1 0"): the GLM step with `IndexedMla.sparse_kernel` set, one JSONL a setting.
+for m in ${GLM_MLA:-}; do
+    case $m in 0) flag=False ;; 1) flag=True ;; *) echo "GLM_MLA: 0 or 1, not $m"; continue ;; esac
+    [ "$GLM" = skip ] && break
+    set_runner "glm5_mla$m" "glm5_mla$m.jsonl" "${GLM_S:-120}" \
+        "$glm5:IndexedMla.sparse_kernel=$flag" "${glm_args[@]}" --batch-sizes "${BATCHES:-1,64}"
+done
 
 # KDA prefill, chunked against recurrent (opt-in, e.g. KDA_CHUNKS="16 32 0"; 0 = the recurrent
 # kernel): GLM's prefill with `KimiDeltaAttention.prefill_chunk` set, one JSONL a chunk size.
 for c in ${KDA_CHUNKS:-}; do
-    timeout "${GLM_S:-120}" "$PY" -c "import sys
-from resin_models_cuda.models.glm5_next import KimiDeltaAttention
-KimiDeltaAttention.prefill_chunk = $c
-from resin_app.cli import main
-sys.exit(main(sys.argv[1:]))" bench runner "${common[@]}" --model-config "$GLM" \
-        --context-lengths "${CONTEXTS:-4096}" --batch-sizes 1 \
-        --decode-contexts "${DECODE_CTX:-1024}" --output "$out/glm5_kda_chunk$c.jsonl" \
-        >"$out/glm5_kda_chunk$c.log" 2>&1
-    echo "== glm5_kda_chunk$c rc=$?"
-    grep -E "\| +prefill +\||Error|error" "$out/glm5_kda_chunk$c.log" | tail -5
+    set_runner "glm5_kda_chunk$c" "glm5_kda_chunk$c.jsonl" "${GLM_S:-120}" \
+        "$glm5:KimiDeltaAttention.prefill_chunk=$c" "${glm_args[@]}" --batch-sizes 1
 done
 
 # The prefix hit through `resin serve`: the folder, the server (its own process group, stopped
@@ -155,17 +175,20 @@ EOF
 }
 server=""
 trap '[ -n "$server" ] && kill -- -"$server" 2>/dev/null' EXIT
-serve_ttft >"$out/prefix_ttft.log" 2>&1
-echo "== prefix_ttft rc=$?"
-if [ -n "$server" ]; then
-    kill -- -"$server" 2>/dev/null
-    wait "$server" 2>/dev/null
+if [ "$SERVE_PRESET" != skip ]; then
+    serve_ttft >"$out/prefix_ttft.log" 2>&1
+    echo "== prefix_ttft rc=$?"
+    if [ -n "$server" ]; then
+        kill -- -"$server" 2>/dev/null
+        wait "$server" 2>/dev/null
+    fi
+    server=""
+    tail -3 "$out/prefix_ttft.log"
 fi
-server=""
-tail -3 "$out/prefix_ttft.log"
 
 if [ "${TESTS:-1}" = 1 ]; then
     timeout "${TESTS_S:-150}" "$PY" -m pytest -q -x tests/cuda/test_glm5_next.py \
+        tests/cuda/test_glm5_sparse_mla.py tests/cuda/test_sparse_attention.py \
         tests/cuda/test_qwen3_5_moe.py tests/cuda/test_qwen3_5_kernels.py \
         tests/cuda/test_kda_chunked.py >"$out/tests.log" 2>&1
     echo "== tests rc=$?"

@@ -10,15 +10,14 @@ differently would show)."""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from resin import Engine, SamplingParams
+from tests.cuda.host_reads import HostReads
 from tests.models.dsv4_tiny import _checkpoint
 from tests.models.ref_compare import assert_step_logits_equal, generate_twice
 
@@ -66,40 +65,6 @@ def test_logits_equal_the_reference_step_by_step(device: str) -> None:
     assert steps == 5  # the same steps on both
 
 
-# Torch calls that read a device tensor on the host (a sync, or a shape that depends on data).
-_HOST_READS = frozenset({"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__index__",
-                         "__float__", "nonzero", "argwhere", "masked_select", "unique",
-                         "unique_consecutive"})  # fmt: skip
-_INDEXING = frozenset({"__getitem__", "__setitem__", "index_put", "index_put_"})
-
-
-def _has_mask(index: Any) -> bool:
-    parts = index if isinstance(index, (tuple, list)) else (index,)
-    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool and p.dim() for p in parts)
-
-
-class _HostReads(TorchFunctionMode):
-    """Records every host read (`_HOST_READS`, indexing by a boolean mask) that the fast
-    runner's own code (`resin_models_cuda`) makes while the mode is on. Tensors stay on the
-    CPU here, so nothing would block; a call recorded is one that would sync on a GPU or give
-    a shape CUDA graphs cannot replay. The Triton interpreter's own torch calls are not the
-    runner's and are not recorded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = getattr(func, "__name__", "")
-        if name in _HOST_READS or (name in _INDEXING and len(args) > 1 and _has_mask(args[1])):
-            frame = sys._getframe(1)
-            while frame.f_back is not None and "/torch/" in frame.f_code.co_filename:
-                frame = frame.f_back
-            if "resin_models_cuda" in frame.f_code.co_filename:
-                self.seen.append(f"{name} at {frame.f_code.co_filename}:{frame.f_lineno}")
-        return func(*args, **(kwargs or {}))
-
-
 def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(device: str) -> None:
     """Decode steps take the runner's persistent-buffer path (what a CUDA graph replays),
     every batch padded to a 4-row bucket as a captured graph's would be: the greedy tokens
@@ -108,7 +73,7 @@ def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(devic
     reference, fast = _runners(device, graphs=False)  # the body runs, padded, each step
     assert not fast.model.eager_only
     fast._pick_graph = lambda b, q: (4, 1) if q == 1 else None  # the 4-row bucket, padded
-    body, mode, shapes = fast._decode_body, _HostReads(), []
+    body, mode, shapes = fast._decode_body, HostReads(), []
 
     def watched(rows: int, query: int) -> Any:
         shapes.append((rows, query))

@@ -13,11 +13,14 @@ has the math), equal to it in the Triton interpreter (float32).
   state at its end.
 - Indexed MLA layers ("full"): q LoRA, the normed latent and the indexer's per-token key and
   pool-gate score are appended to one History group (a token's vector `[latent | key |
-  gate]`, `cache_token_shape`); the selection pools complete 16-token pools with
-  `kernels/compressor.py`'s gated softmax, scores them with `kernels/indexer.py` and keeps
-  the best `index_topk / index_kpool` plus the query's own incomplete pool. The attention
-  over the chosen latents is plain torch, a row at a time (`kv_b_proj` expands the row's
-  latents; softmax in float32): no sparse-MLA kernel yet.
+  gate]`, `cache_token_shape`). One pass for every query token of the step, read from the
+  History pages in place: `kernels/compressor.py`'s paged gated softmax pools each row's
+  complete 16-token pools, `kernels/indexer.py` scores them, `indexer_topk` keeps the best
+  `index_topk / index_kpool`, and `kernels/sparse_attention.py` (the kernel DeepSeek-V4's
+  attention runs, in its pooled mode) attends absorbed over those pools and the query's own
+  incomplete pool: q_nope times W_uk against the latents, softmax in float32, W_uv after.
+  `IndexedMla.sparse_kernel = False` (an A/B switch for benchmarks) runs the torch path it
+  replaced instead (below).
 - mHC (`kernels/mhc.py`'s Sinkhorn weights; the collapse and mix in torch); the final
   collapse is the streams' mean.
 - Names: the runners' (`checkpoint_names.names_for`, through `hf_glm5_next.rename_published`,
@@ -26,12 +29,13 @@ has the math), equal to it in the Triton interpreter (float32).
 - MLPs: the clamped SwiGLU (`silu_clamp` activation) dense, and the MoE layer library for
   the sigmoid-routed experts with the shared expert folded in (DeepSeek-V3's routing).
 
-Decode steps are graph-safe (CUDA graphs): the indexed MLA reads every row's first
-`decode_tokens` positions (the longest sequence, rounded to whole pages and pools) through its
-page table, pools and scores them on the device, masks what a row does not hold, and attends
-absorbed (q_nope times W_uk over the latents, W_uv after). Prefill steps go a row at a time
-(the rows' bounds read on the host, `kv_b_proj` expanding the row's latents as the reference
-does).
+Decode steps are graph-safe (CUDA graphs): their pool bound is `decode_tokens` (the longest
+sequence, rounded to whole pages and pools), the row lengths come from the decode buffers and a
+padding row queries position -1 (it reads nothing); nothing is read on the host. Varlen steps
+read the rows' bounds on the host once (`Glm5Next._queries`). The torch path
+(`sparse_kernel = False`): decode over every row's first `decode_tokens` positions gathered
+through the page table, what a row does not hold masked (graph-safe too); prefill a row at a
+time, `kv_b_proj` expanding the row's latents as the reference does.
 """
 
 from __future__ import annotations
@@ -43,13 +47,18 @@ import torch
 import torch.nn.functional as F
 
 from resin_model.config import Glm5NextConfig, ModelConfig
-from resin_models_cuda.kernels.compressor import gated_pool
+from resin_models_cuda.kernels.compressor import gated_pool, paged_gated_pool
 from resin_models_cuda.kernels.conv1d import causal_conv1d, conv_state_store
 from resin_models_cuda.kernels.delta_rule import kda_delta_rule
 from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
-from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select
+from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select, indexer_topk
 from resin_models_cuda.kernels.mhc import hc_weights
 from resin_models_cuda.kernels.mla import latent_append
+from resin_models_cuda.kernels.sparse_attention import (
+    PagedKeys,
+    default_splits,
+    pooled_sparse_attention,
+)
 from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, WeightSource
 from resin_models_cuda.layers.quantized import float32_tensor, linear
 from resin_models_cuda.models.base import BuildOptions, FastModel
@@ -157,9 +166,30 @@ class _Row:
     total: int  # tokens cached after the step
 
 
+@dataclass(frozen=True, slots=True)
+class _Queries:
+    """What the indexed MLA layers of one step share: per query token its row and position
+    (int32 [T]; a decode padding row's position is -1, which reads nothing), per row the
+    tokens it holds after the step (int32 [B]), `pools` the bound on any row's complete pools
+    (a decode step's from `decode_tokens`: no host read), the kernel's `splits`, and a varlen
+    step's rows (None: a decode step, one query a row)."""
+
+    token_row: torch.Tensor
+    positions: torch.Tensor
+    lens: torch.Tensor
+    pools: int
+    splits: int
+    rows: list[_Row] | None
+
+
 class IndexedMla:
     """Latent attention without rotary over the keys the DSA indexer picks; `prefix` is the
-    layer's `...self_attn.`, `slot` its place in the History group."""
+    layer's `...self_attn.`, `slot` its place in the History group. `sparse_kernel` (an A/B
+    switch for benchmarks): True runs every step on `kernels/sparse_attention.py`'s pooled
+    mode; False the torch attention (decode over every row's first `decode_tokens`
+    positions, prefill a row at a time)."""
+
+    sparse_kernel = True
 
     def __init__(
         self, config: ModelConfig, glm: Glm5NextConfig, w: WeightSource, prefix: str,
@@ -198,9 +228,8 @@ class IndexedMla:
                          dtype=torch.float32)  # fmt: skip
 
     def __call__(
-        self, x: torch.Tensor, step: StepTensors, model: Glm5Next, rows: list[_Row] | None
+        self, x: torch.Tensor, step: StepTensors, model: Glm5Next, view: _Queries
     ) -> torch.Tensor:
-        """`rows`: a varlen step's rows (None: a decode step, one query a row, graph-safe)."""
         mla, glm, t = self.mla, self.glm, x.shape[0]
         q_a, latent, key, gate, head_w = self.in_proj(x).split(self.splits, dim=-1)
         q_resid = self.q_a_norm(q_a.contiguous())
@@ -213,11 +242,38 @@ class IndexedMla:
         latent_append(entry, store[:, :, None], group.slots)
         index_q = F.linear(q_resid, self.index_q).view(t, glm.index_heads, -1).float()
         head_w = head_w.float() * glm.index_heads**-0.5
-        if rows is None:
+        if self.sparse_kernel:
+            out = self._sparse(queries, index_q, head_w, view, store, group)
+        elif view.rows is None:
             out = self._decode(queries, index_q, head_w, step, model, store, group)
         else:
-            out = self._varlen(queries, index_q, head_w, step, model, store, group, rows)
+            out = self._varlen(queries, index_q, head_w, step, model, store, group, view.rows)
         return self.o_proj(out.reshape(t, -1))
+
+    def _sparse(
+        self, queries: torch.Tensor, index_q: torch.Tensor, head_w: torch.Tensor,
+        view: _Queries, store: torch.Tensor, group: GroupTensors,
+    ) -> torch.Tensor:  # fmt: skip
+        """Every query token of the step at once, read from the History pages in place: each
+        row's complete pools pooled (`paged_gated_pool`), scored (`indexer_scores`), the best
+        `index_topk / index_kpool` kept (`indexer_topk`) and attended with the tail by the
+        sparse kernel, absorbed (q_nope times W_uk over the latents, W_uv after)."""
+        rank, pool = self.mla.kv_lora_rank, self.glm.index_kpool
+        d, t = self.glm.index_head_dim, queries.shape[0]
+        table = (group.page_indptr, group.page_ids, group.page_start)
+        selected = torch.full((t, 0), -1, dtype=torch.int32, device=queries.device)
+        if view.pools:
+            counts = view.lens // pool
+            keys = PagedKeys(store[..., rank : rank + d], *table)
+            pooled = paged_gated_pool(keys, store[..., rank + d :], self.ape, counts, view.pools)
+            scores = indexer_scores(index_q, pooled, head_w, view.token_row, view.positions,
+                                    counts, pool)  # fmt: skip
+            selected = indexer_topk(scores, self.glm.index_topk // pool)
+        q_lat = torch.einsum("thd,hdr->thr", queries, self.w_uk)
+        out = pooled_sparse_attention(q_lat, view.token_row, view.positions,
+                                      PagedKeys(store, *table), selected, pool, self.scale,
+                                      splits=view.splits)  # fmt: skip
+        return torch.einsum("thr,hvr->thv", out, self.w_uv)
 
     def _select(
         self, entries: torch.Tensor, index_q: torch.Tensor, head_w: torch.Tensor,
@@ -367,6 +423,11 @@ class Glm5Next(FastModel):
             self.layers.append(Glm5NextLayer(config, glm, weights, layer, mixer, options))
         self._kv: torch.Tensor | None = None
         self.decode_tokens = 0
+        self._num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else 0
+        )
         self.cache_groups(self.page_size)
 
     def cache_groups(self, page_size: int) -> None:
@@ -402,15 +463,29 @@ class Glm5Next(FastModel):
         page = ids[(indptr[b] + positions // ps - start[b]).long()].long()
         return page, positions % ps
 
+    def _queries(self, step: StepTensors) -> _Queries:
+        """The step's `_Queries` (a `DecodeInfo` step's from its fixed-shape tensors alone)."""
+        info, t, pool = step.info, step.input_ids.shape[0], self.glm.index_kpool
+        tokens = torch.arange(t, dtype=torch.int32, device=self.device)
+        blocks = -(-self.config.num_heads // 16)
+        splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
+        if isinstance(info, DecodeInfo):
+            assert info.query == 1, "GLM-5.3 decodes one query token a row"
+            lens = info.seq_lens[:t]
+            return _Queries(tokens, lens - 1, lens, self.decode_tokens // pool, splits, None)
+        indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
+        rows = [
+            _Row(lo, hi, c + hi - lo)
+            for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
+        ]
+        token_row = torch.searchsorted(info.query_indptr[1:], tokens, right=True).int()
+        lens = (info.cached_lens + info.query_indptr.diff()).int()
+        most = max((row.total for row in rows), default=0)
+        return _Queries(token_row, step.positions, lens, most // pool, splits, rows)
+
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         self._kv = kv
-        info, rows = step.info, None
-        if not isinstance(info, DecodeInfo):
-            indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
-            rows = [
-                _Row(lo, hi, c + hi - lo)
-                for lo, hi, c in zip(indptr[:-1], indptr[1:], cached, strict=True)
-            ]
+        view = self._queries(step)
         x = self.embed_tokens(step.input_ids)
         streams = x[:, None, :].expand(-1, self.glm.hc_mult, -1).contiguous()
         for layer in self.layers:
@@ -419,7 +494,7 @@ class Glm5Next(FastModel):
             if isinstance(layer.mixer, KimiDeltaAttention):
                 out = layer.mixer(h, step)
             else:
-                out = layer.mixer(h, step, self, rows)
+                out = layer.mixer(h, step, self, view)
             streams = hc_mix(streams, post, comb, out)
             post, comb, h = layer.ffn_hc(streams)
             streams = hc_mix(streams, post, comb, layer.mlp(layer.post_norm(h)))
