@@ -365,18 +365,26 @@ def bench_case(s: Shape, mode: Mode, batch: int, length: int, opt: Options) -> R
                diff.within(opt.tolerance), ours_us, fla_us, timing, None)  # fmt: skip
 
 
-def report(rows: Sequence[Row]) -> None:
-    print(f"{'kernel':<7}{'mode':<10}{'batch':>6}{'len':>6}{'chunk':>6}{'|dO|':>10}{'|dS|':>10}"
+HEADER = (f"{'kernel':<7}{'mode':<10}{'batch':>6}{'len':>6}{'chunk':>6}{'|dO|':>10}{'|dS|':>10}"
           f"{'ours us':>11}{'fla us':>11}{'ours/fla':>9}  decision")  # fmt: skip
+
+
+def report(rows: Sequence[Row]) -> None:
+    print(HEADER)
     for r in rows:
-        fla = f"{r.fla_us:>11.1f}" if r.fla_us else f"{'-':>11}"
-        ratio = f"{r.ratio:>9.2f}" if r.ratio else f"{'-':>9}"
-        do = f"{r.max_abs_out:>10.2e}" if r.max_abs_out is not None else f"{'-':>10}"
-        ds = f"{r.max_abs_state:>10.2e}" if r.max_abs_state is not None else f"{'-':>10}"
-        note = r.decision or r.error or ""
-        note += "" if r.agree or r.error else "  (outputs disagree)"
-        print(f"{r.kernel:<7}{r.mode:<10}{r.batch:>6}{r.length:>6}{r.our_chunk:>6}{do}{ds}"
-              f"{r.ours_us or math.nan:>11.1f}{fla}{ratio}  {note}")  # fmt: skip
+        print(line(r))
+
+
+def line(r: Row) -> str:
+    """One row of the table."""
+    fla = f"{r.fla_us:>11.1f}" if r.fla_us else f"{'-':>11}"
+    ratio = f"{r.ratio:>9.2f}" if r.ratio else f"{'-':>9}"
+    do = f"{r.max_abs_out:>10.2e}" if r.max_abs_out is not None else f"{'-':>10}"
+    ds = f"{r.max_abs_state:>10.2e}" if r.max_abs_state is not None else f"{'-':>10}"
+    note = r.decision or r.error or ""
+    note += "" if r.agree or r.error else "  (outputs disagree)"
+    return (f"{r.kernel:<7}{r.mode:<10}{r.batch:>6}{r.length:>6}{r.our_chunk:>6}{do}{ds}"
+            f"{r.ours_us or math.nan:>11.1f}{fla}{ratio}  {note}")  # fmt: skip
 
 
 def decide(rows: Sequence[Row]) -> dict[tuple[str, str], str]:
@@ -456,16 +464,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in shapes:
             for mode, batch, length in cases(args):
                 print(f"{s.preset} {s.kernel} {mode} batch {batch} x {length}", flush=True)
-                rows.append(bench_case(s, mode, batch, length, opt))
+                row = bench_case(s, mode, batch, length, opt)
+                rows.append(row)
+                print(line(row), flush=True)  # each row as it comes: a timeout keeps them
+                if args.output:
+                    write_jsonl(args.output, [{**asdict(row), "ratio": row.ratio,
+                                               "decision": row.decision, "device": name,
+                                               "fla_version": fla_version}])  # fmt: skip
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     report(rows)
     for (kernel, path), verdict in decide(rows).items():
         print(f"{kernel} {path}: {verdict}")
-    if args.output:
-        extra = dict(device=name, fla_version=fla_version)
-        write_jsonl(args.output, [{**asdict(r), "ratio": r.ratio, "decision": r.decision,
-                                   **extra} for r in rows])  # fmt: skip
     return 0
 
 
