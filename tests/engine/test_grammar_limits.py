@@ -182,3 +182,18 @@ def test_slow_masks_do_not_hold_back_unconstrained_rows(tokenizer: Tokenizer) ->
     for r in slow:
         engine.abort(r)
     run(engine)
+
+
+def test_an_llguidance_older_than_1_9_is_named_not_a_type_error(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llguidance 1.6 (what an unpinned download for an older platform tag gets) takes one EOS
+    # id: its constructor raises this TypeError for our list; the server printed only that.
+    import llguidance
+
+    def old_constructor(tokenizer_json: str, eos_token: int) -> None:
+        raise TypeError("argument 'eos_token': 'list' object cannot be interpreted as an integer")
+
+    monkeypatch.setattr(llguidance, "LLTokenizer", old_constructor)
+    with pytest.raises(RuntimeError, match=r"needs llguidance>=1\.9,<2"):
+        backend_of(tokenizer)

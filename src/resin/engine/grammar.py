@@ -159,6 +159,15 @@ SLOW_FILL_S = 0.004
 grammars, e.g. ambiguous ones, fill in parallel); one 4x faster moves them back."""
 
 
+def _llguidance_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llguidance")
+    except PackageNotFoundError:  # imported from a folder without its metadata
+        return "(version unknown)"
+
+
 class GrammarBackend:
     """Compiles `Constraint`s for one tokenizer; the engine asks it for per-request states.
 
@@ -182,7 +191,13 @@ class GrammarBackend:
         eos = [int(t) for t in eos_token_ids]
         if not eos:
             raise ValueError("a grammar backend needs at least one EOS / stop token id")
-        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, eos_token=eos)
+        try:
+            self.tokenizer = llguidance.LLTokenizer(tokenizer_json, eos_token=eos)
+        except TypeError as exc:  # llguidance before 1.9 takes one EOS id, not a list
+            raise RuntimeError(
+                f"llguidance {_llguidance_version()} cannot take a list of stop tokens; Resin "
+                "needs llguidance>=1.9,<2 (pip install 'llguidance>=1.9,<2')"
+            ) from exc
         self.eos_token_ids = frozenset(eos)
         # Added tokens llguidance treats as special: a grammar literal cannot produce them,
         # so structural tags refer to them by id (`<[id]>`).
