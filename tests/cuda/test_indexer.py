@@ -78,12 +78,14 @@ def _dev(c: dict[str, torch.Tensor], device: str) -> tuple[torch.Tensor, ...]:
     return tuple(c[n].int().to(device) for n in ("rows", "positions", "counts"))
 
 
-def _paged(c: dict[str, torch.Tensor], device: str, splits: int, block_e: int) -> torch.Tensor:
+def _paged(
+    c: dict[str, torch.Tensor], device: str, splits: int, block_e: int, fill: bool = True
+) -> torch.Tensor:
     pages = c["pages"].to(device)[:, :, OFFSET:]  # the indexer key's channels, strided
     keys = PagedKeys(pages, c["indptr"].int().to(device), c["ids"].int().to(device))
     rows, positions, counts = _dev(c, device)
     return paged_indexer_scores(c["q"].to(device), keys, c["w"].to(device), rows, positions,
-                                counts, RATIO, BOUND, splits, block_e).cpu()  # fmt: skip
+                                counts, RATIO, BOUND, splits, block_e, fill=fill).cpu()  # fmt: skip
 
 
 def _stable_topk(scores: torch.Tensor, visible: torch.Tensor, k: int) -> list[list[int]]:
@@ -166,3 +168,19 @@ def test_paged_selection_equals_the_stable_reference_with_relu_ties(device: str)
             assert sorted(e for e in old[t].tolist() if e >= 0) == [
                 e for e in got[t].tolist() if e >= 0
             ]
+
+
+def test_unfilled_scores_keep_the_visible_columns_and_the_selection(device: str) -> None:
+    """`fill=False` (DeepSeek-V4's decode) writes only each token's visible columns; a top-k
+    bounded by `visible` picks what it picks over the filled scores."""
+    c = _case(torch.float32, zeros=True)
+    filled = _paged(c, device, 2, 16)
+    visible = visible_entries(c["rows"], c["positions"], c["counts"], RATIO)
+    for splits in (1, 2, 3):
+        raw = _paged(c, device, splits, 16, fill=False)
+        for t, n in enumerate(visible.tolist()):
+            assert torch.equal(raw[t, :n], filled[t, :n])
+        for k in (3, 12):
+            got = indexer_topk(raw.to(device), k, visible.to(device), block=16).cpu()
+            want = indexer_topk(filled.to(device), k, visible.to(device), block=16).cpu()
+            assert torch.equal(got, want)

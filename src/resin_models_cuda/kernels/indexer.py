@@ -138,9 +138,10 @@ def _paged_scores_kernel(
     BLOCK_E: tl.constexpr,
     SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    FILL: tl.constexpr,
 ):
     # Program (t, s) holds token t's heads and streams blocks s, s + SPLITS, ... of its row's
-    # keys up to the entries t sees, then writes -inf over its blocks past them.
+    # keys up to the entries t sees, then (FILL) writes -inf over its blocks past them.
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     h = tl.arange(0, BLOCK_H)
@@ -165,11 +166,12 @@ def _paged_scores_kernel(
             dots = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_H, BLOCK_E]
         score = tl.sum(tl.maximum(dots, 0.0) * scale * w[:, None], 0)
         tl.store(out_ptr + t * E + e, tl.where(valid, score, float("-inf")), mask=e < E)
-    # this program's first block at or past the visible ones
-    seen = tl.cdiv(tl.maximum(tl.cdiv(visible, BLOCK_E) - s, 0), SPLITS)
-    for at in range((s + seen * SPLITS) * BLOCK_E, E, SPLITS * BLOCK_E):
-        e = at + n
-        tl.store(out_ptr + t * E + e, tl.full([BLOCK_E], float("-inf"), tl.float32), mask=e < E)
+    if FILL:  # this program's first block at or past the visible ones, then the rest
+        seen = tl.cdiv(tl.maximum(tl.cdiv(visible, BLOCK_E) - s, 0), SPLITS)
+        for at in range((s + seen * SPLITS) * BLOCK_E, E, SPLITS * BLOCK_E):
+            e = at + n
+            tl.store(out_ptr + t * E + e, tl.full([BLOCK_E], float("-inf"), tl.float32),
+                     mask=e < E)  # fmt: skip
 
 
 def visible_entries(
@@ -192,6 +194,7 @@ def paged_indexer_scores(
     splits: int = 0,
     block_e: int = 64,
     num_warps: int = 4,
+    fill: bool = True,
 ) -> torch.Tensor:
     """[T, entries] float32: `indexer_scores` with the keys read in place from their pages
     (`keys`: pages [P, per page, >= D], last stride 1, the page table of every row; pass the
@@ -199,7 +202,9 @@ def paged_indexer_scores(
     cores (products exact in float32, only the accumulation order differs from float32 dots),
     float32 ones in IEEE. `entries` is the output's width (a bound on any row's entries: a
     fixed-shape step's context limit); `splits` programs a token (0: enough to fill the
-    device)."""
+    device). `fill=False` leaves the columns past each token's visible entries unwritten (a
+    caller whose top-k reads only those, `indexer_topk(..., visible)`: at a long context limit
+    the -inf fill is most of the kernel's writes)."""
     t, heads, dim = q.shape
     pages = keys.pages
     assert pages.dim() == 3 and pages.stride(-1) == 1 and pages.shape[-1] >= dim
@@ -217,7 +222,7 @@ def paged_indexer_scores(
         out, entries, dim**-0.5, ratio, pages.shape[1],
         H=heads, D=dim, BLOCK_H=max(16, next_pow2(heads)), BLOCK_D=max(16, next_pow2(dim)),
         BLOCK_E=block_e, SPLITS=splits,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FILL=fill, num_warps=num_warps,
     )  # fmt: skip
     return out
 

@@ -285,8 +285,8 @@ class _Attention:
         keys = entries._replace(pages=entries.pages[:, :, self.dim :])
         pos, ratio = step.positions, v4.csa_ratio
         scores = paged_indexer_scores(q.to(keys.pages.dtype), keys, weights, token_row, pos,
-                                      counts, ratio, max(most, 1))  # fmt: skip
-        visible = visible_entries(token_row, pos, counts, ratio)
+                                      counts, ratio, max(most, 1), fill=False)  # fmt: skip
+        visible = visible_entries(token_row, pos, counts, ratio)  # the columns the top-k reads
         return indexer_topk(scores, v4.index_topk, visible)
 
     def _projected(self, x: torch.Tensor) -> torch.Tensor:
