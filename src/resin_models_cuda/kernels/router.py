@@ -303,7 +303,7 @@ def _router_fused_kernel(
         acc += tl.sum(x[:, None, :] * w[None, :, :], 2)
     if HAS_ROUTER_BIAS:
         acc += tl.load(b_ptr + e, mask=e < E, other=0.0).to(tl.float32)[None, :]
-    tl.store(logits_ptr + tok[:, None] * E + e[None, :], acc.to(dtype),
+    tl.store(logits_ptr + tok[:, None] * E + e[None, :], _rounded(acc, dtype),
              mask=(tok[:, None] < T) & (e[None, :] < E))  # fmt: skip
     tl.debug_barrier()
     done = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
@@ -322,6 +322,18 @@ def _router_fused_kernel(
                 routed_scale, E, E_PAD, K, SHARED, OUT_PAD, BLOCK_T, SCORING, False, HAS_BIAS,
                 RENORMALIZE,
             )  # fmt: skip
+
+
+@triton.jit
+def _rounded(x, dtype: tl.constexpr):
+    """float32 `x` in `dtype`, to nearest, ties to even (as cuBLAS rounds its output). bf16
+    by bit arithmetic: Triton's interpreter truncates a float32 -> bf16 cast, the GPU
+    rounds; this is the same on both (finite values and infinities)."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(dtype)
+    return x.to(dtype)
 
 
 _SCORING = {"softmax": 0, "sigmoid": 1, "sqrtsoftplus": 2}
