@@ -15,7 +15,7 @@ from resin_app.bench import router
 def test_bench_router_writes_its_rows(tmp_path: Path) -> None:
     out = tmp_path / "router.jsonl"
     argv = ["--device", "cpu", "--presets", "tiny", "--tokens", "1,3", "--reps", "1",
-            "--sweep", "--block-e", "2", "--block-k", "16", "--warps", "1",
+            "--sweep", "--block-e", "2", "--block-k", "16", "--sub-t", "2", "--warps", "1",
             "--output", str(out)]  # fmt: skip
     assert router.main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -25,7 +25,7 @@ def test_bench_router_writes_its_rows(tmp_path: Path) -> None:
     fused = [r for r in rows if r["path"] == "fused"]
     assert all(r["agree"] == 1.0 and r["us"] > 0 for r in fused)
     assert [r["default"] for r in fused] == [True, False, True, False]
-    assert fused[1]["tiles"] == {"block_e": 2, "block_k": 16, "num_warps": 1}
+    assert fused[1]["tiles"] == {"block_e": 2, "block_k": 16, "sub_t": 2, "num_warps": 1}
 
 
 def test_bench_router_shapes_are_the_presets() -> None:

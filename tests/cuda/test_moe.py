@@ -362,10 +362,11 @@ def test_fused_router_equals_linear_and_topk(
         torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tiles", [(1, 16, 1), (4, 32, 2), (8, 128, 4)])
+@pytest.mark.parametrize("tiles", [(1, 16, 1, 1), (4, 32, 2, 2), (8, 128, 8, 4)])
 def test_fused_router_launch_shapes_agree(device: str, tiles: tuple) -> None:
     """Every launch shape of the fused router routes the same (experts a program not dividing
-    E, K steps past H, another warp count), on random float32 inputs."""
+    E, K steps past H, token blocks not dividing T, other warp counts), on random float32
+    inputs."""
     from resin_models_cuda.kernels.router import FusedTiles, fused_router_topk, router_topk
 
     moe = MoeConfig(intermediate_size=8, sparse_layers=(True,), **ROUTES["v3"])

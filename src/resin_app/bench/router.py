@@ -168,7 +168,8 @@ def agreement(a: Routed, b: Routed) -> float:
 
 
 def sweep_tiles(args: argparse.Namespace) -> list[FusedTiles]:
-    ints = [[int(v) for v in s.split(",")] for s in (args.block_e, args.block_k, args.warps)]
+    sizes = (args.block_e, args.block_k, args.sub_t, args.warps)
+    ints = [[int(v) for v in s.split(",")] for s in sizes]
     return [FusedTiles(*t) for t in itertools.product(*ints)]
 
 
@@ -214,7 +215,7 @@ def bench_shape(
 
 def _line(r: dict[str, Any]) -> str:
     tiles = r.get("tiles")
-    shape = "" if tiles is None else "{block_e}x{block_k}/{num_warps}w".format(**tiles)
+    shape = "" if tiles is None else "{block_e}x{block_k}x{sub_t}/{num_warps}w".format(**tiles)
     extra = "" if r["path"] == "unfused" else f"  x{r['x_unfused']:.2f}  agree {r['agree']:.4f}"
     return (
         f"{r['preset']:<18} T={r['tokens']:<3} {r['path']:<8} {shape:<12} {r['us']:8.2f} us{extra}"
@@ -235,8 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=10, help="graph replays a rep")
     p.add_argument("--sweep", action="store_true", help="time every fused launch shape too")
     p.add_argument("--block-e", default="1,2,4,8")
-    p.add_argument("--block-k", default="256,512,1024,2048")
-    p.add_argument("--warps", default="2,4,8")
+    p.add_argument("--block-k", default="512,1024,2048")
+    p.add_argument("--sub-t", default="1,2,4", help="tokens a product (fused_tiles' sub_t)")
+    p.add_argument("--warps", default="4,8")
     p.add_argument("--device", default="cuda")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)

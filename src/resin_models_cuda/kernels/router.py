@@ -258,13 +258,14 @@ def _router_fused_kernel(
     weight_ptr,  # fp32 [T, K + SHARED] contiguous
     expert_ptr,  # int32 [T, K + SHARED] contiguous
     T,
-    H,
     stride_x,
     routed_scale,
+    H: tl.constexpr,
     E: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # experts a program
+    BLOCK_K: tl.constexpr,  # the K step of the logits' sums
     BLOCK_T: tl.constexpr,  # >= T
+    SUB_T: tl.constexpr,  # tokens a [SUB_T, BLOCK_E, BLOCK_K] product takes
     E_PAD: tl.constexpr,
     GROUPED: tl.constexpr,  # group-limited choice (`_route_grouped`, a token at a time)
     GROUPS: tl.constexpr,
@@ -289,22 +290,21 @@ def _router_fused_kernel(
     barrier before the ticket orders every thread's stores before the (acq_rel, GPU-scope)
     atomic; the last program reads the logits past L1."""
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    tok = tl.arange(0, BLOCK_T)
-    kk = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
     w_rows = w_ptr + e[:, None].to(tl.int64) * H
-    x_rows = x_ptr + tok[:, None].to(tl.int64) * stride_x
-    acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        k = k0 + kk[None, :]
-        w = tl.load(w_rows + k, mask=(e[:, None] < E) & (k < H), other=0.0).to(tl.float32)
-        x = tl.load(x_rows + k, mask=(tok[:, None] < T) & (k < H), other=0.0)
-        x = x.to(dtype).to(tl.float32)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], 2)
-    if HAS_ROUTER_BIAS:
-        acc += tl.load(b_ptr + e, mask=e < E, other=0.0).to(tl.float32)[None, :]
-    tl.store(logits_ptr + tok[:, None] * E + e[None, :], _rounded(acc, dtype),
-             mask=(tok[:, None] < T) & (e[None, :] < E))  # fmt: skip
+    for t0 in tl.static_range(0, BLOCK_T, SUB_T):  # after the first, w's rows come from L1
+        sub = t0 + tl.arange(0, SUB_T)
+        x_rows = x_ptr + sub[:, None].to(tl.int64) * stride_x
+        acc = tl.zeros([SUB_T, BLOCK_E], tl.float32)
+        for k0 in tl.static_range(0, H, BLOCK_K):  # unrolled: every load of w issued at once
+            k = k0 + tl.arange(0, BLOCK_K)[None, :]
+            w = tl.load(w_rows + k, mask=(e[:, None] < E) & (k < H), other=0.0).to(tl.float32)
+            x = tl.load(x_rows + k, mask=(sub[:, None] < T) & (k < H), other=0.0)
+            acc += tl.sum(x.to(dtype).to(tl.float32)[:, None, :] * w[None, :, :], 2)
+        if HAS_ROUTER_BIAS:
+            acc += tl.load(b_ptr + e, mask=e < E, other=0.0).to(tl.float32)[None, :]
+        tl.store(logits_ptr + sub[:, None] * E + e[None, :], _rounded(acc, dtype),
+                 mask=(sub[:, None] < T) & (e[None, :] < E))  # fmt: skip
     tl.debug_barrier()
     done = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:
@@ -318,7 +318,8 @@ def _router_fused_kernel(
                 )  # fmt: skip
         else:
             _route_flat(
-                logits_ptr, bias_ptr, logits_ptr, logits_ptr, weight_ptr, expert_ptr, tok, T, E,
+                logits_ptr, bias_ptr, logits_ptr, logits_ptr, weight_ptr, expert_ptr,
+                tl.arange(0, BLOCK_T), T, E,
                 routed_scale, E, E_PAD, K, SHARED, OUT_PAD, BLOCK_T, SCORING, False, HAS_BIAS,
                 RENORMALIZE,
             )  # fmt: skip
@@ -395,23 +396,30 @@ FUSED_MAX_TOKENS = 16  # `fused_router_topk` takes 1..16 tokens (decode); more: 
 
 
 class FusedTiles(NamedTuple):
-    """`fused_router_topk`'s launch shape: experts a program, the K step, warps."""
+    """`fused_router_topk`'s launch shape: experts a program, the K step of the sums,
+    tokens a product (`sub_t`), warps."""
 
     block_e: int
     block_k: int
+    sub_t: int
     num_warps: int
 
 
-def fused_tiles(tokens: int, experts: int, hidden: int) -> FusedTiles:
-    """Experts a program: the most of 1, 2, 4, 8 that still leaves >= 96 programs (the router
-    is ~0.2-7 MB, read once: spread over the multiprocessors, as a GEMV is); K step: a
-    [tokens, experts, K] product of <= 4,096 values (32 a thread at 4 warps)."""
+def fused_tiles(tokens: int, experts: int, hidden: int, sms: int = 132) -> FusedTiles:
+    """Experts a program: the fewest of 1, 2, 4, 8 that make at most `sms` programs (the
+    H100's and H200's multiprocessors: one wave, each reading its rows of the ~0.2-7 MB
+    router once). A [block_e, block_k] tile of the router of <= 2,048 values (16 a thread at
+    4 warps), the K loop unrolled so that its loads are in flight together; `sub_t` tokens a
+    product of <= 4,096 values. 8 warps where the routing's [tokens, experts] tile would
+    spill at 4."""
     block_e = 1
-    while block_e < 8 and triton.cdiv(experts, 2 * block_e) >= 96:
+    while block_e < 8 and triton.cdiv(experts, block_e) > sms:
         block_e *= 2
     block_t = next_pow2(tokens)
-    block_k = max(16, min(next_pow2(hidden), 4096 // (block_t * block_e)))
-    return FusedTiles(block_e, block_k, 4)
+    block_k = max(16, min(next_pow2(hidden), 2048 // block_e))
+    sub_t = max(1, min(block_t, 4096 // (block_e * block_k)))
+    warps = 8 if block_t * next_pow2(experts) >= 4096 else 4
+    return FusedTiles(block_e, block_k, sub_t, warps)
 
 
 def fused_router_topk(
@@ -450,12 +458,13 @@ def fused_router_topk(
     per_group = e // moe.num_groups
     _router_fused_kernel[(triton.cdiv(e, tiles.block_e),)](
         x, router, router if router_bias is None else router_bias, logits, ticket,
-        logits if score_bias is None else score_bias, weight, expert, t, h, x.stride(0),
-        moe.routed_scale, E=e, BLOCK_E=tiles.block_e, BLOCK_K=tiles.block_k,
-        BLOCK_T=next_pow2(t), E_PAD=next_pow2(e), GROUPED=moe.topk_groups < moe.num_groups,
-        GROUPS=moe.num_groups, G_PAD=next_pow2(moe.num_groups), PER_GROUP=per_group,
-        PER_PAD=next_pow2(per_group), TOPK_GROUPS=moe.topk_groups, K=k, SHARED=shared,
-        OUT_PAD=next_pow2(width), SCORING=_SCORING[moe.scoring],
+        logits if score_bias is None else score_bias, weight, expert, t, x.stride(0),
+        moe.routed_scale, H=h, E=e, BLOCK_E=tiles.block_e, BLOCK_K=tiles.block_k,
+        BLOCK_T=next_pow2(t), SUB_T=min(tiles.sub_t, next_pow2(t)), E_PAD=next_pow2(e),
+        GROUPED=moe.topk_groups < moe.num_groups, GROUPS=moe.num_groups,
+        G_PAD=next_pow2(moe.num_groups), PER_GROUP=per_group, PER_PAD=next_pow2(per_group),
+        TOPK_GROUPS=moe.topk_groups, K=k, SHARED=shared, OUT_PAD=next_pow2(width),
+        SCORING=_SCORING[moe.scoring],
         HAS_BIAS=score_bias is not None, HAS_ROUTER_BIAS=router_bias is not None,
         RENORMALIZE=moe.norm_topk_prob, num_warps=tiles.num_warps,
     )  # fmt: skip
