@@ -295,12 +295,15 @@ def _router_fused_kernel(
     for t0 in tl.static_range(0, BLOCK_T, SUB_T):  # after the first, w's rows come from L1
         sub = t0 + tl.arange(0, SUB_T)
         x_rows = x_ptr + sub[:, None].to(tl.int64) * stride_x
-        acc = tl.zeros([SUB_T, BLOCK_E], tl.float32)
-        for k0 in tl.static_range(0, H, BLOCK_K):  # unrolled: every load of w issued at once
+        part = tl.zeros([SUB_T, BLOCK_E, BLOCK_K], tl.float32)
+        # unrolled, and summed over K only after the loop: no barrier between the steps, so
+        # the loads of several steps are in flight together
+        for k0 in tl.static_range(0, H, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)[None, :]
             w = tl.load(w_rows + k, mask=(e[:, None] < E) & (k < H), other=0.0).to(tl.float32)
             x = tl.load(x_rows + k, mask=(sub[:, None] < T) & (k < H), other=0.0)
-            acc += tl.sum(x.to(dtype).to(tl.float32)[:, None, :] * w[None, :, :], 2)
+            part += x.to(dtype).to(tl.float32)[:, None, :] * w[None, :, :]
+        acc = tl.sum(part, 2)
         if HAS_ROUTER_BIAS:
             acc += tl.load(b_ptr + e, mask=e < E, other=0.0).to(tl.float32)[None, :]
         tl.store(logits_ptr + sub[:, None] * E + e[None, :], _rounded(acc, dtype),
