@@ -14,6 +14,11 @@ does in practice. gpt-oss's "softmax over the top-k logits" is the same as softm
 top-k, renormalize. With a group limit the experts are held as a `[groups, experts per group]`
 tile, a token a program; without one (and for hash routing) a program takes up to 16 tokens
 as a `[tokens, experts]` tile.
+
+Decode sizes (1-16 tokens) can take the router linear into the same launch
+(`fused_router_topk`): programs split over the experts compute the logits and the program that
+finishes last routes every token through the same `@triton.jit` helpers (`_route_grouped`,
+`_route_flat`) the two kernels above call, so the rule exists once.
 """
 
 from __future__ import annotations
