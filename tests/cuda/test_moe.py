@@ -404,3 +404,35 @@ def test_fast_moe_model_matches_reference_with_fused_router(
     prompts = _prompts(256, full=False)
     assert _generate(fast, prompts, 3) == _generate(reference, prompts, 3)
     assert calls and max(calls) <= router.FUSED_MAX_TOKENS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "glm-5.3-flash", "deepseek-v3-4l"])
+def test_fused_router_replays_in_a_cuda_graph_gpu(name: str) -> None:
+    """At a preset's real router shape, 24 fused launches (each layer its own weights and
+    ticket) captured in one CUDA graph and replayed 20 times on changing inputs route as the
+    unfused path on every replay, up to near-ties: a program reading logits before their
+    writer's store is visible, or a ticket not back at 0, would show as wrong choices."""
+    from resin_app.bench.router import Layers, shape_of
+
+    shape = shape_of(name)
+    layers = Layers.random(shape, 24, torch.device("cuda"))
+    x = torch.randn(16, shape.hidden, device="cuda").to(torch.bfloat16)
+    same = rows = 0
+    for tokens in (1, 16):
+        view = x[:tokens]
+        layers.fused(view, None)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layers.fused(view, None)
+        for _ in range(20):
+            x.normal_()
+            graph.replay()
+            want = layers.unfused(view)
+            for (got_w, got_e), (want_w, want_e) in zip(out, want, strict=True):
+                equal = (got_e == want_e).all(1)
+                same, rows = same + int(equal.sum()), rows + tokens
+                torch.testing.assert_close(got_w[equal], want_w[equal], atol=1e-2, rtol=1e-2)
+        assert all(int(t.item()) == 0 for t in layers.tickets)
+    assert same >= 0.98 * rows  # bf16 logits an ulp apart may flip a near-tie
