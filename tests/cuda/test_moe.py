@@ -307,3 +307,132 @@ def test_router_kernel_routes_as_the_v4_reference(device: str, hashed: bool) -> 
     assert torch.equal(got_e[:, :6].gather(1, order_got), want_e.gather(1, order_want))
     torch.testing.assert_close(got_w[:, :6].gather(1, order_got), want_w.gather(1, order_want),
                                atol=1e-6, rtol=1e-5)  # fmt: skip
+
+
+FUSED_ROUTES = {
+    **ROUTES,
+    # gpt-oss: softmax over a biased linear, renormalized; odd expert count
+    "gpt_oss": dict(num_experts=11, top_k=4, norm_topk_prob=True, router_bias=True),
+    # GLM-5.3: sigmoid, correction bias, one group, renorm, scale; top-8 of an odd count
+    "glm5": dict(num_experts=19, top_k=8, norm_topk_prob=True, scoring="sigmoid",
+                 routed_scale=2.5, score_bias=True),
+}  # fmt: skip
+ROUTER_DTYPES = {  # (x, router): the router's dtype is the logits' (`fp32_router`: float32)
+    "bf16": (torch.bfloat16, torch.bfloat16),
+    "fp32_router": (torch.bfloat16, torch.float32),
+    "fp32": (torch.float32, torch.float32),
+}
+
+
+def _grid(*shape: int, step: float, top: int) -> torch.Tensor:
+    """Values k * step, |k| <= top: every product and partial sum of two such tensors is
+    exact in float32, so the logits do not depend on the order of the sum."""
+    return torch.randint(-top, top + 1, shape) * step
+
+
+@pytest.mark.parametrize("tokens", [1, 6, 16])
+@pytest.mark.parametrize("dtype", sorted(ROUTER_DTYPES))
+@pytest.mark.parametrize("name", sorted(FUSED_ROUTES))
+def test_fused_router_equals_linear_and_topk(
+    device: str, name: str, dtype: str, tokens: int
+) -> None:
+    """`fused_router_topk` (the router linear and the routing rule in one launch) returns
+    what `F.linear(x.to(w.dtype), w, b)` + `router_topk` return, for every rule, bf16 and
+    float32 logits, odd hidden sizes and expert counts, 1..16 tokens, shared experts
+    appended. The inputs sit on a grid where the float32 sums are exact, so the logits are
+    the same bits on both paths and ties (frequent in bf16) must break the same way; off the
+    grid the sums' order may move a logit by an ulp (the kernel's docstring)."""
+    from resin_models_cuda.kernels.router import fused_router_topk, router_topk
+
+    spec: dict = dict(FUSED_ROUTES[name])
+    moe = MoeConfig(intermediate_size=8, sparse_layers=(True,), **spec)
+    x_dtype, w_dtype = ROUTER_DTYPES[dtype]
+    e, h, shared = moe.num_experts, 67, 1 + tokens % 2
+    torch.manual_seed(tokens * 31 + len(name))
+    x = _grid(tokens, h, step=0.25, top=4).to(x_dtype).to(device)
+    w = _grid(e, h, step=1 / 16, top=8).to(w_dtype).to(device)
+    b = _grid(e, step=1 / 8, top=8).to(w_dtype).to(device) if moe.router_bias else None
+    bias = torch.randn(e).to(device) * 0.1 if moe.score_bias else None
+    ticket = torch.zeros(1, dtype=torch.int32, device=device)
+    want_w, want_e = router_topk(F.linear(x.to(w_dtype), w, b), moe, bias, shared)
+    for _ in range(2):  # the ticket is back at 0 after each launch
+        got_w, got_e = fused_router_topk(x, w, b, moe, ticket, bias, shared)
+        assert int(ticket.item()) == 0
+        assert torch.equal(got_e.cpu(), want_e.cpu())
+        torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tiles", [(1, 16, 1, 1), (4, 32, 2, 2), (8, 128, 8, 4)])
+def test_fused_router_launch_shapes_agree(device: str, tiles: tuple) -> None:
+    """Every launch shape of the fused router routes the same (experts a program not dividing
+    E, K steps past H, token blocks not dividing T, other warp counts), on random float32
+    inputs."""
+    from resin_models_cuda.kernels.router import FusedTiles, fused_router_topk, router_topk
+
+    moe = MoeConfig(intermediate_size=8, sparse_layers=(True,), **ROUTES["v3"])
+    torch.manual_seed(3)
+    x, w = torch.randn(5, 93).to(device), torch.randn(32, 93).to(device)
+    bias = torch.randn(32).to(device) * 0.1
+    ticket = torch.zeros(1, dtype=torch.int32, device=device)
+    got_w, got_e = fused_router_topk(x, w, None, moe, ticket, bias, tiles=FusedTiles(*tiles))
+    want_w, want_e = router_topk(F.linear(x, w), moe, bias)
+    assert torch.equal(got_e.cpu(), want_e.cpu()) and int(ticket.item()) == 0
+    torch.testing.assert_close(got_w, want_w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "glm4_moe"])
+def test_fast_moe_model_matches_reference_with_fused_router(
+    device: str, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole fast MoE model (gpt-oss: biased bf16-style router; GLM-4.5: sigmoid, group
+    limit, float32 router and correction bias) gives the reference runner's greedy tokens
+    with `MoE.fused_router` on, and its decode steps do route through the fused kernel."""
+    from resin_model.presets import TINY
+    from resin_models_cuda.kernels import router
+    from resin_models_cuda.layers import moe as moe_layer
+    from tests.cuda.test_vs_reference import _generate, _prompts, reference_and_fast
+
+    calls = []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[0].shape[0])
+        return router.fused_router_topk(*args, **kwargs)
+
+    monkeypatch.setattr(moe_layer.MoE, "fused_router", True)
+    monkeypatch.setattr(moe_layer, "fused_router_topk", counted)
+    reference, fast = reference_and_fast(TINY[arch], device)
+    prompts = _prompts(256, full=False)
+    assert _generate(fast, prompts, 3) == _generate(reference, prompts, 3)
+    assert calls and max(calls) <= router.FUSED_MAX_TOKENS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "glm-5.3-flash", "deepseek-v3-4l"])
+def test_fused_router_replays_in_a_cuda_graph_gpu(name: str) -> None:
+    """At a preset's real router shape, 24 fused launches (each layer its own weights and
+    ticket) captured in one CUDA graph and replayed 20 times on changing inputs route as the
+    unfused path on every replay, up to near-ties: a program reading logits before their
+    writer's store is visible, or a ticket not back at 0, would show as wrong choices."""
+    from resin_app.bench.router import Layers, shape_of
+
+    shape = shape_of(name)
+    layers = Layers.random(shape, 24, torch.device("cuda"))
+    x = torch.randn(16, shape.hidden, device="cuda").to(torch.bfloat16)
+    same = rows = 0
+    for tokens in (1, 16):
+        view = x[:tokens]
+        layers.fused(view, None)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layers.fused(view, None)
+        for _ in range(20):
+            x.normal_()
+            graph.replay()
+            want = layers.unfused(view)
+            for (got_w, got_e), (want_w, want_e) in zip(out, want, strict=True):
+                equal = (got_e == want_e).all(1)
+                same, rows = same + int(equal.sum()), rows + tokens
+                torch.testing.assert_close(got_w[equal], want_w[equal], atol=1e-2, rtol=1e-2)
+        assert all(int(t.item()) == 0 for t in layers.tickets)
+    assert same >= 0.98 * rows  # bf16 logits an ulp apart may flip a near-tie

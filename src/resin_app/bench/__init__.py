@@ -48,6 +48,7 @@ TOOLS: dict[str, Tool] = {
     "tune-moe": Tool("resin_app.bench.tune_moe", "GPU: MoE kernel tile sweeps"),
     "tune-gemv": Tool("resin_app.bench.tune_gemv", "GPU: quantized GEMV tile sweeps -> tile file"),
     "quant-kernels": Tool("resin_app.bench.quant_kernels", "GPU: FP8 / MXFP4 kernels beside bf16"),
+    "router": Tool("resin_app.bench.router", "GPU: MoE router, fused kernel vs linear + top-k"),
     "sparse-attention": Tool(
         "resin_app.bench.sparse_attention", "GPU: DeepSeek-V4 sparse attention vs dense"
     ),

@@ -4,7 +4,8 @@ paths with the same result (no host sync in either, so decode CUDA graphs cover 
 - Router: softmax, sigmoid or sqrt(softplus) scores over a (biased) linear, optional
   group-limited choice and score bias (DeepSeek), top-k (or the experts a token-id table
   names: DeepSeek-V4's hash layers), optional renormalization and scale, in one kernel; shared
-  experts ride along as always-chosen experts of weight 1 (`ExpertWeights.with_shared`).
+  experts ride along as always-chosen experts of weight 1 (`ExpertWeights.with_shared`). At
+  1..16 tokens the linear joins that kernel (`MoE.fused_router`), one launch for the router.
 - Few pairs (`pairs <= gemv_max_pairs`): the expert GEMV (`kernels/moe_gemv.py`), each pair
   reading its expert in place: gate_up with the activation fused, then down adding each
   weighted pair into a zeroed float32 sum (and a cast).
@@ -44,7 +45,7 @@ from resin_models_cuda.kernels.moe_mxfp4 import (
     mxfp4_expert_gate_up,
     mxfp4_grouped_gemm,
 )
-from resin_models_cuda.kernels.router import router_topk
+from resin_models_cuda.kernels.router import FUSED_MAX_TOKENS, fused_router_topk, router_topk
 from resin_models_cuda.layers.quantized import (
     Fp8Weight,
     cat_fp8,
@@ -218,7 +219,11 @@ class ExpertWeights:
 class MoE:
     """`fp32_router`: router logits in float32 (DeepSeek computes them so), else in the
     weights' dtype (Qwen3-MoE, gpt-oss). `limit`: the clamp of a clamped activation (default
-    the config's `swiglu_limit`)."""
+    the config's `swiglu_limit`). `fused_router` (class-wide, for A/B runs): at 1..16 tokens
+    the router linear and the top-k run as one kernel (`fused_router_topk`; hash-routed
+    layers and larger steps keep the linear + `router_topk`)."""
+
+    fused_router = True
 
     def __init__(
         self,
@@ -231,8 +236,10 @@ class MoE:
     ) -> None:
         self.moe, self.w, self.act = moe, weights, act
         self.gemv_max_pairs = gemv_max_pairs
-        self.router = weights.router.float() if fp32_router else weights.router
+        self.router = (weights.router.float() if fp32_router else weights.router).contiguous()
         self.per_token = moe.top_k + weights.shared  # pairs per token
+        # the fused router's counter of finished programs (0 between launches), this layer's own
+        self.ticket = torch.zeros(1, dtype=torch.int32, device=weights.router.device)
         if limit is None:
             limit = moe.swiglu_limit if moe.swiglu_limit is not None else 0.0
         self.limit = limit
@@ -241,11 +248,20 @@ class MoE:
         self, x: torch.Tensor, ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights fp32 [T, k + shared], experts int32 [T, k + shared]): one linear, one
-        top-k kernel; a hash-routed layer reads its experts from the token `ids` [T]."""
-        logits = F.linear(x.to(self.router.dtype), self.router, self.w.router_bias)
+        top-k kernel, or both in one (`fused_router`); a hash-routed layer reads its experts
+        from the token `ids` [T]."""
         table = self.w.hash_table
         if table is not None and ids is None:
             raise ValueError("a hash-routed MoE layer needs the step's token ids")
+        if (
+            self.fused_router
+            and table is None
+            and 0 < x.shape[0] <= FUSED_MAX_TOKENS
+            and x.stride(1) == 1
+        ):
+            return fused_router_topk(x, self.router, self.w.router_bias, self.moe, self.ticket,
+                                     self.w.score_bias, self.w.shared)  # fmt: skip
+        logits = F.linear(x.to(self.router.dtype), self.router, self.w.router_bias)
         return router_topk(logits, self.moe, self.w.score_bias, self.w.shared, table,
                            ids if table is not None else None)  # fmt: skip
 
