@@ -221,9 +221,10 @@ class MoE:
     weights' dtype (Qwen3-MoE, gpt-oss). `limit`: the clamp of a clamped activation (default
     the config's `swiglu_limit`). `fused_router` (class-wide, for A/B runs): at 1..16 tokens
     the router linear and the top-k run as one kernel (`fused_router_topk`; hash-routed
-    layers and larger steps keep the linear + `router_topk`)."""
+    layers and larger steps keep the linear + `router_topk`). Off until a GPU has run its
+    cross-program hand-off and timed it (docs/benchmarks.md, "The MoE router, fused")."""
 
-    fused_router = True
+    fused_router = False
 
     def __init__(
         self,
