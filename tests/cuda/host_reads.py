@@ -41,3 +41,49 @@ class HostReads(TorchFunctionMode):
             if "resin_models_cuda" in frame.f_code.co_filename:
                 self.seen.append(f"{name} at {frame.f_code.co_filename}:{frame.f_lineno}")
         return func(*args, **(kwargs or {}))
+
+
+def assert_padded_decode_equals_without_host_reads(
+    reference: Any, fast: Any, context_length: int, varlen_probe: Any
+) -> None:
+    """The greedy tokens of two prompts (13 and 30 tokens, 5 out, 16-token prefill chunks)
+    equal between `reference` and `fast` while every decode step of `fast` takes the
+    persistent-buffer path a CUDA graph replays, padded to a 4-row bucket, and that step's body
+    (the model forward, the logits, their argmax) reads nothing on the host. Then the recorder
+    is shown to see a read: `varlen_probe(step)` runs the model's varlen step set-up (which
+    reads its row lengths) on a two-row prefill `StepTensors`."""
+    from resin import Engine, SamplingParams
+    from resin_models_cuda.step import PrefillInfo, StepTensors
+
+    assert not fast.model.eager_only
+    fast._pick_graph = lambda b, q: (4, 1) if q == 1 else None  # the 4-row bucket, padded
+    body, mode, shapes = fast._decode_body, HostReads(), []
+
+    def watched(rows: int, query: int) -> Any:
+        shapes.append((rows, query))
+        with mode:
+            return body(rows, query)
+
+    fast._decode_body = watched
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (13, 30)]
+    params = SamplingParams(max_output_tokens=5, temperature=0.0, ignore_stop_tokens=True)
+
+    def run(runner: Any) -> list[list[int]]:
+        with Engine(runner, context_length=context_length, prefill_chunk_tokens=16) as engine:
+            requests = [engine.submit(p, params) for p in prompts]
+            while engine.has_work():
+                engine.step()
+            return [list(r.take_result()) for r in requests]
+
+    assert run(fast) == run(reference)
+    assert len(shapes) >= 4 and set(shapes) == {(4, 1)}
+    assert mode.seen == []
+
+    def i32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=fast.device)
+
+    info = PrefillInfo(i32([0, 2]), i32([5]), i32([0]), i32([0]), 16)
+    with mode:
+        varlen_probe(StepTensors(i32([1, 2]), i32([5, 6]), (), info))
+    assert mode.seen and mode.seen[0].startswith("tolist at ")

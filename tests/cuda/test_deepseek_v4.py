@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from resin import Engine, SamplingParams
-from tests.cuda.host_reads import HostReads
+from tests.cuda.host_reads import assert_padded_decode_equals_without_host_reads
 from tests.models.dsv4_tiny import _checkpoint
 from tests.models.ref_compare import assert_step_logits_equal, generate_twice
 
@@ -71,41 +71,11 @@ def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(devic
     equal the reference's over decode steps that complete CSA and HCA entries, and the step's
     body (the model forward, the logits, their argmax) reads nothing on the host."""
     reference, fast = _runners(device, graphs=False)  # the body runs, padded, each step
-    assert not fast.model.eager_only
-    fast._pick_graph = lambda b, q: (4, 1) if q == 1 else None  # the 4-row bucket, padded
-    body, mode, shapes = fast._decode_body, HostReads(), []
-
-    def watched(rows: int, query: int) -> Any:
-        shapes.append((rows, query))
-        with mode:
-            return body(rows, query)
-
-    fast._decode_body = watched
-    gen = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (13, 30)]
-    params = SamplingParams(max_output_tokens=5, temperature=0.0, ignore_stop_tokens=True)
-
-    def run(runner: Any) -> list[list[int]]:
-        with Engine(runner, context_length=256, prefill_chunk_tokens=16) as engine:
-            requests = [engine.submit(p, params) for p in prompts]
-            while engine.has_work():
-                engine.step()
-            return [list(r.take_result()) for r in requests]
-
-    assert run(fast) == run(reference)
-    # decode at positions 13..16 and 30..33: lengths 16 and 32 complete CSA and HCA entries
-    assert len(shapes) >= 4 and set(shapes) == {(4, 1)}
-    assert mode.seen == []
-    # the check sees a host read: a varlen step's `_begin` reads its row lengths
-    from resin_models_cuda.step import PrefillInfo, StepTensors
-
-    def i32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
-    info = PrefillInfo(i32([0, 2]), i32([5]), i32([0]), i32([0]), 16)
-    with mode:
-        fast.model._begin(StepTensors(i32([1, 2]), i32([5, 6]), (), info), fast.kv)
-    assert mode.seen and mode.seen[0].startswith("tolist at ")
+    # decode at positions 13..16 and 30..33: lengths 16 and 32 complete CSA and HCA entries;
+    # a varlen step's `_begin` reads its row lengths
+    assert_padded_decode_equals_without_host_reads(
+        reference, fast, 256, lambda step: fast.model._begin(step, fast.kv)
+    )
 
 
 def _drafts_each_step(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], set[Any]]:

@@ -18,9 +18,8 @@ import pytest
 import torch
 import transformers
 
-from resin import Engine, SamplingParams
 from resin.protocols import State
-from tests.cuda.host_reads import HostReads
+from tests.cuda.host_reads import assert_padded_decode_equals_without_host_reads
 from tests.models.glm5_tiny import perturbed
 from tests.models.ref_compare import assert_step_logits_equal, generate_twice
 
@@ -106,43 +105,11 @@ def test_padded_decode_equals_the_reference_without_host_reads(
     empty tail, the query's own pool competing in the top-k) and start the next, and the
     step's body (the model forward, the logits, their argmax) reads nothing on the host."""
     from resin_models_cuda.models.glm5_next import IndexedMla
-    from resin_models_cuda.step import PrefillInfo, StepTensors
 
     monkeypatch.setattr(IndexedMla, "sparse_kernel", sparse_kernel)
     reference, fast = _runners(device, graphs=False)  # the body runs, padded, each step
-    assert not fast.model.eager_only
-    fast._pick_graph = lambda b, q: (4, 1) if q == 1 else None  # the 4-row bucket, padded
-    body, mode, shapes = fast._decode_body, HostReads(), []
-
-    def watched(rows: int, query: int) -> Any:
-        shapes.append((rows, query))
-        with mode:
-            return body(rows, query)
-
-    fast._decode_body = watched
-    gen = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (13, 30)]
-    params = SamplingParams(max_output_tokens=5, temperature=0.0, ignore_stop_tokens=True)
-
-    def run(runner: Any) -> list[list[int]]:
-        with Engine(runner, context_length=128, prefill_chunk_tokens=16) as engine:
-            requests = [engine.submit(p, params) for p in prompts]
-            while engine.has_work():
-                engine.step()
-            return [list(r.take_result()) for r in requests]
-
-    assert run(fast) == run(reference)
-    assert len(shapes) >= 4 and set(shapes) == {(4, 1)}
-    assert mode.seen == []
-
-    # the check sees a host read: a varlen step reads its row lengths
-    def i32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
-    info = PrefillInfo(i32([0, 2]), i32([5]), i32([0]), i32([0]), 16)
-    with mode:
-        fast.model._queries(StepTensors(i32([1, 2]), i32([5, 6]), (), info))
-    assert mode.seen and mode.seen[0].startswith("tolist at ")
+    # a varlen step reads its row lengths in `_queries`
+    assert_padded_decode_equals_without_host_reads(reference, fast, 128, fast.model._queries)
 
 
 def _stored(folder: Path, name: str) -> torch.Tensor:
