@@ -69,7 +69,26 @@ def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], i
     return generate_twice(runner, prompts, context_length=128)
 
 
-def test_same_tokens_as_the_reference_with_prefix_hits(device: str) -> None:
+_PATHS = {  # IndexedMla's A/B switches: (sparse_kernel, stored_pools)
+    "stored": (True, True),  # the default: each pool pooled once, into its History page
+    "repooled": (True, False),  # every complete pool pooled again each step
+    "torch": (False, False),
+}
+
+
+def _path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    from resin_models_cuda.models.glm5_next import IndexedMla
+
+    sparse_kernel, stored_pools = _PATHS[path]
+    monkeypatch.setattr(IndexedMla, "sparse_kernel", sparse_kernel)
+    monkeypatch.setattr(IndexedMla, "stored_pools", stored_pools)
+
+
+@pytest.mark.parametrize("path", ["stored", "repooled"])
+def test_same_tokens_as_the_reference_with_prefix_hits(
+    device: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _path(monkeypatch, path)
     reference, fast = _runners(device)
     assert isinstance(fast.runner_config.cache_groups[-1], State)
     gen = torch.Generator().manual_seed(7)
@@ -81,32 +100,29 @@ def test_same_tokens_as_the_reference_with_prefix_hits(device: str) -> None:
     assert reused == reused_ref > 0
 
 
-@pytest.mark.parametrize("sparse_kernel", [True, False])
+@pytest.mark.parametrize("path", list(_PATHS))
 def test_logits_equal_the_reference_step_by_step(
-    device: str, sparse_kernel: bool, monkeypatch: pytest.MonkeyPatch
+    device: str, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On the sparse attention kernel and on the torch path it replaced (the A/B switch)."""
-    from resin_models_cuda.models.glm5_next import IndexedMla
-
-    monkeypatch.setattr(IndexedMla, "sparse_kernel", sparse_kernel)
+    """On the sparse attention kernel over stored pools, over pools pooled again each step,
+    and on the torch path it replaced (the A/B switches)."""
+    _path(monkeypatch, path)
     reference, fast = _runners(device, graphs=False)  # every step calls `logits` in Python
     prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
     steps = assert_step_logits_equal(reference, fast, prompt, context_length=128)
     assert steps >= 4  # 3 prefill chunks, then decode
 
 
-@pytest.mark.parametrize("sparse_kernel", [True, False])
+@pytest.mark.parametrize("path", list(_PATHS))
 def test_padded_decode_equals_the_reference_without_host_reads(
-    device: str, sparse_kernel: bool, monkeypatch: pytest.MonkeyPatch
+    device: str, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decode steps take the runner's persistent-buffer path (what a CUDA graph replays),
     every batch padded to a 4-row bucket as a captured graph's would be: the greedy tokens
     equal the reference's over decode steps that complete a pool (positions 15 and 31: an
     empty tail, the query's own pool competing in the top-k) and start the next, and the
     step's body (the model forward, the logits, their argmax) reads nothing on the host."""
-    from resin_models_cuda.models.glm5_next import IndexedMla
-
-    monkeypatch.setattr(IndexedMla, "sparse_kernel", sparse_kernel)
+    _path(monkeypatch, path)
     reference, fast = _runners(device, graphs=False)  # the body runs, padded, each step
     # a varlen step reads its row lengths in `_queries`
     assert_padded_decode_equals_without_host_reads(reference, fast, 128, fast.model._queries)
