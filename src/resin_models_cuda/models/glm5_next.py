@@ -13,14 +13,19 @@ has the math), equal to it in the Triton interpreter (float32).
   state at its end.
 - Indexed MLA layers ("full"): q LoRA, the normed latent and the indexer's per-token key and
   pool-gate score are appended to one History group (a token's vector `[latent | key |
-  gate]`, `cache_token_shape`). One pass for every query token of the step, read from the
-  History pages in place: `kernels/compressor.py`'s paged gated softmax pools each row's
-  complete 16-token pools, `kernels/indexer.py` scores them, `indexer_topk` keeps the best
-  `index_topk / index_kpool`, and `kernels/sparse_attention.py` (the kernel DeepSeek-V4's
+  gate]`, `cache_token_shape`); after a page's tokens, the pooled indexer key of each
+  16-token pool it holds (`pool_view`), pooled once by `kernels/compressor.py`'s paged gated
+  softmax when the pool's last token arrives (`_store_pools`, prefill chunks and decode
+  alike), so a prefix hit's shared pages bring their pools. One pass for every query token
+  of the step, read from the pages in place: `kernels/indexer.py`'s `paged_indexer_scores`
+  scores the stored pools, `indexer_topk` keeps the best `index_topk / index_kpool`, and
+  `kernels/sparse_attention.py` (the kernel DeepSeek-V4's
   attention runs, in its pooled mode) attends absorbed over those pools and the query's own
   incomplete pool: q_nope times W_uk against the latents, softmax in float32, W_uv after.
-  `IndexedMla.sparse_kernel = False` (an A/B switch for benchmarks) runs the torch path it
-  replaced instead (below).
+  `IndexedMla.stored_pools = False` (an A/B switch for benchmarks) pools every complete
+  pool again each step instead; `IndexedMla.sparse_kernel = False` runs the torch path the
+  kernel replaced (below). Why not a `Compressed(16)` group for the pools: its pages would be
+  whole arena pages, as many as the History group's (`cache_groups`).
 - mHC (`kernels/mhc.py`'s Sinkhorn weights; the collapse and mix in torch); the final
   collapse is the streams' mean.
 - Names: the runners' (`checkpoint_names.names_for`, through `hf_glm5_next.rename_published`,
@@ -486,7 +491,9 @@ class Glm5Next(FastModel):
         pooled indexer keys after its tokens (`pool_view`; `page_size / index_kpool` of them a
         layer, 128 x 2 bytes each at GLM-5.3-Flash's sizes: 1% over the tokens' 16 x 1,536):
         the model declares its groups and views each page flat (`token_view`, `pool_view`).
-        Otherwise None (the default groups, no stored pools)."""
+        Otherwise None (the default groups, no stored pools). Not a `Compressed(16)` group:
+        every token page is `page_bytes`, and a Compressed page at ratio <= page size covers
+        as many tokens as a History page, so it would double the pages for 1% more bytes."""
         pool = self.glm.index_kpool
         self.page_size = page_size
         unit = page_size * pool // math.gcd(page_size, pool)
