@@ -132,8 +132,7 @@ def test_pools_completed_inside_and_across_prefill_chunks_are_stored_and_reused(
     assert reused == reused_ref >= 2 * 32
     assert any(c % 16 and t // 16 > c // 16 for c, t in chunks)  # a pool across chunks
     assert any(-(-c // 16) * 16 + 16 <= t for c, t in chunks)  # a pool inside one chunk
-    model._kv = fast.kv
-    pooled = 0
+    pooled = 0  # over the arena the last step ran on (`model._kv`; closing drops the runner's)
     for layer in model.layers:
         mixer = layer.mixer
         if not isinstance(mixer, IndexedMla):
