@@ -69,7 +69,26 @@ def _generate(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], i
     return generate_twice(runner, prompts, context_length=128)
 
 
-def test_same_tokens_as_the_reference_with_prefix_hits(device: str) -> None:
+_PATHS = {  # IndexedMla's A/B switches: (sparse_kernel, stored_pools)
+    "stored": (True, True),  # the default: each pool pooled once, into its History page
+    "repooled": (True, False),  # every complete pool pooled again each step
+    "torch": (False, False),
+}
+
+
+def _path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    from resin_models_cuda.models.glm5_next import IndexedMla
+
+    sparse_kernel, stored_pools = _PATHS[path]
+    monkeypatch.setattr(IndexedMla, "sparse_kernel", sparse_kernel)
+    monkeypatch.setattr(IndexedMla, "stored_pools", stored_pools)
+
+
+@pytest.mark.parametrize("path", ["stored", "repooled"])
+def test_same_tokens_as_the_reference_with_prefix_hits(
+    device: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _path(monkeypatch, path)
     reference, fast = _runners(device)
     assert isinstance(fast.runner_config.cache_groups[-1], State)
     gen = torch.Generator().manual_seed(7)
@@ -81,32 +100,79 @@ def test_same_tokens_as_the_reference_with_prefix_hits(device: str) -> None:
     assert reused == reused_ref > 0
 
 
-@pytest.mark.parametrize("sparse_kernel", [True, False])
-def test_logits_equal_the_reference_step_by_step(
-    device: str, sparse_kernel: bool, monkeypatch: pytest.MonkeyPatch
+def test_pools_completed_inside_and_across_prefill_chunks_are_stored_and_reused(
+    device: str,
 ) -> None:
-    """On the sparse attention kernel and on the torch path it replaced (the A/B switch)."""
+    """Stored pools (the default): prompts whose 16-token prefill chunks, cut short by the
+    step's token budget, complete pools both inside a chunk and across a chunk boundary (the
+    pool's first tokens in an earlier step); a second round hits the prefix cache and scores
+    the reused pages' stored pools. The tokens equal the reference's, and every complete
+    History page holds the gated pool of its tokens in each indexed layer."""
+    from resin_models_cuda.kernels.compressor import gated_pool
     from resin_models_cuda.models.glm5_next import IndexedMla
 
-    monkeypatch.setattr(IndexedMla, "sparse_kernel", sparse_kernel)
+    assert IndexedMla.stored_pools and IndexedMla.sparse_kernel
+    reference, fast = _runners(device)
+    model, chunks = fast.model, []
+    queries = model._queries
+
+    def recorded(step: Any) -> Any:
+        view = queries(step)
+        if view.rows is not None:
+            chunks.extend((row.total - (row.hi - row.lo), row.total) for row in view.rows)
+        return view
+
+    model._queries = recorded
+    gen = torch.Generator().manual_seed(5)
+    shared = torch.randint(0, 300, (35,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, 300, (n,), generator=gen).tolist() for n in (3, 12)]
+    # the third row gets the step's last 8 tokens first, so its pool 0 completes across chunks;
+    # its own prefix keeps its pages (and their pools) in the cache for the second round
+    prompts.append(torch.randint(0, 300, (56,), generator=gen).tolist())
+    want, reused_ref = _generate(reference, prompts)
+    got, reused = _generate(fast, prompts)
+    assert got == want
+    assert reused == reused_ref >= 2 * 32
+    assert any(c % 16 and t // 16 > c // 16 for c, t in chunks)  # a pool across chunks
+    assert any(-(-c // 16) * 16 + 16 <= t for c, t in chunks)  # a pool inside one chunk
+    pooled = 0  # over the arena the last step ran on (`model._kv`; closing drops the runner's)
+    for layer in model.layers:
+        mixer = layer.mixer
+        if not isinstance(mixer, IndexedMla):
+            continue
+        tokens, pools = model.token_view(mixer.slot.index), model.pool_view(mixer.slot.index)
+        rank, d = mixer.mla.kv_lora_rank, mixer.glm.index_head_dim
+        complete = (tokens != 0).any(dim=-1).all(dim=-1)  # pages with every token written
+        keys = tokens[complete, :, rank : rank + d]
+        want_pools = gated_pool(keys, tokens[complete, :, rank + d :].float(), mixer.ape)
+        torch.testing.assert_close(pools[complete, 0], want_pools, atol=1e-5, rtol=1e-5)
+        pooled += int(complete.sum())
+    assert pooled >= 4
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
+def test_logits_equal_the_reference_step_by_step(
+    device: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the sparse attention kernel over stored pools, over pools pooled again each step,
+    and on the torch path it replaced (the A/B switches)."""
+    _path(monkeypatch, path)
     reference, fast = _runners(device, graphs=False)  # every step calls `logits` in Python
     prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
     steps = assert_step_logits_equal(reference, fast, prompt, context_length=128)
     assert steps >= 4  # 3 prefill chunks, then decode
 
 
-@pytest.mark.parametrize("sparse_kernel", [True, False])
+@pytest.mark.parametrize("path", list(_PATHS))
 def test_padded_decode_equals_the_reference_without_host_reads(
-    device: str, sparse_kernel: bool, monkeypatch: pytest.MonkeyPatch
+    device: str, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decode steps take the runner's persistent-buffer path (what a CUDA graph replays),
     every batch padded to a 4-row bucket as a captured graph's would be: the greedy tokens
     equal the reference's over decode steps that complete a pool (positions 15 and 31: an
     empty tail, the query's own pool competing in the top-k) and start the next, and the
     step's body (the model forward, the logits, their argmax) reads nothing on the host."""
-    from resin_models_cuda.models.glm5_next import IndexedMla
-
-    monkeypatch.setattr(IndexedMla, "sparse_kernel", sparse_kernel)
+    _path(monkeypatch, path)
     reference, fast = _runners(device, graphs=False)  # the body runs, padded, each step
     # a varlen step reads its row lengths in `_queries`
     assert_padded_decode_equals_without_host_reads(reference, fast, 128, fast.model._queries)
@@ -144,9 +210,9 @@ def test_both_name_layouts_load(tmp_path: Path) -> None:
 def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
     """Held out (issue 37): 64 requests sharing a 1,024-token prefix, on the cache groups and
     page bytes the fast runner declares for GLM-5.3-Flash's cache shapes (a KDA State page of
-    ~141 MiB beside 264 KiB History pages of latents and indexer entries) in a 60 GB arena,
-    hit the cache as often as a pure-attention layout of the same History pages and bytes.
-    The engine drives a runner that simulates the model through the cache."""
+    ~141 MiB beside 267 KiB History pages of latents, indexer entries and pooled keys) in a
+    60 GB arena, hit the cache as often as a pure-attention layout of the same History pages
+    and bytes. The engine drives a runner that simulates the model through the cache."""
     from dataclasses import replace
 
     from resin_model.presets import preset
@@ -166,6 +232,7 @@ def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
     layout = CudaRunner(model, RunnerOptions(cache_bytes=60 * 10**9)).runner_config
     assert isinstance(layout.cache_groups[1], State)
     assert layout.cache_groups[1].bytes_per_page == 34 * (64 * 128 * 128 * 4 + 24576 * 3 * 2)
-    assert layout.page_bytes == 11 * 16 * (512 + 2 * 128) * 2  # 11 layers, 16 tokens
+    # 11 layers of 16 tokens and the page's pooled indexer key (one 16-token pool)
+    assert layout.page_bytes == 11 * (16 * (512 + 2 * 128) + 128) * 2
 
     assert_layout_hits_like_attention(layout)

@@ -144,3 +144,12 @@ def test_paged_gated_pool_equals_the_pool_of_gathered_tokens(
             want[b, w] = (weights * tokens[:, 2 : 2 + width].float()).sum(dim=0)
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float().cpu(), want, atol=atol, rtol=rtol)
+    # `first`: only the pools from first[b] on (GLM-5.3's stored pools: those a step completes)
+    first = [max(0, n - 1) for n in counts]
+    got = paged_gated_pool(PagedKeys(kv.to(device), *table), gate.to(device), bias.to(device),
+                           torch.tensor(counts, device=device).int(), 2,
+                           torch.tensor(first, device=device).int())  # fmt: skip
+    shifted = torch.zeros(len(LENGTHS), 2, width)
+    for b, (count, f) in enumerate(zip(counts, first, strict=True)):
+        shifted[b, : max(0, min(2, count - f))] = want[b, f : min(f + 2, count)]
+    torch.testing.assert_close(got.float().cpu(), shifted, atol=atol, rtol=rtol)

@@ -34,6 +34,7 @@ def _pool_kernel(
     ids,
     start,  # PAGED: int32 [B], the first held page of each row
     count_ptr,  # PAGED: int32 [B], the complete pools each row holds
+    first_ptr,  # PAGED: int32 [B], the first pool of each row in the output
     E,  # PAGED: pools a row in the output
     page_size,
     S: tl.constexpr,
@@ -48,7 +49,7 @@ def _pool_kernel(
     mask = (s[:, None] < S) & (c[None, :] < C)
     if PAGED:
         row = e // E
-        w = e % E
+        w = tl.load(first_ptr + row) + e % E
         slots = tl.where(w < tl.load(count_ptr + row), S, 0)  # none past the complete pools
         mask = (s[:, None] < slots) & (c[None, :] < C)
         kpos = w * S + s
@@ -84,34 +85,46 @@ def gated_pool(kv: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor) -> torc
         none = torch.zeros(1, dtype=torch.int32, device=kv.device)
         _pool_kernel[grid](
             kv.contiguous(), gate.float().contiguous(), bias.float().contiguous(), out, 0, 0,
-            none, none, none, none, entries, 1,
+            none, none, none, none, none, entries, 1,
             S=slots, C=channels, BLOCK_S=next_pow2(slots), BLOCK_C=block_c, PAGED=False,
         )  # fmt: skip
     return out
 
 
 def paged_gated_pool(
-    kv: PagedKeys, gate: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor, pools: int
+    kv: PagedKeys,
+    gate: torch.Tensor,
+    bias: torch.Tensor,
+    counts: torch.Tensor,
+    pools: int,
+    first: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[B, pools, C] in the pages' dtype: row b's pools w < counts[b] (B = counts' length) of
-    S = bias.shape[0] tokens each, positions w S .. w S + S - 1 of its pages `kv` ([P, page
-    size, C] strided, last stride 1, with its page table), each pooled as `gated_pool` does
-    with the gate scores `gate` (a view of the same pages: kv's shape and strides, any float
-    dtype, softmax in float32) plus `bias` [S, C]; zeros past counts[b]. `pools` is fixed by
-    the caller (a decode step's bound, not the rows'), so a CUDA graph replays it."""
+    """[B, pools, C] in the pages' dtype: row b's pools w = first[b] + i, i < pools (first
+    None: 0), those below counts[b] (B = counts' length) of S = bias.shape[0] tokens each,
+    positions w S .. w S + S - 1 of its pages `kv` ([P, page size, C] strided, last stride 1,
+    with its page table), each pooled as `gated_pool` does with the gate scores `gate` (a view
+    of the same pages: kv's shape and strides, any float dtype, softmax in float32) plus
+    `bias` [S, C]; zeros from counts[b] on. `pools` is fixed by the caller (a decode step's
+    bound, not the rows'), so a CUDA graph replays it. `first` (int32 [B], >= 0) pools only
+    the entries a step completes (GLM-5.3's stored pools: `first[b]` the row's complete pools
+    before the step)."""
     pages = kv.pages
     slots, channels = bias.shape
     assert pages.dim() == 3 and pages.shape[2] == channels and pages.stride(2) == 1
     assert gate.shape == pages.shape and gate.stride() == pages.stride()
     assert kv.start is not None and kv.indptr.shape[0] == counts.shape[0] + 1
     rows = counts.shape[0]
+    if first is None:
+        first = torch.zeros_like(counts)
+    assert first.shape == counts.shape
     out = torch.empty((rows, pools, channels), dtype=pages.dtype, device=pages.device)
     if rows and pools:
         block_c = min(64, next_pow2(channels))
         grid = (rows * pools, triton.cdiv(channels, block_c))
         _pool_kernel[grid](
             pages, gate, bias.float().contiguous(), out, pages.stride(0), pages.stride(1),
-            kv.indptr.int(), kv.ids.int(), kv.start.int(), counts.int(), pools, pages.shape[1],
+            kv.indptr.int(), kv.ids.int(), kv.start.int(), counts.int(), first.int(), pools,
+            pages.shape[1],
             S=slots, C=channels, BLOCK_S=next_pow2(slots), BLOCK_C=block_c, PAGED=True,
         )  # fmt: skip
     return out

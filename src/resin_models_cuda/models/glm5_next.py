@@ -13,14 +13,19 @@ has the math), equal to it in the Triton interpreter (float32).
   state at its end.
 - Indexed MLA layers ("full"): q LoRA, the normed latent and the indexer's per-token key and
   pool-gate score are appended to one History group (a token's vector `[latent | key |
-  gate]`, `cache_token_shape`). One pass for every query token of the step, read from the
-  History pages in place: `kernels/compressor.py`'s paged gated softmax pools each row's
-  complete 16-token pools, `kernels/indexer.py` scores them, `indexer_topk` keeps the best
-  `index_topk / index_kpool`, and `kernels/sparse_attention.py` (the kernel DeepSeek-V4's
+  gate]`, `cache_token_shape`); after a page's tokens, the pooled indexer key of each
+  16-token pool it holds (`pool_view`), pooled once by `kernels/compressor.py`'s paged gated
+  softmax when the pool's last token arrives (`_store_pools`, prefill chunks and decode
+  alike), so a prefix hit's shared pages bring their pools. One pass for every query token
+  of the step, read from the pages in place: `kernels/indexer.py`'s `paged_indexer_scores`
+  scores the stored pools, `indexer_topk` keeps the best `index_topk / index_kpool`, and
+  `kernels/sparse_attention.py` (the kernel DeepSeek-V4's
   attention runs, in its pooled mode) attends absorbed over those pools and the query's own
   incomplete pool: q_nope times W_uk against the latents, softmax in float32, W_uv after.
-  `IndexedMla.sparse_kernel = False` (an A/B switch for benchmarks) runs the torch path it
-  replaced instead (below).
+  `IndexedMla.stored_pools = False` (an A/B switch for benchmarks) pools every complete
+  pool again each step instead; `IndexedMla.sparse_kernel = False` runs the torch path the
+  kernel replaced (below). Why not a `Compressed(16)` group for the pools: its pages would be
+  whole arena pages, as many as the History group's (`cache_groups`).
 - mHC (`kernels/mhc.py`'s Sinkhorn weights; the collapse and mix in torch); the final
   collapse is the streams' mean.
 - Names: the runners' (`checkpoint_names.names_for`, through `hf_glm5_next.rename_published`,
@@ -46,12 +51,19 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from resin.protocols import CacheGroupSpec, History, State
 from resin_model.config import Glm5NextConfig, ModelConfig
 from resin_models_cuda.kernels.compressor import gated_pool, paged_gated_pool
 from resin_models_cuda.kernels.conv1d import causal_conv1d, conv_state_store
 from resin_models_cuda.kernels.delta_rule import kda_delta_rule
 from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
-from resin_models_cuda.kernels.indexer import indexer_scores, indexer_select, indexer_topk
+from resin_models_cuda.kernels.indexer import (
+    indexer_scores,
+    indexer_select,
+    indexer_topk,
+    paged_indexer_scores,
+    visible_entries,
+)
 from resin_models_cuda.kernels.mhc import hc_weights
 from resin_models_cuda.kernels.mla import latent_append
 from resin_models_cuda.kernels.sparse_attention import (
@@ -172,7 +184,9 @@ class _Queries:
     (int32 [T]; a decode padding row's position is -1, which reads nothing), per row the
     tokens it holds after the step (int32 [B]), `pools` the bound on any row's complete pools
     (a decode step's from `decode_tokens`: no host read), the kernel's `splits`, and a varlen
-    step's rows (None: a decode step, one query a row)."""
+    step's rows (None: a decode step, one query a row). For the stored pools: per row the
+    complete pools it held before the step (`first`, int32 [B]) and a bound on the pools any
+    row completes in the step (`new_pools`: 1 in a decode step)."""
 
     token_row: torch.Tensor
     positions: torch.Tensor
@@ -180,6 +194,8 @@ class _Queries:
     pools: int
     splits: int
     rows: list[_Row] | None
+    first: torch.Tensor
+    new_pools: int
 
 
 class IndexedMla:
@@ -190,6 +206,7 @@ class IndexedMla:
     positions, prefill a row at a time)."""
 
     sparse_kernel = True
+    stored_pools = True
 
     def __init__(
         self, config: ModelConfig, glm: Glm5NextConfig, w: WeightSource, prefix: str,
@@ -243,7 +260,8 @@ class IndexedMla:
         index_q = F.linear(q_resid, self.index_q).view(t, glm.index_heads, -1).float()
         head_w = head_w.float() * glm.index_heads**-0.5
         if self.sparse_kernel:
-            out = self._sparse(queries, index_q, head_w, view, store, group)
+            pools = model.pool_view(self.slot.index) if self.stored_pools else None
+            out = self._sparse(queries, index_q, head_w, view, store, group, pools)
         elif view.rows is None:
             out = self._decode(queries, index_q, head_w, step, model, store, group)
         else:
@@ -252,28 +270,63 @@ class IndexedMla:
 
     def _sparse(
         self, queries: torch.Tensor, index_q: torch.Tensor, head_w: torch.Tensor,
-        view: _Queries, store: torch.Tensor, group: GroupTensors,
+        view: _Queries, store: torch.Tensor, group: GroupTensors, pools: torch.Tensor | None,
     ) -> torch.Tensor:  # fmt: skip
-        """Every query token of the step at once, read from the History pages in place: each
-        row's complete pools pooled (`paged_gated_pool`), scored (`indexer_scores`), the best
+        """Every query token of the step at once, read from the History pages in place: the
+        rows' complete pools scored (stored `pools`: `_store_pools` first writes those the
+        step completes, then `paged_indexer_scores` reads them in place; None: every complete
+        pool pooled again, `paged_gated_pool`, and scored, `indexer_scores`), the best
         `index_topk / index_kpool` kept (`indexer_topk`) and attended with the tail by the
         sparse kernel, absorbed (q_nope times W_uk over the latents, W_uv after)."""
         rank, pool = self.mla.kv_lora_rank, self.glm.index_kpool
-        d, t = self.glm.index_head_dim, queries.shape[0]
+        d, t, topk = self.glm.index_head_dim, queries.shape[0], self.glm.index_topk // pool
         table = (group.page_indptr, group.page_ids, group.page_start)
         selected = torch.full((t, 0), -1, dtype=torch.int32, device=queries.device)
         if view.pools:
             counts = view.lens // pool
             keys = PagedKeys(store[..., rank : rank + d], *table)
-            pooled = paged_gated_pool(keys, store[..., rank + d :], self.ape, counts, view.pools)
-            scores = indexer_scores(index_q, pooled, head_w, view.token_row, view.positions,
-                                    counts, pool)  # fmt: skip
-            selected = indexer_topk(scores, self.glm.index_topk // pool)
+            gates = store[..., rank + d :]
+            if pools is None:
+                pooled = paged_gated_pool(keys, gates, self.ape, counts, view.pools)
+                scores = indexer_scores(index_q, pooled, head_w, view.token_row, view.positions,
+                                        counts, pool)  # fmt: skip
+                selected = indexer_topk(scores, topk)
+            else:
+                self._store_pools(keys, gates, pools, view, group, counts)
+                stored = PagedKeys(pools, group.page_indptr, group.page_ids)
+                scores = paged_indexer_scores(
+                    index_q.to(pools.dtype), stored, head_w, view.token_row, view.positions,
+                    counts, pool, view.pools, fill=False,
+                )  # fmt: skip
+                visible = visible_entries(view.token_row, view.positions, counts, pool)
+                selected = indexer_topk(scores, topk, visible)
         q_lat = torch.einsum("thd,hdr->thr", queries, self.w_uk)
         out = pooled_sparse_attention(q_lat, view.token_row, view.positions,
                                       PagedKeys(store, *table), selected, pool, self.scale,
                                       splits=view.splits)  # fmt: skip
         return torch.einsum("thr,hvr->thv", out, self.w_uv)
+
+    def _store_pools(
+        self, keys: PagedKeys, gates: torch.Tensor, pools: torch.Tensor, view: _Queries,
+        group: GroupTensors, counts: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Pool the pools the step completes (row b's `view.first[b]` .. `counts[b] - 1`,
+        their tokens read from the History pages, this step's already written) and write each
+        once into its page's pool slots (`pools` [pages, E, d]: pool w of a row in the page
+        of its tokens, slot w % E), in fixed shapes with no host read: a decode row pools
+        the pool its token would complete and writes it only when the token completes it
+        (slot -1 otherwise, skipped)."""
+        n, per_page = view.new_pools, pools.shape[1]
+        if not n or not group.page_ids.shape[0]:
+            return
+        pooled = paged_gated_pool(keys, gates, self.ape, counts, n, view.first)  # [B, n, d]
+        b = counts.shape[0]
+        w = view.first[:, None] + torch.arange(n, device=counts.device, dtype=torch.int32)
+        at = group.page_indptr[:b, None] + w // per_page
+        at = (at - group.page_start[:b, None]).clamp(0, group.page_ids.shape[0] - 1)
+        page = group.page_ids[at.long()].long()
+        slots = torch.where(w < counts[:, None], page * per_page + w % per_page, -1)
+        latent_append(pooled.flatten(0, 1), pools[:, :, None], slots.flatten())
 
     def _select(
         self, entries: torch.Tensor, index_q: torch.Tensor, head_w: torch.Tensor,
@@ -422,7 +475,8 @@ class Glm5Next(FastModel):
                 mixer = IndexedMla(config, glm, weights, prefix, self.slots[layer])
             self.layers.append(Glm5NextLayer(config, glm, weights, layer, mixer, options))
         self._kv: torch.Tensor | None = None
-        self.decode_tokens = 0
+        self._mla_layers = config.layer_types.count("full")
+        self.decode_tokens = self.pools_per_page = 0
         self._num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda"
@@ -430,31 +484,73 @@ class Glm5Next(FastModel):
         )
         self.cache_groups(self.page_size)
 
-    def cache_groups(self, page_size: int) -> None:
-        """The default groups (History, then State); records the page size and the positions
-        a decode step reads per row (whole pages and pools past the longest sequence)."""
+    def cache_groups(self, page_size: int) -> tuple[CacheGroupSpec, ...] | None:
+        """History, then State. Records the page size and the positions a decode step reads
+        per row (whole pages and pools past the longest sequence). Where pools fit whole in a
+        page (`page_size` a multiple of `index_kpool`), a History page also holds its pools'
+        pooled indexer keys after its tokens (`pool_view`; `page_size / index_kpool` of them a
+        layer, 128 x 2 bytes each at GLM-5.3-Flash's sizes: 1% over the tokens' 16 x 1,536):
+        the model declares its groups and views each page flat (`token_view`, `pool_view`).
+        Otherwise None (the default groups, no stored pools). Not a `Compressed(16)` group:
+        every token page is `page_bytes`, and a Compressed page at ratio <= page size covers
+        as many tokens as a History page, so it would double the pages for 1% more bytes."""
         pool = self.glm.index_kpool
         self.page_size = page_size
         unit = page_size * pool // math.gcd(page_size, pool)
         longest = min(self.options.max_positions, self.config.max_positions)
         self.decode_tokens = -(-longest // unit) * unit
-        return None
+        self.pools_per_page = 0 if page_size % pool else page_size // pool
+        if not self.pools_per_page:
+            self.layers_per_group = (self._mla_layers,)
+            return None
+        self.layers_per_group = (1,)  # one flat vector a page (`cache_token_shape`)
+        elements = self._mla_layers * (page_size * self._token_width + self._pool_width)
+        return History(elements * self.dtype.itemsize), State(self.state_bytes())
+
+    @property
+    def _token_width(self) -> int:
+        """A token's vector a layer: the latent, the indexer key, its pool-gate score."""
+        mla = self.config.mla
+        assert mla is not None
+        return mla.kv_lora_rank + 2 * self.glm.index_head_dim
+
+    @property
+    def _pool_width(self) -> int:
+        """A page's pooled indexer keys a layer (0 without stored pools)."""
+        return self.pools_per_page * self.glm.index_head_dim
 
     def state_bytes(self) -> int:
         linear = self.config.layer_types.count("linear")
         return linear * state_layer_bytes(self.config, self.dtype)
 
     def cache_token_shape(self) -> tuple[int, int, int]:
-        """One vector a token and layer: the latent, the indexer key, its pool-gate score."""
-        mla = self.config.mla
-        assert mla is not None
-        return 1, 1, mla.kv_lora_rank + 2 * self.glm.index_head_dim
+        """One vector a token and layer (`_token_width`); with stored pools the whole page as
+        one flat vector a token of a one-layer group (`cache_groups`)."""
+        if not self.pools_per_page:
+            return 1, 1, self._token_width
+        per_page = self._mla_layers * (self.page_size * self._token_width + self._pool_width)
+        return 1, 1, -(-per_page // self.page_size)
+
+    def _pages(self) -> torch.Tensor:
+        kv = self._kv
+        assert kv is not None and kv.shape[3] == self.page_size
+        return kv.view(kv.shape[0], -1)
 
     def token_view(self, index: int) -> torch.Tensor:
         """Layer `index` of the History group: [pages, page size, width] (a strided view)."""
-        kv = self._kv
-        assert kv is not None and kv.shape[3] == self.page_size
-        return kv[:, index, 0, :, 0, :]
+        ps, width, layers = self.page_size, self._token_width, self._mla_layers
+        tokens = self._pages()[:, : layers * ps * width]
+        return tokens.view(-1, layers, ps, width)[:, index]
+
+    def pool_view(self, index: int) -> torch.Tensor | None:
+        """Layer `index`'s pooled indexer keys: [pages, pools a page, index_head_dim], pool w
+        of a row in its page `w // E` at slot `w % E` (None without stored pools)."""
+        if not self.pools_per_page:
+            return None
+        ps, layers, d = self.page_size, self._mla_layers, self.glm.index_head_dim
+        at = layers * ps * self._token_width
+        pools = self._pages()[:, at : at + layers * self._pool_width]
+        return pools.view(-1, layers, self.pools_per_page, d)[:, index]
 
     def token_pages(self, group: object, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(page, offset) of row b's positions 0 .. n - 1 in its group's pages."""
@@ -472,7 +568,9 @@ class Glm5Next(FastModel):
         if isinstance(info, DecodeInfo):
             assert info.query == 1, "GLM-5.3 decodes one query token a row"
             lens = info.seq_lens[:t]
-            return _Queries(tokens, lens - 1, lens, self.decode_tokens // pool, splits, None)
+            first = (lens - 1).clamp(min=0) // pool  # a padding row: 0 of 0, none completed
+            return _Queries(tokens, lens - 1, lens, self.decode_tokens // pool, splits, None,
+                            first, 1)  # fmt: skip
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
         rows = [
             _Row(lo, hi, c + hi - lo)
@@ -481,7 +579,10 @@ class Glm5Next(FastModel):
         token_row = torch.searchsorted(info.query_indptr[1:], tokens, right=True).int()
         lens = (info.cached_lens + info.query_indptr.diff()).int()
         most = max((row.total for row in rows), default=0)
-        return _Queries(token_row, step.positions, lens, most // pool, splits, rows)
+        new = max((r.total // pool - c // pool for r, c in zip(rows, cached, strict=True)),
+                  default=0)  # fmt: skip
+        first = (info.cached_lens // pool).int()
+        return _Queries(token_row, step.positions, lens, most // pool, splits, rows, first, new)
 
     def forward(self, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         self._kv = kv
