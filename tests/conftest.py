@@ -33,6 +33,13 @@ if WORKER_THREADS is not None:
     os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
 
 
+def cores_per_test() -> int:
+    """Torch threads for a test of a real model (the tiny ones run on one): every core when
+    the test runs alone, its worker's share under xdist (a test that took every core beside
+    another busy worker was the oversubscription above)."""
+    return WORKER_THREADS or os.cpu_count() or 1
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_per_worker() -> Iterator[None]:
     """A test that raised torch's thread count does not leave it raised for the rest of its
