@@ -6,10 +6,52 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from collections.abc import Iterator
 
 import pytest
 
 ALLOWED_SKIPS = re.compile(r"CUDA|GPU", re.IGNORECASE)
+
+
+def _worker_threads() -> int | None:
+    """Under pytest-xdist, each worker's share of the cores (None outside xdist). Two workers
+    with torch's default of one OpenMP thread per core oversubscribe the machine: a thread
+    spinning at a barrier waits for one that is descheduled, and a tiny model's step (hundreds
+    of small parallel regions) ran 10-40x slower (tests/models/test_glm5_next.py's chunk16 case:
+    2.3 s with one thread, 87 s with two beside another busy worker, on 2 cores)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        return None
+    return max(1, (os.cpu_count() or 1) // int(workers))
+
+
+WORKER_THREADS = _worker_threads()
+if WORKER_THREADS is not None:
+    # Read by OpenMP/MKL when they load here (torch is not imported yet) and by the servers
+    # and engine ranks the tests spawn; a value already in the environment stands.
+    os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
+
+
+def cores_per_test() -> int:
+    """Torch threads for a test of a real model (the tiny ones run on one): every core when
+    the test runs alone, its worker's share under xdist (a test that took every core beside
+    another busy worker was the oversubscription above)."""
+    return WORKER_THREADS or os.cpu_count() or 1
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_per_worker() -> Iterator[None]:
+    """A test that raised torch's thread count does not leave it raised for the rest of its
+    worker (under xdist only; torch is never imported here for a test that did not)."""
+    yield
+    torch = sys.modules.get("torch")
+    if (
+        WORKER_THREADS is not None
+        and torch is not None
+        and torch.get_num_threads() != WORKER_THREADS
+    ):
+        torch.set_num_threads(WORKER_THREADS)
 
 
 @pytest.hookimpl(hookwrapper=True)

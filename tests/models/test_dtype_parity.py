@@ -30,6 +30,7 @@ from resin.tokenizer import Tokenizer
 from resin_model.default_model import default_model_dir
 from resin_models_torch.layers import Rotary
 from resin_models_torch.registry import load_runner
+from tests.conftest import cores_per_test
 
 BF16_FACTOR = 1.5
 """bfloat16: our error against float32 may exceed transformers' own bfloat16 error by this
@@ -111,7 +112,7 @@ that bfloat16 rounding may break either way)."""
 
 
 def test_default_model_bf16_matches_transformers_bf16() -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(cores_per_test())
     folder = default_model_dir()
     tok = Tokenizer.from_dir(folder)
     prompts = [

@@ -17,6 +17,7 @@ from quant_accuracy import score, text_tokens
 
 from resin_app.quantize import quantize_folder
 from resin_model.default_model import default_model_dir
+from tests.conftest import cores_per_test
 
 TOKENS = 256
 MIN_TOP1 = 0.88
@@ -25,7 +26,7 @@ MAX_PERPLEXITY_RATIO = 1.08
 
 @pytest.fixture(scope="module")
 def source() -> tuple[Path, list[int], object]:
-    torch.set_num_threads(2)
+    torch.set_num_threads(cores_per_test())
     folder = default_model_dir()
     tokens = text_tokens(folder, TOKENS)
     return folder, tokens, score(folder, tokens)

