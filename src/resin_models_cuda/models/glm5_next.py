@@ -322,9 +322,7 @@ class IndexedMla:
         pooled = paged_gated_pool(keys, gates, self.ape, counts, n, view.first)  # [B, n, d]
         b = counts.shape[0]
         w = view.first[:, None] + torch.arange(n, device=counts.device, dtype=torch.int32)
-        at = group.page_indptr[:b, None] + w // per_page
-        at = (at - group.page_start[:b, None]).clamp(0, group.page_ids.shape[0] - 1)
-        page = group.page_ids[at.long()].long()
+        page = _pages_at(group, b, w, per_page)
         slots = torch.where(w < counts[:, None], page * per_page + w % per_page, -1)
         latent_append(pooled.flatten(0, 1), pools[:, :, None], slots.flatten())
 
@@ -388,8 +386,7 @@ class IndexedMla:
         rank, pool = self.mla.kv_lora_rank, self.glm.index_kpool
         b, n, ps = queries.shape[0], model.decode_tokens, model.page_size
         kpos = torch.arange(n, device=queries.device)
-        at = group.page_indptr[:b, None] + kpos[None, :] // ps - group.page_start[:b, None]
-        pages = group.page_ids[at.clamp(0, group.page_ids.shape[0] - 1).long()].long()
+        pages = _pages_at(group, b, kpos[None, :], ps)
         entries = store[pages, kpos[None, :] % ps].to(queries.dtype)  # [B, N, width]
         seq_lens = info.seq_lens[:b]
         qpos = (seq_lens - 1).clamp(min=0).long()
@@ -403,6 +400,14 @@ class IndexedMla:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
         out_lat = torch.einsum("bhk,bkr->bhr", probs, latents)
         return torch.einsum("bhr,hvr->bhv", out_lat, self.w_uv)
+
+
+def _pages_at(group: GroupTensors, rows: int, index: torch.Tensor, per_page: int) -> torch.Tensor:
+    """int64 [rows, N]: the page holding item `index` [rows or 1, N] of each of the first
+    `rows` rows, `per_page` items a page (tokens, or stored pools); clamped into the page table,
+    so a padding row reads some page and writes nothing from it."""
+    at = group.page_indptr[:rows, None] + index // per_page - group.page_start[:rows, None]
+    return group.page_ids[at.clamp(0, group.page_ids.shape[0] - 1).long()].long()
 
 
 class HyperConnection:
