@@ -3,7 +3,9 @@
 # per `resin serve` flag set in $CONFIGS (";"-separated; "" = default flags), the same load as
 # scripts/gpu_replay_bench.sh's step 4 (200-word chat prompts, 256 tokens out, 2 rounds):
 #   OUT=/tmp/out CONFIGS='; --max-active 512; --max-active 1024' scripts/gpu_fake_streams.sh
-# Prints each flag set's summed output tok/s; JSONL per flag set under $OUT.
+# Prints each flag set's summed output tok/s; JSONL per flag set under $OUT. $CKPT (optional):
+# a checkpoint folder whose tokenizer and template the zero-cost runner serves (`--checkpoint`;
+# no weights load), so the machine needs no default-model GGUF.
 set -uo pipefail
 OUT="${OUT:?set OUT to a folder}"
 PY="${PY:-python}"
@@ -20,7 +22,7 @@ for flags in "${configs[@]}"; do
   i=$((i + 1))
   # shellcheck disable=SC2086  # the flags split into words on purpose
   timeout 300 "$PY" -m resin_app serve --fake-runner --port "$PORT" --disable-log-requests \
-    $flags > "$OUT/serve_$i.log" 2>&1 &
+    ${CKPT:+--checkpoint "$CKPT"} $flags > "$OUT/serve_$i.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do
     curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break

@@ -11,7 +11,11 @@
 #      each;
 #   3. `resin bench replay` of the three workloads through the Engine alone (loaded once, the
 #      GPU freed by the server first), printing HTTP / Engine per concurrency;
-#   4. `resin serve --fake-runner` (default flags) at 1,024 streams from 8 client processes.
+#   4. `resin serve --fake-runner --checkpoint $CKPT` (default flags; the folder gives only
+#      its tokenizer and template) at 1,024 streams from 8 client processes.
+# $TOKENIZER (optional): the tokenizer folder `bench checkpoint` copies (default: the default
+# model's, converted from its GGUF): a folder of the default model's tokenizer files lets a
+# GPU machine without the 98 MB GGUF run the whole script in one call.
 # Everything under `timeout`; JSONL and logs under $OUT. About 6 minutes on a 16-core H200 host
 # (most of it the checkpoint, ~16 GB written, and two model loads).
 #   OUT=/tmp/out scripts/gpu_replay_bench.sh
@@ -79,7 +83,7 @@ load() {  # load FILE PROMPTS CONCURRENCY CLIENTS: CLIENTS processes share the l
 # 1. the checkpoint folder (once)
 if [ ! -f "$CKPT/model.safetensors.index.json" ]; then
   timeout 600 "$PY" -m resin_app bench checkpoint --preset "$PRESET" --output "$CKPT" \
-    --device "$DEVICE"
+    --device "$DEVICE" ${TOKENIZER:+--tokenizer "$TOKENIZER"}
 fi
 
 # 2. the server with default flags, a workload per concurrency
@@ -94,8 +98,10 @@ timeout 900 "$PY" -m resin_app bench replay --workload "$OUT"/http_c1.jsonl "$OU
   "$OUT"/http_c256.jsonl --line all --checkpoint "$CKPT" --device "$DEVICE" --runner "$RUNNER" \
   --output "$OUT/replay.jsonl" 2>&1 | tee "$OUT/replay.log"
 
-# 4. the zero-cost runner, default flags, FAKE_STREAMS streams (2 rounds each)
-serve "$OUT/serve_fake.log" --fake-runner
+# 4. the zero-cost runner, default flags, FAKE_STREAMS streams (2 rounds each); the tokenizer
+# and template are $CKPT's (the default model's, copied by `bench checkpoint`), so no GGUF is
+# needed on the machine when $TOKENIZER names a folder holding the default model's tokenizer
+serve "$OUT/serve_fake.log" --fake-runner --checkpoint "$CKPT"
 load "$OUT/fake_s${FAKE_STREAMS}.jsonl" $(( FAKE_STREAMS * 2 )) "$FAKE_STREAMS" "$FAKE_CLIENTS"
 stop_server
 

@@ -28,10 +28,12 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "--model",
         help="a built-in model by name: SmolLM2-135M-Instruct (the default) or gemma-3-270m",
     )
-    src.add_argument(
+    p.add_argument(
         "--fake-runner",
         action="store_true",
-        help="the real engine with a zero-cost runner (load tests)",
+        help="the real engine with a zero-cost runner (load tests); the tokenizer and chat "
+        "template are --checkpoint's or --model's when given (no weights load), else the "
+        "default model's",
     )
     p.add_argument(
         "--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ... (%(default)s)"

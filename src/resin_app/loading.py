@@ -565,15 +565,25 @@ class ZeroCostRunner:
         return np.where(ok.astype(bool), tokens, lowest)
 
 
+def fake_tokenizer_folder(options: LoadOptions) -> Any:
+    """The folder whose tokenizer and chat template `--fake-runner` serves: `--checkpoint`'s
+    or `--model`'s when given (its weights are never read), else the default model's."""
+    from resin_model.checkpoint_folder import check_checkpoint
+    from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+
+    folder = resolve_checkpoint(
+        options.checkpoint or options.model or DEFAULT_MODEL_NAME,
+        on_convert=lambda gguf: print(converting_line(gguf), file=sys.stderr),
+    )
+    check_checkpoint(folder)
+    return folder
+
+
 def load_fake(options: LoadOptions) -> Loaded:
     """`resin serve --fake-runner`: the real engine with `ZeroCostRunner` (it answers the
-    token for "a" forever, or what a grammar allows), the default model's tokenizer, recipe
-    (`--recipe` applies) and grammar backend."""
-    from resin_model.default_model import default_model_dir
-
-    tokenizer = Tokenizer.from_dir(
-        default_model_dir(lambda gguf: print(converting_line(gguf), file=sys.stderr))
-    )
+    token for "a" forever, or what a grammar allows), the tokenizer, recipe (`--recipe`
+    applies) and grammar backend of `fake_tokenizer_folder`."""
+    tokenizer = checkpoint_tokenizer(fake_tokenizer_folder(options))
     context = options.context_length or 4096
     engines = tuple(
         Engine(

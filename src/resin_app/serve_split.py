@@ -443,22 +443,18 @@ def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
     defaults (the engine process converted a GGUF checkpoint already)."""
     from resin.generation_config import NO_DEFAULTS
     from resin.generation_config import resolve as resolve_defaults
-    from resin.tokenizer import Tokenizer
     from resin_app.loading import (
         checkpoint_tokenizer,
+        fake_tokenizer_folder,
         recipe_for,
         with_template_limits,
         with_vision,
     )
     from resin_model.checkpoint_folder import check_checkpoint
-    from resin_model.default_model import (
-        DEFAULT_MODEL_NAME,
-        default_model_dir,
-        resolve_checkpoint,
-    )
+    from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
 
     if options.fake:
-        tokenizer = Tokenizer.from_dir(default_model_dir())
+        tokenizer = checkpoint_tokenizer(fake_tokenizer_folder(options))
         recipe = with_template_limits(recipe_for(tokenizer, options.recipe), options)
         return tokenizer, recipe, "fake", NO_DEFAULTS
     folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)

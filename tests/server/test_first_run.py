@@ -190,3 +190,25 @@ def test_the_context_served_is_one_the_kv_cache_holds(folder: Path) -> None:
         refused = httpx.post(url + CHAT, json=long, timeout=30)
         assert refused.status_code == 400
         assert "--kv-cache-memory" in refused.json()["error"]["message"]
+
+
+def test_fake_runner_serves_the_checkpoints_tokenizer_and_template(tmp_path: Path) -> None:
+    """`--fake-runner --checkpoint DIR`: a load test with DIR's tokenizer and chat template
+    (its weights never load), in the default process layout; the prompt token count is the
+    one DIR's template gives, not the default model's."""
+    from resin.tokenizer import Tokenizer
+    from resin_app.bench.checkpoint import write_checkpoint
+    from resin_model.presets import TINY
+
+    folder = tmp_path / "tiny"
+    write_checkpoint(TINY["llama"], folder, shard_bytes=1 << 20)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    expected = len(Tokenizer.from_dir(folder).encode("<<hello there>>"))
+    body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+    with serve(tmp_path / "serve.log", "--fake-runner", "--checkpoint", str(folder)) as served:
+        answer = httpx.post(served.url + CHAT, json=body, timeout=60).json()
+    usage = answer["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (expected, 2)
+    assert answer["choices"][0]["message"]["content"] == "aa"
