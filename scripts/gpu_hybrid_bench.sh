@@ -26,8 +26,9 @@
 #                      the GPU: GLM-5.3's and Qwen3.5's against the reference runner (their
 #                      decode in CUDA graphs), the kernel tests (GLM's sparse MLA in bf16 too)
 # Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
-# CKPT, PORT, PREFIX_WORDS, WARM, TESTS, KDA_CHUNKS, GLM_MLA; the *_S per-step timeouts; a preset
-# "skip" skips its step).
+# CKPT, PORT, PREFIX_WORDS, WARM, TESTS, KDA_CHUNKS, GLM_MLA; TOKENIZER, the folder the serve
+# step's checkpoint copies its tokenizer from (default: the default model's, from its GGUF); the
+# *_S per-step timeouts; a preset "skip" skips its step).
 # CPU smoke run of the plumbing (the interpreter needs the longer timeouts):
 #   TRITON_INTERPRET=1 OUT=/tmp/h DEVICE=cpu QWEN=tiny-qwen3_5_moe QWEN_32K=skip GLM=tiny-glm5_next \
 #   SERVE_PRESET=tiny-qwen3_5_moe CONTEXTS=64 DECODE_CTX=32 BATCHES=1,2 PREFIX_WORDS=40 \
@@ -108,7 +109,7 @@ done
 serve_ttft() {
     if [ ! -f "$CKPT/config.json" ]; then
         timeout "${CKPT_S:-150}" "$PY" -m resin_app bench checkpoint --preset "$SERVE_PRESET" \
-            --output "$CKPT" --device "$DEVICE" || return 1
+            --output "$CKPT" --device "$DEVICE" ${TOKENIZER:+--tokenizer "$TOKENIZER"} || return 1
     fi
     set -m
     "$PY" -m resin_app serve --device "$DEVICE" --checkpoint "$CKPT" --port "$PORT" \
