@@ -32,6 +32,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -213,6 +215,7 @@ class CudaRunner:
         self._state_zeros = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
         self._buffers: DecodeBuffers | None = None
         self._graphs: dict[tuple[int, int], CapturedStep] = {}
+        self._replay = True  # False inside `eager_decode`
         self._draft_graphs: dict[tuple[int, int], CapturedDrafts] = {}
         self._buckets: tuple[int, ...] = ()
         self._verify_buckets: tuple[int, ...] = ()
@@ -248,6 +251,17 @@ class CudaRunner:
     def captured_batches(self) -> tuple[int, ...]:
         """The decode batch sizes `bind` captured in CUDA graphs (none before, or eager)."""
         return tuple(b for b in self._buckets if (b, 1) in self._graphs)
+
+    @contextmanager
+    def eager_decode(self) -> Iterator[None]:
+        """Inside, decode steps run their captured graphs' bodies eagerly: the same padded
+        shapes and kernels, each launched from the host (a profiler that links kernels to the
+        ops that launched them needs the launches; `resin bench runner --kernels`)."""
+        self._replay = False
+        try:
+            yield
+        finally:
+            self._replay = True
 
     def bind(self, layout: CacheLayout) -> None:
         """Allocate the KV arena for `layout.num_pages` pages and capture the decode graphs."""
@@ -365,7 +379,7 @@ class CudaRunner:
             prompt = prompt_logprobs(plan, None, self.model.logits, 0) if asks_prompt else None
             shape = self._pick_graph(b, query) or (b, query)
             self._buffers.stage(plan, *shape)
-            if shape in self._graphs:
+            if self._replay and shape in self._graphs:
                 captured = self._graphs[shape]
                 captured.graph.replay()
                 logits, argmax, hidden = captured.logits, captured.argmax, captured.hidden

@@ -8,6 +8,14 @@ Models run one after the other in one process (one set of in-run ceilings); prin
 appends JSONL (one line per point plus an `env` line per model), writes PNG charts next to the
 JSONL with `--plot`, and Chrome/Perfetto traces with `--trace-dir`. `main(argv)` is what
 `resin bench runner` calls.
+
+`--kernels` adds, per decode batch size at the first decode context, a table of the device
+kernels of one decode step: each kernel's launches, time, bytes moved and fraction of the
+in-run copy bandwidth, so every kernel's distance to the limit shows (`kernel_census.py`
+records, `kernel_table.py` tabulates; JSONL rows of kind "kernel" and one "kernel_step"). The
+steps run eagerly (the captured graphs' bodies: same kernels, launched from the host, since
+the profiler links kernels to the ops that launched them); bytes are the tensor bytes each
+launch touches, an estimate, not DRAM counters (`ncu`'s dram__bytes would measure them).
 """
 
 from __future__ import annotations
@@ -65,6 +73,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--trace-dir", type=Path, help="write torch-profiler Chrome traces here")
     p.add_argument("--trace-batch", type=int, default=64,
                    help="trace the decode batch size nearest this")  # fmt: skip
+    p.add_argument("--kernels", action="store_true",
+                   help="per decode batch size (first decode context): a table of one decode "
+                        "step's device kernels (time, bytes moved, fraction of the in-run copy "
+                        "bandwidth), eager steps under the torch profiler; bytes are tensor "
+                        "bytes touched (an estimate); JSONL rows of kind kernel")  # fmt: skip
+    p.add_argument("--kernel-rows", type=int, default=30,
+                   help="--kernels: the longest kernels shown, the rest summed as other")  # fmt: skip
+    p.add_argument("--kernel-steps", type=int, default=3,
+                   help="--kernels: eager decode steps profiled (reported per step)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
     return p.parse_args(argv)
 
@@ -115,12 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [Path(args.checkpoint).name] if args.checkpoint else args.model_config.split(",")
     records, envs = [], []
     for name in names:
-        model_records, env = _bench_model(args, name, device, dtype, ceilings)
+        model_records, env, kernel_rows = _bench_model(args, name, device, dtype, ceilings)
         records += model_records
         envs.append(env)
         print(json.dumps(env))
         if args.output:
-            write_jsonl(args.output, [env, *(r.to_json() for r in model_records)])
+            write_jsonl(args.output, [env, *(r.to_json() for r in model_records), *kernel_rows])
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print_table(records)
@@ -137,7 +154,8 @@ def _bench_model(
     device: torch.device,
     dtype: torch.dtype,
     ceilings: Ceilings,
-) -> tuple[list[BenchRecord], dict[str, Any]]:
+) -> tuple[list[BenchRecord], dict[str, Any], list[dict[str, Any]]]:
+    """The model's prefill and decode records, its `env` line and its `--kernels` rows."""
     import torch
 
     from resin.protocols import CacheLayout
@@ -195,6 +213,7 @@ def _bench_model(
         b = min(args.batch_sizes, key=lambda x: abs(x - args.trace_batch))
         _trace(args.trace_dir / f"{name}_decode_b{b}.json",
                lambda: bench.decode(b, args.decode_contexts[0], 0, 3))  # fmt: skip
+    kernel_rows = _kernel_tables(args, bench, records, ceilings) if args.kernels else []
     env = {
         "kind": "env", "model": name, "argv": list(sys.argv[1:]),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine(),
@@ -210,7 +229,30 @@ def _bench_model(
     }  # fmt: skip
     runner.close()
     del runner
-    return records, env
+    return records, env, kernel_rows
+
+
+def _kernel_tables(
+    args: argparse.Namespace, bench: Any, records: list[BenchRecord], ceilings: Ceilings
+) -> list[dict[str, Any]]:
+    """`--kernels`: the census of each decode batch size at the first decode context, printed
+    and returned as JSONL rows."""
+    from resin_app.bench.kernel_table import attribute, format_table, top_rows
+
+    ctx, out = args.decode_contexts[0], []
+    for b in args.batch_sizes:
+        launches, events = bench.kernel_census(b, ctx, args.kernel_steps)
+        rows = top_rows(attribute(launches, events, args.kernel_steps), args.kernel_rows)
+        timed = [r for r in records if r.kind == "decode" and r.batch == b and r.context == ctx]
+        replay_us = timed[0].median_ms * 1e3 if timed else None
+        title = f"{bench.model} decode batch {b}, context {ctx}"
+        print(format_table(rows, ceilings.bandwidth, title, replay_us))
+        where = {"model": bench.model, "batch": b, "context": ctx}
+        out += [{"kind": "kernel", **where, **r.to_json(ceilings.bandwidth)} for r in rows]
+        kernel_us = sum(r.us for r in rows)
+        out.append({"kind": "kernel_step", **where, "kernel_us": kernel_us,
+                    "timed_us": replay_us, "launches": len(launches) / args.kernel_steps})  # fmt: skip
+    return out
 
 
 def _triton_version() -> str:

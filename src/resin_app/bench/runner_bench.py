@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, Phase
+from resin_app.bench.kernel_census import run_census
+from resin_app.bench.kernel_table import KernelEvent, Launch
 from resin_app.bench.plans import PagedPlanner, Sequence
 from resin_model.config import ModelConfig
 from resin_model.presets import kv_bytes_read, param_counts, weight_bytes_read
@@ -157,16 +159,40 @@ class RunnerBench:
             yield self.planner.plan(rows, Phase.DECODE)
             self.planner.commit(rows)
 
-    def decode(self, batch: int, context: int, warmup: int, iters: int) -> BenchRecord:
-        """`batch` rows whose contexts start at `context` tokens (random KV), one token each."""
+    def _decode_rows(self, batch: int, context: int, steps: int) -> list[Sequence]:
         seqs = []
         for _ in range(batch):
-            seq = self.planner.new_sequence(self._tokens(context + warmup + iters))
+            seq = self.planner.new_sequence(self._tokens(context + steps))
             seq.cached = context - 1
             seqs.append(seq)
+        return seqs
+
+    def decode(self, batch: int, context: int, warmup: int, iters: int) -> BenchRecord:
+        """`batch` rows whose contexts start at `context` tokens (random KV), one token each."""
+        seqs = self._decode_rows(batch, context, warmup + iters)
         it = iter(list(self.decode_plans(seqs, warmup + iters)))
         seconds = _median_time(lambda: self.runner.forward(next(it)), warmup, iters)
         for seq in seqs:
             self.planner.free(seq)
         return _record("decode", "resin", self.model, self.runner.config, context, batch,
                        seconds, iters, self.ceilings, batch)  # fmt: skip
+
+    def kernel_census(
+        self, batch: int, context: int, steps: int
+    ) -> tuple[list[Launch], list[KernelEvent]]:
+        """The decode step of `decode(batch, context, ...)`, run eagerly (`eager_decode`: the
+        graphs' bodies) under a census (`kernel_census.run_census`): one warm-up step, then
+        `steps` steps recording bytes and the next `steps` under the profiler."""
+        seqs = self._decode_rows(batch, context, 1 + 2 * steps)
+        plans = iter(list(self.decode_plans(seqs, 1 + 2 * steps)))
+
+        def run() -> None:
+            for _ in range(steps):
+                self.runner.forward(next(plans))
+
+        with self.runner.eager_decode():
+            self.runner.forward(next(plans))
+            found = run_census(run, steps, self.runner.device)
+        for seq in seqs:
+            self.planner.free(seq)
+        return found

@@ -18,11 +18,17 @@ row-dot (`quant_tiles.rows_dot`) is the only part that differs, so the prologue 
 expert, row) and the epilogue (bias, fused activation or weighted atomic sum) exist once.
 The tile shape (`GemvTiles`) depends on the layer's shape and format: `tiles_for` reads the
 GPU's tuned file (`tiles.py`).
+
+Both kernels (and the grouped GEMM) declare Triton's `launch_metadata` hook
+(`routed_bytes`): the bytes of a launch count only the routed experts of the stacks, for
+profilers that read it (proton, `resin bench runner --kernels`); Triton calls it only while
+a launch hook is installed.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -79,7 +85,39 @@ class GemvWeights(NamedTuple):
         return int(e), int(n), int(k)
 
 
-@triton.jit
+def distinct_experts(ids: torch.Tensor, experts: int) -> int:
+    """How many distinct experts `ids` names (negative ids: none), read from the device; inside
+    a CUDA-graph capture, which cannot read it, the bound min(len(ids), experts)."""
+    if ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return min(ids.numel(), experts)
+    return int(torch.unique(ids[ids >= 0]).numel())
+
+
+def routed_bytes(ids: str) -> Callable[[Any, Any, dict[str, Any]], dict[str, int]]:
+    """Triton's `launch_metadata` hook, `(grid, metadata, {argument: value}) -> {"bytes": n}`,
+    of an expert kernel whose argument `ids` holds the experts it reads: the stacks `w_ptr`,
+    `s_ptr` (a distinct tensor) and `bias_ptr` (with `HAS_BIAS`) count one [E]-slice per
+    distinct expert, every other tensor argument whole (each tensor once)."""
+
+    def hook(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, int]:
+        w = args["w_ptr"]
+        stacks = {w.data_ptr(): w}
+        stacks.setdefault(args["s_ptr"].data_ptr(), args["s_ptr"])
+        if args.get("HAS_BIAS"):
+            stacks.setdefault(args["bias_ptr"].data_ptr(), args["bias_ptr"])
+        per_expert = sum(t.numel() * t.element_size() // t.shape[0] for t in stacks.values())
+        rest = {
+            v.data_ptr(): v.numel() * v.element_size()
+            for v in args.values()
+            if isinstance(v, torch.Tensor) and v.data_ptr() not in stacks
+        }
+        routed = distinct_experts(args[ids], int(w.shape[0]))
+        return {"bytes": routed * per_expert + sum(rest.values())}
+
+    return hook
+
+
+@triton.jit(launch_metadata=routed_bytes("expert_ptr"))
 def _gate_up_kernel(
     x_ptr,  # [R, K], row stride stride_x, last dim contiguous
     w_ptr,  # [E, 2I, K] in format W_FMT: gate rows, then up rows
@@ -122,7 +160,7 @@ def _gate_up_kernel(
     tl.store(out_ptr + p.to(tl.int64) * stride_o + n, out.to(dtype), mask=nmask)
 
 
-@triton.jit
+@triton.jit(launch_metadata=routed_bytes("expert_ptr"))
 def _down_kernel(
     act_ptr,  # [T * TOPK, K], row stride stride_a: pair rows, token-major
     w_ptr,  # [E, N, K] in format W_FMT

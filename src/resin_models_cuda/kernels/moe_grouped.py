@@ -15,7 +15,8 @@ One kernel for every weight format (`W_FMT`, compile time, as the expert GEMV's:
 with its block or channel scales, MXFP4 decoded in registers or through `tl.dot_scaled`;
 `GemvWeights`): the K tile's load and dot (`_tile_dot`) is the only part that differs, so the
 pair-block prologue and the bias / routing-weight / store epilogue exist once; `moe_fp8` and
-`moe_mxfp4` keep only their layout checks and format choice.
+`moe_mxfp4` keep only their layout checks and format choice. Its `launch_metadata`
+(`moe_gemv.routed_bytes`) counts the routed experts' bytes only.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resin_models_cuda.kernels.moe_gemv import GemvWeights
+from resin_models_cuda.kernels.moe_gemv import GemvWeights, routed_bytes
 from resin_models_cuda.kernels.quant_tiles import (
     DENSE,
     FP8,
@@ -173,7 +174,7 @@ def _tile_dot(acc, x_rows, valid, w_e, s_e, n, nmask, k0, K, W_FMT: tl.constexpr
     return acc
 
 
-@triton.jit
+@triton.jit(launch_metadata=routed_bytes("block_expert_ptr"))
 def _grouped_kernel(
     x_ptr,  # [R, K], row stride stride_x, last dim contiguous
     w_ptr,  # [E, N, K] in format W_FMT (MXFP4: bytes [E, N, K / 2])

@@ -1,0 +1,267 @@
+"""A census of the kernels a function launches: what each launch moves and how long each
+device kernel takes (`resin bench runner --kernels`; the table: `kernel_table.py`).
+
+Two passes over the same work, which must launch the same sequence each time (eager decode
+steps of one shape do):
+
+1. `record`: every launch is seen and its bytes estimated. aten ops through a
+   `TorchDispatchMode` (the touched extents of their input and output storages, each storage
+   once per op; gathers count the rows they gather; views are no launch); Triton kernels by wrapping the launch path
+   (`JITFunction.run`, the interpreter's `InterpretedFunction.run`) and asking the kernel's
+   `launch_metadata` hook for "bytes" (the convention Triton's proton profiler reads), else
+   counting its tensor arguments. Launches do not nest: inside one, nothing more is recorded.
+2. `profile`: the same launches, each inside `record_function("resin_launch#i")`, under the
+   torch profiler; each device kernel is linked (profiler correlation) to the innermost op that
+   launched it, and walking that op's CPU parents finds its launch range. On the CPU the ranges
+   themselves are the "kernels" (an interpreter smoke test).
+
+Bytes are computed in a pass of their own because a `launch_metadata` may read the device
+(the MoE kernels count the distinct routed experts), which would add kernels and syncs to the
+profile.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from resin_app.bench.kernel_table import Basis, KernelEvent, Launch
+
+RANGE = "resin_launch#"
+
+# Ops that read only the rows they gather from a large source (an embedding table): count the
+# output twice (read and written) and the indices, not the whole source.
+_GATHERS = {"embedding", "index_select", "index", "gather", "take"}
+
+
+def tensor_bytes(values: Any) -> int:
+    """The bytes of the tensors among `values` (nested in lists, tuples, dicts), each storage
+    counted once over the union of the extents its views span."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for t in tree_leaves(values):
+        if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_meta:
+            continue
+        try:
+            base = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+            continue
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+        start = t.storage_offset() * t.element_size()
+        spans.setdefault(base, []).append((start, start + extent * t.element_size()))
+    return sum(_union(intervals) for intervals in spans.values())
+
+
+def _union(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, -1
+    for lo, hi in sorted(intervals):
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total
+
+
+class Census:
+    """Records launches while active (`with census.active():`). `ranges` wraps each launch in
+    a profiler range named `RANGE + index`; `measure` estimates its bytes."""
+
+    def __init__(self, *, measure: bool, ranges: bool) -> None:
+        self.measure, self.ranges = measure, ranges
+        self.launches: list[Launch] = []
+        self._depth = 0
+
+    @contextmanager
+    def launch(self, name: str, moved: Callable[[], tuple[int, Basis]]) -> Iterator[None]:
+        """One launch of `name` (its bytes from `moved`, called only when measuring); a launch
+        inside a launch is not recorded."""
+        if self._depth:
+            yield
+            return
+        index = len(self.launches)
+        self._depth += 1  # whatever `moved` runs on the device is no launch of the census
+        try:
+            nbytes, basis = moved() if self.measure else (0, "none")
+            self.launches.append(Launch(index, name, nbytes, basis))
+            if self.ranges:
+                with record_function(f"{RANGE}{index}"):
+                    yield
+            else:
+                yield
+        finally:
+            self._depth -= 1
+
+    @contextmanager
+    def active(self) -> Iterator[Census]:
+        with ExitStack() as stack:
+            stack.enter_context(_TritonLaunches(self))
+            stack.enter_context(_AtenLaunches(self))
+            yield self
+
+
+class _AtenLaunches(TorchDispatchMode):
+    def __init__(self, census: Census) -> None:
+        super().__init__()
+        self.census = census
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func.is_view:  # aliases its input: no kernel, no bytes
+            return func(*args, **kwargs)
+        op = func.overloadpacket.__name__
+        out: Any = None
+
+        def moved() -> tuple[int, Basis]:
+            if op in _GATHERS:
+                indices = [t for t in tree_leaves((args, kwargs)) if _is_index(t)]
+                return 2 * tensor_bytes(out) + tensor_bytes(indices), "aten"
+            return tensor_bytes((args, kwargs, out)), "aten"
+
+        # Bytes need the output, so the launch is recorded after the op when measuring.
+        name = f"aten::{op}"
+        if self.census.measure:
+            out = func(*args, **kwargs)
+            with self.census.launch(name, moved):
+                pass
+            return out
+        with self.census.launch(name, moved):
+            return func(*args, **kwargs)
+
+
+def _is_index(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and not t.is_floating_point()
+
+
+class _TritonLaunches:
+    """Wraps the Triton launch path (`run(*args, grid, warmup, **kwargs)`, the same for compiled
+    and interpreted kernels) for as long as it is entered; restores it on exit."""
+
+    def __init__(self, census: Census) -> None:
+        self.census = census
+        self._saved: list[tuple[type, Any]] = []
+
+    def __enter__(self) -> _TritonLaunches:
+        for cls in _kernel_classes():
+            original = cls.__dict__["run"]
+            self._saved.append((cls, original))
+            setattr(cls, "run", self._wrap(original))  # noqa: B010 (a class attribute)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for cls, original in reversed(self._saved):
+            setattr(cls, "run", original)  # noqa: B010
+        self._saved.clear()
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        census = self.census
+
+        def run(kernel: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            if warmup:
+                return original(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+            fn = kernel.fn
+            with census.launch(fn.__name__, lambda: kernel_bytes(kernel, grid, args, kwargs)):
+                return original(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+
+        return run
+
+
+def _kernel_classes() -> list[type]:
+    from triton.runtime.jit import JITFunction
+
+    classes: list[type] = [JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:  # pragma: no cover - every Triton with a launch path has it
+        pass
+    return classes
+
+
+def kernel_bytes(
+    kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[int, Basis]:
+    """A Triton launch's bytes: its `launch_metadata`'s "bytes" when it declares one (called as
+    Triton calls it, `(grid, metadata, {argument name: value})`, with no compiled metadata),
+    else its tensor arguments' bytes."""
+    params = inspect.signature(kernel.fn).parameters
+    bound = dict(zip(params, args, strict=False))
+    bound.update((k, v) for k, v in kwargs.items() if k in params)
+    hook = getattr(kernel, "launch_metadata", None) or getattr(kernel, "kwargs", {}).get(
+        "launch_metadata"
+    )
+    if hook is not None:
+        declared = hook(grid, None, bound)
+        if isinstance(declared, dict) and "bytes" in declared:
+            return int(declared["bytes"]), "meta"
+    return tensor_bytes(list(bound.values())), "args"
+
+
+def run_census(
+    fn: Callable[[], object], steps: int, device: torch.device
+) -> tuple[list[Launch], list[KernelEvent]]:
+    """Run `fn` (`steps` steps of the same work) twice: once recording bytes, once under the
+    profiler; the launches of the first pass with the kernels of the second. If the two passes
+    launched different sequences the bytes are dropped (every kernel unattributed)."""
+    measured = Census(measure=True, ranges=False)
+    with measured.active():
+        fn()
+    _sync(device)
+    timed = Census(measure=False, ranges=True)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        with timed.active():
+            fn()
+        _sync(device)
+    same = [x.name for x in measured.launches] == [x.name for x in timed.launches]
+    events = kernel_events(prof.events(), device.type == "cuda")
+    if device.type != "cuda":  # the ranges are the kernels: name them by their launches
+        names = {x.index: x.name for x in timed.launches}
+        events = [KernelEvent(names[e.launch or 0], e.us, e.launch) for e in events]
+    return (measured.launches if same else []), events
+
+
+def kernel_events(events: Any, on_device: bool) -> list[KernelEvent]:
+    """Device kernels (`on_device`), each with the launch range above the op it is linked to;
+    on the CPU, the launch ranges themselves with their CPU time."""
+    found = []
+    for evt in events:
+        if not on_device:
+            if evt.name.startswith(RANGE):
+                found.append(KernelEvent(evt.name, float(evt.cpu_time_total), _index(evt.name)))
+            continue
+        if not evt.kernels:
+            continue
+        launch = _launch_above(evt)
+        found += [KernelEvent(k.name, float(k.duration), launch) for k in evt.kernels]
+    return found
+
+
+def _launch_above(evt: Any) -> int | None:
+    while evt is not None:
+        if evt.name.startswith(RANGE):
+            return _index(evt.name)
+        evt = evt.cpu_parent
+    return None
+
+
+def _index(name: str) -> int:
+    return int(name.removeprefix(RANGE))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
