@@ -6,10 +6,11 @@ steps of one shape do):
 
 1. `record`: every launch is seen and its bytes estimated. aten ops through a
    `TorchDispatchMode` (the touched extents of their input and output storages, each storage
-   once per op; gathers count the rows they gather; views are no launch); Triton kernels by wrapping the launch path
-   (`JITFunction.run`, the interpreter's `InterpretedFunction.run`) and asking the kernel's
-   `launch_metadata` hook for "bytes" (the convention Triton's proton profiler reads), else
-   counting its tensor arguments. Launches do not nest: inside one, nothing more is recorded.
+   once per op; gathers count the rows they gather; views are no launch); Triton kernels by
+   wrapping the launch path (`JITFunction.run`, the interpreter's `InterpretedFunction.run`)
+   and asking the kernel's `launch_metadata` hook for "bytes" (the convention Triton's proton
+   profiler reads), else counting its tensor arguments. Launches do not nest: inside one,
+   nothing more is recorded.
 2. `profile`: the same launches, each inside `record_function("resin_launch#i")`, under the
    torch profiler; each device kernel is linked (profiler correlation) to the innermost op that
    launched it, and walking that op's CPU parents finds its launch range. On the CPU the ranges
@@ -52,8 +53,8 @@ def tensor_bytes(values: Any) -> int:
             base = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
             continue
-        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
-        start = t.storage_offset() * t.element_size()
+        extent = 1 + sum((int(n) - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+        start = int(t.storage_offset()) * t.element_size()
         spans.setdefault(base, []).append((start, start + extent * t.element_size()))
     return sum(_union(intervals) for intervals in spans.values())
 
@@ -104,9 +105,9 @@ class Census:
             yield self
 
 
-class _AtenLaunches(TorchDispatchMode):
+class _AtenLaunches(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, census: Census) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.census = census
 
     def __torch_dispatch__(

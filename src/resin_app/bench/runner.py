@@ -79,7 +79,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "bandwidth), eager steps under the torch profiler; bytes are tensor "
                         "bytes touched (an estimate); JSONL rows of kind kernel")  # fmt: skip
     p.add_argument("--kernel-rows", type=int, default=30,
-                   help="--kernels: the longest kernels shown, the rest summed as other")  # fmt: skip
+                   help="--kernels: the longest kernels shown, the rest as other")  # fmt: skip
     p.add_argument("--kernel-steps", type=int, default=3,
                    help="--kernels: eager decode steps profiled (reported per step)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
@@ -250,8 +250,9 @@ def _kernel_tables(
         where = {"model": bench.model, "batch": b, "context": ctx}
         out += [{"kind": "kernel", **where, **r.to_json(ceilings.bandwidth)} for r in rows]
         kernel_us = sum(r.us for r in rows)
+        per_step = len(launches) / args.kernel_steps
         out.append({"kind": "kernel_step", **where, "kernel_us": kernel_us,
-                    "timed_us": replay_us, "launches": len(launches) / args.kernel_steps})  # fmt: skip
+                    "timed_us": replay_us, "launches": per_step})  # fmt: skip
     return out
 
 
