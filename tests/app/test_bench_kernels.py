@@ -90,3 +90,30 @@ def test_the_census_restores_the_triton_launch_path() -> None:
     with Census(measure=True, ranges=True).active():
         assert JITFunction.__dict__["run"] is not before
     assert JITFunction.__dict__["run"] is before
+
+
+def test_device_kernels_find_the_launch_range_above_the_op_that_launched_them() -> None:
+    """The CUDA side on torch's own profiler events: a kernel linked to an aten op inside a
+    launch range belongs to that launch, one linked to an op outside any range to none, and
+    device time linked to no op becomes one unlinked event."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from resin_app.bench.kernel_census import RANGE, UNLINKED, kernel_events
+
+    launch = FunctionEvent(1, f"{RANGE}7", 0, 0, 100)
+    mm = FunctionEvent(2, "aten::mm", 0, 10, 90)
+    mm.set_cpu_parent(launch)
+    mm.append_kernel("gemm", 0, 30.0)
+    stray = FunctionEvent(3, "aten::fill_", 0, 200, 210)
+    stray.append_kernel("fill", 0, 2.0)
+    device = [
+        FunctionEvent(4, "gemm", 1, 120, 150, device_type=DeviceType.CUDA),
+        FunctionEvent(5, "fill", 1, 220, 222, device_type=DeviceType.CUDA),
+        FunctionEvent(6, "Memset", 1, 230, 235, device_type=DeviceType.CUDA),
+    ]
+    found = kernel_events([launch, mm, stray, *device], on_device=True)
+    assert found == [
+        KernelEvent("gemm", 30.0, 7), KernelEvent("fill", 2.0, None),
+        KernelEvent(UNLINKED, 5.0, None),
+    ]  # fmt: skip

@@ -29,6 +29,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -36,6 +37,7 @@ from torch.utils._pytree import tree_leaves
 from resin_app.bench.kernel_table import Basis, KernelEvent, Launch
 
 RANGE = "resin_launch#"
+UNLINKED = "(device time linked to no op)"
 
 # Ops that read only the rows they gather from a large source (an embedding table): count the
 # output twice (read and written) and the indices, not the whole source.
@@ -236,18 +238,24 @@ def run_census(
 
 
 def kernel_events(events: Any, on_device: bool) -> list[KernelEvent]:
-    """Device kernels (`on_device`), each with the launch range above the op it is linked to;
+    """Device kernels (`on_device`), each with the launch range above the op it is linked to,
+    plus one `UNLINKED` event (no launch) for the device time the profiler linked to no op;
     on the CPU, the launch ranges themselves with their CPU time."""
-    found = []
+    found, device_us = [], 0.0
     for evt in events:
         if not on_device:
             if evt.name.startswith(RANGE):
                 found.append(KernelEvent(evt.name, float(evt.cpu_time_total), _index(evt.name)))
             continue
+        if evt.device_type == DeviceType.CUDA:
+            device_us += evt.time_range.elapsed_us()
         if not evt.kernels:
             continue
         launch = _launch_above(evt)
         found += [KernelEvent(k.name, float(k.duration), launch) for k in evt.kernels]
+    unlinked = device_us - sum(e.us for e in found)
+    if on_device and unlinked > 1e-3 * device_us:
+        found.append(KernelEvent(UNLINKED, unlinked, None))
     return found
 
 
