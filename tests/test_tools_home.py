@@ -10,7 +10,8 @@ from resin_app.bench import TOOLS
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "src" / "resin_app" / "bench"
-SHARED = {"__init__", "runner_bench", "report", "plans"}  # helpers the tools share
+# helpers the tools share (kernel_census / kernel_table: `resin bench runner --kernels`)
+SHARED = {"__init__", "runner_bench", "report", "plans", "kernel_census", "kernel_table"}
 
 
 def test_every_tool_is_a_module_with_a_main_and_named_in_the_readme() -> None:
