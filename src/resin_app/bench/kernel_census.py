@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.autograd import DeviceType
@@ -205,17 +205,26 @@ def kernel_bytes(
         "launch_metadata"
     )
     if hook is not None:
-        declared = hook(grid, None, bound)
+        try:
+            declared = hook(grid, None, bound)
+        except Exception:  # a hook for another caller's arguments: the row says "args"
+            declared = None
         if isinstance(declared, dict) and "bytes" in declared:
             return int(declared["bytes"]), "meta"
     return tensor_bytes(list(bound.values())), "args"
 
 
-def run_census(
-    fn: Callable[[], object], steps: int, device: torch.device
-) -> tuple[list[Launch], list[KernelEvent]]:
-    """Run `fn` (`steps` steps of the same work) twice: once recording bytes, once under the
-    profiler; the launches of the first pass with the kernels of the second. If the two passes
+class CensusResult(NamedTuple):
+    """The launches of the recording pass (none unless `matched`: the profiled pass launched
+    the same sequence) and the kernels of the profiled pass."""
+
+    launches: list[Launch]
+    events: list[KernelEvent]
+    matched: bool
+
+
+def run_census(fn: Callable[[], object], device: torch.device) -> CensusResult:
+    """Run `fn` twice: once recording bytes, once under the profiler. If the two passes
     launched different sequences the bytes are dropped (every kernel unattributed)."""
     measured = Census(measure=True, ranges=False)
     with measured.active():
@@ -234,7 +243,7 @@ def run_census(
     if device.type != "cuda":  # the ranges are the kernels: name them by their launches
         names = {x.index: x.name for x in timed.launches}
         events = [KernelEvent(names[e.launch or 0], e.us, e.launch) for e in events]
-    return (measured.launches if same else []), events
+    return CensusResult(measured.launches if same else [], events, same)
 
 
 def kernel_events(events: Any, on_device: bool) -> list[KernelEvent]:

@@ -71,8 +71,8 @@ def attribute(
     launches: Sequence[Launch], events: Iterable[KernelEvent], steps: int
 ) -> list[KernelRow]:
     """Rows per kernel name, per step (`steps` steps were profiled), longest first. A launch's
-    bytes split over its kernels by device time; a kernel of an unknown launch is
-    `UNATTRIBUTED` (its name kept in no row: one row for all of them)."""
+    bytes split over its kernels by device time; kernels under no known launch share one
+    `UNATTRIBUTED` row (their time, no bytes)."""
     by_index = {launch.index: launch for launch in launches}
     events = list(events)
     launch_us: dict[int, float] = {}

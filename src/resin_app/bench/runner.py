@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from resin_app.bench.runner_bench import BenchRecord, Ceilings
+    from resin_app.bench.runner_bench import BenchRecord, Ceilings, RunnerBench
 
 
 def _ints(text: str) -> list[int]:
@@ -165,7 +165,8 @@ def _bench_model(
     from resin_model.quant_checkpoint import check_format
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
-    steps = args.warmup + args.iters
+    # Tokens a decode row grows by: the timed steps, or a census's warm-up and two passes.
+    steps = max(args.warmup + args.iters, 1 + 2 * args.kernel_steps if args.kernels else 0)
     max_ctx = max([*args.context_lengths, *(c + steps + 1 for c in args.decode_contexts)])
     options = RunnerOptions(page_size=args.page_size, max_batch=max(args.batch_sizes),
                             max_context=max_ctx, cuda_graphs=not args.no_cuda_graphs,
@@ -233,7 +234,7 @@ def _bench_model(
 
 
 def _kernel_tables(
-    args: argparse.Namespace, bench: Any, records: list[BenchRecord], ceilings: Ceilings
+    args: argparse.Namespace, bench: RunnerBench, records: list[BenchRecord], ceilings: Ceilings
 ) -> list[dict[str, Any]]:
     """`--kernels`: the census of each decode batch size at the first decode context, printed
     and returned as JSONL rows."""
@@ -241,8 +242,12 @@ def _kernel_tables(
 
     ctx, out = args.decode_contexts[0], []
     for b in args.batch_sizes:
-        launches, events = bench.kernel_census(b, ctx, args.kernel_steps)
-        rows = top_rows(attribute(launches, events, args.kernel_steps), args.kernel_rows)
+        found = bench.kernel_census(b, ctx, args.kernel_steps)
+        if not found.matched:
+            print(f"batch {b}: the census's two passes launched different sequences: every "
+                  "kernel is unattributed (no bytes)", file=sys.stderr)  # fmt: skip
+        rows = top_rows(attribute(found.launches, found.events, args.kernel_steps),
+                        args.kernel_rows)  # fmt: skip
         timed = [r for r in records if r.kind == "decode" and r.batch == b and r.context == ctx]
         replay_us = timed[0].median_ms * 1e3 if timed else None
         title = f"{bench.model} decode batch {b}, context {ctx}"
@@ -250,7 +255,7 @@ def _kernel_tables(
         where = {"model": bench.model, "batch": b, "context": ctx}
         out += [{"kind": "kernel", **where, **r.to_json(ceilings.bandwidth)} for r in rows]
         kernel_us = sum(r.us for r in rows)
-        per_step = len(launches) / args.kernel_steps
+        per_step = len(found.launches) / args.kernel_steps
         out.append({"kind": "kernel_step", **where, "kernel_us": kernel_us,
                     "timed_us": replay_us, "launches": per_step})  # fmt: skip
     return out

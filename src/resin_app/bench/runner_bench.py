@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from resin.plan import BatchPlan, Phase
-from resin_app.bench.kernel_census import run_census
-from resin_app.bench.kernel_table import KernelEvent, Launch
+from resin_app.bench.kernel_census import CensusResult, run_census
 from resin_app.bench.plans import PagedPlanner, Sequence
 from resin_model.config import ModelConfig
 from resin_model.presets import kv_bytes_read, param_counts, weight_bytes_read
@@ -177,9 +176,7 @@ class RunnerBench:
         return _record("decode", "resin", self.model, self.runner.config, context, batch,
                        seconds, iters, self.ceilings, batch)  # fmt: skip
 
-    def kernel_census(
-        self, batch: int, context: int, steps: int
-    ) -> tuple[list[Launch], list[KernelEvent]]:
+    def kernel_census(self, batch: int, context: int, steps: int) -> CensusResult:
         """The decode step of `decode(batch, context, ...)`, run eagerly (`eager_decode`: the
         graphs' bodies) under a census (`kernel_census.run_census`): one warm-up step, then
         `steps` steps recording bytes and the next `steps` under the profiler."""
@@ -192,7 +189,7 @@ class RunnerBench:
 
         with self.runner.eager_decode():
             self.runner.forward(next(plans))
-            found = run_census(run, steps, self.runner.device)
+            found = run_census(run, self.runner.device)
         for seq in seqs:
             self.planner.free(seq)
         return found
