@@ -14,9 +14,14 @@ S partials by their log-sum-exp.
 Sliding window (`window > 0`): the query at position p attends positions (p - window, p].
 Attention sinks (gpt-oss, `sinks` [Hq]): one extra logit per head joins the softmax's
 denominator (it takes probability mass but has no value); the merge adds it.
+
+The partial kernel's Triton `launch_metadata` (`kv_read_bytes`) counts the K/V tokens the rows
+attend, not the whole arena it is handed (`resin bench runner --kernels`, proton).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -27,7 +32,25 @@ from resin_models_cuda.kernels.paged import PagedKV, next_pow2, paged_attend
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+def kv_read_bytes(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, int]:
+    """Triton's `launch_metadata` hook of the partial kernel, `(grid, metadata, {argument:
+    value}) -> {"bytes": n}`: K and V of each row's attended tokens (its length, at most its
+    window), read from the device, plus the other tensors (whole); inside a CUDA-graph capture,
+    which cannot read the lengths, the whole K and V pages."""
+    kv, lens, window = args["kv"], args["seq_lens_ptr"], int(args["window"])
+    k = kv.k_cache
+    if lens.is_cuda and torch.cuda.is_current_stream_capturing():
+        kv_bytes = 2 * k.numel() * k.element_size()
+    else:
+        attended = lens.clamp(max=window) if window > 0 else lens
+        kv_bytes = int(attended.sum()) * 2 * k.shape[2] * k.shape[3] * k.element_size()
+    others = [args["q_ptr"], args["q_lens_ptr"], args["o_ptr"], args["lse_ptr"], lens,
+              kv.page_indptr, kv.page_ids, kv.page_start]  # fmt: skip
+    rest = {t.data_ptr(): t.numel() * t.element_size() for t in others if t is not None}
+    return {"bytes": kv_bytes + sum(rest.values())}
+
+
+@triton.jit(launch_metadata=kv_read_bytes)
 def _decode_partial_kernel(
     q_ptr,  # [B * Q, Hq, D], strides (q_strides[0], q_strides[1], 1)
     kv,  # PagedKV (paged.py): K/V [pages, PAGE, Hkv, D] and the page table

@@ -1,0 +1,116 @@
+"""`resin bench runner --kernels` on tiny real models through Triton's interpreter (the CPU:
+each launch's range is its "kernel"), and the MoE kernels' `launch_metadata` against a hand
+count of the routed experts' bytes. The device-side linkage of kernels to launch ranges needs
+CUDA (the pure attribution: tests/app/test_bench_kernels.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from resin_app.bench import runner
+from resin_app.bench.kernel_census import Census
+from resin_model.presets import preset
+
+
+def _kernels(tmp_path: Path, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    out = tmp_path / "k.jsonl"
+    argv = ["--random-weights", "--model-config", model, "--device", "cpu", "--context-lengths",
+            "8", "--batch-sizes", "1", "--decode-contexts", "8", "--warmup", "0", "--iters", "1",
+            "--kernels", "--kernel-steps", "1", "--kernel-rows", "100",
+            "--output", str(out)]  # fmt: skip
+    assert runner.main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return [r for r in rows if r["kind"] == "kernel"], [r for r in rows if r["kind"] == "env"]
+
+
+def test_a_dense_decode_step_reads_its_weights_and_the_totals_add_up(tmp_path: Path) -> None:
+    rows, (env,) = _kernels(tmp_path, "tiny")
+    config = preset("tiny")
+    assert rows and all(r["model"] == "tiny" and r["batch"] == 1 for r in rows)
+    names = {r["name"]: r for r in rows}
+    assert {"aten::mm", "_rmsnorm_kernel", "_decode_partial_kernel"} <= names.keys()
+    assert names["aten::mm"]["basis"] == "aten" and names["_rmsnorm_kernel"]["basis"] == "args"
+    # Every weight but the gathered embedding table is read once by some launch.
+    embed = config.vocab_size * config.hidden_size * 4
+    lm_head = 0 if config.tie_embeddings else embed
+    assert sum(r["bytes"] for r in rows) >= env["weight_bytes"] - embed - lm_head
+    mm = names["aten::mm"]
+    assert mm["tb_s"] * 1e6 * mm["us"] == pytest.approx(mm["bytes"])
+    step = json.loads((tmp_path / "k.jsonl").read_text().splitlines()[-1])
+    assert step["kind"] == "kernel_step" and step["timed_us"] > 0
+    assert step["kernel_us"] == pytest.approx(sum(r["us"] for r in rows))
+
+
+def test_the_moe_step_reports_the_routed_experts_bytes(tmp_path: Path) -> None:
+    rows, _ = _kernels(tmp_path, "tiny-qwen3_moe")
+    moe = preset("tiny-qwen3_moe").moe
+    assert moe is not None
+    hidden, inner = preset("tiny-qwen3_moe").hidden_size, moe.intermediate_size
+    gate_up = {r["name"]: r for r in rows}["_gate_up_kernel"]
+    # Batch 1: top-k distinct experts of a [E, 2I, H] float32 stack, plus x, ids and output.
+    routed = moe.top_k * 2 * inner * hidden * 4
+    assert gate_up["basis"] == "meta" and gate_up["launches"] == 1
+    assert routed < gate_up["bytes"] < routed + 1024
+    assert gate_up["bytes"] < moe.num_experts * 2 * inner * hidden * 4  # not the whole stack
+
+
+def test_the_expert_kernels_launch_metadata_counts_distinct_experts() -> None:
+    from resin_models_cuda.kernels.moe_gemv import expert_down, expert_gate_up
+
+    e, inner, h = 6, 8, 16
+    x = torch.randn(1, h)
+    w_gu, w_d = torch.randn(e, 2 * inner, h), torch.randn(e, h, inner)
+    experts = torch.tensor([4, 1, 4])  # two distinct experts, three pairs
+    census = Census(measure=True, ranges=False)
+    with census.active():
+        act = expert_gate_up(x, w_gu, experts, row_div=3)
+        expert_down(act, w_d, experts, torch.ones(3), topk=3)
+    gu = next(x for x in census.launches if x.name == "_gate_up_kernel")
+    down = next(x for x in census.launches if x.name == "_down_kernel")
+    assert gu.basis == down.basis == "meta"
+    assert gu.bytes == 2 * 2 * inner * h * 4 + h * 4 + 3 * 8 + 3 * inner * 4
+    # down: two experts' [H, I], act, ids, routing weights, the float32 sum [1, H]
+    assert down.bytes == 2 * h * inner * 4 + 3 * inner * 4 + 3 * 8 + 3 * 4 + h * 4
+
+
+def test_the_grouped_kernels_launch_metadata_counts_the_routed_blocks_experts() -> None:
+    from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
+
+    e, n, k = 5, 8, 16
+    x, w = torch.randn(2, k), torch.randn(e, n, k)
+    experts = torch.tensor([3, 0, 3, 3])  # 2 tokens x top 2: experts 0 and 3
+    aligned = align_pairs(experts, e, 4)
+    out = torch.empty(4, n)
+    census = Census(measure=True, ranges=False)
+    with census.active():
+        grouped_gemm(x, w, aligned, num_pairs=4, row_div=2, out=out, block_n=8, block_k=16)
+    (launch,) = [x for x in census.launches if x.name == "_grouped_kernel"]
+    index = (aligned.sorted_pairs.numel() + aligned.block_expert.numel()) * 4
+    assert launch.basis == "meta"
+    assert launch.bytes == 2 * n * k * 4 + x.numel() * 4 + out.numel() * 4 + index
+
+
+def test_decode_attention_counts_the_attended_tokens_not_the_arena() -> None:
+    from resin_models_cuda.kernels import decode_attention
+    from tests.cuda.paged_ref import make_paged
+
+    lens, hkv, hq, d = [5, 17, 0], 2, 4, 16
+    case = make_paged(lens, hkv, d, 8, torch.float32, "cpu")
+    q = torch.randn(len(lens), hq, d)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    census = Census(measure=True, ranges=False)
+    with census.active():
+        decode_attention(q, case.kv, seq_lens, scale=0.25, splits=2, block_n=16)
+    (partial,) = [x for x in census.launches if x.name == "_decode_partial_kernel"]
+    kv = sum(lens) * 2 * hkv * d * 4
+    tables = sum(t.numel() * t.element_size()
+                 for t in (case.page_indptr, case.page_ids, case.page_start, seq_lens))  # fmt: skip
+    o_part, lse = 3 * hq * 2 * d * 4, 3 * hq * 2 * 4
+    assert partial.basis == "meta"
+    assert partial.bytes == kv + q.numel() * 4 + o_part + lse + tables
+    assert partial.bytes < 2 * case.k_cache.numel() * 4  # the arena holds more pages
