@@ -114,3 +114,28 @@ def test_decode_attention_counts_the_attended_tokens_not_the_arena() -> None:
     assert partial.basis == "meta"
     assert partial.bytes == kv + q.numel() * 4 + o_part + lse + tables
     assert partial.bytes < 2 * case.k_cache.numel() * 4  # the arena holds more pages
+
+
+def test_rope_and_kv_append_count_the_slots_they_write_not_the_arena() -> None:
+    from resin_models_cuda.kernels.kv_append import kv_append
+    from resin_models_cuda.kernels.rope import apply_rope
+
+    t, hq, hk, d, half, pages, page = 3, 4, 2, 16, 8, 10, 4
+    q, k, v = torch.randn(t, hq, d), torch.randn(t, hk, d), torch.randn(t, hk, d)
+    cos, sin = torch.randn(64, half), torch.randn(64, half)
+    k_cache, v_cache = torch.zeros(pages, page, hk, d), torch.zeros(pages, page, hk, d)
+    pos, slots = torch.tensor([5, 9, 2], dtype=torch.int32), torch.tensor([0, 7, 13])
+    norms = (torch.ones(d), torch.ones(d))
+    census = Census(measure=True, ranges=False)
+    with census.active():
+        apply_rope(q, k, pos, cos, sin, norms, append=(v, k_cache, v_cache, slots))
+        kv_append(k, v, k_cache, v_cache, slots)
+    rope = next(x for x in census.launches if x.name == "_rope_kernel")
+    append = next(x for x in census.launches if x.name == "_kv_append_kernel")
+    tokens_kv = t * hk * d * 4  # one of K or V for the T tokens
+    assert rope.basis == append.basis == "meta"
+    assert rope.bytes == (
+        2 * (t * hq * d + t * hk * d) * 4 + t * 4 + 2 * t * half * 4 + 2 * d * 4
+        + tokens_kv + t * 8 + 2 * tokens_kv
+    )  # fmt: skip
+    assert append.bytes == 2 * tokens_kv + t * 8 + 2 * tokens_kv

@@ -2,10 +2,13 @@
 """KV append: write each new token's K and V into its exact arena slot.
 
 `slots[t] = page * page_size + offset` (the plan's `append_slots`); a negative slot (CUDA-graph
-padding rows) writes nothing.
+padding rows) writes nothing. The kernel's Triton `launch_metadata` (`append_bytes`) counts
+the tokens it writes, not the arena it is handed (`resin bench runner --kernels`, proton).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -14,7 +17,16 @@ import triton.language as tl
 from resin_models_cuda.kernels.paged import check_cache, next_pow2
 
 
-@triton.jit
+def append_bytes(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, int]:
+    """Triton's `launch_metadata` hook, `(grid, metadata, {argument: value}) -> {"bytes": n}`:
+    the T tokens' K and V read, their slots, and as many K and V written into the caches."""
+    k, cache = args["k_ptr"], args["k_cache_ptr"]
+    tokens = k.shape[0]
+    read = 2 * k.numel() * k.element_size() + tokens * args["slots_ptr"].element_size()
+    return {"bytes": read + 2 * k.numel() * cache.element_size()}
+
+
+@triton.jit(launch_metadata=append_bytes)
 def _kv_append_kernel(
     k_ptr,  # [T, Hkv, D], strides (stride_kt, stride_kh, 1)
     v_ptr,  # [T, Hkv, D], strides (stride_vt, stride_vh, 1)

@@ -7,10 +7,14 @@ rotary: GLM-4.5 turns the leading half of each head and passes the rest); `apply
 rotates the query and key heads of every token at its own position in one launch (the norm
 of the whole head fused in when asked), and with `append` also writes the
 rotated K and the V of each token into its paged-cache slot (the KV append fused in: one
-launch fewer per layer; a negative slot, CUDA-graph padding, writes nothing).
+launch fewer per layer; a negative slot, CUDA-graph padding, writes nothing). The kernel's
+Triton `launch_metadata` (`rope_bytes`) counts the table rows and cache slots it touches, not
+the whole tables and arena it is handed (`resin bench runner --kernels`, proton).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -85,7 +89,24 @@ def _norm_rope_heads(
     return y1, y2, y3
 
 
-@triton.jit
+def rope_bytes(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, int]:
+    """Triton's `launch_metadata` hook, `(grid, metadata, {argument: value}) -> {"bytes": n}`:
+    q and k read and written in place, T positions and their cos / sin rows, the norm weights
+    (HAS_NORM), and with HAS_APPEND v read, the slots, and T tokens of K and V written."""
+    q, k, pos = args["q_ptr"], args["k_ptr"], args["pos_ptr"]
+    tokens = q.shape[0]
+    moved = 2 * (q.numel() + k.numel()) * q.element_size() + tokens * pos.element_size()
+    moved += 2 * tokens * args["cos_ptr"].shape[1] * args["cos_ptr"].element_size()
+    if args.get("HAS_NORM"):
+        moved += sum(args[w].numel() * args[w].element_size() for w in ("qw_ptr", "kw_ptr"))
+    if args.get("HAS_APPEND"):
+        v, cache = args["v_ptr"], args["k_cache_ptr"]
+        moved += v.numel() * v.element_size() + tokens * args["slots_ptr"].element_size()
+        moved += 2 * k.numel() * cache.element_size()
+    return {"bytes": moved}
+
+
+@triton.jit(launch_metadata=rope_bytes)
 def _rope_kernel(
     q_ptr,  # [T, Hq, D], strides (stride_qt, stride_qh, 1)
     k_ptr,  # [T, Hk, D], strides (stride_kt, stride_kh, 1)
