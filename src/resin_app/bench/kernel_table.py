@@ -133,8 +133,8 @@ def format_table(
     footer = f"kernel time per step {total_us:,.1f} us"
     if replay_us is not None:
         footer += (
-            f"; timed step (graph replay) {replay_us:,.1f} us; gaps and launch overhead "
-            f"{replay_us - total_us:,.1f} us"
+            f"; timed step of the decode row (a graph replay on CUDA) {replay_us:,.1f} us; "
+            f"gaps and launch overhead {replay_us - total_us:,.1f} us"
         )
     lines.append(footer)
     return "\n".join(lines)
