@@ -81,21 +81,23 @@ class Census:
 
     @contextmanager
     def launch(self, name: str, moved: Callable[[], tuple[int, Basis]]) -> Iterator[None]:
-        """One launch of `name` (its bytes from `moved`, called only when measuring); a launch
-        inside a launch is not recorded."""
+        """One launch of `name`, its bytes from `moved` after it ran (an op's output exists
+        then; only when measuring). Nothing inside a launch is recorded: not what the launch
+        runs, not what `moved` runs on the device."""
         if self._depth:
             yield
             return
         index = len(self.launches)
-        self._depth += 1  # whatever `moved` runs on the device is no launch of the census
+        self.launches.append(Launch(index, name, 0, "none"))
+        self._depth += 1
         try:
-            nbytes, basis = moved() if self.measure else (0, "none")
-            self.launches.append(Launch(index, name, nbytes, basis))
             if self.ranges:
                 with record_function(f"{RANGE}{index}"):
                     yield
             else:
                 yield
+            if self.measure:
+                self.launches[index] = Launch(index, name, *moved())
         finally:
             self._depth -= 1
 
@@ -131,15 +133,9 @@ class _AtenLaunches(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 return 2 * tensor_bytes(out) + tensor_bytes(indices), "aten"
             return tensor_bytes((args, kwargs, out)), "aten"
 
-        # Bytes need the output, so the launch is recorded after the op when measuring.
-        name = f"aten::{op}"
-        if self.census.measure:
+        with self.census.launch(f"aten::{op}", moved):
             out = func(*args, **kwargs)
-            with self.census.launch(name, moved):
-                pass
-            return out
-        with self.census.launch(name, moved):
-            return func(*args, **kwargs)
+        return out
 
 
 def _is_index(t: object) -> bool:
