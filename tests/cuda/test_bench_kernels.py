@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from resin_app.bench import runner
-from resin_app.bench.kernel_census import Census
+from resin_app.bench.kernel_census import Census, run_census
+from resin_app.bench.kernel_table import UNATTRIBUTED, attribute
 from resin_model.presets import preset
 
 
@@ -139,3 +140,39 @@ def test_rope_and_kv_append_count_the_slots_they_write_not_the_arena() -> None:
         + tokens_kv + t * 8 + 2 * tokens_kv
     )  # fmt: skip
     assert append.bytes == 2 * tokens_kv + t * 8 + 2 * tokens_kv
+
+
+def test_the_census_works_through_the_interpreter_and_attributes_every_range() -> None:
+    """The CPU form of the GPU test below: the ranges are the kernels."""
+    _attribution_case(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_on_cuda_every_kernel_is_linked_to_the_launch_that_ran_it() -> None:
+    """The profiler's side, which only a GPU shows: each device kernel of a cuBLAS GEMM, a
+    Triton kernel and an elementwise op is linked to its launch's range (no unattributed
+    time), and the Triton kernel carries its launch's bytes."""
+    _attribution_case(torch.device("cuda"))
+
+
+def _attribution_case(device: torch.device) -> None:
+    from resin_models_cuda.kernels.rmsnorm import rmsnorm
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x = torch.randn(8, 256, device=device, dtype=dtype)
+    w, norm = torch.randn(256, 256, device=device, dtype=dtype), torch.ones(256, device=device)
+
+    def work() -> None:
+        y = rmsnorm(x @ w, norm.to(dtype), 1e-6)
+        y.add_(1)
+
+    work()
+    found = run_census(work, device)
+    assert found.matched and all(e.launch is not None for e in found.events)
+    rows = {r.name: r for r in attribute(found.launches, found.events, steps=1)}
+    assert UNATTRIBUTED not in rows
+    size = dtype.itemsize
+    assert rows["_rmsnorm_kernel"].bytes == (2 * 8 * 256 + 256) * size
+    assert rows["_rmsnorm_kernel"].launches == 1
+    gemm = sum(r.bytes for r in rows.values() if r.basis == "aten")
+    assert gemm >= (256 * 256 + 2 * 8 * 256) * size  # w, x and the product at least
