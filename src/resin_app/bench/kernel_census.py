@@ -176,16 +176,13 @@ class _TritonLaunches:
 
 
 def _kernel_classes() -> list[type]:
-    from triton.runtime.jit import JITFunction
-
-    classes: list[type] = [JITFunction]
+    """The Triton classes whose `run` launches (none without Triton: aten ops only)."""
     try:
         from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:  # pragma: no cover - every Triton with a launch path has it
-        pass
-    return classes
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return []
+    return [JITFunction, InterpretedFunction]
 
 
 def kernel_bytes(
