@@ -152,14 +152,17 @@ class _TritonLaunches:
 
     def __enter__(self) -> _TritonLaunches:
         for cls in _kernel_classes():
-            original = cls.__dict__["run"]
-            self._saved.append((cls, original))
-            setattr(cls, "run", self._wrap(original))  # noqa: B010 (a class attribute)
+            own = cls.__dict__.get("run")  # None: inherited, removed again on exit
+            self._saved.append((cls, own))
+            setattr(cls, "run", self._wrap(own or cls.run))  # noqa: B010 (a class attribute)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for cls, original in reversed(self._saved):
-            setattr(cls, "run", original)  # noqa: B010
+        for cls, own in reversed(self._saved):
+            if own is None:
+                delattr(cls, "run")
+            else:
+                setattr(cls, "run", own)  # noqa: B010
         self._saved.clear()
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
