@@ -154,7 +154,7 @@ class _TritonLaunches:
         for cls in _kernel_classes():
             own = cls.__dict__.get("run")  # None: inherited, removed again on exit
             self._saved.append((cls, own))
-            setattr(cls, "run", self._wrap(own or cls.run))  # noqa: B010 (a class attribute)
+            setattr(cls, "run", self._wrap(own or getattr(cls, "run")))  # noqa: B009, B010
         return self
 
     def __exit__(self, *exc: object) -> None:
