@@ -257,7 +257,7 @@ def _kernel_tables(
         kernel_us = sum(r.us for r in rows)
         per_step = len(found.launches) / args.kernel_steps
         out.append({"kind": "kernel_step", **where, "kernel_us": kernel_us,
-                    "timed_us": replay_us, "launches": per_step})  # fmt: skip
+                    "timed_us": replay_us, "recorded_launches": per_step})  # fmt: skip
     return out
 
 
