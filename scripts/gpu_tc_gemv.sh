@@ -4,7 +4,9 @@
 # tensor-core ones and cuBLAS bf16, the winners written into this tree's tile file, so the
 # runs after it use them); then batch-1 / batch-64 decode of Llama-3.1-8B FP8 (per-channel,
 # 128 x 128 blocks) and gpt-oss-20b MXFP4, each group in its own process under `timeout`.
-# JSONL, logs and the tile file to $OUT (or ./bench).
+# JSONL, logs and the tile file to $OUT (or ./bench). KERNELS=1 adds `resin bench runner
+# --kernels` to the decode runs: each batch's per-kernel table (time, bytes, fraction of the
+# in-run copy bandwidth) in the log and the JSONL.
 set -uo pipefail
 out="${OUT:-bench}"
 mkdir -p "$out"
@@ -33,10 +35,11 @@ fi
 bench() {  # models, tag, seconds
     timeout "$3" "$python" -m resin_app bench runner --random-weights --context-lengths 1024 \
         --batch-sizes "${BATCH_SIZES:-1,64}" --decode-contexts 1024 --warmup 2 --iters 6 \
-        --model-config "$1" \
+        --model-config "$1" ${KERNELS:+--kernels} \
         --output "$out/$2.jsonl" > "$out/$2.log" 2>&1
     echo "== $2 rc=$?"
     grep -E "weights .* on the device|\| +decode +\||Error" "$out/$2.log" | tail -8
+    [ -n "${KERNELS:-}" ] && grep -E "^== .*device kernels|^kernel time per step" "$out/$2.log"
 }
 bench llama-8b:fp8-channel,llama-8b:fp8-block runner_fp8 "${FP8_S:-150}"
 bench gpt-oss-20b:mxfp4 runner_gpt_oss_20b "${OSS_S:-100}"
