@@ -40,6 +40,13 @@ out="$(cd "$out" && pwd)"
 PY="${PY:-python}"
 DEVICE="${DEVICE:-cuda}"
 QWEN="${QWEN:-qwen3.5-35b-a3b}"
+# The full-depth Qwen3.5 (~70 GB of weights) does not fit with its KV beside it on an 80 GB
+# card: there (an H200 call may land on an H100) the 8-layer preset runs instead, said so.
+mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+if [ "$QWEN" = qwen3.5-35b-a3b ] && [ -n "$mib" ] && [ "$mib" -lt 100000 ]; then
+    echo "gpu_hybrid_bench.sh: ${mib} MiB on the card: qwen3.5-35b-a3b-8l in place of full depth"
+    QWEN=qwen3.5-35b-a3b-8l
+fi
 QWEN_32K="${QWEN_32K:-$QWEN}"
 GLM="${GLM:-glm-5.3-flash-8l}"
 SERVE_PRESET="${SERVE_PRESET:-qwen3.5-35b-a3b-8l}"
