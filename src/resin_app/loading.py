@@ -122,15 +122,13 @@ def load(
 
         stage(0)
         from resin_model.checkpoint_folder import check_checkpoint
-        from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+        from resin_model.default_model import DEFAULT_MODEL_NAME
 
         def converting(gguf: Any) -> None:  # its own line: minutes on a slow disk, once
             bar.set_postfix_str(f"convert {gguf.name} (once)")
             bar.write(converting_line(gguf), file=sys.stderr)
 
-        folder = resolve_checkpoint(
-            options.checkpoint or options.model or DEFAULT_MODEL_NAME, converting
-        )
+        folder = served_folder(options, converting)
         check_memory(check_checkpoint(folder), options)  # before anything is allocated
         context = context_length_of(folder, options.context_length)
         stage(1)
@@ -418,6 +416,15 @@ def with_vision(recipe: Recipe, tokenizer: Tokenizer, folder: Any) -> Recipe:
     return jinja
 
 
+def served_folder(options: LoadOptions, on_convert: Callable[[Any], None] | None = None) -> Any:
+    """The folder `resin serve` reads: `--checkpoint`'s or `--model`'s, else the default
+    model's (a GGUF converted once, `on_convert` told first); `--fake-runner` reads only its
+    tokenizer and chat template."""
+    from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+
+    return resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME, on_convert)
+
+
 def checkpoint_tokenizer(folder: Any) -> Tokenizer:
     """The checkpoint's tokenizer; a file the tokenizers library cannot read is a
     `CheckpointError` naming the folder (that library raises plain `Exception`s)."""
@@ -565,25 +572,15 @@ class ZeroCostRunner:
         return np.where(ok.astype(bool), tokens, lowest)
 
 
-def fake_tokenizer_folder(options: LoadOptions) -> Any:
-    """The folder whose tokenizer and chat template `--fake-runner` serves: `--checkpoint`'s
-    or `--model`'s when given (its weights are never read), else the default model's."""
-    from resin_model.checkpoint_folder import check_checkpoint
-    from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
-
-    folder = resolve_checkpoint(
-        options.checkpoint or options.model or DEFAULT_MODEL_NAME,
-        on_convert=lambda gguf: print(converting_line(gguf), file=sys.stderr),
-    )
-    check_checkpoint(folder)
-    return folder
-
-
 def load_fake(options: LoadOptions) -> Loaded:
     """`resin serve --fake-runner`: the real engine with `ZeroCostRunner` (it answers the
     token for "a" forever, or what a grammar allows), the tokenizer, recipe (`--recipe`
-    applies) and grammar backend of `fake_tokenizer_folder`."""
-    tokenizer = checkpoint_tokenizer(fake_tokenizer_folder(options))
+    applies) and grammar backend of `served_folder` (its weights are never read)."""
+    from resin_model.checkpoint_folder import check_checkpoint
+
+    folder = served_folder(options, lambda gguf: print(converting_line(gguf), file=sys.stderr))
+    check_checkpoint(folder)
+    tokenizer = checkpoint_tokenizer(folder)
     context = options.context_length or 4096
     engines = tuple(
         Engine(

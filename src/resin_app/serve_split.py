@@ -445,21 +445,20 @@ def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
     from resin.generation_config import resolve as resolve_defaults
     from resin_app.loading import (
         checkpoint_tokenizer,
-        fake_tokenizer_folder,
         recipe_for,
+        served_folder,
         with_template_limits,
         with_vision,
     )
     from resin_model.checkpoint_folder import check_checkpoint
-    from resin_model.default_model import DEFAULT_MODEL_NAME, resolve_checkpoint
+    from resin_model.default_model import DEFAULT_MODEL_NAME
 
-    if options.fake:
-        tokenizer = checkpoint_tokenizer(fake_tokenizer_folder(options))
-        recipe = with_template_limits(recipe_for(tokenizer, options.recipe), options)
-        return tokenizer, recipe, "fake", NO_DEFAULTS
-    folder = resolve_checkpoint(options.checkpoint or options.model or DEFAULT_MODEL_NAME)
+    folder = served_folder(options)
     check_checkpoint(folder)  # the files a frontend opens are the checkpoint's own
     tokenizer = checkpoint_tokenizer(folder)
+    if options.fake:
+        recipe = with_template_limits(recipe_for(tokenizer, options.recipe), options)
+        return tokenizer, recipe, "fake", NO_DEFAULTS
     recipe = with_vision(recipe_for(tokenizer, options.recipe), tokenizer, folder)
     with_template_limits(recipe, options)
     checkpoint = options.checkpoint.rstrip("/").rsplit("/", 1)[-1] if options.checkpoint else None

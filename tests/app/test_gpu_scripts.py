@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from resin.server.launch import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -29,7 +31,7 @@ def test_replay_script_runs_from_a_tokenizer_folder(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "SMOKE": "1",
            "OUT": str(tmp_path / "out"), "CKPT": str(tmp_path / "ckpt"),
            "TOKENIZER": str(tokenizer), "PY": sys.executable,
-           "PORT": str(_free_port())}  # fmt: skip
+           "PORT": str(free_port())}  # fmt: skip
     done = subprocess.run(["bash", str(ROOT / "scripts/gpu_replay_bench.sh")], env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -41,9 +43,3 @@ def test_replay_script_runs_from_a_tokenizer_folder(tmp_path: Path) -> None:
     assert (tmp_path / "ckpt" / "tokenizer.json").read_bytes() == (
         tokenizer / "tokenizer.json"
     ).read_bytes()
-
-
-def _free_port() -> int:
-    from resin.server.launch import free_port
-
-    return free_port()

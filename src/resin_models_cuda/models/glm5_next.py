@@ -509,8 +509,7 @@ class Glm5Next(FastModel):
             self.layers_per_group = (self._mla_layers,)
             return None
         self.layers_per_group = (1,)  # one flat vector a page (`cache_token_shape`)
-        elements = self._mla_layers * (page_size * self._token_width + self._pool_width)
-        return History(elements * self.dtype.itemsize), State(self.state_bytes())
+        return History(self._page_elements * self.dtype.itemsize), State(self.state_bytes())
 
     @property
     def _token_width(self) -> int:
@@ -524,6 +523,12 @@ class Glm5Next(FastModel):
         """A page's pooled indexer keys a layer (0 without stored pools)."""
         return self.pools_per_page * self.glm.index_head_dim
 
+    @property
+    def _page_elements(self) -> int:
+        """A History page's elements over every MLA layer: its tokens' vectors, then its
+        pools' keys."""
+        return self._mla_layers * (self.page_size * self._token_width + self._pool_width)
+
     def state_bytes(self) -> int:
         linear = self.config.layer_types.count("linear")
         return linear * state_layer_bytes(self.config, self.dtype)
@@ -533,8 +538,7 @@ class Glm5Next(FastModel):
         one flat vector a token of a one-layer group (`cache_groups`)."""
         if not self.pools_per_page:
             return 1, 1, self._token_width
-        per_page = self._mla_layers * (self.page_size * self._token_width + self._pool_width)
-        return 1, 1, -(-per_page // self.page_size)
+        return 1, 1, -(-self._page_elements // self.page_size)
 
     def _pages(self) -> torch.Tensor:
         kv = self._kv
