@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from resin_models_cuda.models import BuildOptions
 
@@ -45,6 +46,7 @@ class RunnerOptions:
     seed: int = 0
     keep_logits: bool = False
     mtp: bool = False
+    pdl: bool = field(default_factory=lambda: os.environ.get("RESIN_PDL", "0") == "1")
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:

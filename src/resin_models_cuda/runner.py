@@ -62,6 +62,7 @@ from resin_models_cuda.graphs import (
     query_buckets,
 )
 from resin_models_cuda.kernels import decode_splits
+from resin_models_cuda.kernels.pdl import set_pdl
 from resin_models_cuda.kernels.sampler import argmax_rows
 from resin_models_cuda.layers import RandomWeights, SafetensorsWeights, WeightSource
 from resin_models_cuda.layers.quantized import (
@@ -206,6 +207,11 @@ class CudaRunner:
         )
         self._runner_config = make_runner_config(model, self.options)
         self._sampler = DeviceSampler(self.device, self.options.seed)
+        # Programmatic dependent launch (`kernels/pdl.py`): process-wide, read at each launch,
+        # so the graphs `bind` captures keep what is set here.
+        self.pdl = set_pdl(self.options.pdl, self.device)
+        if self.options.pdl and not self.pdl:
+            log.warning("PDL needs a CUDA device of sm_90 or later (not the interpreter): off")
         # A State group (linear attention) cannot be rewound: no drafts to verify.
         self._max_query = 1 if model.state_bytes() else 1 + self.options.max_draft_tokens
         self.kv: torch.Tensor | None = None

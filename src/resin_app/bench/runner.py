@@ -82,6 +82,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="--kernels: the longest kernels shown, the rest as other")  # fmt: skip
     p.add_argument("--kernel-steps", type=int, default=3,
                    help="--kernels: eager decode steps profiled (reported per step)")  # fmt: skip
+    p.add_argument("--pdl", choices=["off", "on", "both"], default="off",
+                   help="programmatic dependent launch of the Triton kernels (sm_90+): both "
+                        "runs each model twice, off then on (named MODEL+pdl), and prints the "
+                        "decode ratios")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
     return p.parse_args(argv)
 
@@ -130,9 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
     ceilings = measure_ceilings(device) if device.type == "cuda" else Ceilings(1e11, 1e12)
     names = [Path(args.checkpoint).name] if args.checkpoint else args.model_config.split(",")
+    pdl = {"off": [False], "on": [True], "both": [False, True]}[args.pdl]
     records, envs = [], []
-    for name in names:
-        model_records, env, kernel_rows = _bench_model(args, name, device, dtype, ceilings)
+    for name, on in ((n, on) for n in names for on in pdl):
+        model_records, env, kernel_rows = _bench_model(args, name, device, dtype, ceilings, on)
         records += model_records
         envs.append(env)
         print(json.dumps(env))
@@ -141,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print_table(records)
+    if args.pdl == "both":
+        print(pdl_ratios(records))
     if args.output and args.plot:
         for name in names:
             for path in plot([r for r in records if r.model == name], args.output.parent, name):
@@ -154,8 +161,10 @@ def _bench_model(
     device: torch.device,
     dtype: torch.dtype,
     ceilings: Ceilings,
+    pdl: bool = False,
 ) -> tuple[list[BenchRecord], dict[str, Any], list[dict[str, Any]]]:
-    """The model's prefill and decode records, its `env` line and its `--kernels` rows."""
+    """The model's prefill and decode records, its `env` line and its `--kernels` rows; with
+    `pdl` the runner launches its kernels with PDL and the records are named `name+pdl`."""
     import torch
 
     from resin.protocols import CacheLayout
@@ -170,7 +179,7 @@ def _bench_model(
     max_ctx = max([*args.context_lengths, *(c + steps + 1 for c in args.decode_contexts)])
     options = RunnerOptions(page_size=args.page_size, max_batch=max(args.batch_sizes),
                             max_context=max_ctx, cuda_graphs=not args.no_cuda_graphs,
-                            moe_gemv_max_pairs=args.moe_gemv_max_pairs)  # fmt: skip
+                            moe_gemv_max_pairs=args.moe_gemv_max_pairs, pdl=pdl)  # fmt: skip
     t0 = time.perf_counter()
     if args.checkpoint:
         runner = load_runner(args.checkpoint, options, str(device), dtype)
@@ -201,7 +210,9 @@ def _bench_model(
     runner.kv.normal_()
     planner = PagedPlanner(num_pages, args.page_size, specs=rc.cache_groups,
                            max_rows=max(args.batch_sizes), group_pages=sizes)  # fmt: skip
-    bench = RunnerBench(runner, planner, name, ceilings)
+    if pdl and not runner.pdl:
+        raise SystemExit(f"{name}: --pdl needs a CUDA device of sm_90 or later")
+    bench = RunnerBench(runner, planner, name + ("+pdl" if pdl else ""), ceilings)
     records = []
     for ctx in _progress(args.context_lengths, f"{name} prefill"):
         records.append(bench.prefill(ctx, args.warmup, args.iters))
@@ -223,6 +234,7 @@ def _bench_model(
         "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": held,
         "stored_weight_bytes": stored,
         "cuda_graphs": not args.no_cuda_graphs, "moe_gemv_max_pairs": args.moe_gemv_max_pairs,
+        "pdl": runner.pdl,
         "kv_bytes_per_token": rc.page_bytes // args.page_size,
         "llama_kv_bytes_per_token": 2 * runner.config.hidden_size * runner.config.num_layers
                                     * runner.dtype.itemsize,
@@ -231,6 +243,19 @@ def _bench_model(
     runner.close()
     del runner
     return records, env, kernel_rows
+
+
+def pdl_ratios(records: list[BenchRecord]) -> str:
+    """`--pdl both`: each decode and prefill row with PDL against the same row without."""
+    off = {(r.model, r.kind, r.batch, r.context): r for r in records}
+    lines = ["PDL on / off (tok/s ratio):"]
+    for r in records:
+        base = off.get((r.model.removesuffix("+pdl"), r.kind, r.batch, r.context))
+        if r.model.endswith("+pdl") and base is not None:
+            lines.append(f"  {base.model} {r.kind} batch {r.batch} context {r.context}: "
+                         f"{base.tok_s:,.0f} -> {r.tok_s:,.0f} tok/s "
+                         f"({r.tok_s / base.tok_s:.3f}x)")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _kernel_tables(

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
+
 Activation = Literal["silu", "gelu_tanh", "swiglu_clamp", "silu_clamp"]
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_clamp": 2, "silu_clamp": 3}
 
@@ -50,7 +52,9 @@ def _gated_kernel(
     INTER: tl.constexpr,
     BLOCK: tl.constexpr,
     ACT: tl.constexpr,  # ACTIVATION_CODES
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
@@ -78,7 +82,7 @@ def gated_activation(
     if x.shape[0]:
         _gated_kernel[(x.shape[0], triton.cdiv(inter, block))](
             x, out, x.stride(0), out.stride(0), alpha, limit,
-            INTER=inter, BLOCK=block, ACT=ACTIVATION_CODES[act], num_warps=4,
+            INTER=inter, BLOCK=block, ACT=ACTIVATION_CODES[act], num_warps=4, **pdl_args(),
         )  # fmt: skip
     return out
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.kernels.sparse_attention import PagedKeys
 
 
@@ -42,7 +43,9 @@ def _pool_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
     PAGED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     e = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     s = tl.arange(0, BLOCK_S)
@@ -87,6 +90,7 @@ def gated_pool(kv: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor) -> torc
             kv.contiguous(), gate.float().contiguous(), bias.float().contiguous(), out, 0, 0,
             none, none, none, none, none, entries, 1,
             S=slots, C=channels, BLOCK_S=next_pow2(slots), BLOCK_C=block_c, PAGED=False,
+            **pdl_args(),
         )  # fmt: skip
     return out
 
@@ -126,5 +130,6 @@ def paged_gated_pool(
             kv.indptr.int(), kv.ids.int(), kv.start.int(), counts.int(), first.int(), pools,
             pages.shape[1],
             S=slots, C=channels, BLOCK_S=next_pow2(slots), BLOCK_C=block_c, PAGED=True,
+            **pdl_args(),
         )  # fmt: skip
     return out

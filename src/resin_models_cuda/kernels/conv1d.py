@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.step import StateRows
 
 
@@ -56,7 +57,9 @@ def _conv_kernel(
     KW: tl.constexpr,
     BLOCK_C: tl.constexpr,
     ROUND: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cc < C
@@ -91,7 +94,9 @@ def _conv_store_kernel(
     x_ptr, state_ptr, query_indptr_ptr, state_in_ptr, state_out_ptr, ckpt_indptr_ptr,
     ckpt_len_ptr, ckpt_page_ptr, stride_x, stride_p, stride_c, C,
     W: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     row = tl.program_id(0)
     cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     start = tl.load(query_indptr_ptr + row)
@@ -133,7 +138,7 @@ def causal_conv1d(
         _conv_kernel[(t, triton.cdiv(channels, block))](
             x, weight, state, out, rows.query_indptr, rows.token_row, rows.state_in,
             x.stride(0), state.stride(0), state.stride(1), channels,
-            KW=weight.shape[1], BLOCK_C=block, ROUND=round_conv, num_warps=4,
+            KW=weight.shape[1], BLOCK_C=block, ROUND=round_conv, num_warps=4, **pdl_args(),
         )  # fmt: skip
     return out
 
@@ -149,5 +154,5 @@ def conv_state_store(x: torch.Tensor, state: torch.Tensor, rows: StateRows) -> N
         _conv_store_kernel[(batch, triton.cdiv(channels, block))](
             x, state, rows.query_indptr, rows.state_in, rows.state_out, rows.ckpt_indptr,
             rows.ckpt_len, rows.ckpt_page, x.stride(0), state.stride(0), state.stride(1),
-            channels, W=state.shape[2], BLOCK_C=block, num_warps=4,
+            channels, W=state.shape[2], BLOCK_C=block, num_warps=4, **pdl_args(),
         )  # fmt: skip

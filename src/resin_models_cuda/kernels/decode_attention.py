@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import PagedKV, next_pow2, paged_attend
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 LOG2E = 1.4426950408889634
 
@@ -70,7 +71,9 @@ def _decode_partial_kernel(
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
@@ -123,7 +126,9 @@ def _decode_merge_kernel(
     HEAD_DIM: tl.constexpr,
     SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
@@ -199,7 +204,7 @@ def decode_attention(
         NUM_Q_HEADS=num_q_heads, GROUP=group, QUERY=query,
         ROWS_PAD=max(16, next_pow2(query * group)),
         HEAD_DIM=head_dim, PAGE=kv.page_size, BLOCK_N=block_n, SPLITS=splits,
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, **pdl_args(),
     )  # fmt: skip
     if sinks is not None:
         assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
@@ -207,6 +212,6 @@ def decode_attention(
         o_part, lse, out, lse if sinks is None else sinks, out.stride(0), out.stride(1),
         HAS_SINKS=sinks is not None,
         NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, SPLITS=splits,
-        SPLITS_PAD=max(2, next_pow2(splits)), num_warps=4,
+        SPLITS_PAD=max(2, next_pow2(splits)), num_warps=4, **pdl_args(),
     )  # fmt: skip
     return out

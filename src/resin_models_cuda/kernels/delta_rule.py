@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.step import StateRows
 
 
@@ -86,8 +87,10 @@ def _delta_rule_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,
     PER_CHANNEL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     kh = head // (HV // HK)
@@ -177,9 +180,9 @@ def gated_delta_rule(
         )  # fmt: skip
         shapes = dict(HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v)
         if chunk:
-            _chunked_kernel[grid](*args, **shapes, CHUNK=chunk, num_warps=8)
+            _chunked_kernel[grid](*args, **shapes, CHUNK=chunk, num_warps=8, **pdl_args())
         else:
-            _delta_rule_kernel[grid](*args, **shapes, num_warps=4)
+            _delta_rule_kernel[grid](*args, **shapes, num_warps=4, **pdl_args())
     return out
 
 
@@ -211,11 +214,13 @@ def _chunked_kernel(
     stride_m, stride_a, stride_b, stride_p, last_ckpt, scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """`_delta_rule_kernel`'s arguments; the row's tokens CHUNK at a time (cut at its
     checkpoints), through `(I + A) X = rhs` with A the chunk's strictly lower
     `beta_i k_i.k_j exp(G_i - G_j)` (G the cumulative log decay), then matrix products
     (`resin_models_torch.delta_rule`'s `chunked_delta_rule`, the same algebra)."""
+    pdl_enter(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     kh = head // (HV // HK)
@@ -285,6 +290,7 @@ def _kda_chunked_kernel(
     stride_m, stride_g, stride_b, stride_p, last_ckpt, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """KDA's chunked form: `kda_delta_rule`'s recurrence CHUNK tokens at a time (cut at the
     row's checkpoints). With G the chunk's cumulative log decay per key channel ([CHUNK, K],
@@ -298,6 +304,7 @@ def _kda_chunked_kernel(
     factored exp(G_i) * exp(-G_j) would: exp(-G) passes float32's range within a chunk).
     The pairwise sums are not one matrix product, so A and the score matrix are built a
     column j at a time (a [CHUNK, K] product and row sum each)."""
+    pdl_enter(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     kk = tl.arange(0, K)
@@ -399,7 +406,7 @@ def kda_delta_rule(
             mixed, g, b, out, state, rows.query_indptr, rows.state_in, rows.state_out,
             rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),
             b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
-            H=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, CHUNK=chunk, num_warps=8,
+            H=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, CHUNK=chunk, num_warps=8, **pdl_args(),
         )  # fmt: skip
     elif batch:
         _delta_rule_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
@@ -407,6 +414,6 @@ def kda_delta_rule(
             rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),
             b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
             HK=heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, PER_CHANNEL=True,
-            num_warps=4,
+            num_warps=4, **pdl_args(),
         )  # fmt: skip
     return out

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.fp8_quant import quantize_fp8_rows
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.kernels.quant_tiles import (
     INTERPRETED,
     fp8_rows_dot,
@@ -82,8 +83,10 @@ def _fp8_gemm_kernel(
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Programs walk GROUP_M row tiles per column tile, so neighbours share weight tiles in L2.
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     first_m = pid // (GROUP_M * tiles_n) * GROUP_M
@@ -137,9 +140,11 @@ def _fp8_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # The rows of one weight tile are neighbouring programs, so a tile read for one row is in
     # L2 for the others: DRAM sees the weights about once.
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     row = (pid % M).to(tl.int64)
     n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -205,9 +210,11 @@ def _fp8_gemv_tc_kernel(
     BLOCK_K: tl.constexpr,  # K per loop step: SUB tiles of BK columns, each in one scale block
     BK: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # acc[n, m] = sum_k W[n, k] * x[m, k]: the weight tile is the MMA's row operand, so the
     # 16-row minimum of a tensor-core tile falls on x's few rows, not on the weights.
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
@@ -304,7 +311,7 @@ def fp8_gemv(
         x, w, w_scale, w if bias is None else bias, out, m, n, k, x.stride(0), out.stride(0),
         QN=block[0], QK=gemv_qk(block[1], k), HAS_BIAS=bias is not None,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        num_stages=tiles.num_stages, **pdl_args(),
     )  # fmt: skip
     return out
 
@@ -328,7 +335,7 @@ def _fp8_gemv_tc(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
         x, w, w_scale, w if bias is None else bias, dest, m, n, k, x.stride(0), dest.stride(0),
         QN=block[0], QK=gemv_qk(block[1], k), HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, BK=bk, SPLIT_K=tiles.split_k, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        num_stages=tiles.num_stages, **pdl_args(),
     )  # fmt: skip
     return out if dest is out else out.copy_(dest)
 
@@ -396,7 +403,7 @@ def fp8_gemm(
         GK=gk, HAS_BIAS=bias is not None, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SPLIT_K=tiles.split_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(),
     )  # fmt: skip
     return out if dest is out else out.copy_(dest)
 

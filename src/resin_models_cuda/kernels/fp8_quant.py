@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.kernels.quant_tiles import FP8_MAX, to_fp8
 
 
@@ -29,7 +30,9 @@ def _quant_rows_kernel(
     stride_x,
     stride_q,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     start = g * GROUP
@@ -71,6 +74,6 @@ def quantize_fp8_rows(
         block = min(triton.next_power_of_2(group), 1024)
         _quant_rows_kernel[(m, groups)](
             x, out, scale, k, groups, group, x.stride(0), out.stride(0), BLOCK=block,
-            num_warps=4 if block >= 512 else 1,
+            num_warps=4 if block >= 512 else 1, **pdl_args(),
         )  # fmt: skip
     return out, scale

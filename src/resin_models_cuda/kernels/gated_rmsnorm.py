@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 
 @triton.jit
@@ -26,7 +27,9 @@ def _gated_rmsnorm_kernel(
     D: tl.constexpr,
     BLOCK: tl.constexpr,
     SIGMOID: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     cols = tl.arange(0, BLOCK)
@@ -56,6 +59,6 @@ def gated_rmsnorm(
     if t:
         _gated_rmsnorm_kernel[(t, heads)](
             x, z, weight, out, z.stride(0), eps, H=heads, D=dim, BLOCK=next_pow2(dim),
-            SIGMOID=sigmoid, num_warps=1 if dim <= 256 else 4,
+            SIGMOID=sigmoid, num_warps=1 if dim <= 256 else 4, **pdl_args(),
         )  # fmt: skip
     return out

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.kernels.quant_tiles import INTERPRETED
 from resin_models_cuda.kernels.sparse_attention import PagedKeys
 
@@ -53,7 +54,9 @@ def _indexer_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     h = tl.arange(0, BLOCK_H)
@@ -95,7 +98,7 @@ def indexer_scores(
             q.contiguous(), keys.contiguous(), weights.contiguous(), token_row.int(),
             positions.int(), counts.int(), out, entries, dim**-0.5, ratio,
             H=heads, D=dim, BLOCK_H=max(16, next_pow2(heads)), BLOCK_D=max(16, next_pow2(dim)),
-            BLOCK_E=block_e,
+            BLOCK_E=block_e, **pdl_args(),
         )  # fmt: skip
     return out
 
@@ -139,9 +142,11 @@ def _paged_scores_kernel(
     SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
     FILL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Program (t, s) holds token t's heads and streams blocks s, s + SPLITS, ... of its row's
     # keys up to the entries t sees, then (FILL) writes -inf over its blocks past them.
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     h = tl.arange(0, BLOCK_H)
@@ -223,6 +228,7 @@ def paged_indexer_scores(
         H=heads, D=dim, BLOCK_H=max(16, next_pow2(heads)), BLOCK_D=max(16, next_pow2(dim)),
         BLOCK_E=block_e, SPLITS=splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FILL=fill, num_warps=num_warps,
+        **pdl_args(),
     )  # fmt: skip
     return out
 
@@ -251,11 +257,13 @@ def _topk_kernel(
     K,
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Radix select, 8 bits a pass from the top: each pass counts the candidates matching the
     # digits chosen so far by their next digit and keeps the digit that holds the k-th best;
     # then one pass in entry order writes the entries above the threshold and the first
     # `need` equal to it (the lowest entry numbers win a tie), and -1 fills the rest.
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, BLOCK)
     digits = tl.arange(0, 256)
@@ -317,7 +325,7 @@ def indexer_topk(
         visible = torch.full((t,), entries, dtype=torch.int32, device=scores.device)
     block_k = max(16, min(1024, next_pow2(topk)))
     _topk_kernel[(t,)](scores.contiguous(), visible.int(), out, entries, topk, BLOCK=block,
-                       BLOCK_K=block_k, num_warps=num_warps)  # fmt: skip
+                       BLOCK_K=block_k, num_warps=num_warps, **pdl_args())  # fmt: skip
     return out
 
 

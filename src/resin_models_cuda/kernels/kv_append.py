@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import check_cache, next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 
 def append_bytes(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, int]:
@@ -44,7 +45,9 @@ def _kv_append_kernel(
     HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -80,5 +83,5 @@ def kv_append(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads), HEAD_DIM=head_dim,
-        PAGE=k_cache.shape[1], num_warps=4,
+        PAGE=k_cache.shape[1], num_warps=4, **pdl_args(),
     )  # fmt: skip

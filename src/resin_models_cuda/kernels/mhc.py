@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 
 @triton.jit
@@ -37,7 +38,9 @@ def _hc_weights_kernel(
     ITERS: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     width = (2 + N) * N
     i = tl.arange(0, BLOCK)
@@ -90,14 +93,23 @@ def hc_weights(
         _hc_weights_kernel[(triton.cdiv(t, block_t),)](
             mixes, scale.float().contiguous(), base.float().contiguous(), pre, post, comb, t,
             eps, N=n, ITERS=iterations, BLOCK=next_pow2(n), BLOCK_T=block_t, num_warps=1,
+            **pdl_args(),
         )  # fmt: skip
     return pre, post, comb
 
 
 @triton.jit
 def _hc_head_kernel(
-    mix_ptr, scale_ptr, base_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr
+    mix_ptr,
+    scale_ptr,
+    base_ptr,
+    out_ptr,
+    eps,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     valid = i < N
@@ -117,6 +129,6 @@ def hc_head_weights(
     if t:
         _hc_head_kernel[(t,)](
             mixes, scale.float().contiguous(), base.float().contiguous(), out, eps, N=n,
-            BLOCK=next_pow2(n), num_warps=1,
+            BLOCK=next_pow2(n), num_warps=1, **pdl_args(),
         )  # fmt: skip
     return out

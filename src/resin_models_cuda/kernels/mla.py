@@ -20,6 +20,7 @@ import triton.language as tl
 
 from resin_models_cuda.kernels.decode_attention import LOG2E, _decode_merge_kernel
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 HEAD_BLOCK = 16  # query heads per program (tl.dot needs at least 16 rows)
 
@@ -35,7 +36,9 @@ def _latent_append_kernel(
     WIDTH: tl.constexpr,
     WIDTH_PAD: tl.constexpr,
     PAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -56,7 +59,7 @@ def latent_append(x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> 
     width = x.shape[1]
     _latent_append_kernel[(x.shape[0],)](
         x, cache, slots, x.stride(0), cache.stride(0), cache.stride(1),
-        WIDTH=width, WIDTH_PAD=next_pow2(width), PAGE=cache.shape[1], num_warps=4,
+        WIDTH=width, WIDTH_PAD=next_pow2(width), PAGE=cache.shape[1], num_warps=4, **pdl_args(),
     )  # fmt: skip
 
 
@@ -86,7 +89,9 @@ def _mla_decode_partial_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     hb = tl.program_id(1)
     s = tl.program_id(2)
@@ -179,11 +184,11 @@ def mla_decode(
         NUM_HEADS=num_heads, HEADS=HEAD_BLOCK, LATENT=latent, ROPE=rope,
         PAGE=cache.shape[1], BLOCK_N=block_n, SPLITS=splits,
         DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-        num_warps=8, num_stages=2,
+        num_warps=8, num_stages=2, **pdl_args(),
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_heads)](
         o_part, lse, out, lse, out.stride(0), out.stride(1),
         HAS_SINKS=False, NUM_Q_HEADS=num_heads, HEAD_DIM=latent, SPLITS=splits,
-        SPLITS_PAD=max(2, next_pow2(splits)), num_warps=4,
+        SPLITS_PAD=max(2, next_pow2(splits)), num_warps=4, **pdl_args(),
     )  # fmt: skip
     return out

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.activation import ACTIVATION_CODES, Activation, gated
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.kernels.quant_tiles import (
     DENSE,
     MXFP4,
@@ -140,7 +141,9 @@ def _gate_up_kernel(
     QK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     p = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < INTER
@@ -181,7 +184,9 @@ def _down_kernel(
     QK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     p = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
@@ -229,7 +234,7 @@ def expert_gate_up(
             limit, ROW_DIV=row_div, ACT=ACTIVATION_CODES[act], HAS_BIAS=bias is not None,
             W_FMT=gw.fmt, DOT_FMT=gw.dot_fmt, QN=gw.block[0], QK=gemv_qk(gw.block[1], k),
             BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages,
+            num_stages=tiles.num_stages, **pdl_args(),
         )  # fmt: skip
     return out
 
@@ -271,7 +276,7 @@ def expert_down(
         TOPK=topk, HAS_BIAS=bias is not None, W_FMT=gw.fmt, DOT_FMT=gw.dot_fmt,
         QN=gw.block[0], QK=gemv_qk(gw.block[1], k), BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_args(),
     )  # fmt: skip
     return out.copy_(summed)
 

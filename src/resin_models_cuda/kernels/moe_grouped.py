@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.moe_gemv import GemvWeights, routed_bytes
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 from resin_models_cuda.kernels.quant_tiles import (
     DENSE,
     FP8,
@@ -62,12 +63,14 @@ def _align_kernel(
     P_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: histogram, padded offsets, block -> expert, and every pair's row.
 
     A pair's row within its expert's run comes from an atomic cursor, so the order inside a
     run is arbitrary; each pair's output row depends only on its own inputs, so results do
     not depend on it."""
+    pdl_enter(PDL)
     p = tl.arange(0, P_PAD)
     ids = tl.load(experts_ptr + p, mask=p < P, other=E).to(tl.int32)
     counts = tl.histogram(ids, BINS)
@@ -111,7 +114,7 @@ def _align_fused(experts: torch.Tensor, num_experts: int, block_m: int) -> Align
     _align_kernel[(1,)](
         experts, cursor, sorted_pairs, block_expert, pairs, blocks,
         E=num_experts, BINS=triton.next_power_of_2(num_experts + 1),
-        P_PAD=triton.next_power_of_2(pairs), BLOCK_M=block_m, CHUNK=256, num_warps=4,
+        P_PAD=triton.next_power_of_2(pairs), BLOCK_M=block_m, CHUNK=256, num_warps=4, **pdl_args(),
     )  # fmt: skip
     return AlignedPairs(sorted_pairs, block_expert, block_m)
 
@@ -202,7 +205,9 @@ def _grouped_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     e = tl.load(block_expert_ptr + tl.program_id(0))
     if e < 0:
         return
@@ -269,6 +274,6 @@ def grouped_gemm(
         QUANTIZE_X=quantize_group is not None, FAST=fast_math, BLOCK_M=aligned.block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(),
     )  # fmt: skip
     return out

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
+
 
 @triton.jit
 def _penalty_kernel(
@@ -30,7 +32,9 @@ def _penalty_kernel(
     stride_c,
     V,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < V
@@ -74,5 +78,6 @@ def apply_penalties(
         _penalty_kernel[(n, triton.cdiv(vocab, block))](
             logits, out, slots, counts, prompt.view(torch.uint8), presence, frequency,
             repetition, logits.stride(0), counts.stride(0), vocab, BLOCK=block, num_warps=4,
+            **pdl_args(),
         )  # fmt: skip
     return out

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import PagedKV, paged_attend
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 LOG2E = 1.4426950408889634
 
@@ -48,7 +49,9 @@ def _prefill_kernel(
     PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     blk = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(block_row_ptr + blk)
@@ -153,5 +156,6 @@ def prefill_attention(
         scale * LOG2E, window,
         GROUP=num_q_heads // kv.num_kv_heads, HEAD_DIM=head_dim, PAGE=kv.page_size,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4 if block_m <= 64 else 8, num_stages=2,
+        **pdl_args(),
     )  # fmt: skip
     return out

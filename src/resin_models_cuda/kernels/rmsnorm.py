@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 
 @triton.jit
@@ -47,7 +48,9 @@ def _rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     NORM_INPUT: tl.constexpr,
     UNIT_OFFSET: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -86,7 +89,7 @@ def rmsnorm(
         _rmsnorm_kernel[(x.shape[0],)](
             x, x, weight, weight, out, x.stride(0), x.stride(0), out.stride(0), eps,
             H=x.shape[1], BLOCK=next_pow2(x.shape[1]), HAS_RESIDUAL=False, NORM_INPUT=False,
-            UNIT_OFFSET=unit_offset, num_warps=4 if x.shape[1] <= 4096 else 8,
+            UNIT_OFFSET=unit_offset, num_warps=4 if x.shape[1] <= 4096 else 8, **pdl_args(),
         )  # fmt: skip
     return out
 
@@ -111,5 +114,5 @@ def fused_add_rmsnorm(
             x.stride(0), residual.stride(0), x.stride(0), eps,
             H=x.shape[1], BLOCK=next_pow2(x.shape[1]), HAS_RESIDUAL=True,
             NORM_INPUT=x_weight is not None, UNIT_OFFSET=unit_offset,
-            num_warps=4 if x.shape[1] <= 4096 else 8,
+            num_warps=4 if x.shape[1] <= 4096 else 8, **pdl_args(),
         )  # fmt: skip

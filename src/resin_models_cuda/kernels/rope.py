@@ -22,6 +22,7 @@ import triton.language as tl
 
 from resin_model.config import RopeConfig
 from resin_models_cuda.kernels.paged import check_cache, next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 
 def rope_cache(
@@ -140,7 +141,9 @@ def _rope_kernel(
     UNIT_OFFSET: tl.constexpr,
     HAS_APPEND: tl.constexpr,
     PAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, HALF)
@@ -220,5 +223,5 @@ def apply_rope(
         HALF=half, PASS=head_dim - 2 * half, PASS_PAD=next_pow2(max(head_dim - 2 * half, 1)),
         HAS_NORM=norms is not None, UNIT_OFFSET=unit_offset,
         HAS_APPEND=append is not None, PAGE=k_cache.shape[1] if append is not None else 1,
-        num_warps=4,
+        num_warps=4, **pdl_args(),
     )  # fmt: skip

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from resin_model.config import MoeConfig
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 
 @triton.jit
@@ -53,8 +54,10 @@ def _router_topk_kernel(
     SCORING: tl.constexpr,  # 0 softmax, 1 sigmoid, 2 sqrt(softplus)
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Group-limited choice, a token a program (`_route_grouped`)."""
+    pdl_enter(PDL)
     _route_grouped(
         logits_ptr, bias_ptr, weight_ptr, expert_ptr, tl.program_id(0).to(tl.int64), stride_l,
         routed_scale, E, GROUPS, G_PAD, PER_GROUP, PER_PAD, TOPK_GROUPS, K, SHARED, OUT_PAD,
@@ -172,9 +175,11 @@ def _router_flat_kernel(
     HASH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """`_router_topk_kernel` without group-limited choice, BLOCK_T tokens a program
     (`_route_flat`)."""
+    pdl_enter(PDL)
     _route_flat(
         logits_ptr, bias_ptr, ids_ptr, table_ptr, weight_ptr, expert_ptr,
         tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), T, stride_l, routed_scale, E, E_PAD,
@@ -285,6 +290,7 @@ def _router_fused_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_ROUTER_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The router linear and the routing rule in one launch. Program p computes the logits
     of experts [p * BLOCK_E, (p + 1) * BLOCK_E) for every token (float32 sums of x in w's
@@ -294,6 +300,7 @@ def _router_fused_kernel(
     code and puts the ticket back to 0 (no host read, so a CUDA graph replays it). The
     barrier before the ticket orders every thread's stores before the (acq_rel, GPU-scope)
     atomic; the last program reads the logits past L1."""
+    pdl_enter(PDL)
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     dtype = w_ptr.dtype.element_ty
     w_rows = w_ptr + e[:, None].to(tl.int64) * H
@@ -386,7 +393,7 @@ def router_topk(
             moe.routed_scale, E=e, E_PAD=e_pad, K=k, SHARED=shared, OUT_PAD=next_pow2(width),
             BLOCK_T=block_t, SCORING=scoring, HASH=table is not None,
             HAS_BIAS=score_bias is not None, RENORMALIZE=moe.norm_topk_prob,
-            num_warps=4 if block_t * e_pad >= 2048 else 1,
+            num_warps=4 if block_t * e_pad >= 2048 else 1, **pdl_args(),
         )  # fmt: skip
     elif t:
         _router_topk_kernel[(t,)](
@@ -395,7 +402,7 @@ def router_topk(
             G_PAD=next_pow2(moe.num_groups), PER_GROUP=per_group, PER_PAD=next_pow2(per_group),
             TOPK_GROUPS=moe.topk_groups, K=k, SHARED=shared, OUT_PAD=next_pow2(width),
             SCORING=scoring, HAS_BIAS=score_bias is not None,
-            RENORMALIZE=moe.norm_topk_prob, num_warps=1 if e <= 128 else 2,
+            RENORMALIZE=moe.norm_topk_prob, num_warps=1 if e <= 128 else 2, **pdl_args(),
         )  # fmt: skip
     return weight, expert
 
@@ -474,6 +481,6 @@ def fused_router_topk(
         TOPK_GROUPS=moe.topk_groups, K=k, SHARED=shared, OUT_PAD=next_pow2(width),
         SCORING=_SCORING[moe.scoring],
         HAS_BIAS=score_bias is not None, HAS_ROUTER_BIAS=router_bias is not None,
-        RENORMALIZE=moe.norm_topk_prob, num_warps=tiles.num_warps,
+        RENORMALIZE=moe.norm_topk_prob, num_warps=tiles.num_warps, **pdl_args(),
     )  # fmt: skip
     return weight, expert

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
+
 
 @triton.jit
 def _sample_kernel(
@@ -30,7 +32,9 @@ def _sample_kernel(
     stride_l,
     V,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     temp = tl.load(temp_ptr + row)
     inv_temp = tl.load(inv_temp_ptr + row)
@@ -124,15 +128,17 @@ def sample_tokens(
     if batch:
         _sample_kernel[(batch,)](
             logits, temperature, inv_temp, thresh, seeds, out, logits.stride(0), vocab,
-            BLOCK=1024, num_warps=8,
+            BLOCK=1024, num_warps=8, **pdl_args(),
         )  # fmt: skip
     return out
 
 
 @triton.jit
 def _argmax_partial_kernel(
-    x_ptr, val_ptr, idx_ptr, V, stride_x, CHUNKS, BLOCK: tl.constexpr
+    x_ptr, val_ptr, idx_ptr, V, stride_x, CHUNKS, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     offs = c * BLOCK + tl.arange(0, BLOCK)
@@ -144,7 +150,15 @@ def _argmax_partial_kernel(
 
 
 @triton.jit
-def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, CHUNKS, CHUNKS_PAD: tl.constexpr):
+def _argmax_final_kernel(
+    val_ptr,
+    idx_ptr,
+    out_ptr,
+    CHUNKS,
+    CHUNKS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.arange(0, CHUNKS_PAD)
     mask = c < CHUNKS
@@ -167,8 +181,18 @@ def argmax_rows(logits: torch.Tensor, block: int = 4096) -> torch.Tensor:
     out = torch.empty(batch, dtype=torch.int32, device=logits.device)
     if batch:
         _argmax_partial_kernel[(batch, chunks)](
-            logits, vals, idx, vocab, logits.stride(0), chunks, BLOCK=block, num_warps=8
+            logits,
+            vals,
+            idx,
+            vocab,
+            logits.stride(0),
+            chunks,
+            BLOCK=block,
+            num_warps=8,
+            **pdl_args(),
         )
         pad = max(2, 1 << (chunks - 1).bit_length())
-        _argmax_final_kernel[(batch,)](vals, idx, out, chunks, CHUNKS_PAD=pad, num_warps=1)
+        _argmax_final_kernel[(batch,)](
+            vals, idx, out, chunks, CHUNKS_PAD=pad, num_warps=1, **pdl_args()
+        )
     return out

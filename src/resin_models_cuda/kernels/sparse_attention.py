@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from resin_models_cuda.kernels.paged import next_pow2
+from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 
 class PagedKeys(NamedTuple):
@@ -110,7 +111,9 @@ def _sparse_kernel(
     POOL: tl.constexpr,  # 0: V4's own entry pages; P >= 1: pools of P tokens of the key pages
     SINK: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     s = tl.program_id(2)
@@ -209,7 +212,9 @@ def _merge_kernel(
     BLOCK_D: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     th = tl.program_id(0).to(tl.int64)  # t * H + h
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
@@ -356,10 +361,10 @@ def _launch(
         D=dim, DV=value_dim, BLOCK_D=next_pow2(dim), BLOCK_H=block_h, BLOCK_N=block_n,
         SPLITS=splits, ENTRIES=entries is not None or (pool > 0 and k > 0),
         SELECTED=selected is not None, POOL=pool, SINK=sinks is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, **pdl_args(),
     )  # fmt: skip
     if splits > 1:
         _merge_kernel[(tokens * heads,)](part, stat, out, D=value_dim,
                                          BLOCK_D=next_pow2(value_dim), SPLITS=splits,
-                                         BLOCK_S=next_pow2(splits))  # fmt: skip
+                                         BLOCK_S=next_pow2(splits), **pdl_args())  # fmt: skip
     return out
