@@ -156,6 +156,44 @@ def test_prefill_blocks_maps_every_query_once() -> None:
     assert offs.tolist() == [0, 0, 16, 32, 0]
 
 
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), DTYPES)
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("window", [0, 20])
+def test_decode_attention_with_sinks_and_one_split(
+    device: str, dtype: torch.dtype, atol: float, rtol: float, splits: int, window: int
+) -> None:
+    """gpt-oss's sinks (one logit per head in the denominator, no value) on both paths: one
+    split, where the partial kernel writes the output itself, and split partials merged; a
+    padding row (length 0) stays zero on both."""
+    from resin_models_cuda.kernels import decode_attention
+
+    lens, (hq, hkv), head_dim = [45, 0, 7, 70], (8, 2), 32
+    first = [max(0, n - window) // 16 if window else 0 for n in lens]
+    case = make_paged(lens, hkv, head_dim, 16, dtype, device, first_page=first, seed=5)
+    q = torch.randn((len(lens), hq, head_dim)).to(dtype).to(device)
+    sinks = torch.randn(hq, device=device) * 2
+    scale = head_dim**-0.5
+    out = decode_attention(
+        q, case.kv, torch.tensor(lens, dtype=torch.int32, device=device), scale=scale,
+        splits=splits, window=window, sinks=sinks, block_n=16,
+    )  # fmt: skip
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.all(out[b] == 0)
+            continue
+        # The sink joins as one more key whose value is zero: the rows' weights shrink.
+        k = torch.cat([case.dense_k[b][:n].float(), torch.zeros(1, hkv, head_dim)], 0)
+        v = torch.cat([case.dense_v[b][:n].float(), torch.zeros(1, hkv, head_dim)], 0)
+        group = hq // hkv
+        scores = torch.einsum("hd,nhd->hn", q[b].float(), k.repeat_interleave(group, 1)) * scale
+        pos = torch.arange(n + 1)
+        keep = (pos < n) & ((pos > n - 1 - window) if window else True)
+        scores = scores.masked_fill(~keep[None], float("-inf"))
+        scores[:, n] = sinks.float()
+        ref = torch.einsum("hn,nhd->hd", scores.softmax(-1), v.repeat_interleave(group, 1))
+        torch.testing.assert_close(out[b].float(), ref, atol=atol, rtol=rtol)
+
+
 def _multi_query_case(
     device: str, dtype: torch.dtype, atol: float, rtol: float, lens: list[int],
     q_lens: list[int], query: int, heads: tuple[int, int], window: int, splits: int,
@@ -196,6 +234,7 @@ def _multi_query_case(
         ([9, 40, 0], [5, 3, 1], 5, (4, 2), 0, 4),
         ([33, 70], [2, 4], 4, (8, 2), 20, 2),
         ([17], [3], 3, (4, 4), 0, 8),
+        ([30, 9], [4, 2], 4, (4, 2), 0, 1),
     ],
 )
 def test_decode_attention_several_queries_per_row(

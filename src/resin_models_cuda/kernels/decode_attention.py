@@ -9,7 +9,9 @@ each program derives its KV range from the row's length at run time (an empty ra
 empty partial). Every program loads each K/V tile once for all `Q * G` query rows of its KV
 head (`G = num_q_heads // num_kv_heads`) and multiplies with `tl.dot` (padded to 16 rows); the
 sweep over the pages is `paged.paged_attend`, shared with prefill. A second kernel merges the
-S partials by their log-sum-exp.
+S partials by their log-sum-exp. With one split (rows x KV heads already fill the GPU: batch
+64 of an 8-KV-head model) there is nothing to merge: the partial kernel writes the output
+itself (`DIRECT`), one launch and the float32 partials' round trip fewer per layer.
 
 Sliding window (`window > 0`): the query at position p attends positions (p - window, p].
 Attention sinks (gpt-oss, `sinks` [Hq]): one extra logit per head joins the softmax's
@@ -31,6 +33,7 @@ from resin_models_cuda.kernels.paged import PagedKV, next_pow2, paged_attend
 from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
 LOG2E = 1.4426950408889634
+LOG2E_C = tl.constexpr(LOG2E)
 
 
 def kv_read_bytes(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, int]:
@@ -58,9 +61,11 @@ def _decode_partial_kernel(
     kv_strides,  # PagedKV.strides
     seq_lens_ptr,  # int32 [B]: tokens in the cache, the queries' own included (0: padding row)
     q_lens_ptr,  # int32 [B]: real query tokens of the row (QUERY > 1; else None)
-    o_ptr,  # fp32 [B * Q, Hq, S, D] contiguous: per-split normalized outputs
+    o_ptr,  # fp32 [B * Q, Hq, S, D] contiguous: per-split normalized outputs (DIRECT: out)
     lse_ptr,  # fp32 [B * Q, Hq, S] contiguous: per-split log2-sum-exp (-inf when empty)
+    sinks_ptr,  # fp32 [Hq]: sink logits (DIRECT with HAS_SINKS)
     q_strides,
+    o_strides,  # DIRECT: the output's token and head strides
     qk_scale,  # softmax scale * log2(e)
     window,  # 0 = full attention
     NUM_Q_HEADS: tl.constexpr,
@@ -71,6 +76,8 @@ def _decode_partial_kernel(
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
+    DIRECT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -106,11 +113,20 @@ def _decode_partial_kernel(
         HEAD_DIM, PAGE, BLOCK_N,
     )  # fmt: skip
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    part = (tok_q * NUM_Q_HEADS + heads) * SPLITS + s
-    tl.store(o_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=rmask[:, None])
-    tl.store(lse_ptr + part, lse, mask=rmask)
+    if DIRECT:  # the whole sequence in this program: normalize and store the output
+        total = l_i
+        if HAS_SINKS:  # the sink's share of the denominator, exp2(sink - m) in the max's frame
+            sink = tl.load(sinks_ptr + heads, mask=rmask, other=0.0).to(tl.float32) * LOG2E_C
+            total += tl.exp2(sink - tl.where(empty, sink, m_i))
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        ptrs = o_ptr + tok_q[:, None] * o_strides[0] + heads[:, None] * o_strides[1] + d[None, :]
+        tl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+    else:
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        part = (tok_q * NUM_Q_HEADS + heads) * SPLITS + s
+        tl.store(o_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=rmask[:, None])
+        tl.store(lse_ptr + part, lse, mask=rmask)
 
 
 @triton.jit
@@ -191,23 +207,29 @@ def decode_attention(
     group = num_q_heads // kv.num_kv_heads
     if head_dim * q.element_size() > 512:  # e.g. float32 x 256: keep the tiles in shared memory
         block_n = min(block_n, 16)
-    o_part = torch.empty(
-        (tokens, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device
-    )
-    lse = torch.empty((tokens, num_q_heads, splits), dtype=torch.float32, device=q.device)
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.stride(2) == 1
+    if sinks is not None:
+        assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
+    direct = splits == 1
+    if direct:  # no partials: the kernel writes `out` (module doc)
+        o_part, lse = out, None
+    else:
+        o_part = torch.empty(
+            (tokens, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        lse = torch.empty((tokens, num_q_heads, splits), dtype=torch.float32, device=q.device)
     _decode_partial_kernel[(batch, kv.num_kv_heads, splits)](
-        q, kv, kv.strides, seq_lens, q_lens, o_part, lse,
-        (q.stride(0), q.stride(1)), scale * LOG2E, window,
+        q, kv, kv.strides, seq_lens, q_lens, o_part, lse, sinks,
+        (q.stride(0), q.stride(1)), (out.stride(0), out.stride(1)), scale * LOG2E, window,
         NUM_Q_HEADS=num_q_heads, GROUP=group, QUERY=query,
         ROWS_PAD=max(16, next_pow2(query * group)),
         HEAD_DIM=head_dim, PAGE=kv.page_size, BLOCK_N=block_n, SPLITS=splits,
-        num_warps=4, num_stages=2, **pdl_args(),
+        DIRECT=direct, HAS_SINKS=sinks is not None, num_warps=4, num_stages=2, **pdl_args(),
     )  # fmt: skip
-    if sinks is not None:
-        assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
+    if direct:
+        return out
     _decode_merge_kernel[(tokens, num_q_heads)](
         o_part, lse, out, lse if sinks is None else sinks, out.stride(0), out.stride(1),
         HAS_SINKS=sinks is not None,
