@@ -194,6 +194,70 @@ def test_decode_attention_with_sinks_and_one_split(
         torch.testing.assert_close(out[b].float(), ref, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("splits", [2, 8])
+@pytest.mark.parametrize(("query", "window", "with_sinks"), [(1, 0, True), (3, 20, False)])
+def test_the_partial_kernel_merges_on_its_last_ticket(
+    device: str, splits: int, query: int, window: int, with_sinks: bool
+) -> None:
+    """With tickets the last program of each (row, KV head) merges the splits: the same output
+    as the merge kernel (up to the order of a float32 sum), the tickets back at zero for the
+    next launch (a graph replays it), and too few tickets leave it to the merge kernel."""
+    from resin_models_cuda.kernels import decode_attention
+
+    lens, q_lens, (hq, hkv), head_dim = [45, 0, 70], [3, 1, 2], (8, 2), 32
+    first = [max(0, n - window) // 16 if window else 0 for n in lens]
+    case = make_paged(lens, hkv, head_dim, 16, torch.float32, device, first_page=first, seed=7)
+    q = torch.randn((len(lens) * query, hq, head_dim), device=device)
+    sinks = torch.randn(hq, device=device) if with_sinks else None
+    lengths = torch.tensor(lens, dtype=torch.int32, device=device)
+    real = torch.tensor(q_lens, dtype=torch.int32, device=device) if query > 1 else None
+
+    def attend(tickets: torch.Tensor | None) -> torch.Tensor:
+        return decode_attention(
+            q, case.kv, lengths, scale=head_dim**-0.5, splits=splits, window=window,
+            sinks=sinks, block_n=16, query=query, q_lens=real, tickets=tickets,
+        )  # fmt: skip
+
+    want = attend(None)
+    tickets = torch.zeros(len(lens) * hkv, dtype=torch.int32, device=device)
+    for _ in range(2):  # twice on the same tickets
+        torch.testing.assert_close(attend(tickets), want, atol=1e-6, rtol=1e-6)
+        assert torch.all(tickets == 0)
+    few = torch.full((len(lens) * hkv - 1,), 5, dtype=torch.int32, device=device)
+    got = attend(few)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert torch.all(few == 5)  # not touched: the merge kernel ran
+
+
+@pytest.mark.gpu
+def test_the_last_ticket_merge_replays_in_a_cuda_graph_gpu() -> None:
+    """Llama-8B's decode shape at batch 4 (32 splits): the merge on the last ticket, captured
+    in a CUDA graph and replayed on changing queries, equals the merge kernel every time: a
+    program reading a partial before its writer's store is visible, or a ticket not back at 0,
+    would show."""
+    from resin_models_cuda.kernels import decode_attention
+
+    lens, (hq, hkv), dtype = [1000, 4097, 1, 0], (32, 8), torch.bfloat16
+    case = make_paged(lens, hkv, 128, 16, dtype, "cuda", seed=11)
+    q = torch.randn((len(lens), hq, 128), device="cuda").to(dtype)
+    lengths = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    tickets = torch.zeros(len(lens) * hkv, dtype=torch.int32, device="cuda")
+
+    def attend(tickets: torch.Tensor | None) -> torch.Tensor:
+        return decode_attention(q, case.kv, lengths, scale=128**-0.5, splits=32, tickets=tickets)
+
+    attend(tickets)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attend(tickets)
+    for _ in range(20):
+        q.normal_()
+        graph.replay()
+        torch.testing.assert_close(out, attend(None), atol=1e-2, rtol=1e-2)
+    assert torch.all(tickets == 0)
+
+
 def _multi_query_case(
     device: str, dtype: torch.dtype, atol: float, rtol: float, lens: list[int],
     q_lens: list[int], query: int, heads: tuple[int, int], window: int, splits: int,

@@ -25,7 +25,8 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,10 +83,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="--kernels: the longest kernels shown, the rest as other")  # fmt: skip
     p.add_argument("--kernel-steps", type=int, default=3,
                    help="--kernels: eager decode steps profiled (reported per step)")  # fmt: skip
-    p.add_argument("--pdl", choices=["off", "on", "both"], default="off",
-                   help="programmatic dependent launch of the Triton kernels (sm_90+): both "
-                        "runs each model twice, off then on (named MODEL+pdl), and prints the "
-                        "decode ratios")  # fmt: skip
+    p.add_argument("--variants", type=_variants, default=[()],
+                   help="comma-separated launch variants, each model run once per variant in "
+                        "this process: base, or a +-joined set of pdl (programmatic dependent "
+                        "launch, sm_90+), merge (decode attention's split merge in its partial "
+                        "kernel), router (MoE router linear + top-k in one kernel); rows named "
+                        "MODEL+VARIANT, and each against base as a tok/s ratio at the end "
+                        "(e.g. base,pdl,merge,pdl+merge+router)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
     return p.parse_args(argv)
 
@@ -134,10 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
     ceilings = measure_ceilings(device) if device.type == "cuda" else Ceilings(1e11, 1e12)
     names = [Path(args.checkpoint).name] if args.checkpoint else args.model_config.split(",")
-    pdl = {"off": [False], "on": [True], "both": [False, True]}[args.pdl]
     records, envs = [], []
-    for name, on in ((n, on) for n in names for on in pdl):
-        model_records, env, kernel_rows = _bench_model(args, name, device, dtype, ceilings, on)
+    for name, variant in ((n, v) for n in names for v in args.variants):
+        with launch_variant(variant):
+            model_records, env, kernel_rows = _bench_model(
+                args, name, device, dtype, ceilings, variant
+            )
         records += model_records
         envs.append(env)
         print(json.dumps(env))
@@ -146,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print_table(records)
-    if args.pdl == "both":
-        print(pdl_ratios(records))
+    if len(args.variants) > 1:
+        print(variant_ratios(records))
     if args.output and args.plot:
         for name in names:
             for path in plot([r for r in records if r.model == name], args.output.parent, name):
@@ -161,10 +167,11 @@ def _bench_model(
     device: torch.device,
     dtype: torch.dtype,
     ceilings: Ceilings,
-    pdl: bool = False,
+    variant: tuple[str, ...] = (),
 ) -> tuple[list[BenchRecord], dict[str, Any], list[dict[str, Any]]]:
-    """The model's prefill and decode records, its `env` line and its `--kernels` rows; with
-    `pdl` the runner launches its kernels with PDL and the records are named `name+pdl`."""
+    """The model's prefill and decode records, its `env` line and its `--kernels` rows; a
+    `variant` (`launch_variant`, entered by the caller) names the records `name+variant`."""
+    pdl = "pdl" in variant
     import torch
 
     from resin.protocols import CacheLayout
@@ -211,8 +218,8 @@ def _bench_model(
     planner = PagedPlanner(num_pages, args.page_size, specs=rc.cache_groups,
                            max_rows=max(args.batch_sizes), group_pages=sizes)  # fmt: skip
     if pdl and not runner.pdl:
-        raise SystemExit(f"{name}: --pdl needs a CUDA device of sm_90 or later")
-    bench = RunnerBench(runner, planner, name + ("+pdl" if pdl else ""), ceilings)
+        raise SystemExit(f"{name}: the pdl variant needs a CUDA device of sm_90 or later")
+    bench = RunnerBench(runner, planner, "+".join([name, *variant]), ceilings)
     records = []
     for ctx in _progress(args.context_lengths, f"{name} prefill"):
         records.append(bench.prefill(ctx, args.warmup, args.iters))
@@ -234,7 +241,7 @@ def _bench_model(
         "ceiling_tflops": ceilings.flops / 1e12, "weight_bytes": held,
         "stored_weight_bytes": stored,
         "cuda_graphs": not args.no_cuda_graphs, "moe_gemv_max_pairs": args.moe_gemv_max_pairs,
-        "pdl": runner.pdl,
+        "variant": "+".join(variant) or "base",
         "kv_bytes_per_token": rc.page_bytes // args.page_size,
         "llama_kv_bytes_per_token": 2 * runner.config.hidden_size * runner.config.num_layers
                                     * runner.dtype.itemsize,
@@ -245,14 +252,46 @@ def _bench_model(
     return records, env, kernel_rows
 
 
-def pdl_ratios(records: list[BenchRecord]) -> str:
-    """`--pdl both`: each decode and prefill row with PDL against the same row without."""
-    off = {(r.model, r.kind, r.batch, r.context): r for r in records}
-    lines = ["PDL on / off (tok/s ratio):"]
+VARIANTS = ("pdl", "merge", "router")
+
+
+def _variants(text: str) -> list[tuple[str, ...]]:
+    out = []
+    for spec in text.split(","):
+        parts = () if spec == "base" else tuple(spec.split("+"))
+        unknown = [p for p in parts if p not in VARIANTS]
+        if unknown or len(set(parts)) < len(parts):
+            raise argparse.ArgumentTypeError(
+                f"{spec!r}: a variant is base or a +-joined set of {', '.join(VARIANTS)}"
+            )
+        out.append(tuple(sorted(parts, key=VARIANTS.index)))
+    return out
+
+
+@contextmanager
+def launch_variant(variant: tuple[str, ...]) -> Iterator[None]:
+    """The class-wide switches of a variant on while inside (`pdl` is a runner option,
+    `_bench_model` reads it from the variant)."""
+    from resin_models_cuda.layers.attention import Attention
+    from resin_models_cuda.layers.moe import MoE
+
+    saved = Attention.merge_in_partial, MoE.fused_router
+    Attention.merge_in_partial, MoE.fused_router = "merge" in variant, "router" in variant
+    try:
+        yield
+    finally:
+        Attention.merge_in_partial, MoE.fused_router = saved
+
+
+def variant_ratios(records: list[BenchRecord]) -> str:
+    """Several `--variants`: each variant's decode and prefill rows against base's."""
+    by_key = {(r.model, r.kind, r.batch, r.context): r for r in records}
+    lines = ["variant / base (tok/s ratio):"]
     for r in records:
-        base = off.get((r.model.removesuffix("+pdl"), r.kind, r.batch, r.context))
-        if r.model.endswith("+pdl") and base is not None:
-            lines.append(f"  {base.model} {r.kind} batch {r.batch} context {r.context}: "
+        model, _, variant = r.model.partition("+")
+        base = by_key.get((model, r.kind, r.batch, r.context))
+        if variant and base is not None:
+            lines.append(f"  {r.model} {r.kind} batch {r.batch} context {r.context}: "
                          f"{base.tok_s:,.0f} -> {r.tok_s:,.0f} tok/s "
                          f"({r.tok_s / base.tok_s:.3f}x)")  # fmt: skip
     return "\n".join(lines)
