@@ -52,6 +52,9 @@ TOOLS: dict[str, Tool] = {
     "sparse-attention": Tool(
         "resin_app.bench.sparse_attention", "GPU: DeepSeek-V4 sparse attention vs dense"
     ),
+    "decode-attention": Tool(
+        "resin_app.bench.decode_attention", "GPU: paged decode attention's launch shapes"
+    ),
     "delta-rule": Tool(
         "resin_app.bench.delta_rule", "GPU: our delta-rule kernels vs fla-core's (GDN, KDA)"
     ),

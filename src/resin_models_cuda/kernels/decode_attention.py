@@ -233,6 +233,8 @@ def decode_attention(
     query: int = 1,
     q_lens: torch.Tensor | None = None,
     tickets: torch.Tensor | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Attention of `query` tokens per row over the row's paged KV; returns `[B * query, Hq, D]`.
 
@@ -242,7 +244,8 @@ def decode_attention(
     slots are real (they sit at the row's last positions). Rows with `seq_lens == 0` (graph
     padding) produce zeros. `tickets`: int32 zeros, at least B * Hkv of them, the caller's own
     (not shared by launches that may run at once): the merge runs inside the partial kernel
-    (module doc); fewer, or one split: as without.
+    (module doc); fewer, or one split: as without. `block_n`, `num_warps`, `num_stages`: the
+    partial kernel's launch shape (`resin bench decode-attention` sweeps them).
     """
     tokens, num_q_heads, head_dim = q.shape
     assert query >= 1 and tokens % query == 0
@@ -279,7 +282,7 @@ def decode_attention(
         ROWS_PAD=max(16, next_pow2(query * group)),
         HEAD_DIM=head_dim, PAGE=kv.page_size, BLOCK_N=block_n, SPLITS=splits,
         DIRECT=direct, MERGE_LAST=merge_last, HAS_SINKS=sinks is not None,
-        num_warps=4, num_stages=2, **pdl_args(),
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(),
     )  # fmt: skip
     if direct or merge_last:
         return out
