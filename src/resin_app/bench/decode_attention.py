@@ -20,15 +20,14 @@ On CPU (`--device cpu`, Triton's interpreter) a tiny preset makes a smoke test:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from resin_app.bench.sparse_attention import DTYPES, _time
+from resin_app.bench.sparse_attention import DTYPES, _time, append_rows
 from resin_model.presets import preset
 from resin_models_cuda.kernels import PagedKV, decode_attention, decode_splits
 
@@ -179,15 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 torch.cuda.empty_cache()
     report(rows, args.copy_tbs)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-        with args.output.open("a") as f:
-            for r in rows:
-                row = {**asdict(r), "tb_s": r.tbs, "preset": args.preset, "dtype": args.dtype,
-                       "device": name}  # fmt: skip
-                if not math.isfinite(r.us):
-                    row["us"] = None
-                f.write(json.dumps(row) + "\n")
+        append_rows(args.output, rows, device, preset=args.preset, dtype=args.dtype)
     return 0
 
 

@@ -297,16 +297,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 torch.cuda.empty_cache()
     report(rows, args.copy_tbs)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-        with args.output.open("a") as f:
-            for r in rows:
-                row = {**asdict(r), "tb_s": r.tbs, "preset": args.preset, "dtype": args.dtype,
-                       "device": name}  # fmt: skip
-                if not math.isfinite(r.us):  # failed here (out of memory, refused): null
-                    row["us"] = None
-                f.write(json.dumps(row) + "\n")
+        append_rows(args.output, rows, device, preset=args.preset, dtype=args.dtype)
     return 0
+
+
+def append_rows(path: Path, rows: Sequence[Any], device: torch.device, **fields: Any) -> None:
+    """Each timed row (a dataclass with `us` and `tbs`) as a JSON line appended to `path`, with
+    `fields` and the device's name; `us` null where the call failed (out of memory, refused)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    with path.open("a") as f:
+        for r in rows:
+            row = {**asdict(r), "tb_s": r.tbs, **fields, "device": name}
+            if not math.isfinite(r.us):
+                row["us"] = None
+            f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
