@@ -24,6 +24,7 @@ timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:
     tests/cuda/test_sparse_attention.py tests/cuda/test_glm5_next.py \
     tests/cuda/test_deepseek_v4.py tests/cuda/test_bench_delta_rule.py \
     tests/cuda/test_bench_router.py tests/cuda/test_pdl.py tests/cuda/test_attention.py \
+    tests/cuda/test_deepseek.py \
     tests/cuda/test_moe.py::test_fused_router_replays_in_a_cuda_graph_gpu \
     tests/cuda/test_moe.py::test_fused_router_equals_linear_and_topk \
     tests/cuda/test_moe.py::test_fused_router_launch_shapes_agree > "$out/kernel_check.log" 2>&1

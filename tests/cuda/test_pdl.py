@@ -183,7 +183,7 @@ def test_pdl_decodes_the_same_logits_gpu(name: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["tiny", "tiny-gpt_oss", "tiny-qwen3_5_moe"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-gpt_oss", "tiny-qwen3_5_moe", "tiny-deepseek"])
 def test_merge_in_partial_decodes_the_same_logits_gpu(name: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
