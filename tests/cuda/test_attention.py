@@ -182,11 +182,12 @@ def test_decode_attention_with_sinks_and_one_split(
             assert torch.all(out[b] == 0)
             continue
         # The sink joins as one more key whose value is zero: the rows' weights shrink.
-        k = torch.cat([case.dense_k[b][:n].float(), torch.zeros(1, hkv, head_dim)], 0)
-        v = torch.cat([case.dense_v[b][:n].float(), torch.zeros(1, hkv, head_dim)], 0)
+        zero = torch.zeros(1, hkv, head_dim, device=device)
+        k = torch.cat([case.dense_k[b][:n].float(), zero], 0)
+        v = torch.cat([case.dense_v[b][:n].float(), zero], 0)
         group = hq // hkv
         scores = torch.einsum("hd,nhd->hn", q[b].float(), k.repeat_interleave(group, 1)) * scale
-        pos = torch.arange(n + 1)
+        pos = torch.arange(n + 1, device=device)
         keep = (pos < n) & ((pos > n - 1 - window) if window else True)
         scores = scores.masked_fill(~keep[None], float("-inf"))
         scores[:, n] = sinks.float()

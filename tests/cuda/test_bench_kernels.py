@@ -17,6 +17,12 @@ from resin_app.bench.kernel_census import Census, run_census
 from resin_app.bench.kernel_table import UNATTRIBUTED, attribute
 from resin_model.presets import preset
 
+# CPU tensors through Triton's interpreter: on a CUDA machine the kernels compile and refuse
+# them, and the GPU has its own test (the last one).
+INTERPRETER = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="interpreter test (CPU tensors); the GPU runs the gpu one"
+)
+
 
 def _kernels(tmp_path: Path, model: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     out = tmp_path / "k.jsonl"
@@ -29,6 +35,7 @@ def _kernels(tmp_path: Path, model: str) -> tuple[list[dict[str, Any]], list[dic
     return [r for r in rows if r["kind"] == "kernel"], [r for r in rows if r["kind"] == "env"]
 
 
+@INTERPRETER
 def test_a_dense_decode_step_reads_its_weights_and_the_totals_add_up(tmp_path: Path) -> None:
     rows, (env,) = _kernels(tmp_path, "tiny")
     config = preset("tiny")
@@ -47,6 +54,7 @@ def test_a_dense_decode_step_reads_its_weights_and_the_totals_add_up(tmp_path: P
     assert step["kernel_us"] == pytest.approx(sum(r["us"] for r in rows))
 
 
+@INTERPRETER
 def test_the_moe_step_reports_the_routed_experts_bytes(tmp_path: Path) -> None:
     rows, _ = _kernels(tmp_path, "tiny-qwen3_moe")
     moe = preset("tiny-qwen3_moe").moe
@@ -60,6 +68,7 @@ def test_the_moe_step_reports_the_routed_experts_bytes(tmp_path: Path) -> None:
     assert gate_up["bytes"] < moe.num_experts * 2 * inner * hidden * 4  # not the whole stack
 
 
+@INTERPRETER
 def test_the_expert_kernels_launch_metadata_counts_distinct_experts() -> None:
     from resin_models_cuda.kernels.moe_gemv import expert_down, expert_gate_up
 
@@ -79,6 +88,7 @@ def test_the_expert_kernels_launch_metadata_counts_distinct_experts() -> None:
     assert down.bytes == 2 * h * inner * 4 + 3 * inner * 4 + 3 * 8 + 3 * 4 + h * 4
 
 
+@INTERPRETER
 def test_the_grouped_kernels_launch_metadata_counts_the_routed_blocks_experts() -> None:
     from resin_models_cuda.kernels.moe_grouped import align_pairs, grouped_gemm
 
@@ -96,6 +106,7 @@ def test_the_grouped_kernels_launch_metadata_counts_the_routed_blocks_experts() 
     assert launch.bytes == 2 * n * k * 4 + x.numel() * 4 + out.numel() * 4 + index
 
 
+@INTERPRETER
 def test_decode_attention_counts_the_attended_tokens_not_the_arena() -> None:
     from resin_models_cuda.kernels import decode_attention
     from tests.cuda.paged_ref import make_paged
@@ -117,6 +128,7 @@ def test_decode_attention_counts_the_attended_tokens_not_the_arena() -> None:
     assert partial.bytes < 2 * case.k_cache.numel() * 4  # the arena holds more pages
 
 
+@INTERPRETER
 def test_rope_and_kv_append_count_the_slots_they_write_not_the_arena() -> None:
     from resin_models_cuda.kernels.kv_append import kv_append
     from resin_models_cuda.kernels.rope import apply_rope
@@ -142,6 +154,7 @@ def test_rope_and_kv_append_count_the_slots_they_write_not_the_arena() -> None:
     assert append.bytes == 2 * tokens_kv + t * 8 + 2 * tokens_kv
 
 
+@INTERPRETER
 def test_the_census_works_through_the_interpreter_and_attributes_every_range() -> None:
     """The CPU form of the GPU test below: the ranges are the kernels."""
     _attribution_case(torch.device("cpu"))

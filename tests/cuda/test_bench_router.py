@@ -12,9 +12,9 @@ import torch
 from resin_app.bench import router
 
 
-def test_bench_router_writes_its_rows(tmp_path: Path) -> None:
+def test_bench_router_writes_its_rows(tmp_path: Path, device: str) -> None:
     out = tmp_path / "router.jsonl"
-    argv = ["--device", "cpu", "--presets", "tiny", "--tokens", "1,3", "--reps", "1",
+    argv = ["--device", device, "--presets", "tiny", "--tokens", "1,3", "--reps", "1",
             "--sweep", "--block-e", "2", "--block-k", "16", "--sub-t", "2", "--warps", "1",
             "--output", str(out)]  # fmt: skip
     assert router.main(argv) == 0

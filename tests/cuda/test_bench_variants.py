@@ -15,15 +15,18 @@ from resin_models_cuda.layers.attention import Attention
 from resin_models_cuda.layers.moe import MoE
 
 
-def _argv(tmp_path: Path, variants: str) -> list[str]:
-    return ["--random-weights", "--model-config", "tiny-qwen3_moe", "--device", "cpu",
+def _argv(tmp_path: Path, variants: str, device: str = "cpu") -> list[str]:
+    return ["--random-weights", "--model-config", "tiny-qwen3_moe", "--device", device,
             "--context-lengths", "8", "--batch-sizes", "1", "--decode-contexts", "8",
             "--warmup", "0", "--iters", "1", "--variants", variants,
             "--output", str(tmp_path / "v.jsonl")]  # fmt: skip
 
 
 def test_each_variant_runs_under_its_own_switches(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    device: str,
 ) -> None:
     seen = []
     bench_model = runner._bench_model
@@ -33,7 +36,7 @@ def test_each_variant_runs_under_its_own_switches(
         return bench_model(*args, **kwargs)
 
     monkeypatch.setattr(runner, "_bench_model", spy)
-    assert runner.main(_argv(tmp_path, "base,router+merge")) == 0
+    assert runner.main(_argv(tmp_path, "base,router+merge", device)) == 0
     assert seen == [(False, False), (True, True)]
     assert (Attention.merge_in_partial, MoE.fused_router) == (False, False)  # restored
     rows = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
@@ -49,5 +52,5 @@ def test_a_bad_variant_and_pdl_without_sm90_are_refused(tmp_path: Path) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="base or a"):
         runner._variants("base,pdl+fast")
     assert runner._variants("router+pdl,base") == [("pdl", "router"), ()]
-    with pytest.raises(SystemExit, match="sm_90"):
+    with pytest.raises(SystemExit, match="sm_90"):  # the CPU: no PDL (on any device here)
         runner.main(_argv(tmp_path, "pdl"))

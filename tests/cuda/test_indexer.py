@@ -184,3 +184,17 @@ def test_unfilled_scores_keep_the_visible_columns_and_the_selection(device: str)
             got = indexer_topk(raw.to(device), k, visible.to(device), block=16).cpu()
             want = indexer_topk(filled.to(device), k, visible.to(device), block=16).cpu()
             assert torch.equal(got, want)
+
+
+def test_the_topk_kernel_compiles_for_sm90() -> None:
+    """The interpreter ran an annotated constexpr reassigned in each unrolled radix step; the
+    compiler refuses that ("constexpr cannot be reassigned"), which the first GPU run found.
+    Compiled here for sm_90, the radix select's four passes are in the PTX."""
+    from tests.cuda.sm90 import compile_sm90
+
+    ptx, _ = compile_sm90(
+        "resin_models_cuda.kernels.indexer", "_topk_kernel",
+        {"score_ptr": "*fp32", "vis_ptr": "*i32", "out_ptr": "*i32", "E": "i32", "K": "i32"},
+        {"BLOCK": 1024, "BLOCK_K": 512, "PDL": False}, num_warps=8,
+    )  # fmt: skip
+    assert ".entry _topk_kernel" in ptx

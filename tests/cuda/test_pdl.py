@@ -8,11 +8,7 @@ up to a float32 sum's order)."""
 from __future__ import annotations
 
 import ast
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +16,7 @@ import torch
 
 from resin.plan import Phase
 from resin_models_cuda.kernels import pdl
+from tests.cuda.sm90 import compile_sm90
 
 KERNELS = Path(pdl.__file__).parent
 
@@ -76,34 +73,15 @@ def test_every_launch_passes_the_switch() -> None:
     assert launches >= len(names)
 
 
-COMPILE = """
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from resin_models_cuda.kernels.rmsnorm import _rmsnorm_kernel
-
-pdl_on = sys.argv[1] == "1"
-signature = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "wx_ptr": "*bf16",
-             "out_ptr": "*bf16", "stride_x": "i32", "stride_r": "i32", "stride_o": "i32",
-             "eps": "fp32"}
-constexprs = {"H": 4096, "BLOCK": 4096, "HAS_RESIDUAL": True, "NORM_INPUT": False,
-              "UNIT_OFFSET": False, "PDL": pdl_on}
-signature |= dict.fromkeys(constexprs, "constexpr")
-source = triton.compiler.ASTSource(_rmsnorm_kernel, signature, constexprs)
-compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"launch_pdl": pdl_on})
-print(json.dumps([compiled.asm["ptx"], compiled.metadata.launch_pdl]))
-"""
-
-
 def _ptx(pdl_on: bool) -> tuple[str, bool]:
-    """The rmsnorm kernel (residual add) compiled for sm_90 with PDL on or off (a process of
-    its own: the suite runs Triton's interpreter, which compiles nothing)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE, "1" if pdl_on else "0"], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
-    ptx, launch_pdl = json.loads(done.stdout.splitlines()[-1])
-    return ptx, launch_pdl
+    """The rmsnorm kernel (residual add) compiled for sm_90 with PDL on or off."""
+    signature = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "wx_ptr": "*bf16",
+                 "out_ptr": "*bf16", "stride_x": "i32", "stride_r": "i32", "stride_o": "i32",
+                 "eps": "fp32"}  # fmt: skip
+    constexprs = {"H": 4096, "BLOCK": 4096, "HAS_RESIDUAL": True, "NORM_INPUT": False,
+                  "UNIT_OFFSET": False, "PDL": pdl_on}  # fmt: skip
+    return compile_sm90("resin_models_cuda.kernels.rmsnorm", "_rmsnorm_kernel", signature,
+                        constexprs, launch_pdl=pdl_on)  # fmt: skip
 
 
 def test_compiled_for_sm90_the_wait_comes_before_the_first_load() -> None:
@@ -130,7 +108,9 @@ def test_pdl_stays_off_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> N
     assert not pdl.set_pdl(True, torch.device("cpu"))
 
 
-def _decode_logits(name: str, on: bool, merge_in_partial: bool = False) -> torch.Tensor:
+def _decode_logits(
+    name: str, on: bool, merge_in_partial: bool = False, device: str = "cuda"
+) -> torch.Tensor:
     """Logits [steps, B, V] of a prefill then 6 decode steps (graph replays) of a random model
     built with PDL on or off; the same seed, so the same weights and prompts."""
     from resin.protocols import CacheLayout
@@ -142,7 +122,8 @@ def _decode_logits(name: str, on: bool, merge_in_partial: bool = False) -> torch
 
     Attention.merge_in_partial = merge_in_partial  # class-wide: read when the graphs capture
     options = RunnerOptions(max_batch=8, max_context=256, keep_logits=True, pdl=on)
-    runner = random_runner(preset(name), options, "cuda", torch.bfloat16, seed=3)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    runner = random_runner(preset(name), options, device, dtype, seed=3)
     assert runner.pdl == on
     rc = runner.runner_config
     pages = 64 * len(rc.cache_groups)
@@ -151,7 +132,8 @@ def _decode_logits(name: str, on: bool, merge_in_partial: bool = False) -> torch
                             rc.state_page_bytes))  # fmt: skip
     planner = PagedPlanner(pages, 16, specs=rc.cache_groups, max_rows=8)
     gen = torch.Generator().manual_seed(1)
-    seqs = [planner.new_sequence(torch.randint(0, 200, (40,), generator=gen).tolist())
+    # 40 prompt tokens, then 6 more fed one a step (teacher-forced: the same in both runs)
+    seqs = [planner.new_sequence(torch.randint(0, 200, (46,), generator=gen).tolist())
             for _ in range(5)]  # fmt: skip
     rows = [(s, 40) for s in seqs]
     runner.forward(planner.plan(rows, Phase.PREFILL))

@@ -53,8 +53,10 @@ def kv_read_bytes(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, i
     else:
         attended = lens.clamp(max=window) if window > 0 else lens
         kv_bytes = int(attended.sum()) * 2 * k.shape[2] * k.shape[3] * k.element_size()
-    others = [args["q_ptr"], args["q_lens_ptr"], args["o_ptr"], args["lse_ptr"], args["out_ptr"],
-              lens, kv.page_indptr, kv.page_ids, kv.page_start]  # fmt: skip
+    writes_out = args.get("DIRECT") or args.get("MERGE_LAST")  # else the merge kernel does
+    others = [args["q_ptr"], args["q_lens_ptr"], args["o_ptr"], args["lse_ptr"], lens,
+              args["out_ptr"] if writes_out else None, kv.page_indptr, kv.page_ids,
+              kv.page_start]  # fmt: skip
     rest = {t.data_ptr(): t.numel() * t.element_size() for t in others if t is not None}
     return {"bytes": kv_bytes + sum(rest.values())}
 

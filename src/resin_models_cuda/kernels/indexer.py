@@ -272,7 +272,7 @@ def _topk_kernel(
     decided = tl.zeros([], dtype=tl.int64)
     need = K + tl.zeros([], dtype=tl.int32)  # picks still to make among the prefix's matches
     for step in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * step
+        shift = 24 - 8 * step  # constexpr (step is); an annotated one cannot be reassigned
         hist = tl.zeros([256], dtype=tl.int32)
         for at in range(0, visible, BLOCK):
             e = at + n
