@@ -44,10 +44,6 @@ def set_pdl(on: bool, device: torch.device) -> bool:
     return _state["on"]
 
 
-def pdl_on() -> bool:
-    return _state["on"]
-
-
 def pdl_args() -> dict[str, bool]:
     """The launch keywords of every runner kernel: its `PDL` constexpr and Triton's option."""
     on = _state["on"]
