@@ -1,6 +1,6 @@
-"""`resin bench decode-attention` on the CPU through Triton's interpreter: every shape and merge
-setting of every case gets a timed row (JSONL), the first shape is the baseline, and a shape
-that is not WARPS/BLOCK_N/STAGES is refused."""
+"""`resin bench decode-attention` (on the CPU through Triton's interpreter): every shape of
+every case gets a timed row (JSONL), the first shape is the baseline, and a shape that is not
+WARPS/BLOCK_N/STAGES is refused."""
 
 from __future__ import annotations
 
@@ -18,13 +18,12 @@ def test_every_shape_gets_a_row(
 ) -> None:
     out = tmp_path / "a.jsonl"
     argv = ["--device", device, "--preset", "tiny", "--contexts", "40", "--batch-sizes", "1,2",
-            "--shapes", "4/16/2,2/32/1", "--merge", "both", "--dtype", "fp32", "--reps", "1",
+            "--shapes", "4/16/2,2/32/1", "--dtype", "fp32", "--reps", "1",
             "--rounds", "1", "--output", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    keys = [(r["batch"], r["shape"], r["merge"]) for r in rows]
-    assert keys == [(b, s, m) for b in (1, 2) for m in (False, True)
-                    for s in ("4/16/2", "2/32/1")]  # fmt: skip
+    keys = [(r["batch"], r["shape"]) for r in rows]
+    assert keys == [(b, s) for b in (1, 2) for s in ("4/16/2", "2/32/1")]
     assert all(r["us"] > 0 and r["context"] == 40 for r in rows)
     assert all(r["bytes"] == 2 * r["batch"] * 40 * 2 * 16 * 4 for r in rows)  # tiny: 2 KV x 16
     assert "speedup" in capsys.readouterr().out

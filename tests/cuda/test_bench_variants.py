@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from resin_app.bench import runner
-from resin_models_cuda.layers.attention import Attention
 from resin_models_cuda.layers.moe import MoE
 
 
@@ -32,25 +31,25 @@ def test_each_variant_runs_under_its_own_switches(
     bench_model = runner._bench_model
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append((Attention.merge_in_partial, MoE.fused_router))
+        seen.append(MoE.fused_router)
         return bench_model(*args, **kwargs)
 
     monkeypatch.setattr(runner, "_bench_model", spy)
-    assert runner.main(_argv(tmp_path, "base,router+merge", device)) == 0
-    assert seen == [(False, False), (True, True)]
-    assert (Attention.merge_in_partial, MoE.fused_router) == (False, False)  # restored
+    assert runner.main(_argv(tmp_path, "base,router", device)) == 0
+    assert seen == [False, True]
+    assert MoE.fused_router is False  # restored
     rows = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
-    assert [r["variant"] for r in rows if r["kind"] == "env"] == ["base", "merge+router"]
+    assert [r["variant"] for r in rows if r["kind"] == "env"] == ["base", "router"]
     models = {r["model"] for r in rows if r["kind"] == "decode"}
-    assert models == {"tiny-qwen3_moe", "tiny-qwen3_moe+merge+router"}
+    assert models == {"tiny-qwen3_moe", "tiny-qwen3_moe+router"}
     out = capsys.readouterr().out
     assert "variant / base (tok/s ratio):" in out
-    assert "tiny-qwen3_moe+merge+router decode batch 1 context 8" in out
+    assert "tiny-qwen3_moe+router decode batch 1 context 8" in out
 
 
 def test_a_bad_variant_and_pdl_without_sm90_are_refused(tmp_path: Path) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="base or a"):
-        runner._variants("base,pdl+fast")
+        runner._variants("base,pdl+merge")
     assert runner._variants("router+pdl,base") == [("pdl", "router"), ()]
     with pytest.raises(SystemExit, match="sm_90"):  # the CPU: no PDL (on any device here)
         runner.main(_argv(tmp_path, "pdl"))

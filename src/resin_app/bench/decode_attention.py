@@ -1,8 +1,7 @@
 """Paged decode attention (`resin_models_cuda/kernels/decode_attention.py`) over its launch
 shapes: for a preset's head layout, each (batch, context) and each candidate shape of the
 partial kernel (`--shapes`: WARPS/BLOCK_N/STAGES, the first one the runner's default), the
-time of one call and the K/V bytes it reads against the copy ceiling; optionally with the
-split merge inside the partial kernel (`--merge both`: `Attention.merge_in_partial`).
+time of one call and the K/V bytes it reads against the copy ceiling.
 
 Every row holds `context` tokens in shuffled pages. The calls cycle over enough layers of
 distinct caches that their K/V (256 MB or more in all) cannot sit in L2, as in a model; on CUDA
@@ -60,7 +59,6 @@ class Row:
     context: int
     batch: int
     shape: str
-    merge: bool
     splits: int
     layers: int
     us: float
@@ -88,7 +86,7 @@ def _caches(
 
 
 def bench_case(
-    name: str, context: int, batch: int, shapes: list[Shape], merges: list[bool],
+    name: str, context: int, batch: int, shapes: list[Shape],
     device: torch.device, dtype: torch.dtype, page: int, reps: int, rounds: int,
 ) -> list[Row]:  # fmt: skip
     config = preset(name)
@@ -104,24 +102,20 @@ def bench_case(
         else 1
     )
     splits = decode_splits(batch, hkv, sms)
-    tickets = torch.zeros(batch * hkv, dtype=torch.int32, device=device)
     rows = []
-    for merge in merges:
-        for shape in shapes:
-            turn = [0]  # the layer of the next call
+    for shape in shapes:
+        turn = [0]  # the layer of the next call
 
-            def call(shape: Shape = shape, merge: bool = merge, turn: list[int] = turn) -> None:
-                turn[0] += 1
-                decode_attention(
-                    q, kvs[turn[0] % layers], lens, scale=d**-0.5, splits=splits, window=0,
-                    out=out, block_n=shape.block_n, num_warps=shape.warps,
-                    num_stages=shape.stages, tickets=tickets if merge else None,
-                )  # fmt: skip
+        def call(shape: Shape = shape, turn: list[int] = turn) -> None:
+            turn[0] += 1
+            decode_attention(
+                q, kvs[turn[0] % layers], lens, scale=d**-0.5, splits=splits, window=0,
+                out=out, block_n=shape.block_n, num_warps=shape.warps, num_stages=shape.stages,
+            )  # fmt: skip
 
-            us = _time(call, device, reps * layers, rounds)
-            rows.append(Row(context, batch, str(shape), merge, splits, layers, us, kv_bytes))
-            print(f"  {name} context {context} batch {batch} {shape} merge={merge}: "
-                  f"{us:.1f} us", flush=True)  # fmt: skip
+        us = _time(call, device, reps * layers, rounds)
+        rows.append(Row(context, batch, str(shape), splits, layers, us, kv_bytes))
+        print(f"  {name} context {context} batch {batch} {shape}: {us:.1f} us", flush=True)
     return rows
 
 
@@ -129,13 +123,12 @@ def report(rows: list[Row], copy_tbs: float) -> None:
     first: dict[tuple[int, int], float] = {}
     for r in rows:
         first.setdefault((r.context, r.batch), r.us)
-    print(f"{'context':>8}{'batch':>6} {'shape':<10}{'merge':>6}{'splits':>7}{'us':>9}"
+    print(f"{'context':>8}{'batch':>6} {'shape':<10}{'splits':>7}{'us':>9}"
           f"{'TB/s':>7}{'frac':>6}{'speedup':>9}")  # fmt: skip
     for r in rows:
         base = first[(r.context, r.batch)]
         speed = base / r.us if r.us > 0 and math.isfinite(r.us) else 0.0
-        merged = "yes" if r.merge else "no"
-        print(f"{r.context:>8}{r.batch:>6} {r.shape:<10}{merged:>6}{r.splits:>7}{r.us:>9.1f}"
+        print(f"{r.context:>8}{r.batch:>6} {r.shape:<10}{r.splits:>7}{r.us:>9.1f}"
               f"{r.tbs:>7.2f}{r.tbs / copy_tbs:>6.2f}{speed:>8.2f}x")  # fmt: skip
 
 
@@ -152,8 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "8/32/2,4/64/3,8/128/2"),
                    help="partial kernel launch shapes WARPS/BLOCK_N/STAGES, comma-separated; "
                         "the first is the baseline (the runner's default: 4/64/2)")  # fmt: skip
-    p.add_argument("--merge", choices=["no", "yes", "both"], default="no",
-                   help="the split merge inside the partial kernel (tickets)")  # fmt: skip
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--page-size", type=int, default=16)
@@ -165,13 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device (pass --device cpu with TRITON_INTERPRET=1 for a smoke run)")
-    merges = {"no": [False], "yes": [True], "both": [False, True]}[args.merge]
     torch.manual_seed(0)
     rows: list[Row] = []
     for context in (int(x) for x in args.contexts.split(",")):
         for batch in (int(x) for x in args.batch_sizes.split(",")):
             rows += bench_case(
-                args.preset, context, batch, args.shapes, merges, device, DTYPES[args.dtype],
+                args.preset, context, batch, args.shapes, device, DTYPES[args.dtype],
                 args.page_size, args.reps, args.rounds,
             )  # fmt: skip
             if device.type == "cuda":

@@ -86,10 +86,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", type=_variants, default=[()],
                    help="comma-separated launch variants, each model run once per variant in "
                         "this process: base, or a +-joined set of pdl (programmatic dependent "
-                        "launch, sm_90+), merge (decode attention's split merge in its partial "
-                        "kernel), router (MoE router linear + top-k in one kernel); rows named "
-                        "MODEL+VARIANT, and each against base as a tok/s ratio at the end "
-                        "(e.g. base,pdl,merge,pdl+merge+router)")  # fmt: skip
+                        "launch, sm_90+), router (MoE router linear + top-k in one kernel); rows "
+                        "named MODEL+VARIANT, and each against base as a tok/s ratio at the end "
+                        "(e.g. base,pdl,router,pdl+router)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
     return p.parse_args(argv)
 
@@ -252,7 +251,7 @@ def _bench_model(
     return records, env, kernel_rows
 
 
-VARIANTS = ("pdl", "merge", "router")
+VARIANTS = ("pdl", "router")
 
 
 def _variants(text: str) -> list[tuple[str, ...]]:
@@ -270,17 +269,16 @@ def _variants(text: str) -> list[tuple[str, ...]]:
 
 @contextmanager
 def launch_variant(variant: tuple[str, ...]) -> Iterator[None]:
-    """The class-wide switches of a variant on while inside (`pdl` is a runner option,
+    """The class-wide switch of a variant on while inside (`pdl` is a runner option,
     `_bench_model` reads it from the variant)."""
-    from resin_models_cuda.layers.attention import Attention
     from resin_models_cuda.layers.moe import MoE
 
-    saved = Attention.merge_in_partial, MoE.fused_router
-    Attention.merge_in_partial, MoE.fused_router = "merge" in variant, "router" in variant
+    saved = MoE.fused_router
+    MoE.fused_router = "router" in variant
     try:
         yield
     finally:
-        Attention.merge_in_partial, MoE.fused_router = saved
+        MoE.fused_router = saved
 
 
 def variant_ratios(records: list[BenchRecord]) -> str:

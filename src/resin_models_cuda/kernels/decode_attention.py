@@ -11,19 +11,7 @@ head (`G = num_q_heads // num_kv_heads`) and multiplies with `tl.dot` (padded to
 sweep over the pages is `paged.paged_attend`, shared with prefill. A second kernel merges the
 S partials by their log-sum-exp. With one split (rows x KV heads already fill the GPU: batch
 64 of an 8-KV-head model) there is nothing to merge: the partial kernel writes the output
-itself (`DIRECT`), one launch and the float32 partials' round trip fewer per layer. Given
-`tickets` (int32 [>= B * Hkv], zeros: a layer's own, `Attention.merge_in_partial`), the
-partial kernel merges too (`MERGE_LAST`): each program stores its partial and takes a ticket of
-its (row, KV head); the program holding the last one merges the S partials of its rows' heads
-and puts the ticket back to 0 (no host read, graph-safe; one launch fewer a layer at batch 1,
-where the merge is a ~2 us kernel of its own plus its launch gap).
-
-Sliding window (`window > 0`): the query at position p attends positions (p - window, p].
-Attention sinks (gpt-oss, `sinks` [Hq]): one extra logit per head joins the softmax's
-denominator (it takes probability mass but has no value); the merge adds it.
-
-The partial kernel's Triton `launch_metadata` (`kv_read_bytes`) counts the K/V tokens the rows
-attend, not the whole arena it is handed (`resin bench runner --kernels`, proton).
+itself (`DIRECT`), one launch and the float32 partials' round trip fewer per layer.
 """
 
 from __future__ import annotations
@@ -53,9 +41,8 @@ def kv_read_bytes(grid: Any, metadata: Any, args: dict[str, Any]) -> dict[str, i
     else:
         attended = lens.clamp(max=window) if window > 0 else lens
         kv_bytes = int(attended.sum()) * 2 * k.shape[2] * k.shape[3] * k.element_size()
-    writes_out = args.get("DIRECT") or args.get("MERGE_LAST")  # else the merge kernel does
     others = [args["q_ptr"], args["q_lens_ptr"], args["o_ptr"], args["lse_ptr"], lens,
-              args["out_ptr"] if writes_out else None, kv.page_indptr, kv.page_ids,
+              args["out_ptr"] if args.get("DIRECT") else None, kv.page_indptr, kv.page_ids,
               kv.page_start]  # fmt: skip
     rest = {t.data_ptr(): t.numel() * t.element_size() for t in others if t is not None}
     return {"bytes": kv_bytes + sum(rest.values())}
@@ -70,9 +57,8 @@ def _decode_partial_kernel(
     q_lens_ptr,  # int32 [B]: real query tokens of the row (QUERY > 1; else None)
     o_ptr,  # fp32 [B * Q, Hq, S, D] contiguous: per-split normalized outputs (not DIRECT)
     lse_ptr,  # fp32 [B * Q, Hq, S] contiguous: per-split log2-sum-exp (-inf when empty)
-    out_ptr,  # [B * Q, Hq, D], strides (o_strides[0], o_strides[1], 1) (DIRECT, MERGE_LAST)
-    sinks_ptr,  # fp32 [Hq]: sink logits (HAS_SINKS, when this kernel writes `out`)
-    tickets_ptr,  # int32 [>= B * Hkv]: zeros before and after (MERGE_LAST)
+    out_ptr,  # [B * Q, Hq, D], strides (o_strides[0], o_strides[1], 1) (DIRECT)
+    sinks_ptr,  # fp32 [Hq]: sink logits (DIRECT with HAS_SINKS)
     q_strides,
     o_strides,
     qk_scale,  # softmax scale * log2(e)
@@ -86,7 +72,6 @@ def _decode_partial_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
     DIRECT: tl.constexpr,
-    MERGE_LAST: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -137,43 +122,6 @@ def _decode_partial_kernel(
         rows = (tok_q * NUM_Q_HEADS + heads) * SPLITS
         tl.store(o_ptr + (rows + s)[:, None] * HEAD_DIM + d[None, :], out, mask=rmask[:, None])
         tl.store(lse_ptr + rows + s, lse, mask=rmask)
-        if MERGE_LAST:
-            # Every thread's stores before the (acq_rel, GPU-scope) ticket; the last program
-            # of the (row, KV head) reads the others' partials past L1.
-            tl.debug_barrier()
-            ticket = tickets_ptr + b * tl.num_programs(1) + kvh
-            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                tl.atomic_xchg(ticket, 0)
-                res = _merged(o_ptr, lse_ptr, sinks_ptr, rows, heads, rmask, d, SPLITS,
-                              HEAD_DIM, HAS_SINKS)  # fmt: skip
-                tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
-
-
-@triton.jit
-def _merged(o_ptr, lse_ptr, sinks_ptr, rows, heads, rmask, d, SPLITS: tl.constexpr,
-            HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr):  # fmt: skip
-    """The S partials of tile rows `rows` (partial index of split 0) merged by their
-    log-sum-exp, the sinks in the denominator: float32 [rows, HEAD_DIM]."""
-    m = tl.full(rows.shape, float("-inf"), tl.float32)
-    for s in range(SPLITS):
-        m = tl.maximum(m, tl.load(lse_ptr + rows + s, mask=rmask, other=float("-inf"),
-                                  cache_modifier=".cg"))  # fmt: skip
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + heads, mask=rmask, other=0.0).to(tl.float32) * LOG2E_C
-        m = tl.maximum(m, sink)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros(rows.shape, tl.float32)
-    acc = tl.zeros((rows.shape[0], HEAD_DIM), tl.float32)
-    for s in range(SPLITS):
-        lse = tl.load(lse_ptr + rows + s, mask=rmask, other=float("-inf"), cache_modifier=".cg")
-        w = tl.exp2(lse - m)
-        part = tl.load(o_ptr + (rows + s)[:, None] * HEAD_DIM + d[None, :],
-                       mask=rmask[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-        acc += part * w[:, None]
-        total += w
-    if HAS_SINKS:
-        total += tl.exp2(sink - m)
-    return acc / tl.where(total == 0.0, 1.0, total)[:, None]
 
 
 @triton.jit
@@ -233,7 +181,6 @@ def decode_attention(
     block_n: int = 64,
     query: int = 1,
     q_lens: torch.Tensor | None = None,
-    tickets: torch.Tensor | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
 ) -> torch.Tensor:
@@ -243,9 +190,7 @@ def decode_attention(
     `paged.py`); `seq_lens[b]` counts the row's cached tokens including its queries (their K/V
     must already be appended); with `query > 1`, `q_lens[b]` says how many of the row's query
     slots are real (they sit at the row's last positions). Rows with `seq_lens == 0` (graph
-    padding) produce zeros. `tickets`: int32 zeros, at least B * Hkv of them, the caller's own
-    (not shared by launches that may run at once): the merge runs inside the partial kernel
-    (module doc); fewer, or one split: as without. `block_n`, `num_warps`, `num_stages`: the
+    padding) produce zeros. `block_n`, `num_warps`, `num_stages`: the
     partial kernel's launch shape (`resin bench decode-attention` sweeps them).
     """
     tokens, num_q_heads, head_dim = q.shape
@@ -266,9 +211,6 @@ def decode_attention(
     if sinks is not None:
         assert sinks.shape == (num_q_heads,) and sinks.dtype == torch.float32
     direct = splits == 1
-    merge_last = not direct and tickets is not None and tickets.numel() >= batch * kv.num_kv_heads
-    if merge_last:
-        assert tickets is not None and tickets.dtype == torch.int32 and tickets.is_contiguous()
     o_part = lse = None
     if not direct:  # the splits' partials (module doc)
         o_part = torch.empty(
@@ -277,15 +219,14 @@ def decode_attention(
         lse = torch.empty((tokens, num_q_heads, splits), dtype=torch.float32, device=q.device)
     _decode_partial_kernel[(batch, kv.num_kv_heads, splits)](
         q, kv, kv.strides, seq_lens, q_lens, o_part, lse, out, sinks,
-        tickets if merge_last else None,
         (q.stride(0), q.stride(1)), (out.stride(0), out.stride(1)), scale * LOG2E, window,
         NUM_Q_HEADS=num_q_heads, GROUP=group, QUERY=query,
         ROWS_PAD=max(16, next_pow2(query * group)),
         HEAD_DIM=head_dim, PAGE=kv.page_size, BLOCK_N=block_n, SPLITS=splits,
-        DIRECT=direct, MERGE_LAST=merge_last, HAS_SINKS=sinks is not None,
+        DIRECT=direct, HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages, **pdl_args(),
     )  # fmt: skip
-    if direct or merge_last:
+    if direct:
         return out
     _decode_merge_kernel[(tokens, num_q_heads)](
         o_part, lse, out, lse if sinks is None else sinks, out.stride(0), out.stride(1),

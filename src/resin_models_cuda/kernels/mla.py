@@ -10,8 +10,7 @@ the normed KV latent, C = kv_lora_rank, then the rotated shared rotary key, R = 
   `decode_attention` (grid `(B, head blocks, S)`, fixed for a batch size: CUDA-graph safe),
   each program loads a latent tile once for a block of 16 heads; the same merge kernel
   combines the splits by their log-sum-exp, and as there, one split writes the output
-  directly and `tickets` move the merge into the partial kernel's last program (per row and
-  head block; `decode_attention`'s module doc).
+  directly.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resin_models_cuda.kernels.decode_attention import LOG2E, _decode_merge_kernel, _merged
+from resin_models_cuda.kernels.decode_attention import LOG2E, _decode_merge_kernel
 from resin_models_cuda.kernels.paged import next_pow2
 from resin_models_cuda.kernels.pdl import pdl_args, pdl_enter
 
@@ -76,8 +75,7 @@ def _mla_decode_partial_kernel(
     seq_lens_ptr,  # int32 [B]: cached tokens, the query's own included (0: padding row)
     o_ptr,  # fp32 [B, H, S, C] contiguous: per-split normalized latent outputs (not DIRECT)
     lse_ptr,  # fp32 [B, H, S] contiguous: per-split log2-sum-exp (-inf when empty)
-    out_ptr,  # [B, H, C], strides (stride_ob, stride_oh, 1) (DIRECT, MERGE_LAST)
-    tickets_ptr,  # int32 [>= B * head blocks]: zeros before and after (MERGE_LAST)
+    out_ptr,  # [B, H, C], strides (stride_ob, stride_oh, 1) (DIRECT)
     stride_qb,
     stride_qh,
     stride_rb,
@@ -96,7 +94,6 @@ def _mla_decode_partial_kernel(
     DOT_PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
     DIRECT: tl.constexpr,
-    MERGE_LAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -147,17 +144,9 @@ def _mla_decode_partial_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
     else:
         lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        rows = (b * NUM_HEADS + heads) * SPLITS
-        tl.store(o_ptr + (rows + s)[:, None] * LATENT + c[None, :], out, mask=hmask[:, None])
-        tl.store(lse_ptr + rows + s, lse, mask=hmask)
-        if MERGE_LAST:  # as in decode_attention: the last ticket of (row, head block) merges
-            tl.debug_barrier()
-            ticket = tickets_ptr + b * tl.num_programs(1) + hb
-            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                tl.atomic_xchg(ticket, 0)
-                res = _merged(o_ptr, lse_ptr, lse_ptr, rows, heads, hmask, c, SPLITS, LATENT,
-                              False)  # fmt: skip
-                tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+        part = (b * NUM_HEADS + heads) * SPLITS + s
+        tl.store(o_ptr + part[:, None] * LATENT + c[None, :], out, mask=hmask[:, None])
+        tl.store(lse_ptr + part, lse, mask=hmask)
 
 
 def mla_decode(
@@ -172,7 +161,6 @@ def mla_decode(
     scale: float,
     splits: int,
     out: torch.Tensor | None = None,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed MLA attention of one query per row over its paged latents; returns the latent
     output `[B, H, C]` (the query's own latent must already be appended).
@@ -181,8 +169,6 @@ def mla_decode(
     `cache` [pages, page_size, 1, C + R]; `seq_lens[b]` counts the row's cached tokens
     including the query (0: padding, zeros out). `out` may be any [B, H, C] view with
     contiguous rows (e.g. a head-major buffer for the batched `W_uv` product after).
-    `tickets`: int32 zeros, at least B x head blocks, the caller's own: the merge runs in the
-    partial kernel (module doc).
     """
     assert cache.dim() == 4 and cache.shape[2] == 1 and cache.stride(3) == 1
     batch, num_heads, latent = q_latent.shape
@@ -199,9 +185,6 @@ def mla_decode(
     assert out.shape == (batch, num_heads, latent) and out.stride(2) == 1
     grid = (batch, triton.cdiv(num_heads, HEAD_BLOCK), splits)
     direct = splits == 1
-    merge_last = not direct and tickets is not None and tickets.numel() >= grid[0] * grid[1]
-    if merge_last:
-        assert tickets is not None and tickets.dtype == torch.int32 and tickets.is_contiguous()
     o_part = lse = None
     if not direct:
         o_part = torch.empty((batch, num_heads, splits, latent), dtype=torch.float32,
@@ -209,15 +192,15 @@ def mla_decode(
         lse = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=device)
     _mla_decode_partial_kernel[grid](
         q_latent, q_rope, cache, page_indptr, page_ids, page_start, seq_lens, o_part, lse,
-        out, tickets if merge_last else None,
+        out,
         q_latent.stride(0), q_latent.stride(1), q_rope.stride(0), q_rope.stride(1),
         cache.stride(0), cache.stride(1), out.stride(0), out.stride(1), scale * LOG2E,
         NUM_HEADS=num_heads, HEADS=HEAD_BLOCK, LATENT=latent, ROPE=rope,
         PAGE=cache.shape[1], BLOCK_N=block_n, SPLITS=splits, DIRECT=direct,
-        MERGE_LAST=merge_last, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         num_warps=8, num_stages=2, **pdl_args(),
     )  # fmt: skip
-    if direct or merge_last:
+    if direct:
         return out
     _decode_merge_kernel[(batch, num_heads)](
         o_part, lse, out, lse, out.stride(0), out.stride(1),

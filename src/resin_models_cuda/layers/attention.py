@@ -2,10 +2,7 @@
 head or over the whole width, rotary, KV append into this layer's cache group, paged decode or
 prefill attention (full, sliding window, attention sinks), output projection (both projections
 through `quantized.linear`: FP8 where the checkpoint stores them so). The KV append
-runs inside the rotary kernel (`fuse_append`, one launch fewer per layer). `merge_in_partial`
-(class-wide, for A/B runs; default off until timed on a GPU): decode attention's split merge
-runs inside its partial kernel, on the layer's own tickets (`merge_tickets`), one launch fewer
-per layer when the step has several splits (batch 1)."""
+runs inside the rotary kernel (`fuse_append`, one launch fewer per layer)."""
 
 from __future__ import annotations
 
@@ -26,19 +23,8 @@ def _fused(
     return torch.cat([w.get(n, s, init) for n, s in zip(names, shapes, strict=True)])
 
 
-MERGE_ROWS = 256  # decode rows up to which the split merge can run in the partial kernel
-
-
-def merge_tickets(config: ModelConfig, device: torch.device) -> torch.Tensor:
-    """A layer's own split-merge tickets (`decode_attention(tickets=)`): one per (row, KV
-    head) for `MERGE_ROWS` rows, zeros, and back to zeros after every launch."""
-    return torch.zeros(MERGE_ROWS * config.num_kv_heads, dtype=torch.int32, device=device)
-
-
 class Attention:
     """`prefix` is the layer's `...self_attn.`; `window` 0 = full attention."""
-
-    merge_in_partial = False
 
     def __init__(
         self,
@@ -71,7 +57,6 @@ class Attention:
             self.k_norm = RMSNorm(w, f"{prefix}k_norm.weight", kw, c.norm_eps, unit_offset_norms)
         self.sinks = w.get(f"{prefix}sinks", (c.num_heads,)).float() if c.sinks else None
         self.fuse_append = True  # KV append inside the rotary kernel (False: its own launch)
-        self.tickets = merge_tickets(c, w.device)
 
     def __call__(self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         t, d = x.shape[0], self.config.head_dim
@@ -98,7 +83,6 @@ class Attention:
             o = decode_attention(
                 q, pages, info.seq_lens, scale=self.scale, splits=info.splits,
                 window=self.window, sinks=self.sinks, query=info.query, q_lens=info.q_lens,
-                tickets=self.tickets if self.merge_in_partial else None,
             )  # fmt: skip
         else:
             o = prefill_attention(

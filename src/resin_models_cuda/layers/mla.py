@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from resin_model.config import ModelConfig
-from resin_models_cuda.kernels.mla import HEAD_BLOCK, latent_append, mla_decode
-from resin_models_cuda.layers.attention import MERGE_ROWS, Attention
+from resin_models_cuda.kernels.mla import latent_append, mla_decode
 from resin_models_cuda.layers.norm import RMSNorm
 from resin_models_cuda.layers.rotary import Rotary
 from resin_models_cuda.layers.weights import WeightSource
@@ -53,10 +52,6 @@ class MlaAttention:
         self.mla, self.slot, self.rotary, self.scale = mla, slot, rotary, config.scale
         h, heads = config.hidden_size, config.num_heads
         self.heads, self.qk = heads, mla.nope_dim + mla.rope_dim
-        # The split merge in the partial kernel (`Attention.merge_in_partial`): one ticket per
-        # (row, head block) of MERGE_ROWS rows.
-        blocks = -(-heads // HEAD_BLOCK)
-        self.tickets = torch.zeros(MERGE_ROWS * blocks, dtype=torch.int32, device=w.device)
         q_a: torch.Tensor | None = None
         self.q_a_norm: RMSNorm | None = None
         if mla.q_lora_rank is None:
@@ -123,7 +118,6 @@ class MlaAttention:
                 scale=self.scale,
                 splits=info.splits,
                 out=out_latent.transpose(0, 1),
-                tickets=self.tickets if Attention.merge_in_partial else None,
             )
             out = torch.bmm(out_latent, self.w_uv_t).transpose(0, 1)  # [T, H, v]
         else:

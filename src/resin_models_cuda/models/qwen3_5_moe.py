@@ -28,7 +28,6 @@ from resin_models_cuda.kernels.delta_rule import gated_delta_rule
 from resin_models_cuda.kernels.gated_rmsnorm import gated_rmsnorm
 from resin_models_cuda.kernels.router import router_topk
 from resin_models_cuda.layers import GatedMLP, MoE, RMSNorm, Rotary, WeightSource, activation_of
-from resin_models_cuda.layers.attention import Attention, merge_tickets
 from resin_models_cuda.layers.quantized import linear
 from resin_models_cuda.models.base import BuildOptions, FastModel
 from resin_models_cuda.models.llama import qwen_experts
@@ -122,7 +121,6 @@ class GatedAttention:
         self.o_proj = linear(w, [f"{prefix}o_proj.weight"], [(h, c.q_size)], "out")
         self.q_norm = RMSNorm(w, f"{prefix}q_norm.weight", d, c.norm_eps, unit_offset=True)
         self.k_norm = RMSNorm(w, f"{prefix}k_norm.weight", d, c.norm_eps, unit_offset=True)
-        self.tickets = merge_tickets(c, w.device)
 
     def __call__(self, x: torch.Tensor, step: StepTensors, kv: torch.Tensor) -> torch.Tensor:
         c, t, d = self.config, x.shape[0], self.config.head_dim
@@ -142,7 +140,6 @@ class GatedAttention:
             o = decode_attention(
                 q, pages, info.seq_lens, scale=c.scale, splits=info.splits, query=info.query,
                 q_lens=info.q_lens,
-                tickets=self.tickets if Attention.merge_in_partial else None,
             )  # fmt: skip
         else:
             o = prefill_attention(
