@@ -25,12 +25,13 @@ from resin_app.bench.delta_rule import Row, Shape, agreement, fla_call, make_inp
 NO_FLA_CHUNKED = "fla's chunked kernels do not run in Triton's interpreter (a GPU compares them)"
 
 # GDN at an odd value width (masked value blocks on both sides; fla's GDN: blocks of 8). KDA at
-# 32: fla's chunked KDA (`chunk_gla_fwd_kernel_o`) stopped with "misaligned address" at K = 16,
-# V = 24 on an H100 (2026-12-07), which poisons the process's CUDA context for every later test.
+# 64: fla's chunked KDA (`chunk_gla_fwd_kernel_o`) stopped with "misaligned address" at K = 16,
+# V = 24 and again at K = V = 32 on an H100 (2026-12-07), which poisons the process's CUDA
+# context for every later test; its published models use 128.
 SHAPES = [
     Shape("tiny-gdn", "gdn", 2, 4, 16, 24, None, 16),
-    Shape("tiny-kda", "kda", 3, 3, 32, 32, -5.0, 16),
-    Shape("tiny-kda-softplus", "kda", 2, 2, 32, 32, None, 16),
+    Shape("tiny-kda", "kda", 3, 3, 64, 64, -5.0, 16),
+    Shape("tiny-kda-softplus", "kda", 2, 2, 64, 64, None, 16),
 ]
 # Relative to the largest |value| of ours. The recurrent kernels are float32 sums on both
 # sides; fla's chunked ones multiply float32 inputs as TF32 on a GPU (ours: `ieee`) and round
