@@ -2,7 +2,9 @@
 
 Every launcher asserts shapes, strides and dtypes and computes its grid; the kernels assume
 what the launcher asserted. All of them run under `TRITON_INTERPRET=1` on CPU (tests use that
-when no GPU is present), with float32 / float16 tensors.
+when no GPU is present), with float32 / float16 tensors. Every kernel takes a `PDL` constexpr
+and starts with `pdl_enter(PDL)`, and every launch passes `**pdl_args()` (`pdl.py`:
+programmatic dependent launch; `tests/cuda/test_pdl.py` checks the rule over this folder).
 """
 
 from resin_models_cuda.kernels.activation import silu_and_mul
