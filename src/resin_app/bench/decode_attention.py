@@ -22,11 +22,10 @@ import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from resin_app.bench.sparse_attention import DTYPES, _time, append_rows
+from resin_app.bench.sparse_attention import DTYPES, add_sweep_args, append_rows, sweep, time_call
 from resin_model.presets import preset
 from resin_models_cuda.kernels import PagedKV, decode_attention, decode_splits
 
@@ -113,7 +112,7 @@ def bench_case(
                 out=out, block_n=shape.block_n, num_warps=shape.warps, num_stages=shape.stages,
             )  # fmt: skip
 
-        us = _time(call, device, reps * layers, rounds)
+        us = time_call(call, device, reps * layers, rounds)
         rows.append(Row(context, batch, str(shape), splits, layers, us, kv_bytes))
         print(f"  {name} context {context} batch {batch} {shape}: {us:.1f} us", flush=True)
     return rows
@@ -139,33 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     p.add_argument("--preset", default="llama-8b", help="whose head layout (any attention preset)")
-    p.add_argument("--contexts", default="1024,8192,32768")
-    p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--shapes", type=parse_shapes, default=parse_shapes("4/64/2,8/64/2,4/32/2,"
                    "8/32/2,4/64/3,8/128/2"),
                    help="partial kernel launch shapes WARPS/BLOCK_N/STAGES, comma-separated; "
                         "the first is the baseline (the runner's default: 4/64/2)")  # fmt: skip
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--reps", type=int, default=4, help="graph-captured passes over the layers")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--copy-tbs", type=float, default=4.2, help="the device's copy bandwidth")
-    p.add_argument("--output", type=Path, help="JSONL file (appended)")
+    add_sweep_args(p, contexts="1024,8192,32768", batch_sizes="1,8", page_size=16, reps=4)
     args = p.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        p.error("no CUDA device (pass --device cpu with TRITON_INTERPRET=1 for a smoke run)")
-    torch.manual_seed(0)
-    rows: list[Row] = []
-    for context in (int(x) for x in args.contexts.split(",")):
-        for batch in (int(x) for x in args.batch_sizes.split(",")):
-            rows += bench_case(
-                args.preset, context, batch, args.shapes, device, DTYPES[args.dtype],
-                args.page_size, args.reps, args.rounds,
-            )  # fmt: skip
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    rows, device = sweep(p, args, lambda context, batch, device: bench_case(
+        args.preset, context, batch, args.shapes, device, DTYPES[args.dtype], args.page_size,
+        args.reps, args.rounds))  # fmt: skip
     report(rows, args.copy_tbs)
     if args.output:
         append_rows(args.output, rows, device, preset=args.preset, dtype=args.dtype)

@@ -80,7 +80,7 @@ class Row:
         return self.bytes / (self.us * 1e-6) / 1e12 if self.us > 0 else 0.0
 
 
-def _time(fn: Callable[[], Any], device: torch.device, reps: int, rounds: int) -> float:
+def time_call(fn: Callable[[], Any], device: torch.device, reps: int, rounds: int) -> float:
     """Microseconds a call (module docstring); inf when it fails on this device."""
     try:
         fn()
@@ -211,7 +211,7 @@ def bench_case(
     out: list[Row] = []
 
     def add(kind: str, keys: int, fn: Callable[[], Any], bytes_: float) -> None:
-        us = _time(fn, device, reps, rounds)
+        us = time_call(fn, device, reps, rounds)
         out.append(Row(kind, context, batch, keys, splits, us, bytes_))
 
     attend = partial(sparse_attention, q, sinks, rows, positions, win, splits=splits)
@@ -272,33 +272,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawTextHelpFormatter,
     )
     p.add_argument("--preset", default="deepseek-v4-flash", help="a deepseek_v4 preset")
-    p.add_argument("--contexts", default="8192,16384,32768,65536")
-    p.add_argument("--batch-sizes", default="1,64")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--copy-tbs", type=float, default=4.2, help="the device's copy bandwidth")
-    p.add_argument("--output", type=Path, help="JSONL file (appended)")
+    add_sweep_args(p, contexts="8192,16384,32768,65536", batch_sizes="1,64", page_size=64,
+                   reps=10)  # fmt: skip
     args = p.parse_args(argv)
     if preset(args.preset).deepseek_v4 is None:
         p.error(f"--preset {args.preset!r} is not a deepseek_v4 preset")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        p.error("no CUDA device (pass --device cpu with TRITON_INTERPRET=1 for a smoke run)")
-    torch.manual_seed(0)
-    rows: list[Row] = []
-    for context in (int(x) for x in args.contexts.split(",")):
-        for batch in (int(x) for x in args.batch_sizes.split(",")):
-            rows += bench_case(args.preset, context, batch, device, DTYPES[args.dtype],
-                               args.page_size, args.reps, args.rounds)  # fmt: skip
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    rows, device = sweep(p, args, lambda context, batch, device: bench_case(
+        args.preset, context, batch, device, DTYPES[args.dtype], args.page_size, args.reps,
+        args.rounds))  # fmt: skip
     report(rows, args.copy_tbs)
     if args.output:
         append_rows(args.output, rows, device, preset=args.preset, dtype=args.dtype)
     return 0
+
+
+def add_sweep_args(
+    p: argparse.ArgumentParser, *, contexts: str, batch_sizes: str, page_size: int, reps: int
+) -> None:
+    """The options every attention bench shares: the (context, batch) sweep, the device and
+    dtype, the page size, `time_call`'s reps and rounds, the copy ceiling, the JSONL file."""
+    p.add_argument("--contexts", default=contexts)
+    p.add_argument("--batch-sizes", default=batch_sizes)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--page-size", type=int, default=page_size)
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--copy-tbs", type=float, default=4.2, help="the device's copy bandwidth")
+    p.add_argument("--output", type=Path, help="JSONL file (appended)")
+
+
+def sweep(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    case: Callable[[int, int, torch.device], list[Any]],
+) -> tuple[list[Any], torch.device]:
+    """`case(context, batch, device)`'s rows for every context and batch size of `args`
+    (`add_sweep_args`), the device's cache emptied between cases; a CUDA device that is not
+    there is the parser's error."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("no CUDA device (pass --device cpu with TRITON_INTERPRET=1 for a smoke run)")
+    torch.manual_seed(0)
+    rows: list[Any] = []
+    for context in (int(x) for x in args.contexts.split(",")):
+        for batch in (int(x) for x in args.batch_sizes.split(",")):
+            rows += case(context, batch, device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows, device
 
 
 def append_rows(path: Path, rows: Sequence[Any], device: torch.device, **fields: Any) -> None:
