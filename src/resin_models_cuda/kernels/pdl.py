@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 
 _state = {"on": False}
+# What `pdl_args` hands every launch: one dict each way, not one per launch (never mutated).
+_ARGS = {on: {"PDL": on, "launch_pdl": on} for on in (False, True)}
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -46,8 +48,7 @@ def set_pdl(on: bool, device: torch.device) -> bool:
 
 def pdl_args() -> dict[str, bool]:
     """The launch keywords of every runner kernel: its `PDL` constexpr and Triton's option."""
-    on = _state["on"]
-    return {"PDL": on, "launch_pdl": on}
+    return _ARGS[_state["on"]]
 
 
 @triton.jit
