@@ -77,7 +77,7 @@ def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> N
     for r in rows:
         assert r["ours_us"] > 0 and r["fla_version"] == "0.6.0"
         assert r["our_chunk"] == (
-            0 if r["mode"] == "recurrent" else {"gdn": 32, "kda": 16}[r["kernel"]]
+            0 if r["mode"] == "recurrent" else {"gdn": 64, "kda": 16}[r["kernel"]]
         )
         if r["mode"] == "chunked" and device == "cpu":  # the interpreter: fla's side failed
             assert r["fla_us"] is None and r["error"] and r["ratio"] is None
@@ -93,8 +93,8 @@ def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> N
 
 
 def _row(kernel: str, mode: str, ours_us: float, fla_us: float | None, agree: bool) -> Row:
-    return Row(kernel, mode, "p", 1, 1, 1, 1, 16, 16, "bf16", 0, "f", 0.0, 0.0, 1.0, 1.0, agree,
-               ours_us, fla_us, "graph", None)  # fmt: skip
+    return Row(kernel, mode, "p", 1, 1, 1, 1, 16, 16, "bf16", 0, "tf32", 0, "f", 0.0, 0.0, 1.0,
+               1.0, agree, ours_us, fla_us, "graph", None)  # fmt: skip
 
 
 def test_the_decision_is_per_path_and_needs_fla_to_agree() -> None:

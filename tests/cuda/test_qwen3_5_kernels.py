@@ -196,3 +196,28 @@ def test_gated_rmsnorm_equals_pytorch(device: str, dtype: torch.dtype) -> None:
     want = ((weight * normed) * F.silu(z.float().view(t, heads, dim))).to(dtype)
     got = gated_rmsnorm(x.to(device), z.to(device), weight.to(device), 1e-6)
     torch.testing.assert_close(got.cpu(), want.reshape(t, -1), atol=1e-5, rtol=1e-3)
+
+
+def test_the_chunked_kernels_compile_for_sm90() -> None:
+    """The chunked form's two phases at the published shapes compile for sm_90 (the
+    interpreter above runs them but compiles nothing): Gated DeltaNet's first phase at
+    Qwen3.5's heads in 64-token chunks with TF32 products, KDA's scan at GLM-5.3's."""
+    from tests.cuda.sm90 import compile_sm90
+
+    module = "resin_models_cuda.kernels.delta_rule"
+    i32 = ["query_indptr_ptr", "chunk_indptr_ptr", "state_in_ptr", "state_out_ptr",
+           "ckpt_indptr_ptr", "ckpt_len_ptr", "ckpt_page_ptr"]  # fmt: skip
+    ints = ["batch", "search_steps", "stride_m", "stride_a", "stride_b", "stride_p", "last_ckpt"]
+    sig = {"mixed_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "scale": "fp32",
+           **{n: "*i32" for n in i32}, **{n: "i32" for n in ints}}  # fmt: skip
+    for n in ("a_ptr", "a_log_ptr", "dt_bias_ptr", "w_ptr", "u_ptr", "scores_ptr", "state_ptr"):
+        sig.setdefault(n, "*fp32")
+    shapes = dict(K=128, V=128, DOT="tf32", PDL=False)
+    ptx, _ = compile_sm90(module, "_chunk_prep_kernel", {**sig, "a_ptr": "*bf16"},
+                          dict(HK=16, HV=32, BLOCK_V=64, CHUNK=64, PER_CHANNEL=False, **shapes),
+                          num_warps=8)  # fmt: skip
+    assert ".entry _chunk_prep_kernel" in ptx and "mma" in ptx  # TF32 on the tensor cores
+    ptx, _ = compile_sm90(module, "_chunk_scan_kernel", sig,
+                          dict(HK=32, HV=32, BLOCK_V=32, CHUNK=16, PER_CHANNEL=True, **shapes),
+                          num_warps=4)  # fmt: skip
+    assert ".entry _chunk_scan_kernel" in ptx and "mma" in ptx

@@ -11,7 +11,10 @@ What each side is given (one case's inputs, built once, outside the timing):
   output), the raw gate inputs (GDN: `a` with `A_log` and `dt_bias`; KDA: float32 log decays
   [T, H, K]), beta's logits, the float32 state pages [pages, HV, K, V] with `StateRows` (row
   i reads page i and writes page batch + i, so repeated calls do the same work); the chunk is
-  the model's `prefill_chunk` (GDN 32, KDA 16) unless `--our-chunk`.
+  the model's `prefill_chunk` (GDN 64, or 32 for float32 inputs as the model does; KDA 16)
+  unless `--our-chunk`, its products at the kernel's precision for the dtype (TF32 for bf16,
+  `chunk_precision`) unless `--precision`, its scan's value block the kernel's unless
+  `--our-block-v`; a list in any of the three runs each chunked case once per combination.
 * fla: its layout, q / k / v split into contiguous [1, T, H, D] tensors (the split is not
   timed: a model on fla would have its conv write them so), varlen rows by `cu_seqlens`, the
   same state [N, HV, K, V] (K-first, fla's default) as `initial_state` with
@@ -47,7 +50,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -58,13 +61,14 @@ import torch.nn.functional as F
 
 from resin_app.bench.report import write_jsonl
 from resin_model.presets import preset
-from resin_models_cuda.kernels.delta_rule import gated_delta_rule, kda_delta_rule
+from resin_models_cuda.kernels.delta_rule import chunk_precision, gated_delta_rule, kda_delta_rule
 from resin_models_cuda.models.glm5_next import KimiDeltaAttention
 from resin_models_cuda.models.qwen3_5_moe import GatedDeltaNet
 from resin_models_cuda.step import StateRows
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 KEEP_OURS_AT = 1.10  # ours / fla at or below: keep ours (docs/benchmarks.md)
+PRECISIONS = ("ieee", "tf32x3", "tf32")
 Mode = Literal["chunked", "recurrent"]
 Outputs = tuple[torch.Tensor, torch.Tensor]  # o [T, HV, V], final states [batch, HV, K, V]
 
@@ -158,17 +162,23 @@ def make_inputs(
                   cu.to(device), cu)  # fmt: skip
 
 
-def ours(s: Shape, x: Inputs, mode: Mode, chunk: int) -> Callable[[], Outputs]:
-    """Our kernel on `x`; returns its outputs and the states it wrote."""
+def ours(
+    s: Shape, x: Inputs, mode: Mode, chunk: int, precision: str | None = None, block_v: int = 0
+) -> Callable[[], Outputs]:
+    """Our kernel on `x` (the chunked form's products at `precision`, its scan `block_v`
+    value columns a program; None / 0: the kernel's defaults); returns its outputs and the
+    states it wrote."""
     batch = x.rows.state_in.shape[0]
     chunk = chunk if mode == "chunked" else 0
 
     def call() -> Outputs:
         if s.kernel == "gdn":
             o = gated_delta_rule(x.mixed, x.gate, x.b, x.a_log, x.dt_bias, x.pages, x.rows,
-                                 s.qk_heads, chunk=chunk)  # fmt: skip
+                                 s.qk_heads, chunk=chunk, precision=precision,
+                                 block_v=block_v)  # fmt: skip
         else:
-            o = kda_delta_rule(x.mixed, x.gate, x.b, x.pages, x.rows, chunk=chunk)
+            o = kda_delta_rule(x.mixed, x.gate, x.b, x.pages, x.rows, chunk=chunk,
+                               precision=precision, block_v=block_v)  # fmt: skip
         return o, x.pages[batch:]
 
     return call
@@ -300,6 +310,8 @@ class Row:
     v_dim: int
     dtype: str
     our_chunk: int  # 0: the recurrent kernel
+    precision: str  # our chunked form's products (tl.dot's input_precision)
+    block_v: int  # value columns a program of our chunked scan (0: the kernel's default)
     fla_call: str
     max_abs_out: float | None
     max_abs_state: float | None
@@ -329,6 +341,8 @@ class Options:
     device: torch.device
     dtype: str
     our_chunk: int | None
+    precision: str | None
+    block_v: int
     fla_chunk: int
     reps: int
     inner: int
@@ -341,15 +355,19 @@ def _error(exc: Exception) -> str:
 
 def bench_case(s: Shape, mode: Mode, batch: int, length: int, opt: Options) -> Row:
     chunk = s.our_chunk if opt.our_chunk is None else opt.our_chunk
+    if opt.our_chunk is None and opt.dtype == "fp32":
+        chunk = min(chunk, 32)  # as the model (GatedDeltaNet)
     x = make_inputs(s, batch, length, opt.device, DTYPES[opt.dtype])
-    mine = ours(s, x, mode, chunk)
+    mine = ours(s, x, mode, chunk, opt.precision, opt.block_v)
+    precision = opt.precision or chunk_precision(x.mixed.dtype)
     name, theirs_of = fla_call(s, mode, opt.fla_chunk)
 
     def theirs() -> Outputs:
         return theirs_of(x)
 
     row = partial(Row, s.kernel, mode, s.preset, batch, length, s.qk_heads, s.v_heads, s.k_dim,
-                  s.v_dim, opt.dtype, chunk if mode == "chunked" else 0, name)  # fmt: skip
+                  s.v_dim, opt.dtype, chunk if mode == "chunked" else 0, precision, opt.block_v,
+                  name)  # fmt: skip
     try:
         got = mine()
     except Exception as exc:  # out of memory, say
@@ -365,7 +383,8 @@ def bench_case(s: Shape, mode: Mode, batch: int, length: int, opt: Options) -> R
                diff.within(opt.tolerance), ours_us, fla_us, timing, None)  # fmt: skip
 
 
-HEADER = (f"{'kernel':<7}{'mode':<10}{'batch':>6}{'len':>6}{'chunk':>6}{'|dO|':>10}{'|dS|':>10}"
+HEADER = (f"{'kernel':<7}{'mode':<10}{'batch':>6}{'len':>6}{'chunk':>6}{'prec':>7}{'|dO|':>10}"
+          f"{'|dS|':>10}"
           f"{'ours us':>11}{'fla us':>11}{'ours/fla':>9}  decision")  # fmt: skip
 
 
@@ -383,7 +402,8 @@ def line(r: Row) -> str:
     ds = f"{r.max_abs_state:>10.2e}" if r.max_abs_state is not None else f"{'-':>10}"
     note = r.decision or r.error or ""
     note += "" if r.agree or r.error else "  (outputs disagree)"
-    return (f"{r.kernel:<7}{r.mode:<10}{r.batch:>6}{r.length:>6}{r.our_chunk:>6}{do}{ds}"
+    prec = r.precision if r.our_chunk else "-"
+    return (f"{r.kernel:<7}{r.mode:<10}{r.batch:>6}{r.length:>6}{r.our_chunk:>6}{prec:>7}{do}{ds}"
             f"{r.ours_us or math.nan:>11.1f}{fla}{ratio}  {note}")  # fmt: skip
 
 
@@ -422,7 +442,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-lengths", default="1024,4096", help="tokens a row, chunked")
     p.add_argument("--decode-batches", default="1,32,256", help="rows of a recurrent case")
     p.add_argument("--decode-length", type=int, default=1, help="tokens a row, recurrent")
-    p.add_argument("--our-chunk", type=int, help="our chunk (default: the model's)")
+    p.add_argument("--our-chunk", default="",
+                   help="our chunks, comma-separated (default: the model's)")  # fmt: skip
+    p.add_argument("--precision", default="",
+                   help="our chunked form's matrix products (tl.dot's input_precision: ieee, "
+                   "tf32x3, tf32), comma-separated: each chunked case once per precision, "
+                   "chunk and block (default: the kernel's, by dtype)")  # fmt: skip
+    p.add_argument("--our-block-v", default="",
+                   help="value columns a program of our chunked scan, comma-separated "
+                   "(default: the kernel's)")  # fmt: skip
     p.add_argument("--fla-chunk", type=int, default=64, help="fla's chunk_size")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -456,23 +484,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         fla_version = version("fla-core")
     except (ValueError, PackageNotFoundError) as exc:
         p.error(f"{exc} (fla-core: pip install fla-core, the dev extra)")
-    opt = Options(device, args.dtype, args.our_chunk, args.fla_chunk, args.reps, args.inner,
+    precisions: list[str | None] = [*filter(None, args.precision.split(","))] or [None]
+    if any(x not in (None, *PRECISIONS) for x in precisions):
+        p.error(f"--precision takes {', '.join(PRECISIONS)}")
+    opt = Options(device, args.dtype, None, None, 0, args.fla_chunk, args.reps, args.inner,
                   args.tolerance)  # fmt: skip
+    chunks: list[int | None] = [*_ints(args.our_chunk)] or [None]
+    variants = [replace(opt, our_chunk=c, precision=x, block_v=v)
+                for c in chunks for x in precisions
+                for v in _ints(args.our_block_v) or [0]]  # fmt: skip
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rows: list[Row] = []
     with torch.no_grad():
         for s in shapes:
             for mode, batch, length in cases(args):
                 print(f"{s.preset} {s.kernel} {mode} batch {batch} x {length}", flush=True)
-                row = bench_case(s, mode, batch, length, opt)
-                rows.append(row)
-                print(line(row), flush=True)  # each row as it comes: a timeout keeps them
-                if args.output:
-                    write_jsonl(args.output, [{**asdict(row), "ratio": row.ratio,
-                                               "decision": row.decision, "device": name,
-                                               "fla_version": fla_version}])  # fmt: skip
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                for variant in variants if mode == "chunked" else [opt]:
+                    row = bench_case(s, mode, batch, length, variant)
+                    rows.append(row)
+                    print(line(row), flush=True)  # each row as it comes: a timeout keeps them
+                    if args.output:
+                        write_jsonl(args.output, [{**asdict(row), "ratio": row.ratio,
+                                                   "decision": row.decision, "device": name,
+                                                   "fla_version": fla_version}])  # fmt: skip
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
     report(rows)
     for (kernel, path), verdict in decide(rows).items():
         print(f"{kernel} {path}: {verdict}")

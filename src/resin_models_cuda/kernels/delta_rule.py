@@ -144,6 +144,8 @@ def gated_delta_rule(
     num_k_heads: int,
     out: torch.Tensor | None = None,
     chunk: int = 0,
+    precision: str | None = None,
+    block_v: int = 0,
 ) -> torch.Tensor:
     """o [T, HV, V] (mixed's dtype) of the rows `rows` describes; `mixed` [T, 2*HK*K + HV*V]
     (q | k | v, rows contiguous), `a` / `b` [T, HV] (rows may be strided), `a_log` /
@@ -165,29 +167,26 @@ def gated_delta_rule(
         out = torch.empty((t, heads, v_dim), dtype=mixed.dtype, device=mixed.device)
     assert out.shape == (t, heads, v_dim) and out.is_contiguous()
     assert max(t * mixed.stride(0), out.numel()) < 2**31, "token offsets are int32"
-    block_v = min(next_pow2(v_dim), 32)
-    if chunk:
-        assert chunk in (16, 32, 64) and k_dim >= 16
-        block_v = max(block_v, 16)  # tl.dot's smallest tile
     batch = rows.state_in.shape[0]
-    if batch:
+    if batch and chunk:
+        assert chunk in (16, 32, 64) and k_dim >= 16
+        _chunked(mixed, a, b, a_log, dt_bias, out, state, rows, num_k_heads, chunk,
+                 per_channel=False, block_v=block_v, precision=precision)  # fmt: skip
+    elif batch:
+        block_v = min(next_pow2(v_dim), 32)
         grid = (batch, heads, triton.cdiv(v_dim, block_v))
-        args = (
+        _delta_rule_kernel[grid](
             mixed, a, b, a_log, dt_bias, out, state, rows.query_indptr, rows.state_in,
             rows.state_out, rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page,
             mixed.stride(0), a.stride(0), b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1,
-            k_dim**-0.5,
+            k_dim**-0.5, HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v,
+            num_warps=4, **pdl_args(),
         )  # fmt: skip
-        shapes = dict(HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, BLOCK_V=block_v)
-        if chunk:
-            _chunked_kernel[grid](*args, **shapes, CHUNK=chunk, num_warps=8, **pdl_args())
-        else:
-            _delta_rule_kernel[grid](*args, **shapes, num_warps=4, **pdl_args())
     return out
 
 
 @triton.jit
-def _unit_lower_inverse(system, ii, jj, CHUNK: tl.constexpr):
+def _unit_lower_inverse(system, ii, jj, CHUNK: tl.constexpr, DOT: tl.constexpr):
     """(I + A)^-1 of a strictly lower A [CHUNK, CHUNK] (CHUNK <= 64). With D = I + A's 16 x 16
     diagonal blocks and E the rest: D^-1 by forward substitution, row r of every block at
     once (15 serial steps, each a product); then (I + A)^-1 = (I + N)^-1 D^-1 with
@@ -198,175 +197,271 @@ def _unit_lower_inverse(system, ii, jj, CHUNK: tl.constexpr):
     inverse = eye
     for r in range(1, 16):
         rows = (ii % 16) == r
-        above = tl.dot(tl.where(rows, blocks, 0.0), inverse, input_precision="ieee")
+        above = tl.dot(tl.where(rows, blocks, 0.0), inverse, input_precision=DOT)
         inverse = tl.where(rows, eye - above, inverse)
     if CHUNK > 16:
-        n = tl.dot(inverse, tl.where(within, 0.0, system), input_precision="ieee")
-        series = tl.dot(eye - n, eye + tl.dot(n, n, input_precision="ieee"), input_precision="ieee")
-        inverse = tl.dot(series, inverse, input_precision="ieee")
+        n = tl.dot(inverse, tl.where(within, 0.0, system), input_precision=DOT)
+        series = tl.dot(eye - n, eye + tl.dot(n, n, input_precision=DOT), input_precision=DOT)
+        inverse = tl.dot(series, inverse, input_precision=DOT)
     return inverse
 
 
 @triton.jit
-def _chunked_kernel(
-    mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, out_ptr, state_ptr, query_indptr_ptr,
-    state_in_ptr, state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
-    stride_m, stride_a, stride_b, stride_p, last_ckpt, scale,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BLOCK_V: tl.constexpr, CHUNK: tl.constexpr,
-    PDL: tl.constexpr,
-):  # fmt: skip
-    """`_delta_rule_kernel`'s arguments; the row's tokens CHUNK at a time (cut at its
-    checkpoints), through `(I + A) X = rhs` with A the chunk's strictly lower
-    `beta_i k_i.k_j exp(G_i - G_j)` (G the cumulative log decay), then matrix products
-    (`resin_models_torch.delta_rule`'s `chunked_delta_rule`, the same algebra)."""
-    pdl_enter(PDL)
-    row = tl.program_id(0)
-    head = tl.program_id(1)
-    kh = head // (HV // HK)
-    kk = tl.arange(0, K)
-    vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    vmask = vv < V
-    cc = tl.arange(0, CHUNK)
-    ii, jj = cc[:, None], cc[None, :]
-    start = tl.load(query_indptr_ptr + row)
-    end = tl.load(query_indptr_ptr + row + 1)
-    s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
-    neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
-    dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
-    ck = tl.load(ckpt_indptr_ptr + row)
-    ck_end = tl.load(ckpt_indptr_ptr + row + 1)
-    next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
-    pos = start
-    while pos < end:
-        n = tl.minimum(end - pos, CHUNK)
-        n = tl.where(next_len > 0, tl.minimum(n, start + next_len - pos), n)
-        t = pos + cc
-        tok = mixed_ptr + t[:, None] * stride_m
-        mk = (cc[:, None] < n) & (kk[None, :] < K)
-        q = tl.load(tok + kh * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(tok + HK * K + kh * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
-        mv = (cc[:, None] < n) & vmask[None, :]
-        v = tl.load(tok + 2 * HK * K + head * V + vv[None, :], mask=mv, other=0.0).to(tl.float32)
-        q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
-        k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
-        a = tl.load(a_ptr + t * stride_a + head, mask=cc < n, other=0.0).to(tl.float32) + dt_bias
-        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-        g = tl.where(cc < n, neg_a * softplus, 0.0)
-        b = tl.load(b_ptr + t * stride_b + head, mask=cc < n, other=0.0).to(tl.float32)
-        beta = tl.where(cc < n, tl.sigmoid(b), 0.0)
-        cum = tl.cumsum(g, 0)
-        lower = ii >= jj
-        decay = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
-        kt = tl.trans(k)
-        system = tl.where(
-            ii > jj, beta[:, None] * tl.dot(k, kt, input_precision="ieee") * decay, 0.0
-        )
-        inverse = _unit_lower_inverse(system, ii, jj, CHUNK)
-        u = tl.dot(inverse, beta[:, None] * v, input_precision="ieee")
-        w = tl.dot(inverse, (beta * tl.exp(cum))[:, None] * k, input_precision="ieee")
-        corrections = u - tl.dot(w, s, input_precision="ieee")
-        scores = tl.dot(q, kt, input_precision="ieee") * decay
-        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision="ieee")
-        o += tl.dot(scores, corrections, input_precision="ieee")
-        dst = out_ptr + (t[:, None] * HV + head) * V + vv[None, :]
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mv)
-        last = tl.sum(g, 0)
-        carried = tl.trans(k * tl.exp(last - cum)[:, None])
-        s = s * tl.exp(last) + tl.dot(carried, corrections, input_precision="ieee")
-        pos += n
-        if pos - start == next_len:
-            page = tl.load(ckpt_page_ptr + ck)
-            _store_state(state_ptr, page, stride_p, head, kk, vv, s, K, V)
-            ck += 1
-            next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
-    _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)
+def _chunk_qk(mixed_ptr, t, valid, kk, qk_head, scale, stride_m, HQK: tl.constexpr,
+              K: tl.constexpr):  # fmt: skip
+    """A chunk's l2-normed q (times `scale`) and k [CHUNK, K] in float32; rows past the
+    chunk's end are 0."""
+    tok = mixed_ptr + t[:, None] * stride_m
+    mk = valid[:, None] & (kk[None, :] < K)
+    q = tl.load(tok + qk_head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+    k = tl.load(tok + HQK * K + qk_head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+    q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
+    k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+    return q, k
 
 
 @triton.jit
-def _kda_chunked_kernel(
-    mixed_ptr, g_ptr, b_ptr, out_ptr, state_ptr, query_indptr_ptr, state_in_ptr,
-    state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
-    stride_m, stride_g, stride_b, stride_p, last_ckpt, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr,
-    CHUNK: tl.constexpr,
-    PDL: tl.constexpr,
+def _chunk_log_decay(a_ptr, t, valid, kk, head, stride_a, neg_a, dt_bias, K: tl.constexpr,
+                     PER_CHANNEL: tl.constexpr):  # fmt: skip
+    """The chunk's log decays, 0 past its end: Gated DeltaNet's -exp(A_log) softplus(a +
+    dt_bias) [CHUNK]; KDA's (PER_CHANNEL) precomputed float32 ones [CHUNK, K]."""
+    if PER_CHANNEL:
+        mk = valid[:, None] & (kk[None, :] < K)
+        g = tl.load(a_ptr + t[:, None] * stride_a + head * K + kk[None, :], mask=mk, other=0.0)
+    else:
+        a = tl.load(a_ptr + t * stride_a + head, mask=valid, other=0.0).to(tl.float32) + dt_bias
+        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        g = tl.where(valid, neg_a * softplus, 0.0)
+    return g
+
+
+@triton.jit
+def _chunk_prep_kernel(
+    mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr,
+    query_indptr_ptr, chunk_indptr_ptr, batch, search_steps,
+    stride_m, stride_a, stride_b, scale,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    DOT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """KDA's chunked form: `kda_delta_rule`'s recurrence CHUNK tokens at a time (cut at the
-    row's checkpoints). With G the chunk's cumulative log decay per key channel ([CHUNK, K],
-    non-increasing down the chunk) and S the state entering it, the corrections U solve
-        (I + A) U = beta V - beta (exp(G) * K) S,
-        A[i, j] = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)          (j < i),
-    the outputs are o_i = (exp(G_i) * q_i) S + sum_{j <= i} (sum_c q_ic k_jc exp(G_ic - G_jc)) u_j
-    and the state leaving it exp(G_last) * S + sum_j (exp(G_last - G_j) * k_j) u_j^T.
-    Every exponent is a difference G_i - G_j with j <= i (or G itself), so <= 0: a decay
-    near 0 underflows to 0 where the true factor is that small, and nothing overflows (the
-    factored exp(G_i) * exp(-G_j) would: exp(-G) passes float32's range within a chunk).
-    The pairwise sums are not one matrix product, so A and the score matrix are built a
-    column j at a time (a [CHUNK, K] product and row sum each)."""
+    """The chunked form's first phase: everything of one (chunk, head) that does not depend
+    on the state entering the chunk, every chunk in parallel. Chunk `program_id(0)` of the
+    step (`chunk_indptr`: a row's first chunk; a row's chunks start at its first token, CHUNK
+    tokens apart) writes, for its tokens i and j (module docstring's algebra, G the chunk's
+    cumulative log decay, beta the token's sigmoid(b)):
+        w = (I + A)^-1 (beta exp(G) k)   [CHUNK, K]
+        u = (I + A)^-1 (beta v)          [CHUNK, V]
+        scores[i, j] = q_i . (exp(G_i - G_j) k_j)   (j <= i, else 0)
+    with A[i, j] = beta_i k_i . (exp(G_i - G_j) k_j) for j < i. KDA's per-channel decays
+    enter A and the scores inside the dot product, so those two are built a column j at a
+    time; every exponent is G_i - G_j <= 0 or G itself, so nothing overflows."""
+    pdl_enter(PDL)
+    chunk = tl.program_id(0)
+    head = tl.program_id(1)
+    if chunk < tl.load(chunk_indptr_ptr + batch):
+        # the row whose chunks hold this one: chunk_indptr[row] <= chunk < chunk_indptr[row + 1]
+        lo = chunk * 0
+        hi = lo + batch
+        for _ in range(search_steps):
+            mid = (lo + hi) // 2
+            right = tl.load(chunk_indptr_ptr + mid + 1) <= chunk
+            lo = tl.where(right, mid + 1, lo)
+            hi = tl.where(right, hi, mid)
+        end = tl.load(query_indptr_ptr + lo + 1)
+        pos = tl.load(query_indptr_ptr + lo) + (chunk - tl.load(chunk_indptr_ptr + lo)) * CHUNK
+        cc = tl.arange(0, CHUNK)
+        ii, jj = cc[:, None], cc[None, :]
+        kk = tl.arange(0, K)
+        t = pos + cc
+        valid = t < end
+        qk_head = head // (HV // HK)
+        q, k = _chunk_qk(mixed_ptr, t, valid, kk, qk_head, scale, stride_m, HK, K)
+        neg_a = 0.0
+        dt_bias = 0.0
+        if not PER_CHANNEL:
+            neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+            dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+        g = _chunk_log_decay(a_ptr, t, valid, kk, head, stride_a, neg_a, dt_bias, K, PER_CHANNEL)
+        cum = tl.cumsum(g, 0)
+        b = tl.load(b_ptr + t * stride_b + head, mask=valid, other=0.0).to(tl.float32)
+        beta = tl.where(valid, tl.sigmoid(b), 0.0)
+        if PER_CHANNEL:
+            system = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+            scores = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+            for j in range(CHUNK):
+                pick = ii == j
+                k_j = tl.sum(tl.where(pick, k, 0.0), 0)
+                cum_j = tl.sum(tl.where(pick, cum, 0.0), 0)
+                # exp(G_i - G_j) k_j for the rows i >= j (the rows above are masked out below)
+                rel = tl.exp(tl.where(ii >= j, cum - cum_j[None, :], 0.0)) * k_j[None, :]
+                system = tl.where(jj == j, tl.sum(k * rel, 1)[:, None], system)
+                scores = tl.where(jj == j, tl.sum(q * rel, 1)[:, None], scores)
+            scaled_k = beta[:, None] * tl.exp(cum) * k
+        else:
+            lower = ii >= jj
+            decay = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0))
+            kt = tl.trans(k)
+            system = tl.dot(k, kt, input_precision=DOT) * decay
+            scores = tl.dot(q, kt, input_precision=DOT) * decay
+            scaled_k = (beta * tl.exp(cum))[:, None] * k
+        system = tl.where(ii > jj, beta[:, None] * system, 0.0)
+        inverse = _unit_lower_inverse(system, ii, jj, CHUNK, DOT)
+        w = tl.dot(inverse, scaled_k, input_precision=DOT)
+        at = (t[:, None] * HV + head).to(tl.int64)
+        tl.store(w_ptr + at * K + kk[None, :], w, mask=valid[:, None] & (kk[None, :] < K))
+        tl.store(scores_ptr + at * CHUNK + jj, tl.where(ii >= jj, scores, 0.0), mask=valid[:, None])
+        for v0 in tl.static_range(0, V, BLOCK_V):
+            vv = v0 + tl.arange(0, BLOCK_V)
+            mv = valid[:, None] & (vv[None, :] < V)
+            v_ptr = mixed_ptr + t[:, None] * stride_m + 2 * HK * K + head * V + vv[None, :]
+            v = tl.load(v_ptr, mask=mv, other=0.0).to(tl.float32)
+            u = tl.dot(inverse, beta[:, None] * v, input_precision=DOT)
+            tl.store(u_ptr + at * V + vv[None, :], u, mask=mv)
+
+
+@triton.jit
+def _chunk_scan_kernel(
+    mixed_ptr, a_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr, out_ptr, state_ptr,
+    query_indptr_ptr, state_in_ptr, state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
+    stride_m, stride_a, stride_p, last_ckpt, scale,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    DOT: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The chunked form's second phase: one program a (row, head, value block) carries the
+    state S [K, BLOCK_V] through the row's chunks in order. A chunk's corrections are
+    U = u - w S; its outputs (exp(G) q) S + scores U; the state leaving it exp(G_last) S +
+    (exp(G_last - G) k)^T U. A prefix checkpoint inside a chunk (after its first p tokens)
+    is the same sum over the chunk's first p tokens with G_p for G_last (the corrections of
+    those tokens depend on no later token), so chunks are never cut. Checkpoints and the row's
+    input/output states as `_delta_rule_kernel`'s."""
     pdl_enter(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
+    qk_head = head // (HV // HK)
     kk = tl.arange(0, K)
     vv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = vv < V
     cc = tl.arange(0, CHUNK)
-    ii, jj = cc[:, None], cc[None, :]
+    jj = cc[None, :]
     start = tl.load(query_indptr_ptr + row)
     end = tl.load(query_indptr_ptr + row + 1)
     s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
+    neg_a = 0.0
+    dt_bias = 0.0
+    if not PER_CHANNEL:
+        neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+        dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
     ck = tl.load(ckpt_indptr_ptr + row)
     ck_end = tl.load(ckpt_indptr_ptr + row + 1)
     next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
-    pos = start
-    while pos < end:
-        n = tl.minimum(end - pos, CHUNK)
-        n = tl.where(next_len > 0, tl.minimum(n, start + next_len - pos), n)
+    for pos in range(start, end, CHUNK):
         t = pos + cc
-        valid = cc < n
-        tok = mixed_ptr + t[:, None] * stride_m
-        mk = valid[:, None] & (kk[None, :] < K)
-        q = tl.load(tok + head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(tok + H * K + head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
-        q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
-        k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
-        # Padding tokens decay by exp(0) with k = 0 and beta = 0: they change nothing.
-        g = tl.load(g_ptr + t[:, None] * stride_g + head * K + kk[None, :], mask=mk, other=0.0)
+        valid = t < end
+        n = tl.minimum(end - pos, CHUNK)
+        q, k = _chunk_qk(mixed_ptr, t, valid, kk, qk_head, scale, stride_m, HK, K)
+        g = _chunk_log_decay(a_ptr, t, valid, kk, head, stride_a, neg_a, dt_bias, K, PER_CHANNEL)
         cum = tl.cumsum(g, 0)
-        last = tl.sum(g, 0)  # G of the chunk's last token (padding adds 0)
-        system = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        scores = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-        for j in range(CHUNK):
-            pick = ii == j
-            k_j = tl.sum(tl.where(pick, k, 0.0), 0)
-            cum_j = tl.sum(tl.where(pick, cum, 0.0), 0)
-            # exp(G_i - G_j) k_j for the rows i >= j (the rows above are masked out below).
-            rel = tl.exp(tl.where(ii >= j, cum - cum_j[None, :], 0.0)) * k_j[None, :]
-            system = tl.where(jj == j, tl.sum(k * rel, 1)[:, None], system)
-            scores = tl.where(jj == j, tl.sum(q * rel, 1)[:, None], scores)
-        b = tl.load(b_ptr + t * stride_b + head, mask=valid, other=0.0).to(tl.float32)
-        beta = tl.where(valid, tl.sigmoid(b), 0.0)
-        system = tl.where(ii > jj, beta[:, None] * system, 0.0)
-        scores = tl.where(ii >= jj, scores, 0.0)
-        inverse = _unit_lower_inverse(system, ii, jj, CHUNK)
+        last = tl.sum(g, 0)  # G of the chunk's last token (the padding adds 0)
+        at = (t[:, None] * HV + head).to(tl.int64)
+        mk = valid[:, None] & (kk[None, :] < K)
         mv = valid[:, None] & vmask[None, :]
-        v = tl.load(tok + 2 * H * K + head * V + vv[None, :], mask=mv, other=0.0).to(tl.float32)
-        u = tl.dot(inverse, beta[:, None] * v, input_precision="ieee")
-        w = tl.dot(inverse, beta[:, None] * tl.exp(cum) * k, input_precision="ieee")
-        corrections = u - tl.dot(w, s, input_precision="ieee")
-        o = tl.dot(q * tl.exp(cum), s, input_precision="ieee")
-        o += tl.dot(scores, corrections, input_precision="ieee")
-        dst = out_ptr + (t[:, None] * H + head) * V + vv[None, :]
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mv)
-        carried = tl.trans(k * tl.exp(last[None, :] - cum))
-        s = s * tl.exp(last)[:, None] + tl.dot(carried, corrections, input_precision="ieee")
-        pos += n
-        if pos - start == next_len:
-            page = tl.load(ckpt_page_ptr + ck)
-            _store_state(state_ptr, page, stride_p, head, kk, vv, s, K, V)
+        w = tl.load(w_ptr + at * K + kk[None, :], mask=mk, other=0.0)
+        u = tl.load(u_ptr + at * V + vv[None, :], mask=mv, other=0.0)
+        scores = tl.load(scores_ptr + at * CHUNK + jj, mask=valid[:, None], other=0.0)
+        corrections = u - tl.dot(w, s, input_precision=DOT)
+        if PER_CHANNEL:
+            o = tl.dot(q * tl.exp(cum), s, input_precision=DOT)
+        else:
+            o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=DOT)
+        o += tl.dot(scores, corrections, input_precision=DOT)
+        tl.store(out_ptr + (t[:, None] * HV + head) * V + vv[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=mv)  # fmt: skip
+        # checkpoints strictly inside the chunk: the state after its first p tokens
+        while (next_len > pos - start) & (next_len < pos - start + n):
+            p = next_len - (pos - start)
+            first = cc[:, None] < p
+            if PER_CHANNEL:
+                cum_p = tl.sum(tl.where(cc[:, None] == p - 1, cum, 0.0), 0)
+                carried = k * tl.exp(tl.where(first, cum_p[None, :] - cum, 0.0))
+                s_p = s * tl.exp(cum_p)[:, None]
+            else:
+                cum_p = tl.sum(tl.where(cc == p - 1, cum, 0.0), 0)
+                carried = k * tl.exp(tl.where(cc < p, cum_p - cum, 0.0))[:, None]
+                s_p = s * tl.exp(cum_p)
+            carried = tl.where(first, carried, 0.0)
+            s_p += tl.dot(tl.trans(carried), corrections, input_precision=DOT)
+            _store_state(state_ptr, tl.load(ckpt_page_ptr + ck), stride_p, head, kk, vv, s_p, K, V)
+            ck += 1
+            next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
+        if PER_CHANNEL:
+            carried = k * tl.exp(last[None, :] - cum)
+            s = s * tl.exp(last)[:, None]
+        else:
+            carried = k * tl.exp(last - cum)[:, None]
+            s = s * tl.exp(last)
+        s += tl.dot(tl.trans(carried), corrections, input_precision=DOT)
+        if next_len == pos - start + n:
+            _store_state(state_ptr, tl.load(ckpt_page_ptr + ck), stride_p, head, kk, vv, s, K, V)
             ck += 1
             next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
     _store_state(state_ptr, tl.load(state_out_ptr + row), stride_p, head, kk, vv, s, K, V)
+
+
+def chunk_precision(dtype: torch.dtype) -> str:
+    """The chunked form's matrix products (`tl.dot`'s input precision) for inputs of `dtype`:
+    TF32 for 16-bit inputs (its 10-bit mantissa is finer than the inputs' own rounding; on an
+    H100 the form runs 3-5x faster than with float32 products, agreeing with fla as closely,
+    docs/benchmarks.md), exact float32 products ("ieee") for float32 inputs."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _chunked(
+    mixed: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    out: torch.Tensor,
+    state: torch.Tensor,
+    rows: StateRows,
+    num_k_heads: int,
+    chunk: int,
+    per_channel: bool,
+    block_v: int,
+    precision: str | None,
+) -> None:
+    """Both phases of the chunked form (`_chunk_prep_kernel`, then `_chunk_scan_kernel`) over
+    float32 scratch of w, u and the scores, `chunk` tokens a chunk; the scan's programs own
+    `block_v` value columns each (0: 32), its products at `precision` (None:
+    `chunk_precision`)."""
+    _, heads, k_dim, v_dim = state.shape
+    precision = precision or chunk_precision(mixed.dtype)
+    block_v = block_v or max(min(next_pow2(v_dim), 32), 16)
+    assert block_v >= 16 and block_v == next_pow2(block_v), "tl.dot's tiles: 16, 32, 64..."
+    t = mixed.shape[0]
+    batch = rows.state_in.shape[0]
+    lens = rows.query_indptr[1:] - rows.query_indptr[:-1]
+    chunk_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=mixed.device)
+    chunk_indptr[1:] = torch.cumsum(torch.div(lens + chunk - 1, chunk, rounding_mode="floor"), 0)
+    scratch = dict(dtype=torch.float32, device=mixed.device)
+    w = torch.empty((t, heads, k_dim), **scratch)  # type: ignore[call-overload]
+    u = torch.empty((t, heads, v_dim), **scratch)  # type: ignore[call-overload]
+    scores = torch.empty((t, heads, chunk), **scratch)  # type: ignore[call-overload]
+    slots = triton.cdiv(t, chunk) + batch  # at least the step's chunks
+    shapes = dict(HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, CHUNK=chunk, PER_CHANNEL=per_channel)
+    _chunk_prep_kernel[(slots, heads)](
+        mixed, a, b, a_log, dt_bias, w, u, scores, rows.query_indptr, chunk_indptr, batch,
+        batch.bit_length(), mixed.stride(0), a.stride(0), b.stride(0), k_dim**-0.5,
+        BLOCK_V=max(min(next_pow2(v_dim), 64), 16), DOT=precision, **shapes, num_warps=8,
+        **pdl_args(),
+    )  # fmt: skip
+    _chunk_scan_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
+        mixed, a, a_log, dt_bias, w, u, scores, out, state, rows.query_indptr, rows.state_in,
+        rows.state_out, rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0),
+        a.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
+        BLOCK_V=block_v, DOT=precision, **shapes, num_warps=4, **pdl_args(),
+    )  # fmt: skip
 
 
 def kda_delta_rule(
@@ -377,6 +472,8 @@ def kda_delta_rule(
     rows: StateRows,
     out: torch.Tensor | None = None,
     chunk: int = 0,
+    precision: str | None = None,
+    block_v: int = 0,
 ) -> torch.Tensor:
     """KDA's delta rule (module docstring): o [T, H, V] (mixed's dtype) of `mixed`
     [T, 2*H*K + H*V] (q | k | v, rows contiguous), the float32 log decays `g` [T, H, K]
@@ -395,20 +492,13 @@ def kda_delta_rule(
         out = torch.empty((t, heads, v_dim), dtype=mixed.dtype, device=mixed.device)
     assert out.shape == (t, heads, v_dim) and out.is_contiguous()
     assert max(t * mixed.stride(0), out.numel(), g.numel()) < 2**31, "token offsets are int32"
-    block_v = min(next_pow2(v_dim), 32)
     batch = rows.state_in.shape[0]
     if batch and chunk:
-        assert chunk in (16, 32) and k_dim >= 16, "KDA chunks are 16 or 32 tokens"
-        # tl.dot's smallest tile, and the one that keeps the chunk's blocks in registers on
-        # sm_90 (GLM-5.3's K = V = 128, 8 warps: no spills at 16-token chunks; docs/gpu.md)
-        block_v = 16
-        _kda_chunked_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
-            mixed, g, b, out, state, rows.query_indptr, rows.state_in, rows.state_out,
-            rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),
-            b.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
-            H=heads, K=k_dim, V=v_dim, BLOCK_V=block_v, CHUNK=chunk, num_warps=8, **pdl_args(),
-        )  # fmt: skip
+        assert chunk in (16, 32, 64) and k_dim >= 16
+        _chunked(mixed, g, b, g, g, out, state, rows, heads, chunk, per_channel=True,
+                 block_v=block_v, precision=precision)  # fmt: skip
     elif batch:
+        block_v = min(next_pow2(v_dim), 32)
         _delta_rule_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
             mixed, g, b, g, g, out, state, rows.query_indptr, rows.state_in, rows.state_out,
             rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0), g.stride(0),

@@ -112,8 +112,8 @@ def glm5_moe(config: ModelConfig, glm: Glm5NextConfig, w: WeightSource, prefix: 
 
 class KimiDeltaAttention:
     """`prefix` is the layer's `...self_attn.`; `index` its place among the KDA layers.
-    Prefill steps run the chunked delta rule, `prefill_chunk` tokens a chunk (16 or 32; 0:
-    the recurrent kernel, which decode always runs)."""
+    Prefill steps run the chunked delta rule, `prefill_chunk` tokens a chunk (16, 32 or 64;
+    0: the recurrent kernel, which decode always runs; 16 measured fastest, docs/benchmarks.md)."""
 
     prefill_chunk = 16
 

@@ -61,10 +61,10 @@ def state_views(
 class GatedDeltaNet:
     """`prefix` is the layer's `...linear_attn.`; `index` its place among the linear layers.
     Prefill steps run the chunked delta-rule kernel, `prefill_chunk` tokens a chunk (16, 32
-    or 64; 0: the recurrent kernel, which decode always runs). Neither is measured on a GPU
-    yet (docs/gpu.md)."""
+    or 64; 0: the recurrent kernel, which decode always runs); float32 layers 32 tokens,
+    since their exact float32 products spill at 64 (docs/benchmarks.md)."""
 
-    prefill_chunk = 32
+    prefill_chunk = 64
 
     def __init__(self, config: ModelConfig, w: WeightSource, prefix: str, index: int) -> None:
         lin = config.linear_attention
@@ -99,6 +99,8 @@ class GatedDeltaNet:
         mixed = causal_conv1d(mixed_in, self.conv, conv_state, rows)
         conv_state_store(mixed_in, conv_state, rows)
         chunk = self.prefill_chunk if isinstance(step.info, PrefillInfo) else 0
+        if x.dtype == torch.float32:
+            chunk = min(chunk, 32)
         o = gated_delta_rule(
             mixed, a, b, self.a_log, self.dt_bias, recurrent, rows, lin.num_k_heads, chunk=chunk
         )
