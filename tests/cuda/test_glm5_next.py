@@ -10,6 +10,7 @@ The selection is compared through them: a tie that broke differently would show.
 from __future__ import annotations
 
 import functools
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -100,18 +101,47 @@ def test_same_tokens_as_the_reference_with_prefix_hits(
     assert reused == reused_ref > 0
 
 
+def _complete_pools(runner: Any, group: int, pool: int, per_page: int) -> dict[int, int]:
+    """Wraps `runner.submit`: per arena page, how many of its `per_page` pool slots hold a
+    complete pool of the tokens its page holds now (those of the last plan row that held the
+    page: that row's page table and length after the step), filled in as plans run. Judged
+    from the plans, not from the bytes: a page handed to a new owner keeps the old owner's
+    tokens past the new one's, and whatever pool the old owner stored there."""
+    complete: dict[int, int] = {}
+    submit = runner.submit
+
+    def tracked(plan: Any) -> None:
+        submit(plan)
+        g = plan.cache_groups[group]
+        for b, total in enumerate(plan.total_lens.tolist()):
+            ids = g.page_ids[g.page_indptr[b] : g.page_indptr[b + 1]].tolist()
+            for i, page in enumerate(ids, start=int(g.page_start[b])):
+                complete[page] = min(per_page, max(0, total // pool - i * per_page))
+
+    runner.submit = tracked
+    return complete
+
+
 def test_pools_completed_inside_and_across_prefill_chunks_are_stored_and_reused(
-    device: str,
+    device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stored pools (the default): prompts whose 16-token prefill chunks, cut short by the
     step's token budget, complete pools both inside a chunk and across a chunk boundary (the
     pool's first tokens in an earlier step); a second round hits the prefix cache and scores
-    the reused pages' stored pools. The tokens equal the reference's, and every complete
-    History page holds the gated pool of its tokens in each indexed layer."""
+    the reused pages' stored pools. The tokens equal the reference's, and in each indexed layer
+    every pool slot that holds a complete pool of its page's current tokens (by the plans'
+    page tables, `_complete_pools`) holds their gated pool; one page handed to a new owner
+    still holds an earlier owner's tokens and pool past the new owner's, and is not read."""
+    from resin.engine import engine
     from resin_models_cuda.kernels.compressor import gated_pool
     from resin_models_cuda.models.glm5_next import IndexedMla
 
     assert IndexedMla.stored_pools and IndexedMla.sparse_kernel
+    # Decode rows preempt prefill after `max_decode_wait_s` of wall-clock: the interpreter's
+    # slow steps waited that long, a GPU's did not, and the pages were handed out in another
+    # order. Without the clock, every device runs the same schedule (and pages).
+    config = functools.partial(engine.EngineConfig, max_decode_wait_s=math.inf)
+    monkeypatch.setattr(engine, "EngineConfig", config)
     reference, fast = _runners(device)
     model, chunks = fast.model, []
     queries = model._queries
@@ -123,6 +153,9 @@ def test_pools_completed_inside_and_across_prefill_chunks_are_stored_and_reused(
         return view
 
     model._queries = recorded
+    mixers = [layer.mixer for layer in model.layers if isinstance(layer.mixer, IndexedMla)]
+    pool, per_page = model.glm.index_kpool, model.pools_per_page
+    complete = _complete_pools(fast, mixers[0].slot.group, pool, per_page)
     gen = torch.Generator().manual_seed(5)
     shared = torch.randint(0, 300, (35,), generator=gen).tolist()
     prompts = [shared + torch.randint(0, 300, (n,), generator=gen).tolist() for n in (3, 12)]
@@ -135,19 +168,23 @@ def test_pools_completed_inside_and_across_prefill_chunks_are_stored_and_reused(
     assert reused == reused_ref >= 2 * 32
     assert any(c % 16 and t // 16 > c // 16 for c, t in chunks)  # a pool across chunks
     assert any(-(-c // 16) * 16 + 16 <= t for c, t in chunks)  # a pool inside one chunk
-    pooled = 0  # over the arena the last step ran on (`model._kv`; closing drops the runner's)
-    for layer in model.layers:
-        mixer = layer.mixer
-        if not isinstance(mixer, IndexedMla):
-            continue
-        tokens, pools = model.token_view(mixer.slot.index), model.pool_view(mixer.slot.index)
-        rank, d = mixer.mla.kv_lora_rank, mixer.glm.index_head_dim
-        complete = (tokens != 0).any(dim=-1).all(dim=-1)  # pages with every token written
-        keys = tokens[complete, :, rank : rank + d]
-        want_pools = gated_pool(keys, tokens[complete, :, rank + d :].float(), mixer.ape)
-        torch.testing.assert_close(pools[complete, 0], want_pools, atol=1e-5, rtol=1e-5)
-        pooled += int(complete.sum())
+    pages = torch.tensor(list(complete), dtype=torch.long, device=model.device)
+    held = torch.tensor(list(complete.values()), device=model.device)
+    pooled = int(held.sum())
     assert pooled >= 4
+    # over the arena the last step ran on (`model._kv`; closing drops the runner's)
+    for mixer in mixers:
+        tokens, pools = model.token_view(mixer.slot.index), model.pool_view(mixer.slot.index)
+        assert pools is not None
+        rank, d = mixer.mla.kv_lora_rank, mixer.glm.index_head_dim
+        # a page whose every token is written, but in part by an earlier owner
+        written = (tokens[pages] != 0).any(dim=-1).all(dim=-1)
+        assert bool((written & (held < per_page)).any())
+        keys = tokens[pages, :, rank : rank + d].reshape(len(pages), per_page, pool, d)
+        gates = tokens[pages, :, rank + d :].reshape(keys.shape).float()
+        slots = torch.arange(per_page, device=model.device) < held[:, None]  # [pages, per_page]
+        want_pools = gated_pool(keys[slots], gates[slots], mixer.ape)
+        torch.testing.assert_close(pools[pages][slots], want_pools, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("path", list(_PATHS))
