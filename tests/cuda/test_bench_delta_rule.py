@@ -24,10 +24,12 @@ from resin_app.bench.delta_rule import Row, Shape, agreement, fla_call, make_inp
 # fla's `gather` outside a JIT context.
 NO_FLA_CHUNKED = "fla's chunked kernels do not run in Triton's interpreter (a GPU compares them)"
 
-# GDN at an odd value width (masked value blocks on both sides; fla's GDN: blocks of 8). KDA at
-# 64: fla's chunked KDA (`chunk_gla_fwd_kernel_o`) stopped with "misaligned address" at K = 16,
-# V = 24 and again at K = V = 32 on an H100 (2026-12-07), which poisons the process's CUDA
-# context for every later test; its published models use 128.
+# GDN at an odd value width (masked value blocks on both sides; fla's GDN: blocks of 8). fla's
+# chunked KDA (`chunk_gla_fwd_kernel_o`) stopped with "misaligned address" at K = 16, V = 24,
+# at K = V = 32 and at K = V = 64 on an H100 (2026-12-07), which poisons the process's CUDA
+# context for every later test; at GLM-5.3's K = V = 128 it runs (the bench's own shapes). So
+# on a GPU the tiny KDA shapes are compared in the recurrent form only.
+FLA_KDA_SMALL = "fla's chunk_kda: CUDA 'misaligned address' at small heads (poisons the context)"
 SHAPES = [
     Shape("tiny-gdn", "gdn", 2, 4, 16, 24, None, 16),
     Shape("tiny-kda", "kda", 3, 3, 64, 64, -5.0, 16),
@@ -52,6 +54,8 @@ def test_our_kernels_agree_with_fla(
 ) -> None:
     if mode == "chunked" and device == "cpu":
         pytest.skip(NO_FLA_CHUNKED)
+    if mode == "chunked" and shape.kernel == "kda":
+        pytest.skip(FLA_KDA_SMALL)
     # Rows of 21 tokens: past one chunk of ours (16) on the chunked path, a long recurrence on
     # the recurrent one; three rows, each from its own state.
     x = make_inputs(shape, 3, 21, torch.device(device), dtype)
@@ -63,7 +67,9 @@ def test_our_kernels_agree_with_fla(
 
 def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> None:
     out = tmp_path / "delta_rule.jsonl"
-    argv = ["--device", device, "--presets", "tiny-qwen3_5_moe,tiny-glm5_next",
+    # on a GPU without the tiny KDA preset's chunked case (FLA_KDA_SMALL)
+    modes = "recurrent" if device == "cuda" else "chunked,recurrent"
+    argv = ["--device", device, "--presets", "tiny-qwen3_5_moe,tiny-glm5_next", "--modes", modes,
             "--prefill-batches", "2", "--prefill-lengths", "20", "--decode-batches", "1,3",
             "--reps", "1", "--inner", "1", "--output", str(out)]  # fmt: skip
     assert delta_rule.main(argv) == 0
@@ -73,6 +79,7 @@ def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> N
         (kernel, mode, batch, length)
         for kernel in ("gdn", "kda")
         for mode, batch, length in [("chunked", 2, 20), ("recurrent", 1, 1), ("recurrent", 3, 1)]
+        if mode in modes
     ]
     for r in rows:
         assert r["ours_us"] > 0 and r["fla_version"] == "0.6.0"

@@ -15,16 +15,19 @@ row's checkpoints `ckpt_indptr[row] .. ckpt_indptr[row + 1]` (prefix caching). A
 one (row, head, value block) tile of the state from the first read to the last write, so a
 checkpoint read and written in place (`state_in == state_out`) is safe.
 
-`chunk` > 0 (16, 32 or 64) picks the chunked form (`_chunked_kernel`): the same result
-`chunk` tokens at a time through a unit-triangular system per chunk, all of it matrix
-products (the system's inverse: 16 x 16 diagonal blocks by forward substitution, 15 serial
-products, then a short series; `_unit_lower_inverse`).
+`chunk` > 0 (16, 32 or 64) picks the chunked form: the same result `chunk` tokens at a time
+through a unit-triangular system per chunk, all of it matrix products, in two launches.
+`_chunk_prep_kernel` (one program a chunk and head, every chunk of the step at once) solves
+each chunk's system (its inverse: 16 x 16 diagonal blocks by forward substitution, 15 serial
+products, then a short series; `_unit_lower_inverse`) and writes what does not depend on the
+state entering the chunk; `_chunk_scan_kernel` (one program a row, head and value block)
+carries the state through the row's chunks. Products at `chunk_precision` (TF32 for 16-bit
+inputs, float32 for float32).
 
-`kda_delta_rule` is KDA's (GLM-5.3) form on the same recurrent kernel (`PER_CHANNEL`): q and k
-heads are the value heads, the log decay `g` [T, HV, K] comes precomputed in float32 (one per
-key channel: `S <- S * exp(g)[:, None]`) and beta is sigmoid(b). Its chunked form
-(`_kda_chunked_kernel`, `chunk` 16 or 32) keeps every per-channel decay factor relative,
-exp(G_i - G_j) with j <= i, so none overflows.
+`kda_delta_rule` is KDA's (GLM-5.3) form on the same kernels (`PER_CHANNEL`): q and k heads
+are the value heads, the log decay `g` [T, HV, K] comes precomputed in float32 (one per key
+channel: `S <- S * exp(g)[:, None]`) and beta is sigmoid(b). Its chunked form keeps every
+per-channel decay factor relative, exp(G_i - G_j) with j <= i, so none overflows.
 """
 
 from __future__ import annotations
@@ -151,8 +154,9 @@ def gated_delta_rule(
     (q | k | v, rows contiguous), `a` / `b` [T, HV] (rows may be strided), `a_log` /
     `dt_bias` [HV], `state` float32 [pages, HV, K, V] (this layer's view of the State
     region; page stride free). Reads each row's input checkpoint and writes its output and
-    checkpoint pages in place (module docstring). `chunk` > 0 (a power of two >= 16): the
-    chunked form, `chunk` tokens a step (prefill; not yet measured on a GPU)."""
+    checkpoint pages in place (module docstring). `chunk` > 0 (16, 32 or 64): the chunked
+    form, `chunk` tokens a step (prefill), its products at `precision` (None:
+    `chunk_precision`), its scan `block_v` value columns a program (0: 32)."""
     _, heads, k_dim, v_dim = state.shape
     t = mixed.shape[0]
     assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
@@ -478,8 +482,8 @@ def kda_delta_rule(
     """KDA's delta rule (module docstring): o [T, H, V] (mixed's dtype) of `mixed`
     [T, 2*H*K + H*V] (q | k | v, rows contiguous), the float32 log decays `g` [T, H, K]
     (contiguous), `b` [T, H] (beta's logits, rows may be strided) and `state` float32
-    [pages, H, K, V]; checkpoints as `gated_delta_rule`'s. `chunk` 16 or 32: the chunked
-    form (`_kda_chunked_kernel`, prefill); 0: the recurrent kernel."""
+    [pages, H, K, V]; checkpoints, `chunk`, `precision` and `block_v` as
+    `gated_delta_rule`'s; 0: the recurrent kernel."""
     _, heads, k_dim, v_dim = state.shape
     t = mixed.shape[0]
     assert state.dtype == torch.float32 and state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
