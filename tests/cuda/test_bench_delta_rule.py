@@ -71,7 +71,7 @@ def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> N
     modes = "recurrent" if device == "cuda" else "chunked,recurrent"
     argv = ["--device", device, "--presets", "tiny-qwen3_5_moe,tiny-glm5_next", "--modes", modes,
             "--prefill-batches", "2", "--prefill-lengths", "20", "--decode-batches", "1,3",
-            "--reps", "1", "--inner", "1", "--output", str(out)]  # fmt: skip
+            "--reps", "1", "--inner", "1", "--kernels", "--output", str(out)]  # fmt: skip
     assert delta_rule.main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     cases = [(r["kernel"], r["mode"], r["batch"], r["length"]) for r in rows]
@@ -83,6 +83,13 @@ def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> N
     ]
     for r in rows:
         assert r["ours_us"] > 0 and r["fla_version"] == "0.6.0"
+        if device == "cuda" and r["error"] is None:  # --kernels: ours' device time by kernel
+            chunked = {"_chunk_prep_kernel", "_chunk_scan_kernel"}
+            ours = chunked if r["mode"] == "chunked" else {"_delta_rule_kernel"}
+            assert ours <= set(r["kernels_us"])
+            assert all(us > 0 for us in r["kernels_us"].values())
+        else:
+            assert r["kernels_us"] is None
         assert r["our_chunk"] == (
             0 if r["mode"] == "recurrent" else {"gdn": 64, "kda": 16}[r["kernel"]]
         )

@@ -33,7 +33,8 @@ are within `--tolerance` of it). Then the time: a call's microseconds, the media
 captured; `timing` says which; CPU: wall clock, for the plumbing only). `ratio` is ours / fla;
 `decision` applies docs/benchmarks.md's rule to the row: keep ours where ratio <= 1.10, else
 fla, if fla agreed; the verdict per path (kernel, mode) takes the geometric mean of its rows
-(`decide`). Prints a table and the verdicts, and appends every row to `--output` as JSONL (a
+(`decide`). `--kernels` (CUDA) adds our side's device time a call by kernel (the chunked
+form's two phases apart), from torch's profiler. Prints a table and the verdicts, and appends every row to `--output` as JSONL (a
 side that failed: its time null and its error in `error`).
 
     resin bench delta-rule --output bench/delta_rule.jsonl
@@ -322,6 +323,7 @@ class Row:
     fla_us: float | None
     timing: str
     error: str | None
+    kernels_us: dict[str, float] | None = None  # --kernels: our device time a call, by kernel
 
     @property
     def ratio(self) -> float | None:
@@ -347,6 +349,25 @@ class Options:
     reps: int
     inner: int
     tolerance: float
+    kernels: bool = False
+
+
+def kernel_times(fn: Callable[[], object], calls: int = 5) -> dict[str, float]:
+    """Device microseconds a call of `fn` spends in each kernel, by the kernel's name (torch's
+    profiler over `calls` calls, after one untimed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total / calls
+    return totals
 
 
 def _error(exc: Exception) -> str:
@@ -379,8 +400,9 @@ def bench_case(s: Shape, mode: Mode, batch: int, length: int, opt: Options) -> R
         return row(None, None, None, None, False, ours_us, None, timing, _error(exc))
     theirs()  # fla autotunes on its first calls
     (ours_us, fla_us), timing = time_pair([mine, theirs], opt.device, opt.reps, opt.inner)
+    kernels = kernel_times(mine) if opt.kernels and opt.device.type == "cuda" else None
     return row(diff.max_abs_out, diff.max_abs_state, diff.out_scale, diff.state_scale,
-               diff.within(opt.tolerance), ours_us, fla_us, timing, None)  # fmt: skip
+               diff.within(opt.tolerance), ours_us, fla_us, timing, None, kernels)  # fmt: skip
 
 
 HEADER = (f"{'kernel':<7}{'mode':<10}{'batch':>6}{'len':>6}{'chunk':>6}{'prec':>7}{'|dO|':>10}"
@@ -451,6 +473,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--our-block-v", default="",
                    help="value columns a program of our chunked scan, comma-separated "
                    "(default: the kernel's)")  # fmt: skip
+    p.add_argument("--kernels", action="store_true",
+                   help="CUDA: also our device time a call by kernel (torch's profiler), "
+                   "printed under the row and in the JSONL's kernels_us")  # fmt: skip
     p.add_argument("--fla-chunk", type=int, default=64, help="fla's chunk_size")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -488,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(x not in (None, *PRECISIONS) for x in precisions):
         p.error(f"--precision takes {', '.join(PRECISIONS)}")
     opt = Options(device, args.dtype, None, None, 0, args.fla_chunk, args.reps, args.inner,
-                  args.tolerance)  # fmt: skip
+                  args.tolerance, args.kernels)  # fmt: skip
     chunks: list[int | None] = [*_ints(args.our_chunk)] or [None]
     variants = [replace(opt, our_chunk=c, precision=x, block_v=v)
                 for c in chunks for x in precisions
@@ -503,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     row = bench_case(s, mode, batch, length, variant)
                     rows.append(row)
                     print(line(row), flush=True)  # each row as it comes: a timeout keeps them
+                    for kernel, us in (row.kernels_us or {}).items():
+                        print(f"    {us:>10.1f} us  {kernel}", flush=True)
                     if args.output:
                         write_jsonl(args.output, [{**asdict(row), "ratio": row.ratio,
                                                    "decision": row.decision, "device": name,
