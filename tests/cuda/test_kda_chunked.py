@@ -32,7 +32,7 @@ def _log_decays(t: int, h: int, kd: int, gen: torch.Generator) -> torch.Tensor:
     return g
 
 
-@pytest.mark.parametrize("chunk", [16, 32])
+@pytest.mark.parametrize("chunk", [16, 32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kda_chunked_equals_recurrent_kernel(device: str, chunk: int, dtype: torch.dtype) -> None:
     # Two value blocks of 16, the second half masked; on a GPU also GLM-5.3's head (K = V =

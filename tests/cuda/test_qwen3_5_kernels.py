@@ -201,7 +201,8 @@ def test_gated_rmsnorm_equals_pytorch(device: str, dtype: torch.dtype) -> None:
 def test_the_chunked_kernels_compile_for_sm90() -> None:
     """The chunked form's two phases at the published shapes compile for sm_90 (the
     interpreter above runs them but compiles nothing): Gated DeltaNet's first phase at
-    Qwen3.5's heads in 64-token chunks with TF32 products, KDA's scan at GLM-5.3's."""
+    Qwen3.5's heads in 64-token chunks with TF32 products, KDA's scan at GLM-5.3's, KDA's
+    first phase in 64-token chunks."""
     from tests.cuda.sm90 import compile_sm90
 
     module = "resin_models_cuda.kernels.delta_rule"
@@ -221,3 +222,8 @@ def test_the_chunked_kernels_compile_for_sm90() -> None:
                           dict(HK=32, HV=32, BLOCK_V=32, CHUNK=16, PER_CHANNEL=True, **shapes),
                           num_warps=4)  # fmt: skip
     assert ".entry _chunk_scan_kernel" in ptx and "mma" in ptx
+    # KDA's first phase at 64-token chunks: its cross-block sums as products (`_kda_pairs`)
+    ptx, _ = compile_sm90(module, "_chunk_prep_kernel", sig,
+                          dict(HK=32, HV=32, BLOCK_V=64, CHUNK=64, PER_CHANNEL=True, **shapes),
+                          num_warps=8)  # fmt: skip
+    assert ".entry _chunk_prep_kernel" in ptx and "mma" in ptx

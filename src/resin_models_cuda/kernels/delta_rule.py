@@ -240,6 +240,49 @@ def _chunk_log_decay(a_ptr, t, valid, kk, head, stride_a, neg_a, dt_bias, K: tl.
 
 
 @triton.jit
+def _kda_pairs(q, k, cum, ii, jj, CHUNK: tl.constexpr, K: tl.constexpr, DOT: tl.constexpr):
+    """KDA's pairwise sums of a chunk, k_i . (exp(G_i - G_j) k_j) and q_i . (exp(G_i - G_j)
+    k_j) [CHUNK, CHUNK] (only j <= i is meaningful; the caller masks the rest). In 16-token
+    blocks: within a block a column j at a time (an elementwise [16, K] product and row sum
+    per column, every block at once: 16 steps whatever the chunk); across blocks, for the rows
+    of block b against the columns before it, matrix products through the block's first token
+    r: exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j), both exponents <= 0 (G does not
+    increase down the chunk), so no factor overflows."""
+    NB: tl.constexpr = CHUNK // 16
+    r3 = tl.arange(0, 16)[None, :, None]  # a row's place in its block
+    k3 = tl.reshape(k, (NB, 16, K))
+    q3 = tl.reshape(q, (NB, 16, K))
+    cum3 = tl.reshape(cum, (NB, 16, K))
+    first_col = (ii // 16) * 16  # the first column of row i's block
+    system = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    scores = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
+    for j in range(16):
+        pick = r3 == j
+        k_j = tl.sum(tl.where(pick, k3, 0.0), 1)  # [NB, K]: each block's row j
+        cum_j = tl.sum(tl.where(pick, cum3, 0.0), 1)
+        # exp(G_i - G_j) k_j for the rows i >= j of each block (the rest masked by the caller)
+        rel = tl.exp(tl.where(r3 >= j, cum3 - cum_j[:, None, :], 0.0)) * k_j[:, None, :]
+        at_j = jj == first_col + j
+        system = tl.where(at_j, tl.reshape(tl.sum(k3 * rel, 2), (CHUNK,))[:, None], system)
+        scores = tl.where(at_j, tl.reshape(tl.sum(q3 * rel, 2), (CHUNK,))[:, None], scores)
+    if NB > 1:
+        ref = tl.sum(tl.where(r3 == 0, cum3, 0.0), 1)  # [NB, K]: G at each block's first row
+        ref = tl.reshape(tl.broadcast_to(ref[:, None, :], (NB, 16, K)), (CHUNK, K))
+        to_ref = tl.exp(cum - ref)
+        k_left = k * to_ref
+        q_left = q * to_ref
+        for b in tl.static_range(1, NB):
+            g_r = tl.sum(tl.where(ii == 16 * b, cum, 0.0), 0)  # [K]: G at block b's first row
+            earlier = ii < 16 * b
+            right = tl.where(earlier, k * tl.exp(tl.minimum(g_r[None, :] - cum, 0.0)), 0.0)
+            right = tl.trans(right)
+            block = ((ii // 16) == b) & (jj < 16 * b)
+            system = tl.where(block, tl.dot(k_left, right, input_precision=DOT), system)
+            scores = tl.where(block, tl.dot(q_left, right, input_precision=DOT), scores)
+    return system, scores
+
+
+@triton.jit
 def _chunk_prep_kernel(
     mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr,
     query_indptr_ptr, chunk_indptr_ptr, batch, search_steps,
@@ -257,8 +300,8 @@ def _chunk_prep_kernel(
         u = (I + A)^-1 (beta v)          [CHUNK, V]
         scores[i, j] = q_i . (exp(G_i - G_j) k_j)   (j <= i, else 0)
     with A[i, j] = beta_i k_i . (exp(G_i - G_j) k_j) for j < i. KDA's per-channel decays
-    enter A and the scores inside the dot product, so those two are built a column j at a
-    time; every exponent is G_i - G_j <= 0 or G itself, so nothing overflows."""
+    enter A and the scores inside the dot product (`_kda_pairs`); every exponent is
+    G_i - G_j <= 0 or G itself, so nothing overflows."""
     pdl_enter(PDL)
     chunk = tl.program_id(0)
     head = tl.program_id(1)
@@ -290,16 +333,7 @@ def _chunk_prep_kernel(
         b = tl.load(b_ptr + t * stride_b + head, mask=valid, other=0.0).to(tl.float32)
         beta = tl.where(valid, tl.sigmoid(b), 0.0)
         if PER_CHANNEL:
-            system = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-            scores = tl.zeros((CHUNK, CHUNK), dtype=tl.float32)
-            for j in range(CHUNK):
-                pick = ii == j
-                k_j = tl.sum(tl.where(pick, k, 0.0), 0)
-                cum_j = tl.sum(tl.where(pick, cum, 0.0), 0)
-                # exp(G_i - G_j) k_j for the rows i >= j (the rows above are masked out below)
-                rel = tl.exp(tl.where(ii >= j, cum - cum_j[None, :], 0.0)) * k_j[None, :]
-                system = tl.where(jj == j, tl.sum(k * rel, 1)[:, None], system)
-                scores = tl.where(jj == j, tl.sum(q * rel, 1)[:, None], scores)
+            system, scores = _kda_pairs(q, k, cum, ii, jj, CHUNK, K, DOT)
             scaled_k = beta[:, None] * tl.exp(cum) * k
         else:
             lower = ii >= jj
