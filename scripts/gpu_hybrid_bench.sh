@@ -5,7 +5,8 @@
 #   qwen3_5.jsonl      `resin bench runner`, Qwen3.5-35B-A3B at full depth (40 layers, ~70 GB):
 #                      decode batch 1 and 64 at 1k context, prefill 4k (step qwen3_5), then
 #                      prefill 32k (step qwen3_5_32k)
-#   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB):
+#   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB;
+#                      on an 80 GB card glm-5.3-flash-6l, 6 layers, 48.7 GB):
 #                      decode batch 1 and 64 at 1k, prefill 4k (the fast runner's first
 #                      GLM-5.3: expect it below the ceiling)
 #   glm5_mla*.jsonl    (GLM_MLA="1 0", opt-in, in place of glm5.jsonl) the same GLM step once
@@ -49,6 +50,11 @@ if [ "$QWEN" = qwen3.5-35b-a3b ] && [ -n "$mib" ] && [ "$mib" -lt 100000 ]; then
 fi
 QWEN_32K="${QWEN_32K:-$QWEN}"
 GLM="${GLM:-glm-5.3-flash-8l}"
+# GLM-5.3 at 8 layers (78 GB) does not fit an 80 GB card either: 6 layers (48.7 GB) there
+if [ "$GLM" = glm-5.3-flash-8l ] && [ -n "$mib" ] && [ "$mib" -lt 100000 ]; then
+    echo "gpu_hybrid_bench.sh: ${mib} MiB on the card: glm-5.3-flash-6l in place of 8 layers"
+    GLM=glm-5.3-flash-6l
+fi
 SERVE_PRESET="${SERVE_PRESET:-qwen3.5-35b-a3b-8l}"
 CKPT="${CKPT:-/tmp/resin-${SERVE_PRESET}-random}"
 PORT="${PORT:-8124}"

@@ -230,6 +230,9 @@ PRESETS["qwen3.5-35b-a3b-8l"] = {  # its first 8 layers (6 GDN, 2 full): 15.5 GB
 PRESETS["glm-5.3-flash-8l"] = {  # two KDA x3 + indexed-MLA groups: 78 GB in bf16, one H200
     **PRESETS["glm-5.3-flash"], "num_hidden_layers": 8,
 }  # fmt: skip
+PRESETS["glm-5.3-flash-6l"] = {  # KDA x3, indexed MLA, KDA x2 (the last three MoE): 48.7 GB
+    **PRESETS["glm-5.3-flash"], "num_hidden_layers": 6,  # in bf16, for an 80 GB card
+}  # fmt: skip
 
 
 def preset(name: str) -> ModelConfig:

@@ -215,6 +215,9 @@ def test_presets_count_the_published_sizes_and_run() -> None:
     assert 313.2 < (total + embedding) / 1e9 < 313.4  # 313.3B text parameters (mHC left out)
     assert 16.6 < active / 1e9 < 16.8  # 16.7B a token without the embedding
     assert 78 < 2 * (param_counts(reduced)[1] + embedding) / 1e9 < 79  # bf16 GB, one H200
+    six = preset("glm-5.3-flash-6l")  # for an 80 GB card: both layer kinds, three MoE layers
+    assert six.num_layers == 6 and [six.is_sparse(i) for i in range(6)] == [False] * 3 + [True] * 3
+    assert 48 < 2 * (param_counts(six)[1] + embedding) / 1e9 < 50
     runner = random_runner(preset("tiny-glm5_next"), page_size=8)
     prompts = [[t % 256 for t in p] for p in _prompts(5)[:2]]  # the preset has 256 tokens
     requests, _ = run_staggered(runner, prompts, 16, True, 3)
