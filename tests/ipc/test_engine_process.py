@@ -194,3 +194,11 @@ def test_outputs_round_trip_as_buffers_with_rich_events_in_order() -> None:
         events, key=lambda e: (e.request_id, isinstance(e, FinishedEvent))
     )
     assert [e for e in back if e.request_id == 2] == events[1:3]
+
+
+def test_a_decode_steps_outputs_round_trip_one_token_each() -> None:
+    events = [TokensEvent(rid, (rid + 100,), cached_tokens=rid % 3) for rid in range(5)]
+    events.append(FinishedEvent(2, FinishReason.LENGTH, 7, 1, 2))
+    back = wire.unpack_outputs(wire.decode(wire.encode(wire.pack_outputs(events))))
+    assert back == events
+    assert all(type(e) is TokensEvent for e in back[:5])
