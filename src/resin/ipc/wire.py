@@ -34,6 +34,7 @@ __all__ = [
     "decode",
     "encode",
     "pack_outputs",
+    "unpack_many",
     "unpack_outputs",
 ]
 
@@ -189,6 +190,37 @@ def unpack_outputs(msg: Outputs) -> list[Event]:
         events.extend(_rich(msg.rich))
     for rid, reason, prompt, output, hit, error in msg.finished:
         events.append(FinishedEvent(rid, FinishReason(reason), prompt, output, hit, error))
+    return events
+
+
+def unpack_many(messages: Sequence[Outputs]) -> list[Event]:
+    """The events of consecutive messages (a frontend that fell behind reads several steps at
+    once), each request's plain tokens of all of them as one `TokensEvent` (in step order,
+    `cached_tokens` the largest), then the finishes: fewer events to route and parse for the
+    same tokens. Messages with rich events or an empty token event are unpacked one by one."""
+    if len(messages) == 1 or any(m.rich for m in messages):
+        return [e for m in messages for e in unpack_outputs(m)]
+    plain = [m for m in messages if m.rids]
+    events: list[Event] = []
+    if plain:
+        counts = np.concatenate([np.frombuffer(m.counts, dtype=_TOKEN) for m in plain])
+        if counts.min() == 0:
+            return [e for m in messages for e in unpack_outputs(m)]
+        rids = np.concatenate([np.frombuffer(m.rids, dtype=_ID) for m in plain])
+        tokens = np.concatenate([np.frombuffer(m.tokens, dtype=_TOKEN) for m in plain])
+        cached = np.concatenate([np.frombuffer(m.cached, dtype=_TOKEN) for m in plain])
+        owner = np.repeat(rids, counts)  # each token's request, in step order
+        order = np.argsort(owner, kind="stable")
+        ids, first, per = np.unique(owner[order], return_index=True, return_counts=True)
+        hit = np.zeros(ids.size, dtype=_TOKEN)
+        np.maximum.at(hit, np.searchsorted(ids, rids), cached)
+        flat = tokens[order].tolist()
+        ends = (first + per).tolist()
+        runs = map(tuple, map(flat.__getitem__, map(slice, first.tolist(), ends)))
+        events.extend(plain_tokens_events(ids.tolist(), runs, hit.tolist(), ids.size))
+    for m in messages:
+        for rid, reason, prompt, output, hit_, error in m.finished:
+            events.append(FinishedEvent(rid, FinishReason(reason), prompt, output, hit_, error))
     return events
 
 
