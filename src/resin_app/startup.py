@@ -34,12 +34,16 @@ def settle_heap() -> None:
     (events, deltas, chunks) that die young; with the defaults, collections that scan the
     whole startup heap took ~19% of a frontend's CPU at 256 zero-cost streams (dev CPU), and
     about a third of that after this. vLLM's engine core freezes its startup heap too."""
+    import atexit
     import gc
 
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_GEN0_THRESHOLD, older, oldest)
+    # At exit the heap is the collector's again: frozen objects are never freed, and nanobind
+    # modules (triton's) would report each of theirs as a leak.
+    atexit.register(gc.unfreeze)
 
 
 @dataclass
