@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from itertools import repeat
 
 
 class FinishReason(enum.StrEnum):
@@ -64,3 +67,35 @@ class ErrorEvent:
 
 
 Event = TokensEvent | FinishedEvent | ErrorEvent
+
+
+_TOKENS_FIELDS = (
+    "request_id",
+    "token_ids",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "prompt_top_logprobs",
+    "cached_tokens",
+)
+assert tuple(f.name for f in fields(TokensEvent)) == _TOKENS_FIELDS
+assert not hasattr(TokensEvent, "__post_init__")
+_TOKENS_SLOTS = [TokensEvent.__dict__[name] for name in _TOKENS_FIELDS]
+
+
+def plain_tokens_events(
+    ids: Iterable[int], token_ids: Iterable[tuple[int, ...]], cached: Iterable[int], n: int
+) -> list[TokensEvent]:
+    """`[TokensEvent(id, tokens, cached_tokens=c) ...]` for `n` requests (no logprobs), built
+    field by field over the whole batch (each pass a C-level loop) instead of one
+    frozen-dataclass `__init__` per request: the bulk of a large step's events, made once by
+    the engine and again by a frontend reading them off the wire. Equal objects of the same
+    type; the asserts above fail at import if `TokensEvent` changes shape."""
+    events = list(map(object.__new__, repeat(TokensEvent, n)))
+    request_id, tokens, *optional, cached_tokens = _TOKENS_SLOTS
+    deque(map(request_id.__set__, events, ids), maxlen=0)
+    deque(map(tokens.__set__, events, token_ids), maxlen=0)
+    for slot in optional:
+        deque(map(slot.__set__, events, repeat(None)), maxlen=0)
+    deque(map(cached_tokens.__set__, events, cached), maxlen=0)
+    return events

@@ -546,6 +546,11 @@ class ZeroCostRunner:
         tokens = self._tokens[:n]
         if plan.sampling.token_bitmask is not None:
             tokens = self._allowed(plan.sampling.token_bitmask[rows], tokens)
+        # Logprobs only when the plan asks, as the real runners answer: an output with them
+        # sends every row of the step down the engine's per-row commit path.
+        wants = int(plan.sampling.logprobs[rows].max(initial=-1))
+        if wants < 0 and not plan.prompt_logprob_rows.any():
+            return ForwardOutput(tokens, indptr)
         k = max(0, plan.sampling.max_logprobs)
         pk = max(0, int(plan.sampling.prompt_logprobs.max(initial=-1)))
         return ForwardOutput(

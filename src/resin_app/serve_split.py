@@ -43,7 +43,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from resin_app.loading import LoadOptions
-from resin_app.startup import Listener
+from resin_app.startup import Listener, settle_heap
 
 if TYPE_CHECKING:
     from resin_app.shared_store import Address
@@ -353,6 +353,7 @@ def engine_main(
         signal.signal(signal.SIGTERM, lambda *_: service.request_stop())
         ready.send(("ready", "engine"))
         ready.close()
+        settle_heap()
         try:
             service.run()
         finally:
@@ -411,6 +412,7 @@ def frontend_main(
     )  # fmt: skip
     log_to_stderr()
     uv = server.make_uvicorn()
+    settle_heap()
     ready.send(("built", name))
     try:
         ready.recv()  # the go: the supervisor stopped answering `loading` on the socket

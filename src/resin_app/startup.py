@@ -23,6 +23,28 @@ from typing import Any
 
 STOP_WAIT_S = 10.0
 
+GC_GEN0_THRESHOLD = 10_000
+"""Allocations between young-generation collections once serving (Python's default: 700)."""
+
+
+def settle_heap() -> None:
+    """Once a server process has loaded, before it serves: collect, then move every object
+    alive now (modules, the tokenizer, the model's tables) out of the collector's reach, and
+    collect the young generation less often. Serving allocates a few small objects per token
+    (events, deltas, chunks) that die young; with the defaults, collections that scan the
+    whole startup heap took ~19% of a frontend's CPU at 256 zero-cost streams (dev CPU), and
+    about a third of that after this. vLLM's engine core freezes its startup heap too."""
+    import atexit
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, older, oldest)
+    # At exit the heap is the collector's again: frozen objects are never freed, and nanobind
+    # modules (triton's) would report each of theirs as a leak.
+    atexit.register(gc.unfreeze)
+
 
 @dataclass
 class Readiness:
@@ -137,6 +159,7 @@ def serve_after_loading(
         loaded = load(listener.readiness)
         server = make_server(loaded)
         uv = server.make_uvicorn()
+        settle_heap()
         listener.stop_loading()
         if on_ready is not None:
             on_ready(loaded, uv)

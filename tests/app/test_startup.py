@@ -298,3 +298,18 @@ def test_auto_is_a_split_with_frontends_from_the_cores(monkeypatch: pytest.Monke
     assert plan(LoadOptions(device="cuda"), 4, "/x", cores=16).cpu_threads is None
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stands
     assert plan(LoadOptions(device="cpu"), 1, "/x", cores=2).cpu_threads is None
+
+
+def test_settle_heap_freezes_the_startup_heap_until_exit() -> None:
+    code = (
+        "import atexit, gc\n"
+        "from resin_app.startup import GC_GEN0_THRESHOLD, settle_heap\n"
+        "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count()))\n"
+        "settle_heap()\n"
+        "assert gc.get_freeze_count() > 0, 'nothing frozen'\n"
+        "assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # atexit runs last-in first-out: settle_heap's unfreeze ran before this line printed
+    assert done.stdout.strip() == "frozen at exit 0"

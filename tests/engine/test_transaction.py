@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from resin import TokensEvent
 from resin.engine.transaction import token_events
+from resin.events import plain_tokens_events
 
 
 def test_token_events_equal_the_dataclass_constructor() -> None:
@@ -16,3 +17,13 @@ def test_token_events_equal_the_dataclass_constructor() -> None:
     assert all(type(e) is TokensEvent for e in got)
     assert [hash(e) for e in got] == [hash(e) for e in want]
     assert token_events(iter([]), [], iter([]), 0) == []
+
+
+def test_plain_tokens_events_take_any_token_runs() -> None:
+    runs = [(1, 2, 3), (), (4,)]
+    got = plain_tokens_events([5, 6, 7], iter(runs), [0, 0, 9], 3)
+    assert got == [
+        TokensEvent(5, (1, 2, 3)),
+        TokensEvent(6, ()),
+        TokensEvent(7, (4,), cached_tokens=9),
+    ]

@@ -194,3 +194,35 @@ def test_outputs_round_trip_as_buffers_with_rich_events_in_order() -> None:
         events, key=lambda e: (e.request_id, isinstance(e, FinishedEvent))
     )
     assert [e for e in back if e.request_id == 2] == events[1:3]
+
+
+def test_a_decode_steps_outputs_round_trip_one_token_each() -> None:
+    events = [TokensEvent(rid, (rid + 100,), cached_tokens=rid % 3) for rid in range(5)]
+    events.append(FinishedEvent(2, FinishReason.LENGTH, 7, 1, 2))
+    back = wire.unpack_outputs(wire.decode(wire.encode(wire.pack_outputs(events))))
+    assert back == events
+    assert all(type(e) is TokensEvent for e in back[:5])
+
+
+def test_several_steps_read_at_once_give_one_event_per_request() -> None:
+    steps = [
+        [TokensEvent(7, (1,), cached_tokens=32), TokensEvent(4, (2,), cached_tokens=0)],
+        [TokensEvent(4, (3, 4)), TokensEvent(9, (5,))],
+        [TokensEvent(7, (6,)), FinishedEvent(7, FinishReason.LENGTH, 40, 2, 32)],
+        [FinishedEvent(4, FinishReason.STOP, 8, 3)],
+    ]
+    messages = [wire.pack_outputs(events) for events in steps]
+    back = wire.unpack_many(messages)
+    assert sorted((e for e in back if isinstance(e, TokensEvent)), key=lambda e: e.request_id) == [
+        TokensEvent(4, (2, 3, 4)),
+        TokensEvent(7, (1, 6), cached_tokens=32),
+        TokensEvent(9, (5,)),
+    ]
+    assert back[3:] == [steps[2][1], steps[3][0]]  # the finishes, after every token
+
+
+def test_steps_with_rich_events_are_read_one_by_one() -> None:
+    rich = TokensEvent(4, (3,), logprobs=(-1.0,))
+    steps = [[TokensEvent(4, (2,), prompt_logprobs=(-0.5,))], [rich], [TokensEvent(5, (1,))]]
+    back = wire.unpack_many([wire.pack_outputs(events) for events in steps])
+    assert back == [e for events in steps for e in events]

@@ -20,7 +20,7 @@ import enum
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Protocol
@@ -35,7 +35,15 @@ from resin.engine.request import Request
 from resin.engine.scheduler import Committed, Scheduler
 from resin.engine.validate import validate_output
 from resin.errors import RetryableRunnerError, RunnerDeadError
-from resin.events import ErrorEvent, Event, FinishedEvent, FinishReason, TokensEvent, TopLogprob
+from resin.events import (
+    ErrorEvent,
+    Event,
+    FinishedEvent,
+    FinishReason,
+    TokensEvent,
+    TopLogprob,
+    plain_tokens_events,
+)
 from resin.metrics.collector import MetricsCollector
 from resin.plan import BatchPlan, ForwardOutput
 from resin.protocols import AsyncRunner, Runner
@@ -47,35 +55,14 @@ _CACHED = attrgetter("cached_tokens")
 _TIMES = attrgetter("times")
 _LAST = attrgetter("times.last_token")
 _STARTED = attrgetter("started")
-_EVENT_FIELDS = (
-    "request_id",
-    "token_ids",
-    "logprobs",
-    "top_logprobs",
-    "prompt_logprobs",
-    "prompt_top_logprobs",
-    "cached_tokens",
-)
-assert tuple(f.name for f in fields(TokensEvent)) == _EVENT_FIELDS
-assert not hasattr(TokensEvent, "__post_init__")
-_SLOTS = [TokensEvent.__dict__[name] for name in _EVENT_FIELDS]
 
 
 def token_events(
     ids: Iterable[int], tokens: Iterable[int], cached: Iterable[int], n: int
 ) -> list[TokensEvent]:
-    """`[TokensEvent(id, (token,), cached_tokens=c) ...]` for `n` rows, built field by field
-    over the whole batch (each pass a C-level loop) instead of one frozen-dataclass
-    `__init__` per row, the bulk of a large decode step's CPU. Equal objects of the same
-    type; the asserts above fail at import if `TokensEvent` changes shape."""
-    events = list(map(object.__new__, repeat(TokensEvent, n)))
-    request_id, token_ids, *optional, cached_tokens = _SLOTS
-    deque(map(request_id.__set__, events, ids), maxlen=0)
-    deque(map(token_ids.__set__, events, zip(tokens)), maxlen=0)
-    for slot in optional:
-        deque(map(slot.__set__, events, repeat(None)), maxlen=0)
-    deque(map(cached_tokens.__set__, events, cached), maxlen=0)
-    return events
+    """`[TokensEvent(id, (token,), cached_tokens=c) ...]` for `n` one-token rows
+    (`plain_tokens_events`)."""
+    return plain_tokens_events(ids, zip(tokens), cached, n)
 
 
 class OutcomeSink(Protocol):

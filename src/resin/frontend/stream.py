@@ -1,9 +1,11 @@
 """Per-request event buffer between the engine actor (producer) and one reader (a handler).
 
 Lives on the event loop: the actor hands over each engine turn's events with
-`loop.call_soon_threadsafe`, and the buffer is where they coalesce (the only place: the
-reader takes everything buffered in one `get`, once it holds the reader's `stream_interval`
-tokens). The buffer holds at most `capacity` deliveries and at most `capacity * 64` events
+`loop.call_soon_threadsafe`, and the buffer is where they coalesce into the reader's batches
+(the only place a chunk's framing is decided: the reader takes everything buffered in one
+`get`, once it holds the reader's `stream_interval` tokens; the events inside a batch may be
+merged before it, `wire.unpack_many`, and after, `generation.coalesced`, which frames
+nothing). The buffer holds at most `capacity` deliveries and at most `capacity * 64` events
 that the reader could have taken; a client that falls that far behind (it stopped reading,
 its socket is full) is cut off (`overflowed`) and its request aborted, so a slow reader never
 makes the actor or other clients wait and never holds more than a bounded amount of memory.

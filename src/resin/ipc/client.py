@@ -88,9 +88,7 @@ class EngineClient:
         self._socket.send(wire.encode(wire.Hello(frontend)))
         self.info = self._wait_ready(ready_timeout_s)
         self.grammar = RemoteGrammar(self.info.compile_timeout_s) if self.info.has_grammar else None
-        self.metrics: MetricsSnapshot | None = (
-            pickle.loads(self.info.metrics) if self.info.metrics else None
-        )
+        self._metrics: MetricsSnapshot | bytes | None = self.info.metrics
         self.num_waiting = 0
         self.num_running = 0
         self.heard_at = time.monotonic()
@@ -159,27 +157,44 @@ class EngineClient:
         events: list[Event | Refusal] = []
         if not self._socket.poll(self.poll_ms):
             return events
+        messages: list[wire.Outputs] = []
         while True:
             try:
                 data = self._socket.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return events
+                break
             msg = wire.decode(cast(memoryview, data.buffer))
             if isinstance(msg, wire.Outputs):
-                self._read(msg, events)
+                messages.append(msg)
+        if messages:
+            self._read(messages, events)
+        return events
 
-    def _read(self, msg: wire.Outputs, events: list[Event | Refusal]) -> None:
+    def _read(self, messages: list[wire.Outputs], events: list[Event | Refusal]) -> None:
+        """Every message that waited, read as one (`wire.unpack_many`): a frontend behind the
+        engine gets each request's tokens of several steps in one event."""
         self.heard_at = time.monotonic()
-        self.num_waiting, self.num_running = msg.waiting, msg.running
-        if msg.metrics:
-            self.metrics = pickle.loads(msg.metrics)
-        for event in wire.unpack_outputs(msg):
+        last = messages[-1]
+        self.num_waiting, self.num_running = last.waiting, last.running
+        snapshot = next((m.metrics for m in reversed(messages) if m.metrics), b"")
+        if snapshot:
+            self._metrics = snapshot
+        for event in wire.unpack_many(messages):
             if isinstance(event, FinishedEvent):
                 self._inflight.discard(event.request_id)
             events.append(event)
-        for rid, message, kind in msg.refused:
-            self._inflight.discard(rid)
-            events.append(Refusal(rid, message, cast(Any, kind)))
+        for msg in messages:
+            for rid, message, kind in msg.refused:
+                self._inflight.discard(rid)
+                events.append(Refusal(rid, message, cast(Any, kind)))
+
+    @property
+    def metrics(self) -> MetricsSnapshot | None:
+        """The engine's last metrics snapshot (unpickled when read: reports come ten times a
+        second, readers every few seconds)."""
+        if isinstance(self._metrics, bytes):
+            self._metrics = pickle.loads(self._metrics) if self._metrics else None
+        return self._metrics
 
     def close(self) -> None:
         self._monitor.close(0)

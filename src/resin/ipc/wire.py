@@ -12,13 +12,15 @@ trusts its peer, as `torch.distributed` does).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from resin.events import Event, FinishedEvent, FinishReason, TokensEvent
+from resin.events import Event, FinishedEvent, FinishReason, TokensEvent, plain_tokens_events
 from resin.params import SamplingParams
 from resin.plan import MediaItem
 
@@ -32,6 +34,7 @@ __all__ = [
     "decode",
     "encode",
     "pack_outputs",
+    "unpack_many",
     "unpack_outputs",
 ]
 
@@ -136,28 +139,35 @@ def _plain(event: TokensEvent) -> bool:
     return event.logprobs is None and event.prompt_logprobs is None
 
 
+_RID = attrgetter("request_id")
+_TOKENS = attrgetter("token_ids")
+_CACHED = attrgetter("cached_tokens")
+
+
 def pack_outputs(events: Sequence[Event]) -> Outputs:
     """One step's `TokensEvent`s and `FinishedEvent`s (of one frontend) as one message."""
-    tokens = [e for e in events if isinstance(e, TokensEvent)]
+    tokens = [e for e in events if type(e) is TokensEvent]
+    finished = [e for e in events if type(e) is FinishedEvent]
     # A request with any rich event this step sends all of them rich: its order is kept.
     richer = {e.request_id for e in tokens if not _plain(e)}
-    plain = [e for e in tokens if e.request_id not in richer]
+    plain = [e for e in tokens if e.request_id not in richer] if richer else tokens
     rich = [e for e in tokens if e.request_id in richer]
     out = Outputs()
     if plain:
-        counts = np.fromiter((len(e.token_ids) for e in plain), _TOKEN, len(plain))
-        out.rids = np.fromiter((e.request_id for e in plain), _ID, len(plain)).tobytes()
+        n = len(plain)
+        ids = list(map(_TOKENS, plain))
+        counts = np.fromiter(map(len, ids), _TOKEN, n)
+        out.rids = np.fromiter(map(_RID, plain), _ID, n).tobytes()
         out.counts = counts.tobytes()
-        flat = [t for e in plain for t in e.token_ids]
-        out.tokens = np.asarray(flat, dtype=_TOKEN).tobytes()
-        out.cached = np.fromiter((e.cached_tokens for e in plain), _TOKEN, len(plain)).tobytes()
+        flat = np.fromiter(chain.from_iterable(ids), _TOKEN, int(counts.sum()))
+        out.tokens = flat.tobytes()
+        out.cached = np.fromiter(map(_CACHED, plain), _TOKEN, n).tobytes()
     if rich:
         out.rich = pickle.dumps(rich)
     out.finished = [
         (e.request_id, e.reason.value, e.num_prompt_tokens, e.num_output_tokens,
          e.cached_tokens, e.error)
-        for e in events
-        if isinstance(e, FinishedEvent)
+        for e in finished
     ]  # fmt: skip
     return out
 
@@ -166,19 +176,51 @@ def unpack_outputs(msg: Outputs) -> list[Event]:
     """The events of `pack_outputs`, in order per request (tokens before the finish)."""
     events: list[Event] = []
     if msg.rids:
-        rids = np.frombuffer(msg.rids, dtype=_ID).tolist()
+        rids = np.frombuffer(msg.rids, dtype=_ID)
         counts = np.frombuffer(msg.counts, dtype=_TOKEN)
-        cached = np.frombuffer(msg.cached, dtype=_TOKEN).tolist()
         tokens = np.frombuffer(msg.tokens, dtype=_TOKEN).tolist()
-        ends = np.cumsum(counts).tolist()
-        start = 0
-        for rid, end, hit in zip(rids, ends, cached, strict=True):
-            events.append(TokensEvent(rid, tuple(tokens[start:end]), cached_tokens=hit))
-            start = end
+        if tokens and counts.min() == counts.max() == 1:  # a decode step: one token each
+            ids: Iterable[tuple[int, ...]] = zip(tokens)
+        else:
+            ends = np.cumsum(counts).tolist()
+            ids = map(tuple, map(tokens.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+        cached = np.frombuffer(msg.cached, dtype=_TOKEN).tolist()
+        events.extend(plain_tokens_events(rids.tolist(), ids, cached, rids.size))
     if msg.rich:
         events.extend(_rich(msg.rich))
     for rid, reason, prompt, output, hit, error in msg.finished:
         events.append(FinishedEvent(rid, FinishReason(reason), prompt, output, hit, error))
+    return events
+
+
+def unpack_many(messages: Sequence[Outputs]) -> list[Event]:
+    """The events of consecutive messages (a frontend that fell behind reads several steps at
+    once), each request's plain tokens of all of them as one `TokensEvent` (in step order,
+    `cached_tokens` the largest), then the finishes: fewer events to route and parse for the
+    same tokens. Messages with rich events or an empty token event are unpacked one by one."""
+    if len(messages) == 1 or any(m.rich for m in messages):
+        return [e for m in messages for e in unpack_outputs(m)]
+    plain = [m for m in messages if m.rids]
+    events: list[Event] = []
+    if plain:
+        counts = np.concatenate([np.frombuffer(m.counts, dtype=_TOKEN) for m in plain])
+        if counts.min() == 0:
+            return [e for m in messages for e in unpack_outputs(m)]
+        rids = np.concatenate([np.frombuffer(m.rids, dtype=_ID) for m in plain])
+        tokens = np.concatenate([np.frombuffer(m.tokens, dtype=_TOKEN) for m in plain])
+        cached = np.concatenate([np.frombuffer(m.cached, dtype=_TOKEN) for m in plain])
+        owner = np.repeat(rids, counts)  # each token's request, in step order
+        order = np.argsort(owner, kind="stable")
+        ids, first, per = np.unique(owner[order], return_index=True, return_counts=True)
+        hit = np.zeros(ids.size, dtype=_TOKEN)
+        np.maximum.at(hit, np.searchsorted(ids, rids), cached)
+        flat = tokens[order].tolist()
+        ends = (first + per).tolist()
+        runs = map(tuple, map(flat.__getitem__, map(slice, first.tolist(), ends)))
+        events.extend(plain_tokens_events(ids.tolist(), runs, hit.tolist(), ids.size))
+    for m in messages:
+        for rid, reason, prompt, output, hit_, error in m.finished:
+            events.append(FinishedEvent(rid, FinishReason(reason), prompt, output, hit_, error))
     return events
 
 

@@ -27,6 +27,9 @@ TOOLS: dict[str, Tool] = {
         "resin_app.bench.replay", "a `serve --output` workload through the Engine alone"
     ),
     "engine": Tool("resin_app.bench.engine", "engine CPU time per step, zero-cost runner"),
+    "engine-process": Tool(
+        "resin_app.bench.engine_process", "the zero-cost engine process over zmq, no HTTP"
+    ),
     "overlap": Tool("resin_app.bench.overlap", "GPU: engine vs the runner's own decode, overlap"),
     "speculative": Tool("resin_app.bench.speculative", "plain vs speculative through the Engine"),
     "speculative-copy": Tool(
