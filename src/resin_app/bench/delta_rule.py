@@ -34,8 +34,9 @@ captured; `timing` says which; CPU: wall clock, for the plumbing only). `ratio` 
 `decision` applies docs/benchmarks.md's rule to the row: keep ours where ratio <= 1.10, else
 fla, if fla agreed; the verdict per path (kernel, mode) takes the geometric mean of its rows
 (`decide`). `--kernels` (CUDA) adds our side's device time a call by kernel (the chunked
-form's two phases apart), from torch's profiler. Prints a table and the verdicts, and appends every row to `--output` as JSONL (a
-side that failed: its time null and its error in `error`).
+form's two phases apart), from torch's profiler. Prints a table and the verdicts, and
+appends every row to `--output` as JSONL (a side that failed: its time null and its error
+in `error`).
 
     resin bench delta-rule --output bench/delta_rule.jsonl
 
