@@ -188,9 +188,15 @@ def unpack_outputs(msg: Outputs) -> list[Event]:
         events.extend(plain_tokens_events(rids.tolist(), ids, cached, rids.size))
     if msg.rich:
         events.extend(_rich(msg.rich))
-    for rid, reason, prompt, output, hit, error in msg.finished:
-        events.append(FinishedEvent(rid, FinishReason(reason), prompt, output, hit, error))
+    events.extend(_finished(msg))
     return events
+
+
+def _finished(msg: Outputs) -> list[FinishedEvent]:
+    return [
+        FinishedEvent(rid, FinishReason(reason), prompt, output, hit, error)
+        for rid, reason, prompt, output, hit, error in msg.finished
+    ]
 
 
 def unpack_many(messages: Sequence[Outputs]) -> list[Event]:
@@ -198,14 +204,13 @@ def unpack_many(messages: Sequence[Outputs]) -> list[Event]:
     once), each request's plain tokens of all of them as one `TokensEvent` (in step order,
     `cached_tokens` the largest), then the finishes: fewer events to route and parse for the
     same tokens. Messages with rich events or an empty token event are unpacked one by one."""
-    if len(messages) == 1 or any(m.rich for m in messages):
-        return [e for m in messages for e in unpack_outputs(m)]
     plain = [m for m in messages if m.rids]
+    per_message = [np.frombuffer(m.counts, dtype=_TOKEN) for m in plain]
+    if len(messages) == 1 or any(m.rich for m in messages) or any(0 in c for c in per_message):
+        return [e for m in messages for e in unpack_outputs(m)]
     events: list[Event] = []
     if plain:
-        counts = np.concatenate([np.frombuffer(m.counts, dtype=_TOKEN) for m in plain])
-        if counts.min() == 0:
-            return [e for m in messages for e in unpack_outputs(m)]
+        counts = np.concatenate(per_message)
         rids = np.concatenate([np.frombuffer(m.rids, dtype=_ID) for m in plain])
         tokens = np.concatenate([np.frombuffer(m.tokens, dtype=_TOKEN) for m in plain])
         cached = np.concatenate([np.frombuffer(m.cached, dtype=_TOKEN) for m in plain])
@@ -219,8 +224,7 @@ def unpack_many(messages: Sequence[Outputs]) -> list[Event]:
         runs = map(tuple, map(flat.__getitem__, map(slice, first.tolist(), ends)))
         events.extend(plain_tokens_events(ids.tolist(), runs, hit.tolist(), ids.size))
     for m in messages:
-        for rid, reason, prompt, output, hit_, error in m.finished:
-            events.append(FinishedEvent(rid, FinishReason(reason), prompt, output, hit_, error))
+        events.extend(_finished(m))
     return events
 
 

@@ -12,6 +12,14 @@ sweep over the pages is `paged.paged_attend`, shared with prefill. A second kern
 S partials by their log-sum-exp. With one split (rows x KV heads already fill the GPU: batch
 64 of an 8-KV-head model) there is nothing to merge: the partial kernel writes the output
 itself (`DIRECT`), one launch and the float32 partials' round trip fewer per layer.
+
+Sliding window (`window > 0`): the query at position p attends positions (p - window, p].
+Attention sinks (gpt-oss, `sinks` [Hq]): one extra logit per head joins the softmax's
+denominator (it takes probability mass but has no value); the merge adds it (with one split,
+the partial kernel does).
+
+The partial kernel's Triton `launch_metadata` (`kv_read_bytes`) counts the K/V tokens the rows
+attend, not the whole arena it is handed (`resin bench runner --kernels`, proton).
 """
 
 from __future__ import annotations
