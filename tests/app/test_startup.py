@@ -45,7 +45,11 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether a new `resin serve` could bind the port: it binds with SO_REUSEADDR (as the
+    Listener does), so a connection the server closed last (TIME_WAIT) does not count, while a
+    listening socket left open still does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
