@@ -118,8 +118,6 @@ class Generation:
                     yield self._finish_update([], FinishReason.ERROR, item.message)
                     return
                 batch = [e for e in item if isinstance(e, TokensEvent | FinishedEvent)]
-            if not self.stops.stops:
-                batch = coalesced(batch)
             update = Update()
             for event in batch:
                 if isinstance(event, FinishedEvent):
@@ -220,36 +218,6 @@ def _finite_top(top: Sequence[TopLogprob]) -> tuple[TopLogprob, ...]:
     if all(t.logprob >= LOGPROB_FLOOR for t in top):
         return tuple(top)
     return tuple(TopLogprob(t.token_id, finite(t.logprob)) for t in top)
-
-
-def coalesced(
-    batch: list[TokensEvent | FinishedEvent],
-) -> list[TokensEvent | FinishedEvent]:
-    """`batch` with each run of consecutive plain `TokensEvent`s (no logprobs) as one event of
-    their tokens: the parser then decodes a stream interval's tokens in one `feed` instead of
-    one per engine step (parsers are split-invariant, so the text is the same)."""
-    if len(batch) < 2:
-        return batch
-    out: list[TokensEvent | FinishedEvent] = []
-    run: list[TokensEvent] = []
-    for event in batch:
-        if type(event) is TokensEvent and event.logprobs is None and event.prompt_logprobs is None:
-            run.append(event)
-            continue
-        _close_run(run, out)
-        out.append(event)
-    _close_run(run, out)
-    return out
-
-
-def _close_run(run: list[TokensEvent], out: list[TokensEvent | FinishedEvent]) -> None:
-    if len(run) == 1:
-        out.append(run[0])
-    elif run:
-        tokens = tuple(t for e in run for t in e.token_ids)
-        cached = max(e.cached_tokens for e in run)
-        out.append(TokensEvent(run[0].request_id, tokens, cached_tokens=cached))
-    run.clear()
 
 
 def _one_by_one(event: TokensEvent) -> list[TokensEvent]:

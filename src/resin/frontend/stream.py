@@ -1,14 +1,15 @@
 """Per-request event buffer between the engine actor (producer) and one reader (a handler).
 
 Lives on the event loop: the actor hands over each engine turn's events with
-`loop.call_soon_threadsafe`, and the buffer is where they coalesce into the reader's batches
-(the only place a chunk's framing is decided: the reader takes everything buffered in one
-`get`, once it holds the reader's `stream_interval` tokens; the events inside a batch may be
-merged before it, `wire.unpack_many`, and after, `generation.coalesced`, which frames
-nothing). The buffer holds at most `capacity` deliveries and at most `capacity * 64` events
-that the reader could have taken; a client that falls that far behind (it stopped reading,
-its socket is full) is cut off (`overflowed`) and its request aborted, so a slow reader never
-makes the actor or other clients wait and never holds more than a bounded amount of memory.
+`loop.call_soon_threadsafe`, and the buffer is the one place they coalesce: consecutive plain
+token events (no logprobs) become one event of their tokens as they arrive, so the parser
+decodes a batch's tokens in one `feed` (parsers are split-invariant: the text is the same),
+and the reader takes everything buffered in one `get`, once it holds the reader's
+`stream_interval` tokens (the only place a chunk's framing is decided). The buffer holds at
+most `capacity` deliveries and at most `capacity * 64` events that the reader could have
+taken; a client that falls that far behind (it stopped reading, its socket is full) is cut
+off (`overflowed`) and its request aborted, so a slow reader never makes the actor or other
+clients wait and never holds more than a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ StreamItem = list[Event] | StreamError
 
 class RequestStream:
     """The one place a request's streamed events coalesce: the engine thread's deliveries
-    append to one buffer, and the reader takes all of it at once (`get`), as soon as it
-    holds `min_tokens` new tokens or an end. Closes after its last item."""
+    append to one buffer (a run of plain token events kept as one event), and the reader
+    takes all of it at once (`get`), as soon as it holds `min_tokens` new tokens or an end.
+    Closes after its last item."""
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
@@ -47,6 +49,8 @@ class RequestStream:
         self.abort_reason: str | None = None  # why the server (not the client) aborted it
         self.max_events = capacity * 64
         self._events: list[Event] = []
+        self._run: list[TokensEvent] = []  # plain token events after `_events`, to merge
+        self._count = 0  # events pushed since the reader last took the buffer
         self._tokens = 0
         self._pushes = 0  # deliveries since the reader last took the buffer
         self._delivery: int | None = None  # the producer's number of the last one
@@ -75,7 +79,7 @@ class RequestStream:
         behind = self._want == 0 or self._tokens >= self._want
         same = delivery is not None and delivery == self._delivery
         full = (self._pushes >= self.capacity and not same) or (
-            len(self._events) + len(item) > self.max_events
+            self._count + len(item) > self.max_events
         )
         if not finished and behind and full:
             self.overflowed = True
@@ -83,8 +87,15 @@ class RequestStream:
             self._ready.set()
             return False
         self.closed = finished
-        self._events.extend(item)
-        self._tokens += sum(len(e.token_ids) for e in item if isinstance(e, TokensEvent))
+        self._count += len(item)
+        for event in item:
+            if type(event) is TokensEvent:
+                self._tokens += len(event.token_ids)
+                if event.logprobs is None and event.prompt_logprobs is None:
+                    self._run.append(event)
+                    continue
+            self._close_run()
+            self._events.append(event)
         if not same or not self._pushes:
             self._pushes += 1
         self._delivery = delivery
@@ -111,9 +122,22 @@ class RequestStream:
             assert self._end is not None
             end, self._end = self._end, None
             return end
+        self._close_run()
         events, self._events = self._events, []
-        self._tokens = self._pushes = 0
+        self._tokens = self._pushes = self._count = 0
         return events
+
+    def _close_run(self) -> None:
+        """The buffered run of plain token events as one event (in order; the prefix-cache
+        hit is the run's largest)."""
+        run = self._run
+        if len(run) == 1:
+            self._events.append(run[0])
+        elif run:
+            tokens = tuple(t for e in run for t in e.token_ids)
+            cached = max(e.cached_tokens for e in run)
+            self._events.append(TokensEvent(run[0].request_id, tokens, cached_tokens=cached))
+        run.clear()
 
     def _taken(self, want: int) -> bool:
         """Whether `get` returns now: an end, or events with `want` tokens (any events for
