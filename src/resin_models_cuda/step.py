@@ -11,7 +11,7 @@ bidirectional span end) and, when the step computes image tokens, their encoder 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,6 +86,9 @@ class StateRows:
     ckpt_indptr: torch.Tensor
     ckpt_len: torch.Tensor
     ckpt_page: torch.Tensor
+    chunk_starts: dict[int, torch.Tensor] = field(default_factory=dict, compare=False)
+    """Each row's first chunk of the chunked delta rule, by chunk size: filled by the step's
+    first linear layer (`delta_rule._chunk_indptr`), read by the others."""
 
     def check(self) -> None:
         """Assert the dtypes and the row counts the kernels rely on."""

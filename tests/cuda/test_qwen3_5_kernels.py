@@ -111,14 +111,19 @@ def test_delta_rule_kernel_equals_recurrent_pytorch(
         return torch.cat(outs), states
 
     outs, want = _expected_pages(pages, run)
-    got_pages = pages.to(device)
+    got_pages = pages.clone().to(device)
     rows = _rows(device, got_pages)
-    out = gated_delta_rule(
-        mixed.to(device), a.to(device), b.to(device), a_log.to(device), dt_bias.to(device),
-        got_pages, rows, hk, chunk=chunk,
-    )  # fmt: skip
-    torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
-    torch.testing.assert_close(got_pages.cpu(), want, atol=atol, rtol=1e-3)
+    for _layer in range(2):  # a step's second linear layer reuses the first one's chunk index
+        got_pages.copy_(pages)
+        out = gated_delta_rule(
+            mixed.to(device), a.to(device), b.to(device), a_log.to(device), dt_bias.to(device),
+            got_pages, rows, hk, chunk=chunk,
+        )  # fmt: skip
+        torch.testing.assert_close(out.float().cpu(), torch.cat(outs), atol=atol, rtol=1e-3)
+        torch.testing.assert_close(got_pages.cpu(), want, atol=atol, rtol=1e-3)
+    if chunk:
+        firsts = [0] + [sum(-(-n // chunk) for n in LENS[: i + 1]) for i in range(len(LENS))]
+        assert rows.chunk_starts[chunk].tolist() == firsts
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.float16, 2e-2)])

@@ -479,9 +479,7 @@ def _chunked(
     assert block_v >= 16 and block_v == next_pow2(block_v), "tl.dot's tiles: 16, 32, 64..."
     t = mixed.shape[0]
     batch = rows.state_in.shape[0]
-    lens = rows.query_indptr[1:] - rows.query_indptr[:-1]
-    chunk_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=mixed.device)
-    chunk_indptr[1:] = torch.cumsum(torch.div(lens + chunk - 1, chunk, rounding_mode="floor"), 0)
+    chunk_indptr = _chunk_indptr(rows, chunk)
     scratch = dict(dtype=torch.float32, device=mixed.device)
     w = torch.empty((t, heads, k_dim), **scratch)  # type: ignore[call-overload]
     u = torch.empty((t, heads, v_dim), **scratch)  # type: ignore[call-overload]
@@ -500,6 +498,19 @@ def _chunked(
         a.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
         BLOCK_V=block_v, DOT=precision, **shapes, num_warps=4, **pdl_args(),
     )  # fmt: skip
+
+
+def _chunk_indptr(rows: StateRows, chunk: int) -> torch.Tensor:
+    """Row b's chunks are `[i[b], i[b + 1])` of the step's (int32 [batch + 1]): made by the
+    step's first linear layer, kept on `rows` for the others."""
+    indptr = rows.chunk_starts.get(chunk)
+    if indptr is None:
+        lens = rows.query_indptr[1:] - rows.query_indptr[:-1]
+        per_row = torch.div(lens + chunk - 1, chunk, rounding_mode="floor")
+        indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
+        indptr[1:] = torch.cumsum(per_row, 0)
+        rows.chunk_starts[chunk] = indptr
+    return indptr
 
 
 def kda_delta_rule(
