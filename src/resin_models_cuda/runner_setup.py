@@ -140,8 +140,11 @@ def _state_rows(plan: BatchPlan, g: CacheGroupPlan, region: torch.Tensor) -> Sta
         np.concatenate((covered, pad)),
         np.concatenate((g.checkpoint_page.astype(np.int64), pad)),
     )
-    dev = [torch.from_numpy(np.array(a, dtype=np.int32)).to(region.device) for a in arrays]
-    return StateRows(region, *dev)
+    query_indptr, token_row, state_in, state_out, ckpt_indptr, ckpt_len, ckpt_page = (
+        torch.from_numpy(np.array(a, dtype=np.int32)).to(region.device) for a in arrays
+    )
+    return StateRows(region, query_indptr, token_row, state_in, state_out, ckpt_indptr,
+                     ckpt_len, ckpt_page)  # fmt: skip
 
 
 def prefill_step(
