@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -52,6 +54,27 @@ def _torch_threads_per_worker() -> Iterator[None]:
         and torch.get_num_threads() != WORKER_THREADS
     ):
         torch.set_num_threads(WORKER_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """A test that leaves SIGINT or SIGTERM ignored, handled or blocked in the worker's main
+    thread fails (and they are restored): the processes later tests spawn inherit an ignored
+    or blocked signal, and their Ctrl-C tests would then fail far from the cause."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    watched = (signal.SIGINT, signal.SIGTERM)
+    handlers = {sig: signal.getsignal(sig) for sig in watched}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = [sig.name for sig in watched if signal.getsignal(sig) != handlers[sig]]
+    for sig in watched:
+        signal.signal(sig, handlers[sig])
+    blocked = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    changed += [f"{sig.name} blocked" for sig in blocked - mask if sig in watched]
+    if changed:
+        pytest.fail(f"the test left signal handling changed: {', '.join(changed)}")
 
 
 @pytest.hookimpl(hookwrapper=True)
