@@ -216,8 +216,10 @@ def test_the_chunked_kernels_compile_for_sm90() -> None:
     ints = ["batch", "search_steps", "stride_m", "stride_a", "stride_b", "stride_p", "last_ckpt"]
     sig = {"mixed_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "scale": "fp32",
            **{n: "*i32" for n in i32}, **{n: "i32" for n in ints}}  # fmt: skip
-    for n in ("a_ptr", "a_log_ptr", "dt_bias_ptr", "w_ptr", "u_ptr", "scores_ptr", "state_ptr"):
+    for n in ("a_ptr", "a_log_ptr", "dt_bias_ptr", "w_ptr", "u_ptr", "scores_ptr", "state_ptr",
+              "decay_ptr"):  # fmt: skip
         sig.setdefault(n, "*fp32")
+    sig.update(qg_ptr="*fp16", kg_ptr="*fp16")  # TF32 products: float16 decayed q and k
     shapes = dict(K=128, V=128, DOT="tf32", PDL=False)
     ptx, _ = compile_sm90(module, "_chunk_prep_kernel", {**sig, "a_ptr": "*bf16"},
                           dict(HK=16, HV=32, BLOCK_V=64, CHUNK=64, PER_CHANNEL=False, **shapes),

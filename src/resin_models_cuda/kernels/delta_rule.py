@@ -20,9 +20,10 @@ through a unit-triangular system per chunk, all of it matrix products, in two la
 `_chunk_prep_kernel` (one program a chunk and head, every chunk of the step at once) solves
 each chunk's system (its inverse: 16 x 16 diagonal blocks by forward substitution, 15 serial
 products, then a short series; `_unit_lower_inverse`) and writes what does not depend on the
-state entering the chunk; `_chunk_scan_kernel` (one program a row, head and value block)
-carries the state through the row's chunks. Products at `chunk_precision` (TF32 for 16-bit
-inputs, float32 for float32).
+state entering the chunk, the decayed q and k included; `_chunk_scan_kernel` (one program a
+row, head and value block) carries the state through the row's chunks with loads and four
+products a chunk, its serial path. Products at `chunk_precision` (TF32 for 16-bit inputs,
+float32 for float32).
 
 `kda_delta_rule` is KDA's (GLM-5.3) form on the same kernels (`PER_CHANNEL`): q and k heads
 are the value heads, the log decay `g` [T, HV, K] comes precomputed in float32 (one per key
@@ -215,13 +216,19 @@ def _chunk_qk(mixed_ptr, t, valid, kk, qk_head, scale, stride_m, HQK: tl.constex
               K: tl.constexpr):  # fmt: skip
     """A chunk's l2-normed q (times `scale`) and k [CHUNK, K] in float32; rows past the
     chunk's end are 0."""
-    tok = mixed_ptr + t[:, None] * stride_m
+    q = _chunk_unit(mixed_ptr, t, valid, kk, qk_head * K, stride_m, K)
+    k = _chunk_unit(mixed_ptr, t, valid, kk, (HQK + qk_head) * K, stride_m, K)
+    return q * scale, k
+
+
+@triton.jit
+def _chunk_unit(mixed_ptr, t, valid, kk, column, stride_m, K: tl.constexpr):
+    """A chunk's rows of `mixed` columns `column .. column + K`, l2-normed, in float32
+    [CHUNK, K]; rows past the chunk's end are 0."""
     mk = valid[:, None] & (kk[None, :] < K)
-    q = tl.load(tok + qk_head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
-    k = tl.load(tok + HQK * K + qk_head * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
-    q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
-    k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
-    return q, k
+    x = tl.load(mixed_ptr + t[:, None] * stride_m + column + kk[None, :], mask=mk, other=0.0)
+    x = x.to(tl.float32)
+    return x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
 
 
 @triton.jit
@@ -284,8 +291,8 @@ def _kda_pairs(q, k, cum, ii, jj, CHUNK: tl.constexpr, K: tl.constexpr, DOT: tl.
 
 @triton.jit
 def _chunk_prep_kernel(
-    mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr,
-    query_indptr_ptr, chunk_indptr_ptr, batch, search_steps,
+    mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr, qg_ptr, kg_ptr,
+    decay_ptr, query_indptr_ptr, chunk_indptr_ptr, batch, search_steps,
     stride_m, stride_a, stride_b, scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, PER_CHANNEL: tl.constexpr,
@@ -299,6 +306,8 @@ def _chunk_prep_kernel(
         w = (I + A)^-1 (beta exp(G) k)   [CHUNK, K]
         u = (I + A)^-1 (beta v)          [CHUNK, V]
         scores[i, j] = q_i . (exp(G_i - G_j) k_j)   (j <= i, else 0)
+        qg = exp(G) q,  kg = exp(G_last - G) k   [CHUNK, K]  (the scan's operands)
+        decay = exp(G_last)                      [K] a chunk (Gated DeltaNet's K equal)
     with A[i, j] = beta_i k_i . (exp(G_i - G_j) k_j) for j < i. KDA's per-channel decays
     enter A and the scores inside the dot product (`_kda_pairs`); every exponent is
     G_i - G_j <= 0 or G itself, so nothing overflows."""
@@ -330,6 +339,20 @@ def _chunk_prep_kernel(
             dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
         g = _chunk_log_decay(a_ptr, t, valid, kk, head, stride_a, neg_a, dt_bias, K, PER_CHANNEL)
         cum = tl.cumsum(g, 0)
+        last = tl.sum(g, 0)  # G of the chunk's last token (the padding adds 0)
+        at = (t[:, None] * HV + head).to(tl.int64)
+        mk = valid[:, None] & (kk[None, :] < K)
+        if PER_CHANNEL:
+            qg = q * tl.exp(cum)
+            kg = k * tl.exp(last[None, :] - cum)
+            decay = tl.exp(last)
+        else:
+            qg = q * tl.exp(cum)[:, None]
+            kg = k * tl.exp(last - cum)[:, None]
+            decay = tl.exp(last) + tl.zeros((K,), dtype=tl.float32)
+        tl.store(qg_ptr + at * K + kk[None, :], qg.to(qg_ptr.dtype.element_ty), mask=mk)
+        tl.store(kg_ptr + at * K + kk[None, :], kg.to(kg_ptr.dtype.element_ty), mask=mk)
+        tl.store(decay_ptr + (chunk * HV + head) * K + kk, decay)
         b = tl.load(b_ptr + t * stride_b + head, mask=valid, other=0.0).to(tl.float32)
         beta = tl.where(valid, tl.sigmoid(b), 0.0)
         if PER_CHANNEL:
@@ -345,8 +368,7 @@ def _chunk_prep_kernel(
         system = tl.where(ii > jj, beta[:, None] * system, 0.0)
         inverse = _unit_lower_inverse(system, ii, jj, CHUNK, DOT)
         w = tl.dot(inverse, scaled_k, input_precision=DOT)
-        at = (t[:, None] * HV + head).to(tl.int64)
-        tl.store(w_ptr + at * K + kk[None, :], w, mask=valid[:, None] & (kk[None, :] < K))
+        tl.store(w_ptr + at * K + kk[None, :], w, mask=mk)
         tl.store(scores_ptr + at * CHUNK + jj, tl.where(ii >= jj, scores, 0.0), mask=valid[:, None])
         for v0 in tl.static_range(0, V, BLOCK_V):
             vv = v0 + tl.arange(0, BLOCK_V)
@@ -359,19 +381,21 @@ def _chunk_prep_kernel(
 
 @triton.jit
 def _chunk_scan_kernel(
-    mixed_ptr, a_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr, out_ptr, state_ptr,
-    query_indptr_ptr, state_in_ptr, state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr,
-    stride_m, stride_a, stride_p, last_ckpt, scale,
+    mixed_ptr, a_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr, qg_ptr, kg_ptr,
+    decay_ptr, out_ptr, state_ptr, query_indptr_ptr, chunk_indptr_ptr, state_in_ptr,
+    state_out_ptr, ckpt_indptr_ptr, ckpt_len_ptr, ckpt_page_ptr, stride_m, stride_a, stride_p,
+    last_ckpt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, PER_CHANNEL: tl.constexpr,
     DOT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The chunked form's second phase: one program a (row, head, value block) carries the
     state S [K, BLOCK_V] through the row's chunks in order. A chunk's corrections are
-    U = u - w S; its outputs (exp(G) q) S + scores U; the state leaving it exp(G_last) S +
-    (exp(G_last - G) k)^T U. A prefix checkpoint inside a chunk (after its first p tokens)
-    is the same sum over the chunk's first p tokens with G_p for G_last (the corrections of
-    those tokens depend on no later token), so chunks are never cut. Checkpoints and the row's
+    U = u - w S; its outputs qg S + scores U; the state leaving it decay S + kg^T U (the
+    first phase's operands: nothing but loads and products on this serial path). A prefix
+    checkpoint inside a chunk (after its first p tokens) is the same sum over the chunk's
+    first p tokens with G_p for G_last (the corrections of those tokens depend on no later
+    token), from k and G read again, so chunks are never cut. Checkpoints and the row's
     input/output states as `_delta_rule_kernel`'s."""
     pdl_enter(PDL)
     row = tl.program_id(0)
@@ -384,6 +408,7 @@ def _chunk_scan_kernel(
     jj = cc[None, :]
     start = tl.load(query_indptr_ptr + row)
     end = tl.load(query_indptr_ptr + row + 1)
+    first_chunk = tl.load(chunk_indptr_ptr + row)
     s = _load_state(state_ptr, tl.load(state_in_ptr + row), stride_p, head, kk, vv, K, V)
     neg_a = 0.0
     dt_bias = 0.0
@@ -397,21 +422,15 @@ def _chunk_scan_kernel(
         t = pos + cc
         valid = t < end
         n = tl.minimum(end - pos, CHUNK)
-        q, k = _chunk_qk(mixed_ptr, t, valid, kk, qk_head, scale, stride_m, HK, K)
-        g = _chunk_log_decay(a_ptr, t, valid, kk, head, stride_a, neg_a, dt_bias, K, PER_CHANNEL)
-        cum = tl.cumsum(g, 0)
-        last = tl.sum(g, 0)  # G of the chunk's last token (the padding adds 0)
         at = (t[:, None] * HV + head).to(tl.int64)
         mk = valid[:, None] & (kk[None, :] < K)
         mv = valid[:, None] & vmask[None, :]
         w = tl.load(w_ptr + at * K + kk[None, :], mask=mk, other=0.0)
         u = tl.load(u_ptr + at * V + vv[None, :], mask=mv, other=0.0)
-        scores = tl.load(scores_ptr + at * CHUNK + jj, mask=valid[:, None], other=0.0)
         corrections = u - tl.dot(w, s, input_precision=DOT)
-        if PER_CHANNEL:
-            o = tl.dot(q * tl.exp(cum), s, input_precision=DOT)
-        else:
-            o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=DOT)
+        qg = tl.load(qg_ptr + at * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        scores = tl.load(scores_ptr + at * CHUNK + jj, mask=valid[:, None], other=0.0)
+        o = tl.dot(qg, s, input_precision=DOT)
         o += tl.dot(scores, corrections, input_precision=DOT)
         tl.store(out_ptr + (t[:, None] * HV + head) * V + vv[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=mv)  # fmt: skip
@@ -419,6 +438,10 @@ def _chunk_scan_kernel(
         while (next_len > pos - start) & (next_len < pos - start + n):
             p = next_len - (pos - start)
             first = cc[:, None] < p
+            k = _chunk_unit(mixed_ptr, t, valid, kk, (HK + qk_head) * K, stride_m, K)
+            g = _chunk_log_decay(a_ptr, t, valid, kk, head, stride_a, neg_a, dt_bias, K,
+                                 PER_CHANNEL)  # fmt: skip
+            cum = tl.cumsum(g, 0)
             if PER_CHANNEL:
                 cum_p = tl.sum(tl.where(cc[:, None] == p - 1, cum, 0.0), 0)
                 carried = k * tl.exp(tl.where(first, cum_p[None, :] - cum, 0.0))
@@ -432,13 +455,10 @@ def _chunk_scan_kernel(
             _store_state(state_ptr, tl.load(ckpt_page_ptr + ck), stride_p, head, kk, vv, s_p, K, V)
             ck += 1
             next_len = _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt)
-        if PER_CHANNEL:
-            carried = k * tl.exp(last[None, :] - cum)
-            s = s * tl.exp(last)[:, None]
-        else:
-            carried = k * tl.exp(last - cum)[:, None]
-            s = s * tl.exp(last)
-        s += tl.dot(tl.trans(carried), corrections, input_precision=DOT)
+        decay = tl.load(decay_ptr + ((first_chunk + (pos - start) // CHUNK) * HV + head) * K + kk)
+        kg = tl.load(kg_ptr + at * K + kk[None, :], mask=mk, other=0.0).to(tl.float32)
+        s = s * decay[:, None]
+        s += tl.dot(tl.trans(kg), corrections, input_precision=DOT)
         if next_len == pos - start + n:
             _store_state(state_ptr, tl.load(ckpt_page_ptr + ck), stride_p, head, kk, vv, s, K, V)
             ck += 1
@@ -484,19 +504,27 @@ def _chunked(
     w = torch.empty((t, heads, k_dim), **scratch)  # type: ignore[call-overload]
     u = torch.empty((t, heads, v_dim), **scratch)  # type: ignore[call-overload]
     scores = torch.empty((t, heads, chunk), **scratch)  # type: ignore[call-overload]
+    # The decayed q and k in half precision under TF32 products: float16's 10-bit mantissa is
+    # TF32's, so the products round them the same (|values| <= 1; under float16's normal
+    # range the error is < 1e-7 absolute), at half the bytes of the scan's busiest reads.
+    decayed = dict(scratch, dtype=torch.float16 if precision == "tf32" else torch.float32)
+    qg = torch.empty((t, heads, k_dim), **decayed)  # type: ignore[call-overload]
+    kg = torch.empty((t, heads, k_dim), **decayed)  # type: ignore[call-overload]
     slots = triton.cdiv(t, chunk) + batch  # at least the step's chunks
+    decay = torch.empty((slots, heads, k_dim), **scratch)  # type: ignore[call-overload]
     shapes = dict(HK=num_k_heads, HV=heads, K=k_dim, V=v_dim, CHUNK=chunk, PER_CHANNEL=per_channel)
     _chunk_prep_kernel[(slots, heads)](
-        mixed, a, b, a_log, dt_bias, w, u, scores, rows.query_indptr, chunk_indptr, batch,
-        batch.bit_length(), mixed.stride(0), a.stride(0), b.stride(0), k_dim**-0.5,
-        BLOCK_V=max(min(next_pow2(v_dim), 64), 16), DOT=precision, **shapes, num_warps=8,
-        **pdl_args(),
+        mixed, a, b, a_log, dt_bias, w, u, scores, qg, kg, decay, rows.query_indptr,
+        chunk_indptr, batch, batch.bit_length(), mixed.stride(0), a.stride(0), b.stride(0),
+        k_dim**-0.5, BLOCK_V=max(min(next_pow2(v_dim), 64), 16), DOT=precision, **shapes,
+        num_warps=8, **pdl_args(),
     )  # fmt: skip
     _chunk_scan_kernel[(batch, heads, triton.cdiv(v_dim, block_v))](
-        mixed, a, a_log, dt_bias, w, u, scores, out, state, rows.query_indptr, rows.state_in,
-        rows.state_out, rows.ckpt_indptr, rows.ckpt_len, rows.ckpt_page, mixed.stride(0),
-        a.stride(0), state.stride(0), rows.ckpt_len.shape[0] - 1, k_dim**-0.5,
-        BLOCK_V=block_v, DOT=precision, **shapes, num_warps=4, **pdl_args(),
+        mixed, a, a_log, dt_bias, w, u, scores, qg, kg, decay, out, state, rows.query_indptr,
+        chunk_indptr, rows.state_in, rows.state_out, rows.ckpt_indptr, rows.ckpt_len,
+        rows.ckpt_page, mixed.stride(0), a.stride(0), state.stride(0),
+        rows.ckpt_len.shape[0] - 1, BLOCK_V=block_v, DOT=precision, **shapes, num_warps=4,
+        **pdl_args(),
     )  # fmt: skip
 
 
