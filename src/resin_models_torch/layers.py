@@ -201,11 +201,11 @@ def paged_attention(
     # attention kernels do (transformers' SDPA path); only the output is rounded.
     keys = torch.cat((k_cached, k[batch.query_index]), dim=1).float()  # [B, C+Q, Hkv, D]
     values = torch.cat((v_cached, v[batch.query_index]), dim=1).float()
-    queries = q[batch.query_index].float()  # [B, Q, Hq, D]
-    groups = q.shape[1] // k.shape[1]
-    keys = keys.repeat_interleave(groups, dim=2)
-    values = values.repeat_interleave(groups, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", queries, keys) * scale
+    # Query head h reads key head h // groups: the query heads are viewed as [Hkv, groups] so
+    # each key is read once per key head, not copied `groups` times.
+    shape = (*batch.query_index.shape, k.shape[1], q.shape[1] // k.shape[1], q.shape[2])
+    queries = q[batch.query_index].float().view(shape)  # [B, Q, Hkv, groups, D]
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", queries, keys).flatten(1, 2) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~batch.mask[:, None], float("-inf"))
@@ -216,7 +216,7 @@ def paged_attention(
     if sinks is not None:
         probs = probs[..., :-1]
     probs = torch.nan_to_num(probs)  # padded query slots see no key at all
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, values)
+    out = torch.einsum("bhgqk,bkhd->bqhgd", probs.unflatten(1, shape[2:4]), values)
     return out[batch.token_rows, batch.token_cols].reshape(q.shape[0], -1).to(q.dtype)
 
 
