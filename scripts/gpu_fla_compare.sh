@@ -12,7 +12,12 @@
 #                     kernels), and the command's JSONL rows (TESTS=0 skips it)
 #   delta_rule.jsonl  `resin bench delta-rule`, one row a case (ours / fla, the agreement)
 #   delta_rule.log    its table and the verdict per path
-# Knobs: PREFILL_BATCHES, PREFILL_LENGTHS, DECODE_BATCHES, PRESETS; TEST_S, BENCH_S timeouts.
+# Knobs: PREFILL_BATCHES, PREFILL_LENGTHS, DECODE_BATCHES, PRESETS; BENCH_ARGS (more flags,
+# e.g. '--modes chunked --kernels --our-chunk 16,32'); TEST_S, BENCH_S timeouts.
+# BEFORE=<folder holding another tree> (e.g. `git archive <commit> | tar -x -C .gpuwork/before`,
+# carried): that tree's kernels first (delta_rule_before.jsonl / .log), then this tree's with
+# `--before` on them: each case after / before, fla's times as the anchor, a geometric mean a
+# path. An A/B of two kernel versions in one call, on one machine.
 # CPU smoke run of the plumbing (the interpreter; fla's chunked side fails there, said so):
 #   OUT=/tmp/f DEVICE=cpu TRITON_INTERPRET=1 TESTS=0 PRESETS=tiny-qwen3_5_moe,tiny-glm5_next \
 #   PREFILL_BATCHES=2 PREFILL_LENGTHS=20 DECODE_BATCHES=2 PYTHON=.venv/bin/python \
@@ -36,10 +41,21 @@ if [ "${TESTS:-1}" = 1 ]; then
     echo "== tests rc=$?"
     tail -15 "$out/tests.log"
 fi
-timeout "${BENCH_S:-480}" "$python" -m resin_app bench delta-rule --device "${DEVICE:-cuda}" \
-    --presets "${PRESETS:-qwen3.5-35b-a3b,glm-5.3-flash}" \
-    --prefill-batches "${PREFILL_BATCHES:-1,8}" --prefill-lengths "${PREFILL_LENGTHS:-1024,4096}" \
-    --decode-batches "${DECODE_BATCHES:-1,32,256}" \
-    --output "$out/delta_rule.jsonl" > "$out/delta_rule.log" 2>&1
-echo "== bench rc=$?"
-grep -v -E "^(qwen|glm|tiny)" "$out/delta_rule.log" | tail -30
+bench() {  # tree, name, extra arguments
+    local tree="$1" name="$2"
+    shift 2
+    # shellcheck disable=SC2086  # BENCH_ARGS splits into words on purpose
+    PYTHONPATH="$site:$tree/src:$tree" timeout "${BENCH_S:-480}" "$python" -m resin_app bench \
+        delta-rule --device "${DEVICE:-cuda}" --presets "${PRESETS:-qwen3.5-35b-a3b,glm-5.3-flash}" \
+        --prefill-batches "${PREFILL_BATCHES:-1,8}" --prefill-lengths "${PREFILL_LENGTHS:-1024,4096}" \
+        --decode-batches "${DECODE_BATCHES:-1,32,256}" ${BENCH_ARGS:-} "$@" \
+        --output "$out/$name.jsonl" > "$out/$name.log" 2>&1
+    echo "== $name rc=$?"
+    grep -v -E "^(qwen|glm|tiny)" "$out/$name.log" | tail -"${TAIL:-30}"
+}
+if [ -n "${BEFORE:-}" ]; then
+    TAIL=8 bench "$(cd "$BEFORE" && pwd)" delta_rule_before
+    bench "$PWD" delta_rule --before "$out/delta_rule_before.jsonl"
+else
+    bench "$PWD" delta_rule
+fi

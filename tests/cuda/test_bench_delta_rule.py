@@ -8,7 +8,9 @@ end. Tiny shapes: in the interpreter fla's recurrent kernels run; its chunked on
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,6 +106,41 @@ def test_the_bench_writes_one_jsonl_row_a_case(device: str, tmp_path: Path) -> N
         ("gdn", 2, 4, 16),
         ("kda", 2, 2, 16),
     }
+
+
+def test_a_run_beside_an_earlier_one(device: str, tmp_path: Path, capsys: Any) -> None:
+    """`--before`: each case beside the same case of an earlier run's JSONL; a case it lacks
+    is left out, and a file that is not JSONL is a usage error."""
+    first, second = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    argv = ["--device", device, "--presets", "tiny-qwen3_5_moe", "--modes", "recurrent",
+            "--reps", "1", "--inner", "1"]  # fmt: skip
+    assert delta_rule.main([*argv, "--decode-batches", "1", "--output", str(first)]) == 0
+    capsys.readouterr()
+    assert delta_rule.main([*argv, "--decode-batches", "1,2", "--output", str(second),
+                            "--before", str(first)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    (old,), (new, _) = (
+        [json.loads(x) for x in f.read_text().splitlines()] for f in (first, second)
+    )
+    (case,) = [x for x in text.splitlines() if x.startswith("gdn recurrent 1x1 ")]
+    assert case.split()[-5:-2] == [f"{old['ours_us']:.1f}", f"{new['ours_us']:.1f}",
+                                   f"{new['ours_us'] / old['ours_us']:.2f}"]  # fmt: skip
+    assert "gdn recurrent 2x1" not in text  # not in the earlier run
+    mean = f"after / before geometric mean {new['ours_us'] / old['ours_us']:.2f} over 1 cases"
+    assert f"gdn recurrent: {mean}" in text
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    with pytest.raises(SystemExit):
+        delta_rule.main([*argv, "--before", str(tmp_path / "bad.jsonl")])
+    assert "--before" in capsys.readouterr().err
+
+
+def test_against_pairs_cases_and_means_per_path() -> None:
+    rows = [_row("gdn", "chunked", 200.0, 100.0, True), _row("gdn", "recurrent", 50.0, 40.0, True)]
+    before = [json.loads(json.dumps(asdict(replace(rows[0], ours_us=400.0, fla_us=101.0))))]
+    lines = delta_rule.against(rows, before)
+    assert lines[2].split()[-5:] == ["400.0", "200.0", "0.50", "101.0", "100.0"]
+    assert lines[3:] == ["gdn chunked: after / before geometric mean 0.50 over 1 cases"]
+    assert delta_rule.against(rows, []) == lines[:2]  # nothing to pair
 
 
 def _row(kernel: str, mode: str, ours_us: float, fla_us: float | None, agree: bool) -> Row:

@@ -36,7 +36,10 @@ fla, if fla agreed; the verdict per path (kernel, mode) takes the geometric mean
 (`decide`). `--kernels` (CUDA) adds our side's device time a call by kernel (the chunked
 form's two phases apart), from torch's profiler. Prints a table and the verdicts, and
 appends every row to `--output` as JSONL (a side that failed: its time null and its error
-in `error`).
+in `error`). `--before FILE` (the JSONL of an earlier run on the same machine, e.g. another
+tree's kernels) then prints each row's time beside the same case there, after / before, with
+fla's two times as the anchor (they should agree: else the machine changed between the runs),
+and the geometric mean of after / before per path (`against`).
 
     resin bench delta-rule --output bench/delta_rule.jsonl
 
@@ -48,6 +51,7 @@ tiny-qwen3_5_moe,tiny-glm5_next --prefill-batches 2 --prefill-lengths 20 --decod
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -448,6 +452,36 @@ def decide(rows: Sequence[Row]) -> dict[tuple[str, str], str]:
     return verdicts
 
 
+CASE_FIELDS = ("kernel", "mode", "preset", "batch", "length", "our_chunk", "precision", "block_v")
+
+
+def against(rows: Sequence[Row], before: Sequence[dict[str, Any]]) -> list[str]:
+    """Lines comparing `rows` with an earlier run's JSONL rows (`--before`): each case found in
+    both, our time there and here and after / before (fla's beside it), then per path the
+    geometric mean of after / before over its cases."""
+    earlier = {tuple(b.get(f) for f in CASE_FIELDS): b for b in before}
+    head = f"{'':<40}{'before':>11}{'after':>11}{'before':>8}{'before':>11}{'after':>11}"
+    lines = [f"{'against --before':<40}{'ours us':>22}{'after/':>8}{'fla us':>22}", head]
+    paths: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        b = earlier.get(tuple(getattr(r, f) for f in CASE_FIELDS))
+        if b is None or not b.get("ours_us") or not r.ours_us:
+            continue
+        ratio = r.ours_us / b["ours_us"]
+        paths.setdefault((r.kernel, r.mode), []).append(ratio)
+        chunk = f"chunk {r.our_chunk} {r.precision}" if r.our_chunk else ""
+        case = f"{r.kernel} {r.mode} {r.batch}x{r.length} {chunk}"
+        fla = [f"{x:>11.1f}" if x else f"{'-':>11}" for x in (b.get("fla_us"), r.fla_us)]
+        lines.append(
+            f"{case:<40}{b['ours_us']:>11.1f}{r.ours_us:>11.1f}{ratio:>8.2f}{''.join(fla)}"
+        )
+    for (kernel, mode), ratios in paths.items():
+        mean = math.exp(statistics.fmean(math.log(x) for x in ratios))
+        lines.append(f"{kernel} {mode}: after / before geometric mean {mean:.2f} "
+                     f"over {len(ratios)} cases")  # fmt: skip
+    return lines
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -485,6 +519,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=5e-2,
                    help="agreement: max abs difference over max |ours|")  # fmt: skip
     p.add_argument("--output", type=Path, help="JSONL file (appended)")
+    p.add_argument("--before", type=Path,
+                   help="JSONL of an earlier run (same machine): each case beside it")  # fmt: skip
     return p
 
 
@@ -519,6 +555,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = [replace(opt, our_chunk=c, precision=x, block_v=v)
                 for c in chunks for x in precisions
                 for v in _ints(args.our_block_v) or [0]]  # fmt: skip
+    before: list[dict[str, Any]] = []
+    if args.before:
+        try:
+            before = [json.loads(x) for x in args.before.read_text().splitlines() if x.strip()]
+        except (OSError, ValueError) as exc:
+            p.error(f"--before: {exc}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rows: list[Row] = []
     with torch.no_grad():
@@ -540,6 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report(rows)
     for (kernel, path), verdict in decide(rows).items():
         print(f"{kernel} {path}: {verdict}")
+    if args.before:
+        print("\n".join(against(rows, before)))
     return 0
 
 
