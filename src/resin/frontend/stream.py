@@ -5,7 +5,10 @@ Lives on the event loop: the actor hands over each engine turn's events with
 token events (no logprobs) become one event of their tokens as they arrive, so the parser
 decodes a batch's tokens in one `feed` (parsers are split-invariant: the text is the same),
 and the reader takes everything buffered in one `get`, once it holds the reader's
-`stream_interval` tokens (the only place a chunk's framing is decided). The buffer holds at
+`stream_interval` tokens (the only place a chunk's framing is decided). (A frontend process
+reads every engine message waiting on its socket as one, `wire.unpack_many`, so a request's
+tokens of those steps may already arrive as one event: how the transport is read, framing
+nothing.) The buffer holds at
 most `capacity` deliveries and at most `capacity * 64` events that the reader could have
 taken; a client that falls that far behind (it stopped reading, its socket is full) is cut
 off (`overflowed`) and its request aborted, so a slow reader never makes the actor or other
