@@ -175,3 +175,24 @@ def test_families_build_drafting_runners_for_speculative_mtp(family: str) -> Non
             build_runner(preset(name), family, request)
     with pytest.raises(ValueError, match="MTP layer"):
         speculation_for(LoadOptions(speculative="mtp"), 64, object())
+
+
+def test_bench_speculative_quantizes_a_preset_named_with_its_format() -> None:
+    """`--model-config NAME:FORMAT` on the cuda runner builds the preset's weights quantized as
+    `resin bench runner` does (DeepSeek-V4-Flash at 8 layers fits an 80 GB card only so), and an
+    unknown format is refused."""
+    from resin_app.bench import speculative
+
+    def built(name: str) -> tuple[int, str | None]:  # bytes held, the quantization method
+        args = speculative.parse_args(["--speculative", "mtp", "--random-weights",
+                                       "--model-config", name, "--runner", "cuda",
+                                       "--device", "cpu", "--num-draft-tokens", "1"])  # fmt: skip
+        runner = speculative._runner(args, name, None)
+        quant = runner.config.quant
+        return runner.model.nbytes(), None if quant is None else quant.scheme
+
+    plain, fp8 = built("tiny-deepseek_v4"), built("tiny-deepseek_v4:fp8-block")
+    assert plain[1] is None and fp8[1] == "fp8_block"
+    assert fp8[0] < 0.8 * plain[0]
+    with pytest.raises(ValueError, match="unknown quantized format"):
+        built("tiny-deepseek_v4:fp9")

@@ -53,7 +53,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="model folder (or a default-model name)")
     src.add_argument("--random-weights", action="store_true", help="cuda runner: a preset")
-    p.add_argument("--model-config", default="llama-1b", help="preset for --random-weights")
+    p.add_argument("--model-config", default="llama-1b",
+                   help="preset for --random-weights; cuda runner: NAME:FORMAT quantizes its "
+                        "weights on the device (fp8-block, fp8-channel, mxfp4)")  # fmt: skip
     p.add_argument("--runner", choices=["torch", "cuda"], default="torch",
                    help="torch: the reference runner; cuda: resin_models_cuda")  # fmt: skip
     p.add_argument("--device", default="cpu")
@@ -106,13 +108,17 @@ def _runner(args: argparse.Namespace, name: str | None, folder: Any) -> Any:
 
         return MtpRunner(runner.model, num_drafts=args.num_draft_tokens, overlap=False)  # type: ignore[arg-type]
     from resin_model.presets import preset
+    from resin_model.quant_checkpoint import check_format
     from resin_models_cuda.runner import RunnerOptions, load_runner, random_runner
 
+    base, _, fmt = (name or args.model_config).partition(":")
     options = RunnerOptions(max_batch=max(args.batch_sizes),
                             max_context=args.input_len + args.output_len + 64,
                             mtp=mtp, max_draft_tokens=max(args.num_draft_tokens, 1))  # fmt: skip
     if folder is None:
-        return random_runner(preset(name or args.model_config), options, args.device)
+        config = preset(base)
+        quantize = check_format(fmt, config.model_type) if fmt else None
+        return random_runner(config, options, args.device, quantize=quantize)
     return load_runner(str(folder), options, args.device)
 
 
