@@ -65,7 +65,7 @@ def _next_len(ckpt_len_ptr, ck, ck_end, last_ckpt):
     return tl.where(ck < ck_end, length, -1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["last_ckpt"])
 def _delta_rule_kernel(
     mixed_ptr,  # [T, 2 * HK * K + HV * V]: q | k | v per token (conv output), row stride_m
     a_ptr,  # [T, HV], row stride stride_a: decay input (PER_CHANNEL: float32 [T, HV, K])
@@ -289,7 +289,7 @@ def _kda_pairs(q, k, cum, ii, jj, CHUNK: tl.constexpr, K: tl.constexpr, DOT: tl.
     return system, scores
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch", "search_steps"])
 def _chunk_prep_kernel(
     mixed_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr, qg_ptr, kg_ptr,
     decay_ptr, query_indptr_ptr, chunk_indptr_ptr, batch, search_steps,
@@ -379,7 +379,7 @@ def _chunk_prep_kernel(
             tl.store(u_ptr + at * V + vv[None, :], u, mask=mv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["last_ckpt"])
 def _chunk_scan_kernel(
     mixed_ptr, a_ptr, a_log_ptr, dt_bias_ptr, w_ptr, u_ptr, scores_ptr, qg_ptr, kg_ptr,
     decay_ptr, out_ptr, state_ptr, query_indptr_ptr, chunk_indptr_ptr, state_in_ptr,
