@@ -38,7 +38,7 @@ runner() {  # tag, seconds, args...
 }
 runner runner_1k "${RUN_S:-210}" --context-lengths "${CONTEXTS:-4096,32768}" \
     --decode-contexts "${CTX1K:-1024}" --batch-sizes "${BATCHES:-1,64}"
-runner runner_32k "${RUN32_S:-150}" --context-lengths "${CONTEXTS%%,*}" \
+runner runner_32k "${RUN32_S:-150}" --context-lengths "${CTX_PREFILL:-4096}" \
     --decode-contexts "${CTX32:-32768}" --batch-sizes "${BATCHES:-1,64}"
 timeout "${SPEC_S:-150}" "$PY" -m resin_app bench speculative --speculative mtp --random-weights \
     --model-config "$MODEL" --runner cuda --device "$DEVICE" --num-draft-tokens 1 \

@@ -200,6 +200,9 @@ class RandomWeights:
         self.out_std = std / math.sqrt(2 * num_layers) if residual_scale else std
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
 
+    DRAW_BYTES = 1 << 28
+    """The largest float32 draw at once (`get`): bigger tensors are drawn in slabs of rows."""
+
     def has(self, name: str) -> bool:
         return True
 
@@ -214,5 +217,19 @@ class RandomWeights:
             fill = torch.ones if init == "ones" else torch.zeros
             return fill(shape, device=self.device, dtype=dtype or self.dtype)
         std = self.out_std if init == "out" else self.std
-        t = torch.randn(shape, generator=self._gen, device=self.device, dtype=torch.float32)
-        return (t * std).to(dtype or self.dtype)
+        dtype = dtype or self.dtype
+        row = math.prod(shape[1:])
+        rows = max(1, self.DRAW_BYTES // (4 * max(row, 1)))
+        if not shape or shape[0] <= rows:
+            t = torch.randn(shape, generator=self._gen, device=self.device, dtype=torch.float32)
+            return t.mul_(std).to(dtype)
+        # A large tensor is drawn a slab of leading rows at a time into its own dtype: a fused
+        # expert stack drawn whole in float32 (18 GiB for GLM-5.3-Flash's gate_up, twice that
+        # with the scaled copy) ran an 80 GB card out of memory while the weights fit.
+        out = torch.empty(shape, device=self.device, dtype=dtype)
+        for lo in range(0, shape[0], rows):
+            hi = min(lo + rows, shape[0])
+            slab = torch.randn((hi - lo, *shape[1:]), generator=self._gen, device=self.device,
+                               dtype=torch.float32)  # fmt: skip
+            out[lo:hi] = slab.mul_(std)
+        return out
