@@ -229,4 +229,5 @@ class DecodeBuffers:
             DecodeBuffers.fill(dst, src, pad)
             return
         dst[:] = pad
-        dst[dest] = src
+        if src.size:  # a group without per-token slots (DeepSeek-V4's Compressed ones): all pad
+            dst[dest] = src

@@ -212,8 +212,10 @@ class CudaRunner:
         self.pdl = set_pdl(self.options.pdl, self.device)
         if self.options.pdl and not self.pdl:
             log.warning("PDL needs a CUDA device of sm_90 or later (not the interpreter): off")
-        # A State group (linear attention) cannot be rewound: no drafts to verify.
-        self._max_query = 1 if model.state_bytes() else 1 + self.options.max_draft_tokens
+        # Query tokens a row of the fixed-shape decode path may carry: 1 + the drafts the
+        # cache groups can drop (none where a State group cannot rewind: linear attention's;
+        # DeepSeek-V4's compressor rings keep room for them, `State.rewind`).
+        self._max_query = 1 + self._runner_config.max_draft_tokens
         self.kv: torch.Tensor | None = None
         self.state: torch.Tensor | None = None  # the State region [pages, page bytes] (uint8)
         rows = self.options.max_batch

@@ -123,7 +123,9 @@ def test_mtp_drafts_equal_the_reference_mtp_runner(device: str, tmp_path_factory
 def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_factory: Any) -> None:
     """With room for a draft in its State groups (`State.rewind`), the fast runner verifies
     its MTP drafts through the Engine's speculative decoding: greedy tokens equal the plain
-    reference's, under 16-token chunks and a prefix hit, with drafts kept and dropped."""
+    reference's, under 16-token chunks and a prefix hit, with drafts kept and dropped. The
+    verify steps take the fixed-shape decode path (what a CUDA graph replays: two query slots
+    a row, rows without a draft padded), not the varlen one."""
     from resin.engine.proposers import MtpProposer
     from resin.engine.speculative import Speculation
     from resin.protocols import State
@@ -136,6 +138,14 @@ def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_facto
                             max_draft_tokens=1, moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
     fast = load_runner(folder, options, device, torch.float32)
     assert fast.runner_config.max_draft_tokens == 1
+    shapes: list[tuple[int, int]] = []
+    body = fast._decode_body
+
+    def recording(rows: int, query: int) -> Any:
+        shapes.append((rows, query))
+        return body(rows, query)
+
+    fast._decode_body = recording
     assert all(g.rewind == 1 for g in fast.runner_config.cache_groups if isinstance(g, State))
     gen = torch.Generator().manual_seed(4)
     shared = torch.randint(0, 16, (20,), generator=gen).tolist()
@@ -157,6 +167,7 @@ def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_facto
     assert got == want
     assert metrics.prefix_cache_hits > 0
     assert 0 < metrics.spec_decode_num_accepted_tokens < metrics.spec_decode_num_draft_tokens
+    assert any(query == 2 for _, query in shapes), shapes  # verify steps in fixed shapes
 
 
 def test_bench_runner_runs_the_v4_presets_fast_runner(tmp_path: Path) -> None:

@@ -6,13 +6,13 @@ Window group of every layer's K=V vectors, a Compressed group per compressed kin
 holding the compressor projections entries to come still need, a ring over positions (slot
 p % capacity). It views the runner's token arena per group (the arena is one flat vector a
 page, `cache_token_shape`) and the State region per group (`step.states`). Decode steps
-(`DecodeInfo`, one query token a row, padded to a graph bucket) run in fixed shapes with no
-host read, so the runner captures them in CUDA graphs: the row lengths come from the decode
-buffers, the indexer scores up to the context limit's entries (`longest`), each row pools the
-entry its token would complete and writes it at the group's `entry_at` slot, and rewrites its
-whole State ring, every write through a kernel that skips slot -1 (`_put`; padding rows and
-rows that complete nothing). Other steps (prefill, verify rows, checkpoints) run eagerly on
-varlen tensors. A State page keeps room
+(`DecodeInfo`: one query token a row, or a token and the MTP drafts it verifies, padded to a
+graph bucket) run in fixed shapes with no host read, so the runner captures them in CUDA
+graphs: the row lengths come from the decode buffers, the indexer scores up to the context
+limit's entries (`longest`), each token pools the entry it would complete and writes it at
+its `entry_at` slot, and each row rewrites its whole State ring, every write through a kernel
+that skips slot -1 (`_put`; padding and tokens that complete nothing). Other steps (prefill,
+checkpoints) run eagerly on varlen tensors. A State page keeps room
 for `max_draft_tokens` more positions (`State.rewind`), and a step writes what every length
 from `total - rewind` on needs, so rows verify drafts (the engine may keep fewer tokens).
 
@@ -299,16 +299,18 @@ class _Attention:
         return projected
 
     def _update_decode(self, x: torch.Tensor, step: StepTensors, arena: DeepseekV4) -> None:
-        """`_update` for a fixed-shape decode step (one query token a row, token b of row b;
-        padding rows of length 0): no host read, no data-dependent shape. Every row pools the
-        entry its token would complete, `total // m - 1`, and the group writes it at the
-        row's `entry_at` slot (-1: the token completes none, or a padding row: skipped).
-        Every row writes its State page's whole ring, positions `total - capacity .. total -
-        1`, into `state_out` (-1: skipped) from `state_in` and its token (positions below
-        what the lengths it must serve need get what the input ring holds there: unread)."""
-        pooler = self.pooler
-        assert pooler is not None
-        m, dev = pooler.ratio, x.device
+        """`_update` for a fixed-shape decode step (`query` token slots a row, row b's at
+        b * query .., its first `q_lens[b]` real: one token, or a token and the drafts it
+        verifies; padding rows of length 0): no host read, no data-dependent shape. Every
+        token pools the entry it would complete, `(position + 1) // m - 1`, and the group
+        writes it at the token's `entry_at` slot (-1: the token completes none, or padding:
+        skipped). Every row writes its State page's whole ring, positions `total - capacity
+        .. total - 1`, into `state_out` (-1: skipped) from `state_in` and its tokens
+        (positions below what the lengths it must serve need get what the input ring holds
+        there: unread); the ring has room for the drafts the engine may drop (`rewind`)."""
+        pooler, info = self.pooler, step.info
+        assert pooler is not None and isinstance(info, DecodeInfo)
+        m, dev, query = pooler.ratio, x.device, info.query
         projected = self._projected(x)
         store = arena.entry_view(self.slots[1], self.slots[3])
         buffers = arena.state_view(self.slots[2], self.slots[3])
@@ -317,21 +319,28 @@ class _Attention:
         group = step.groups[self.slots[1]]
         assert group.entry_at is not None
         total = arena.view.total_lens.long()
-        cached = (total - 1).clamp(min=0)  # the row's one token sits at position `cached`
+        q_lens = 1 if info.q_lens is None or query == 1 else info.q_lens.long()
+        cached = (total - q_lens).clamp(min=0)  # the row's first token's position
         state_in = states.state_in.long().clamp(min=0)
+        last = projected.shape[0] - 1
 
-        def gather(positions: torch.Tensor) -> torch.Tensor:
-            """[B, L, width]: each row's projections at positions [B, L] (as `_update`)."""
-            old = buffers[state_in[:, None], positions.clamp(min=0) % capacity]
-            new = (positions == cached[:, None])[..., None]
-            return torch.where(new, projected[:, None, :], old.to(projected.dtype))
+        def gather(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            """[N, L, width]: rows' projections at positions [N, L]: the ring's below the
+            row's cached length, its tokens' from there (as `_update`)."""
+            base = cached[rows, None]
+            old = buffers[state_in[rows, None], positions.clamp(min=0) % capacity]
+            here = (rows[:, None] * query + positions - base).clamp(0, last)
+            new = (positions >= base)[..., None]
+            return torch.where(new, projected[here], old.to(projected.dtype))
 
-        windows = (total // m - 1).clamp(min=0)
+        windows = ((step.positions.long() + 1) // m - 1).clamp(min=0)
         offsets = torch.arange(pooler.span(), device=dev)
-        tokens = gather((windows + 1)[:, None] * m - pooler.span() + offsets)
+        token_rows = arena.view.token_row.long()
+        tokens = gather(token_rows, (windows + 1)[:, None] * m - pooler.span() + offsets)
         store.put(group.entry_at, self._pooled(tokens, windows, arena))
         positions = total[:, None] - capacity + torch.arange(capacity, device=dev)
-        values = gather(positions)  # all read before any write (state_in may be state_out)
+        rows = torch.arange(total.shape[0], device=dev)
+        values = gather(rows, positions)  # all read before any write (state_in, state_out)
         page = states.state_out.long()[:, None]
         slots = torch.where(page >= 0, page * capacity + positions % capacity, -1)
         _put(buffers, slots.flatten(), values.flatten(0, 1))
@@ -704,10 +713,9 @@ class DeepseekV4(FastModel):
         tokens = torch.arange(t, device=self.device, dtype=torch.int32)
         blocks = -(-self.config.num_heads // 16)
         splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
-        if isinstance(info, DecodeInfo):
-            if info.query != 1:
-                raise ValueError("DeepSeek-V4 decodes one query token a row in fixed shapes")
-            self._view = _StepView(tokens, info.seq_lens, self.longest, splits, True, True)
+        if isinstance(info, DecodeInfo):  # token t of row t // query (verify rows: query > 1)
+            rows = tokens // info.query if info.query > 1 else tokens
+            self._view = _StepView(rows, info.seq_lens, self.longest, splits, True, True)
             return
         token_row = torch.searchsorted(info.query_indptr[1:], tokens, right=True).int()
         total_lens = (info.cached_lens + info.query_indptr.diff()).int()
