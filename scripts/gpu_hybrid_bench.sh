@@ -12,9 +12,11 @@
 #   glm5_mla*.jsonl    (GLM_MLA="1 0", opt-in, in place of glm5.jsonl) the same GLM step once
 #                      per `IndexedMla.sparse_kernel` setting: 1 the sparse attention kernel
 #                      (the default), 0 the torch path it replaced, docs/benchmarks.md
-#   prefix_ttft.jsonl  `resin serve` on a random Qwen3.5 folder at reduced depth
-#                      (qwen3.5-35b-a3b-8l, ~15.5 GB: the full 70 GB folder would not fit
-#                      the one-H200 machine's 64 GB disk, nor be written in time): a
+#   prefix_ttft.jsonl  `resin serve --load-format dummy` of Qwen3.5-35B-A3B at full depth
+#                      (random weights drawn on the GPU from a folder of config and
+#                      tokenizer: the 70 GB of weights would not fit the machine's 64 GB
+#                      disk; on an 80 GB card qwen3.5-35b-a3b-8l; SERVE_LOAD=auto writes and
+#                      loads a random 8-layer folder, 15.5 GB, as before): a
 #                      ~4k-token shared prefix (1,350 random words); after two warm-up
 #                      requests on prefixes of their own (kernels compile), the first request
 #                      cold, then warm ones that share it, then a second cold prefix; each
@@ -56,8 +58,15 @@ if [ "$GLM" = glm-5.3-flash-8l ] && [ -n "$mib" ] && [ "$mib" -lt 100000 ]; then
     echo "gpu_hybrid_bench.sh: ${mib} MiB on the card: glm-5.3-flash-6l in place of 8 layers"
     GLM=glm-5.3-flash-6l
 fi
-SERVE_PRESET="${SERVE_PRESET:-qwen3.5-35b-a3b-8l}"
-CKPT="${CKPT:-/tmp/resin-${SERVE_PRESET}-random}"
+# The prefix-hit step serves random weights drawn on the GPU (`--load-format dummy`, a folder of
+# config and tokenizer only: no 70 GB on the disk), so it runs the full depth where it fits.
+SERVE_LOAD="${SERVE_LOAD:-dummy}"
+serve_default=qwen3.5-35b-a3b
+if [ "$SERVE_LOAD" != dummy ] || { [ -n "$mib" ] && [ "$mib" -lt 100000 ]; }; then
+    serve_default=qwen3.5-35b-a3b-8l
+fi
+SERVE_PRESET="${SERVE_PRESET:-$serve_default}"
+CKPT="${CKPT:-/tmp/resin-${SERVE_PRESET}-${SERVE_LOAD}}"
 PORT="${PORT:-8124}"
 URL="http://127.0.0.1:${PORT}"
 common=(--random-weights --device "$DEVICE" --warmup "${WARMUP:-2}" --iters "${ITERS:-5}")
@@ -123,10 +132,12 @@ done
 serve_ttft() {
     if [ ! -f "$CKPT/config.json" ]; then
         timeout "${CKPT_S:-150}" "$PY" -m resin_app bench checkpoint --preset "$SERVE_PRESET" \
-            --output "$CKPT" --device "$DEVICE" ${TOKENIZER:+--tokenizer "$TOKENIZER"} || return 1
+            --output "$CKPT" --device "$DEVICE" ${TOKENIZER:+--tokenizer "$TOKENIZER"} \
+            $([ "$SERVE_LOAD" = dummy ] && echo --no-weights) || return 1
     fi
     set -m
     "$PY" -m resin_app serve --device "$DEVICE" --checkpoint "$CKPT" --port "$PORT" \
+        --load-format "$SERVE_LOAD" \
         --max-model-len "${MAX_LEN:-8192}" --max-num-seqs 8 --disable-log-requests \
         >"$out/prefix_serve.log" 2>&1 &
     server=$!

@@ -36,6 +36,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "default model's",
     )
     p.add_argument(
+        "--load-format",
+        choices=["auto", "dummy"],
+        default="auto",
+        help="auto (default): the checkpoint's weights; dummy: random weights of its config, "
+        "its tokenizer and template real (serving benchmarks without the weights on disk; "
+        "`resin bench checkpoint --no-weights` writes such a folder)",
+    )
+    p.add_argument(
         "--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ... (%(default)s)"
     )
     p.add_argument(
@@ -367,6 +375,7 @@ def _options(args: argparse.Namespace) -> LoadOptions:
         memory_fraction=args.memory_fraction,
         kv_cache_bytes=args.kv_cache_bytes,
         cuda_graphs=args.cuda_graphs,
+        load_format=args.load_format,
         template_limits=(args.template_max_chars, args.template_max_depth, args.template_timeout),
     )
 

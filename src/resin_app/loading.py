@@ -51,6 +51,10 @@ class LoadOptions:
     """The KV arena's size (`--kv-cache-memory`); None: the runner family's default."""
     """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
     cuda_graphs: bool = True
+    load_format: str = "auto"
+    """`auto`: the checkpoint's weights; `dummy`: random weights of its config (its tokenizer,
+    template and generation defaults real), as vLLM's `--load-format dummy`: serving
+    benchmarks of models whose weights are not on the disk."""
     template_limits: tuple[int, int, float] | None = None
     """A Jinja chat template's (max chars, max call depth, seconds) per render
     (`resin.recipe.template_limits`; None: its defaults)."""
@@ -121,7 +125,6 @@ def load(
                 on_stage(steps[i])
 
         stage(0)
-        from resin_model.checkpoint_folder import check_checkpoint
         from resin_model.default_model import DEFAULT_MODEL_NAME
 
         def converting(gguf: Any) -> None:  # its own line: minutes on a slow disk, once
@@ -129,7 +132,9 @@ def load(
             bar.write(converting_line(gguf), file=sys.stderr)
 
         folder = served_folder(options, converting)
-        check_memory(check_checkpoint(folder), options)  # before anything is allocated
+        checked = check_folder(folder, options)
+        if checked is not None:
+            check_memory(checked, options)  # before anything is allocated
         context = context_length_of(folder, options.context_length)
         stage(1)
         with startup_errors():
@@ -150,6 +155,18 @@ def load(
         bar.update()
     bar.write(ready_line(loaded, runners, time.perf_counter() - started), file=sys.stderr)
     return loaded
+
+
+def check_folder(folder: Any, options: LoadOptions) -> Any:
+    """The served folder checked before anything opens it (`check_checkpoint`): its config
+    and tokenizer, and with `--load-format auto` its weights' headers against the config (the
+    `CheckedCheckpoint`; None for `dummy`, which reads no weights)."""
+    from resin_model.checkpoint_folder import check_checkpoint, check_checkpoint_config
+
+    if options.load_format == "dummy":
+        check_checkpoint_config(folder)
+        return None
+    return check_checkpoint(folder)
 
 
 def check_memory(checked: Any, options: LoadOptions) -> None:
@@ -204,7 +221,15 @@ def check_options(options: LoadOptions) -> None:
         raise ValueError("--template-max-chars, --template-max-depth, --template-timeout > 0")
     check_speculative(options)
     check_parallel(options)
+    if options.load_format not in LOAD_FORMATS:
+        raise ValueError(f"--load-format {options.load_format!r}: one of {', '.join(LOAD_FORMATS)}")
+    if options.load_format == "dummy" and options.tensor_parallel > 1:
+        raise ValueError("--load-format dummy runs one rank a replica (no --tensor-parallel)")
     check_checkpoint_exists(options.checkpoint)
+
+
+LOAD_FORMATS = ("auto", "dummy")
+"""`--load-format` (`LoadOptions.load_format`)."""
 
 
 def check_checkpoint_exists(checkpoint: str | None) -> None:
@@ -353,6 +378,7 @@ def replica_runners(
         data_parallel=options.data_parallel,
         family=choice.family,
         request=request,
+        dummy=options.load_format == "dummy",
     )
 
 

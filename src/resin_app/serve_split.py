@@ -446,17 +446,17 @@ def load_text(options: LoadOptions) -> tuple[Any, Any, str, Any]:
     from resin.generation_config import NO_DEFAULTS
     from resin.generation_config import resolve as resolve_defaults
     from resin_app.loading import (
+        check_folder,
         checkpoint_tokenizer,
         recipe_for,
         served_folder,
         with_template_limits,
         with_vision,
     )
-    from resin_model.checkpoint_folder import check_checkpoint
     from resin_model.default_model import DEFAULT_MODEL_NAME
 
     folder = served_folder(options)
-    check_checkpoint(folder)  # the files a frontend opens are the checkpoint's own
+    check_folder(folder, options)  # the files a frontend opens are the checkpoint's own
     tokenizer = checkpoint_tokenizer(folder)
     if options.fake:
         recipe = with_template_limits(recipe_for(tokenizer, options.recipe), options)

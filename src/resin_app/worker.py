@@ -142,17 +142,20 @@ def checkpoint_replicas(
     timeout: timedelta | None = None,
     family: str = "torch",
     request: BuildRequest | None = None,
+    dummy: bool = False,
 ) -> tuple[list[Runner], LocalJob | None]:
     """Runners over a checkpoint for `resin serve --tensor-parallel N --data-parallel M`: one
     runner per replica from runner family `family` (`request` says how; its device is each
     replica's), and the `LocalJob` of the workers when N > 1 (the reference runner only;
     `spawn_local`: this process leads every replica). On CUDA, replica i's rank r runs on
-    `cuda:(K + i*N + r)` from `--device cuda:K`; on the CPU every rank runs on the CPU."""
+    `cuda:(K + i*N + r)` from `--device cuda:K`; on the CPU every rank runs on the CPU.
+    `dummy` (`--load-format dummy`): random weights of the folder's config, one rank."""
     import torch
 
     from resin.backend.launch import nth_device, spawn_local
     from resin.backend.topology import DEFAULT_TIMEOUT
     from resin_app.runners import build_runner
+    from resin_model.hf_config import load_config
 
     first = torch.device(device)
     request = request or BuildRequest(device)
@@ -160,9 +163,12 @@ def checkpoint_replicas(
         devices = [
             nth_device(first, i) if first.type == "cuda" else first for i in range(data_parallel)
         ]
+        source = load_config(folder) if dummy else Path(folder)
         return [
-            build_runner(Path(folder), family, replace(request, device=str(d))) for d in devices
+            build_runner(source, family, replace(request, device=str(d))) for d in devices
         ], None
+    if dummy:
+        raise ValueError("--load-format dummy runs one rank a replica (no --tensor-parallel)")
     if family != "torch":
         raise ValueError(f"--tensor-parallel runs the reference runner (torch), not {family!r}")
     worker_args = ["--checkpoint", str(folder)]

@@ -293,6 +293,15 @@ def check_checkpoint(folder: str | Path, tokenizer: bool = True) -> CheckedCheck
     """Check a checkpoint folder before anything is loaded from it (module docstring): the
     files are inside and regular, the headers valid, the config translatable and its shapes
     the shards'. `tokenizer`: `tokenizer.json` is required too."""
+    config = check_checkpoint_config(folder, tokenizer)
+    tensors = read_manifest(folder)
+    check_shapes(config, tensors)
+    return CheckedCheckpoint(config, tensors)
+
+
+def check_checkpoint_config(folder: str | Path, tokenizer: bool = True) -> ModelConfig:
+    """`check_checkpoint` without the weights (`resin serve --load-format dummy` draws them):
+    the folder's config translated, its tokenizer and other small files inside and regular."""
     from resin_model.hf_config import parse_config
 
     if not Path(folder).is_dir():
@@ -305,16 +314,13 @@ def check_checkpoint(folder: str | Path, tokenizer: bool = True) -> CheckedCheck
             read_json(folder, name, required=False)
         else:
             checked_file(folder, name, required=False)
-    tensors = read_manifest(folder)
     try:
-        config = parse_config(raw)
+        return parse_config(raw)
     except CheckpointError:
         raise
     except (ValueError, TypeError, KeyError, ZeroDivisionError, OverflowError) as exc:
         reason = _one_line(exc).removeprefix("config.json ")
         raise CheckpointError(f"config.json in {folder}: {reason}") from None
-    check_shapes(config, tensors)
-    return CheckedCheckpoint(config, tensors)
 
 
 def _one_line(exc: BaseException) -> str:

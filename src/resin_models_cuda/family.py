@@ -31,7 +31,9 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
     if request.memory_fraction is not None:
         options = replace(options, memory_fraction=request.memory_fraction)
     dtype = getattr(torch, request.dtype or "bfloat16")
-    if isinstance(source, ModelConfig):
+    if isinstance(source, ModelConfig):  # random weights (`--load-format dummy`, benchmarks)
+        if request.kv_cache_bytes is not None:
+            options = replace(options, cache_bytes=request.kv_cache_bytes)
         return random_runner(source, options, request.device, dtype, request.seed)
     device = torch.device(request.device)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None

@@ -60,8 +60,11 @@ def write_checkpoint(
     seed: int = 0,
     std: float = 0.02,
     device: str = "cpu",
+    weights: bool = True,
 ) -> Written:
-    """Write `raw` (a config.json dict) as a random-weights checkpoint into `folder`."""
+    """Write `raw` (a config.json dict) as a random-weights checkpoint into `folder`;
+    `weights=False`: its config and tokenizer only, a folder for `resin serve --load-format
+    dummy` (random weights drawn where they are served: no disk for them)."""
     import torch
 
     from resin_model.checkpoint_folder import checked_file
@@ -77,6 +80,8 @@ def write_checkpoint(
     for name in TOKENIZER_FILES:  # regular files inside the tokenizer folder only
         if (path := checked_file(source, name, required=False)) is not None:
             shutil.copyfile(path, out / name)
+    if not weights:
+        return Written(out, 0, 0, time.perf_counter() - start)
     params = parameter_shapes(config)
     torch_dtype = getattr(torch, dtype)
     total = sum(_numel(shape) for _, shape, _ in params) * torch_dtype.itemsize
@@ -211,6 +216,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--std", type=float, default=0.02)
     p.add_argument("--device", default="cpu", help="where the random numbers are drawn")
+    p.add_argument(
+        "--no-weights",
+        dest="weights",
+        action="store_false",
+        help="config and tokenizer only, for `resin serve --load-format dummy`",
+    )
     return p
 
 
@@ -229,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             std=args.std,
             device=args.device,
+            weights=args.weights,
         )
     except (OSError, ValueError) as exc:
         print(f"resin bench checkpoint: error: {exc}", file=sys.stderr)
