@@ -170,6 +170,46 @@ def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_facto
     assert any(query == 2 for _, query in shapes), shapes  # verify steps in fixed shapes
 
 
+def test_long_verify_rows_complete_several_entries_in_fixed_shapes(
+    device: str, tmp_path_factory: Any
+) -> None:
+    """Verify rows of up to six query tokens (n-gram drafts, five a row) in the fixed-shape
+    path: a row's tokens may complete two CSA entries (ratio 4) in one step, each pooled at
+    its own token's `entry_at` slot; greedy tokens equal the plain reference's."""
+    from resin.engine.proposers import NgramProposer
+    from resin.engine.speculative import Speculation
+    from resin_models_cuda import RunnerOptions, load_runner
+    from resin_models_torch.registry import load_runner as load_reference
+    from tests.models.test_deepseek_v4_mtp import _checkpoint as mtp_checkpoint
+
+    folder = mtp_checkpoint(tmp_path_factory.mktemp("dsv4ngram"))[0]
+    options = RunnerOptions(page_size=16, max_batch=2, max_context=96, num_pages=32,
+                            max_draft_tokens=5, moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
+    fast = load_runner(folder, options, device, torch.float32)
+    shapes: list[tuple[int, int]] = []
+    body = fast._decode_body
+
+    def recording(rows: int, query: int) -> Any:
+        shapes.append((rows, query))
+        return body(rows, query)
+
+    fast._decode_body = recording
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 3  # repeats: the n-gram proposer drafts
+    params = SamplingParams(max_output_tokens=20, temperature=0.0, ignore_stop_tokens=True)
+
+    def run(runner: Any, speculation: Any) -> list[int]:
+        with Engine(runner, context_length=96, speculation=speculation) as engine:
+            request = engine.submit(prompt, params)
+            while engine.has_work():
+                engine.step()
+            return request.take_result()
+
+    want = run(load_reference(folder, device, torch.float32, page_size=16, num_pages=32), None)
+    got = run(fast, Speculation(NgramProposer(max_ngram=2, min_ngram=1), num_draft_tokens=5))
+    assert got == want
+    assert any(query >= 5 for _, query in shapes), shapes  # rows of 5+ tokens, fixed shapes
+
+
 def test_bench_runner_runs_the_v4_presets_fast_runner(tmp_path: Path) -> None:
     """`resin bench runner --random-weights --model-config deepseek-v4-flash-8l` (the command
     of docs/benchmarks.md) at CPU size: the same path on the tiny preset's shapes, prefill and
