@@ -607,10 +607,8 @@ def load_fake(options: LoadOptions) -> Loaded:
     """`resin serve --fake-runner`: the real engine with `ZeroCostRunner` (it answers the
     token for "a" forever, or what a grammar allows), the tokenizer, recipe (`--recipe`
     applies) and grammar backend of `served_folder` (its weights are never read)."""
-    from resin_model.checkpoint_folder import check_checkpoint
-
     folder = served_folder(options, lambda gguf: print(converting_line(gguf), file=sys.stderr))
-    check_checkpoint(folder)
+    check_folder(folder, options)
     tokenizer = checkpoint_tokenizer(folder)
     context = options.context_length or 4096
     engines = tuple(

@@ -104,3 +104,15 @@ def test_resin_serve_split_takes_the_flag_to_its_frontends_too(folder: Path) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_the_zero_cost_runner_takes_a_folder_without_weights_with_the_flag(folder: Path) -> None:
+    """`--fake-runner` reads only the folder's tokenizer and template: with `--load-format
+    dummy` a folder of config and tokenizer serves it too."""
+    loaded = load(LoadOptions(checkpoint=str(folder), fake=True, load_format="dummy"),
+                  progress=False)  # fmt: skip
+    assert loaded.name == "fake"
+    for engine in loaded.engines:
+        engine.close()
+    with pytest.raises(CheckpointError, match="safetensors"):
+        load(LoadOptions(checkpoint=str(folder), fake=True), progress=False)
