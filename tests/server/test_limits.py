@@ -131,6 +131,18 @@ def test_messages_name_the_real_problem(url: str) -> None:
     assert r.status_code == 400 and "needs a string 'text'" in r.text, r.text
 
 
+def test_completion_prompts_of_token_ids_are_checked_against_the_vocabulary(url: str) -> None:
+    """A client's token ids outside the vocabulary are a 400 naming `prompt`, one prompt or
+    one of several; text prompts tokenize into the vocabulary (not scanned again)."""
+    for prompt in ([10**9], [[1, 2], [-1]]):
+        r = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+        assert r.status_code == 400, (prompt, r.text)
+        assert r.json()["error"]["param"] == "prompt" and "token ids must be in" in r.text
+    for prompt in (["fine", "also fine"], [[1, 2], [3]]):
+        ok = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+        assert ok.status_code == 200, ok.text
+
+
 def test_one_request_cannot_take_the_whole_queue(serve: Any) -> None:
     with serve(request_queue_capacity=1024) as url:
         body = {"prompt": ["p"] * 64, "n": 16, "max_tokens": 2}
