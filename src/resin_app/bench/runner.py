@@ -183,9 +183,12 @@ def _bench_model(
     # Tokens a decode row grows by: the timed steps, or a census's warm-up and two passes.
     steps = max(args.warmup + args.iters, 1 + 2 * args.kernel_steps if args.kernels else 0)
     max_ctx = max([*args.context_lengths, *(c + steps + 1 for c in args.decode_contexts)])
+    # Plain steps only: no draft room, so `bind` captures no verify graphs (they would only
+    # lengthen the capture; `resin bench speculative` measures verification).
     options = RunnerOptions(page_size=args.page_size, max_batch=max(args.batch_sizes),
                             max_context=max_ctx, cuda_graphs=not args.no_cuda_graphs,
-                            moe_gemv_max_pairs=args.moe_gemv_max_pairs, pdl=pdl)  # fmt: skip
+                            moe_gemv_max_pairs=args.moe_gemv_max_pairs, pdl=pdl,
+                            max_draft_tokens=0)  # fmt: skip
     t0 = time.perf_counter()
     if args.checkpoint:
         runner = load_runner(args.checkpoint, options, str(device), dtype)
