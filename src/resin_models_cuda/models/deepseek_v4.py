@@ -615,9 +615,9 @@ class DeepseekV4(FastModel):
             self.mtp = _Mtp(config, weights, config.num_layers, options)
             self.window_layers += 1  # its window: one more layer of the Window group
         self._streams: torch.Tensor | None = None
-        # a fixed-shape decode step's final streams by token count: a captured MTP pass
+        # a fixed-shape decode step's final streams by (tokens, query slots): a captured MTP pass
         # reads the ones its own shape's decode graph wrote
-        self._decode_streams: dict[int, torch.Tensor] = {}
+        self._decode_streams: dict[tuple[int, int], torch.Tensor] = {}
         # a decode step's bound on a row's length: the context limit (no host read of lengths)
         self.longest = min(options.max_positions, config.max_positions) + 1
         self.layers_per_group = (1,)
@@ -734,8 +734,8 @@ class DeepseekV4(FastModel):
         mtp, streams = self.mtp, self._streams
         if mtp is None:
             raise RuntimeError("the model was built without its MTP layer (BuildOptions.mtp)")
-        if isinstance(step.info, DecodeInfo):
-            streams = self._decode_streams.get(ids.shape[0])
+        if isinstance(step.info, DecodeInfo):  # the decode graph's of the same shape
+            streams = self._decode_streams.get((ids.shape[0], step.info.query))
         assert streams is not None and streams.shape[0] == previous.shape[0]
         self._begin(step, kv)
         eps = self.config.norm_eps
@@ -773,7 +773,8 @@ class DeepseekV4(FastModel):
             streams = self._layer(layer, kind, streams, step, step.input_ids)
         self._streams = streams if self.mtp is not None else None
         if self.mtp is not None and isinstance(step.info, DecodeInfo):
-            self._decode_streams[streams.shape[0]] = streams
+            # keyed by (tokens, query slots): (2 rows, 1) and (1 row, 2 slots) are two graphs
+            self._decode_streams[(streams.shape[0], step.info.query)] = streams
         flat = _unweighted(streams.flatten(1).float(), self.config.norm_eps)
         mixes = F.linear(flat, self.hc_fn).contiguous()
         pre = hc_head_weights(mixes, self.hc_scale, self.hc_base, self.v4.hc_eps)
