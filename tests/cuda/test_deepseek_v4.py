@@ -78,6 +78,20 @@ def test_padded_fixed_shape_decode_equals_the_reference_without_host_reads(devic
     )
 
 
+def _fixed_shapes(runner: Any) -> list[tuple[int, int]]:
+    """The (rows, query slots) of every fixed-shape decode body `runner` runs from now on
+    (what a CUDA graph replays), recorded as they run."""
+    shapes: list[tuple[int, int]] = []
+    body = runner._decode_body
+
+    def recording(rows: int, query: int) -> Any:
+        shapes.append((rows, query))
+        return body(rows, query)
+
+    runner._decode_body = recording
+    return shapes
+
+
 def _drafts_each_step(runner: Any, prompts: list[list[int]]) -> tuple[list[list[int]], set[Any]]:
     """The greedy tokens, and every (request, sequence length, drafts) the runner offered
     (what `MtpProposer` would propose after a sequence that long; the fast runner offers them
@@ -138,14 +152,7 @@ def test_fast_mtp_drafts_verified_keep_greedy_tokens(device: str, tmp_path_facto
                             max_draft_tokens=1, moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
     fast = load_runner(folder, options, device, torch.float32)
     assert fast.runner_config.max_draft_tokens == 1
-    shapes: list[tuple[int, int]] = []
-    body = fast._decode_body
-
-    def recording(rows: int, query: int) -> Any:
-        shapes.append((rows, query))
-        return body(rows, query)
-
-    fast._decode_body = recording
+    shapes = _fixed_shapes(fast)
     assert all(g.rewind == 1 for g in fast.runner_config.cache_groups if isinstance(g, State))
     gen = torch.Generator().manual_seed(4)
     shared = torch.randint(0, 16, (20,), generator=gen).tolist()
@@ -186,14 +193,7 @@ def test_long_verify_rows_complete_several_entries_in_fixed_shapes(
     options = RunnerOptions(page_size=16, max_batch=2, max_context=96, num_pages=32,
                             max_draft_tokens=5, moe_gemv_max_pairs=GEMV_PAIRS)  # fmt: skip
     fast = load_runner(folder, options, device, torch.float32)
-    shapes: list[tuple[int, int]] = []
-    body = fast._decode_body
-
-    def recording(rows: int, query: int) -> Any:
-        shapes.append((rows, query))
-        return body(rows, query)
-
-    fast._decode_body = recording
+    shapes = _fixed_shapes(fast)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 3  # repeats: the n-gram proposer drafts
     params = SamplingParams(max_output_tokens=20, temperature=0.0, ignore_stop_tokens=True)
 
