@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tokenizers
 import torch
 import transformers
 
@@ -234,11 +235,17 @@ def test_both_name_layouts_load(tmp_path: Path) -> None:
     from resin_models_cuda import RunnerOptions, load_runner
 
     options = RunnerOptions(page_size=16, max_batch=2, max_context=64, num_pages=16)
-    write_checkpoint(PRESETS["tiny-glm5_next"], tmp_path, shard_bytes=1 << 20)
+    # a two-word tokenizer of its own: the weights' names are the point, and a GPU machine
+    # without the default model's GGUF runs this test too
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, "[UNK]"))
+    (tmp_path / "tok").mkdir()
+    words.save(str(tmp_path / "tok" / "tokenizer.json"))
+    write_checkpoint(PRESETS["tiny-glm5_next"], tmp_path / "own", tokenizer=tmp_path / "tok",
+                     shard_bytes=1 << 20)  # fmt: skip
     published = ("model.language_model.layers.0.hc_attn_fn",
                  "model.language_model.layers.0.self_attn.dt_bias")  # fmt: skip
     own = ("model.layers.0.attn_hc.fn", "model.layers.0.self_attn.decay.dt_bias")
-    for folder, names in ((tiny(), published), (tmp_path, own)):
+    for folder, names in ((tiny(), published), (tmp_path / "own", own)):
         layer = load_runner(folder, options, "cpu", torch.float32).model.layers[0]
         torch.testing.assert_close(layer.attn_hc.fn, _stored(folder, names[0]))
         torch.testing.assert_close(layer.mixer.dt_bias, _stored(folder, names[1]))
