@@ -223,8 +223,6 @@ def check_options(options: LoadOptions) -> None:
     check_parallel(options)
     if options.load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format {options.load_format!r}: one of {', '.join(LOAD_FORMATS)}")
-    if options.load_format == "dummy" and options.tensor_parallel > 1:
-        raise ValueError("--load-format dummy runs one rank a replica (no --tensor-parallel)")
     check_checkpoint_exists(options.checkpoint)
 
 
@@ -407,6 +405,8 @@ def check_parallel(options: LoadOptions) -> None:
         raise ValueError("--tensor-parallel and --data-parallel must be >= 1")
     if options.fake and options.tensor_parallel > 1:
         raise ValueError("--tensor-parallel shards a model; --fake-runner has none")
+    if options.load_format == "dummy" and options.tensor_parallel > 1:
+        raise ValueError("--load-format dummy runs one rank a replica (no --tensor-parallel)")
     for flag, value in (
         ("--max-num-seqs", options.max_sequences),
         ("--max-num-batched-tokens", options.max_batch_tokens),
