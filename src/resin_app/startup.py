@@ -3,25 +3,33 @@ loads, then the server takes the same listening socket over.
 
 `Readiness` is the state `/health` reports before the server exists (`loading`, with the
 step under way). A `Listener` binds the port at once (a port in use fails before any weights
-load) and serves a small loading app on it from a thread: every path answers 503 (`/health`:
+load) and answers on it from threads: every path answers 503 (`/health`:
 `{"status": "loading", "stage": ...}`, an API path: the OpenAI error shape with
-`Retry-After`). When the model is loaded and warm, `serve_after_loading` stops the loading
-app and runs the real server on the same socket: connections that arrive in between wait in
-the listen backlog, so a client polling `/health` sees 503 until it sees 200, never a refused
-connection. A failed start closes the socket: nothing half-started keeps the port.
+`Retry-After`), one request per connection. When the model is loaded and warm,
+`serve_after_loading` stops the loading answer (every connection it accepted is answered
+first) and runs the real server on the same socket: connections that arrive in between wait
+in the listen backlog, so a client polling `/health` sees 503 until it sees 200, never a
+refused or dropped connection. A failed start closes the socket: nothing half-started keeps
+the port.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import select
 import socket
 import threading
-import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 STOP_WAIT_S = 10.0
+READ_TIMEOUT_S = 5.0
+"""How long the loading answer waits for a request's head, and for the client to close."""
+MAX_HEAD_BYTES = 64 * 1024
+ANSWER_THREADS = 8
 
 GC_GEN0_THRESHOLD = 10_000
 """Allocations between young-generation collections once serving (Python's default: 700)."""
@@ -59,38 +67,43 @@ class Readiness:
         return {"status": "loading", "stage": self.stage}
 
 
-def loading_app(readiness: Readiness) -> Callable[..., Any]:
-    """The ASGI app of a server still loading: 503 on every path."""
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        if scope["path"] == "/health":
-            payload: dict[str, Any] = readiness.body()
-        else:
-            message = f"the model is loading ({readiness.stage}); retry shortly"
-            payload = {
-                "error": {
-                    "message": message,
-                    "type": "server_error",
-                    "param": None,
-                    "code": "service_unavailable",
-                }
+def loading_answer(readiness: Readiness, method: str, path: str) -> bytes:
+    """The whole HTTP response of a server still loading: 503 on every path (`/health`: the
+    stage under way; any other path: the OpenAI error shape), `Retry-After: 1`, and the
+    connection closes after it."""
+    if path.split("?", 1)[0] == "/health":
+        payload: dict[str, Any] = readiness.body()
+    else:
+        message = f"the model is loading ({readiness.stage}); retry shortly"
+        payload = {
+            "error": {
+                "message": message,
+                "type": "server_error",
+                "param": None,
+                "code": "service_unavailable",
             }
-        body = json.dumps(payload).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", b"1"),
-        ]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
+        }
+    body = json.dumps(payload).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "retry-after: 1\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
+    return head if method == "HEAD" else head + body
 
 
 class Listener:
-    """The bound, listening socket of `host:port`, answering 503 `loading` until handed over."""
+    """The bound, listening socket of `host:port`, answering 503 `loading` until handed over.
+
+    The loading answer runs on threads: one accepts (it waits on the socket and on a stop
+    pipe, and accepts only while not stopped), a few answer one request per connection. Its
+    stop is a drain, not a cut: every connection it accepted gets its 503 before the stop
+    returns, and connections it did not accept stay in the listen backlog for the server that
+    takes the socket over. (With uvicorn as the loading answer, its shutdown closed
+    connections whose request it had not read yet: a client polling `/health` through the
+    handover saw "server disconnected" about once in a hundred handovers on a loaded box.)"""
 
     def __init__(self, host: str, port: int, backlog: int = 4096) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -103,39 +116,67 @@ class Listener:
             self.socket.close()
             raise
         self.readiness = Readiness()
-        self._loading: Any = None
         self._thread: threading.Thread | None = None
+        self._stop_pipe: tuple[int, int] | None = None
 
     @property
     def port(self) -> int:
         return int(self.socket.getsockname()[1])
 
     def answer_loading(self) -> None:
-        """Serve the loading app on (a duplicate of) the socket, from a thread."""
-        import uvicorn
-
-        config = uvicorn.Config(
-            loading_app(self.readiness), log_level="warning", lifespan="off", workers=1
-        )
-        self._loading = uvicorn.Server(config)
-        sockets = [self.socket.dup()]
+        """Answer 503 `loading` on the socket from threads until `stop_loading`."""
+        self._stop_pipe = os.pipe()
         self._thread = threading.Thread(
-            target=self._loading.run, kwargs={"sockets": sockets}, name="resin-loading"
+            target=self._accept, args=(self._stop_pipe[0],), name="resin-loading", daemon=True
         )
-        self._thread.daemon = True
         self._thread.start()
-        deadline = time.monotonic() + STOP_WAIT_S
-        while not self._loading.started and self._thread.is_alive():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the loading responder did not start")
-            time.sleep(0.01)
+
+    def _accept(self, stop: int) -> None:
+        poll = select.poll()  # not select(): a loading process may hold fds past 1024
+        poll.register(stop, select.POLLIN)
+        poll.register(self.socket, select.POLLIN)
+        with ThreadPoolExecutor(ANSWER_THREADS, thread_name_prefix="resin-loading") as answers:
+            while True:
+                ready = {fd for fd, _ in poll.poll()}
+                if stop in ready:  # checked first: once stopping, nothing more is accepted
+                    return  # leaving the pool waits for every accepted connection's answer
+                try:
+                    connection, _ = self.socket.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return  # the socket closed under us
+                answers.submit(self._respond, connection)
+
+    def _respond(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.settimeout(READ_TIMEOUT_S)
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < MAX_HEAD_BYTES:
+                    chunk = connection.recv(65536)
+                    if not chunk:
+                        return  # the client hung up before asking
+                    head += chunk
+                method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+                connection.sendall(loading_answer(self.readiness, method, path))
+                # Close once the client has read and closed (it was told `connection: close`):
+                # closing over an unread request body would reset the connection.
+                connection.shutdown(socket.SHUT_WR)
+                while connection.recv(65536):
+                    pass
+            except (OSError, ValueError):
+                pass  # a client that hung up, was slow, or sent no HTTP: nothing more to say
 
     def stop_loading(self) -> None:
-        """Stop the loading app (its socket duplicate closes; this one keeps listening)."""
-        if self._loading is not None and self._thread is not None:
-            self._loading.should_exit = True
+        """Stop the loading answer once its accepted connections are answered; the socket
+        keeps listening."""
+        if self._thread is not None and self._stop_pipe is not None:
+            os.write(self._stop_pipe[1], b"x")
             self._thread.join(STOP_WAIT_S)
-        self._loading = self._thread = None
+            for fd in self._stop_pipe:
+                os.close(fd)
+        self._thread = self._stop_pipe = None
 
     def close(self) -> None:
         self.stop_loading()

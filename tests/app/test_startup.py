@@ -113,6 +113,82 @@ def test_health_says_loading_until_the_model_is_warm_then_ok() -> None:
     assert codes == [0] and _port_is_free(port)
 
 
+def _ask_health(connection: socket.socket) -> bytes:
+    connection.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    answer = b""
+    while chunk := connection.recv(4096):
+        answer += chunk
+    return answer
+
+
+def test_the_loading_answer_stops_without_dropping_a_connection_it_accepted() -> None:
+    """The handover's race, made to happen: clients connect, the stop begins before they
+    send their requests; each still gets its 503 (uvicorn as the loading answer closed such
+    connections unanswered, and CI saw "server disconnected" while polling through a start).
+    A connection made after the stop waits in the backlog for the next server."""
+    listener = Listener("127.0.0.1", 0)
+    try:
+        listener.readiness.set("load weights")
+        listener.answer_loading()
+        early = [socket.create_connection(("127.0.0.1", listener.port)) for _ in range(4)]
+        time.sleep(0.2)  # accepted by now: the loading answer is reading their requests
+        stopping = threading.Thread(target=listener.stop_loading)
+        stopping.start()
+        time.sleep(0.2)
+        assert stopping.is_alive()  # it waits for what it accepted
+        for connection in early:
+            with connection:
+                connection.settimeout(10)
+                answer = _ask_health(connection)
+            assert answer.startswith(b"HTTP/1.1 503 ")
+            assert answer.endswith(b'{"status": "loading", "stage": "load weights"}')
+        stopping.join(10)
+        assert not stopping.is_alive()
+        with socket.create_connection(("127.0.0.1", listener.port)) as late:
+            late.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            late.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                late.recv(4096)  # in the backlog: nobody accepts it now
+            listener.answer_loading()  # the next server takes it over
+            late.settimeout(10)
+            assert late.recv(4096).startswith(b"HTTP/1.1 503 ")
+    finally:
+        listener.close()
+
+
+def test_polling_through_many_handovers_never_loses_a_request() -> None:
+    listener = Listener("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.port}/health"
+    failures: list[str] = []
+    answered = [0]
+    done = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(timeout=10) as client:
+            while not done.is_set():
+                try:
+                    assert client.get(url).status_code == 503
+                    answered[0] += 1
+                except httpx.TransportError as error:
+                    failures.append(repr(error))
+
+    listener.answer_loading()
+    pollers = [threading.Thread(target=poll) for _ in range(4)]
+    for poller in pollers:
+        poller.start()
+    try:
+        for _ in range(60):
+            time.sleep(0.02)
+            listener.stop_loading()
+            listener.answer_loading()
+    finally:
+        done.set()
+        for poller in pollers:
+            poller.join(30)
+        listener.close()
+    assert answered[0] > 60 and not failures, failures
+
+
 class _OutOfMemoryRunner(ZeroCostRunner):
     """Binds like a fast runner whose arena does not fit."""
 
