@@ -143,6 +143,32 @@ def test_router_kernel_is_the_routing_rule(device: str, name: str, shared: int) 
     assert torch.all(weight[:, k:] == 1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shared", [1, 2])
+def test_router_kernel_weighs_shared_experts_by_their_gate(
+    device: str, shared: int, dtype: torch.dtype
+) -> None:
+    """Qwen3.5's shared-expert gate as the router's last column (`gated_shared`): the routed
+    choice is the first E columns' and the shared experts weigh sigmoid(gate) as
+    `torch.sigmoid` in the logits' dtype, then float32, does (what the model did in three more
+    launches)."""
+    from resin_models_cuda.kernels.router import router_topk
+
+    moe = MoeConfig(intermediate_size=8, sparse_layers=(True,), **ROUTES["qwen"])
+    e, k = moe.num_experts, moe.top_k
+    torch.manual_seed(shared)
+    logits = (torch.randn(9, e + 1) * 3).to(dtype).to(device)
+    weight, expert = router_topk(logits, moe, None, shared, gated_shared=True)
+    want_weight, want_expert = router_topk(logits[:, :e].contiguous(), moe, None, shared)
+    assert torch.equal(expert.cpu(), want_expert.cpu())
+    assert torch.equal(weight[:, :k].cpu(), want_weight[:, :k].cpu())
+    gate = torch.sigmoid(logits[:, e:]).float().expand(-1, shared)
+    # bf16: the same rounded value; float32: torch's and Triton's sigmoid within an ulp or two
+    tolerance = dict(atol=0.0, rtol=0.0) if dtype == torch.bfloat16 else dict(atol=0, rtol=3e-7)
+    torch.testing.assert_close(weight[:, k:].cpu(), gate.cpu(), **tolerance)
+    assert not torch.all(weight[:, k:] == 1.0)
+
+
 def test_shared_experts_fold_into_the_expert_stack(device: str) -> None:
     """`with_shared`: a dense gated MLP twice the expert width runs as two always-on experts
     (DeepSeek's shared experts), on both MoE paths."""

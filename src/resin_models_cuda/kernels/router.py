@@ -175,6 +175,7 @@ def _router_flat_kernel(
     HASH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    GATED_SHARED: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """`_router_topk_kernel` without group-limited choice, BLOCK_T tokens a program
@@ -183,7 +184,7 @@ def _router_flat_kernel(
     _route_flat(
         logits_ptr, bias_ptr, ids_ptr, table_ptr, weight_ptr, expert_ptr,
         tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), T, stride_l, routed_scale, E, E_PAD,
-        K, SHARED, OUT_PAD, BLOCK_T, SCORING, HASH, HAS_BIAS, RENORMALIZE,
+        K, SHARED, OUT_PAD, BLOCK_T, SCORING, HASH, HAS_BIAS, RENORMALIZE, GATED_SHARED,
     )  # fmt: skip
 
 
@@ -209,9 +210,12 @@ def _route_flat(
     HASH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    GATED_SHARED: tl.constexpr = False,
 ):
     """The routing rule (no group limit) for the tokens `rows`, a [tokens, experts] tile (the
-    arguments as `_router_flat_kernel`'s; logits read past L1 as in `_route_grouped`)."""
+    arguments as `_router_flat_kernel`'s; logits read past L1 as in `_route_grouped`). With
+    GATED_SHARED the shared experts weigh sigmoid(logits[:, E]) (one more router row: a
+    shared-expert gate), rounded to the logits' dtype as a sigmoid in that dtype would be."""
     live = rows < T
     src = tl.minimum(rows, T - 1).to(tl.int64)
     e = tl.arange(0, E_PAD)[None, :]
@@ -250,7 +254,12 @@ def _route_flat(
     weights = weights * routed_scale
     shared = (col >= K) & (col < K + SHARED)
     chosen = tl.where(shared, E + col - K, chosen)
-    weights = tl.where(shared, 1.0, weights)
+    if GATED_SHARED:
+        gate = tl.load(logits_ptr + src * stride_l + E, cache_modifier=".cg").to(tl.float32)
+        gate = _rounded(tl.sigmoid(gate), logits_ptr.dtype.element_ty).to(tl.float32)
+        weights = tl.where(shared, gate[:, None], weights)
+    else:
+        weights = tl.where(shared, 1.0, weights)
     out = live[:, None] & (col < K + SHARED)
     offsets = rows[:, None].to(tl.int64) * (K + SHARED) + col
     tl.store(weight_ptr + offsets, weights, mask=out)
@@ -362,14 +371,20 @@ def router_topk(
     shared: int = 0,
     table: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
+    gated_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`logits` [T, E] -> (weights fp32 [T, k + shared], experts int32 [T, k + shared]): the
     routing rule `moe` describes (`MoeConfig.scoring`, `num_groups` / `topk_groups`,
     `norm_topk_prob`, `routed_scale`; `score_bias` fp32 [E] steers the choice only); `shared`
     experts numbered E.. follow with weight 1. With `table` (int32 [V, k], every entry an
-    expert id < E) and the step's token `ids` [T], token t's experts are `table[ids[t]]`."""
+    expert id < E) and the step's token `ids` [T], token t's experts are `table[ids[t]]`.
+    `gated_shared`: `logits` is [T, E + 1], its last column a shared-expert gate, and the
+    shared experts weigh `sigmoid(logits[:, E]).float()` (Qwen3.5's, in the same launch)."""
     assert logits.dim() == 2 and logits.stride(1) == 1
     t, e = logits.shape
+    if gated_shared:
+        assert shared >= 1 and table is None, "a gate needs shared experts; no hash routing"
+        e -= 1
     k = moe.top_k
     assert e == moe.num_experts and 1 <= k <= e and e % moe.num_groups == 0
     if score_bias is not None:
@@ -385,6 +400,8 @@ def router_topk(
     ids_arg = logits if ids is None else ids
     table_arg = logits if table is None else table
     bias_arg = logits if score_bias is None else score_bias
+    if gated_shared:
+        assert moe.topk_groups >= moe.num_groups, "a shared-expert gate under group-limited choice"
     if t and (moe.topk_groups >= moe.num_groups or table is not None):
         block_t = min(16, next_pow2(t))
         e_pad = next_pow2(e)
@@ -393,6 +410,7 @@ def router_topk(
             moe.routed_scale, E=e, E_PAD=e_pad, K=k, SHARED=shared, OUT_PAD=next_pow2(width),
             BLOCK_T=block_t, SCORING=scoring, HASH=table is not None,
             HAS_BIAS=score_bias is not None, RENORMALIZE=moe.norm_topk_prob,
+            GATED_SHARED=gated_shared,
             num_warps=4 if block_t * e_pad >= 2048 else 1, **pdl_args(),
         )  # fmt: skip
     elif t:

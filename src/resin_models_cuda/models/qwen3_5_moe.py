@@ -154,7 +154,7 @@ class GatedAttention:
 class SharedGateMoE(MoE):
     """Routed experts plus shared ones weighted by sigmoid(shared_expert_gate(x)) per token:
     the router's always-chosen columns carry that weight instead of 1. The gate is one more
-    row of the router's matmul."""
+    row of the router's matmul, its sigmoid taken in the routing kernel."""
 
     def __init__(self, moe: MoE, shared_gate: torch.Tensor) -> None:
         super().__init__(moe.moe, moe.w, moe.act, moe.gemv_max_pairs)
@@ -164,10 +164,7 @@ class SharedGateMoE(MoE):
         self, x: torch.Tensor, ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x.to(self.router.dtype), self.router)
-        experts = self.moe.num_experts
-        weight, expert = router_topk(logits[:, :experts], self.moe, None, self.w.shared)
-        weight[:, self.moe.top_k :] = torch.sigmoid(logits[:, experts:]).float()
-        return weight, expert
+        return router_topk(logits, self.moe, None, self.w.shared, gated_shared=True)
 
 
 class SeparateSharedMoE:
