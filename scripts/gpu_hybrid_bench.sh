@@ -3,7 +3,8 @@
 # bf16 weights, each step its own process under `timeout` so a failure costs only its row.
 # Writes under $OUT (or ./bench), each step's log beside its JSONL:
 #   qwen3_5.jsonl      `resin bench runner`, Qwen3.5-35B-A3B at full depth (40 layers, ~70 GB):
-#                      decode batch 1 and 64 at 1k context, prefill 4k (step qwen3_5), then
+#                      decode batch 1 and 64 at 1k context with each batch's kernel table
+#                      (KERNELS=0: none), prefill 4k (step qwen3_5), then
 #                      prefill 32k (step qwen3_5_32k)
 #   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB;
 #                      on an 80 GB card glm-5.3-flash-6l, 6 layers, 48.7 GB):
@@ -30,7 +31,7 @@
 #                      the GPU: GLM-5.3's and Qwen3.5's against the reference runner (their
 #                      decode in CUDA graphs), the kernel tests (GLM's sparse MLA in bf16 too)
 # Usage: OUT=/path scripts/gpu_hybrid_bench.sh   (PY; QWEN, QWEN_32K, GLM, SERVE_PRESET presets;
-# CKPT, PORT, PREFIX_WORDS, WARM, TESTS, KDA_CHUNKS, GLM_MLA; TOKENIZER, the folder the serve
+# CKPT, PORT, PREFIX_WORDS, WARM, TESTS, KDA_CHUNKS, GLM_MLA, KERNELS; TOKENIZER, the folder the serve
 # step's checkpoint copies its tokenizer from (default: the default model's, from its GGUF); the
 # *_S per-step timeouts; a preset "skip" skips its step).
 # CPU smoke run of the plumbing (the interpreter needs the longer timeouts):
@@ -96,10 +97,15 @@ sys.exit(main(sys.argv[1:]))" bench runner "${common[@]}" "$@" --output "$out/$j
     grep -E "weights .* on the device|\| +(decode|prefill) +\||Error|error" "$out/$tag.log" | tail -20
 }
 
+# KERNELS=1 (the default): the Qwen3.5 and GLM steps also print each decode batch's
+# device-kernel table (`--kernels`: a few eager steps after the timed rows, which a census
+# that fails keeps): where a step's time goes at full depth
+kernels=()
+[ "${KERNELS:-1}" = 1 ] && kernels=(--kernels)
 if [ "$QWEN" != skip ]; then
-    runner qwen3_5 qwen3_5.jsonl "${QWEN_S:-120}" --model-config "$QWEN" \
+    runner qwen3_5 qwen3_5.jsonl "${QWEN_S:-150}" --model-config "$QWEN" \
         --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
-        --decode-contexts "${DECODE_CTX:-1024}"
+        --decode-contexts "${DECODE_CTX:-1024}" "${kernels[@]}"
 fi
 if [ "$QWEN_32K" != skip ]; then
     runner qwen3_5_32k qwen3_5.jsonl "${QWEN_32K_S:-75}" --model-config "$QWEN_32K" \
@@ -109,7 +115,8 @@ glm5=resin_models_cuda.models.glm5_next
 glm_args=(--model-config "$GLM" --context-lengths "${CONTEXTS:-4096}"
           --decode-contexts "${DECODE_CTX:-1024}")
 if [ "$GLM" != skip ] && [ -z "${GLM_MLA:-}" ]; then
-    runner glm5 glm5.jsonl "${GLM_S:-120}" "${glm_args[@]}" --batch-sizes "${BATCHES:-1,64}"
+    runner glm5 glm5.jsonl "${GLM_S:-150}" "${glm_args[@]}" --batch-sizes "${BATCHES:-1,64}" \
+        "${kernels[@]}"
 fi
 # The indexed MLA's attention, the sparse kernel against the torch path (opt-in, e.g.
 # GLM_MLA="1 0"): the GLM step with `IndexedMla.sparse_kernel` set, one JSONL a setting.

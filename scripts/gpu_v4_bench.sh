@@ -5,10 +5,10 @@
 # `deepseek-v4-flash-8l:mxfp4` (the published FP4 experts, attention bf16; fits 80 GB).
 # Writes under $OUT (or ./bench), each step's log beside its JSONL:
 #   runner.jsonl  `resin bench runner`: prefill 4k and 32k, decode batch 1 and 64 at 1k
-#                 (step runner_1k), then decode batch 1 and 64 at 32k (step runner_32k)
+#                 with each batch's kernel table (step runner_1k; KERNELS=0: none), then decode batch 1 and 64 at 32k (step runner_32k)
 #   spec.jsonl    `resin bench speculative --speculative mtp` with one draft force-accepted,
 #                 batch 1, beside plain decode (target: >= 1.5x)
-# Knobs: MODEL, PY, DEVICE, CONTEXTS, CTX1K, CTX32, BATCHES, SPEC_LEN, SPEC_OUT, WARMUP, ITERS, RUN_S / RUN32_S / SPEC_S (per-step timeouts, seconds).
+# Knobs: MODEL, PY, DEVICE, CONTEXTS, CTX1K, CTX32, BATCHES, SPEC_LEN, SPEC_OUT, WARMUP, ITERS, KERNELS, RUN_S / RUN32_S / SPEC_S (per-step timeouts, seconds).
 # CPU smoke run of the plumbing (the interpreter):
 #   TRITON_INTERPRET=1 OUT=/tmp/v DEVICE=cpu MODEL=tiny-deepseek_v4 CONTEXTS=40 CTX1K=40 CTX32=48 \
 #   BATCHES=1,2 SPEC_LEN=8 SPEC_OUT=5 PY=.venv/bin/python scripts/gpu_v4_bench.sh   (~3 min)
@@ -36,8 +36,12 @@ runner() {  # tag, seconds, args...
     echo "== $tag rc=$?"
     grep -E "weights .* on the device|\| +(decode|prefill) +\||Error|error" "$out/$tag.log" | tail -20
 }
-runner runner_1k "${RUN_S:-210}" --context-lengths "${CONTEXTS:-4096,32768}" \
-    --decode-contexts "${CTX1K:-1024}" --batch-sizes "${BATCHES:-1,64}"
+# KERNELS=1 (the default): the 1k step also prints each decode batch's device-kernel table
+# (`--kernels`, a few eager steps after the timed rows; a census that fails keeps them)
+kernels=()
+[ "${KERNELS:-1}" = 1 ] && kernels=(--kernels)
+runner runner_1k "${RUN_S:-240}" --context-lengths "${CONTEXTS:-4096,32768}" \
+    --decode-contexts "${CTX1K:-1024}" --batch-sizes "${BATCHES:-1,64}" "${kernels[@]}"
 runner runner_32k "${RUN32_S:-150}" --context-lengths "${CTX_PREFILL:-4096}" \
     --decode-contexts "${CTX32:-32768}" --batch-sizes "${BATCHES:-1,64}"
 timeout "${SPEC_S:-150}" "$PY" -m resin_app bench speculative --speculative mtp --random-weights \

@@ -54,6 +54,28 @@ def test_a_dense_decode_step_reads_its_weights_and_the_totals_add_up(tmp_path: P
     assert step["kernel_us"] == pytest.approx(sum(r["us"] for r in rows))
 
 
+def test_a_failed_census_keeps_the_timed_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The census runs after the timed rows and is extra: if it fails (a profiler that
+    cannot link kernels on some machine), it says so and the JSONL keeps the prefill and
+    decode rows (a GPU call's figures are not lost to it)."""
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("no kernels linked")
+
+    from resin_app.bench.runner_bench import RunnerBench
+
+    monkeypatch.setattr(RunnerBench, "kernel_census", broken)
+    rows, (env,) = _kernels(tmp_path, "tiny")
+    assert rows == [] and env["model"] == "tiny"
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "k.jsonl").read_text().splitlines()]
+    assert kinds.count("prefill") == 1 and kinds.count("decode") == 1
+    assert "batch 1: the kernel census failed: RuntimeError: no kernels linked" in (
+        capsys.readouterr().err
+    )
+
+
 @INTERPRETER
 def test_the_moe_step_reports_the_routed_experts_bytes(tmp_path: Path) -> None:
     rows, _ = _kernels(tmp_path, "tiny-qwen3_moe")

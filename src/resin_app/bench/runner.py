@@ -302,12 +302,17 @@ def _kernel_tables(
     args: argparse.Namespace, bench: RunnerBench, records: list[BenchRecord], ceilings: Ceilings
 ) -> list[dict[str, Any]]:
     """`--kernels`: the census of each decode batch size at the first decode context, printed
-    and returned as JSONL rows."""
+    and returned as JSONL rows; a census that fails says so and the timed rows stand."""
     from resin_app.bench.kernel_table import attribute, format_table, top_rows
 
     ctx, out = args.decode_contexts[0], []
     for b in args.batch_sizes:
-        found = bench.kernel_census(b, ctx, args.kernel_steps)
+        try:
+            found = bench.kernel_census(b, ctx, args.kernel_steps)
+        except Exception as error:  # the timed rows above are kept: the census is extra
+            print(f"batch {b}: the kernel census failed: {type(error).__name__}: {error}",
+                  file=sys.stderr)  # fmt: skip
+            continue
         if not found.matched:
             print(f"batch {b}: the census's two passes launched different sequences: every "
                   "kernel is unattributed (no bytes)", file=sys.stderr)  # fmt: skip
