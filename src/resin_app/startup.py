@@ -158,15 +158,17 @@ class Listener:
                     if not chunk:
                         return  # the client hung up before asking
                     head += chunk
-                method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+                # a request line that is not `METHOD PATH ...` still gets the 503 of an API path
+                line = head.split(b"\r\n", 1)[0].decode("latin-1")
+                method, path, *_ = [*line.split(" "), "/"]
                 connection.sendall(loading_answer(self.readiness, method, path))
                 # Close once the client has read and closed (it was told `connection: close`):
                 # closing over an unread request body would reset the connection.
                 connection.shutdown(socket.SHUT_WR)
                 while connection.recv(65536):
                     pass
-            except (OSError, ValueError):
-                pass  # a client that hung up, was slow, or sent no HTTP: nothing more to say
+            except OSError:
+                pass  # a client that hung up or was slow: nothing more to say
 
     def stop_loading(self) -> None:
         """Stop the loading answer once its accepted connections are answered; the socket

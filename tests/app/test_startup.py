@@ -125,7 +125,8 @@ def test_the_loading_answer_stops_without_dropping_a_connection_it_accepted() ->
     """The handover's race, made to happen: clients connect, the stop begins before they
     send their requests; each still gets its 503 (uvicorn as the loading answer closed such
     connections unanswered, and CI saw "server disconnected" while polling through a start).
-    A connection made after the stop waits in the backlog for the next server."""
+    A request that is not HTTP still gets the 503; a connection made after the stop waits in the
+    backlog for the next server."""
     listener = Listener("127.0.0.1", 0)
     try:
         listener.readiness.set("load weights")
@@ -144,6 +145,16 @@ def test_the_loading_answer_stops_without_dropping_a_connection_it_accepted() ->
             assert answer.endswith(b'{"status": "loading", "stage": "load weights"}')
         stopping.join(10)
         assert not stopping.is_alive()
+        listener.answer_loading()
+        for garbage in (b"\r\n\r\n", b"NONSENSE\r\n\r\n", b"\xff\xfe / \x00\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", listener.port)) as client:
+                client.settimeout(10)
+                client.sendall(garbage)
+                answer = b""
+                while chunk := client.recv(4096):
+                    answer += chunk
+                assert answer.startswith(b"HTTP/1.1 503 ") and b"service_unavailable" in answer
+        listener.stop_loading()
         with socket.create_connection(("127.0.0.1", listener.port)) as late:
             late.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             late.settimeout(0.3)
