@@ -4,7 +4,8 @@
 # Writes under $OUT (or ./bench), each step's log beside its JSONL:
 #   qwen3_5.jsonl      `resin bench runner`, Qwen3.5-35B-A3B at full depth (40 layers, ~70 GB):
 #                      decode batch 1 and 64 at 1k context with each batch's kernel table
-#                      (KERNELS=0: none), prefill 4k (step qwen3_5), then
+#                      (KERNELS=0: none), prefill 4k and 16 tokens (an eager short step,
+#                      what a prefix hit's suffix costs; step qwen3_5), then
 #                      prefill 32k (step qwen3_5_32k)
 #   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB;
 #                      on an 80 GB card glm-5.3-flash-6l, 6 layers, 48.7 GB):
@@ -104,7 +105,7 @@ kernels=()
 [ "${KERNELS:-1}" = 1 ] && kernels=(--kernels)
 if [ "$QWEN" != skip ]; then
     runner qwen3_5 qwen3_5.jsonl "${QWEN_S:-150}" --model-config "$QWEN" \
-        --context-lengths "${CONTEXTS:-4096}" --batch-sizes "${BATCHES:-1,64}" \
+        --context-lengths "${CONTEXTS:-16,4096}" --batch-sizes "${BATCHES:-1,64}" \
         --decode-contexts "${DECODE_CTX:-1024}" "${kernels[@]}"
 fi
 if [ "$QWEN_32K" != skip ]; then

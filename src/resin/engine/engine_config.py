@@ -199,7 +199,7 @@ def validate_prompt(
         )
     if int(arr.max()) >= 2**31:
         raise ValueError("prompt token ids must be < 2**31")
-    return tuple(int(t) for t in arr.tolist())
+    return tuple(arr.tolist())  # Python ints already (an integer array's tolist)
 
 
 def check_params(params: SamplingParams, rc: RunnerConfig) -> None:
