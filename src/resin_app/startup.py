@@ -20,6 +20,7 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from typing import Any
 
 STOP_WAIT_S = 10.0
 READ_TIMEOUT_S = 5.0
-"""How long the loading answer waits for a request's head, and for the client to close."""
+"""How long the loading answer waits for a request's head (in all), then for the client to
+close."""
 MAX_HEAD_BYTES = 64 * 1024
 ANSWER_THREADS = 8
 
@@ -112,6 +114,9 @@ class Listener:
         try:
             self.socket.bind((host, port))
             self.socket.listen(backlog)
+            # Accepting never blocks (the loading answer accepts only after a poll says a
+            # connection waits; whoever serves on the socket next sets this too).
+            self.socket.setblocking(False)
         except OSError:
             self.socket.close()
             raise
@@ -149,12 +154,17 @@ class Listener:
                 answers.submit(self._respond, connection)
 
     def _respond(self, connection: socket.socket) -> None:
+        deadline = time.monotonic() + READ_TIMEOUT_S  # for the head, then for the close
+
+        def received() -> bytes:
+            connection.settimeout(max(deadline - time.monotonic(), 0.001))
+            return connection.recv(65536)
+
         with connection:
             try:
-                connection.settimeout(READ_TIMEOUT_S)
                 head = b""
                 while b"\r\n\r\n" not in head and len(head) < MAX_HEAD_BYTES:
-                    chunk = connection.recv(65536)
+                    chunk = received()
                     if not chunk:
                         return  # the client hung up before asking
                     head += chunk
@@ -165,7 +175,8 @@ class Listener:
                 # Close once the client has read and closed (it was told `connection: close`):
                 # closing over an unread request body would reset the connection.
                 connection.shutdown(socket.SHUT_WR)
-                while connection.recv(65536):
+                deadline = time.monotonic() + READ_TIMEOUT_S
+                while received():
                     pass
             except OSError:
                 pass  # a client that hung up or was slow: nothing more to say

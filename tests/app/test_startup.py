@@ -167,6 +167,35 @@ def test_the_loading_answer_stops_without_dropping_a_connection_it_accepted() ->
         listener.close()
 
 
+def test_a_silent_or_trickling_client_does_not_hold_the_handover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loading answer gives a connection READ_TIMEOUT_S in all for its request head: a
+    client that sends nothing, or a byte at a time, is closed then and the stop goes on."""
+    from resin_app import startup
+
+    monkeypatch.setattr(startup, "READ_TIMEOUT_S", 0.5)
+    listener = Listener("127.0.0.1", 0)
+    try:
+        listener.answer_loading()
+        silent = socket.create_connection(("127.0.0.1", listener.port))
+        trickle = socket.create_connection(("127.0.0.1", listener.port))
+        started = time.monotonic()
+        with pytest.raises(OSError):  # closed under it (a broken pipe or a reset)
+            for byte in b"GET /health HTTP/1.1" * 10:
+                trickle.sendall(bytes([byte]))
+                time.sleep(0.05)
+        assert time.monotonic() - started < 2
+        listener.stop_loading()
+        assert time.monotonic() - started < 3
+        with silent:
+            silent.settimeout(5)
+            assert silent.recv(4096) == b""  # closed unanswered: it never asked
+        trickle.close()
+    finally:
+        listener.close()
+
+
 def test_polling_through_many_handovers_never_loses_a_request() -> None:
     listener = Listener("127.0.0.1", 0)
     url = f"http://127.0.0.1:{listener.port}/health"
