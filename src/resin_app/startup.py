@@ -123,6 +123,8 @@ class Listener:
         self.readiness = Readiness()
         self._thread: threading.Thread | None = None
         self._stop_pipe: tuple[int, int] | None = None
+        self.accepted = 0
+        """Connections the loading answer has accepted (each gets its 503)."""
 
     @property
     def port(self) -> int:
@@ -151,6 +153,7 @@ class Listener:
                     continue
                 except OSError:
                     return  # the socket closed under us
+                self.accepted += 1
                 answers.submit(self._respond, connection)
 
     def _respond(self, connection: socket.socket) -> None:

@@ -132,7 +132,10 @@ def test_the_loading_answer_stops_without_dropping_a_connection_it_accepted() ->
         listener.readiness.set("load weights")
         listener.answer_loading()
         early = [socket.create_connection(("127.0.0.1", listener.port)) for _ in range(4)]
-        time.sleep(0.2)  # accepted by now: the loading answer is reading their requests
+        deadline = time.monotonic() + 10
+        while listener.accepted < 4:  # the loading answer is reading their requests
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         stopping = threading.Thread(target=listener.stop_loading)
         stopping.start()
         time.sleep(0.2)
@@ -185,9 +188,9 @@ def test_a_silent_or_trickling_client_does_not_hold_the_handover(
             for byte in b"GET /health HTTP/1.1" * 10:
                 trickle.sendall(bytes([byte]))
                 time.sleep(0.05)
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 4  # cut at ~0.5 s (a loaded box: later)
         listener.stop_loading()
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 6
         with silent:
             silent.settimeout(5)
             assert silent.recv(4096) == b""  # closed unanswered: it never asked
