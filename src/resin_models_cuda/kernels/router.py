@@ -384,6 +384,7 @@ def router_topk(
     t, e = logits.shape
     if gated_shared:
         assert shared >= 1 and table is None, "a gate needs shared experts; no hash routing"
+        assert moe.topk_groups >= moe.num_groups, "a shared-expert gate under group-limited choice"
         e -= 1
     k = moe.top_k
     assert e == moe.num_experts and 1 <= k <= e and e % moe.num_groups == 0
@@ -400,8 +401,6 @@ def router_topk(
     ids_arg = logits if ids is None else ids
     table_arg = logits if table is None else table
     bias_arg = logits if score_bias is None else score_bias
-    if gated_shared:
-        assert moe.topk_groups >= moe.num_groups, "a shared-expert gate under group-limited choice"
     if t and (moe.topk_groups >= moe.num_groups or table is not None):
         block_t = min(16, next_pow2(t))
         e_pad = next_pow2(e)
