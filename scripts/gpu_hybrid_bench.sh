@@ -4,8 +4,10 @@
 # Writes under $OUT (or ./bench), each step's log beside its JSONL:
 #   qwen3_5.jsonl      `resin bench runner`, Qwen3.5-35B-A3B at full depth (40 layers, ~70 GB):
 #                      decode batch 1 and 64 at 1k context with each batch's kernel table
-#                      (KERNELS=0: none), prefill 4k and 16 tokens (an eager short step,
-#                      what a prefix hit's suffix costs; step qwen3_5), then
+#                      (KERNELS=0: none), prefill 4k and 16 tokens (a short step in its
+#                      fixed-shape graph, what a prefix hit's suffix costs; step qwen3_5),
+#                      the 16 tokens again on the varlen kernels (`--variants varlen`, rows
+#                      named +varlen; step qwen3_5_varlen, VARLEN=0: not run), then
 #                      prefill 32k (step qwen3_5_32k)
 #   glm5.jsonl         GLM-5.3-Flash at reduced depth (glm-5.3-flash-8l: 8 layers, ~78 GB;
 #                      on an 80 GB card glm-5.3-flash-6l, 6 layers, 48.7 GB):
@@ -25,6 +27,9 @@
 #                      request's TTFT (streamed, first chunk) and the prompt / cached tokens
 #                      the server counted; the last line has the lower cold / median-warm
 #                      ratio (target >= 5)
+#   prefix_ttft_varlen.jsonl
+#                      the same with the suffix's prefill on the varlen kernels
+#                      (`--graph-prefill-tokens 0`; SERVE_VARLEN=0: not run)
 #   glm5_kda_chunk*.jsonl
 #                      (KDA_CHUNKS="16 32 0", opt-in) GLM's prefill at each KDA chunk size
 #                      (0: the recurrent kernel), docs/benchmarks.md
@@ -108,6 +113,13 @@ if [ "$QWEN" != skip ]; then
         --context-lengths "${CONTEXTS:-16,4096}" --batch-sizes "${BATCHES:-1,64}" \
         --decode-contexts "${DECODE_CTX:-1024}" "${kernels[@]}"
 fi
+# The short prefill on the varlen kernels (`--variants varlen`), to set against the 16-token row
+# above (the fixed-shape graph a prefix hit's suffix replays; VARLEN=0: not run)
+if [ "$QWEN" != skip ] && [ "${VARLEN:-1}" = 1 ]; then
+    runner qwen3_5_varlen qwen3_5.jsonl "${QWEN_S:-150}" --model-config "$QWEN" \
+        --context-lengths 16 --batch-sizes 1 --decode-contexts "${DECODE_CTX:-1024}" \
+        --variants varlen
+fi
 if [ "$QWEN_32K" != skip ]; then
     runner qwen3_5_32k qwen3_5.jsonl "${QWEN_32K_S:-75}" --model-config "$QWEN_32K" \
         --context-lengths 32768 --batch-sizes 1 --decode-contexts "${DECODE_CTX:-1024}"
@@ -137,7 +149,9 @@ done
 
 # The prefix hit through `resin serve`: the folder, the server (its own process group, stopped
 # by id on every path) and the client, each bounded.
-serve_ttft() {
+serve_ttft() {  # tag, extra serve options...
+    local tag=$1
+    shift
     if [ ! -f "$CKPT/config.json" ]; then
         timeout "${CKPT_S:-150}" "$PY" -m resin_app bench checkpoint --preset "$SERVE_PRESET" \
             --output "$CKPT" --device "$DEVICE" ${TOKENIZER:+--tokenizer "$TOKENIZER"} \
@@ -146,19 +160,19 @@ serve_ttft() {
     set -m
     "$PY" -m resin_app serve --device "$DEVICE" --checkpoint "$CKPT" --port "$PORT" \
         --load-format "$SERVE_LOAD" \
-        --max-model-len "${MAX_LEN:-8192}" --max-num-seqs 8 --disable-log-requests \
-        >"$out/prefix_serve.log" 2>&1 &
+        --max-model-len "${MAX_LEN:-8192}" --max-num-seqs 8 --disable-log-requests "$@" \
+        >"$out/${tag}_serve.log" 2>&1 &
     server=$!
     set +m
     local deadline=$((SECONDS + ${READY_S:-120}))
     until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]; do
         if ! kill -0 "$server" 2>/dev/null || [ $SECONDS -gt $deadline ]; then
-            tail -20 "$out/prefix_serve.log"; return 1
+            tail -20 "$out/${tag}_serve.log"; return 1
         fi
         sleep 0.2
     done
     timeout "${CLIENT_S:-120}" \
-    "$PY" - "$URL" "${PREFIX_WORDS:-1350}" "${WARM:-5}" "$out/prefix_ttft.jsonl" <<'EOF'
+    "$PY" - "$URL" "${PREFIX_WORDS:-1350}" "${WARM:-5}" "$out/${tag}.jsonl" <<'EOF'
 import json, random, statistics, sys, time, urllib.request
 
 url, words, warm, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -215,16 +229,23 @@ EOF
 }
 server=""
 trap '[ -n "$server" ] && kill -- -"$server" 2>/dev/null' EXIT
-if [ "$SERVE_PRESET" != skip ]; then
-    serve_ttft >"$out/prefix_ttft.log" 2>&1
-    echo "== prefix_ttft rc=$?"
+# The prefix hit with the suffix's prefill in a graph (the default), then on the varlen
+# kernels (`--graph-prefill-tokens 0`; SERVE_VARLEN=0: not run)
+serve_tags=(prefix_ttft)
+[ "${SERVE_VARLEN:-1}" = 1 ] && serve_tags+=(prefix_ttft_varlen)
+for tag in "${serve_tags[@]}"; do
+    [ "$SERVE_PRESET" = skip ] && break
+    extra=()
+    [ "$tag" = prefix_ttft_varlen ] && extra=(--graph-prefill-tokens 0)
+    serve_ttft "$tag" "${extra[@]}" >"$out/$tag.log" 2>&1
+    echo "== $tag rc=$?"
     if [ -n "$server" ]; then
         kill -- -"$server" 2>/dev/null
         wait "$server" 2>/dev/null
     fi
     server=""
-    tail -3 "$out/prefix_ttft.log"
-fi
+    tail -3 "$out/$tag.log"
+done
 
 if [ "${TESTS:-1}" = 1 ]; then
     timeout "${TESTS_S:-150}" "$PY" -m pytest -q -x tests/cuda/test_glm5_next.py \

@@ -78,6 +78,7 @@ def test_serve_refuses_an_unknown_recipe_listing_the_known_ones(
         (["--fake-runner", "--speculative", "ngram"], "max_draft_tokens is 0"),
         (["--fake-runner", "--tensor-parallel", "2"], "--fake-runner has none"),
         (["--data-parallel", "0"], "must be >= 1"),
+        (["--graph-prefill-tokens", "-1"], "expected a count >= 0, got -1"),
     ],
 )
 def test_serve_refuses_options_it_cannot_do(

@@ -181,6 +181,14 @@ def _sizing_args(p: Any) -> None:
         help="capture decode steps in CUDA graphs (fast runner; --no-cuda-graphs: eager; "
         "default: on)",
     )
+    p.add_argument(
+        "--graph-prefill-tokens",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="fast runner: prefill steps of up to 4 rows of up to N tokens each (a prefix "
+        "hit's suffix) replay CUDA graphs as decode steps do (default 16; 0: never)",
+    )
 
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -199,6 +207,17 @@ def _size(text: str) -> int:
     if size < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: the size must be positive")
     return size
+
+
+def _count(value: str) -> int:
+    """An integer >= 0."""
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count, got {value!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {count}")
+    return count
 
 
 def _server_count(value: str) -> int | str:
@@ -375,6 +394,7 @@ def _options(args: argparse.Namespace) -> LoadOptions:
         memory_fraction=args.memory_fraction,
         kv_cache_bytes=args.kv_cache_bytes,
         cuda_graphs=args.cuda_graphs,
+        graph_prefill_tokens=args.graph_prefill_tokens,
         load_format=args.load_format,
         template_limits=(args.template_max_chars, args.template_max_depth, args.template_timeout),
     )

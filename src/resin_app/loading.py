@@ -51,6 +51,8 @@ class LoadOptions:
     """The KV arena's size (`--kv-cache-memory`); None: the runner family's default."""
     """Share of the device's free memory for weights + KV arena (`BuildRequest`)."""
     cuda_graphs: bool = True
+    graph_prefill_tokens: int | None = None
+    """Prefill rows up to this many tokens replay CUDA graphs (fast runner; None: its 16)."""
     load_format: str = "auto"
     """`auto`: the checkpoint's weights; `dummy`: random weights of its config (its tokenizer,
     template and generation defaults real), as vLLM's `--load-format dummy`: serving
@@ -366,6 +368,7 @@ def replica_runners(
         context_length=context,
         memory_fraction=options.memory_fraction,
         cuda_graphs=options.cuda_graphs,
+        graph_prefill_tokens=options.graph_prefill_tokens,
         mtp=options.speculative == "mtp",
         kv_cache_bytes=options.kv_cache_bytes,
     )

@@ -49,6 +49,8 @@ class BuildRequest:
     - `memory_fraction`: the share of the device's free memory (measured before the weights
       load) that weights and the KV arena may take together (None: the family's default);
     - `cuda_graphs`: whether a family that captures CUDA graphs does (False: eager steps);
+    - `graph_prefill_tokens`: prefill steps of rows up to this many tokens (a prefix hit's
+      suffix) replay graphs too, where a family captures them (0: never; None: its default);
     - `kv_cache_bytes`: the KV arena's size (`--kv-cache-memory`); None: the family sizes it
       (the reference runner: at least one `context_length` sequence; the fast runner: what
       `memory_fraction` leaves after the weights);
@@ -66,6 +68,7 @@ class BuildRequest:
     cuda_graphs: bool = True
     mtp: bool = False
     kv_cache_bytes: int | None = None
+    graph_prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
@@ -74,6 +77,8 @@ class BuildRequest:
             raise ValueError(f"memory_fraction {self.memory_fraction}: in (0, 1]")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ValueError(f"kv_cache_bytes {self.kv_cache_bytes}: must be >= 1")
+        if self.graph_prefill_tokens is not None and self.graph_prefill_tokens < 0:
+            raise ValueError(f"graph_prefill_tokens {self.graph_prefill_tokens}: must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

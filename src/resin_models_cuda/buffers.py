@@ -10,11 +10,15 @@ page-id region). A step fills a pinned host mirror and copies one prefix of it (
 page id) in a single non-blocking host-to-device transfer. Two mirrors alternate, so the host
 can stage step n+1 while step n's copy may still be queued (an event guards each mirror).
 
-A row with q real query tokens (1, or 1 + k drafts) fills its first q slots of `query`; the
-rest are padding (slot -1, position 0). Padding rows (graph bucket larger than the batch) get
-a length of 0 and a slot of -1: they read and write no cache. A model with a State group
-(linear attention, declared after the token groups) reads each row's `state_in` / `state_out`
-page (padding: -1, zeros read and nothing written).
+A row with q real query tokens (1, or 1 + k drafts, or a short prefill's) fills its first q
+slots of `query`; the rest are padding (slot -1, position 0). Padding rows (graph bucket larger
+than the batch) get a length of 0 and a slot of -1: they read and write no cache. A model with
+a State group (linear attention, declared after the token groups) reads each row's `state_in`
+/ `state_out` page (padding: -1, zeros read and nothing written). With one query slot a row,
+row b's token is State row b. With more, the State rows split the slots with no gap (the
+recurrent kernels run a row's tokens from one offset to the next): row b's real tokens are
+State row 2b (its pages and its prefix-cache checkpoints), its padding slots State row 2b + 1
+(pages -1: it reads zeros and writes nothing).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from resin.plan import BatchPlan
+from resin.plan import BatchPlan, CacheGroupPlan
 from resin_models_cuda.step import GroupTensors
 
 _TOKEN_FIELDS = ("input_ids", "positions")
 _ROW_FIELDS = ("seq_lens", "q_lens", "prev_rows")
 _STATE_FIELDS = ("state_in", "state_out")
+# several query slots a row: State rows 2b (real tokens) and 2b + 1 (padding), see above
+_SPLIT_FIELDS = ("split_in", "split_out", "ckpt_indptr", "ckpt_len", "ckpt_page")
 _GROUP_FIELDS = ("slots", "entry_at", "page_start", "page_indptr")
 _TOKEN_SIZED = ("slots", "entry_at")
 
@@ -44,14 +50,30 @@ class DecodeViews:
     q_lens: torch.Tensor
     prev_rows: torch.Tensor
     groups: tuple[GroupTensors, ...]
-    state_in: tuple[torch.Tensor, ...]  # one per State group
+    state_in: tuple[torch.Tensor, ...]  # one per State group ([2 * rows] when query > 1)
     state_out: tuple[torch.Tensor, ...]
+    split: SplitStates | None = None  # query > 1 with State groups: the split State rows
+
+
+@dataclass(frozen=True, slots=True)
+class SplitStates:
+    """The State rows of a step of several query slots a row (module docstring): `indptr`
+    [2 * rows + 1] and `token_row` [rows * query] shared, and per State group its
+    checkpoints (`StateRows`' `ckpt_indptr` [2 * rows + 1], `ckpt_len` / `ckpt_page`)."""
+
+    indptr: torch.Tensor
+    token_row: torch.Tensor
+    ckpt_indptr: tuple[torch.Tensor, ...]
+    ckpt_len: tuple[torch.Tensor, ...]
+    ckpt_page: tuple[torch.Tensor, ...]
 
 
 class DecodeBuffers:
     """One int32 device buffer (+ two pinned host mirrors) for up to `max_rows` rows of up to
     `max_query` query tokens, `num_groups` token cache groups, `num_states` State groups after
-    them and `max_page_ids` page ids in total."""
+    them and `max_page_ids` page ids in total. `split_states`: steps of several query slots a
+    row split the State rows (module docstring; a model whose State kernels read a row's
+    tokens by offset); False: State row b is row b (DeepSeek-V4's rings)."""
 
     def __init__(
         self,
@@ -61,6 +83,7 @@ class DecodeBuffers:
         num_groups: int = 1,
         max_query: int = 1,
         num_states: int = 1,
+        split_states: bool = True,
     ) -> None:
         self.max_rows, self.max_page_ids, self.num_groups = max_rows, max_page_ids, num_groups
         self.max_query, self.num_states = max_query, max(num_states, 1)
@@ -76,6 +99,17 @@ class DecodeBuffers:
             for name in _STATE_FIELDS:
                 self._offsets[name, s] = at
                 at += max_rows
+        self.split_states = split_states and num_states > 0 and max_query > 1
+        if self.split_states:
+            t = max_rows * max_query
+            for name, size in (("split_indptr", 2 * max_rows + 1), ("token_row", t)):
+                self._offsets[name, 0] = at
+                at += size
+            sizes = (2 * max_rows, 2 * max_rows, 2 * max_rows + 1, t + 1, t + 1)
+            for s in range(self.num_states):
+                for name, size in zip(_SPLIT_FIELDS, sizes, strict=True):
+                    self._offsets[name, s] = at
+                    at += size
         for g in range(num_groups):
             for name in _GROUP_FIELDS:
                 self._offsets[name, g] = at
@@ -119,6 +153,19 @@ class DecodeBuffers:
             for g in range(self.num_groups)
         )
         states = range(self.num_states)
+        state_in = tuple(self._dev("state_in", s, rows) for s in states)
+        state_out = tuple(self._dev("state_out", s, rows) for s in states)
+        split = None
+        if self.split_states and query > 1:
+            state_in = tuple(self._dev("split_in", s, 2 * rows) for s in states)
+            state_out = tuple(self._dev("split_out", s, 2 * rows) for s in states)
+            split = SplitStates(
+                self._dev("split_indptr", 0, 2 * rows + 1),
+                self._dev("token_row", 0, t),
+                tuple(self._dev("ckpt_indptr", s, 2 * rows + 1) for s in states),
+                tuple(self._dev("ckpt_len", s, t + 1) for s in states),
+                tuple(self._dev("ckpt_page", s, t + 1) for s in states),
+            )
         return DecodeViews(
             self._dev("input_ids", 0, t),
             self._dev("positions", 0, t),
@@ -126,8 +173,9 @@ class DecodeBuffers:
             self._dev("q_lens", 0, rows),
             self._dev("prev_rows", 0, rows),
             groups,
-            tuple(self._dev("state_in", s, rows) for s in states),
-            tuple(self._dev("state_out", s, rows) for s in states),
+            state_in,
+            state_out,
+            split,
         )
 
     def _next_mirror(self) -> None:
@@ -147,8 +195,8 @@ class DecodeBuffers:
             self._events[self._turn] = event
 
     def stage(self, plan: BatchPlan, rows: int, query: int = 1) -> None:
-        """Write `plan` (decode rows of at most `query` tokens) padded to `rows` rows, and copy
-        it over. Row i's tokens go to slots `i * query ..`."""
+        """Write `plan` (rows of at most `query` tokens: decode, verify or a short prefill)
+        padded to `rows` rows, and copy it over. Row i's tokens go to slots `i * query ..`."""
         b = plan.num_sequences
         if not b <= rows <= self.max_rows or query > self.max_query:
             raise ValueError(f"{b} rows do not fit a buffer of {rows} (max {self.max_rows})")
@@ -180,6 +228,10 @@ class DecodeBuffers:
         for s, g in enumerate(states):
             self.fill(self._field("state_in", s, rows), g.state_in, -1)
             self.fill(self._field("state_out", s, rows), g.state_out, -1)
+        if states and self.split_states and query > 1:
+            self._stage_split(plan, rows, query, states)
+        elif any(g.checkpoint_token.size for g in states):
+            raise ValueError("State checkpoints need split State rows (several query slots)")
         at = self._page_ids_at
         for gi, g in enumerate(plan.cache_groups[: self.num_groups]):
             shift = at - self._page_ids_at
@@ -198,6 +250,41 @@ class DecodeBuffers:
             at += n
         self._send(at)
 
+    def _stage_split(
+        self, plan: BatchPlan, rows: int, query: int, states: tuple[CacheGroupPlan, ...]
+    ) -> None:
+        """The split State rows (module docstring) of `plan` padded to `rows` rows."""
+        b = plan.num_sequences
+        lens = np.zeros(rows, np.int64)
+        lens[:b] = np.diff(plan.query_indptr)
+        base = np.arange(rows, dtype=np.int64) * query
+        indptr = self._field("split_indptr", 0, 2 * rows + 1)
+        indptr[0] = 0
+        indptr[1::2] = base + lens
+        indptr[2::2] = base + query
+        slot = np.arange(rows * query)
+        row = slot // query
+        self._field("token_row", 0, rows * query)[:] = 2 * row + (slot - base[row] >= lens[row])
+        for s, g in enumerate(states):
+            for name, pages in (("split_in", g.state_in), ("split_out", g.state_out)):
+                split = self._field(name, s, 2 * rows)
+                split[:] = -1
+                split[: 2 * b : 2] = pages
+            ckpt = self._field("ckpt_indptr", s, 2 * rows + 1)
+            counts = np.zeros(2 * rows, np.int64)
+            if g.checkpoint_token.size:
+                counts[: 2 * b : 2] = np.diff(g.checkpoint_indptr)
+            ckpt[0] = 0
+            ckpt[1:] = np.cumsum(counts)
+            n = int(ckpt[-1])
+            if n:  # after flat query token i: the row's tokens up to and including i
+                owner = np.repeat(np.arange(b), counts[: 2 * b : 2])
+                covered = g.checkpoint_token - plan.query_indptr[owner] + 1
+                self._field("ckpt_len", s, n)[:] = covered
+                self._field("ckpt_page", s, n)[:] = g.checkpoint_page
+            self._field("ckpt_len", s, n + 1)[n] = 0  # the kernels read one past the last
+            self._field("ckpt_page", s, n + 1)[n] = -1
+
     def stage_padding(self, rows: int, query: int = 1) -> None:
         """All rows padding (for graph capture and warm-up)."""
         self._next_mirror()
@@ -210,6 +297,19 @@ class DecodeBuffers:
         for s in range(self.num_states):
             self._field("state_in", s, rows)[:] = -1
             self._field("state_out", s, rows)[:] = -1
+        if self.split_states and query > 1:  # every row one padding token: State rows 2b
+            indptr = self._field("split_indptr", 0, 2 * rows + 1)
+            indptr[0] = 0
+            indptr[1::2] = np.arange(rows) * query + 1
+            indptr[2::2] = np.arange(1, rows + 1) * query
+            slot = np.arange(t)
+            self._field("token_row", 0, t)[:] = 2 * (slot // query) + (slot % query > 0)
+            for s in range(self.num_states):
+                self._field("split_in", s, 2 * rows)[:] = -1
+                self._field("split_out", s, 2 * rows)[:] = -1
+                self._field("ckpt_indptr", s, 2 * rows + 1)[:] = 0
+                self._field("ckpt_len", s, 1)[:] = 0
+                self._field("ckpt_page", s, 1)[:] = -1
         for g in range(self.num_groups):
             self._field("slots", g, t)[:] = -1
             self._field("entry_at", g, t)[:] = -1

@@ -30,6 +30,8 @@ def build(source: ModelSource, request: BuildRequest) -> Runner:
         options = replace(options, max_context=request.context_length)
     if request.memory_fraction is not None:
         options = replace(options, memory_fraction=request.memory_fraction)
+    if request.graph_prefill_tokens is not None:
+        options = replace(options, graph_prefill_tokens=request.graph_prefill_tokens)
     dtype = getattr(torch, request.dtype or "bfloat16")
     if isinstance(source, ModelConfig):  # random weights (`--load-format dummy`, benchmarks)
         if request.kv_cache_bytes is not None:

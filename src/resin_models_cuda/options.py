@@ -24,6 +24,11 @@ class RunnerOptions:
       `verify_graph_batch`: verify steps up to this many rows replay captured graphs (one per
       row bucket and query size 1 + k in 2, 3, 5, 9, .. up to 1 + max_draft_tokens; with
       `mtp`, whose every decode step verifies, up to `max_batch`);
+    - `graph_prefill_tokens` / `graph_prefill_rows`: a prefill step of at most that many rows
+      of at most that many tokens each (a prefix hit's suffix; no prompt logprobs, images or
+      MTP) runs the fixed-shape body verify steps run, in the graph of its padded shape (row
+      bucket, query slots 2, 3, 5, 9, .. up to `graph_prefill_tokens`; one token a row: the
+      decode graphs), where the model allows it (`FastModel.graph_prefill`); 0: varlen always;
     - `overlap`: declare `RunnerConfig.overlap` (the engine may keep two plans in flight);
     - `keep_logits`: keep a copy of each step's sampled rows' logits in `last_logits` (checks);
     - `mtp`: draft with the checkpoint's first MTP layer (DeepSeek): every step also runs it
@@ -42,6 +47,8 @@ class RunnerOptions:
     moe_gemv_max_pairs: int = 64
     max_draft_tokens: int = 8
     verify_graph_batch: int = 16
+    graph_prefill_tokens: int = 16
+    graph_prefill_rows: int = 4
     overlap: bool = True
     seed: int = 0
     keep_logits: bool = False
@@ -51,6 +58,8 @@ class RunnerOptions:
     def __post_init__(self) -> None:
         if self.max_draft_tokens < 0:
             raise ValueError("max_draft_tokens must be >= 0")
+        if self.graph_prefill_tokens < 0 or self.graph_prefill_rows < 0:
+            raise ValueError("graph_prefill_tokens and graph_prefill_rows must be >= 0")
 
     def build_options(self) -> BuildOptions:
         return BuildOptions(

@@ -8,9 +8,10 @@ stay on the device (`_prev_tokens`), so the next plan's `prev_token_rows` are re
 inside its decode graph.
 
 A step: copy-on-write page copies first; decode plans (one query token per row, or 1 + k for
-rows verifying k drafts) go into the persistent buffers with one pinned host-to-device copy
-and replay the graph of their padded shape, which computes logits and their argmax; other
-plans run eagerly through the varlen prefill kernels. Sampling runs on the device
+rows verifying k drafts) and short prefills (a few rows of up to `graph_prefill_tokens`
+tokens: a prefix hit's suffix) go into the persistent buffers with one pinned host-to-device
+copy and replay the graph of their padded shape, which computes logits and their argmax;
+other plans run eagerly through the varlen prefill kernels. Sampling runs on the device
 (`sampling.py`), for a plan whose mask is pending at the next `submit` or its `collect`;
 the step's only sync is the wait for its token read-back, in `collect`.
 
@@ -246,6 +247,13 @@ class CudaRunner:
                 f"{self.config.model_type}: MTP drafts need a DeepSeek model built with its "
                 "MTP layer (RunnerOptions.mtp)"
             )
+        # Short prefills through the fixed-shape body (`RunnerOptions.graph_prefill_tokens`),
+        # not with MTP drafts: their pass covers every position of a prefill
+        short = model.graph_prefill and not model.eager_only and not self.mtp_enabled
+        self._prefill_query = self.options.graph_prefill_tokens if short else 0
+        self._prefill_rows = self.options.graph_prefill_rows if short else 0
+        self._prefill_buckets: tuple[int, ...] = ()
+        self._prefill_queries: tuple[int, ...] = ()
         self.accept_first: int | None = None  # bench only (`resin bench speculative`)
         self.media = MediaFeatures(model)  # image features by content hash (vision models)
 
@@ -295,8 +303,9 @@ class CudaRunner:
         groups = sum(not g.state_region for g in declared)  # token groups, then State ones
         rows = self.options.max_batch
         self._buffers = DecodeBuffers(
-            rows, groups * rows * pages_per_seq, self.device, groups, self._max_query,
-            num_states=len(declared) - groups,
+            rows, groups * rows * pages_per_seq, self.device, groups,
+            max(self._max_query, self._prefill_query), num_states=len(declared) - groups,
+            split_states=self.model.split_states,
         )  # fmt: skip
         if self._graphs_enabled:
             self._buckets = buckets_up_to(rows)
@@ -306,7 +315,13 @@ class CudaRunner:
             self._queries = query_buckets(self._max_query)
             shapes = [(b, 1) for b in self._buckets]
             shapes += [(b, q) for b in self._verify_buckets for q in self._queries]
-            self._graphs = capture(shapes, self._decode_body, self._buffers.stage_padding)
+            if self._prefill_rows:
+                self._prefill_buckets = buckets_up_to(min(rows, self._prefill_rows))
+                self._prefill_queries = query_buckets(self._prefill_query)
+            prefill = [(b, q) for b in self._prefill_buckets for q in self._prefill_queries]
+            prefill = [s for s in prefill if s not in shapes]
+            stage = self._buffers.stage_padding
+            self._graphs = capture(shapes + prefill, self._decode_body, stage)
             if self.mtp_enabled:
                 stage = self._buffers.stage_padding
                 self._draft_graphs = capture_drafts(shapes, self._drafts_body, stage)
@@ -383,16 +398,19 @@ class CudaRunner:
         buffered = buffered and not self.model.eager_only
         buffered = buffered and not (asks_prompt and prompt_tokens(plan).size)  # needs hidden
         buffered = buffered and not any(g.checkpoint_token.size for g in plan.cache_groups)
-        if buffered and query <= self._max_query:
+        short = self._short_prefill(plan, media, asks_prompt)
+        if short is not None:  # a short prefill in the fixed-shape body: sampled rows' last
+            self._buffers.stage(plan, *short)
+            logits, found, _ = self._fixed_body(short)
+            rows = np.flatnonzero(plan.sample_rows)
+            last = rows * short[1] + qlens[rows].astype(np.int64) - 1
+            at = torch.from_numpy(last).to(self.device)
+            logits, argmax, prompt = logits[at], found[at], None
+        elif buffered and query <= self._max_query:
             prompt = prompt_logprobs(plan, None, self.model.logits, 0) if asks_prompt else None
             shape = self._pick_graph(b, query) or (b, query)
             self._buffers.stage(plan, *shape)
-            if self._replay and shape in self._graphs:
-                captured = self._graphs[shape]
-                captured.graph.replay()
-                logits, argmax, hidden = captured.logits, captured.argmax, captured.hidden
-            else:
-                logits, argmax, hidden = self._decode_body(*shape)
+            logits, argmax, hidden = self._fixed_body(shape)
             rows = np.arange(b)
             if query == 1:
                 logits, argmax = logits[:b], argmax[:b]
@@ -412,6 +430,41 @@ class CudaRunner:
         if plan.sampling.mask_pending is not None:
             return partial(self._pick, plan, rows, offsets, logits, argmax, prompt, mtp)
         return self._pick(plan, rows, offsets, logits, argmax, prompt, mtp)
+
+    def _fixed_body(self, shape: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+        """Logits, argmax and hidden states of the staged buffers: the graph of `shape`
+        replayed when captured, else its body run eagerly."""
+        if self._replay and shape in self._graphs:
+            captured = self._graphs[shape]
+            captured.graph.replay()
+            return captured.logits, captured.argmax, captured.hidden
+        return self._decode_body(*shape)
+
+    def _short_prefill(
+        self, plan: BatchPlan, media: StepMedia | None, asks_prompt: bool
+    ) -> tuple[int, int] | None:
+        """The fixed shape (rows, query slots) a short prefill step runs in, or None: varlen
+        (`RunnerOptions.graph_prefill_tokens`). One token a row takes the decode graphs,
+        unless a State checkpoint needs the split State rows of two slots or more."""
+        assert self._buffers is not None
+        b, query = plan.num_sequences, int(plan.query_lens.max(initial=1))
+        if plan.phase is not Phase.PREFILL or not self._prefill_query or asks_prompt:
+            return None
+        if query > self._prefill_query or media is not None or b > self._buffers.max_rows:
+            return None
+        if plan.prev_token_rows.size and int(plan.prev_token_rows.max()) >= 0:
+            return None  # (decode plans only take their input from the previous step)
+        if any(g.checkpoint_token.size for g in plan.cache_groups):
+            if not self._buffers.split_states:
+                return None
+            query = max(query, 2)
+        if query == 1:
+            return self._pick_graph(b, 1) or (b, 1)
+        if b > self._prefill_rows:
+            return None
+        row_bucket = pick_bucket(b, self._prefill_buckets)
+        q = pick_bucket(query, self._prefill_queries)
+        return (b, query) if row_bucket is None or q is None else (row_bucket, q)
 
     def _eager(self, plan: BatchPlan, media: StepMedia | None) -> tuple[
         np.ndarray, np.ndarray | None, torch.Tensor, PromptLogprobs | None, _MtpInputs | None
@@ -557,7 +610,14 @@ class CudaRunner:
         splits = decode_splits(rows, self.config.num_kv_heads, self._num_sms)
         info = DecodeInfo(v.seq_lens, splits, query, v.q_lens if query > 1 else None)
         states: tuple[StateRows, ...] = ()
-        if self.state is not None:  # one token a row: row b's token is token b
+        if self.state is not None and v.split is not None:  # several slots a row: split rows
+            sp = v.split
+            checkpoints = zip(sp.ckpt_indptr, sp.ckpt_len, sp.ckpt_page, strict=True)
+            states = tuple(
+                StateRows(self.state, sp.indptr, sp.token_row, s_in, s_out, *ckpt)
+                for s_in, s_out, ckpt in zip(v.state_in, v.state_out, checkpoints, strict=True)
+            )
+        elif self.state is not None:  # one token a row: row b's token is token b
             index, zeros = self._state_index, self._state_zeros
             indptr, row, none = index[: rows + 1], index[:rows], zeros[:1]
             states = tuple(

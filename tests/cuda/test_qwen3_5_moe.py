@@ -146,3 +146,53 @@ def test_shared_prefix_hits_on_the_fast_runners_layout() -> None:
     assert layout.page_bytes == 10 * 16 * 2 * 2 * 256 * 2  # 10 layers of K and V, 16 tokens
 
     assert_layout_hits_like_attention(layout)
+
+
+def test_short_prefills_run_the_fixed_shape_body_with_split_state_rows(device: str) -> None:
+    """A prefix hit's suffix (a prefill step of a few tokens a row) runs the fixed-shape body
+    the decode graphs replay, its State rows split around the padding slots (a row's real
+    tokens one State row, its padding another that reads zeros and writes nothing), with the
+    State checkpoints a suffix that crosses a page boundary writes: the tokens equal the
+    reference runner's and the varlen path's, over a third round that resumes from a
+    checkpoint only a fixed-shape step wrote."""
+    from dataclasses import replace
+
+    from resin_models_cuda import RunnerOptions, load_runner
+    from tests.cuda.test_deepseek_v4 import _fixed_shapes
+
+    reference, fast = _runners(device, 16)
+    folder = tiny(16)
+    options = RunnerOptions(page_size=4, max_batch=4, max_context=64, num_pages=96)
+    varlen = load_runner(folder, replace(options, graph_prefill_tokens=0), device, torch.float32)
+    shapes = _fixed_shapes(fast)
+    rng = np.random.default_rng(5)
+    shared = rng.integers(0, 128, size=9).tolist()
+    # round 1 caches the shared prefix (8 tokens resumable: two pages); round 2's suffixes
+    # (1 to 7 tokens after the hit, two rows in one step) cross the page boundary at 12 or
+    # not; round 3 extends a round-2 prompt past the checkpoint its suffix wrote
+    first = [[*shared, 1, 2, 3]]
+    second = [[*shared, 7], [*shared, 9, 4, 4, 8, 1, 6]]
+    third = [[*second[1], 3, 3]]
+
+    def run(runner: Any) -> tuple[list[list[int]], list[int]]:
+        params = SamplingParams(max_output_tokens=3, temperature=0.0, ignore_stop_tokens=True)
+        out, cached = [], []
+        with Engine(runner, context_length=64, prefix_cache=True, prefill_chunk_tokens=64,
+                    max_sequences=4) as engine:  # fmt: skip
+            for prompts in (first, second, third):
+                requests = [engine.submit(p, params) for p in prompts]
+                while engine.has_work():
+                    engine.step()
+                    engine.check_invariants()
+                out += [list(r.take_result()) for r in requests]
+                cached += [r.cached_tokens for r in requests]
+        return out, cached
+
+    want, cached_ref = run(reference)
+    shapes.clear()
+    got, cached = run(fast)
+    assert got == want and cached == cached_ref
+    assert cached == [0, 8, 8, 12]  # round 3 resumed at the checkpoint round 2 wrote
+    assert (2, 7) in shapes or (2, 9) in shapes, shapes  # round 2: two rows in one step
+    assert any(q > 1 for rows, q in shapes if rows == 1), shapes  # round 3's suffix
+    assert run(varlen)[0] == want

@@ -98,6 +98,51 @@ def test_decode_buffers_stage_entries_and_every_state_group() -> None:
         one.stage(plan, rows=4)
 
 
+def test_decode_buffers_split_state_rows_around_padding_slots() -> None:
+    """Rows of several query slots (a short prefill of 2 and 3 tokens in 4 slots, padded to 3
+    rows): row b's real tokens are State row 2b with its pages and the checkpoint after its
+    first 2 tokens, its padding slots row 2b + 1 (pages -1); the State rows cover the slots
+    with no gap. Without the split (DeepSeek-V4's rings) State row b is row b."""
+    from dataclasses import replace
+
+    from resin.plan import CacheGroupPlan
+    from resin_app.bench.plans import PagedPlanner
+    from resin_models_cuda.buffers import DecodeBuffers
+
+    planner = PagedPlanner(num_pages=32, page_size=4)
+    seqs = [planner.new_sequence(list(range(n))) for n in (6, 7)]
+    seqs[0].cached, seqs[1].cached = 4, 4
+    plan = planner.plan([(s, len(s.tokens) - 4) for s in seqs], Phase.PREFILL)
+    i32 = np.int32
+    state = CacheGroupPlan(
+        1, state_in=np.array([7, -1], i32), state_out=np.array([8, 9], i32),
+        checkpoint_indptr=np.array([0, 0, 1], i32), checkpoint_token=np.array([3], i32),
+        checkpoint_page=np.array([5], i32),
+    )  # fmt: skip
+    plan = replace(plan, cache_groups=(plan.cache_groups[0], state))
+    buffers = DecodeBuffers(max_rows=4, max_page_ids=16, device="cpu", max_query=4, num_states=1)
+    buffers.stage(plan, rows=3, query=4)
+    v = buffers.views(3, 4)
+    assert v.split is not None
+    assert v.split.indptr.tolist() == [0, 2, 4, 7, 8, 8, 12]
+    assert v.split.token_row.tolist() == [0, 0, 1, 1, 2, 2, 2, 3, 5, 5, 5, 5]
+    assert v.state_in[0].tolist() == [7, -1, -1, -1, -1, -1]
+    assert v.state_out[0].tolist() == [8, -1, 9, -1, -1, -1]
+    assert v.split.ckpt_indptr[0].tolist() == [0, 0, 0, 1, 1, 1, 1]
+    assert v.split.ckpt_len[0][:2].tolist() == [2, 0]  # row 1's first two tokens; then the pad
+    assert v.split.ckpt_page[0][:2].tolist() == [5, -1]
+    assert v.groups[0].slots[:8].tolist()[2:4] == [-1, -1]  # row 0's padding slots
+    ringed = DecodeBuffers(max_rows=4, max_page_ids=16, device="cpu", max_query=4,
+                           num_states=1, split_states=False)  # fmt: skip
+    with pytest.raises(ValueError, match="split State rows"):
+        ringed.stage(plan, rows=3, query=4)  # its checkpoints have no place there
+    ringed.stage(replace(plan, cache_groups=(plan.cache_groups[0], replace(
+        state, checkpoint_indptr=np.zeros(3, i32), checkpoint_token=np.zeros(0, i32),
+        checkpoint_page=np.zeros(0, i32)))), rows=3, query=4)  # fmt: skip
+    flat = ringed.views(3, 4)
+    assert flat.split is None and flat.state_in[0].tolist() == [7, -1, -1]
+
+
 def test_graph_buckets() -> None:
     assert buckets_up_to(1) == (1,)
     assert buckets_up_to(50) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 50)

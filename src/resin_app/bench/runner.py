@@ -86,7 +86,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", type=_variants, default=[()],
                    help="comma-separated launch variants, each model run once per variant in "
                         "this process: base, or a +-joined set of pdl (programmatic dependent "
-                        "launch, sm_90+), router (MoE router linear + top-k in one kernel); rows "
+                        "launch, sm_90+), router (MoE router linear + top-k in one kernel), "
+                        "varlen (short prefills on the varlen kernels, not in the fixed-shape "
+                        "graphs); rows "
                         "named MODEL+VARIANT, and each against base as a tok/s ratio at the end "
                         "(e.g. base,pdl,router,pdl+router)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda (cpu: interpreter smoke test only)")
@@ -254,7 +256,7 @@ def _bench_model(
     return records, env, kernel_rows
 
 
-VARIANTS = ("pdl", "router")
+VARIANTS = ("pdl", "router", "varlen")
 
 
 def _variants(text: str) -> list[tuple[str, ...]]:
@@ -272,16 +274,19 @@ def _variants(text: str) -> list[tuple[str, ...]]:
 
 @contextmanager
 def launch_variant(variant: tuple[str, ...]) -> Iterator[None]:
-    """The class-wide switch of a variant on while inside (`pdl` is a runner option,
+    """The class-wide switches of a variant on while inside (`pdl` is a runner option,
     `_bench_model` reads it from the variant)."""
     from resin_models_cuda.layers.moe import MoE
+    from resin_models_cuda.models import FastModel
 
-    saved = MoE.fused_router
+    saved = MoE.fused_router, FastModel.graph_prefill
     MoE.fused_router = "router" in variant
+    if "varlen" in variant:  # short prefills on the varlen kernels, not in graphs
+        FastModel.graph_prefill = False
     try:
         yield
     finally:
-        MoE.fused_router = saved
+        MoE.fused_router, FastModel.graph_prefill = saved
 
 
 def variant_ratios(records: list[BenchRecord]) -> str:

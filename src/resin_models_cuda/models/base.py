@@ -45,6 +45,13 @@ class FastModel:
 
     unit_offset_norms = False  # Gemma's (1 + w) RMSNorm weights
     eager_only = False  # True: every step through `forward` on varlen tensors, no CUDA graphs
+    # Short prefill steps (a prefix hit's suffix) may run the fixed-shape body verify steps
+    # run, in the graph of their padded shape (`RunnerOptions.graph_prefill_tokens`)
+    graph_prefill = True
+    # The State kernels read a row's tokens by offset (linear attention), so a step of several
+    # query slots a row splits the State rows around the padding (`buffers.py`); False: State
+    # row b is row b whatever its tokens (DeepSeek-V4's compressor rings)
+    split_states = True
 
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         if "conv" in config.layer_types:

@@ -572,6 +572,11 @@ class _Mtp:
 
 
 class DeepseekV4(FastModel):
+    # A prefill's State rings and checkpoints are `_update`'s (varlen); the fixed-shape body
+    # writes each row's whole ring from its `state_in` (`_update_decode`)
+    graph_prefill = False
+    split_states = False
+
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         v4 = config.deepseek_v4
         if v4 is None or config.moe is None or config.sliding_window is None:

@@ -459,6 +459,8 @@ class Glm5NextLayer:
 
 
 class Glm5Next(FastModel):
+    graph_prefill = False  # its indexed MLA's fixed-shape body takes one query token a row
+
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         glm = config.glm5_next
         if glm is None or config.mla is None or config.linear_attention is None:
