@@ -12,9 +12,12 @@ steps of one shape do):
    profiler reads), else counting its tensor arguments. Launches do not nest: inside one,
    nothing more is recorded.
 2. `profile`: the same launches, each inside `record_function("resin_launch#i")`, under the
-   torch profiler; each device kernel is linked (profiler correlation) to the innermost op that
-   launched it, and walking that op's CPU parents finds its launch range. On the CPU the ranges
-   themselves are the "kernels" (an interpreter smoke test).
+   torch profiler; each device kernel goes to the range its launch call ran in: the host-side
+   launch event that shares the kernel's correlation id (a runtime call for aten and cuBLAS, a
+   driver call, `cuLaunchKernelEx`, for Triton, which the profiler links to no op) lies inside
+   exactly one range, as launches do not nest. Where the profiler gives no raw events, a
+   kernel goes to the range above the op it is linked to (Triton kernels: to none). On the
+   CPU the ranges themselves are the "kernels" (an interpreter smoke test).
 
 Bytes are computed in a pass of their own because a `launch_metadata` may read the device
 (the MoE kernels count the distinct routed experts), which would add kernels and syncs to the
@@ -23,6 +26,7 @@ profile.
 
 from __future__ import annotations
 
+import bisect
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -235,11 +239,54 @@ def run_census(fn: Callable[[], object], device: torch.device) -> CensusResult:
             fn()
         _sync(device)
     same = [x.name for x in measured.launches] == [x.name for x in timed.launches]
-    events = kernel_events(prof.events(), device.type == "cuda")
+    events = None
+    if device.type == "cuda":
+        events = correlated_kernel_events(prof)
+    if events is None:
+        events = kernel_events(prof.events(), device.type == "cuda")
     if device.type != "cuda":  # the ranges are the kernels: name them by their launches
         names = {x.index: x.name for x in timed.launches}
         events = [KernelEvent(names[e.launch or 0], e.us, e.launch) for e in events]
     return CensusResult(measured.launches if same else [], events, same)
+
+
+def correlated_kernel_events(prof: Any) -> list[KernelEvent] | None:
+    """Device kernels from the profiler's raw (Kineto) events, each with the range its
+    host-side launch call ran in (module docstring); None when there are no raw events or
+    no device kernel among them."""
+    try:
+        raw = list(prof.profiler.kineto_results.events())
+    except AttributeError:
+        return None
+    kernels = [  # not the device-side copies of the ranges (GPU user annotations)
+        e for e in raw
+        if e.device_type() == DeviceType.CUDA and not e.is_user_annotation()
+        and not e.name().startswith(RANGE)
+    ]  # fmt: skip
+    wanted = {e.correlation_id() for e in kernels} - {0}
+    if not kernels or not wanted:
+        return None
+    ranges: list[tuple[int, int, int]] = []  # (start ns, end ns, launch index)
+    calls: dict[int, int] = {}  # correlation id -> the launch call's start (ns)
+    for e in raw:
+        if e.device_type() == DeviceType.CUDA:
+            continue
+        if e.name().startswith(RANGE):
+            ranges.append((e.start_ns(), e.end_ns(), _index(e.name())))
+        elif e.correlation_id() in wanted:
+            calls[e.correlation_id()] = e.start_ns()
+    ranges.sort()
+    starts = [r[0] for r in ranges]
+    found = []
+    for k in kernels:
+        launch = None
+        at = calls.get(k.correlation_id())
+        if at is not None:
+            i = bisect.bisect_right(starts, at) - 1
+            if i >= 0 and ranges[i][0] <= at <= ranges[i][1]:
+                launch = ranges[i][2]
+        found.append(KernelEvent(k.name(), k.duration_ns() / 1e3, launch))
+    return found
 
 
 def kernel_events(events: Any, on_device: bool) -> list[KernelEvent]:
