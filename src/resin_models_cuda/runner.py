@@ -323,7 +323,6 @@ class CudaRunner:
             stage = self._buffers.stage_padding
             self._graphs = capture(shapes + prefill, self._decode_body, stage)
             if self.mtp_enabled:
-                stage = self._buffers.stage_padding
                 self._draft_graphs = capture_drafts(shapes, self._drafts_body, stage)
 
     def forward(self, plan: BatchPlan) -> ForwardOutput:

@@ -35,3 +35,18 @@ def test_the_cuda_family_builds_the_fast_runner(device: str) -> None:
     options = RunnerOptions(max_batch=4, max_context=64)
     direct = random_runner(config, options, device, torch.float32, seed=1)
     assert _greedy(built) == _greedy(direct)
+    assert built.options.graph_prefill_tokens == 16  # type: ignore[attr-defined]
+
+
+def test_graph_prefill_tokens_reaches_the_runner_from_serve_options(device: str) -> None:
+    """`resin serve --graph-prefill-tokens 0` -> `LoadOptions` -> `BuildRequest` -> the fast
+    runner's `RunnerOptions`: its short prefills stay on the varlen kernels."""
+    from resin_app.cli import _build_parser, _options
+
+    args = _build_parser().parse_args(["serve", "--graph-prefill-tokens", "0"])
+    assert _options(args).graph_prefill_tokens == 0
+    config = parse_config(TINY["llama"])
+    request = BuildRequest(device, "float32", max_sequences=4, context_length=64,
+                           graph_prefill_tokens=0)  # fmt: skip
+    built = build_runner(config, "cuda", request)
+    assert built.options.graph_prefill_tokens == 0  # type: ignore[attr-defined]
