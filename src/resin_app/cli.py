@@ -209,28 +209,20 @@ def _size(text: str) -> int:
     return size
 
 
-def _count(value: str) -> int:
-    """An integer >= 0."""
+def _count(value: str, also: str = "") -> int:
+    """An integer >= 0 (`also`: what else the option takes, for the message)."""
     try:
         count = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a count{also}, got {value!r}") from None
     if count < 0:
-        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {count}")
+        raise argparse.ArgumentTypeError(f"expected a count >= 0{also}, got {count}")
     return count
 
 
 def _server_count(value: str) -> int | str:
     """`--api-server-count`: `auto`, or a count >= 0."""
-    if value == "auto":
-        return value
-    try:
-        count = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count or auto, got {value!r}") from None
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"expected a count >= 0 or auto, got {count}")
-    return count
+    return value if value == "auto" else _count(value, " or auto")
 
 
 def _build_parser() -> argparse.ArgumentParser:
