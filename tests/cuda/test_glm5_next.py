@@ -144,13 +144,16 @@ def test_pools_completed_inside_and_across_prefill_chunks_are_stored_and_reused(
     config = functools.partial(engine.EngineConfig, max_decode_wait_s=math.inf)
     monkeypatch.setattr(engine, "EngineConfig", config)
     reference, fast = _runners(device)
-    model, chunks = fast.model, []
+    model, chunks, fixed = fast.model, [], []
     queries = model._queries
 
     def recorded(step: Any) -> Any:
         view = queries(step)
         if view.rows is not None:
             chunks.extend((row.total - (row.hi - row.lo), row.total) for row in view.rows)
+        elif step.info.query > 1:  # a short prefill in the fixed-shape body
+            lens, q_lens = step.info.seq_lens.tolist(), step.info.q_lens.tolist()
+            fixed.extend((n - q, n) for n, q in zip(lens, q_lens, strict=True) if n)
         return view
 
     model._queries = recorded
@@ -167,6 +170,8 @@ def test_pools_completed_inside_and_across_prefill_chunks_are_stored_and_reused(
     got, reused = _generate(fast, prompts)
     assert got == want
     assert reused == reused_ref >= 2 * 32
+    chunks += fixed
+    assert fixed, "no short prefill ran in the fixed-shape body"
     assert any(c % 16 and t // 16 > c // 16 for c, t in chunks)  # a pool across chunks
     assert any(-(-c // 16) * 16 + 16 <= t for c, t in chunks)  # a pool inside one chunk
     pages = torch.tensor(list(complete), dtype=torch.long, device=model.device)

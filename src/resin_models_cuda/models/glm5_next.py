@@ -459,7 +459,11 @@ class Glm5NextLayer:
 
 
 class Glm5Next(FastModel):
-    graph_prefill = False  # its indexed MLA's fixed-shape body takes one query token a row
+    @property  # type: ignore[misc]
+    def graph_prefill(self) -> bool:  # type: ignore[override]
+        """Short prefills in graphs on the sparse kernel (the torch path's fixed-shape body,
+        `IndexedMla._decode`, takes one query a row)."""
+        return IndexedMla.sparse_kernel and FastModel.graph_prefill
 
     def __init__(self, config: ModelConfig, weights: WeightSource, options: BuildOptions) -> None:
         glm = config.glm5_next
@@ -576,12 +580,22 @@ class Glm5Next(FastModel):
         tokens = torch.arange(t, dtype=torch.int32, device=self.device)
         blocks = -(-self.config.num_heads // 16)
         splits = default_splits(t, blocks, self._num_sms) if self._num_sms else 1
-        if isinstance(info, DecodeInfo):
-            assert info.query == 1, "GLM-5.3 decodes one query token a row"
+        if isinstance(info, DecodeInfo) and info.query == 1:
             lens = info.seq_lens[:t]
             first = (lens - 1).clamp(min=0) // pool  # a padding row: 0 of 0, none completed
             return _Queries(tokens, lens - 1, lens, self.decode_tokens // pool, splits, None,
                             first, 1)  # fmt: skip
+        if isinstance(info, DecodeInfo):  # several slots a row (a short prefill's): row b's
+            # first q_lens[b] real, the rest padding at position -1 (reads nothing)
+            assert info.q_lens is not None
+            query, lens = info.query, info.seq_lens
+            row = tokens // query
+            real = tokens % query < info.q_lens[row.long()]
+            positions = torch.where(real, step.positions, -1)
+            first = ((lens - info.q_lens).clamp(min=0) // pool).int()
+            new = -(-query // pool) + 1  # a bound on the pools a row's tokens complete
+            return _Queries(row, positions, lens, self.decode_tokens // pool, splits, None,
+                            first, new)  # fmt: skip
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
         rows = [
             _Row(lo, hi, c + hi - lo)
