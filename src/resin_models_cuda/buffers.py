@@ -153,10 +153,11 @@ class DecodeBuffers:
             for g in range(self.num_groups)
         )
         states = range(self.num_states)
-        state_in = tuple(self._dev("state_in", s, rows) for s in states)
-        state_out = tuple(self._dev("state_out", s, rows) for s in states)
         split = None
-        if self.split_states and query > 1:
+        if not (self.split_states and query > 1):
+            state_in = tuple(self._dev("state_in", s, rows) for s in states)
+            state_out = tuple(self._dev("state_out", s, rows) for s in states)
+        else:
             state_in = tuple(self._dev("split_in", s, 2 * rows) for s in states)
             state_out = tuple(self._dev("split_out", s, 2 * rows) for s in states)
             split = SplitStates(
@@ -229,7 +230,7 @@ class DecodeBuffers:
             self.fill(self._field("state_in", s, rows), g.state_in, -1)
             self.fill(self._field("state_out", s, rows), g.state_out, -1)
         if states and self.split_states and query > 1:
-            self._stage_split(plan, rows, query, states)
+            self._stage_split(rows, query, plan, states)
         elif any(g.checkpoint_token.size for g in states):
             raise ValueError("State checkpoints need split State rows (several query slots)")
         at = self._page_ids_at
@@ -251,12 +252,15 @@ class DecodeBuffers:
         self._send(at)
 
     def _stage_split(
-        self, plan: BatchPlan, rows: int, query: int, states: tuple[CacheGroupPlan, ...]
-    ) -> None:
-        """The split State rows (module docstring) of `plan` padded to `rows` rows."""
-        b = plan.num_sequences
+        self, rows: int, query: int, plan: BatchPlan | None = None,
+        states: tuple[CacheGroupPlan, ...] = (),
+    ) -> None:  # fmt: skip
+        """The split State rows (module docstring) of `plan` and its State groups' plans
+        padded to `rows` rows (no plan: all padding)."""
+        b = 0 if plan is None else plan.num_sequences
         lens = np.zeros(rows, np.int64)
-        lens[:b] = np.diff(plan.query_indptr)
+        if plan is not None:
+            lens[:b] = np.diff(plan.query_indptr)
         base = np.arange(rows, dtype=np.int64) * query
         indptr = self._field("split_indptr", 0, 2 * rows + 1)
         indptr[0] = 0
@@ -265,19 +269,22 @@ class DecodeBuffers:
         slot = np.arange(rows * query)
         row = slot // query
         self._field("token_row", 0, rows * query)[:] = 2 * row + (slot - base[row] >= lens[row])
-        for s, g in enumerate(states):
-            for name, pages in (("split_in", g.state_in), ("split_out", g.state_out)):
+        for s in range(self.num_states):
+            g = states[s] if s < len(states) else None
+            for name in ("split_in", "split_out"):
                 split = self._field(name, s, 2 * rows)
                 split[:] = -1
-                split[: 2 * b : 2] = pages
+                if g is not None:
+                    split[: 2 * b : 2] = g.state_in if name == "split_in" else g.state_out
             ckpt = self._field("ckpt_indptr", s, 2 * rows + 1)
             counts = np.zeros(2 * rows, np.int64)
-            if g.checkpoint_token.size:
+            if g is not None and g.checkpoint_token.size:
                 counts[: 2 * b : 2] = np.diff(g.checkpoint_indptr)
             ckpt[0] = 0
             ckpt[1:] = np.cumsum(counts)
             n = int(ckpt[-1])
             if n:  # after flat query token i: the row's tokens up to and including i
+                assert plan is not None and g is not None
                 owner = np.repeat(np.arange(b), counts[: 2 * b : 2])
                 covered = g.checkpoint_token - plan.query_indptr[owner] + 1
                 self._field("ckpt_len", s, n)[:] = covered
@@ -297,19 +304,8 @@ class DecodeBuffers:
         for s in range(self.num_states):
             self._field("state_in", s, rows)[:] = -1
             self._field("state_out", s, rows)[:] = -1
-        if self.split_states and query > 1:  # every row one padding token: State rows 2b
-            indptr = self._field("split_indptr", 0, 2 * rows + 1)
-            indptr[0] = 0
-            indptr[1::2] = np.arange(rows) * query + 1
-            indptr[2::2] = np.arange(1, rows + 1) * query
-            slot = np.arange(t)
-            self._field("token_row", 0, t)[:] = 2 * (slot // query) + (slot % query > 0)
-            for s in range(self.num_states):
-                self._field("split_in", s, 2 * rows)[:] = -1
-                self._field("split_out", s, 2 * rows)[:] = -1
-                self._field("ckpt_indptr", s, 2 * rows + 1)[:] = 0
-                self._field("ckpt_len", s, 1)[:] = 0
-                self._field("ckpt_page", s, 1)[:] = -1
+        if self.split_states and query > 1:
+            self._stage_split(rows, query)
         for g in range(self.num_groups):
             self._field("slots", g, t)[:] = -1
             self._field("entry_at", g, t)[:] = -1

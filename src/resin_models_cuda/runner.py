@@ -397,7 +397,7 @@ class CudaRunner:
         buffered = buffered and not self.model.eager_only
         buffered = buffered and not (asks_prompt and prompt_tokens(plan).size)  # needs hidden
         buffered = buffered and not any(g.checkpoint_token.size for g in plan.cache_groups)
-        short = self._short_prefill(plan, media, asks_prompt)
+        short = self._short_prefill(plan, query, media, asks_prompt)
         if short is not None:  # a short prefill in the fixed-shape body: sampled rows' last
             self._buffers.stage(plan, *short)
             logits, found, _ = self._fixed_body(short)
@@ -440,15 +440,16 @@ class CudaRunner:
         return self._decode_body(*shape)
 
     def _short_prefill(
-        self, plan: BatchPlan, media: StepMedia | None, asks_prompt: bool
+        self, plan: BatchPlan, query: int, media: StepMedia | None, asks_prompt: bool
     ) -> tuple[int, int] | None:
-        """The fixed shape (rows, query slots) a short prefill step runs in, or None: varlen
-        (`RunnerOptions.graph_prefill_tokens`). One token a row takes the decode graphs,
-        unless a State checkpoint needs the split State rows of two slots or more."""
-        assert self._buffers is not None
-        b, query = plan.num_sequences, int(plan.query_lens.max(initial=1))
+        """The fixed shape (rows, query slots) a short prefill step (`query` tokens in its
+        longest row) runs in, or None: varlen (`RunnerOptions.graph_prefill_tokens`). One
+        token a row takes the decode graphs, unless a State checkpoint needs the split State
+        rows of two slots or more."""
         if plan.phase is not Phase.PREFILL or not self._prefill_query or asks_prompt:
             return None
+        assert self._buffers is not None
+        b = plan.num_sequences
         if query > self._prefill_query or media is not None or b > self._buffers.max_rows:
             return None
         if plan.prev_token_rows.size and int(plan.prev_token_rows.max()) >= 0:

@@ -119,37 +119,19 @@ def test_device_kernels_find_the_launch_range_above_the_op_that_launched_them() 
     ]  # fmt: skip
 
 
-class _Raw:
+def _raw(name: str, start: int, end: int, corr: int = 0, device: bool = False,
+         annotation: bool = False) -> object:  # fmt: skip
     """A raw (Kineto) profiler event with the accessors `correlated_kernel_events` reads."""
+    from types import SimpleNamespace
 
-    def __init__(self, name: str, start: int, end: int, corr: int = 0, device: bool = False,
-                 annotation: bool = False) -> None:  # fmt: skip
-        from torch.autograd import DeviceType
+    from torch.autograd import DeviceType
 
-        self._name, self._start, self._end, self._corr = name, start, end, corr
-        self._device = DeviceType.CUDA if device else DeviceType.CPU
-        self._annotation = annotation
-
-    def name(self) -> str:
-        return self._name
-
-    def start_ns(self) -> int:
-        return self._start
-
-    def end_ns(self) -> int:
-        return self._end
-
-    def duration_ns(self) -> int:
-        return self._end - self._start
-
-    def correlation_id(self) -> int:
-        return self._corr
-
-    def device_type(self) -> object:
-        return self._device
-
-    def is_user_annotation(self) -> bool:
-        return self._annotation
+    kind = DeviceType.CUDA if device else DeviceType.CPU
+    return SimpleNamespace(
+        name=lambda: name, start_ns=lambda: start, end_ns=lambda: end,
+        duration_ns=lambda: end - start, correlation_id=lambda: corr,
+        device_type=lambda: kind, is_user_annotation=lambda: annotation,
+    )  # fmt: skip
 
 
 def test_device_kernels_go_to_the_range_their_launch_call_ran_in() -> None:
@@ -161,15 +143,15 @@ def test_device_kernels_go_to_the_range_their_launch_call_ran_in() -> None:
     from resin_app.bench.kernel_census import RANGE, correlated_kernel_events
 
     raw = [
-        _Raw(f"{RANGE}3", 0, 100), _Raw(f"{RANGE}4", 100, 200),
-        _Raw("cuLaunchKernelEx", 120, 130, corr=11),  # inside range 4
-        _Raw("cudaLaunchKernel", 10, 20, corr=12),  # inside range 3
-        _Raw("cudaMemsetAsync", 300, 310, corr=13),  # outside every range
-        _Raw("_rmsnorm_kernel", 1000, 4000, corr=11, device=True),
-        _Raw("gemm", 500, 1500, corr=12, device=True),
-        _Raw("Memset", 2000, 2500, corr=13, device=True),
-        _Raw("orphan", 3000, 3100, corr=99, device=True),
-        _Raw(f"{RANGE}4", 900, 4100, corr=14, device=True, annotation=True),
+        _raw(f"{RANGE}3", 0, 100), _raw(f"{RANGE}4", 100, 200),
+        _raw("cuLaunchKernelEx", 120, 130, corr=11),  # inside range 4
+        _raw("cudaLaunchKernel", 10, 20, corr=12),  # inside range 3
+        _raw("cudaMemsetAsync", 300, 310, corr=13),  # outside every range
+        _raw("_rmsnorm_kernel", 1000, 4000, corr=11, device=True),
+        _raw("gemm", 500, 1500, corr=12, device=True),
+        _raw("Memset", 2000, 2500, corr=13, device=True),
+        _raw("orphan", 3000, 3100, corr=99, device=True),
+        _raw(f"{RANGE}4", 900, 4100, corr=14, device=True, annotation=True),
     ]  # fmt: skip
     prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(
         events=lambda: raw)))  # fmt: skip

@@ -593,7 +593,7 @@ class Glm5Next(FastModel):
             real = tokens % query < info.q_lens[row.long()]
             positions = torch.where(real, step.positions, -1)
             first = ((lens - info.q_lens).clamp(min=0) // pool).int()
-            new = -(-query // pool) + 1  # a bound on the pools a row's tokens complete
+            new = -(-query // pool)  # a bound on the pools a row's tokens complete
             return _Queries(row, positions, lens, self.decode_tokens // pool, splits, None,
                             first, new)  # fmt: skip
         indptr, cached = info.query_indptr.tolist(), info.cached_lens.tolist()
